@@ -1,0 +1,135 @@
+"""Frozen, validated configuration (DESIGN §7: every limit is a named value, units last).
+
+``StoreConfig`` holds everything one store needs. ``StoreConfig.validate()`` checks the
+values together and raises ``ConfigError`` naming the field and what to do; ``load``
+reads a TOML file (the ``[store]`` table). Anything that must stay the same for a store's
+lifetime (the record format) is not configuration; segment and consume-queue file sizes
+are read back from the files, so changing them only affects files created afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from mqlog.errors import ConfigError
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+RECORD_HEADER_SIZE = 72  # see docs/FORMAT.md; the core modules assert the same figure
+BLANK_SIZE_MIN = 8
+PAGE_SIZE = 4096
+
+FlushMode = Literal["async", "sync"]
+CommitMode = Literal["auto", "written", "flushed", "external"]
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    # --- commit log ---------------------------------------------------------------
+    segment_size_bytes: int = 1 * GiB
+    segment_preallocate: bool = True  # fallocate + populate the mapping up front
+    segment_prepare_ahead: bool = True  # make the next segment on a background thread
+    message_size_bytes_max: int = 4 * MiB  # whole record, header included
+    key_size_bytes_max: int = 1 * KiB
+    tags_size_bytes_max: int = 255
+    topic_length_max: int = 127
+    queue_id_max: int = 65_535
+    batch_count_max: int = 65_536
+    # --- consume queues -----------------------------------------------------------
+    consume_queue_entries_per_file: int = 300_000  # RocketMQ's figure: 6,000,000 bytes
+    # --- flush --------------------------------------------------------------------
+    flush_mode: FlushMode = "async"
+    flush_interval_ms: int = 500
+    flush_pages_min: int = 4  # async: flush early once this many pages are dirty
+    flush_thorough_interval_ms: int = 10_000  # async: flush whatever is dirty this often
+    flush_sync_timeout_ms: int = 5_000  # sync: past this a put reports FLUSH_DISK_TIMEOUT
+    checkpoint_interval_ms: int = 1_000
+    # --- readers ------------------------------------------------------------------
+    committed_follows: CommitMode = "auto"  # auto: written (async) or flushed (sync)
+    verify_crc_on_read: bool = True
+    read_count_max: int = 65_536  # max_count accepted by get()
+    read_size_bytes_max: int = 64 * MiB  # max_bytes accepted by get() and read_raw()
+
+    def validate(self) -> StoreConfig:
+        """Check every value and their combinations; return self so calls chain."""
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type in ("int",) and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(f"{field.name} must be an integer, got {value!r}")
+            if field.type in ("bool",) and not isinstance(value, bool):
+                raise ConfigError(f"{field.name} must be true or false, got {value!r}")
+        _require_positive(self, "message_size_bytes_max", "key_size_bytes_max",
+                          "tags_size_bytes_max", "topic_length_max", "batch_count_max",
+                          "consume_queue_entries_per_file", "flush_interval_ms",
+                          "flush_pages_min", "flush_thorough_interval_ms",
+                          "flush_sync_timeout_ms", "checkpoint_interval_ms",
+                          "read_count_max", "read_size_bytes_max")
+        if self.segment_size_bytes % PAGE_SIZE or self.segment_size_bytes < 16 * PAGE_SIZE:
+            raise ConfigError(
+                f"segment_size_bytes={self.segment_size_bytes} must be a multiple of "
+                f"{PAGE_SIZE} and at least {16 * PAGE_SIZE}")
+        if self.segment_size_bytes > (1 << 32) - PAGE_SIZE:
+            raise ConfigError("segment_size_bytes must stay below 4 GiB (record sizes are u32)")
+        if self.message_size_bytes_max + BLANK_SIZE_MIN > self.segment_size_bytes:
+            raise ConfigError(
+                f"message_size_bytes_max={self.message_size_bytes_max} must leave room for "
+                f"a blank record in a segment of {self.segment_size_bytes} bytes; "
+                "raise segment_size_bytes or lower message_size_bytes_max")
+        if self.message_size_bytes_max < RECORD_HEADER_SIZE + 1:
+            raise ConfigError(
+                f"message_size_bytes_max must exceed the {RECORD_HEADER_SIZE}-byte header")
+        for name, cap in (("key_size_bytes_max", 0xFFFF), ("tags_size_bytes_max", 0xFFFF),
+                          ("topic_length_max", 255), ("queue_id_max", 0xFFFF_FFFF)):
+            if getattr(self, name) > cap:
+                raise ConfigError(f"{name} must be at most {cap} (a field of the record header)")
+        if self.queue_id_max < 0:
+            raise ConfigError("queue_id_max must be at least 0")
+        if self.flush_mode not in ("async", "sync"):
+            raise ConfigError(f"flush_mode must be 'async' or 'sync', got {self.flush_mode!r}")
+        if self.committed_follows not in ("auto", "written", "flushed", "external"):
+            raise ConfigError("committed_follows must be 'auto', 'written', 'flushed' or "
+                              f"'external', got {self.committed_follows!r}")
+        return self
+
+    @property
+    def commit_rule(self) -> str:
+        """What the committed position follows once 'auto' is resolved."""
+        if self.committed_follows != "auto":
+            return self.committed_follows
+        return "flushed" if self.flush_mode == "sync" else "written"
+
+    def replace(self, **overrides: Any) -> StoreConfig:
+        """A copy with some fields changed, validated; unknown names are a ConfigError."""
+        known = {f.name for f in dataclasses.fields(self)}
+        unknown = sorted(set(overrides) - known)
+        if unknown:
+            raise ConfigError(f"unknown store setting(s) {', '.join(unknown)}; "
+                              f"known settings: {', '.join(sorted(known))}")
+        return dataclasses.replace(self, **overrides).validate()
+
+
+def _require_positive(config: StoreConfig, *names: str) -> None:
+    for name in names:
+        if getattr(config, name) <= 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(config, name)}")
+
+
+def load(path: str | Path) -> StoreConfig:
+    """Read a StoreConfig from the ``[store]`` table of a TOML file."""
+    try:
+        with open(path, "rb") as file:
+            document = tomllib.load(file)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path}: not valid TOML: {error}") from None
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+    table = document.get("store", {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: [store] must be a table")
+    return StoreConfig().replace(**table)

@@ -1,0 +1,130 @@
+"""The checkpoint, the epoch file and the store's small metadata files.
+
+The checkpoint names a position from which crash recovery may scan: every record
+before it was flushed, and so were the consume-queue entries of those records. It is
+written only after both flushes, atomically (temporary file, fsync, rename, fsync of the
+directory), and carries a CRC32C; a damaged or missing checkpoint means "scan from the
+first segment". At a clean close it also records where the log ends.
+
+The epoch file lists the first position of each epoch, like Kafka's
+leader-epoch-checkpoint; it is rewritten the same atomic way whenever it changed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+from crc32c import crc32c
+
+from mqlog.engine.files import fsync_directory
+from mqlog.errors import CorruptStore
+
+FORMAT_VERSION = 1
+_CHECKPOINT = struct.Struct("<4sIQQqI")  # magic, version, log_position, log_end, time, crc
+_CHECKPOINT_MAGIC = b"MQCP"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    log_position: int  # recovery may start scanning here
+    log_end: int  # where the log ended at a clean close (else equal to log_position)
+    timestamp_ms: int
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
+def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    body = _CHECKPOINT.pack(_CHECKPOINT_MAGIC, FORMAT_VERSION, checkpoint.log_position,
+                            checkpoint.log_end, checkpoint.timestamp_ms, 0)[:-4]
+    write_atomically(path, body + struct.pack("<I", crc32c(body)))
+
+
+def read_checkpoint(path: Path) -> Checkpoint | None:
+    """The checkpoint, or None if it is missing or fails its checks."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(data) != _CHECKPOINT.size:
+        return None
+    magic, version, log_position, log_end, timestamp_ms, crc = _CHECKPOINT.unpack(data)
+    if magic != _CHECKPOINT_MAGIC or version != FORMAT_VERSION or crc != crc32c(data[:-4]):
+        return None
+    if log_end < log_position:
+        return None
+    return Checkpoint(log_position, log_end, timestamp_ms)
+
+
+def write_epochs(path: Path, epoch_starts: list[tuple[int, int]]) -> None:
+    lines = [f"mqlog-epochs {FORMAT_VERSION}", str(len(epoch_starts))]
+    lines += [f"{epoch} {position}" for epoch, position in epoch_starts]
+    text = "\n".join(lines) + "\n"
+    write_atomically(path, (text + f"crc32c {crc32c(text.encode()):08x}\n").encode())
+
+
+def read_epochs(path: Path) -> list[tuple[int, int]] | None:
+    """The epoch starts, or None if the file is missing or damaged."""
+    try:
+        lines = path.read_text().splitlines()
+        head, count = lines[0], int(lines[1])
+        text = "\n".join(lines[:-1]) + "\n"
+        if head != f"mqlog-epochs {FORMAT_VERSION}" or len(lines) != count + 3:
+            return None
+        if lines[-1] != f"crc32c {crc32c(text.encode()):08x}":
+            return None
+        starts = [tuple(map(int, line.split())) for line in lines[2:-1]]
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    return [(epoch, position) for epoch, position in starts]
+
+
+def write_queues(path: Path, queues: list[tuple[str, int, int, int]]) -> None:
+    """The queue manifest: (topic, queue id, min offset, next offset) of every queue."""
+    lines = [f"mqlog-queues {FORMAT_VERSION}", str(len(queues))]
+    lines += [f"{topic} {queue_id} {low} {high}" for topic, queue_id, low, high in queues]
+    text = "\n".join(lines) + "\n"
+    write_atomically(path, (text + f"crc32c {crc32c(text.encode()):08x}\n").encode())
+
+
+def read_queues(path: Path) -> dict[tuple[str, int], tuple[int, int]] | None:
+    """The queue manifest as {(topic, queue id): (min, next)}, or None if missing/damaged."""
+    try:
+        lines = path.read_text().splitlines()
+        text = "\n".join(lines[:-1]) + "\n"
+        if lines[0] != f"mqlog-queues {FORMAT_VERSION}" or len(lines) != int(lines[1]) + 3:
+            return None
+        if lines[-1] != f"crc32c {crc32c(text.encode()):08x}":
+            return None
+        manifest = {}
+        for line in lines[2:-1]:
+            topic, queue_id, low, high = line.split(" ")
+            manifest[(topic, int(queue_id))] = (int(low), int(high))
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    return manifest
+
+
+def check_meta(path: Path) -> None:
+    """Create meta.json in a new store; refuse a store written by a newer format."""
+    if not path.exists():
+        write_atomically(path, json.dumps({"format": FORMAT_VERSION}).encode())
+        return
+    try:
+        version = json.loads(path.read_text())["format"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CorruptStore(f"{path} is unreadable ({error}); is this an mqlog store?") from None
+    if version != FORMAT_VERSION:
+        raise CorruptStore(f"{path.parent} has format {version}; this mqlog reads format "
+                           f"{FORMAT_VERSION}: upgrade mqlog")

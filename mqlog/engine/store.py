@@ -1,0 +1,664 @@
+"""The Store: one directory holding a commit log, its consume queues and checkpoint.
+
+A Store wires three parts together and orchestrates what is rare:
+
+* the log core (``mqlog.ext``: C or its Python twin) holds the mapped files and runs
+  the hot paths — put, put_batch, get, the recovery scan;
+* the files (``files.py``): the core calls back here when it needs a new segment or a
+  new consume-queue file, and the Store creates, maps and later deletes them;
+* the flush service (``flush.py``): group commit or interval flushing, checkpoints.
+
+Write path (DESIGN §4): ``put`` is the core's own method when nothing needs to be
+waited for (async flush), so an embedded put costs one C call. With sync flush the
+Store's ``put`` calls the core, then waits for the group commit that covers the record
+and turns a missed deadline into FLUSH_DISK_TIMEOUT.
+
+Committed position: readers never see records past it. Standalone it follows the
+written position (async) or the flushed one (sync); a replication layer sets
+``committed_follows = "external"`` and moves it itself.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from mqlog import ext
+from mqlog.config import StoreConfig
+from mqlog.engine import checkpoint as cp
+from mqlog.engine.files import (
+    MappedFile,
+    SegmentAllocator,
+    file_name,
+    fsync_directory,
+    numbered_files,
+)
+from mqlog.engine.flush import FlushService
+from mqlog.engine.recovery import RecoveryReport, recover
+from mqlog.errors import (
+    ConsumeQueueMismatch,
+    CorruptStore,
+    FlushFailed,
+    InvalidArgument,
+    InvalidPosition,
+    InvalidQueueId,
+    InvalidTopic,
+    StoreClosed,
+    StoreFailed,
+    StoreLocked,
+)
+from mqlog.results import PutResult, PutStatus
+
+_TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._%|-]+$")
+_CQ_ENTRY = 20
+# Fills the entries before a queue's first offset when it starts inside a file (a
+# follower that joins late, a rebuild after retention), so that the entries in use are
+# always one contiguous run from the start of a file and binary searches stay valid.
+_CQ_TOMBSTONE = (0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little") + b"\xff" * 4 + bytes(8)
+_TOMBSTONE_SIZE = 0xFFFF_FFFF
+
+
+@dataclass(frozen=True)
+class StorePaths:
+    root: Path
+
+    @property
+    def commitlog(self) -> Path:
+        return self.root / "commitlog"
+
+    @property
+    def consumequeue(self) -> Path:
+        return self.root / "consumequeue"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "lock"
+
+    @property
+    def abort(self) -> Path:
+        return self.root / "abort"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "checkpoint"
+
+    @property
+    def epochs(self) -> Path:
+        return self.root / "epochs"
+
+    @property
+    def meta(self) -> Path:
+        return self.root / "meta.json"
+
+    @property
+    def queues(self) -> Path:
+        return self.root / "queues"
+
+    def queue_dir(self, topic: str, queue_id: int) -> Path:
+        return self.consumequeue / topic / str(queue_id)
+
+
+def open(path: str | os.PathLike[str], config: StoreConfig | None = None, *,  # noqa: A001
+         implementation: str | None = None, clock_ms: Any = None, **overrides: Any) -> Store:
+    """Open (creating if needed) the store in directory ``path``.
+
+    ``config`` defaults to ``StoreConfig()``; keyword ``overrides`` replace single fields
+    (``mqlog.open("data", flush_mode="sync")``). ``implementation`` picks the core
+    ("cython" or "python"; default: the live one, see ``mqlog.IMPLEMENTATION``);
+    ``clock_ms`` replaces the wall clock for store timestamps (tests).
+    """
+    config = (config or StoreConfig()).replace(**overrides) if overrides else \
+        (config or StoreConfig()).validate()
+    return Store(Path(path), config, implementation=implementation, clock_ms=clock_ms)
+
+
+class Store:
+    """An open store. Use it as a context manager, or call ``close()``."""
+
+    def __init__(self, path: Path, config: StoreConfig, *, implementation: str | None = None,
+                 clock_ms: Any = None) -> None:
+        self.config = config
+        self.paths = StorePaths(path)
+        self.core_module: ModuleType = ext.load(implementation)
+        self.implementation: str = self.core_module.IMPLEMENTATION
+        self._segments: dict[int, MappedFile] = {}
+        self._queue_files: dict[tuple[str, int], list[MappedFile]] = {}
+        self._queue_flushed: dict[tuple[str, int], int] = {}
+        self._epochs_saved: list[tuple[int, int]] = []
+        self._queues_saved: list[tuple[str, int, int]] | None = None
+        self._closed = False
+        self._lock_fd = self._take_lock()
+        try:
+            self._open(clock_ms)
+        except BaseException:
+            self._release_files()
+            os.close(self._lock_fd)
+            raise
+
+    def _open(self, clock_ms: Any) -> None:
+        config, paths = self.config, self.paths
+        paths.commitlog.mkdir(exist_ok=True)
+        paths.consumequeue.mkdir(exist_ok=True)
+        cp.check_meta(paths.meta)
+        self._allocator = SegmentAllocator(paths.commitlog, config.segment_size_bytes,
+                                           config.segment_preallocate,
+                                           config.segment_prepare_ahead)
+        self.core = self.core_module.LogCore(
+            segment_size_bytes=config.segment_size_bytes,
+            message_size_bytes_max=config.message_size_bytes_max,
+            key_size_bytes_max=config.key_size_bytes_max,
+            tags_size_bytes_max=config.tags_size_bytes_max,
+            new_segment=self._new_segment, new_queue_file=self._new_queue_file,
+            clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read)
+        self.recovery_report: RecoveryReport = recover(self)
+        end = self.recovery_report.end_position
+        self._sync_all_queues()
+        self._sync_log(self.first_segment_base(), end)
+        self._save_epochs()
+        self._save_queues(force=True)
+        cp.write_checkpoint(paths.checkpoint, cp.Checkpoint(end, end, _now_ms()))
+        paths.abort.touch()
+        fsync_directory(paths.root)
+        rule = config.commit_rule
+        self.core.commit_follows_written = rule == "written"
+        # Under replication the layer decides what is committed; until it does, nothing.
+        self.core.committed_position = 0 if rule == "external" else end
+        self._flusher = FlushService(
+            config, written=lambda: self.core.written_position, sync_log=self._sync_log,
+            checkpoint=self._checkpoint, on_flushed=self._on_flushed,
+            on_failure=self._on_flush_failure, flushed_position=end)
+        self._flusher.start()
+        bases = self.core.segment_bases()
+        self._allocator.prepare(bases[-1] + self._segments[bases[-1]].size if bases else 0)
+        if config.flush_mode == "async":
+            self.put = self.core.put  # type: ignore[method-assign]  # one C call
+            self.put_batch = self.core.put_batch  # type: ignore[method-assign]
+
+    def _take_lock(self) -> int:
+        self.paths.root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StoreLocked(f"store {self.paths.root} is open in another process (pid "
+                              f"{holder}) or another Store object; close that one first") \
+                from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    # --- the public API ------------------------------------------------------------------
+
+    def put(self, topic: str, body: Any, queue_id: int = 0, key: str | None = None,
+            tags: str | None = None, properties: dict | None = None,
+            born_timestamp: int | None = None) -> PutResult:
+        """Store one record; with sync flush, return once it is durable.
+
+        Returns PutResult(status, position, offset, store_timestamp, size). The status is
+        PUT_OK, or FLUSH_DISK_TIMEOUT if the flush did not finish within
+        ``flush_sync_timeout_ms`` (the record is stored, but not known to be durable).
+        """
+        result = self.core.put(topic, body, queue_id, key, tags, properties, born_timestamp)
+        if not self._flusher.wait_flushed(result.position + result.size):
+            return result._replace(status=PutStatus.FLUSH_DISK_TIMEOUT)
+        return result
+
+    def put_batch(self, topic: str, bodies: Any, queue_id: int = 0, key: str | None = None,
+                  tags: str | None = None, properties: dict | None = None,
+                  born_timestamp: int | None = None) -> Any:
+        """Store many records in one queue in one call; see ``put``."""
+        result = self.core.put_batch(topic, bodies, queue_id, key, tags, properties,
+                                     born_timestamp)
+        if not self._flusher.wait_flushed(result.end_position):
+            return result._replace(status=PutStatus.FLUSH_DISK_TIMEOUT)
+        return result
+
+    async def put_async(self, topic: str, body: Any, queue_id: int = 0,
+                        key: str | None = None, tags: str | None = None,
+                        properties: dict | None = None,
+                        born_timestamp: int | None = None) -> PutResult:
+        """``put`` for asyncio: with sync flush, awaits the group commit instead of blocking."""
+        result = self.core.put(topic, body, queue_id, key, tags, properties, born_timestamp)
+        if self.config.flush_mode == "sync" and not await self._flusher.wait_flushed_async(
+                result.position + result.size):
+            return result._replace(status=PutStatus.FLUSH_DISK_TIMEOUT)
+        return result
+
+    async def put_batch_async(self, topic: str, bodies: Any, queue_id: int = 0,
+                              key: str | None = None, tags: str | None = None,
+                              properties: dict | None = None,
+                              born_timestamp: int | None = None) -> Any:
+        """``put_batch`` for asyncio; see ``put_async``."""
+        result = self.core.put_batch(topic, bodies, queue_id, key, tags, properties,
+                                     born_timestamp)
+        if self.config.flush_mode == "sync" and not await self._flusher.wait_flushed_async(
+                result.end_position):
+            return result._replace(status=PutStatus.FLUSH_DISK_TIMEOUT)
+        return result
+
+    def get(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
+            max_bytes: int = 1 << 20) -> list:
+        """Committed records of one queue from ``offset``, in order.
+
+        Returns at most ``max_count`` records and stops before ``max_bytes`` would be
+        exceeded, but always returns the next record if one is visible. An offset below
+        the queue's minimum or past its end raises OffsetOutOfRange.
+        """
+        self._check_open()
+        if not 1 <= max_count <= self.config.read_count_max:
+            raise InvalidArgument(f"max_count must be in 1..{self.config.read_count_max}")
+        if not 1 <= max_bytes <= self.config.read_size_bytes_max:
+            raise InvalidArgument(f"max_bytes must be in 1..{self.config.read_size_bytes_max}")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise InvalidArgument(f"offset must be an int, got {offset!r}")
+        return self.core.get(topic, queue_id, offset, max_count, max_bytes)
+
+    def read_record(self, position: int) -> Any:
+        """The committed record that starts at commit-log ``position``."""
+        self._check_open()
+        return self.core.read_record(position)
+
+    def min_offset(self, topic: str, queue_id: int = 0) -> int:
+        """The lowest offset still stored in the queue (0 for a queue never written)."""
+        self._check_open()
+        offsets = self.core.queue_offsets(topic, queue_id)
+        return 0 if offsets is None else offsets[0]
+
+    def max_offset(self, topic: str, queue_id: int = 0) -> int:
+        """One past the last committed offset: the offset the next visible record gets."""
+        self._check_open()
+        return self.core.committed_end_offset(topic, queue_id)
+
+    def queues(self) -> list[tuple[str, int]]:
+        """Every (topic, queue id) with a consume queue, sorted."""
+        return sorted(self.core.queue_ids())
+
+    def flush(self) -> None:
+        """Make everything written so far durable before returning."""
+        self._check_open()
+        self._flusher.flush_now()
+
+    @property
+    def written_position(self) -> int:
+        return self.core.written_position
+
+    @property
+    def flushed_position(self) -> int:
+        return self._flusher.flushed_position
+
+    @property
+    def committed_position(self) -> int:
+        return self.core.committed_position
+
+    @property
+    def flush_count(self) -> int:
+        return self._flusher.flush_count
+
+    # --- what replication needs (DESIGN §4) --------------------------------------------
+
+    def read_raw(self, position: int, max_bytes: int) -> bytes:
+        """Raw bytes of whole records from ``position`` up to the written position."""
+        self._check_open()
+        return self.core.read_raw(position, max_bytes)
+
+    def append_raw(self, position: int, data: Any) -> int:
+        """Append records received from another replica at the same position."""
+        self._check_open()
+        return self.core.append_raw(position, data)
+
+    def truncate(self, position: int) -> None:
+        """Cut the log (and every queue) back to ``position``, a record boundary."""
+        self._check_open()
+        with self._flusher.paused():
+            self._truncate(position)
+
+    def _truncate(self, position: int) -> None:
+        self.core.check_boundary(position)
+        # Lower the checkpoint first: a crash from here on recovers from <= position.
+        start = min(position, self._checkpoint_position())
+        cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(start, start, _now_ms()))
+        dropped_segments, dropped_files = self.core.truncate(position)
+        self._allocator.discard()
+        for base in dropped_segments:
+            self._segments.pop(base).remove()
+        for topic, queue_id, base_offset in dropped_files:
+            files = self._queue_files[(topic, queue_id)]
+            victim = next(f for f in files if f.path.name == file_name(base_offset))
+            files.remove(victim)
+            victim.remove()
+        self._flusher.reset(position)
+        for key, flushed in self._queue_flushed.items():
+            offsets = self.core.queue_offsets(*key)
+            self._queue_flushed[key] = min(flushed, offsets[1] if offsets else 0)
+        self._save_epochs()
+
+    @property
+    def epoch(self) -> int:
+        return self.core.epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Stamp later records with ``epoch``; epochs never go backwards."""
+        if not isinstance(epoch, int) or epoch < self.core.epoch:
+            raise InvalidArgument(f"epoch must be an int >= the current {self.core.epoch}")
+        self.core.epoch = epoch
+
+    def epoch_starts(self) -> list[tuple[int, int]]:
+        """(epoch, first position) of every epoch in the log, ascending."""
+        return list(self.core.epoch_starts)
+
+    def epoch_at(self, position: int) -> int | None:
+        """The epoch of the record that ends at ``position`` (None at the log's start)."""
+        found = None
+        for epoch, start in self.core.epoch_starts:
+            if start >= position:
+                break
+            found = epoch
+        return found
+
+    def set_committed_position(self, position: int) -> None:
+        """Move the committed position (replication layers, committed_follows=external)."""
+        if not 0 <= position <= self.core.written_position:
+            raise InvalidPosition(f"committed position {position} must lie in "
+                                  f"[0, {self.core.written_position}]")
+        self.core.committed_position = position
+
+    # --- closing -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush everything, write a clean checkpoint, and release the files."""
+        if self._closed:
+            return
+        self._closed = True
+        self.core.fence(StoreClosed(f"store {self.paths.root} is closed; open it again"))
+        self._flusher.stop()
+        failed = self._flusher.error
+        if failed is None:
+            end = self.core.written_position
+            self._sync_all_queues()
+            self._save_epochs()
+            self._save_queues(force=True)
+            cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(end, end, _now_ms()))
+            self.paths.abort.unlink(missing_ok=True)
+            fsync_directory(self.paths.root)
+        self._release_files()
+        os.close(self._lock_fd)
+        if failed is not None:
+            raise failed
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"written={self.core.written_position}"
+        return f"<mqlog.Store {str(self.paths.root)!r} {self.implementation} {state}>"
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed(f"store {self.paths.root} is closed; open it again")
+
+    def _release_files(self) -> None:
+        if hasattr(self, "_allocator"):
+            self._allocator.close()
+        if hasattr(self, "core"):
+            self.core.release()
+        for mapped in self._segments.values():
+            mapped.close()
+        for files in self._queue_files.values():
+            for mapped in files:
+                mapped.close()
+        self._segments.clear()
+        self._queue_files.clear()
+
+    # --- callbacks from the core (called under its write lock) -------------------------
+
+    def _new_segment(self, base: int) -> None:
+        mapped = self._allocator.take(base)
+        self._segments[base] = mapped
+        self.core.attach_segment(base, mapped.buffer)
+
+    def _new_queue_file(self, topic: str, queue_id: int, base_offset: int) -> None:
+        key = (topic, queue_id)
+        per_file = self.config.consume_queue_entries_per_file
+        if key not in self._queue_files:
+            self._validate_queue(topic, queue_id)
+            self.paths.queue_dir(topic, queue_id).mkdir(parents=True, exist_ok=True)
+            self.core.add_queue(topic, queue_id, base_offset, base_offset, per_file)
+            self._queue_files[key] = []
+            self._queue_flushed[key] = base_offset
+            base_offset -= base_offset % per_file
+        path = self.paths.queue_dir(topic, queue_id) / file_name(base_offset)
+        mapped = MappedFile.create(path, per_file * _CQ_ENTRY, preallocate=False)
+        if not self._queue_files[key]:
+            first = self.core.queue_offsets(topic, queue_id)[0]
+            mapped.buffer[:(first - base_offset) * _CQ_ENTRY] = \
+                _CQ_TOMBSTONE * (first - base_offset)
+        self._queue_files[key].append(mapped)
+        self.core.attach_queue_file(topic, queue_id, base_offset, mapped.buffer)
+
+    def _validate_queue(self, topic: str, queue_id: int) -> None:
+        if not topic or len(topic) > self.config.topic_length_max:
+            raise InvalidTopic(f"topic must have 1..{self.config.topic_length_max} characters,"
+                               f" got {len(topic)}")
+        if topic in (".", "..") or not _TOPIC_CHARS.match(topic):
+            raise InvalidTopic(f"topic {topic!r} may use only letters, digits and . _ - % | "
+                               "(it names a directory), and may not be '.' or '..'")
+        if queue_id > self.config.queue_id_max:
+            raise InvalidQueueId(f"queue_id {queue_id} exceeds queue_id_max="
+                                 f"{self.config.queue_id_max}")
+
+    # --- used by recovery ----------------------------------------------------------------
+
+    def map_segments(self) -> None:
+        for leftover in self.paths.commitlog.glob("*.tmp"):
+            leftover.unlink()  # a segment a crash interrupted in the making
+        found = numbered_files(self.paths.commitlog)
+        for index, (base, path) in enumerate(found):
+            if path.stat().st_size < 4096:
+                raise CorruptStore(f"segment {path} is only {path.stat().st_size} bytes; "
+                                   "move it away if it holds nothing you need")
+            # Only the last segment is written to; older ones fault in as they are read.
+            populate = self.config.segment_preallocate and index == len(found) - 1
+            mapped = MappedFile.open(path, populate=populate)
+            self._segments[base] = mapped
+            self.core.attach_segment(base, mapped.buffer)
+
+    def first_segment_base(self) -> int:
+        bases = self.core.segment_bases()
+        return bases[0] if bases else 0
+
+    def segment_file(self, base: int) -> MappedFile:
+        return self._segments[base]
+
+    def drop_segments_from(self, position: int) -> list[int]:
+        dropped = self.core.detach_segments_from(position)
+        for base in dropped:
+            self._segments.pop(base).remove()
+        return dropped
+
+    def open_queues(self, scan_from: int, manifest: dict, exact: bool) -> None:
+        """Map every consume queue, keeping only entries of records before ``scan_from``.
+
+        Raises ConsumeQueueMismatch when the files disagree with the queue manifest (a
+        queue or a file is missing; with ``exact``, after a clean close, a queue ends
+        early): recovery then rebuilds every queue from the commit log.
+        """
+        found = set()
+        for topic_dir in sorted(self.paths.consumequeue.iterdir()):
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if queue_dir.name.isdigit():
+                    key = (topic_dir.name, int(queue_dir.name))
+                    found.add(key)
+                    self._open_queue(key, queue_dir, scan_from, manifest.get(key), exact)
+        missing = sorted(set(manifest) - found)
+        if missing:
+            raise ConsumeQueueMismatch(f"consume queue {missing[0]} is missing")
+
+    def _open_queue(self, key: tuple[str, int], directory: Path, scan_from: int,
+                    expected: tuple[int, int] | None, exact: bool) -> None:
+        files = [MappedFile.open(path, populate=False) for _, path in numbered_files(directory)]
+        try:
+            kept = _trim_queue_files(files, scan_from)
+            if not kept:
+                return
+            per_file = kept[0].size // _CQ_ENTRY or self.config.consume_queue_entries_per_file
+            bases = [int(mapped.path.name) for mapped in kept]
+            if bases != list(range(bases[0], bases[0] + per_file * len(bases), per_file)):
+                raise ConsumeQueueMismatch(f"consume queue {key} has a gap between its files")
+            next_offset = bases[-1] + _entries_before(kept[-1], scan_from)
+            min_offset = bases[0] + _first_live_entry(kept[0], self.first_segment_base())
+            if expected is not None and (min_offset > expected[0] or
+                                         exact and next_offset != expected[1]):
+                raise ConsumeQueueMismatch(
+                    f"consume queue {key} holds [{min_offset}, {next_offset}), the manifest "
+                    f"says [{expected[0]}, {expected[1]})")
+        except BaseException:
+            for mapped in files:
+                mapped.close()
+            raise
+        self.core.add_queue(key[0], key[1], min_offset, next_offset, per_file)
+        for base, mapped in zip(bases, kept, strict=True):
+            self.core.attach_queue_file(key[0], key[1], base, mapped.buffer)
+        self._queue_files[key] = kept
+        self._queue_flushed[key] = next_offset
+
+    def drop_all_queues(self) -> None:
+        """Delete every consume queue (recovery rebuilds them from the log)."""
+        for files in self._queue_files.values():
+            for mapped in files:
+                mapped.remove()
+        self._queue_files.clear()
+        self._queue_flushed.clear()
+        self.core.drop_queues()
+        for topic_dir in self.paths.consumequeue.iterdir():
+            for queue_dir in topic_dir.iterdir():
+                for leftover in queue_dir.iterdir():
+                    leftover.unlink()
+                queue_dir.rmdir()
+            topic_dir.rmdir()
+
+    def restore_epochs(self, epochs: list[tuple[int, int]], scan_from: int) -> None:
+        kept = [(epoch, start) for epoch, start in epochs if start < scan_from]
+        self.core.epoch_starts = kept
+        self.core.epoch = kept[-1][0] if kept else 0
+        self._epochs_saved = list(kept)
+
+    # --- flushing --------------------------------------------------------------------------
+
+    def _sync_log(self, start: int, end: int) -> None:
+        for base, mapped in list(self._segments.items()):
+            if base < end and start < base + mapped.size:
+                mapped.sync(max(start, base) - base, min(end, base + mapped.size) - base)
+
+    def _sync_all_queues(self) -> None:
+        per_file = self.config.consume_queue_entries_per_file
+        for key, files in list(self._queue_files.items()):
+            offsets = self.core.queue_offsets(*key)
+            flushed = self._queue_flushed.get(key, 0)
+            if offsets is None or offsets[1] <= flushed:
+                continue
+            for mapped in files:
+                base = int(mapped.path.name)
+                count = mapped.size // _CQ_ENTRY or per_file
+                low, high = max(flushed, base), min(offsets[1], base + count)
+                if low < high:
+                    mapped.sync((low - base) * _CQ_ENTRY, (high - base) * _CQ_ENTRY)
+            self._queue_flushed[key] = offsets[1]
+
+    def _checkpoint(self, log_position: int) -> None:
+        self._sync_all_queues()
+        self._save_epochs()
+        self._save_queues(force=False)
+        cp.write_checkpoint(self.paths.checkpoint,
+                            cp.Checkpoint(log_position, log_position, _now_ms()))
+
+    def _checkpoint_position(self) -> int:
+        checkpoint = cp.read_checkpoint(self.paths.checkpoint)
+        return checkpoint.log_position if checkpoint else 0
+
+    def _save_epochs(self) -> None:
+        current = list(self.core.epoch_starts)
+        if current != self._epochs_saved:
+            cp.write_epochs(self.paths.epochs, current)
+            self._epochs_saved = current
+
+    def _save_queues(self, force: bool) -> None:
+        """Rewrite the queue manifest when a queue appeared or its minimum moved (or always,
+        at open and close, when the next offsets must be exact too)."""
+        current = []
+        for topic, queue_id in sorted(self.core.queue_ids()):
+            offsets = self.core.queue_offsets(topic, queue_id)
+            current.append((topic, queue_id, offsets[0], offsets[1]))
+        shape = [(topic, queue_id, low) for topic, queue_id, low, _ in current]
+        if force or shape != self._queues_saved:
+            cp.write_queues(self.paths.queues, current)
+            self._queues_saved = shape
+
+    def _on_flushed(self, position: int) -> None:
+        if self.config.commit_rule == "flushed":
+            self.core.committed_position = max(self.core.committed_position, position)
+
+    def _on_flush_failure(self, failure: FlushFailed) -> None:
+        self.core.fence(StoreFailed(f"store {self.paths.root} stopped accepting writes: "
+                                    f"{failure}"))
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _entry(mapped: MappedFile, index: int) -> tuple[int, int]:
+    position, size = int.from_bytes(mapped.buffer[index * 20:index * 20 + 8], "little"), \
+        int.from_bytes(mapped.buffer[index * 20 + 8:index * 20 + 12], "little")
+    return position, size
+
+
+def _entries_before(mapped: MappedFile, scan_from: int) -> int:
+    """How many leading entries are tombstones or point before ``scan_from``."""
+    low, high = 0, mapped.size // _CQ_ENTRY
+    while low < high:
+        middle = (low + high) // 2
+        position, size = _entry(mapped, middle)
+        if size == _TOMBSTONE_SIZE or (size != 0 and position < scan_from):
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _first_live_entry(mapped: MappedFile, log_start: int) -> int:
+    """Index of the first entry of a record still in the log (one past the prefix if none)."""
+    low, high = 0, _entries_before(mapped, 1 << 64)
+    while low < high:
+        middle = (low + high) // 2
+        position, size = _entry(mapped, middle)
+        if size == _TOMBSTONE_SIZE or position < log_start:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _trim_queue_files(files: list[MappedFile], scan_from: int) -> list[MappedFile]:
+    """Drop entries at or past ``scan_from``: later files go, the last one kept is zeroed
+    past its live prefix. Returns the files kept (the first one always, if any)."""
+    while len(files) > 1 and _entries_before(files[-1], scan_from) == 0:
+        files.pop().remove()
+    if files:
+        # After a crash the tail may hold entries of lost records, with holes between
+        # them; zero it whole so the live prefix stays contiguous for the next search.
+        last = files[-1]
+        live = _entries_before(last, scan_from)
+        if live * _CQ_ENTRY < last.size:
+            last.zero_from(live * _CQ_ENTRY, preallocate=False)
+    return files

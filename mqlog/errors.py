@@ -1,0 +1,113 @@
+"""Typed operating errors, shared by every layer of mqlog.
+
+Two kinds of failure exist (DESIGN §7). Programmer errors inside mqlog are ``assert``s.
+Operating errors are the exceptions below: each is named by what went wrong and says
+who is to blame and what to do. Errors caused by a bad argument also derive from
+``ValueError`` (or ``LookupError`` for offsets), so generic handlers keep working.
+Raising any of them leaves everything already stored unchanged.
+"""
+
+from __future__ import annotations
+
+
+class MqlogError(Exception):
+    """Base of every operating error mqlog raises."""
+
+
+# --- the caller passed something wrong -------------------------------------------------
+
+
+class InvalidArgument(MqlogError, ValueError):
+    """An argument is of the wrong type or outside its allowed range."""
+
+
+class InvalidTopic(InvalidArgument):
+    """A topic name that cannot be stored (empty, too long, or not a safe file name)."""
+
+
+class InvalidQueueId(InvalidArgument):
+    """A queue id outside ``0 .. queue_id_max``."""
+
+
+class MessageTooLarge(InvalidArgument):
+    """A record (or one of its fields) exceeds a configured size limit."""
+
+
+class InvalidPosition(InvalidArgument):
+    """A commit-log position that is not the start of a record the caller may see."""
+
+
+class OffsetOutOfRange(MqlogError, LookupError):
+    """A queue offset below the queue's minimum or beyond its end (Kafka's error)."""
+
+    def __init__(self, message: str, *, min_offset: int, max_offset: int) -> None:
+        super().__init__(message)
+        self.min_offset = min_offset
+        self.max_offset = max_offset
+
+
+class ConfigError(InvalidArgument):
+    """A configuration value, or a combination of them, that mqlog cannot run with."""
+
+
+# --- the store's state forbids the call ------------------------------------------------
+
+
+class StoreClosed(MqlogError):
+    """The store was closed; open it again to use it."""
+
+
+class StoreLocked(MqlogError):
+    """Another process (or another Store in this one) has the store open."""
+
+
+class StoreReadOnly(MqlogError):
+    """The store was opened read-only, or is a replica that refuses direct writes."""
+
+
+class StoreFailed(MqlogError):
+    """An earlier I/O failure fenced the store: nothing more is written until it is reopened.
+
+    After a failed fsync the page cache may have dropped the dirty pages it could not
+    write, so continuing could acknowledge writes that are not on disk. Reopening runs
+    recovery, which finds out what really is there.
+    """
+
+
+# --- what is on disk (or arrived from a peer) is wrong ---------------------------------
+
+
+class CorruptRecord(MqlogError):
+    """A record failed its size, magic, position or CRC32C check."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        super().__init__(
+            f"corrupt record at position {position}: {reason}; run recovery "
+            "(reopen the store) or `mqlog verify` to see the damage"
+        )
+        self.position = position
+        self.reason = reason
+
+
+class CorruptStore(MqlogError):
+    """A store file (checkpoint, metadata, consume queue) is damaged beyond self-repair."""
+
+
+class ConsumeQueueMismatch(CorruptStore):
+    """Consume-queue files disagree with the commit log; recovery rebuilds them from it."""
+
+
+class ReplicaDataRejected(InvalidArgument):
+    """Raw log bytes offered for appending were not a valid continuation of this log."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        super().__init__(f"rejected raw log data at position {position}: {reason}")
+        self.position = position
+        self.reason = reason
+
+
+# --- durability ------------------------------------------------------------------------
+
+
+class FlushFailed(MqlogError):
+    """Flushing to disk failed; the writes it covered are not known to be durable."""

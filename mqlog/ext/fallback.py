@@ -1,0 +1,825 @@
+"""The pure-Python twin of mqlog's C log core: the executable specification.
+
+``mqlog.ext._core`` (Cython) and this module expose the same classes, the same errors
+and write byte-identical files; ``mqlog.ext`` picks one (``MQLOG_PUREPYTHON=1`` forces
+this one). Read this module to learn what the core does; read ``_core.pyx`` to see it
+done fast.
+
+Theory of operation
+-------------------
+The core owns the hot state of a store and nothing else: the mapped segments of the
+commit log, the mapped consume-queue files, the written and committed positions, the
+epoch, and a write lock. It creates no files. When it needs a new segment or a new
+consume-queue file it calls back into the engine (``new_segment``, ``new_queue_file``),
+which creates and maps the file and hands the buffer back. So the engine decides what
+is rare (file names, directory layout, flushing, recovery policy) and the core does
+what is frequent (encoding, CRC32C, consume-queue appends, decoding, scanning).
+
+The write path, in order (DESIGN §4): validate the arguments (nothing is touched if
+they are bad) → take the write lock → find or create the queue → make room in its
+consume-queue file → assign position (rolling to a new segment if the record does not
+fit; the old segment's tail gets a blank record), offset and store timestamp → encode
+the record straight into the mapping → append the consume-queue entry → advance the
+written position (and the committed position, when it follows the written one) →
+release the lock. Waiting for a flush or for replicas is the engine's business.
+
+Readers take no lock: they read a queue's end offset and the committed position, which
+the writer publishes only after the bytes they cover are in place, and they check every
+record's size, magic, position and CRC32C before handing it out.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import msgpack
+from crc32c import crc32c as _crc32c_impl
+
+from mqlog.errors import (
+    ConsumeQueueMismatch,
+    CorruptRecord,
+    InvalidArgument,
+    InvalidPosition,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    ReplicaDataRejected,
+)
+from mqlog.results import PUT_OK, BatchPutResult, PutResult
+
+IMPLEMENTATION = "python"
+
+# --- the record layout (docs/FORMAT.md) -------------------------------------------------
+#  total_size u32 | magic u32 | crc32c u32 | attributes u16 | topic_size u16 |
+#  queue_id u32 | body_size u32 | epoch u64 | queue_offset u64 | position u64 |
+#  born_timestamp i64 | store_timestamp i64 | key_size u16 | tags_size u16 |
+#  properties_size u32 | topic | key | tags | properties | body
+HEADER = struct.Struct("<IIIHHIIQQQqqHHI")
+HEADER_SIZE = HEADER.size
+CRC_START = 12  # the CRC covers every byte after its own field
+MAGIC = int.from_bytes(b"MQR\x01", "little")  # record, format version 1
+BLANK_MAGIC = int.from_bytes(b"MQB\x01", "little")  # pads a segment's tail
+BLANK_SIZE_MIN = 8
+BLANK = struct.Struct("<II")
+CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
+CQ_ENTRY_SIZE = CQ_ENTRY.size
+ATTR_CONTROL = 0x0001  # reserved: control records (no consume-queue entry)
+_ZERO_CHUNK = bytes(1 << 20)
+
+assert HEADER_SIZE == 72 and CQ_ENTRY_SIZE == 20
+
+# Reasons a scan stops (ScanResult.stop_reason).
+STOP_END = "end"  # zero bytes: the end of the data
+STOP_BLANK = "blank"  # a blank record fills the segment's tail
+
+
+def crc32c(data: Any, value: int = 0) -> int:
+    """CRC32C (Castagnoli) of a bytes-like object, continuing from ``value``."""
+    return _crc32c_impl(data, value)
+
+
+_FNV_OFFSET = 0xCBF29CE484222325
+_FNV_PRIME = 0x100000001B3
+
+
+def tag_hash(tags: str | bytes | None) -> int:
+    """The 64-bit FNV-1a hash of a record's tags as stored in its consume-queue entry."""
+    if not tags:
+        return 0
+    data = tags.encode() if isinstance(tags, str) else tags
+    value = _FNV_OFFSET
+    for byte in data:
+        value = ((value ^ byte) * _FNV_PRIME) & 0xFFFF_FFFF_FFFF_FFFF
+    return value
+
+
+class Record:
+    """One record read back from the log; variable fields decode when first used."""
+
+    __slots__ = ("raw", "position", "size", "attributes", "queue_id", "epoch", "offset",
+                 "born_timestamp", "store_timestamp", "_sizes")
+
+    def __init__(self, raw: bytes) -> None:
+        (size, _magic, _crc, self.attributes, topic_size, self.queue_id, body_size,
+         self.epoch, self.offset, self.position, self.born_timestamp, self.store_timestamp,
+         key_size, tags_size, properties_size) = HEADER.unpack_from(raw)
+        self.raw = raw
+        self.size = size
+        self._sizes = (topic_size, key_size, tags_size, properties_size, body_size)
+
+    def _field(self, index: int) -> bytes:
+        start = HEADER_SIZE + sum(self._sizes[:index])
+        return self.raw[start:start + self._sizes[index]]
+
+    @property
+    def topic(self) -> str:
+        return self._field(0).decode()
+
+    @property
+    def key(self) -> str | None:
+        return self._field(1).decode() if self._sizes[1] else None
+
+    @property
+    def tags(self) -> str | None:
+        return self._field(2).decode() if self._sizes[2] else None
+
+    @property
+    def properties(self) -> dict:
+        return msgpack.unpackb(self._field(3)) if self._sizes[3] else {}
+
+    @property
+    def body(self) -> bytes:
+        return self._field(4)
+
+    @property
+    def end_position(self) -> int:
+        return self.position + self.size
+
+    def __eq__(self, other: object) -> bool:
+        # Records of the C core and of this twin compare equal when their bytes do.
+        return type(other).__name__ == "Record" and self.raw == other.raw  # type: ignore
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+    def __repr__(self) -> str:
+        more = "..." if self._sizes[4] > 32 else ""
+        return (f"Record(topic={self.topic!r}, queue_id={self.queue_id}, offset={self.offset}, "
+                f"position={self.position}, epoch={self.epoch}, key={self.key!r}, "
+                f"tags={self.tags!r}, body={self.body[:32]!r}{more})")
+
+
+class ScanResult:
+    """Where a recovery scan of one segment stopped, and why."""
+
+    __slots__ = ("end_offset", "record_count", "stop_reason", "last_store_timestamp")
+
+    def __init__(self, end_offset: int, record_count: int, stop_reason: str,
+                 last_store_timestamp: int) -> None:
+        self.end_offset = end_offset
+        self.record_count = record_count
+        self.stop_reason = stop_reason
+        self.last_store_timestamp = last_store_timestamp
+
+    def __repr__(self) -> str:
+        return (f"ScanResult(end_offset={self.end_offset}, record_count={self.record_count}, "
+                f"stop_reason={self.stop_reason!r})")
+
+
+class _Segment:
+    __slots__ = ("base", "buffer", "size")
+
+    def __init__(self, base: int, buffer: Any) -> None:
+        self.base = base
+        self.buffer = buffer
+        self.size = len(buffer)
+
+
+class _Queue:
+    __slots__ = ("topic", "topic_bytes", "queue_id", "min_offset", "next_offset", "files",
+                 "entries_per_file")
+
+    def __init__(self, topic: str, queue_id: int, min_offset: int, next_offset: int) -> None:
+        self.topic = topic
+        self.topic_bytes = topic.encode()
+        self.queue_id = queue_id
+        self.min_offset = min_offset
+        self.next_offset = next_offset
+        self.files: list[tuple[int, Any]] = []  # (base offset, buffer), ascending
+        self.entries_per_file = 0
+
+    def entry(self, offset: int) -> tuple[int, int, int]:
+        base, buffer = self._file_for(offset)
+        return CQ_ENTRY.unpack_from(buffer, (offset - base) * CQ_ENTRY_SIZE)
+
+    def _file_for(self, offset: int) -> tuple[int, Any]:
+        for base, buffer in reversed(self.files):
+            if base <= offset:
+                return base, buffer
+        raise AssertionError(f"no consume-queue file holds offset {offset}")
+
+
+class LogCore:
+    """The hot state of one store; see the module docstring for the protocol."""
+
+    def __init__(self, *, segment_size_bytes: int, message_size_bytes_max: int,
+                 key_size_bytes_max: int,
+                 tags_size_bytes_max: int, new_segment: Callable[[int], Any],
+                 new_queue_file: Callable[[str, int, int], Any],
+                 clock_ms: Callable[[], int] | None = None,
+                 verify_crc_on_read: bool = True) -> None:
+        self.segment_size_bytes = segment_size_bytes
+        self.message_size_bytes_max = message_size_bytes_max
+        self.key_size_bytes_max = key_size_bytes_max
+        self.tags_size_bytes_max = tags_size_bytes_max
+        self._new_segment = new_segment
+        self._new_queue_file = new_queue_file
+        self._clock_ms = clock_ms
+        self.verify_crc_on_read = verify_crc_on_read
+        self._lock = threading.Lock()
+        self._segments: list[_Segment] = []
+        self._bases: list[int] = []
+        self._queues: dict[str, dict[int, _Queue]] = {}
+        self.written_position = 0
+        self.committed_position = 0
+        self.commit_follows_written = True
+        self.epoch = 0
+        self.epoch_starts: list[tuple[int, int]] = []  # (epoch, first position), ascending
+        self.last_store_timestamp = 0
+        self._fence: BaseException | None = None
+
+    # --- set-up by the engine -----------------------------------------------------------
+
+    def attach_segment(self, base: int, buffer: Any) -> None:
+        """Add the next segment of the log (open, roll, or append_raw)."""
+        if self._segments:
+            last = self._segments[-1]
+            assert base == last.base + last.size, "segments must be contiguous"
+        self._segments.append(_Segment(base, buffer))
+        self._bases.append(base)
+
+    def detach_segments_from(self, position: int) -> list[int]:
+        """Forget every segment starting at or after ``position``; return their bases."""
+        index = bisect_left(self._bases, position)
+        dropped = self._bases[index:]
+        del self._segments[index:], self._bases[index:]
+        return dropped
+
+    def segment_bases(self) -> list[int]:
+        return list(self._bases)
+
+    def add_queue(self, topic: str, queue_id: int, min_offset: int, next_offset: int,
+                  entries_per_file: int) -> None:
+        queues = self._queues.setdefault(topic, {})
+        assert queue_id not in queues
+        queue = _Queue(topic, queue_id, min_offset, next_offset)
+        queue.entries_per_file = entries_per_file
+        queues[queue_id] = queue
+
+    def attach_queue_file(self, topic: str, queue_id: int, base_offset: int, buffer: Any) -> None:
+        queue = self._queues[topic][queue_id]
+        assert len(buffer) == queue.entries_per_file * CQ_ENTRY_SIZE
+        assert not queue.files or base_offset == queue.files[-1][0] + queue.entries_per_file
+        queue.files.append((base_offset, buffer))
+
+    def queue_ids(self) -> list[tuple[str, int]]:
+        return [(topic, qid) for topic, queues in self._queues.items() for qid in queues]
+
+    def release(self) -> None:
+        """Let go of every mapping (the engine is about to unmap them)."""
+        self._segments.clear()
+        self._bases.clear()
+        self._queues.clear()
+
+    def drop_queues(self) -> None:
+        """Forget every queue (recovery is about to rebuild them from the log)."""
+        self._queues.clear()
+
+    def committed_end_offset(self, topic: str, queue_id: int) -> int:
+        """One past the last offset of the queue whose record is committed."""
+        queue = self._queues.get(topic, {}).get(queue_id)
+        if queue is None:
+            return 0
+        low, high = queue.min_offset, queue.next_offset
+        if self.committed_position >= self.written_position:
+            return high
+        while low < high:
+            middle = (low + high) // 2
+            position, size, _hash = queue.entry(middle)
+            if position + size <= self.committed_position:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def queue_offsets(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        """(min offset, next offset) of a queue, or None if it has never been written."""
+        queue = self._queues.get(topic, {}).get(queue_id)
+        return None if queue is None else (queue.min_offset, queue.next_offset)
+
+    def restore(self, written_position: int) -> None:
+        """After open: resume writing at ``written_position`` (must lie in the last segment)."""
+        assert not self._segments or (
+            self._segments[-1].base <= written_position
+            <= self._segments[-1].base + self._segments[-1].size)
+        self.written_position = written_position
+
+    def fence(self, error: BaseException | None) -> None:
+        """Refuse every later write with ``error`` (closed store, failed flush); None lifts it."""
+        self._fence = error
+
+    # --- the write path ---------------------------------------------------------------
+
+    def put(self, topic: str, body: Any, queue_id: int = 0, key: str | None = None,
+            tags: str | None = None, properties: dict | None = None,
+            born_timestamp: int | None = None) -> PutResult:
+        """Store one record. See the module docstring for the steps."""
+        self._check_fence()
+        fields = self._prepare(topic, queue_id, key, tags, properties, born_timestamp)
+        body = _as_bytes(body)
+        size = self._record_size(fields, len(body))
+        with self._lock:
+            self._check_fence()
+            queue = self._writable_queue(topic, queue_id)
+            store_timestamp = self._next_timestamp()
+            position = self._append(queue, fields, body, size, store_timestamp)
+            return PutResult(PUT_OK, position, queue.next_offset - 1, store_timestamp, size)
+
+    def put_batch(self, topic: str, bodies: Iterable[Any], queue_id: int = 0,
+                  key: str | None = None, tags: str | None = None,
+                  properties: dict | None = None,
+                  born_timestamp: int | None = None) -> BatchPutResult:
+        """Store many records in one queue under one lock hold and one store timestamp."""
+        self._check_fence()
+        fields = self._prepare(topic, queue_id, key, tags, properties, born_timestamp)
+        try:
+            bodies = [_as_bytes(body) for body in bodies]
+        except TypeError:
+            raise InvalidArgument("bodies must be an iterable of bytes-like objects") from None
+        if not bodies:
+            raise InvalidArgument("put_batch needs at least one body")
+        sizes = [self._record_size(fields, len(body)) for body in bodies]
+        with self._lock:
+            self._check_fence()
+            queue = self._writable_queue(topic, queue_id)
+            store_timestamp = self._next_timestamp()
+            first_offset = queue.next_offset
+            first_position = -1
+            for body, size in zip(bodies, sizes, strict=True):
+                position = self._append(queue, fields, body, size, store_timestamp)
+                if first_position < 0:
+                    first_position = position
+            return BatchPutResult(PUT_OK, first_position, first_offset, len(bodies),
+                                  store_timestamp, self.written_position)
+
+    def _check_fence(self) -> None:
+        if self._fence is not None:
+            raise self._fence
+
+    def _prepare(self, topic: Any, queue_id: Any, key: Any, tags: Any, properties: Any,
+                 born_timestamp: Any) -> tuple:
+        if not isinstance(topic, str):
+            raise InvalidArgument(f"topic must be str, got {type(topic).__name__}")
+        if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
+            raise InvalidArgument(f"queue_id must be a non-negative int, got {queue_id!r}")
+        key_bytes = _text_field("key", key, self.key_size_bytes_max)
+        tags_bytes = _text_field("tags", tags, self.tags_size_bytes_max)
+        props_bytes = _pack_properties(properties)
+        if born_timestamp is not None and (not isinstance(born_timestamp, int)
+                                           or isinstance(born_timestamp, bool)):
+            raise InvalidArgument("born_timestamp must be an int (milliseconds) or None")
+        return (topic.encode(), key_bytes, tags_bytes, props_bytes, born_timestamp,
+                tag_hash(tags_bytes))
+
+    def _record_size(self, fields: tuple, body_size: int) -> int:
+        topic_bytes, key_bytes, tags_bytes, props_bytes = fields[:4]
+        size = (HEADER_SIZE + len(topic_bytes) + len(key_bytes) + len(tags_bytes)
+                + len(props_bytes) + body_size)
+        if size > self.message_size_bytes_max:
+            raise MessageTooLarge(
+                f"record of {size} bytes exceeds message_size_bytes_max="
+                f"{self.message_size_bytes_max}; send a smaller body or raise the limit")
+        return size
+
+    def _writable_queue(self, topic: str, queue_id: int) -> _Queue:
+        queue = self._queues.get(topic, {}).get(queue_id)
+        if queue is None:
+            # The engine validates the name and id, creates the files and calls add_queue.
+            self._new_queue_file(topic, queue_id, 0)
+            queue = self._queues[topic][queue_id]
+        return queue
+
+    def _next_timestamp(self) -> int:
+        now = self._clock_ms() if self._clock_ms is not None else time.time_ns() // 1_000_000
+        if now > self.last_store_timestamp:
+            self.last_store_timestamp = now
+        return self.last_store_timestamp
+
+    def _append(self, queue: _Queue, fields: tuple, body: bytes, size: int,
+                store_timestamp: int) -> int:
+        """Encode one record at the end of the log and index it; return its position."""
+        self._ensure_queue_room(queue)
+        segment, offset = self._reserve(size)
+        position = segment.base + offset
+        topic_bytes, key_bytes, tags_bytes, props_bytes, born, hash_value = fields
+        record = bytearray(size)
+        HEADER.pack_into(record, 0, size, MAGIC, 0, 0, len(topic_bytes), queue.queue_id,
+                         len(body), self.epoch, queue.next_offset, position,
+                         store_timestamp if born is None else born, store_timestamp,
+                         len(key_bytes), len(tags_bytes), len(props_bytes))
+        record[HEADER_SIZE:] = topic_bytes + key_bytes + tags_bytes + props_bytes + body
+        struct.pack_into("<I", record, 8, crc32c(memoryview(record)[CRC_START:]))
+        segment.buffer[offset:offset + size] = record
+        self._note_epoch(self.epoch, position)
+        self._index(queue, position, size, hash_value)
+        self._advance(position + size)
+        return position
+
+    def _ensure_queue_room(self, queue: _Queue) -> None:
+        base, _ = queue.files[-1]
+        if queue.next_offset >= base + queue.entries_per_file:
+            self._new_queue_file(queue.topic, queue.queue_id, base + queue.entries_per_file)
+
+    def _reserve(self, size: int) -> tuple[_Segment, int]:
+        """The segment and in-segment offset where a record of ``size`` bytes goes."""
+        self._ensure_segment()
+        segment = self._segments[-1]
+        offset = self.written_position - segment.base
+        if offset + size + BLANK_SIZE_MIN > segment.size:
+            self._write_blank(segment, offset)
+            self._new_segment(self.written_position)
+            segment = self._segments[-1]
+            offset = 0
+            assert size + BLANK_SIZE_MIN <= segment.size
+        return segment, offset
+
+    def _ensure_segment(self) -> None:
+        """Open the next segment when there is none or the last one is full."""
+        if not self._segments or self.written_position == (self._segments[-1].base
+                                                           + self._segments[-1].size):
+            self._new_segment(self.written_position)
+
+    def _write_blank(self, segment: _Segment, offset: int) -> None:
+        BLANK.pack_into(segment.buffer, offset, segment.size - offset, BLANK_MAGIC)
+        self._advance(segment.base + segment.size)
+
+    def _index(self, queue: _Queue, position: int, size: int, hash_value: int) -> None:
+        base, buffer = queue.files[-1]
+        CQ_ENTRY.pack_into(buffer, (queue.next_offset - base) * CQ_ENTRY_SIZE,
+                           position, size, hash_value)
+        queue.next_offset += 1
+
+    def _note_epoch(self, epoch: int, position: int) -> None:
+        if not self.epoch_starts or self.epoch_starts[-1][0] != epoch:
+            assert not self.epoch_starts or self.epoch_starts[-1][0] < epoch
+            self.epoch_starts.append((epoch, position))
+
+    def _advance(self, position: int) -> None:
+        self.written_position = position
+        if self.commit_follows_written:
+            self.committed_position = position
+
+    # --- the read path ------------------------------------------------------------------
+
+    def get(self, topic: str, queue_id: int, offset: int, max_count: int,
+            max_bytes: int) -> list[Record]:
+        """Records of one queue from ``offset`` on, in order, up to the committed position.
+
+        At least one record is returned when one is visible, even if it is larger than
+        ``max_bytes``, so a consumer always makes progress (Kafka's rule).
+        """
+        queue = self._queues.get(topic, {}).get(queue_id)
+        min_offset, next_offset = (0, 0) if queue is None else (queue.min_offset,
+                                                                  queue.next_offset)
+        if not min_offset <= offset <= next_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside [{min_offset}, {next_offset}] of queue "
+                f"{topic!r}/{queue_id}; seek to a valid offset", min_offset=min_offset,
+                max_offset=next_offset)
+        records: list[Record] = []
+        total = 0
+        committed = self.committed_position
+        for index in range(offset, min(next_offset, offset + max_count)):
+            position, size, _hash = queue.entry(index)  # type: ignore[union-attr]
+            if position + size > committed or (records and total + size > max_bytes):
+                break
+            records.append(self._read_at(position, size))
+            total += size
+        return records
+
+    def read_record(self, position: int) -> Record:
+        """The record that starts at ``position``; it must be below the committed position."""
+        if not isinstance(position, int) or position < 0 or position >= self.committed_position:
+            raise InvalidPosition(
+                f"position {position} is not below the committed position "
+                f"{self.committed_position}")
+        segment, offset = self._locate(position)
+        if offset + BLANK_SIZE_MIN > segment.size:
+            raise InvalidPosition(f"position {position} is not the start of a record")
+        size, magic = BLANK.unpack_from(segment.buffer, offset)
+        if magic != MAGIC or size < HEADER_SIZE or offset + size > segment.size:
+            raise InvalidPosition(f"position {position} is not the start of a record")
+        if position + size > self.committed_position:
+            raise InvalidPosition(f"the record at {position} is not committed yet")
+        return self._read_at(position, size)
+
+    def _locate(self, position: int) -> tuple[_Segment, int]:
+        index = bisect_right(self._bases, position) - 1
+        if index < 0:
+            raise InvalidPosition(f"position {position} lies before the log's first segment")
+        segment = self._segments[index]
+        return segment, position - segment.base
+
+    def _read_at(self, position: int, size: int) -> Record:
+        segment, offset = self._locate(position)
+        if offset + size > segment.size:
+            raise CorruptRecord(position, f"size {size} runs past the segment's end")
+        raw = bytes(segment.buffer[offset:offset + size])
+        problem = _check_record(raw, position, self.verify_crc_on_read)
+        if problem:
+            raise CorruptRecord(position, problem)
+        if HEADER.unpack_from(raw)[0] != size:
+            raise CorruptRecord(position, "size differs from its consume-queue entry")
+        return Record(raw)
+
+    # --- what replication needs -------------------------------------------------------
+
+    def read_raw(self, position: int, max_bytes: int) -> bytes:
+        """Whole records from ``position`` up to the written position, never crossing a
+        segment (a blank record ends the answer); at least one record if any."""
+        if position == self.written_position:
+            return b""
+        if not 0 <= position < self.written_position:
+            raise InvalidPosition(
+                f"position {position} is outside the log [{self._bases[0] if self._bases else 0}"
+                f", {self.written_position}]")
+        segment, offset = self._locate(position)
+        end = offset
+        limit = min(segment.size, self.written_position - segment.base)
+        while end < limit:
+            size, magic = BLANK.unpack_from(segment.buffer, end)
+            at = segment.base + end
+            if magic == BLANK_MAGIC and end + size == segment.size:
+                end = segment.size
+                break
+            raw = bytes(segment.buffer[end:end + size]) if end + size <= limit else b""
+            problem = _check_record(raw, at, True)
+            if problem and end == offset:
+                raise InvalidPosition(f"position {at} is not the start of a record ({problem})")
+            if problem:
+                raise CorruptRecord(at, problem)
+            if end > offset and end + size - offset > max_bytes:
+                break
+            end += size
+        return bytes(segment.buffer[offset:end])
+
+    def append_raw(self, position: int, data: Any) -> int:
+        """Append records copied from another replica at the same position.
+
+        Every record is checked first (size, magic, CRC32C, position, offset order); bad
+        data raises ReplicaDataRejected and changes nothing. Returns the new written position.
+        """
+        self._check_fence()
+        data = bytes(data)
+        with self._lock:
+            self._check_fence()
+            if position != self.written_position:
+                raise ReplicaDataRejected(position, f"this log ends at {self.written_position}")
+            plan = self._plan_raw(position, data)
+            for kind, start, size in plan:
+                self._apply_raw(kind, data, start, size)
+            return self.written_position
+
+    def _plan_raw(self, position: int, data: bytes) -> list[tuple[str, int, int]]:
+        """Validate raw data against the current log; return (kind, start, size) steps."""
+        plan = []
+        cursor = 0
+        segment_end = None  # None: the next record opens a new segment
+        if self._segments:
+            last = self._segments[-1]
+            if position < last.base + last.size:
+                segment_end = last.base + last.size
+        next_offsets: dict[tuple[str, int], int] = {}
+        while cursor < len(data):
+            at = position + cursor
+            if len(data) - cursor < BLANK_SIZE_MIN:
+                raise ReplicaDataRejected(at, "truncated record header")
+            size, magic = BLANK.unpack_from(data, cursor)
+            if magic == BLANK_MAGIC:
+                if segment_end is None or at + size != segment_end:
+                    raise ReplicaDataRejected(
+                        at, f"blank record ends at {at + size} but this replica's segment ends "
+                        f"at {segment_end}; give every replica the same segment_size_bytes")
+                plan.append(("blank", cursor, size))
+                segment_end = None
+                cursor += size
+                continue
+            raw = data[cursor:cursor + size]
+            problem = _check_record(raw, at, True) if size >= HEADER_SIZE else "size too small"
+            if problem:
+                raise ReplicaDataRejected(at, problem)
+            if segment_end is not None and at + size + BLANK_SIZE_MIN > segment_end:
+                raise ReplicaDataRejected(at, "record does not fit in this replica's segment")
+            record = Record(raw)
+            if not record.attributes & ATTR_CONTROL:
+                key = (record.topic, record.queue_id)
+                expected = next_offsets.get(key)
+                if expected is None:
+                    offsets = self.queue_offsets(*key)
+                    expected = record.offset if offsets is None else offsets[1]
+                if record.offset != expected:
+                    raise ReplicaDataRejected(at, f"queue {key[0]!r}/{key[1]} expects offset "
+                                                  f"{expected}, record has {record.offset}")
+                next_offsets[key] = expected + 1
+            plan.append(("record", cursor, size))
+            cursor += size
+            if segment_end is None:
+                segment_end = at + self.segment_size_bytes
+        return plan
+
+    def _apply_raw(self, kind: str, data: bytes, start: int, size: int) -> None:
+        self._ensure_segment()
+        segment = self._segments[-1]
+        offset = self.written_position - segment.base
+        segment.buffer[offset:offset + size] = data[start:start + size]
+        if kind == "blank":
+            self._advance(segment.base + segment.size)
+            return
+        record = Record(data[start:start + size])
+        self._dispatch(record)
+        self._note_epoch(record.epoch, record.position)
+        self.last_store_timestamp = max(self.last_store_timestamp, record.store_timestamp)
+        self._advance(record.position + size)
+
+    def _dispatch(self, record: Record) -> None:
+        """Index a record that is already in the log (append_raw, recovery)."""
+        if record.attributes & ATTR_CONTROL:
+            return
+        queue = self._queues.get(record.topic, {}).get(record.queue_id)
+        if queue is None:
+            self._new_queue_file(record.topic, record.queue_id, record.offset)
+            queue = self._queues[record.topic][record.queue_id]
+        if record.offset < queue.next_offset:
+            if record.offset >= queue.min_offset and queue.entry(record.offset)[:2] == (
+                    record.position, record.size):
+                return
+            raise ConsumeQueueMismatch(f"queue {record.topic!r}/{record.queue_id} already has "
+                                       f"offset {record.offset} for another record")
+        if record.offset > queue.next_offset:
+            raise ConsumeQueueMismatch(f"queue {record.topic!r}/{record.queue_id} ends at "
+                                       f"{queue.next_offset}, record has offset {record.offset}")
+        self._ensure_queue_room(queue)
+        self._index(queue, record.position, record.size, tag_hash(record.tags))
+
+    def truncate(self, position: int) -> tuple[list[int], list[tuple[str, int, int]]]:
+        """Cut the log back to ``position`` (a record boundary); return what was dropped.
+
+        Returns the bases of whole segments dropped and the (topic, queue id, base offset)
+        of whole consume-queue files dropped, for the engine to delete.
+        """
+        with self._lock:
+            if not 0 <= position <= self.written_position:
+                raise InvalidPosition(f"cannot truncate to {position}: the log ends at "
+                                      f"{self.written_position}")
+            self.check_boundary(position)
+            self._zero_tail(position)
+            # A segment that starts exactly at ``position`` stays, empty.
+            dropped_segments = self.detach_segments_from(position + 1)
+            dropped_files = [item for queue in self._all_queues()
+                             for item in self._truncate_queue(queue, position)]
+            self.epoch_starts = [(e, p) for e, p in self.epoch_starts if p < position]
+            self.written_position = position
+            self.committed_position = min(self.committed_position, position)
+            return dropped_segments, dropped_files
+
+    def check_boundary(self, position: int) -> None:
+        """Raise InvalidPosition unless a record (or the log's end) starts at ``position``."""
+        if position == self.written_position:
+            return
+        if not 0 <= position < self.written_position:
+            raise InvalidPosition(f"position {position} lies outside the log (it ends at "
+                                  f"{self.written_position})")
+        segment, offset = self._locate(position)
+        raw_head = bytes(segment.buffer[offset:offset + HEADER_SIZE])
+        if len(raw_head) < BLANK_SIZE_MIN:
+            raise InvalidPosition(f"position {position} is not a record boundary")
+        size, magic = BLANK.unpack_from(raw_head)
+        if magic == BLANK_MAGIC and offset + size == segment.size:
+            return
+        if magic != MAGIC or size < HEADER_SIZE or offset + size > segment.size or \
+                HEADER.unpack_from(segment.buffer, offset)[9] != position:
+            raise InvalidPosition(f"position {position} is not a record boundary")
+
+    def _zero_tail(self, position: int) -> None:
+        for segment in self._segments:
+            if segment.base > position:
+                break
+            start = position - segment.base
+            end = min(self.written_position - segment.base, segment.size)
+            if start < end:
+                _zero(segment.buffer, start, end)
+
+    def _all_queues(self) -> list[_Queue]:
+        return [queue for queues in self._queues.values() for queue in queues.values()]
+
+    def _truncate_queue(self, queue: _Queue, position: int) -> list[tuple[str, int, int]]:
+        low, high = queue.min_offset, queue.next_offset
+        while low < high:  # first offset whose record starts at or after position
+            middle = (low + high) // 2
+            if queue.entry(middle)[0] < position:
+                low = middle + 1
+            else:
+                high = middle
+        dropped = []
+        while len(queue.files) > 1 and queue.files[-1][0] > low:
+            dropped.append((queue.topic, queue.queue_id, queue.files.pop()[0]))
+        base, buffer = queue.files[-1]
+        end = min(queue.next_offset, base + queue.entries_per_file)
+        if low < end:
+            _zero(buffer, (low - base) * CQ_ENTRY_SIZE, (end - base) * CQ_ENTRY_SIZE)
+        queue.next_offset = low
+        return dropped
+
+    # --- recovery -----------------------------------------------------------------------
+
+    def scan_segment(self, base: int, start_offset: int, dispatch: bool = True) -> ScanResult:
+        """Check records of an attached segment from ``start_offset`` on, indexing each one.
+
+        Stops at zero bytes ("end"), at a blank record that fills the tail ("blank"), or at
+        the first record whose size, magic, position or CRC is wrong (the reason). Never
+        raises on garbage; raises ConsumeQueueMismatch when the queues cannot take a record.
+        """
+        segment = self._segments[self._bases.index(base)]
+        buffer = segment.buffer
+        offset, count, last_timestamp = start_offset, 0, 0
+        while True:
+            if offset + BLANK_SIZE_MIN > segment.size:
+                return ScanResult(offset, count, "no room for a record header", last_timestamp)
+            size, magic = BLANK.unpack_from(buffer, offset)
+            if size == 0 and magic == 0:
+                return ScanResult(offset, count, STOP_END, last_timestamp)
+            if magic == BLANK_MAGIC:
+                if offset + size == segment.size:
+                    return ScanResult(offset, count, STOP_BLANK, last_timestamp)
+                return ScanResult(offset, count, "blank record of a wrong size", last_timestamp)
+            if size < HEADER_SIZE or offset + size + BLANK_SIZE_MIN > segment.size:
+                return ScanResult(offset, count, f"bad size {size}", last_timestamp)
+            raw = bytes(buffer[offset:offset + size])
+            problem = _check_record(raw, base + offset, True)
+            if problem:
+                return ScanResult(offset, count, problem, last_timestamp)
+            record = Record(raw)
+            if dispatch:
+                self._dispatch(record)
+                self._note_epoch(record.epoch, record.position)
+            last_timestamp = max(last_timestamp, record.store_timestamp)
+            self.last_store_timestamp = max(self.last_store_timestamp, record.store_timestamp)
+            offset += size
+            count += 1
+
+
+def _check_record(raw: bytes, position: int, verify_crc: bool) -> str:
+    """'' if ``raw`` is one whole, intact record that belongs at ``position``; else why not."""
+    if len(raw) < HEADER_SIZE:
+        return "shorter than a record header"
+    (size, magic, crc, _attributes, topic_size, _queue_id, body_size, _epoch, _offset,
+     stored_position, _born, _stored, key_size, tags_size, properties_size) = \
+        HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        return f"bad magic {magic:#010x}"
+    if size != len(raw):
+        return f"size {size} does not match the record"
+    if HEADER_SIZE + topic_size + key_size + tags_size + properties_size + body_size != size:
+        return "field sizes do not add up to the record size"
+    if stored_position != position:
+        return f"record says it belongs at position {stored_position}"
+    if verify_crc and crc32c(memoryview(raw)[CRC_START:]) != crc:
+        return "CRC32C mismatch"
+    return ""
+
+
+def _as_bytes(body: Any) -> Any:
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        raise InvalidArgument("body must be bytes-like, not str; encode it first")
+    try:
+        return memoryview(body).cast("B").tobytes()
+    except TypeError:
+        raise InvalidArgument(f"body must be bytes-like, got {type(body).__name__}") from None
+
+
+def _text_field(name: str, value: Any, size_max: int) -> bytes:
+    if value is None:
+        return b""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{name} must be str or None, got {type(value).__name__}")
+    data = value.encode()
+    if len(data) > size_max:
+        raise MessageTooLarge(f"{name} of {len(data)} bytes exceeds {name}_size_bytes_max="
+                              f"{size_max}")
+    return data
+
+
+def _pack_properties(properties: Any) -> bytes:
+    if properties is None or properties == {}:
+        return b""
+    if not isinstance(properties, dict):
+        raise InvalidArgument(f"properties must be a dict or None, got "
+                              f"{type(properties).__name__}")
+    try:
+        return msgpack.packb(properties)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise InvalidArgument(f"properties cannot be encoded with msgpack: {error}") from None
+
+
+def _zero(buffer: Any, start: int, end: int) -> None:
+    while start < end:
+        chunk = min(end - start, len(_ZERO_CHUNK))
+        buffer[start:start + chunk] = _ZERO_CHUNK[:chunk]
+        start += chunk
+

@@ -1,0 +1,95 @@
+"""cffi (ABI mode) bindings for the libc memory calls Python's ``mmap`` lacks.
+
+This is the role JNA's ``LibC`` plays in RocketMQ: range ``msync`` (Python's
+``mmap.flush`` holds the GIL while it syncs; cffi calls release it), ``madvise``,
+``mlock``/``munlock``, ``mincore`` and ``fallocate`` (hole punching to zero a dead tail
+without touching its pages). Nothing here is compiled: libc is opened at import.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from typing import Any
+
+from cffi import FFI
+
+ffi = FFI()
+ffi.cdef("""
+    int msync(void *addr, size_t length, int flags);
+    int madvise(void *addr, size_t length, int advice);
+    int mlock(const void *addr, size_t len);
+    int munlock(const void *addr, size_t len);
+    int mincore(void *addr, size_t length, unsigned char *vec);
+    int fallocate(int fd, int mode, long offset, long len);
+""")
+_libc = ffi.dlopen(None)
+
+PAGE_SIZE = mmap.PAGESIZE
+MS_SYNC = 4  # <sys/mman.h> on Linux
+MADV_WILLNEED = 3
+MADV_DONTNEED = 4
+FALLOC_FL_KEEP_SIZE = 0x01
+FALLOC_FL_PUNCH_HOLE = 0x02
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        error = ffi.errno
+        raise OSError(error, f"{what}: {os.strerror(error)}")
+
+
+class Mapping:
+    """A pointer to a Python mmap, for libc calls on page-aligned ranges of it."""
+
+    __slots__ = ("_pointer", "size")
+
+    def __init__(self, buffer: Any) -> None:
+        self._pointer = ffi.from_buffer(buffer)  # keeps the mmap's buffer exported
+        self.size = len(buffer)
+
+    def _range(self, start: int, end: int) -> tuple[Any, int]:
+        start -= start % PAGE_SIZE
+        end = min(self.size, end)
+        return self._pointer + start, max(0, end - start)
+
+    def msync(self, start: int, end: int) -> None:
+        """Write back and wait for the pages covering [start, end) (GIL released)."""
+        pointer, length = self._range(start, end)
+        if length:
+            _check(_libc.msync(pointer, length, MS_SYNC), "msync")
+
+    def madvise(self, start: int, end: int, advice: int) -> None:
+        pointer, length = self._range(start, end)
+        if length:
+            _check(_libc.madvise(pointer, length, advice), "madvise")
+
+    def mlock(self) -> None:
+        _check(_libc.mlock(self._pointer, self.size), "mlock")
+
+    def munlock(self) -> None:
+        _check(_libc.munlock(self._pointer, self.size), "munlock")
+
+    def resident_pages(self) -> int:
+        """How many pages of the mapping are in memory (mincore)."""
+        pages = (self.size + PAGE_SIZE - 1) // PAGE_SIZE
+        vector = ffi.new("unsigned char[]", pages)
+        _check(_libc.mincore(self._pointer, self.size, vector), "mincore")
+        return sum(1 for index in range(pages) if vector[index] & 1)
+
+    def release(self) -> None:
+        """Drop the pointer so the mmap can be closed."""
+        ffi.release(self._pointer)
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Zero [offset, offset+length) of a file by deallocating it; False if unsupported."""
+    if length <= 0:
+        return True
+    result = _libc.fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length)
+    if result == 0:
+        return True
+    if ffi.errno in (95, 38):  # EOPNOTSUPP, ENOSYS
+        return False
+    _check(result, "fallocate(PUNCH_HOLE)")
+    return True

@@ -1,0 +1,40 @@
+"""Builds mqlog's C log core (the Cython extension). Metadata lives in pyproject.toml.
+
+The extension is optional at run time: without it mqlog falls back to its pure-Python
+twin (``MQLOG_PUREPYTHON=1`` forces that; ``MQLOG_REQUIRE_EXTENSION=1`` forbids it).
+"""
+
+import sys
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+if sys.byteorder != "little":
+    raise SystemExit("mqlog's on-disk format is little-endian and its C core assumes a little-endian host")
+
+# The C core (mqlog/ext/_core.pyx) is not in the tree yet: this step lands the engine
+# on its pure-Python twin, and the extension list below comes back with the C core.
+extensions: list = []
+_planned = [
+    Extension(
+        "mqlog.ext._core",
+        sources=["mqlog/ext/_core.pyx"],
+        depends=["mqlog/ext/crc32c.h", "mqlog/ext/layout.h"],
+        include_dirs=["mqlog/ext"],
+        extra_compile_args=["-O3", "-fno-strict-aliasing", "-Wno-unused-function"],
+    )
+]
+
+setup(
+    ext_modules=[] if not extensions else cythonize(
+        extensions,
+        language_level=3,
+        compiler_directives={
+            "boundscheck": False,
+            "wraparound": False,
+            "cdivision": True,
+            "initializedcheck": False,
+            "embedsignature": True,
+        },
+    ),
+)

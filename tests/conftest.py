@@ -1,0 +1,52 @@
+"""Shared fixtures: every engine test runs on each log core that is available."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+import mqlog
+from mqlog import ext
+
+IMPLEMENTATIONS = ["python"]
+try:
+    ext.load("cython")
+    IMPLEMENTATIONS.insert(0, "cython")
+except ImportError:
+    if os.environ.get("MQLOG_REQUIRE_EXTENSION"):
+        raise
+
+# Small files so that rolls, blanks and multi-file queues happen in every test.
+SMALL = dict(segment_size_bytes=64 * 1024, message_size_bytes_max=16 * 1024,
+             consume_queue_entries_per_file=64, checkpoint_interval_ms=50)
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def impl(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def open_store(tmp_path, impl):
+    """open_store(**overrides) opens (or reopens) a small-file store in tmp_path/store."""
+    opened: list[mqlog.Store] = []
+
+    def _open(path=None, **overrides):
+        settings = {**SMALL, **overrides}
+        store = mqlog.open(path or tmp_path / "store", implementation=impl, **settings)
+        opened.append(store)
+        return store
+
+    yield _open
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> random.Random:
+    """A seeded Random; the seed is printed when the test fails."""
+    seed = int(os.environ.get("MQLOG_TEST_SEED", random.randrange(1 << 32)))
+    print(f"random seed: {seed} (rerun with MQLOG_TEST_SEED={seed})")
+    return random.Random(seed)

@@ -1,0 +1,79 @@
+"""The core modules: CRC32C against the reference package, tag hashes, the switch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import crc32c as reference
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mqlog import ext
+from mqlog.ext import fallback
+from tests.conftest import IMPLEMENTATIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def core(request):
+    return ext.load(request.param)
+
+
+def test_crc32c_known_vector(core):
+    assert core.crc32c(b"123456789") == 0xE3069283
+    assert core.crc32c(b"") == 0
+
+
+@given(data=st.binary(max_size=5000), start=st.integers(0, 0xFFFF_FFFF),
+       cut=st.integers(0, 5000), shift=st.integers(0, 15))
+def test_crc32c_matches_the_reference_package(data, start, cut, shift):
+    for name in IMPLEMENTATIONS:
+        core = ext.load(name)
+        expected = reference.crc32c(data, start)
+        assert core.crc32c(data, start) == expected
+        # Any alignment, any split: the hardware path must agree with the table path.
+        view = memoryview(b"\0" * shift + data)[shift:]
+        assert core.crc32c(view, start) == expected
+        head = core.crc32c(data[:cut], start)
+        assert core.crc32c(data[cut:], head) == expected
+
+
+@given(tags=st.one_of(st.none(), st.text(max_size=40)))
+def test_tag_hash_agrees_between_cores(tags):
+    values = {ext.load(name).tag_hash(tags) for name in IMPLEMENTATIONS}
+    assert len(values) == 1
+    assert fallback.tag_hash("TagA") == fallback.tag_hash(b"TagA") != 0
+    assert fallback.tag_hash(None) == fallback.tag_hash("") == 0
+
+
+def test_layout_constants_agree(core):
+    names = ["HEADER_SIZE", "CRC_START", "MAGIC", "BLANK_MAGIC", "BLANK_SIZE_MIN",
+             "CQ_ENTRY_SIZE", "ATTR_CONTROL"]
+    assert {n: getattr(core, n) for n in names} == {n: getattr(fallback, n) for n in names}
+
+
+def _implementation_with(env: dict[str, str]) -> subprocess.CompletedProcess:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MQLOG_")}
+    return subprocess.run([sys.executable, "-c", "import mqlog; print(mqlog.IMPLEMENTATION)"],
+                          env={**clean, **env}, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_purepython_switch_selects_the_twin():
+    assert _implementation_with({"MQLOG_PUREPYTHON": "1"}).stdout.strip() == "python"
+
+
+@pytest.mark.skipif("cython" not in IMPLEMENTATIONS, reason="the C extension is not built")
+def test_the_extension_is_the_default_when_built():
+    assert _implementation_with({}).stdout.strip() == "cython"
+    assert _implementation_with({"MQLOG_REQUIRE_EXTENSION": "1"}).stdout.strip() == "cython"
+
+
+def test_load_rejects_unknown_names():
+    with pytest.raises(ValueError):
+        ext.load("rust")

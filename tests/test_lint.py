@@ -1,0 +1,34 @@
+"""ruff and cython-lint run as tests (DESIGN §7), so style rot fails the suite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(*command: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", *command], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_ruff_is_clean():
+    trees = [name for name in ("mqlog", "tests", "benchmarks") if (ROOT / name).is_dir()]
+    result = _run("ruff", "check", *trees)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_mypy_is_clean():
+    result = _run("mypy", "mqlog")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_cython_lint_is_clean():
+    if not list((ROOT / "mqlog" / "ext").glob("*.pyx")):
+        pytest.skip("no Cython sources yet")
+    result = _run("cython_lint", "mqlog/ext")
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -1,0 +1,399 @@
+"""The Store API: puts, reads, rolls, queues, errors, positions and reopen."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+import mqlog
+import mqlog.config
+from mqlog import errors
+from mqlog.results import PutStatus
+from tests.conftest import SMALL
+
+
+def test_put_then_get_returns_every_field(open_store):
+    store = open_store()
+    result = store.put("orders", b"hello", queue_id=3, key="order-1", tags="created",
+                       properties={"region": "eu", "retries": 2}, born_timestamp=1234)
+    assert result.status is PutStatus.PUT_OK
+    assert (result.position, result.offset) == (0, 0)
+    [record] = store.get("orders", 3, 0)
+    assert record.topic == "orders" and record.queue_id == 3 and record.offset == 0
+    assert record.key == "order-1" and record.tags == "created"
+    assert record.properties == {"region": "eu", "retries": 2}
+    assert record.body == b"hello" and record.born_timestamp == 1234
+    assert record.store_timestamp == result.store_timestamp
+    assert record.position == 0 and record.size == result.size == len(record.raw)
+    assert record.epoch == 0
+    assert store.read_record(result.position) == record
+
+
+def test_optional_fields_default_to_empty(open_store):
+    store = open_store()
+    store.put("t", b"")
+    [record] = store.get("t")
+    assert (record.key, record.tags, record.properties, record.body) == (None, None, {}, b"")
+    assert record.born_timestamp == record.store_timestamp
+
+
+def test_offsets_count_per_queue_and_positions_grow(open_store):
+    store = open_store()
+    results = [store.put("t", bytes([i]), queue_id=i % 3) for i in range(30)]
+    assert [r.offset for r in results] == [i // 3 for i in range(30)]
+    positions = [r.position for r in results]
+    assert positions == sorted(positions) and len(set(positions)) == 30
+    for queue_id in range(3):
+        assert [r.body for r in store.get("t", queue_id, 0, 100)] == [
+            bytes([i]) for i in range(queue_id, 30, 3)]
+        assert (store.min_offset("t", queue_id), store.max_offset("t", queue_id)) == (0, 10)
+
+
+def test_store_timestamps_never_decrease(tmp_path, impl):
+    clock = iter([1000, 999, 1005, 1001, 1010])
+    with mqlog.open(tmp_path, implementation=impl, clock_ms=lambda: next(clock), **SMALL) as s:
+        stamps = [s.put("t", b"x").store_timestamp for _ in range(5)]
+    assert stamps == [1000, 1000, 1005, 1005, 1010]
+
+
+def test_segments_roll_with_a_blank_record_and_records_never_span(open_store):
+    store = open_store()
+    body = b"b" * 5000
+    results = [store.put("t", body) for _ in range(40)]
+    segment = SMALL["segment_size_bytes"]
+    for result in results:
+        assert result.position // segment == (result.end_position - 1) // segment
+    assert len(os.listdir(store.paths.commitlog)) >= 3
+    assert [r.body for r in store.get("t", 0, 0, 100)] == [body] * 40
+    first_in_second = next(r for r in results if r.position >= segment)
+    assert first_in_second.position == segment  # the tail of segment 0 is one blank
+
+
+def test_consume_queue_spans_several_files(open_store):
+    store = open_store()
+    for i in range(200):  # 64 entries per file in the small config
+        store.put("t", i.to_bytes(2, "little"))
+    files = os.listdir(store.paths.queue_dir("t", 0))
+    assert sorted(files) == [f"{n:020d}" for n in (0, 64, 128, 192)]
+    records = store.get("t", 0, 60, 10)
+    assert [r.offset for r in records] == list(range(60, 70))
+
+
+def test_put_batch_assigns_consecutive_offsets(open_store):
+    store = open_store()
+    store.put("t", b"first")
+    result = store.put_batch("t", [b"a", b"bb", bytearray(b"ccc"), memoryview(b"dddd")],
+                             key="k", tags="T")
+    assert (result.status, result.offset, result.count) == (PutStatus.PUT_OK, 1, 4)
+    records = store.get("t", 0, 1, 10)
+    assert [r.body for r in records] == [b"a", b"bb", b"ccc", b"dddd"]
+    assert {r.store_timestamp for r in records} == {result.store_timestamp}
+    assert records[0].position == result.position
+    assert result.end_position == records[-1].end_position == store.written_position
+
+
+def test_get_respects_max_count_and_max_bytes(open_store):
+    store = open_store()
+    sizes = [store.put("t", b"x" * 100).size for _ in range(10)]
+    assert len(store.get("t", 0, 0, max_count=4)) == 4
+    assert len(store.get("t", 0, 0, max_count=10, max_bytes=sizes[0] * 3)) == 3
+    # One record is always returned, even when it alone exceeds max_bytes.
+    assert len(store.get("t", 0, 0, max_count=10, max_bytes=1)) == 1
+
+
+def test_get_at_the_end_is_empty_and_beyond_is_out_of_range(open_store):
+    store = open_store()
+    store.put("t", b"x")
+    assert store.get("t", 0, 1) == []
+    assert store.get("never-written", 0, 0) == []
+    with pytest.raises(errors.OffsetOutOfRange) as caught:
+        store.get("t", 0, 2)
+    assert (caught.value.min_offset, caught.value.max_offset) == (0, 1)
+    with pytest.raises(errors.OffsetOutOfRange):
+        store.get("t", 0, -1)
+
+
+@pytest.mark.parametrize("topic", ["", "a/b", "..", ".", "x" * 128, "bad\x00name", "sp ace"])
+def test_bad_topics_are_refused_and_nothing_is_stored(open_store, topic):
+    store = open_store()
+    store.put("good", b"kept")
+    before = store.written_position
+    with pytest.raises(errors.InvalidTopic):
+        store.put(topic, b"body")
+    assert store.written_position == before
+    assert store.queues() == [("good", 0)]
+    assert [r.body for r in store.get("good")] == [b"kept"]
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda s: s.put("t", b"x", queue_id=-1), errors.InvalidArgument),
+    (lambda s: s.put("t", b"x", queue_id=70_000), errors.InvalidQueueId),
+    (lambda s: s.put("t", "text body"), errors.InvalidArgument),
+    (lambda s: s.put(b"t", b"x"), errors.InvalidArgument),
+    (lambda s: s.put("t", b"x", key=5), errors.InvalidArgument),
+    (lambda s: s.put("t", b"x", properties=["no"]), errors.InvalidArgument),
+    (lambda s: s.put("t", b"x", properties={"f": object()}), errors.InvalidArgument),
+    (lambda s: s.put("t", b"x" * (16 * 1024)), errors.MessageTooLarge),
+    (lambda s: s.put("t", b"x", key="k" * 2000), errors.MessageTooLarge),
+    (lambda s: s.put("t", b"x", tags="t" * 300), errors.MessageTooLarge),
+    (lambda s: s.put_batch("t", []), errors.InvalidArgument),
+    (lambda s: s.put_batch("t", [b"ok", b"x" * (16 * 1024)]), errors.MessageTooLarge),
+    (lambda s: s.get("t", 0, 0, max_count=0), errors.InvalidArgument),
+    (lambda s: s.read_record(1), errors.InvalidPosition),
+    (lambda s: s.read_record(10**9), errors.InvalidPosition),
+])
+def test_bad_input_gets_a_typed_error_and_loses_nothing(open_store, call, error):
+    store = open_store()
+    kept = store.put("t", b"kept")
+    with pytest.raises(error) as caught:
+        call(store)
+    assert str(caught.value)  # says what went wrong
+    assert store.written_position == kept.end_position
+    assert [r.body for r in store.get("t", 0, 0, 10)] == [b"kept"]
+
+
+def test_closed_store_refuses_calls(open_store):
+    store = open_store()
+    store.put("t", b"x")
+    store.close()
+    for call in (lambda: store.put("t", b"y"), lambda: store.get("t"),
+                 lambda: store.put_batch("t", [b"z"]), store.flush):
+        with pytest.raises(errors.StoreClosed):
+            call()
+    store.close()  # closing twice is harmless
+
+
+def test_a_second_opener_is_refused_while_the_store_is_open(open_store, tmp_path):
+    store = open_store()
+    with pytest.raises(errors.StoreLocked):
+        mqlog.open(tmp_path / "store", **SMALL)
+    code = ("import mqlog, sys\n"
+            "try:\n    mqlog.open(sys.argv[1])\n"
+            "except mqlog.errors.StoreLocked as e:\n    print('locked:', e)\n")
+    other = subprocess.run([sys.executable, "-c", code, str(tmp_path / "store")],
+                           capture_output=True, text=True, timeout=60,
+                           cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert other.stdout.startswith("locked:") and str(os.getpid()) in other.stdout
+    store.put("t", b"still fine")
+    assert store.max_offset("t") == 1
+
+
+def test_reopen_after_clean_close_needs_no_scan(open_store, tmp_path):
+    store = open_store()
+    results = [store.put("t", bytes(100), queue_id=i % 2) for i in range(500)]
+    store.close()
+    again = open_store()
+    report = again.recovery_report
+    assert report.clean and report.records_scanned == 0
+    assert report.end_position == results[-1].end_position == again.written_position
+    assert again.max_offset("t", 0) == again.max_offset("t", 1) == 250
+    assert again.put("t", b"next").offset == 250
+
+
+def test_reopen_after_a_crash_scans_from_the_checkpoint(open_store, tmp_path):
+    store = open_store()
+    for i in range(300):
+        store.put("t", i.to_bytes(4, "little"))
+    store.flush()
+    store.core.fence(errors.StoreClosed("simulated crash"))  # no clean close
+    store._flusher.stop()
+    store._release_files()
+    os.close(store._lock_fd)
+    store._closed = True
+    again = open_store()
+    assert not again.recovery_report.clean
+    assert again.recovery_report.truncated_at is None
+    assert [int.from_bytes(r.body, "little") for r in again.get("t", 0, 0, 1000)] == list(
+        range(300))
+
+
+def test_truncate_cuts_log_and_queues(open_store):
+    store = open_store()
+    results = [store.put("t", b"x" * 3000, queue_id=i % 2) for i in range(60)]
+    cut = results[40]
+    store.truncate(cut.position)
+    assert store.written_position == cut.position
+    assert store.max_offset("t", 0) == 20 and store.max_offset("t", 1) == 20
+    assert store.put("t", b"after", queue_id=0).offset == 20
+    with pytest.raises(errors.InvalidPosition):
+        store.truncate(results[5].position + 1)
+    store.close()
+
+
+def test_truncate_to_zero_empties_the_store(open_store):
+    store = open_store()
+    for _ in range(50):
+        store.put("t", b"x" * 2000)
+    store.truncate(0)
+    assert store.written_position == 0 and store.get("t") == []
+    assert store.put("t", b"new").position == 0
+
+
+def test_epochs_are_stamped_and_remembered(open_store):
+    store = open_store()
+    first = store.put("t", b"a")
+    store.set_epoch(3)
+    second = store.put("t", b"b")
+    store.set_epoch(5)
+    third = store.put("t", b"c")
+    assert [r.epoch for r in store.get("t", 0, 0, 10)] == [0, 3, 5]
+    assert store.epoch_starts() == [(0, 0), (3, second.position), (5, third.position)]
+    assert store.epoch_at(first.end_position) == 0 and store.epoch_at(0) is None
+    assert store.epoch_at(third.end_position) == 5
+    with pytest.raises(errors.InvalidArgument):
+        store.set_epoch(4)
+    store.close()
+    again = open_store()
+    assert again.epoch_starts() == [(0, 0), (3, second.position), (5, third.position)]
+    assert again.put("t", b"d").position == third.end_position
+    assert again.get("t", 0, 3)[0].epoch == 5
+
+
+def test_raw_copy_makes_a_byte_identical_replica(open_store, tmp_path, rng):
+    leader = open_store()
+    for i in range(400):
+        leader.put(f"t{i % 3}", rng.randbytes(rng.randrange(1, 3000)), queue_id=i % 2,
+                   key=f"k{i}")
+    follower = open_store(tmp_path / "follower")
+    position = 0
+    while position < leader.written_position:
+        chunk = leader.read_raw(position, rng.randrange(1, 20_000))
+        position = follower.append_raw(position, chunk)
+    assert follower.written_position == leader.written_position
+    for topic, queue_id in leader.queues():
+        assert follower.get(topic, queue_id, 0, 1000) == leader.get(topic, queue_id, 0, 1000)
+    leader.close()
+    follower.close()
+    for name in os.listdir(leader.paths.commitlog):
+        assert (leader.paths.commitlog / name).read_bytes() == (
+            follower.paths.commitlog / name).read_bytes()
+
+
+def test_append_raw_rejects_bad_data_and_changes_nothing(open_store, tmp_path):
+    leader = open_store()
+    for i in range(10):
+        leader.put("t", bytes([i]) * 50)
+    data = bytearray(leader.read_raw(0, 100_000))
+    follower = open_store(tmp_path / "follower")
+    flipped = bytearray(data)
+    flipped[len(flipped) // 2] ^= 0x10
+    with pytest.raises(errors.ReplicaDataRejected):
+        follower.append_raw(0, flipped)
+    with pytest.raises(errors.ReplicaDataRejected):
+        follower.append_raw(5, data)  # not where the follower's log ends
+    assert follower.written_position == 0 and follower.get("t") == []
+    assert follower.append_raw(0, data) == leader.written_position
+
+
+def test_committed_position_hides_records_when_external(open_store):
+    store = open_store(committed_follows="external")
+    results = [store.put("t", bytes([i])) for i in range(5)]
+    assert store.get("t") == [] and store.max_offset("t") == 0
+    store.set_committed_position(results[2].end_position)
+    assert [r.body for r in store.get("t", 0, 0, 10)] == [b"\x00", b"\x01", b"\x02"]
+    assert store.max_offset("t") == 3
+    with pytest.raises(errors.InvalidPosition):
+        store.read_record(results[3].position)
+    with pytest.raises(errors.InvalidPosition):
+        store.set_committed_position(store.written_position + 1)
+
+
+def test_sync_flush_acknowledges_only_durable_records(open_store):
+    store = open_store(flush_mode="sync")
+    results = []
+    lock = threading.Lock()
+
+    def produce(worker: int) -> None:
+        for i in range(50):
+            result = store.put("t", f"{worker}-{i}".encode(), queue_id=worker)
+            durable = store.flushed_position >= result.end_position  # checked below
+            with lock:
+                results.append((result, durable))
+
+    threads = [threading.Thread(target=produce, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 400 and all(durable for _, durable in results)
+    results = [result for result, _ in results]
+    assert all(r.status is PutStatus.PUT_OK for r in results)
+    assert store.committed_position >= max(r.end_position for r in results)
+    assert 0 < store.flush_count <= 400  # group commit: never more syncs than records
+
+
+def test_asyncio_producers_share_group_commits(open_store):
+    store = open_store(flush_mode="sync")
+
+    async def produce(worker: int) -> list:
+        return [await store.put_async("t", f"{worker}-{i}".encode(), queue_id=worker % 4)
+                for i in range(30)]
+
+    async def main() -> list:
+        return await asyncio.gather(*(produce(w) for w in range(64)))
+
+    results = [r for batch in asyncio.run(main()) for r in batch]
+    assert len(results) == 64 * 30 and all(r.status is PutStatus.PUT_OK for r in results)
+    assert store.flushed_position >= max(r.end_position for r in results)
+    assert store.flush_count < len(results) / 4  # many records share each fsync
+    batch = asyncio.run(store.put_batch_async("t", [b"a", b"b"]))
+    assert batch.status is PutStatus.PUT_OK and store.flushed_position >= batch.end_position
+
+
+def test_sync_flush_timeout_reports_flush_disk_timeout(open_store):
+    store = open_store(flush_mode="sync", flush_sync_timeout_ms=1)
+    release = threading.Event()
+    original = store._flusher._sync_log
+
+    def slow_sync(start: int, end: int) -> None:
+        release.wait(10)
+        original(start, end)
+
+    store._flusher._sync_log = slow_sync
+    result = store.put("t", b"x")
+    release.set()
+    assert result.status is PutStatus.FLUSH_DISK_TIMEOUT
+    store.flush()
+    assert store.flushed_position >= result.end_position
+
+
+def test_failed_flush_is_reported_and_fences_the_store(open_store):
+    store = open_store(flush_mode="sync")
+    store.put("t", b"durable")
+
+    def failing_sync(start: int, end: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    store._flusher._sync_log = failing_sync
+    with pytest.raises(errors.FlushFailed):
+        store.put("t", b"not durable")
+    with pytest.raises(errors.StoreFailed):
+        store.put("t", b"refused")
+    with pytest.raises(errors.FlushFailed):
+        store.close()
+
+
+def test_config_errors_name_the_setting(tmp_path):
+    with pytest.raises(errors.ConfigError, match="segment_size_bytes"):
+        mqlog.open(tmp_path, segment_size_bytes=1000)
+    with pytest.raises(errors.ConfigError, match="no_such_setting"):
+        mqlog.open(tmp_path, no_such_setting=1)
+    with pytest.raises(errors.ConfigError, match="flush_mode"):
+        mqlog.open(tmp_path, flush_mode="sometimes")
+    assert not (tmp_path / "commitlog").exists()  # nothing was created
+
+
+def test_config_loads_from_toml(tmp_path):
+    path = tmp_path / "node.toml"
+    path.write_text('[store]\nflush_mode = "sync"\nsegment_size_bytes = 1048576\n'
+                    'message_size_bytes_max = 65536\n')
+    config = mqlog.config.load(path)
+    assert (config.flush_mode, config.segment_size_bytes) == ("sync", 1 << 20)
+    path.write_text('[store]\nflush_mode = 3\n')
+    with pytest.raises(errors.ConfigError):
+        mqlog.config.load(path)
