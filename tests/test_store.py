@@ -362,6 +362,29 @@ def test_sync_flush_timeout_reports_flush_disk_timeout(open_store):
     assert store.flushed_position >= result.end_position
 
 
+def test_async_put_past_its_deadline_reports_flush_disk_timeout(open_store):
+    store = open_store(flush_mode="sync", flush_sync_timeout_ms=20)
+    release = threading.Event()
+    original = store._flusher._sync_log
+
+    def stuck_sync(start: int, end: int) -> None:
+        release.wait(10)  # a disk that does not answer
+        original(start, end)
+
+    store._flusher._sync_log = stuck_sync
+
+    async def main() -> list:
+        return await asyncio.gather(*(store.put_async("t", b"x") for _ in range(3)))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        release.set()
+    assert [r.status for r in results] == [PutStatus.FLUSH_DISK_TIMEOUT] * 3
+    store.flush()
+    assert store.flushed_position >= max(r.end_position for r in results)
+
+
 def test_failed_flush_is_reported_and_fences_the_store(open_store):
     store = open_store(flush_mode="sync")
     store.put("t", b"durable")

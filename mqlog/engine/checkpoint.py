@@ -7,7 +7,9 @@ directory), and carries a CRC32C; a damaged or missing checkpoint means "scan fr
 first segment". At a clean close it also records where the log ends.
 
 The epoch file lists the first position of each epoch, like Kafka's
-leader-epoch-checkpoint; it is rewritten the same atomic way whenever it changed.
+leader-epoch-checkpoint; the queue manifest lists every queue with its minimum and next
+offset, so recovery notices lost consume-queue files. Both are text with a CRC32C
+trailer, rewritten the same atomic way whenever they change.
 """
 
 from __future__ import annotations
@@ -67,53 +69,53 @@ def read_checkpoint(path: Path) -> Checkpoint | None:
     return Checkpoint(log_position, log_end, timestamp_ms)
 
 
-def write_epochs(path: Path, epoch_starts: list[tuple[int, int]]) -> None:
-    lines = [f"mqlog-epochs {FORMAT_VERSION}", str(len(epoch_starts))]
-    lines += [f"{epoch} {position}" for epoch, position in epoch_starts]
-    text = "\n".join(lines) + "\n"
+def _write_crc_text(path: Path, kind: str, lines: list[str]) -> None:
+    """Atomically write ``mqlog-<kind> 1``, a count, the lines, and a CRC32C trailer."""
+    text = "\n".join([f"mqlog-{kind} {FORMAT_VERSION}", str(len(lines)), *lines]) + "\n"
     write_atomically(path, (text + f"crc32c {crc32c(text.encode()):08x}\n").encode())
+
+
+def _read_crc_text(path: Path, kind: str) -> list[str] | None:
+    """The lines written by ``_write_crc_text``, or None if missing or damaged."""
+    try:
+        lines = path.read_text().splitlines()
+        text = "\n".join(lines[:-1]) + "\n"
+        if lines[0] != f"mqlog-{kind} {FORMAT_VERSION}" or len(lines) != int(lines[1]) + 3:
+            return None
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    return lines[2:-1] if lines[-1] == f"crc32c {crc32c(text.encode()):08x}" else None
+
+
+def write_epochs(path: Path, epoch_starts: list[tuple[int, int]]) -> None:
+    _write_crc_text(path, "epochs", [f"{epoch} {position}" for epoch, position in epoch_starts])
 
 
 def read_epochs(path: Path) -> list[tuple[int, int]] | None:
     """The epoch starts, or None if the file is missing or damaged."""
+    lines = _read_crc_text(path, "epochs")
     try:
-        lines = path.read_text().splitlines()
-        head, count = lines[0], int(lines[1])
-        text = "\n".join(lines[:-1]) + "\n"
-        if head != f"mqlog-epochs {FORMAT_VERSION}" or len(lines) != count + 3:
-            return None
-        if lines[-1] != f"crc32c {crc32c(text.encode()):08x}":
-            return None
-        starts = [tuple(map(int, line.split())) for line in lines[2:-1]]
-    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None if lines is None else [
+            (int(epoch), int(position)) for epoch, position in map(str.split, lines)]
+    except ValueError:
         return None
-    return [(epoch, position) for epoch, position in starts]
 
 
 def write_queues(path: Path, queues: list[tuple[str, int, int, int]]) -> None:
     """The queue manifest: (topic, queue id, min offset, next offset) of every queue."""
-    lines = [f"mqlog-queues {FORMAT_VERSION}", str(len(queues))]
-    lines += [f"{topic} {queue_id} {low} {high}" for topic, queue_id, low, high in queues]
-    text = "\n".join(lines) + "\n"
-    write_atomically(path, (text + f"crc32c {crc32c(text.encode()):08x}\n").encode())
+    _write_crc_text(path, "queues", [f"{topic} {queue_id} {low} {high}"
+                                     for topic, queue_id, low, high in queues])
 
 
 def read_queues(path: Path) -> dict[tuple[str, int], tuple[int, int]] | None:
     """The queue manifest as {(topic, queue id): (min, next)}, or None if missing/damaged."""
+    lines = _read_crc_text(path, "queues")
     try:
-        lines = path.read_text().splitlines()
-        text = "\n".join(lines[:-1]) + "\n"
-        if lines[0] != f"mqlog-queues {FORMAT_VERSION}" or len(lines) != int(lines[1]) + 3:
-            return None
-        if lines[-1] != f"crc32c {crc32c(text.encode()):08x}":
-            return None
-        manifest = {}
-        for line in lines[2:-1]:
-            topic, queue_id, low, high = line.split(" ")
-            manifest[(topic, int(queue_id))] = (int(low), int(high))
-    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None if lines is None else {
+            (topic, int(queue_id)): (int(low), int(high))
+            for topic, queue_id, low, high in map(str.split, lines)}
+    except ValueError:
         return None
-    return manifest
 
 
 def check_meta(path: Path) -> None:

@@ -31,6 +31,7 @@ import heapq
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,7 @@ class FlushService:
         self._requested = flushed_position
         self._waiters: list[tuple[int, int, Any]] = []  # (end, tie-break, lock or future)
         self._tie = itertools.count()
+        self._deadlines: dict[Any, _DeadlineWatch] = {}  # per event loop
         self.flushed_position = flushed_position
         self.flush_count = 0  # syncs done, for "records per fsync" figures
         self.error: FlushFailed | None = None
@@ -91,19 +93,19 @@ class FlushService:
         return self._raise_error_or(True)
 
     async def wait_flushed_async(self, end_position: int) -> bool:
-        """``wait_flushed`` for an asyncio task: the thread resolves the future."""
+        """``wait_flushed`` for an asyncio task: the flush thread resolves its future with
+        True; the loop's deadline watch resolves it with False once the deadline passes."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
+        future: asyncio.Future[bool] = loop.create_future()
         with self._lock:
             if self._settled(end_position):
                 return True
             self._enqueue(end_position, future)
-        try:
-            await asyncio.wait_for(asyncio.shield(future),
-                                   self._config.flush_sync_timeout_ms / 1000)
-        except TimeoutError:
-            return False
-        return self._raise_error_or(True)
+        watch = self._deadlines.get(loop)
+        if watch is None or watch.loop.is_closed():
+            watch = self._deadlines[loop] = _DeadlineWatch(loop)
+        watch.add(future, self._config.flush_sync_timeout_ms / 1000)
+        return self._raise_error_or(await future)
 
     def _settled(self, end_position: int) -> bool:
         """True if no wait is needed; raises the flush error if there was one."""
@@ -228,4 +230,32 @@ class FlushService:
 def _resolve_all(futures: list[asyncio.Future]) -> None:
     for future in futures:
         if not future.done():
-            future.set_result(None)
+            future.set_result(True)
+
+
+class _DeadlineWatch:
+    """One timer per event loop that resolves overdue flush futures with False.
+
+    Every future waits the same timeout, so deadlines arrive in order and a deque
+    suffices; it runs in the loop's own thread, so it needs no lock, and it works even
+    when the flush thread is stuck in a sync that never returns.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._pending: deque[tuple[float, asyncio.Future]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(self, future: asyncio.Future, timeout: float) -> None:
+        self._pending.append((self.loop.time() + timeout, future))
+        if self._timer is None:
+            self._timer = self.loop.call_at(self._pending[0][0], self._expire)
+
+    def _expire(self) -> None:
+        now = self.loop.time()
+        while self._pending and (self._pending[0][0] <= now or self._pending[0][1].done()):
+            future = self._pending.popleft()[1]
+            if not future.done():
+                future.set_result(False)
+        self._timer = self.loop.call_at(self._pending[0][0], self._expire) \
+            if self._pending else None
