@@ -23,17 +23,17 @@ $(EXT_STAMP): $(SETUP_STAMP) $(EXT_SOURCES)
 	touch $@
 
 demo: setup
-	$(PY) -m mqlog.demo
+	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m mqlog.demo
 
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup
-	$(PY) -m pytest benchmarks --benchmark-only -q $(PYTEST_ARGS)
+	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m pytest benchmarks --benchmark-only -q $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check mqlog tests benchmarks
-	$(PY) -m cython_lint mqlog/ext
+	PATH=$(VENV)/bin:$$PATH cython-lint mqlog/ext
 
 clean:
 	rm -rf $(VENV) build mqlog/ext/*.so mqlog/ext/_core.c .pytest_cache .hypothesis

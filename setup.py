@@ -12,10 +12,7 @@ from setuptools import Extension, setup
 if sys.byteorder != "little":
     raise SystemExit("mqlog's on-disk format is little-endian and its C core assumes a little-endian host")
 
-# The C core (mqlog/ext/_core.pyx) is not in the tree yet: this step lands the engine
-# on its pure-Python twin, and the extension list below comes back with the C core.
-extensions: list = []
-_planned = [
+extensions = [
     Extension(
         "mqlog.ext._core",
         sources=["mqlog/ext/_core.pyx"],
@@ -26,7 +23,7 @@ _planned = [
 ]
 
 setup(
-    ext_modules=[] if not extensions else cythonize(
+    ext_modules=cythonize(
         extensions,
         language_level=3,
         compiler_directives={

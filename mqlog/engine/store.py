@@ -175,7 +175,10 @@ class Store:
             on_failure=self._on_flush_failure, flushed_position=end)
         self._flusher.start()
         bases = self.core.segment_bases()
-        self._allocator.prepare(bases[-1] + self._segments[bases[-1]].size if bases else 0)
+        if bases:  # warm the active segment past the end, and make the next one
+            active = self._segments[bases[-1]]
+            self._allocator.warm(active, end - bases[-1])
+            self._allocator.prepare(bases[-1] + active.size)
         if config.flush_mode == "async":
             self.put = self.core.put  # type: ignore[method-assign]  # one C call
             self.put_batch = self.core.put_batch  # type: ignore[method-assign]
@@ -463,13 +466,11 @@ class Store:
         for leftover in self.paths.commitlog.glob("*.tmp"):
             leftover.unlink()  # a segment a crash interrupted in the making
         found = numbered_files(self.paths.commitlog)
-        for index, (base, path) in enumerate(found):
+        for base, path in found:
             if path.stat().st_size < 4096:
                 raise CorruptStore(f"segment {path} is only {path.stat().st_size} bytes; "
                                    "move it away if it holds nothing you need")
-            # Only the last segment is written to; older ones fault in as they are read.
-            populate = self.config.segment_preallocate and index == len(found) - 1
-            mapped = MappedFile.open(path, populate=populate)
+            mapped = MappedFile.open(path)
             self._segments[base] = mapped
             self.core.attach_segment(base, mapped.buffer)
 
@@ -506,7 +507,7 @@ class Store:
 
     def _open_queue(self, key: tuple[str, int], directory: Path, scan_from: int,
                     expected: tuple[int, int] | None, exact: bool) -> None:
-        files = [MappedFile.open(path, populate=False) for _, path in numbered_files(directory)]
+        files = [MappedFile.open(path) for _, path in numbered_files(directory)]
         try:
             kept = _trim_queue_files(files, scan_from)
             if not kept:
@@ -534,12 +535,12 @@ class Store:
 
     def drop_all_queues(self) -> None:
         """Delete every consume queue (recovery rebuilds them from the log)."""
+        self.core.drop_queues()  # first: the core must let go of the mappings
         for files in self._queue_files.values():
             for mapped in files:
                 mapped.remove()
         self._queue_files.clear()
         self._queue_flushed.clear()
-        self.core.drop_queues()
         for topic_dir in self.paths.consumequeue.iterdir():
             for queue_dir in topic_dir.iterdir():
                 for leftover in queue_dir.iterdir():

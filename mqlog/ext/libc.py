@@ -29,6 +29,7 @@ PAGE_SIZE = mmap.PAGESIZE
 MS_SYNC = 4  # <sys/mman.h> on Linux
 MADV_WILLNEED = 3
 MADV_DONTNEED = 4
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, as a write would
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
 

@@ -1,0 +1,1923 @@
+"""mqlog's C log core: ``mqlog.ext.fallback`` done fast.
+
+``fallback.py`` is the executable specification and this module is its port: the same
+classes, methods, arguments, errors (the classes of ``mqlog.errors``, raised under the
+same conditions, with the same messages) and byte-identical files. Read fallback.py to
+learn what the core does; read this module to see where the time goes.
+
+Theory of operation (as in fallback.py)
+---------------------------------------
+The core owns the hot state of a store: the mapped segments of the commit log, the
+mapped consume-queue files, the written and committed positions, the epoch and a write
+lock. It creates no files; when it needs a segment or a consume-queue file it calls the
+engine back (``new_segment``, ``new_queue_file``), which maps the file and hands it over
+with ``attach_segment``/``attach_queue_file``. Those two (and ``add_queue``) take no
+lock, because they run inside a callback while the core holds its write lock.
+
+Write path: validate (nothing is touched if the arguments are bad) → take the write
+lock → find or create the queue → make room in its consume-queue file → assign the
+position (a record that does not fit leaves a blank record and rolls to a new segment),
+offset and store timestamp → encode the record straight into the mapping → append the
+consume-queue entry → advance the written (and maybe committed) position → release.
+
+Readers take no lock. They read a queue's next offset and the committed position, which
+a writer publishes only after the bytes and the consume-queue entry they cover are in
+place, and they check every record's size, magic, position and CRC32C.
+
+What differs from the twin
+--------------------------
+* State lives in C fields: each mapping is held as a ``Py_buffer`` (``PyObject_GetBuffer``,
+  writable) in a small C struct, with its base, size and data pointer; a queue keeps the
+  pointer to its last consume-queue file. A put costs one topic lookup in a dict (topic
+  -> per-topic object, whose queues are indexed by id in a list), no Python attribute
+  lookups and no temporary tuples. The buffers are released in ``detach_segments_from``,
+  ``truncate`` (dropped consume-queue files), ``drop_queues`` and ``release``, because
+  the engine closes each mmap right after and an export still held would make that fail.
+* Lock: a ``PyThread_type_lock``. It is first tried without releasing the GIL (the
+  common, uncontended case costs two atomic operations); only when that fails is it
+  waited for with the GIL released, so a writer that waits never holds the GIL and a
+  writer that holds the lock can always get the GIL back: no deadlock. Methods that
+  take the lock refuse (RuntimeError) to be re-entered from a callback of the same
+  thread, where the twin's threading.Lock would hang forever.
+* GIL: small records are encoded with the GIL held (releasing it costs more than the
+  copy). Bodies and records of 64 KiB or more are copied and checksummed with the GIL
+  released. A writer does so under the write lock, which every method that drops a
+  mapping also takes, so its mapping cannot go away; a reader that releases the GIL
+  first takes its own export of the mapping (an unmap then fails with BufferError
+  instead of faulting) or works on a private copy of the record.
+* CRC32C uses SSE4.2's crc32 instruction when the CPU has it (chosen at import; the
+  extension is not built with -march=native) and slicing-by-8 tables otherwise
+  (crc32c.h). The record layout lives in layout.h; at import this module checks that
+  it agrees with the Python-visible constants below.
+* Record is an extension type with a freelist and no GC tracking (it holds only bytes),
+  so reading a thousand records allocates little and never triggers a collection.
+"""
+
+cimport cython
+from cpython.bool cimport PyBool_Check
+from cpython.buffer cimport (
+    PyBUF_C_CONTIGUOUS,
+    PyBUF_SIMPLE,
+    PyBUF_WRITABLE,
+    PyBuffer_Release,
+    PyObject_GetBuffer,
+)
+from cpython.bytes cimport (
+    PyBytes_AS_STRING,
+    PyBytes_Check,
+    PyBytes_FromStringAndSize,
+    PyBytes_GET_SIZE,
+)
+from cpython.dict cimport PyDict_Check, PyDict_GetItemWithError, PyDict_Size
+from cpython.long cimport (
+    PyLong_AsLongLongAndOverflow,
+    PyLong_AsUnsignedLongLongMask,
+    PyLong_Check,
+)
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.object cimport PyObject
+from cpython.pythread cimport (
+    NOWAIT_LOCK,
+    WAIT_LOCK,
+    PyThread_acquire_lock,
+    PyThread_allocate_lock,
+    PyThread_free_lock,
+    PyThread_get_thread_ident,
+    PyThread_release_lock,
+    PyThread_type_lock,
+)
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_Check, PyUnicode_DecodeUTF8
+from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcmp, memcpy, memset
+from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+
+import struct
+
+import msgpack
+
+from mqlog.errors import (
+    ConsumeQueueMismatch,
+    CorruptRecord,
+    InvalidArgument,
+    InvalidPosition,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    ReplicaDataRejected,
+)
+from mqlog.results import PUT_OK, BatchPutResult, PutResult
+
+cdef extern from "layout.h" nogil:
+    enum:
+        MQ_HEADER_SIZE
+        MQ_CRC_START
+        MQ_MAGIC
+        MQ_BLANK_MAGIC
+        MQ_BLANK_SIZE_MIN
+        MQ_ATTR_CONTROL
+        MQ_AT_SIZE
+        MQ_AT_MAGIC
+        MQ_AT_CRC
+        MQ_AT_ATTRIBUTES
+        MQ_AT_TOPIC_SIZE
+        MQ_AT_QUEUE_ID
+        MQ_AT_BODY_SIZE
+        MQ_AT_EPOCH
+        MQ_AT_QUEUE_OFFSET
+        MQ_AT_POSITION
+        MQ_AT_BORN
+        MQ_AT_STORE
+        MQ_AT_KEY_SIZE
+        MQ_AT_TAGS_SIZE
+        MQ_AT_PROPERTIES_SIZE
+        MQ_CQ_ENTRY_SIZE
+        MQ_CQ_AT_POSITION
+        MQ_CQ_AT_SIZE
+        MQ_CQ_AT_HASH
+
+    ctypedef struct mq_header:
+        uint32_t size
+        uint32_t magic
+        uint32_t crc
+        uint16_t attributes
+        uint16_t topic_size
+        uint32_t queue_id
+        uint32_t body_size
+        uint64_t epoch
+        uint64_t queue_offset
+        uint64_t position
+        int64_t born_timestamp
+        int64_t store_timestamp
+        uint16_t key_size
+        uint16_t tags_size
+        uint32_t properties_size
+
+    uint32_t mq_u32(const char *p)
+    uint64_t mq_u64(const char *p)
+    void mq_put_u32(char *p, uint32_t v)
+    void mq_put_u64(char *p, uint64_t v)
+    void mq_read_header(const char *p, mq_header *h)
+    void mq_write_header(char *p, const mq_header *h)
+    uint64_t mq_fields_size(const mq_header *h)
+    void mq_write_cq_entry(char *p, uint64_t position, uint32_t size, uint64_t tag_hash)
+    char *mq_write_record_head(char *record, const mq_header *h, const char *topic,
+                               const char *key, const char *tags, const char *properties)
+    uint64_t mq_fnv1a64(const unsigned char *p, size_t n)
+
+cdef extern from "crc32c.h" nogil:
+    void mq_crc32c_setup()
+    uint32_t mq_crc32c(uint32_t value, const void *data, size_t n)
+    uint32_t mq_crc32c_portable(uint32_t value, const void *data, size_t n)
+    int mq_crc32c_hardware()
+
+mq_crc32c_setup()
+
+IMPLEMENTATION = "cython"
+
+# --- the record layout (docs/FORMAT.md); the C figures come from layout.h ------------
+HEADER = struct.Struct("<IIIHHIIQQQqqHHI")
+HEADER_SIZE = HEADER.size
+CRC_START = 12  # the CRC covers every byte after its own field
+MAGIC = int.from_bytes(b"MQR\x01", "little")  # record, format version 1
+BLANK_MAGIC = int.from_bytes(b"MQB\x01", "little")  # pads a segment's tail
+BLANK_SIZE_MIN = 8
+BLANK = struct.Struct("<II")
+CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
+CQ_ENTRY_SIZE = CQ_ENTRY.size
+ATTR_CONTROL = 0x0001  # reserved: control records (no consume-queue entry)
+
+# Reasons a scan stops (ScanResult.stop_reason).
+STOP_END = "end"  # zero bytes: the end of the data
+STOP_BLANK = "blank"  # a blank record fills the segment's tail
+
+
+def _check_layout():
+    """Refuse to import if layout.h and the Python-visible layout disagree."""
+    offsets = [struct.calcsize("<" + HEADER.format[1:1 + n]) for n in range(15)]
+    c_offsets = [MQ_AT_SIZE, MQ_AT_MAGIC, MQ_AT_CRC, MQ_AT_ATTRIBUTES, MQ_AT_TOPIC_SIZE,
+                 MQ_AT_QUEUE_ID, MQ_AT_BODY_SIZE, MQ_AT_EPOCH, MQ_AT_QUEUE_OFFSET,
+                 MQ_AT_POSITION, MQ_AT_BORN, MQ_AT_STORE, MQ_AT_KEY_SIZE, MQ_AT_TAGS_SIZE,
+                 MQ_AT_PROPERTIES_SIZE]
+    pairs = [(HEADER_SIZE, MQ_HEADER_SIZE), (CRC_START, MQ_CRC_START), (MAGIC, MQ_MAGIC),
+             (BLANK_MAGIC, MQ_BLANK_MAGIC), (BLANK_SIZE_MIN, MQ_BLANK_SIZE_MIN),
+             (CQ_ENTRY_SIZE, MQ_CQ_ENTRY_SIZE), (ATTR_CONTROL, MQ_ATTR_CONTROL),
+             (HEADER_SIZE, 72), (CQ_ENTRY_SIZE, 20), (BLANK.size, MQ_BLANK_SIZE_MIN),
+             (offsets, c_offsets), ([0, 8, 12], [MQ_CQ_AT_POSITION, MQ_CQ_AT_SIZE,
+                                                 MQ_CQ_AT_HASH])]
+    for python_value, c_value in pairs:
+        if python_value != c_value:
+            raise ImportError(f"mqlog/ext/layout.h disagrees with _core.pyx: {c_value!r} "
+                              f"!= {python_value!r}; rebuild the extension")
+
+
+_check_layout()
+
+cdef enum:
+    # Copies and CRCs at least this long run with the GIL released; shorter ones are
+    # cheaper than releasing and re-taking it.
+    GIL_FREE_BYTES = 64 * 1024
+    # Queues with ids below this are also kept in a list indexed by id (put's lookup).
+    QUEUE_LIST_IDS = 4096
+    U16_MAX = 0xFFFF
+    U32_MAX = 0xFFFFFFFF
+
+# Why _check_record refused a record (see _problem_text for the words).
+cdef enum Problem:
+    RECORD_OK = 0
+    RECORD_SHORT
+    RECORD_MAGIC
+    RECORD_SIZE
+    RECORD_FIELDS
+    RECORD_POSITION
+    RECORD_CRC
+
+cdef object _packb = msgpack.packb
+cdef object _unpackb = msgpack.unpackb
+cdef object _struct_error = struct.error
+cdef object _PutResult = PutResult
+cdef object _BatchPutResult = BatchPutResult
+cdef object _PUT_OK = PUT_OK
+
+
+# --- pure helpers ---------------------------------------------------------------------
+
+def crc32c(data, value=0):
+    """CRC32C (Castagnoli) of a bytes-like object, continuing from ``value``."""
+    return _crc_of(data, value, False)
+
+
+def _crc32c_portable(data, value=0):
+    """crc32c() computed with the table implementation, whatever the CPU (for tests)."""
+    return _crc_of(data, value, True)
+
+
+def _crc32c_backend():
+    """Which CRC32C implementation crc32c() uses on this CPU: "sse4.2" or "table"."""
+    return "sse4.2" if mq_crc32c_hardware() else "table"
+
+
+cdef object _crc_of(object data, object value, bint portable):
+    cdef Py_buffer view
+    cdef uint32_t crc = <uint32_t>PyLong_AsUnsignedLongLongMask(value)  # as the package
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        if portable:
+            crc = mq_crc32c_portable(crc, view.buf, view.len)
+        elif view.len >= GIL_FREE_BYTES:
+            with nogil:
+                crc = mq_crc32c(crc, view.buf, view.len)
+        else:
+            crc = mq_crc32c(crc, view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return crc
+
+
+def tag_hash(tags):
+    """The 64-bit FNV-1a hash of a record's tags as stored in its consume-queue entry."""
+    cdef Py_buffer view
+    cdef const char *text
+    cdef Py_ssize_t size
+    cdef uint64_t value
+    if not tags:
+        return 0
+    if PyUnicode_Check(tags):
+        text = PyUnicode_AsUTF8AndSize(tags, &size)
+        return mq_fnv1a64(<const unsigned char *>text, size)
+    try:
+        PyObject_GetBuffer(tags, &view, PyBUF_SIMPLE)
+    except TypeError:
+        return _tag_hash_of_ints(tags)  # the twin accepts any iterable of small ints
+    try:
+        value = mq_fnv1a64(<const unsigned char *>view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return value
+
+
+def _tag_hash_of_ints(tags):
+    value = 0xCBF29CE484222325
+    for byte in tags:
+        value = ((value ^ byte) * 0x100000001B3) & 0xFFFF_FFFF_FFFF_FFFF
+    return value
+
+
+cdef inline int64_t _wall_clock_ms() noexcept nogil:
+    cdef timespec now
+    clock_gettime(CLOCK_REALTIME, &now)  # what time.time_ns() reads
+    return <int64_t>now.tv_sec * 1000 + now.tv_nsec // 1000000
+
+
+cdef extern from *:
+    """
+    /* tuple.__new__(cls, values) for a tuple subclass (PutResult, BatchPutResult): the
+       tuple type's own constructor slot, which is how a NamedTuple's __new__ ends, but
+       without that Python-level __new__ frame or a method lookup per call. */
+    static PyObject *mq_tuple_new(PyObject *cls, PyObject *values)
+    {
+        PyObject *args = PyTuple_Pack(1, values), *result;
+        if (args == NULL)
+            return NULL;
+        result = PyTuple_Type.tp_new((PyTypeObject *)cls, args, NULL);
+        Py_DECREF(args);
+        return result;
+    }
+    """
+    object _make_tuple "mq_tuple_new"(object cls, object values)
+
+
+cdef int _check_record(const char *p, size_t size, uint64_t position,
+                       bint verify_crc) noexcept nogil:
+    """RECORD_OK if ``p[:size]`` is one whole, intact record that belongs at ``position``."""
+    cdef mq_header header
+    if size < MQ_HEADER_SIZE:
+        return RECORD_SHORT
+    mq_read_header(p, &header)
+    if header.magic != MQ_MAGIC:
+        return RECORD_MAGIC
+    if header.size != size:
+        return RECORD_SIZE
+    if MQ_HEADER_SIZE + mq_fields_size(&header) != size:
+        return RECORD_FIELDS
+    if header.position != position:
+        return RECORD_POSITION
+    if verify_crc and mq_crc32c(0, p + MQ_CRC_START, size - MQ_CRC_START) != header.crc:
+        return RECORD_CRC
+    return RECORD_OK
+
+
+cdef str _problem_text(int problem, const char *p):
+    """The twin's words for a problem found by _check_record (p: the record's bytes)."""
+    if problem == RECORD_SHORT:
+        return "shorter than a record header"
+    if problem == RECORD_MAGIC:
+        return f"bad magic {mq_u32(p + MQ_AT_MAGIC):#010x}"
+    if problem == RECORD_SIZE:
+        return f"size {mq_u32(p + MQ_AT_SIZE)} does not match the record"
+    if problem == RECORD_FIELDS:
+        return "field sizes do not add up to the record size"
+    if problem == RECORD_POSITION:
+        return f"record says it belongs at position {mq_u64(p + MQ_AT_POSITION)}"
+    if problem == RECORD_CRC:
+        return "CRC32C mismatch"
+    return ""
+
+
+cdef int _clamp_u64(object value, uint64_t *out) except -2:
+    """Store an int argument as u64; return -1 (stored 0) if negative, 1 (stored the
+    maximum) if above 2**64-1, 0 if exact. Non-integers raise TypeError."""
+    cdef int overflow = 0
+    cdef long long small = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow == 0:
+        out[0] = <uint64_t>small if small >= 0 else 0
+        return 0 if small >= 0 else -1
+    if overflow < 0:
+        out[0] = 0
+        return -1
+    if value > 0xFFFF_FFFF_FFFF_FFFF:
+        out[0] = 0xFFFF_FFFF_FFFF_FFFF
+        return 1
+    out[0] = PyLong_AsUnsignedLongLongMask(value)
+    return 0
+
+
+cdef inline int64_t _clamp_i64(object value) except? -1:
+    """An int argument as i64, saturating (limits such as max_bytes)."""
+    cdef int overflow = 0
+    cdef long long result = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow > 0:
+        return INT64_MAX
+    if overflow < 0:
+        return INT64_MIN
+    return result
+
+
+cdef int _fail(str message) except -1:
+    # Broken invariants between the engine and the core are programmer errors (asserts
+    # in the twin); here they guard raw memory, so they are checked even under -O.
+    raise AssertionError(message)
+
+
+# --- what a caller gets back ----------------------------------------------------------
+
+@cython.final
+@cython.no_gc
+@cython.freelist(4096)
+cdef class Record:
+    """One record read back from the log; variable fields decode when first used."""
+
+    cdef readonly bytes raw
+    cdef readonly unsigned long long position
+    cdef readonly unsigned int size
+    cdef readonly unsigned int attributes
+    cdef readonly unsigned int queue_id
+    cdef readonly unsigned long long epoch
+    cdef readonly unsigned long long offset
+    cdef readonly long long born_timestamp
+    cdef readonly long long store_timestamp
+    # topic, key, tags, properties, body sizes, as the header gives them
+    cdef uint32_t _sizes[5]
+
+    def __init__(self, raw):
+        if not PyBytes_Check(raw):
+            raw = bytes(raw)
+        if PyBytes_GET_SIZE(raw) < MQ_HEADER_SIZE:
+            raise _struct_error(f"unpack_from requires a buffer of at least {HEADER_SIZE} "
+                                f"bytes for unpacking {HEADER_SIZE} bytes at offset 0 "
+                                f"(actual buffer size is {len(raw)})")
+        _fill_record(self, raw)
+
+    cdef bytes _field(self, int index):
+        cdef Py_ssize_t start, end
+        self._span(index, &start, &end)
+        return PyBytes_FromStringAndSize(PyBytes_AS_STRING(self.raw) + start, end - start)
+
+    cdef str _text(self, int index):
+        cdef Py_ssize_t start, end
+        self._span(index, &start, &end)
+        return PyUnicode_DecodeUTF8(PyBytes_AS_STRING(self.raw) + start, end - start, NULL)
+
+    cdef void _span(self, int index, Py_ssize_t *start, Py_ssize_t *end) noexcept:
+        # Slicing semantics: a header whose sizes overrun the bytes yields short fields.
+        cdef Py_ssize_t length = PyBytes_GET_SIZE(self.raw)
+        cdef Py_ssize_t begin = MQ_HEADER_SIZE
+        cdef int i
+        for i in range(index):
+            begin += self._sizes[i]
+        begin = min(begin, length)
+        start[0] = begin
+        end[0] = min(begin + <Py_ssize_t>self._sizes[index], length)
+
+    @property
+    def topic(self):
+        return self._text(0)
+
+    @property
+    def key(self):
+        return self._text(1) if self._sizes[1] else None
+
+    @property
+    def tags(self):
+        return self._text(2) if self._sizes[2] else None
+
+    @property
+    def properties(self):
+        return _unpackb(self._field(3)) if self._sizes[3] else {}
+
+    @property
+    def body(self):
+        return self._field(4)
+
+    @property
+    def end_position(self):
+        return self.position + self.size
+
+    def __eq__(self, other):
+        # Records of the C core and of the twin compare equal when their bytes do.
+        return type(other).__name__ == "Record" and self.raw == other.raw
+
+    def __hash__(self):
+        return hash(self.raw)
+
+    def __reduce__(self):
+        return Record, (self.raw,)
+
+    def __repr__(self):
+        more = "..." if self._sizes[4] > 32 else ""
+        return (f"Record(topic={self.topic!r}, queue_id={self.queue_id}, offset={self.offset}, "
+                f"position={self.position}, epoch={self.epoch}, key={self.key!r}, "
+                f"tags={self.tags!r}, body={self.body[:32]!r}{more})")
+
+
+cdef inline void _fill_record(Record record, bytes raw) noexcept:
+    cdef mq_header header
+    mq_read_header(PyBytes_AS_STRING(raw), &header)
+    record.raw = raw
+    record.position = header.position
+    record.size = header.size
+    record.attributes = header.attributes
+    record.queue_id = header.queue_id
+    record.epoch = header.epoch
+    record.offset = header.queue_offset
+    record.born_timestamp = header.born_timestamp
+    record.store_timestamp = header.store_timestamp
+    record._sizes[0] = header.topic_size
+    record._sizes[1] = header.key_size
+    record._sizes[2] = header.tags_size
+    record._sizes[3] = header.properties_size
+    record._sizes[4] = header.body_size
+
+
+cdef inline Record _new_record(bytes raw):
+    cdef Record record = Record.__new__(Record)
+    _fill_record(record, raw)
+    return record
+
+
+cdef class ScanResult:
+    """Where a recovery scan of one segment stopped, and why."""
+
+    cdef public object end_offset
+    cdef public object record_count
+    cdef public object stop_reason
+    cdef public object last_store_timestamp
+
+    def __init__(self, end_offset, record_count, stop_reason, last_store_timestamp):
+        self.end_offset = end_offset
+        self.record_count = record_count
+        self.stop_reason = stop_reason
+        self.last_store_timestamp = last_store_timestamp
+
+    def __repr__(self):
+        return (f"ScanResult(end_offset={self.end_offset}, record_count={self.record_count}, "
+                f"stop_reason={self.stop_reason!r})")
+
+
+# --- mappings, queues -----------------------------------------------------------------
+
+cdef struct Segment:
+    uint64_t base
+    uint64_t size
+    char *data
+    Py_buffer view  # the export that keeps ``data`` mapped
+
+
+cdef struct QueueFile:
+    uint64_t base  # first offset
+    char *data
+    Py_buffer view
+
+
+cdef int _hold_writable(object buffer, Py_buffer *view, char **data,
+                        uint64_t *size) except -1:
+    PyObject_GetBuffer(buffer, view, PyBUF_WRITABLE)
+    data[0] = <char *>view.buf
+    size[0] = <uint64_t>view.len
+    return 0
+
+
+cdef int _grow(void ***array, Py_ssize_t *capacity, Py_ssize_t count) except -1:
+    """Make room for one more pointer in a PyMem array."""
+    cdef Py_ssize_t wanted
+    cdef void **grown
+    if count < capacity[0]:
+        return 0
+    wanted = max(8, capacity[0] * 2)
+    grown = <void **>PyMem_Realloc(array[0], wanted * sizeof(void *))
+    if grown == NULL:
+        raise MemoryError()
+    array[0] = grown
+    capacity[0] = wanted
+    return 0
+
+
+@cython.final
+@cython.no_gc
+cdef class _Queue:
+    """One (topic, queue id): its offsets and its consume-queue files, in C fields."""
+
+    cdef str topic
+    cdef bytes topic_bytes
+    cdef uint32_t queue_id
+    cdef uint64_t min_offset
+    cdef uint64_t next_offset
+    cdef uint64_t entries_per_file
+    cdef QueueFile **files  # ascending, contiguous
+    cdef Py_ssize_t file_count
+    cdef Py_ssize_t file_capacity
+    # files[file_count - 1], where appends go (the hot state of the write path)
+    cdef uint64_t last_base
+    cdef char *last_data
+
+    def __dealloc__(self):
+        self.release_files(0)
+        PyMem_Free(self.files)
+
+    cdef int attach(self, uint64_t base_offset, object buffer) except -1:
+        cdef QueueFile *file = <QueueFile *>PyMem_Malloc(sizeof(QueueFile))
+        cdef uint64_t size
+        if file == NULL:
+            raise MemoryError()
+        try:
+            _hold_writable(buffer, &file.view, &file.data, &size)
+        except BaseException:
+            PyMem_Free(file)
+            raise
+        file.base = base_offset
+        try:
+            if size != self.entries_per_file * MQ_CQ_ENTRY_SIZE:
+                _fail(f"a consume-queue file of {size} bytes does not hold "
+                      f"{self.entries_per_file} entries")
+            if self.file_count and base_offset != self.last_base + self.entries_per_file:
+                _fail("consume-queue files must be contiguous")
+            _grow(<void ***>&self.files, &self.file_capacity, self.file_count)
+        except BaseException:
+            PyBuffer_Release(&file.view)
+            PyMem_Free(file)
+            raise
+        self.files[self.file_count] = file
+        self.file_count += 1
+        self.last_base = base_offset
+        self.last_data = file.data
+        return 0
+
+    cdef void release_files(self, Py_ssize_t keep) noexcept:
+        """Release every file after the first ``keep`` (the engine closes them next)."""
+        while self.file_count > keep:
+            self.file_count -= 1
+            PyBuffer_Release(&self.files[self.file_count].view)
+            PyMem_Free(self.files[self.file_count])
+        if self.file_count:
+            self.last_base = self.files[self.file_count - 1].base
+            self.last_data = self.files[self.file_count - 1].data
+        else:
+            self.last_base = 0
+            self.last_data = NULL
+
+    cdef Py_ssize_t file_index(self, uint64_t offset) except -1:
+        """Index of the file holding ``offset``."""
+        cdef uint64_t index
+        if self.file_count == 0 or offset < self.files[0].base:
+            _fail(f"no consume-queue file holds offset {offset}")
+        index = (offset - self.files[0].base) // self.entries_per_file
+        if index >= <uint64_t>self.file_count:
+            _fail(f"no consume-queue file holds offset {offset}")
+        return <Py_ssize_t>index
+
+    cdef const char *entry(self, uint64_t offset) except NULL:
+        """The 20 bytes of ``offset``'s entry."""
+        cdef QueueFile *file = self.files[self.file_index(offset)]
+        return file.data + (offset - file.base) * MQ_CQ_ENTRY_SIZE
+
+
+cdef _Queue _new_queue(str topic, uint32_t queue_id, uint64_t min_offset,
+                       uint64_t next_offset, uint64_t entries_per_file):
+    cdef _Queue queue = _Queue.__new__(_Queue)
+    queue.topic = topic
+    queue.topic_bytes = topic.encode()
+    queue.queue_id = queue_id
+    queue.min_offset = min_offset
+    queue.next_offset = next_offset
+    queue.entries_per_file = entries_per_file
+    return queue
+
+
+@cython.final
+@cython.no_gc
+cdef class _Topic:
+    """The queues of one topic: by id in a dict (in the order added, as the twin lists
+    them) and, for small ids, also in a list indexed by id (no hashing on put)."""
+
+    cdef dict queues
+    cdef list by_id
+
+    def __cinit__(self):
+        self.queues = {}
+        self.by_id = []
+
+    cdef inline _Queue find(self, uint64_t queue_id):
+        cdef PyObject *found
+        if queue_id < <uint64_t>len(self.by_id):
+            return <_Queue>self.by_id[queue_id]
+        if queue_id < QUEUE_LIST_IDS:
+            return None
+        found = PyDict_GetItemWithError(self.queues, queue_id)
+        return None if found == NULL else <_Queue>found
+
+    cdef _Queue find_object(self, object queue_id):
+        """The queue with id ``queue_id`` by dict semantics (any object may be asked)."""
+        cdef uint64_t number
+        if PyLong_Check(queue_id):
+            if _clamp_u64(queue_id, &number) != 0 or number > U32_MAX:
+                return None
+            return self.find(number)
+        return self.queues.get(queue_id)
+
+    cdef void add(self, object key, _Queue queue):
+        self.queues[key] = queue
+        if queue.queue_id < QUEUE_LIST_IDS:
+            while len(self.by_id) <= queue.queue_id:
+                self.by_id.append(None)
+            self.by_id[queue.queue_id] = queue
+
+
+# --- the arguments of a put, validated ------------------------------------------------
+
+cdef struct Fields:
+    const char *topic
+    Py_ssize_t topic_size
+    const char *key
+    Py_ssize_t key_size
+    const char *tags
+    Py_ssize_t tags_size
+    const char *properties
+    Py_ssize_t properties_size
+    uint64_t queue_id
+    bint queue_id_fits  # below 2**32: otherwise no queue can exist (the engine refuses it)
+    int64_t born_timestamp
+    bint has_born_timestamp
+    # born_timestamp outside i64 or a text field over 65535 bytes: the twin fails when
+    # it packs the header (struct.error), and so do we, at the same step
+    bint too_wide
+    uint64_t tag_hash
+    size_t fixed_size  # header + topic + key + tags + properties
+
+
+cdef struct Body:
+    const char *data
+    Py_ssize_t size
+    Py_buffer view
+    bint held  # view must be released
+
+
+cdef int _text_field(const char **data, Py_ssize_t *size, str name, object value,
+                     long long size_max) except -1:
+    if value is None:
+        data[0] = NULL
+        size[0] = 0
+        return 0
+    if not PyUnicode_Check(value):
+        raise InvalidArgument(f"{name} must be str or None, got {type(value).__name__}")
+    data[0] = PyUnicode_AsUTF8AndSize(value, size)  # cached in the str: no copy
+    if size[0] > size_max:
+        raise MessageTooLarge(f"{name} of {size[0]} bytes exceeds {name}_size_bytes_max="
+                              f"{size_max}")
+    return 0
+
+
+cdef object _pack_properties(object properties):
+    """msgpack bytes of ``properties`` (None: nothing to store)."""
+    if properties is None:
+        return None
+    if PyDict_Check(properties):
+        if PyDict_Size(properties) == 0:
+            return None
+    elif properties == {}:
+        return None
+    else:
+        raise InvalidArgument(f"properties must be a dict or None, got "
+                              f"{type(properties).__name__}")
+    try:
+        return _packb(properties)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise InvalidArgument(f"properties cannot be encoded with msgpack: {error}") from None
+
+
+cdef int _check_born(Fields *fields, object born_timestamp) except -1:
+    cdef int overflow = 0
+    fields.has_born_timestamp = born_timestamp is not None
+    fields.too_wide = False
+    if born_timestamp is None:
+        return 0
+    if not PyLong_Check(born_timestamp) or PyBool_Check(born_timestamp):
+        raise InvalidArgument("born_timestamp must be an int (milliseconds) or None")
+    fields.born_timestamp = PyLong_AsLongLongAndOverflow(born_timestamp, &overflow)
+    fields.too_wide = overflow != 0
+    return 0
+
+
+cdef int _check_queue_id(Fields *fields, object queue_id) except -1:
+    cdef uint64_t number = 0
+    if not PyLong_Check(queue_id) or PyBool_Check(queue_id) or \
+            _clamp_u64(queue_id, &number) < 0:
+        raise InvalidArgument(f"queue_id must be a non-negative int, got {queue_id!r}")
+    fields.queue_id = number
+    fields.queue_id_fits = number <= U32_MAX
+    return 0
+
+
+cdef int _acquire_body(Body *body, object value) except -1:
+    body.held = False
+    if PyBytes_Check(value):
+        body.data = PyBytes_AS_STRING(value)
+        body.size = PyBytes_GET_SIZE(value)
+        return 0
+    if PyUnicode_Check(value):
+        raise InvalidArgument("body must be bytes-like, not str; encode it first")
+    try:
+        PyObject_GetBuffer(value, &body.view, PyBUF_C_CONTIGUOUS)
+    except (TypeError, BufferError, ValueError):
+        raise InvalidArgument(f"body must be bytes-like, got {type(value).__name__}") from None
+    # Held until the record is written: a bytearray cannot be resized under the copy.
+    body.held = True
+    body.data = <const char *>body.view.buf
+    body.size = body.view.len
+    return 0
+
+
+cdef bytes _as_bytes(object value):
+    """The twin's _as_bytes: a body as bytes (copied unless it is bytes already)."""
+    cdef Body body
+    if PyBytes_Check(value):
+        return <bytes>value
+    _acquire_body(&body, value)
+    try:
+        return PyBytes_FromStringAndSize(body.data, body.size)
+    finally:
+        PyBuffer_Release(&body.view)
+
+
+cdef void _encode(char *record, mq_header *header, Fields *fields,
+                  const char *body) noexcept:
+    """Write a record (its header says every size) and its CRC32C."""
+    cdef char *cursor = mq_write_record_head(record, header, fields.topic, fields.key,
+                                             fields.tags, fields.properties)
+    cdef size_t crc_size = header.size - MQ_CRC_START
+    if header.body_size >= GIL_FREE_BYTES:
+        with nogil:  # the write lock keeps the mapping; the caller keeps the body
+            memcpy(cursor, body, header.body_size)
+            mq_put_u32(record + MQ_AT_CRC, mq_crc32c(0, record + MQ_CRC_START, crc_size))
+    else:
+        memcpy(cursor, body, header.body_size)
+        mq_put_u32(record + MQ_AT_CRC, mq_crc32c(0, record + MQ_CRC_START, crc_size))
+
+
+cdef tuple _bodies_as_bytes(object bodies):
+    """The twin's ``[_as_bytes(body) for body in bodies]``, as a tuple."""
+    cdef Py_ssize_t index
+    try:
+        items = tuple(bodies)  # a list's items are only copied as references
+    except TypeError:
+        raise InvalidArgument("bodies must be an iterable of bytes-like objects") from None
+    for index in range(len(items)):
+        if not PyBytes_Check(items[index]):
+            return tuple([_as_bytes(body) for body in items])
+    return items
+
+
+# --- the core -------------------------------------------------------------------------
+
+@cython.final
+cdef class LogCore:
+    """The hot state of one store; see the module docstring for the protocol."""
+
+    cdef public long long segment_size_bytes
+    cdef public long long message_size_bytes_max
+    cdef public long long key_size_bytes_max
+    cdef public long long tags_size_bytes_max
+    cdef public bint verify_crc_on_read
+    cdef public unsigned long long written_position
+    cdef public unsigned long long committed_position
+    cdef public bint commit_follows_written
+    cdef public unsigned long long epoch
+    cdef public list epoch_starts  # [(epoch, first position)], ascending
+    cdef public long long last_store_timestamp
+
+    cdef object _new_segment
+    cdef object _new_queue_file
+    cdef object _clock_ms
+    cdef object _fence
+    cdef dict _queues  # topic -> _Topic
+    cdef Segment **_segments  # ascending, contiguous
+    cdef Py_ssize_t _segment_count
+    cdef Py_ssize_t _segment_capacity
+    cdef Py_ssize_t _locate_hint  # the segment the last lookup found
+    cdef Segment *_tail  # the last segment, where records go (NULL: none)
+    cdef PyThread_type_lock _lock
+    cdef long _lock_owner  # thread ident while held, else 0
+    # _note_epoch's cache: the last item of epoch_starts it read, and its epoch
+    cdef object _epoch_item
+    cdef uint64_t _epoch_value
+    cdef _Queue _dispatch_queue  # the queue the last dispatched record went to
+
+    def __cinit__(self, *args, **kwargs):
+        self._lock = PyThread_allocate_lock()
+        if self._lock == NULL:
+            raise MemoryError()
+        self._queues = {}
+        self.epoch_starts = []
+        self.commit_follows_written = True
+
+    def __init__(self, *, segment_size_bytes, message_size_bytes_max, key_size_bytes_max,
+                 tags_size_bytes_max, new_segment, new_queue_file, clock_ms=None,
+                 verify_crc_on_read=True):
+        self.segment_size_bytes = segment_size_bytes
+        self.message_size_bytes_max = message_size_bytes_max
+        self.key_size_bytes_max = key_size_bytes_max
+        self.tags_size_bytes_max = tags_size_bytes_max
+        self._new_segment = new_segment
+        self._new_queue_file = new_queue_file
+        self._clock_ms = clock_ms
+        self.verify_crc_on_read = verify_crc_on_read
+
+    def __dealloc__(self):
+        self._drop_segments(0)
+        PyMem_Free(self._segments)
+        if self._lock != NULL:
+            PyThread_free_lock(self._lock)
+
+    # --- the write lock ---------------------------------------------------------------
+
+    cdef inline int _acquire(self) except -1:
+        cdef long me = PyThread_get_thread_ident()
+        if not PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+            if self._lock_owner == me:
+                raise RuntimeError("the log core was called back under its own write lock "
+                                   "(a new_segment/new_queue_file callback may only attach)")
+            with nogil:
+                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+        self._lock_owner = me
+        return 0
+
+    cdef inline void _release(self) noexcept:
+        self._lock_owner = 0
+        PyThread_release_lock(self._lock)
+
+    # --- set-up by the engine ---------------------------------------------------------
+
+    def attach_segment(self, base, buffer):
+        """Add the next segment of the log (open, roll, or append_raw)."""
+        cdef Segment *segment
+        cdef Segment *last
+        cdef uint64_t start = base
+        if self._segment_count:
+            last = self._segments[self._segment_count - 1]
+            if start != last.base + last.size:
+                _fail("segments must be contiguous")
+        _grow(<void ***>&self._segments, &self._segment_capacity, self._segment_count)
+        segment = <Segment *>PyMem_Malloc(sizeof(Segment))
+        if segment == NULL:
+            raise MemoryError()
+        try:
+            _hold_writable(buffer, &segment.view, &segment.data, &segment.size)
+        except BaseException:
+            PyMem_Free(segment)
+            raise
+        segment.base = start
+        self._segments[self._segment_count] = segment
+        self._segment_count += 1
+        self._tail = segment
+
+    def detach_segments_from(self, position):
+        """Forget every segment starting at or after ``position``; return their bases."""
+        cdef uint64_t start
+        _clamp_u64(position, &start)  # bisect_left semantics: below 0 drops everything
+        self._acquire()
+        try:
+            return self._detach_from(start)
+        finally:
+            self._release()
+
+    cdef list _detach_from(self, uint64_t position):
+        cdef Py_ssize_t index = 0
+        while index < self._segment_count and self._segments[index].base < position:
+            index += 1
+        dropped = [self._segments[i].base for i in range(index, self._segment_count)]
+        self._drop_segments(index)
+        return dropped
+
+    cdef void _drop_segments(self, Py_ssize_t keep) noexcept:
+        while self._segment_count > keep:
+            self._segment_count -= 1
+            PyBuffer_Release(&self._segments[self._segment_count].view)
+            PyMem_Free(self._segments[self._segment_count])
+        self._locate_hint = 0
+        self._tail = self._segments[self._segment_count - 1] if self._segment_count else NULL
+
+    def segment_bases(self):
+        return [self._segments[i].base for i in range(self._segment_count)]
+
+    def add_queue(self, topic, queue_id, min_offset, next_offset, entries_per_file):
+        cdef _Topic queues = self._queues.get(topic)
+        if queues is None:
+            queues = _Topic()
+            self._queues[topic] = queues
+        if queue_id in queues.queues:
+            _fail(f"queue {topic!r}/{queue_id} exists already")
+        if entries_per_file <= 0:
+            _fail("a consume-queue file must hold at least one entry")
+        queues.add(queue_id, _new_queue(topic, queue_id, min_offset, next_offset,
+                                        entries_per_file))
+
+    def attach_queue_file(self, topic, queue_id, base_offset, buffer):
+        cdef _Topic queues = self._queues[topic]
+        cdef _Queue queue = queues.find_object(queue_id)
+        if queue is None:
+            raise KeyError(queue_id)
+        queue.attach(base_offset, buffer)
+
+    def queue_ids(self):
+        return [(topic, queue_id) for topic, queues in self._queues.items()
+                for queue_id in (<_Topic>queues).queues]
+
+    def release(self):
+        """Let go of every mapping (the engine is about to unmap them)."""
+        self._acquire()
+        try:
+            self._drop_segments(0)
+            self._drop_all_queues()
+        finally:
+            self._release()
+
+    def drop_queues(self):
+        """Forget every queue (recovery is about to rebuild them from the log)."""
+        self._acquire()
+        try:
+            self._drop_all_queues()
+        finally:
+            self._release()
+
+    cdef int _drop_all_queues(self) except -1:
+        for queue in self._all_queues():
+            (<_Queue>queue).release_files(0)
+        self._queues.clear()
+        self._dispatch_queue = None
+        return 0
+
+    cdef list _all_queues(self):
+        return [queue for queues in self._queues.values()
+                for queue in (<_Topic>queues).queues.values()]
+
+    cdef _Queue _find_queue(self, object topic, object queue_id):
+        """The queue, or None (the twin's ``_queues.get(topic, {}).get(queue_id)``)."""
+        cdef PyObject *queues = PyDict_GetItemWithError(self._queues, topic)
+        if queues == NULL:
+            return None
+        return (<_Topic>queues).find_object(queue_id)
+
+    def committed_end_offset(self, topic, queue_id):
+        """One past the last offset of the queue whose record is committed."""
+        cdef _Queue queue = self._find_queue(topic, queue_id)
+        cdef uint64_t low, high, middle, position, committed = self.committed_position
+        cdef const char *entry
+        if queue is None:
+            return 0
+        low, high = queue.min_offset, queue.next_offset
+        if self.committed_position >= self.written_position:
+            return high
+        while low < high:
+            middle = low + (high - low) // 2
+            entry = queue.entry(middle)
+            position = mq_u64(entry + MQ_CQ_AT_POSITION)
+            if position <= committed and mq_u32(entry + MQ_CQ_AT_SIZE) <= committed - position:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
+    def queue_offsets(self, topic, queue_id):
+        """(min offset, next offset) of a queue, or None if it has never been written."""
+        cdef _Queue queue = self._find_queue(topic, queue_id)
+        return None if queue is None else (queue.min_offset, queue.next_offset)
+
+    def restore(self, written_position):
+        """After open: resume writing at ``written_position`` (must lie in the last segment)."""
+        cdef Segment *last
+        cdef uint64_t position = written_position
+        if self._segment_count:
+            last = self._segments[self._segment_count - 1]
+            if not last.base <= position <= last.base + last.size:
+                _fail(f"written position {position} lies outside the last segment")
+        self.written_position = position
+
+    def fence(self, error):
+        """Refuse every later write with ``error`` (closed store, failed flush); None lifts it."""
+        self._fence = error
+
+    # --- the write path ---------------------------------------------------------------
+
+    def put(self, topic, body, queue_id=0, key=None, tags=None, properties=None,
+            born_timestamp=None):
+        """Store one record. See the module docstring for the steps."""
+        cdef Fields fields
+        cdef Body data
+        if self._fence is not None:
+            raise self._fence
+        # (the packed properties: fields points into them)
+        _packed = self._prepare(&fields, topic, queue_id, key, tags, properties,
+                                born_timestamp)
+        _acquire_body(&data, body)
+        if not data.held:
+            return self._put(&fields, topic, queue_id, data.data, data.size)
+        try:
+            return self._put(&fields, topic, queue_id, data.data, data.size)
+        finally:
+            PyBuffer_Release(&data.view)
+
+    cdef object _put(self, Fields *fields, object topic, object queue_id, const char *body,
+                     Py_ssize_t body_size):
+        cdef uint32_t size = self._record_size(fields, body_size)
+        cdef uint64_t position, offset
+        cdef int64_t store_timestamp
+        cdef _Queue queue
+        self._acquire()
+        try:
+            if self._fence is not None:
+                raise self._fence
+            queue = self._writable_queue(fields, topic, queue_id)
+            store_timestamp = self._next_timestamp()
+            position = self._append(queue, fields, body, body_size, size, store_timestamp)
+            offset = queue.next_offset - 1
+        finally:
+            self._release()
+        return _make_tuple(_PutResult, (_PUT_OK, position, offset, store_timestamp, size))
+
+    def put_batch(self, topic, bodies, queue_id=0, key=None, tags=None, properties=None,
+                  born_timestamp=None):
+        """Store many records in one queue under one lock hold and one store timestamp."""
+        cdef Fields fields
+        cdef tuple items
+        if self._fence is not None:
+            raise self._fence
+        # (the packed properties: fields points into them)
+        _packed = self._prepare(&fields, topic, queue_id, key, tags, properties,
+                                born_timestamp)
+        items = _bodies_as_bytes(bodies)
+        if not items:
+            raise InvalidArgument("put_batch needs at least one body")
+        self._check_sizes(&fields, items)
+        self._acquire()
+        try:
+            if self._fence is not None:
+                raise self._fence
+            return self._put_all(&fields, topic, queue_id, items)
+        finally:
+            self._release()
+
+    cdef int _check_sizes(self, Fields *fields, tuple items) except -1:
+        """MessageTooLarge for the first body too large (the twin sizes them all first)."""
+        cdef Py_ssize_t longest = 0
+        for body in items:
+            longest = max(longest, PyBytes_GET_SIZE(body))
+        if self.message_size_bytes_max >= 0 and fields.fixed_size + <uint64_t>longest <= \
+                min(<uint64_t>self.message_size_bytes_max, <uint64_t>U32_MAX):
+            return 0  # they all fit
+        for body in items:
+            self._record_size(fields, PyBytes_GET_SIZE(body))
+        return 0
+
+    cdef object _put_all(self, Fields *fields, object topic, object queue_id, tuple items):
+        """put_batch under the lock: the bodies are bytes, their sizes already checked."""
+        cdef _Queue queue = self._writable_queue(fields, topic, queue_id)
+        cdef int64_t store_timestamp = self._next_timestamp()
+        cdef uint64_t first_offset = queue.next_offset, position, first_position = 0
+        cdef Py_ssize_t index, count = len(items), body_size
+        cdef bytes body
+        for index in range(count):
+            body = <bytes>items[index]
+            body_size = PyBytes_GET_SIZE(body)
+            position = self._append(queue, fields, PyBytes_AS_STRING(body), body_size,
+                                    <uint32_t>(fields.fixed_size + body_size),
+                                    store_timestamp)
+            if index == 0:
+                first_position = position
+        return _make_tuple(_BatchPutResult, (_PUT_OK, first_position, first_offset, count,
+                                             store_timestamp, self.written_position))
+
+    cdef object _prepare(self, Fields *fields, object topic, object queue_id, object key,
+                         object tags, object properties, object born_timestamp):
+        """Validate put's arguments into ``fields``; return what keeps them alive."""
+        if not PyUnicode_Check(topic):
+            raise InvalidArgument(f"topic must be str, got {type(topic).__name__}")
+        _check_queue_id(fields, queue_id)
+        _text_field(&fields.key, &fields.key_size, "key", key, self.key_size_bytes_max)
+        _text_field(&fields.tags, &fields.tags_size, "tags", tags, self.tags_size_bytes_max)
+        packed = _pack_properties(properties)
+        if packed is None:
+            fields.properties = NULL
+            fields.properties_size = 0
+        else:
+            fields.properties = PyBytes_AS_STRING(packed)
+            fields.properties_size = PyBytes_GET_SIZE(packed)
+        _check_born(fields, born_timestamp)
+        fields.topic = PyUnicode_AsUTF8AndSize(topic, &fields.topic_size)
+        fields.tag_hash = mq_fnv1a64(<const unsigned char *>fields.tags, fields.tags_size)
+        fields.fixed_size = (MQ_HEADER_SIZE + fields.topic_size + fields.key_size
+                             + fields.tags_size + fields.properties_size)
+        fields.too_wide |= (fields.topic_size > U16_MAX or fields.key_size > U16_MAX
+                            or fields.tags_size > U16_MAX)
+        return packed
+
+    cdef uint32_t _record_size(self, Fields *fields, Py_ssize_t body_size) except 0:
+        cdef uint64_t size = fields.fixed_size + <uint64_t>body_size
+        if self.message_size_bytes_max < 0 or size > <uint64_t>self.message_size_bytes_max:
+            raise MessageTooLarge(
+                f"record of {size} bytes exceeds message_size_bytes_max="
+                f"{self.message_size_bytes_max}; send a smaller body or raise the limit")
+        if size > U32_MAX:
+            raise MessageTooLarge(f"record of {size} bytes exceeds the format's 4 GiB limit")
+        return <uint32_t>size
+
+    cdef _Queue _writable_queue(self, Fields *fields, object topic, object queue_id):
+        cdef PyObject *queues = PyDict_GetItemWithError(self._queues, topic)
+        cdef _Queue queue = None
+        if queues != NULL and fields.queue_id_fits:
+            queue = (<_Topic>queues).find(fields.queue_id)
+        if queue is None:
+            # The engine validates the name and id, creates the files and calls add_queue.
+            self._new_queue_file(topic, queue_id, 0)
+            queue = (<_Topic>self._queues[topic]).find_object(queue_id)
+            if queue is None:
+                raise KeyError(queue_id)
+        return queue
+
+    cdef int64_t _next_timestamp(self) except? -1:
+        cdef int64_t now
+        if self._clock_ms is None:
+            now = _wall_clock_ms()
+        else:
+            now = self._clock_ms()
+        if now > self.last_store_timestamp:
+            self.last_store_timestamp = now
+        return self.last_store_timestamp
+
+    cdef uint64_t _append(self, _Queue queue, Fields *fields, const char *body,
+                          Py_ssize_t body_size, uint32_t size,
+                          int64_t store_timestamp) except? 0xFFFF_FFFF_FFFF_FFFF:
+        """Encode one record at the end of the log and index it; return its position."""
+        cdef char *record = self._fast_slot(queue, size)
+        cdef uint64_t position, epoch = self.epoch
+        cdef mq_header header
+        if record == NULL:  # first a new consume-queue file, a new segment or a roll
+            record = self._slow_slot(queue, size)
+            epoch = self.epoch  # (the callbacks ran Python code)
+        if fields.too_wide:
+            raise _struct_error("a header field is out of range")  # as the twin's pack
+        position = self.written_position
+        header.size = size
+        header.magic = MQ_MAGIC
+        header.crc = 0
+        header.attributes = 0
+        header.topic_size = <uint16_t>fields.topic_size
+        header.queue_id = queue.queue_id
+        header.body_size = <uint32_t>body_size
+        header.epoch = epoch
+        header.queue_offset = queue.next_offset
+        header.position = position
+        header.born_timestamp = (fields.born_timestamp if fields.has_born_timestamp
+                                 else store_timestamp)
+        header.store_timestamp = store_timestamp
+        header.key_size = <uint16_t>fields.key_size
+        header.tags_size = <uint16_t>fields.tags_size
+        header.properties_size = <uint32_t>fields.properties_size
+        _encode(record, &header, fields, body)
+        self._note_epoch(epoch, position)
+        self._index(queue, position, size, fields.tag_hash)
+        self._advance(position + size)  # publishes the record
+        return position
+
+    cdef inline char *_fast_slot(self, _Queue queue, uint32_t size) noexcept:
+        """Where a record of ``size`` bytes goes, if the twin would call back nothing
+        first (no new consume-queue file, no new segment, no roll); else NULL."""
+        cdef Segment *tail = self._tail
+        cdef uint64_t offset
+        if tail == NULL or queue.last_data == NULL or \
+                queue.next_offset - queue.last_base >= queue.entries_per_file:
+            return NULL  # (next_offset below last_base wraps around: also the slow way)
+        offset = self.written_position - tail.base  # (wraps around if below: slow way)
+        if offset > tail.size or tail.size - offset < <uint64_t>size + MQ_BLANK_SIZE_MIN:
+            return NULL
+        return tail.data + offset
+
+    cdef char *_slow_slot(self, _Queue queue, uint32_t size) except NULL:
+        """_fast_slot's answer after the twin's steps that call the engine back."""
+        cdef Segment *segment
+        self._ensure_queue_room(queue)
+        segment = self._reserve(size)
+        return segment.data + (self.written_position - segment.base)
+
+    cdef int _ensure_queue_room(self, _Queue queue) except -1:
+        if queue.file_count == 0:
+            raise IndexError(f"queue {queue.topic!r}/{queue.queue_id} has no consume-queue "
+                             "file")
+        if queue.next_offset >= queue.last_base + queue.entries_per_file:
+            self._new_queue_file(queue.topic, queue.queue_id,
+                                 queue.last_base + queue.entries_per_file)
+        return 0
+
+    cdef Segment *_reserve(self, uint32_t size) except NULL:
+        """The segment where a record of ``size`` bytes goes at the written position."""
+        cdef Segment *segment
+        self._ensure_segment()
+        segment = self._writable_segment()
+        if self.written_position - segment.base + size + MQ_BLANK_SIZE_MIN > segment.size:
+            self._write_blank(segment)
+            self._new_segment(self.written_position)
+            segment = self._writable_segment()
+            if segment.base != self.written_position or \
+                    size + MQ_BLANK_SIZE_MIN > segment.size:
+                _fail(f"a new segment at {self.written_position} must take a record of "
+                      f"{size} bytes")
+        return segment
+
+    cdef Segment *_writable_segment(self) except NULL:
+        """The last segment, which must hold the written position."""
+        cdef Segment *segment
+        if self._segment_count == 0:
+            _fail("the log has no segment to write to")
+        segment = self._segments[self._segment_count - 1]
+        if not segment.base <= self.written_position <= segment.base + segment.size:
+            _fail(f"written position {self.written_position} lies outside the last segment")
+        return segment
+
+    cdef int _ensure_segment(self) except -1:
+        """Open the next segment when there is none or the last one is full."""
+        cdef Segment *last
+        if self._segment_count:
+            last = self._segments[self._segment_count - 1]
+            if self.written_position != last.base + last.size:
+                return 0
+        self._new_segment(self.written_position)
+        return 0
+
+    cdef int _write_blank(self, Segment *segment) except -1:
+        cdef uint64_t offset = self.written_position - segment.base
+        if offset + MQ_BLANK_SIZE_MIN > segment.size:
+            _fail("no room for a blank record")
+        mq_put_u32(segment.data + offset, <uint32_t>(segment.size - offset))
+        mq_put_u32(segment.data + offset + 4, MQ_BLANK_MAGIC)
+        self._advance(segment.base + segment.size)
+        return 0
+
+    cdef inline int _index(self, _Queue queue, uint64_t position, uint32_t size,
+                           uint64_t hash_value) except -1:
+        cdef uint64_t slot = queue.next_offset - queue.last_base
+        if queue.next_offset < queue.last_base or slot >= queue.entries_per_file:
+            _fail(f"offset {queue.next_offset} lies outside the last consume-queue file")
+        mq_write_cq_entry(queue.last_data + slot * MQ_CQ_ENTRY_SIZE, position, size,
+                          hash_value)
+        queue.next_offset += 1  # publishes the entry
+        return 0
+
+    cdef inline int _note_epoch(self, uint64_t epoch, uint64_t position) except -1:
+        cdef list starts = self.epoch_starts
+        cdef Py_ssize_t count = len(starts)
+        if count:
+            if starts[count - 1] is self._epoch_item:
+                if self._epoch_value == epoch:
+                    return 0
+                if self._epoch_value > epoch:
+                    _fail(f"epoch {epoch} is older than the log's last epoch")
+            elif self._epoch_matches(starts[count - 1], epoch):
+                return 0
+        item = (epoch, position)
+        starts.append(item)
+        self._epoch_item = item
+        self._epoch_value = epoch
+        return 0
+
+    cdef bint _epoch_matches(self, object last, uint64_t epoch) except -1:
+        """Whether ``last`` (an item of epoch_starts) is of ``epoch``; remember it."""
+        # The engine may replace epoch_starts. Keeping the tuple whose epoch was read (a
+        # strong reference: its address cannot be reused) lets later records compare two
+        # integers instead of indexing Python objects.
+        cdef uint64_t value
+        last_epoch = last[0]
+        if type(last) is tuple and PyLong_Check(last_epoch) and \
+                _clamp_u64(last_epoch, &value) == 0:
+            self._epoch_item = last
+            self._epoch_value = value
+        if last_epoch == epoch:
+            return True
+        if not last_epoch < epoch:
+            _fail(f"epoch {epoch} is older than the log's last epoch")
+        return False
+
+    cdef inline void _advance(self, uint64_t position) noexcept:
+        self.written_position = position
+        if self.commit_follows_written:
+            self.committed_position = position
+
+    # --- the read path ----------------------------------------------------------------
+
+    def get(self, topic, queue_id, offset, max_count, max_bytes):
+        """Records of one queue from ``offset`` on, in order, up to the committed position.
+
+        At least one record is returned when one is visible, even if it is larger than
+        ``max_bytes``, so a consumer always makes progress (Kafka's rule).
+        """
+        cdef _Queue queue = self._find_queue(topic, queue_id)
+        cdef uint64_t min_offset = 0, next_offset = 0, start, stop, count
+        cdef int sign
+        if queue is not None:
+            min_offset, next_offset = queue.min_offset, queue.next_offset
+        sign = _clamp_u64(offset, &start)
+        if sign != 0 or not min_offset <= start <= next_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside [{min_offset}, {next_offset}] of queue "
+                f"{topic!r}/{queue_id}; seek to a valid offset", min_offset=min_offset,
+                max_offset=next_offset)
+        if _clamp_u64(max_count, &count) < 0 or queue is None:
+            return []  # max_count <= 0 (or no queue) asks for nothing
+        stop = next_offset if count >= next_offset - start else start + count
+        return self._read_queue(queue, start, stop, _clamp_i64(max_bytes))
+
+    cdef list _read_queue(self, _Queue queue, uint64_t start, uint64_t stop,
+                          int64_t max_bytes):
+        cdef list records = []
+        cdef uint64_t index, position, committed = self.committed_position, total = 0
+        cdef uint32_t size
+        cdef Py_ssize_t file_index = -1
+        cdef QueueFile *file
+        cdef const char *entry
+        for index in range(start, stop):
+            # Re-derived every time: a large record is read with the GIL released, and
+            # meanwhile a truncation may drop files (then the answer ends here).
+            if file_index < 0 or file_index >= queue.file_count or \
+                    index - queue.files[file_index].base >= queue.entries_per_file:
+                if index >= queue.next_offset:
+                    break
+                file_index = queue.file_index(index)
+            file = queue.files[file_index]
+            entry = file.data + (index - file.base) * MQ_CQ_ENTRY_SIZE
+            position = mq_u64(entry + MQ_CQ_AT_POSITION)
+            size = mq_u32(entry + MQ_CQ_AT_SIZE)
+            if position > committed or size > committed - position or \
+                    (records and <int64_t>(total + size) > max_bytes):
+                break
+            records.append(self._read_at(position, size))
+            total += size
+        return records
+
+    def read_record(self, position):
+        """The record that starts at ``position``; it must be below the committed position."""
+        cdef Segment *segment
+        cdef uint64_t start, offset
+        cdef uint32_t size
+        if not PyLong_Check(position) or _clamp_u64(position, &start) != 0 or \
+                start >= self.committed_position:
+            raise InvalidPosition(
+                f"position {position} is not below the committed position "
+                f"{self.committed_position}")
+        segment = self._locate(start)
+        offset = start - segment.base
+        if offset > segment.size or segment.size - offset < MQ_BLANK_SIZE_MIN:
+            raise InvalidPosition(f"position {position} is not the start of a record")
+        size = mq_u32(segment.data + offset + MQ_AT_SIZE)
+        if mq_u32(segment.data + offset + MQ_AT_MAGIC) != MQ_MAGIC or \
+                size < MQ_HEADER_SIZE or size > segment.size - offset:
+            raise InvalidPosition(f"position {position} is not the start of a record")
+        if size > self.committed_position - start:
+            raise InvalidPosition(f"the record at {position} is not committed yet")
+        return self._read_at(start, size)
+
+    cdef Segment *_locate(self, uint64_t position) except NULL:
+        """The last segment starting at or before ``position`` (bisect_right - 1)."""
+        cdef Py_ssize_t low = 0, high = self._segment_count, middle
+        cdef Py_ssize_t hint = self._locate_hint
+        cdef Segment *segment
+        if hint < self._segment_count:
+            segment = self._segments[hint]
+            if segment.base <= position and (position - segment.base < segment.size
+                                             or hint == self._segment_count - 1):
+                return segment
+        while low < high:
+            middle = (low + high) // 2
+            if position < self._segments[middle].base:
+                high = middle
+            else:
+                low = middle + 1
+        if low == 0:
+            raise InvalidPosition(f"position {position} lies before the log's first segment")
+        self._locate_hint = low - 1
+        return self._segments[low - 1]
+
+    cdef Record _read_at(self, uint64_t position, uint32_t size):
+        cdef Segment *segment = self._locate(position)
+        cdef uint64_t offset = position - segment.base
+        cdef bytes raw
+        cdef char *copy
+        cdef int problem
+        if size > segment.size or offset > segment.size - size:
+            raise CorruptRecord(position, f"size {size} runs past the segment's end")
+        raw = PyBytes_FromStringAndSize(NULL, size)
+        copy = PyBytes_AS_STRING(raw)
+        if size >= GIL_FREE_BYTES:
+            problem = _copy_and_check(segment, offset, copy, size, position,
+                                      self.verify_crc_on_read)
+        else:
+            memcpy(copy, segment.data + offset, size)
+            problem = _check_record(copy, size, position, self.verify_crc_on_read)
+        if problem:
+            raise CorruptRecord(position, _problem_text(problem, copy))
+        return _new_record(raw)
+
+    # --- what replication needs -------------------------------------------------------
+
+    def read_raw(self, position, max_bytes):
+        """Whole records from ``position`` up to the written position, never crossing a
+        segment (a blank record ends the answer); at least one record if any."""
+        cdef uint64_t start
+        cdef Segment *segment
+        if position == self.written_position:
+            return b""
+        if _clamp_u64(position, &start) != 0 or start >= self.written_position:
+            first = self._segments[0].base if self._segment_count else 0
+            raise InvalidPosition(f"position {position} is outside the log [{first}, "
+                                  f"{self.written_position}]")
+        segment = self._locate(start)
+        return _read_raw(segment, start - segment.base, self.written_position,
+                         _clamp_i64(max_bytes))
+
+    def append_raw(self, position, data):
+        """Append records copied from another replica at the same position.
+
+        Every record is checked first (size, magic, CRC32C, position, offset order); bad
+        data raises ReplicaDataRejected and changes nothing. Returns the new written position.
+        """
+        cdef bytes raw
+        if self._fence is not None:
+            raise self._fence
+        raw = bytes(data)
+        self._acquire()
+        try:
+            if self._fence is not None:
+                raise self._fence
+            if position != self.written_position:
+                raise ReplicaDataRejected(position,
+                                          f"this log ends at {self.written_position}")
+            self._plan_raw(self.written_position, raw)
+            self._apply_raw(raw)
+            return self.written_position
+        finally:
+            self._release()
+
+    cdef int _plan_raw(self, uint64_t position, bytes data) except -1:
+        """Validate raw data against the current log (the twin's _plan_raw)."""
+        cdef const char *p = PyBytes_AS_STRING(data)
+        cdef Py_ssize_t length = PyBytes_GET_SIZE(data), cursor = 0, available
+        cdef uint64_t at, size, segment_end = 0
+        cdef bint in_segment = False  # False: the next record opens a new segment
+        cdef Segment *last
+        cdef int problem
+        cdef mq_header header
+        cdef dict next_offsets = {}
+        if self._segment_count:
+            last = self._segments[self._segment_count - 1]
+            if position < last.base + last.size:
+                segment_end, in_segment = last.base + last.size, True
+        while cursor < length:
+            at = position + cursor
+            if length - cursor < MQ_BLANK_SIZE_MIN:
+                raise ReplicaDataRejected(at, "truncated record header")
+            size = mq_u32(p + cursor + MQ_AT_SIZE)
+            if mq_u32(p + cursor + MQ_AT_MAGIC) == MQ_BLANK_MAGIC:
+                if not in_segment or at + size != segment_end:
+                    ends = segment_end if in_segment else None
+                    raise ReplicaDataRejected(
+                        at, f"blank record ends at {at + size} but this replica's segment "
+                        f"ends at {ends}; give every replica the same segment_size_bytes")
+                in_segment = False
+                cursor += size
+                continue
+            available = min(<uint64_t>(length - cursor), size)
+            problem = (_check_record(p + cursor, available, at, True)
+                       if size >= MQ_HEADER_SIZE else -1)
+            if problem:
+                raise ReplicaDataRejected(at, "size too small" if problem < 0
+                                          else _problem_text(problem, p + cursor))
+            if in_segment and at + size + MQ_BLANK_SIZE_MIN > segment_end:
+                raise ReplicaDataRejected(at, "record does not fit in this replica's segment")
+            mq_read_header(p + cursor, &header)
+            if not header.attributes & MQ_ATTR_CONTROL:
+                self._plan_offset(next_offsets, p + cursor, &header, at)
+            cursor += size
+            if not in_segment:
+                segment_end, in_segment = at + <uint64_t>self.segment_size_bytes, True
+        return 0
+
+    cdef int _plan_offset(self, dict next_offsets, const char *record, mq_header *header,
+                          uint64_t at) except -1:
+        """Check that a raw record continues its queue (offsets in order, no gap)."""
+        topic = PyUnicode_DecodeUTF8(record + MQ_HEADER_SIZE, header.topic_size, NULL)
+        key = (topic, header.queue_id)
+        expected = next_offsets.get(key)
+        if expected is None:
+            offsets = self.queue_offsets(topic, header.queue_id)
+            expected = header.queue_offset if offsets is None else offsets[1]
+        if header.queue_offset != expected:
+            raise ReplicaDataRejected(at, f"queue {topic!r}/{header.queue_id} expects offset "
+                                          f"{expected}, record has {header.queue_offset}")
+        next_offsets[key] = expected + 1
+        return 0
+
+    cdef int _apply_raw(self, bytes data) except -1:
+        """Copy planned raw data into the log, indexing each record (the twin's steps)."""
+        cdef const char *p = PyBytes_AS_STRING(data)
+        cdef Py_ssize_t length = PyBytes_GET_SIZE(data), cursor = 0
+        cdef uint64_t size, offset, available
+        cdef Segment *segment
+        cdef mq_header header
+        while cursor < length:
+            size = mq_u32(p + cursor + MQ_AT_SIZE)
+            self._ensure_segment()
+            segment = self._writable_segment()
+            offset = self.written_position - segment.base
+            available = min(<uint64_t>(length - cursor), size)
+            if available != size or offset + size > segment.size:
+                # What the twin's mmap slice assignment raises (a short blank, or a record
+                # larger than a fresh segment); the plan does not catch either.
+                raise IndexError("mmap slice assignment is wrong size")
+            _copy_in(segment.data + offset, p + cursor, size)
+            cursor += size
+            if mq_u32(p + cursor - size + MQ_AT_MAGIC) == MQ_BLANK_MAGIC:
+                self._advance(segment.base + segment.size)
+                continue
+            mq_read_header(p + cursor - size, &header)
+            self._dispatch(p + cursor - size, &header)
+            self._note_epoch(header.epoch, header.position)
+            if header.store_timestamp > self.last_store_timestamp:
+                self.last_store_timestamp = header.store_timestamp
+            self._advance(header.position + size)
+        return 0
+
+    cdef int _dispatch(self, const char *record, mq_header *header) except -1:
+        """Index a record that is already in the log (append_raw, recovery)."""
+        cdef _Queue queue
+        cdef const char *entry
+        cdef const char *tags
+        if header.attributes & MQ_ATTR_CONTROL:
+            return 0
+        queue = self._dispatch_queue
+        if queue is None or queue.queue_id != header.queue_id or \
+                PyBytes_GET_SIZE(queue.topic_bytes) != header.topic_size or \
+                memcmp(PyBytes_AS_STRING(queue.topic_bytes), record + MQ_HEADER_SIZE,
+                       header.topic_size) != 0:
+            queue = self._dispatch_lookup(record, header)
+        if header.queue_offset < queue.next_offset:
+            if header.queue_offset >= queue.min_offset:
+                entry = queue.entry(header.queue_offset)
+                if mq_u64(entry + MQ_CQ_AT_POSITION) == header.position and \
+                        mq_u32(entry + MQ_CQ_AT_SIZE) == header.size:
+                    return 0
+            raise ConsumeQueueMismatch(
+                f"queue {queue.topic!r}/{header.queue_id} already has offset "
+                f"{header.queue_offset} for another record")
+        if header.queue_offset > queue.next_offset:
+            raise ConsumeQueueMismatch(
+                f"queue {queue.topic!r}/{header.queue_id} ends at {queue.next_offset}, "
+                f"record has offset {header.queue_offset}")
+        self._ensure_queue_room(queue)
+        tags = record + MQ_HEADER_SIZE + header.topic_size + header.key_size
+        self._index(queue, header.position, header.size,
+                    mq_fnv1a64(<const unsigned char *>tags, header.tags_size))
+        return 0
+
+    cdef _Queue _dispatch_lookup(self, const char *record, mq_header *header):
+        cdef _Queue queue
+        topic = PyUnicode_DecodeUTF8(record + MQ_HEADER_SIZE, header.topic_size, NULL)
+        queue = self._find_queue(topic, header.queue_id)
+        if queue is None:
+            self._new_queue_file(topic, header.queue_id, header.queue_offset)
+            queue = (<_Topic>self._queues[topic]).find(header.queue_id)
+            if queue is None:
+                raise KeyError(header.queue_id)
+        self._dispatch_queue = queue
+        return queue
+
+    def truncate(self, position):
+        """Cut the log back to ``position`` (a record boundary); return what was dropped.
+
+        Returns the bases of whole segments dropped and the (topic, queue id, base offset)
+        of whole consume-queue files dropped, for the engine to delete.
+        """
+        cdef uint64_t start
+        self._acquire()
+        try:
+            if _clamp_u64(position, &start) != 0 or start > self.written_position:
+                raise InvalidPosition(f"cannot truncate to {position}: the log ends at "
+                                      f"{self.written_position}")
+            self.check_boundary(position)
+            self._zero_tail(start)
+            # A segment that starts exactly at ``position`` stays, empty.
+            dropped_segments = self._detach_from(start + 1)
+            dropped_files = []
+            for queue in self._all_queues():
+                dropped_files.extend(self._truncate_queue(<_Queue>queue, start))
+            self.epoch_starts = [(e, p) for e, p in self.epoch_starts if p < position]
+            self.written_position = start
+            self.committed_position = min(self.committed_position, start)
+            return dropped_segments, dropped_files
+        finally:
+            self._release()
+
+    def check_boundary(self, position):
+        """Raise InvalidPosition unless a record (or the log's end) starts at ``position``."""
+        cdef uint64_t start, offset, available
+        cdef uint32_t size, magic
+        cdef Segment *segment
+        if position == self.written_position:
+            return
+        if _clamp_u64(position, &start) != 0 or start >= self.written_position:
+            raise InvalidPosition(f"position {position} lies outside the log (it ends at "
+                                  f"{self.written_position})")
+        segment = self._locate(start)
+        offset = start - segment.base
+        available = segment.size - offset if offset < segment.size else 0
+        if available < MQ_BLANK_SIZE_MIN:
+            raise InvalidPosition(f"position {position} is not a record boundary")
+        size = mq_u32(segment.data + offset + MQ_AT_SIZE)
+        magic = mq_u32(segment.data + offset + MQ_AT_MAGIC)
+        if magic == MQ_BLANK_MAGIC and size == available:
+            return
+        if magic != MQ_MAGIC or size < MQ_HEADER_SIZE or size > available or \
+                mq_u64(segment.data + offset + MQ_AT_POSITION) != start:
+            raise InvalidPosition(f"position {position} is not a record boundary")
+
+    cdef void _zero_tail(self, uint64_t position) noexcept:
+        cdef Py_ssize_t index
+        cdef Segment *segment
+        cdef uint64_t start, end
+        for index in range(self._segment_count):
+            segment = self._segments[index]
+            if segment.base > position:
+                break
+            start = position - segment.base
+            end = (min(self.written_position - segment.base, segment.size)
+                   if self.written_position > segment.base else 0)
+            if start < end:
+                _zero(segment.data + start, end - start)
+
+    cdef list _truncate_queue(self, _Queue queue, uint64_t position):
+        cdef uint64_t low = queue.min_offset, high = queue.next_offset, middle, end
+        cdef Py_ssize_t keep
+        cdef QueueFile *last
+        while low < high:  # first offset whose record starts at or after position
+            middle = low + (high - low) // 2
+            if mq_u64(queue.entry(middle) + MQ_CQ_AT_POSITION) < position:
+                low = middle + 1
+            else:
+                high = middle
+        dropped = []
+        keep = queue.file_count
+        while keep > 1 and queue.files[keep - 1].base > low:
+            keep -= 1
+            dropped.append((queue.topic, queue.queue_id, queue.files[keep].base))
+        queue.release_files(keep)
+        if queue.file_count:
+            last = queue.files[queue.file_count - 1]
+            end = min(queue.next_offset, last.base + queue.entries_per_file)
+            if last.base <= low < end:
+                memset(last.data + (low - last.base) * MQ_CQ_ENTRY_SIZE, 0,
+                       (end - low) * MQ_CQ_ENTRY_SIZE)
+        queue.next_offset = low
+        return dropped
+
+    # --- recovery ---------------------------------------------------------------------
+
+    def scan_segment(self, base, start_offset, dispatch=True):
+        """Check records of an attached segment from ``start_offset`` on, indexing each one.
+
+        Stops at zero bytes ("end"), at a blank record that fills the tail ("blank"), or at
+        the first record whose size, magic, position or CRC is wrong (the reason). Never
+        raises on garbage; raises ConsumeQueueMismatch when the queues cannot take a record.
+        """
+        cdef Py_ssize_t index
+        cdef uint64_t offset
+        cdef Py_buffer view
+        cdef Segment *segment = NULL
+        for index in range(self._segment_count):
+            if self._segments[index].base == base:
+                segment = self._segments[index]
+                break
+        if segment == NULL:
+            raise ValueError(f"{base!r} is not in list")
+        _clamp_u64(start_offset, &offset)
+        # Our own export: callbacks run Python code, and the segment must stay mapped.
+        PyObject_GetBuffer(segment.view.obj, &view, PyBUF_SIMPLE)
+        try:
+            if <char *>view.buf != segment.data or <uint64_t>view.len != segment.size:
+                _fail("a segment's buffer moved")
+            return self._scan(<const char *>view.buf, segment.size, segment.base, offset,
+                              dispatch)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef ScanResult _scan(self, const char *data, uint64_t segment_size, uint64_t base,
+                          uint64_t offset, bint dispatch):
+        cdef uint64_t count = 0
+        cdef uint32_t size, magic
+        cdef int64_t last_timestamp = 0
+        cdef int problem
+        cdef mq_header header
+        while True:
+            if offset > segment_size or segment_size - offset < MQ_BLANK_SIZE_MIN:
+                return ScanResult(offset, count, "no room for a record header", last_timestamp)
+            size = mq_u32(data + offset + MQ_AT_SIZE)
+            magic = mq_u32(data + offset + MQ_AT_MAGIC)
+            if size == 0 and magic == 0:
+                return ScanResult(offset, count, STOP_END, last_timestamp)
+            if magic == MQ_BLANK_MAGIC:
+                if offset + size == segment_size:
+                    return ScanResult(offset, count, STOP_BLANK, last_timestamp)
+                return ScanResult(offset, count, "blank record of a wrong size", last_timestamp)
+            if size < MQ_HEADER_SIZE or offset + size + MQ_BLANK_SIZE_MIN > segment_size:
+                return ScanResult(offset, count, f"bad size {size}", last_timestamp)
+            if size >= GIL_FREE_BYTES:
+                with nogil:  # the caller holds an export: the mapping stays
+                    problem = _check_record(data + offset, size, base + offset, True)
+            else:
+                problem = _check_record(data + offset, size, base + offset, True)
+            if problem:
+                return ScanResult(offset, count, _problem_text(problem, data + offset),
+                                  last_timestamp)
+            mq_read_header(data + offset, &header)
+            if dispatch:
+                self._dispatch(data + offset, &header)
+                self._note_epoch(header.epoch, header.position)
+            last_timestamp = max(last_timestamp, header.store_timestamp)
+            if header.store_timestamp > self.last_store_timestamp:
+                self.last_store_timestamp = header.store_timestamp
+            offset += size
+            count += 1
+
+
+# --- helpers that work on raw memory --------------------------------------------------
+
+cdef int _copy_and_check(Segment *segment, uint64_t offset, char *copy, uint32_t size,
+                         uint64_t position, bint verify_crc) except -1:
+    """Copy a large record out of its segment and check it, with the GIL released."""
+    cdef Py_buffer view
+    cdef int problem
+    # Our own export keeps the segment mapped even if it is detached meanwhile.
+    PyObject_GetBuffer(segment.view.obj, &view, PyBUF_SIMPLE)
+    try:
+        if <uint64_t>view.len < offset + size:
+            _fail("a segment's buffer shrank")
+        with nogil:
+            memcpy(copy, <const char *>view.buf + offset, size)
+            problem = _check_record(copy, size, position, verify_crc)
+    finally:
+        PyBuffer_Release(&view)
+    return problem
+
+
+cdef int _copy_in(char *target, const char *source, uint64_t size) except -1:
+    if size >= GIL_FREE_BYTES:
+        with nogil:  # the write lock is held: the target stays mapped
+            memcpy(target, source, size)
+    else:
+        memcpy(target, source, size)
+    return 0
+
+
+cdef void _zero(char *target, uint64_t size) noexcept:
+    if size >= GIL_FREE_BYTES:
+        with nogil:  # the write lock is held: the target stays mapped
+            memset(target, 0, size)
+    else:
+        memset(target, 0, size)
+
+
+cdef bytes _read_raw(Segment *segment, uint64_t offset, uint64_t written,
+                     int64_t max_bytes):
+    """read_raw over one segment from ``offset``, on an export of its own: the walk may
+    release the GIL, and the segment may be detached meanwhile."""
+    cdef Py_buffer view
+    cdef uint64_t base = segment.base, size = segment.size, limit, end
+    PyObject_GetBuffer(segment.view.obj, &view, PyBUF_SIMPLE)
+    try:
+        if <uint64_t>view.len < size:
+            _fail("a segment's buffer shrank")
+        limit = min(size, written - base) if written > base else 0
+        end = _walk_raw(<const char *>view.buf, size, base, offset, limit, max_bytes)
+        return _copy_span(<const char *>view.buf + offset, end - offset)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef uint64_t _walk_raw(const char *data, uint64_t segment_size, uint64_t base,
+                        uint64_t offset, uint64_t limit, int64_t max_bytes) except? 0:
+    """Where read_raw's answer ends (the twin's loop); raises on a bad record."""
+    cdef uint64_t end = offset, size = 0, at
+    cdef int problem
+    while end < limit:
+        at = base + end
+        if segment_size - end < MQ_BLANK_SIZE_MIN:
+            problem = RECORD_SHORT  # (the twin's struct.unpack_from fails here)
+        else:
+            size = mq_u32(data + end + MQ_AT_SIZE)
+            if mq_u32(data + end + MQ_AT_MAGIC) == MQ_BLANK_MAGIC and \
+                    end + size == segment_size:
+                return segment_size
+            problem = _check_span(data + end, size if end + size <= limit else 0, at)
+        if problem and end == offset:
+            raise InvalidPosition(f"position {at} is not the start of a record "
+                                  f"({_problem_text(problem, data + end)})")
+        if problem:
+            raise CorruptRecord(at, _problem_text(problem, data + end))
+        if end > offset and <int64_t>(end + size - offset) > max_bytes:
+            break
+        end += size
+    return end
+
+
+cdef int _check_span(const char *record, uint64_t size, uint64_t at) except -1:
+    """_check_record with the CRC; the caller's export keeps ``record`` mapped."""
+    cdef int problem
+    if size < GIL_FREE_BYTES:
+        return _check_record(record, size, at, True)
+    with nogil:
+        problem = _check_record(record, size, at, True)
+    return problem
+
+
+cdef bytes _copy_span(const char *source, uint64_t size):
+    """bytes(source[:size]); the caller's export keeps ``source`` mapped."""
+    cdef bytes result = PyBytes_FromStringAndSize(NULL, size)
+    cdef char *target = PyBytes_AS_STRING(result)
+    if size < GIL_FREE_BYTES:
+        memcpy(target, source, size)
+    else:
+        with nogil:
+            memcpy(target, source, size)
+    return result
