@@ -1,0 +1,360 @@
+"""Side-by-side figures for the engine, each beside a baseline measured in the same run.
+
+Every measurement runs in rounds, interleaved with its baseline (mqlog, baseline, mqlog,
+baseline...), because this machine is shared and noisy: only ratios measured together
+mean anything. For each row the table gives min / median / max records/s over rounds
+and the median of the per-round ratios to the baseline, and says whether the issue's
+target is met.
+
+    python -m benchmarks.compare            # the full table (a few minutes)
+    python -m benchmarks.compare --quick    # tiny sizes: a smoke run (seconds)
+
+Rows (100-byte bodies):
+* put, one record per call — baseline: buffered file append of length-prefixed records
+* put_batch of 1000 — baseline: LMDB putmulti(append=True) in batches of 1000
+* get in batches of 1000, touching each body — baseline: an LMDB cursor over the same
+* sync flush, 256 concurrent producers (threads; and asyncio tasks) — baseline: 4 KiB
+  append + fdatasync per record from one thread (what a durable write costs alone)
+* recovery scan after a crash — reported in GB/s of log, baseline: reading the same
+  segment files with read()
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import statistics
+import struct
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mqlog
+
+BODY = b"m" * 100
+
+
+@dataclass
+class Sizes:
+    records: int = 1_000_000
+    producers: int = 256
+    per_producer: int = 200
+    scan_bytes: int = 512 << 20
+    rounds: int = 5
+    segment_size_bytes: int = 1 << 30
+
+
+QUICK = Sizes(records=20_000, producers=16, per_producer=20, scan_bytes=8 << 20, rounds=2,
+              segment_size_bytes=16 << 20)
+
+
+@dataclass
+class Row:
+    name: str
+    unit: str
+    target: str
+    target_check: Callable[[float, float], bool]  # (median value, median ratio) -> met
+    values: list[float] = field(default_factory=list)
+    baselines: list[float] = field(default_factory=list)
+    note: str = ""
+
+    def add(self, value: float, baseline: float) -> None:
+        self.values.append(value)
+        self.baselines.append(baseline)
+
+    def cells(self) -> list[str]:
+        ratios = [v / b for v, b in zip(self.values, self.baselines, strict=True) if b]
+        median, ratio = statistics.median(self.values), statistics.median(ratios)
+        met = "yes" if self.target_check(median, ratio) else "**no**"
+        return [self.name, _fmt(min(self.values)), _fmt(median), _fmt(max(self.values)),
+                _fmt(statistics.median(self.baselines)), f"{ratio:.2f}x", self.target, met]
+
+
+def _fmt(value: float) -> str:
+    return f"{value / 1e6:.2f} M" if value >= 1e5 else f"{value / 1e3:.1f} k"
+
+
+def _store(root: Path, sizes: Sizes, **overrides: object) -> mqlog.Store:
+    shutil.rmtree(root, ignore_errors=True)
+    settings: dict[str, object] = {"segment_size_bytes": sizes.segment_size_bytes, **overrides}
+    return mqlog.open(root, **settings)  # type: ignore[arg-type]
+
+
+def _timed(action: Callable[[], int]) -> float:
+    started = time.perf_counter()
+    count = action()
+    return count / (time.perf_counter() - started)
+
+
+# --- mqlog -------------------------------------------------------------------------------
+
+def mqlog_put(root: Path, sizes: Sizes) -> float:
+    with _store(root, sizes) as store:
+        put = store.put
+
+        def run() -> int:
+            for _ in range(sizes.records):
+                put("bench", BODY)
+            return sizes.records
+        return _timed(run)
+
+
+def mqlog_put_batch(root: Path, sizes: Sizes) -> float:
+    with _store(root, sizes) as store:
+        bodies = [BODY] * 1000
+
+        def run() -> int:
+            for _ in range(sizes.records // 1000):
+                store.put_batch("bench", bodies)
+            return sizes.records // 1000 * 1000
+        return _timed(run)
+
+
+def mqlog_get(root: Path, sizes: Sizes) -> float:
+    with _store(root, sizes) as store:
+        bodies = [BODY] * 1000
+        for _ in range(sizes.records // 1000):
+            store.put_batch("bench", bodies)
+
+        def run() -> int:
+            offset = seen = 0
+            while batch := store.get("bench", 0, offset, 1000, 1 << 24):
+                for record in batch:
+                    seen += len(record.body) > 0
+                offset += len(batch)
+            return seen
+        return _timed(run)
+
+
+def mqlog_sync_threads(root: Path, sizes: Sizes) -> tuple[float, float]:
+    with _store(root, sizes, flush_mode="sync") as store:
+        def produce(worker: int) -> None:
+            for _ in range(sizes.per_producer):
+                store.put("bench", BODY, queue_id=worker % 16)
+
+        def run() -> int:
+            workers = [threading.Thread(target=produce, args=(w,))
+                       for w in range(sizes.producers)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+            return sizes.producers * sizes.per_producer
+        rate = _timed(run)
+        return rate, sizes.producers * sizes.per_producer / max(1, store.flush_count)
+
+
+def mqlog_sync_asyncio(root: Path, sizes: Sizes) -> tuple[float, float]:
+    with _store(root, sizes, flush_mode="sync") as store:
+        async def produce(worker: int) -> None:
+            for _ in range(sizes.per_producer):
+                await store.put_async("bench", BODY, queue_id=worker % 16)
+
+        async def main() -> None:
+            await asyncio.gather(*(produce(w) for w in range(sizes.producers)))
+
+        def run() -> int:
+            asyncio.run(main())
+            return sizes.producers * sizes.per_producer
+        rate = _timed(run)
+        return rate, sizes.producers * sizes.per_producer / max(1, store.flush_count)
+
+
+def mqlog_recovery(root: Path, sizes: Sizes) -> tuple[float, float]:
+    """GB/s of a crash-recovery scan, and of read() over the same files (the baseline)."""
+    with _store(root, sizes, segment_size_bytes=max(sizes.scan_bytes, 1 << 24)) as store:
+        bodies = [BODY] * 1000
+        while store.written_position < sizes.scan_bytes * 0.9:
+            store.put_batch("bench", bodies, queue_id=store.written_position % 7)
+        end = store.written_position
+    (root / "abort").touch()
+    (root / "checkpoint").unlink()  # as if no checkpoint was ever written: scan it all
+    started = time.perf_counter()
+    with mqlog.open(root, segment_size_bytes=max(sizes.scan_bytes, 1 << 24)) as store:
+        assert store.recovery_report.end_position == end
+        scan = store.recovery_report.scanned_bytes / (time.perf_counter() - started) / 1e9
+    started = time.perf_counter()
+    total = 0
+    for path in sorted((root / "commitlog").iterdir()):
+        with open(path, "rb", buffering=0) as file:
+            while chunk := file.read(1 << 20):
+                total += len(chunk)
+                if total >= end:
+                    break
+    return scan, min(total, end) / (time.perf_counter() - started) / 1e9
+
+
+# --- baselines -------------------------------------------------------------------------
+
+def file_append(root: Path, sizes: Sizes) -> float:
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    header = struct.Struct("<I")
+    with open(root / "log", "wb") as file:
+        write = file.write
+
+        def run() -> int:
+            for _ in range(sizes.records):
+                write(header.pack(len(BODY)))
+                write(BODY)
+            file.flush()
+            return sizes.records
+        return _timed(run)
+
+
+def _lmdb_env(root: Path, sizes: Sizes):
+    import lmdb
+
+    shutil.rmtree(root, ignore_errors=True)
+    return lmdb.open(str(root), map_size=max(1 << 30, sizes.records * 400), sync=False,
+                     writemap=False)
+
+
+def lmdb_putmulti(root: Path, sizes: Sizes) -> float:
+    env = _lmdb_env(root, sizes)
+
+    def run() -> int:
+        for batch in range(sizes.records // 1000):
+            items = [((batch * 1000 + i).to_bytes(8, "big"), BODY) for i in range(1000)]
+            with env.begin(write=True) as txn:
+                txn.cursor().putmulti(items, append=True)
+        return sizes.records // 1000 * 1000
+    try:
+        return _timed(run)
+    finally:
+        env.close()
+
+
+def lmdb_cursor(root: Path, sizes: Sizes) -> float:
+    env = _lmdb_env(root, sizes)
+    with env.begin(write=True) as txn:
+        txn.cursor().putmulti([(i.to_bytes(8, "big"), BODY) for i in range(sizes.records)],
+                              append=True)
+
+    def run() -> int:
+        seen = 0
+        with env.begin() as txn:
+            for _key, value in txn.cursor():
+                seen += len(value) > 0
+        return seen
+    try:
+        return _timed(run)
+    finally:
+        env.close()
+
+
+def fdatasync_each(root: Path, sizes: Sizes) -> float:
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    fd = os.open(root / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    block = bytes(4096)
+    count = max(200, sizes.producers * sizes.per_producer // 20)
+
+    def run() -> int:
+        for _ in range(count):
+            os.write(fd, block)
+            os.fdatasync(fd)
+        return count
+    try:
+        return _timed(run)
+    finally:
+        os.close(fd)
+
+
+# --- the table ---------------------------------------------------------------------------
+
+def _rows() -> dict[str, Row]:
+    return {
+        "put": Row("put, one record per call", "rec/s", ">= 1.5 M rec/s",
+                   lambda value, ratio: value >= 1.5e6, note="baseline: buffered file append"),
+        "put_batch": Row("put_batch of 1000", "rec/s", ">= 1.5x LMDB putmulti",
+                         lambda value, ratio: ratio >= 1.5, note="baseline: LMDB putmulti"),
+        "get": Row("get in batches of 1000", "rec/s", ">= 1.0x LMDB cursor",
+                   lambda value, ratio: ratio >= 1.0, note="baseline: LMDB cursor"),
+        "sync_threads": Row("sync put, 256 threads", "acked rec/s", ">= 100 k acked rec/s",
+                            lambda value, ratio: value >= 1e5,
+                            note="baseline: 4 KiB write + fdatasync per record"),
+        "sync_asyncio": Row("sync put_async, 256 asyncio tasks", "acked rec/s",
+                            ">= 100 k acked rec/s", lambda value, ratio: value >= 1e5,
+                            note="baseline: 4 KiB write + fdatasync per record"),
+    }
+
+
+def run(sizes: Sizes, work: Path) -> tuple[dict[str, Row], list[str]]:
+    rows = _rows()
+    extra: list[str] = []
+    per_fsync: dict[str, list[float]] = {"sync_threads": [], "sync_asyncio": []}
+    scans: list[tuple[float, float]] = []
+    for _ in range(sizes.rounds):
+        rows["put"].add(mqlog_put(work / "m", sizes), file_append(work / "b", sizes))
+        rows["put_batch"].add(mqlog_put_batch(work / "m", sizes),
+                              lmdb_putmulti(work / "b", sizes))
+        rows["get"].add(mqlog_get(work / "m", sizes), lmdb_cursor(work / "b", sizes))
+        for name, measure in (("sync_threads", mqlog_sync_threads),
+                              ("sync_asyncio", mqlog_sync_asyncio)):
+            rate, records_per_fsync = measure(work / "m", sizes)
+            rows[name].add(rate, fdatasync_each(work / "b", sizes))
+            per_fsync[name].append(records_per_fsync)
+        scans.append(mqlog_recovery(work / "m", sizes))
+    for name, values in per_fsync.items():
+        extra.append(f"{rows[name].name}: {statistics.median(values):.0f} records per fsync "
+                     "(median over rounds)")
+    scan, read = (statistics.median(values) for values in zip(*scans, strict=True))
+    extra.append(f"recovery scan: {scan:.2f} GB/s of log (median; min "
+                 f"{min(s for s, _ in scans):.2f}, max {max(s for s, _ in scans):.2f}); "
+                 f"read() of the same files {read:.2f} GB/s; target >= 1 GB/s: "
+                 f"{'yes' if scan >= 1 else '**no**'}")
+    return rows, extra
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{os.cpu_count()} cores, {model}, Python {platform.python_version()}, "
+            f"mqlog core: {mqlog.IMPLEMENTATION}")
+
+
+def render(rows: dict[str, Row], extra: list[str], sizes: Sizes) -> str:
+    head = ["", "min", "median", "max", "baseline (median)", "ratio (median)", "target",
+            "met"]
+    lines = [f"Machine: {machine()}. {sizes.rounds} rounds, interleaved; 100-byte bodies.",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows.values()]
+    lines.append("")
+    lines += [f"* {row.name}: {row.note}" for row in rows.values()]
+    lines += [f"* {text}" for text in extra]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description="mqlog side-by-side benchmark table")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
+    parser.add_argument("--rounds", type=int, default=None)
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else Sizes()
+    if args.rounds:
+        sizes.rounds = args.rounds
+    work = Path(tempfile.mkdtemp(prefix="mqlog-compare-", dir=os.environ.get("MQLOG_BENCH_DIR")))
+    try:
+        rows, extra = run(sizes, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    table = render(rows, extra, sizes)
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    main()

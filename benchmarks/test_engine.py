@@ -1,0 +1,95 @@
+"""Engine micro-benchmarks: put, put_batch, get, sync flush under concurrency, recovery.
+
+Each benchmark stores records/s (or GB/s) in ``extra_info`` beside the time pytest-benchmark
+reports, and its baseline runs in the same session (``test_baseline_*``), so compare the
+two from one run only. The ratio table with targets is ``python -m benchmarks.compare``.
+Message sizes run from 16 B to 64 KiB for put_batch, on both cores.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import mqlog
+from benchmarks import compare
+
+SIZES = compare.Sizes(records=200_000, producers=256, per_producer=40, scan_bytes=128 << 20,
+                      rounds=1, segment_size_bytes=256 << 20)
+PEDANTIC = dict(rounds=3, iterations=1, warmup_rounds=0)
+
+
+def _record(benchmark, value: float, unit: str = "records_per_second") -> None:
+    benchmark.extra_info[unit] = round(value)
+
+
+def test_put(benchmark, impl, tmp_path):
+    sizes = compare.Sizes(**{**SIZES.__dict__, "records": SIZES.records // 4})
+    store_root = tmp_path / "s"
+
+    def run() -> None:
+        with mqlog.open(store_root, implementation=impl, segment_size_bytes=256 << 20) as s:
+            for _ in range(sizes.records):
+                s.put("bench", compare.BODY)
+    benchmark.pedantic(run, setup=lambda: _wipe(store_root), **PEDANTIC)
+    _record(benchmark, sizes.records / benchmark.stats.stats.median)
+
+
+@pytest.mark.parametrize("body_size", [16, 100, 1024, 16 * 1024, 64 * 1024])
+def test_put_batch(benchmark, impl, tmp_path, body_size):
+    store_root = tmp_path / "s"
+    count = max(200, min(100_000, (64 << 20) // body_size))
+    bodies = [b"b" * body_size] * 100
+
+    def run() -> None:
+        with mqlog.open(store_root, implementation=impl, segment_size_bytes=256 << 20) as s:
+            for _ in range(count // 100):
+                s.put_batch("bench", bodies)
+    benchmark.pedantic(run, setup=lambda: _wipe(store_root), **PEDANTIC)
+    _record(benchmark, count // 100 * 100 / benchmark.stats.stats.median)
+
+
+def test_get(benchmark, impl, tmp_path):
+    with mqlog.open(tmp_path / "s", implementation=impl, segment_size_bytes=256 << 20) as s:
+        for _ in range(SIZES.records // 1000):
+            s.put_batch("bench", [compare.BODY] * 1000)
+
+        def run() -> int:
+            offset = 0
+            while batch := s.get("bench", 0, offset, 1000, 1 << 24):
+                offset += sum(len(record.body) > 0 for record in batch)
+            return offset
+        assert benchmark.pedantic(run, **PEDANTIC) == SIZES.records
+    _record(benchmark, SIZES.records / benchmark.stats.stats.median)
+
+
+@pytest.mark.parametrize("flavour", ["threads", "asyncio"])
+def test_sync_flush_256_producers(benchmark, tmp_path, flavour):
+    measure = compare.mqlog_sync_threads if flavour == "threads" else compare.mqlog_sync_asyncio
+    results = []
+    benchmark.pedantic(lambda: results.append(measure(tmp_path / "s", SIZES)), **PEDANTIC)
+    rates, per_fsync = zip(*results, strict=True)
+    _record(benchmark, sorted(rates)[len(rates) // 2], "acked_records_per_second")
+    benchmark.extra_info["records_per_fsync"] = round(sorted(per_fsync)[len(per_fsync) // 2])
+
+
+def test_recovery_scan(benchmark, tmp_path):
+    results = []
+    benchmark.pedantic(lambda: results.append(compare.mqlog_recovery(tmp_path / "s", SIZES)),
+                       **PEDANTIC)
+    benchmark.extra_info["scan_gb_per_second"] = round(sorted(r[0] for r in results)[1], 2)
+    benchmark.extra_info["read_gb_per_second"] = round(sorted(r[1] for r in results)[1], 2)
+
+
+@pytest.mark.parametrize("baseline", ["file_append", "lmdb_putmulti", "lmdb_cursor",
+                                      "fdatasync_each"])
+def test_baseline(benchmark, tmp_path, baseline):
+    measure = getattr(compare, baseline)
+    rates = []
+    benchmark.pedantic(lambda: rates.append(measure(tmp_path / "b", SIZES)), **PEDANTIC)
+    _record(benchmark, sorted(rates)[len(rates) // 2])
+
+
+def _wipe(path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
