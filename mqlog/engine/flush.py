@@ -2,12 +2,14 @@
 
 Two modes, as in RocketMQ:
 
-* ``sync`` is group commit. A writer that must wait calls ``wait_flushed(end)`` (a
-  thread) or awaits ``wait_flushed_async(end)`` (an asyncio task); either way it joins a
-  heap of waiters ordered by end position. The thread takes the whole written range at
-  that moment, syncs it with one msync per segment it touches, publishes the new
-  flushed position and releases exactly the waiters it covers: each thread's own lock,
-  and one ``call_soon_threadsafe`` per event loop for all of that loop's futures.
+* ``sync`` is group commit. A thread that must wait calls ``wait_flushed(end)`` and
+  joins a heap of waiters ordered by end position; an asyncio task awaits
+  ``wait_flushed_async(end)`` and joins its loop's deque (puts on one loop happen in
+  order, so the deque is already sorted, and the loop asks for a flush once per
+  iteration, not once per put). The thread takes the whole written range at that
+  moment, syncs it with one msync per segment it touches, publishes the new flushed
+  position and releases exactly the waiters it covers: each thread's own lock, and one
+  ``call_soon_threadsafe`` per event loop that resolves a prefix of its deque.
   Writers that arrive during a sync are covered by the next one, so one fsync
   acknowledges everything queued since the previous one. A waiter whose deadline
   passes gets False (the store reports FLUSH_DISK_TIMEOUT, never a silent success).
@@ -58,7 +60,7 @@ class FlushService:
         self._requested = flushed_position
         self._waiters: list[tuple[int, int, Any]] = []  # (end, tie-break, lock or future)
         self._tie = itertools.count()
-        self._deadlines: dict[Any, _DeadlineWatch] = {}  # per event loop
+        self._loops: dict[Any, _LoopWaiters] = {}  # asyncio waiters, per event loop
         self.flushed_position = flushed_position
         self.flush_count = 0  # syncs done, for "records per fsync" figures
         self.error: FlushFailed | None = None
@@ -93,19 +95,23 @@ class FlushService:
         return self._raise_error_or(True)
 
     async def wait_flushed_async(self, end_position: int) -> bool:
-        """``wait_flushed`` for an asyncio task: the flush thread resolves its future with
-        True; the loop's deadline watch resolves it with False once the deadline passes."""
+        """``wait_flushed`` for an asyncio task, resolved by the loop's _LoopWaiters."""
+        if self._settled(end_position):
+            return True
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
-        with self._lock:
-            if self._settled(end_position):
-                return True
-            self._enqueue(end_position, future)
-        watch = self._deadlines.get(loop)
-        if watch is None or watch.loop.is_closed():
-            watch = self._deadlines[loop] = _DeadlineWatch(loop)
-        watch.add(future, self._config.flush_sync_timeout_ms / 1000)
+        waiters = self._loops.get(loop)
+        if waiters is None or waiters.loop.is_closed():
+            with self._lock:
+                waiters = self._loops[loop] = _LoopWaiters(loop, self)
+                self._loops = {k: v for k, v in self._loops.items() if not k.is_closed()}
+        future = waiters.add(end_position, self._config.flush_sync_timeout_ms / 1000)
         return self._raise_error_or(await future)
+
+    def _request_from_loop(self, end_position: int) -> None:
+        with self._lock:
+            if end_position > self._requested:
+                self._requested = end_position
+                self._work.notify()
 
     def _settled(self, end_position: int) -> bool:
         """True if no wait is needed; raises the flush error if there was one."""
@@ -203,18 +209,15 @@ class FlushService:
 
     def _release_waiters(self, covered: Callable[[int], bool]) -> None:
         """Wake the waiters ``covered`` says are done (called with the lock held)."""
-        by_loop: dict[Any, list[asyncio.Future]] = {}
         while self._waiters and covered(self._waiters[0][0]):
-            waiter = heapq.heappop(self._waiters)[2]
-            if isinstance(waiter, asyncio.Future):
-                by_loop.setdefault(waiter.get_loop(), []).append(waiter)
-            else:
-                waiter.release()
-        for loop, futures in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_resolve_all, futures)
-            except RuntimeError:
-                pass  # that event loop is closed; nobody is waiting any more
+            heapq.heappop(self._waiters)[2].release()
+        flushed = self.flushed_position if self.error is None else None
+        for waiters in self._loops.values():
+            if waiters.pending:
+                try:
+                    waiters.loop.call_soon_threadsafe(waiters.resolve, flushed)
+                except RuntimeError:
+                    pass  # that event loop is closed; nobody is waiting any more
 
     def _fail(self, error: OSError) -> None:
         failure = FlushFailed(
@@ -227,35 +230,49 @@ class FlushService:
             self._release_waiters(lambda end: True)
 
 
-def _resolve_all(futures: list[asyncio.Future]) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_result(True)
+class _LoopWaiters:
+    """The futures of one event loop waiting for flushes, in end-position order.
 
-
-class _DeadlineWatch:
-    """One timer per event loop that resolves overdue flush futures with False.
-
-    Every future waits the same timeout, so deadlines arrive in order and a deque
-    suffices; it runs in the loop's own thread, so it needs no lock, and it works even
-    when the flush thread is stuck in a sync that never returns.
+    Only the loop's own thread touches the deque (the flush thread reaches it through
+    ``call_soon_threadsafe``), so it needs no lock. Every future waits the same timeout,
+    so the oldest is both the first to be flushed and the first to expire: one timer at
+    the front's deadline serves them all, and works even when the flush thread is stuck.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, service: FlushService) -> None:
         self.loop = loop
-        self._pending: deque[tuple[float, asyncio.Future]] = deque()
+        self._service = service
+        self.pending: deque[tuple[int, float, asyncio.Future]] = deque()
+        self._request_scheduled = False
         self._timer: asyncio.TimerHandle | None = None
 
-    def add(self, future: asyncio.Future, timeout: float) -> None:
-        self._pending.append((self.loop.time() + timeout, future))
+    def add(self, end_position: int, timeout: float) -> asyncio.Future:
+        future = self.loop.create_future()
+        self.pending.append((end_position, self.loop.time() + timeout, future))
+        if not self._request_scheduled:  # one flush request per loop iteration
+            self._request_scheduled = True
+            self.loop.call_soon(self._request)
         if self._timer is None:
-            self._timer = self.loop.call_at(self._pending[0][0], self._expire)
+            self._timer = self.loop.call_at(self.pending[0][1], self._expire)
+        return future
+
+    def _request(self) -> None:
+        self._request_scheduled = False
+        if self.pending:
+            self._service._request_from_loop(self.pending[-1][0])
+
+    def resolve(self, flushed: int | None) -> None:
+        """Complete the futures up to ``flushed`` (None: the flush failed, complete all)."""
+        pending = self.pending
+        while pending and (flushed is None or pending[0][0] <= flushed):
+            future = pending.popleft()[2]
+            if not future.done():
+                future.set_result(True)
 
     def _expire(self) -> None:
-        now = self.loop.time()
-        while self._pending and (self._pending[0][0] <= now or self._pending[0][1].done()):
-            future = self._pending.popleft()[1]
+        now, pending = self.loop.time(), self.pending
+        while pending and (pending[0][1] <= now or pending[0][2].done()):
+            future = pending.popleft()[2]
             if not future.done():
                 future.set_result(False)
-        self._timer = self.loop.call_at(self._pending[0][0], self._expire) \
-            if self._pending else None
+        self._timer = self.loop.call_at(pending[0][1], self._expire) if pending else None
