@@ -27,24 +27,28 @@ place, and they check every record's size, magic, position and CRC32C.
 What differs from the twin
 --------------------------
 * State lives in C fields: each mapping is held as a ``Py_buffer`` (``PyObject_GetBuffer``,
-  writable) in a small C struct, with its base, size and data pointer; a queue keeps the
-  pointer to its last consume-queue file. A put costs one topic lookup in a dict (topic
-  -> per-topic object, whose queues are indexed by id in a list), no Python attribute
-  lookups and no temporary tuples. The buffers are released in ``detach_segments_from``,
-  ``truncate`` (dropped consume-queue files), ``drop_queues`` and ``release``, because
-  the engine closes each mmap right after and an export still held would make that fail.
+  writable) in a small C struct, with its base, size and data pointer; the core keeps
+  the last segment and each queue its last consume-queue file at hand. A put costs at
+  most one dict lookup (topic -> per-topic object, whose queues are indexed by id in a
+  list; a put with the same topic object and queue as the one before skips even that),
+  no Python attribute lookups and no tuple keys. The buffers are released in
+  ``detach_segments_from``, ``truncate`` (dropped consume-queue files), ``drop_queues``
+  and ``release``: the engine closes each mmap right after, which fails (BufferError)
+  while an export is held.
 * Lock: a ``PyThread_type_lock``. It is first tried without releasing the GIL (the
   common, uncontended case costs two atomic operations); only when that fails is it
   waited for with the GIL released, so a writer that waits never holds the GIL and a
   writer that holds the lock can always get the GIL back: no deadlock. Methods that
   take the lock refuse (RuntimeError) to be re-entered from a callback of the same
   thread, where the twin's threading.Lock would hang forever.
-* GIL: small records are encoded with the GIL held (releasing it costs more than the
-  copy). Bodies and records of 64 KiB or more are copied and checksummed with the GIL
-  released. A writer does so under the write lock, which every method that drops a
-  mapping also takes, so its mapping cannot go away; a reader that releases the GIL
-  first takes its own export of the mapping (an unmap then fails with BufferError
-  instead of faulting) or works on a private copy of the record.
+* GIL: small records are encoded with the GIL held (releasing and re-taking it costs
+  more than the copy). Bodies of 64 KiB or more are copied and checksummed with the
+  GIL released; a writer does so under the write lock, which every method that drops a
+  mapping also takes, so the mapping cannot go away. Readers copy a record (or
+  read_raw's answer) out of the mapping with the GIL held, then check the CRC of their
+  private copy with it released, so no reader ever holds an export that would make
+  the engine's unmap fail. Only scan_segment (recovery) holds an export of its own
+  while it calls the engine back.
 * CRC32C uses SSE4.2's crc32 instruction when the CPU has it (chosen at import; the
   extension is not built with -march=native) and slicing-by-8 tables otherwise
   (crc32c.h). The record layout lives in layout.h; at import this module checks that
@@ -219,6 +223,9 @@ cdef enum:
     QUEUE_LIST_IDS = 4096
     U16_MAX = 0xFFFF
     U32_MAX = 0xFFFFFFFF
+    # Fields.too_wide: which header field cannot be packed
+    WIDE_BORN = 1
+    WIDE_U16 = 2
 
 # Why _check_record refused a record (see _problem_text for the words).
 cdef enum Problem:
@@ -716,8 +723,9 @@ cdef struct Fields:
     int64_t born_timestamp
     bint has_born_timestamp
     # born_timestamp outside i64 or a text field over 65535 bytes: the twin fails when
-    # it packs the header (struct.error), and so do we, at the same step
-    bint too_wide
+    # it packs the header (struct.error), and so do we, at the same step and in words
+    # of the first field it packs that is out of range (0: none)
+    int too_wide
     uint64_t tag_hash
     size_t fixed_size  # header + topic + key + tags + properties
 
@@ -765,13 +773,13 @@ cdef object _pack_properties(object properties):
 cdef int _check_born(Fields *fields, object born_timestamp) except -1:
     cdef int overflow = 0
     fields.has_born_timestamp = born_timestamp is not None
-    fields.too_wide = False
+    fields.too_wide = 0
     if born_timestamp is None:
         return 0
     if not PyLong_Check(born_timestamp) or PyBool_Check(born_timestamp):
         raise InvalidArgument("born_timestamp must be an int (milliseconds) or None")
     fields.born_timestamp = PyLong_AsLongLongAndOverflow(born_timestamp, &overflow)
-    fields.too_wide = overflow != 0
+    fields.too_wide = WIDE_BORN if overflow else 0
     return 0
 
 
@@ -878,6 +886,12 @@ cdef class LogCore:
     cdef object _epoch_item
     cdef uint64_t _epoch_value
     cdef _Queue _dispatch_queue  # the queue the last dispatched record went to
+    # put's cache: the topic object and queue of the last put, and its store timestamp
+    # as a Python int (a loop of puts passes the same topic and mostly hits both)
+    cdef object _put_topic
+    cdef _Queue _put_queue
+    cdef object _timestamp_object
+    cdef int64_t _timestamp_value
 
     def __cinit__(self, *args, **kwargs):
         self._lock = PyThread_allocate_lock()
@@ -1021,6 +1035,7 @@ cdef class LogCore:
             (<_Queue>queue).release_files(0)
         self._queues.clear()
         self._dispatch_queue = None
+        self._put_queue = None
         return 0
 
     cdef list _all_queues(self):
@@ -1109,7 +1124,11 @@ cdef class LogCore:
             offset = queue.next_offset - 1
         finally:
             self._release()
-        return _make_tuple(_PutResult, (_PUT_OK, position, offset, store_timestamp, size))
+        if store_timestamp != self._timestamp_value or self._timestamp_object is None:
+            self._timestamp_object = store_timestamp
+            self._timestamp_value = store_timestamp
+        return _make_tuple(_PutResult, (_PUT_OK, position, offset, self._timestamp_object,
+                                        size))
 
     def put_batch(self, topic, bodies, queue_id=0, key=None, tags=None, properties=None,
                   born_timestamp=None):
@@ -1183,8 +1202,10 @@ cdef class LogCore:
         fields.tag_hash = mq_fnv1a64(<const unsigned char *>fields.tags, fields.tags_size)
         fields.fixed_size = (MQ_HEADER_SIZE + fields.topic_size + fields.key_size
                              + fields.tags_size + fields.properties_size)
-        fields.too_wide |= (fields.topic_size > U16_MAX or fields.key_size > U16_MAX
-                            or fields.tags_size > U16_MAX)
+        if fields.topic_size > U16_MAX:
+            fields.too_wide = WIDE_U16
+        elif not fields.too_wide and (fields.key_size > U16_MAX or fields.tags_size > U16_MAX):
+            fields.too_wide = WIDE_U16
         return packed
 
     cdef uint32_t _record_size(self, Fields *fields, Py_ssize_t body_size) except 0:
@@ -1198,8 +1219,13 @@ cdef class LogCore:
         return <uint32_t>size
 
     cdef _Queue _writable_queue(self, Fields *fields, object topic, object queue_id):
-        cdef PyObject *queues = PyDict_GetItemWithError(self._queues, topic)
-        cdef _Queue queue = None
+        cdef PyObject *queues
+        cdef _Queue queue = self._put_queue
+        if queue is not None and topic is self._put_topic and \
+                fields.queue_id == queue.queue_id:
+            return queue  # (the cache holds the topic: its identity cannot be reused)
+        queue = None
+        queues = PyDict_GetItemWithError(self._queues, topic)
         if queues != NULL and fields.queue_id_fits:
             queue = (<_Topic>queues).find(fields.queue_id)
         if queue is None:
@@ -1208,6 +1234,8 @@ cdef class LogCore:
             queue = (<_Topic>self._queues[topic]).find_object(queue_id)
             if queue is None:
                 raise KeyError(queue_id)
+        self._put_topic = topic
+        self._put_queue = queue
         return queue
 
     cdef int64_t _next_timestamp(self) except? -1:
@@ -1230,8 +1258,9 @@ cdef class LogCore:
         if record == NULL:  # first a new consume-queue file, a new segment or a roll
             record = self._slow_slot(queue, size)
             epoch = self.epoch  # (the callbacks ran Python code)
-        if fields.too_wide:
-            raise _struct_error("a header field is out of range")  # as the twin's pack
+        if fields.too_wide:  # as the twin's HEADER.pack_into
+            raise _struct_error("argument out of range" if fields.too_wide == WIDE_BORN
+                                else "ushort format requires 0 <= number <= 65535")
         position = self.written_position
         header.size = size
         header.magic = MQ_MAGIC
@@ -1410,12 +1439,12 @@ cdef class LogCore:
         cdef QueueFile *file
         cdef const char *entry
         for index in range(start, stop):
-            # Re-derived every time: a large record is read with the GIL released, and
-            # meanwhile a truncation may drop files (then the answer ends here).
+            # Checked every time: a large record is read with the GIL released, and
+            # meanwhile a truncation may cut the queue (then the answer ends here).
+            if index >= queue.next_offset:
+                break
             if file_index < 0 or file_index >= queue.file_count or \
                     index - queue.files[file_index].base >= queue.entries_per_file:
-                if index >= queue.next_offset:
-                    break
                 file_index = queue.file_index(index)
             file = queue.files[file_index]
             entry = file.data + (index - file.base) * MQ_CQ_ENTRY_SIZE
@@ -1479,14 +1508,12 @@ cdef class LogCore:
         cdef int problem
         if size > segment.size or offset > segment.size - size:
             raise CorruptRecord(position, f"size {size} runs past the segment's end")
-        raw = PyBytes_FromStringAndSize(NULL, size)
+        # Copied with the GIL held (the mapping cannot go away meanwhile), checked on the
+        # copy, without the GIL if it is large: a reader never holds an export that
+        # would make the engine's unmap fail.
+        raw = PyBytes_FromStringAndSize(segment.data + offset, size)
         copy = PyBytes_AS_STRING(raw)
-        if size >= GIL_FREE_BYTES:
-            problem = _copy_and_check(segment, offset, copy, size, position,
-                                      self.verify_crc_on_read)
-        else:
-            memcpy(copy, segment.data + offset, size)
-            problem = _check_record(copy, size, position, self.verify_crc_on_read)
+        problem = _check_copy(copy, size, position, self.verify_crc_on_read)
         if problem:
             raise CorruptRecord(position, _problem_text(problem, copy))
         return _new_record(raw)
@@ -1823,21 +1850,14 @@ cdef class LogCore:
 
 # --- helpers that work on raw memory --------------------------------------------------
 
-cdef int _copy_and_check(Segment *segment, uint64_t offset, char *copy, uint32_t size,
-                         uint64_t position, bint verify_crc) except -1:
-    """Copy a large record out of its segment and check it, with the GIL released."""
-    cdef Py_buffer view
+cdef int _check_copy(const char *copy, uint64_t size, uint64_t position,
+                     bint verify_crc) except -1:
+    """_check_record on a private copy, with the GIL released when it is large."""
     cdef int problem
-    # Our own export keeps the segment mapped even if it is detached meanwhile.
-    PyObject_GetBuffer(segment.view.obj, &view, PyBUF_SIMPLE)
-    try:
-        if <uint64_t>view.len < offset + size:
-            _fail("a segment's buffer shrank")
-        with nogil:
-            memcpy(copy, <const char *>view.buf + offset, size)
-            problem = _check_record(copy, size, position, verify_crc)
-    finally:
-        PyBuffer_Release(&view)
+    if size < GIL_FREE_BYTES:
+        return _check_record(copy, size, position, verify_crc)
+    with nogil:
+        problem = _check_record(copy, size, position, verify_crc)
     return problem
 
 
@@ -1858,66 +1878,86 @@ cdef void _zero(char *target, uint64_t size) noexcept:
         memset(target, 0, size)
 
 
+cdef struct RawWalk:
+    uint64_t end  # where the answer ends
+    uint64_t records_end  # where its last record ends (before a blank record)
+    int problem  # the first record that failed a check other than the CRC: why
+    uint64_t problem_offset  # ... and where
+    uint64_t next_offset  # the record the answer stopped before (max_bytes), if any
+    uint32_t next_size  # ... and its size (0: none)
+
+
 cdef bytes _read_raw(Segment *segment, uint64_t offset, uint64_t written,
                      int64_t max_bytes):
-    """read_raw over one segment from ``offset``, on an export of its own: the walk may
-    release the GIL, and the segment may be detached meanwhile."""
-    cdef Py_buffer view
-    cdef uint64_t base = segment.base, size = segment.size, limit, end
-    PyObject_GetBuffer(segment.view.obj, &view, PyBUF_SIMPLE)
-    try:
-        if <uint64_t>view.len < size:
-            _fail("a segment's buffer shrank")
-        limit = min(size, written - base) if written > base else 0
-        end = _walk_raw(<const char *>view.buf, size, base, offset, limit, max_bytes)
-        return _copy_span(<const char *>view.buf + offset, end - offset)
-    finally:
-        PyBuffer_Release(&view)
-
-
-cdef uint64_t _walk_raw(const char *data, uint64_t segment_size, uint64_t base,
-                        uint64_t offset, uint64_t limit, int64_t max_bytes) except? 0:
-    """Where read_raw's answer ends (the twin's loop); raises on a bad record."""
-    cdef uint64_t end = offset, size = 0, at
-    cdef int problem
-    while end < limit:
-        at = base + end
-        if segment_size - end < MQ_BLANK_SIZE_MIN:
-            problem = RECORD_SHORT  # (the twin's struct.unpack_from fails here)
-        else:
-            size = mq_u32(data + end + MQ_AT_SIZE)
-            if mq_u32(data + end + MQ_AT_MAGIC) == MQ_BLANK_MAGIC and \
-                    end + size == segment_size:
-                return segment_size
-            problem = _check_span(data + end, size if end + size <= limit else 0, at)
-        if problem and end == offset:
-            raise InvalidPosition(f"position {at} is not the start of a record "
-                                  f"({_problem_text(problem, data + end)})")
-        if problem:
-            raise CorruptRecord(at, _problem_text(problem, data + end))
-        if end > offset and <int64_t>(end + size - offset) > max_bytes:
-            break
-        end += size
-    return end
-
-
-cdef int _check_span(const char *record, uint64_t size, uint64_t at) except -1:
-    """_check_record with the CRC; the caller's export keeps ``record`` mapped."""
-    cdef int problem
-    if size < GIL_FREE_BYTES:
-        return _check_record(record, size, at, True)
-    with nogil:
-        problem = _check_record(record, size, at, True)
-    return problem
-
-
-cdef bytes _copy_span(const char *source, uint64_t size):
-    """bytes(source[:size]); the caller's export keeps ``source`` mapped."""
-    cdef bytes result = PyBytes_FromStringAndSize(NULL, size)
-    cdef char *target = PyBytes_AS_STRING(result)
-    if size < GIL_FREE_BYTES:
-        memcpy(target, source, size)
+    """read_raw over one segment from ``offset``: the twin's loop in passes, so that the
+    CRCs (most of the work) run on the answer's private copy with the GIL released."""
+    cdef RawWalk walk
+    cdef uint64_t limit = min(segment.size, written - segment.base) \
+        if written > segment.base else 0
+    cdef uint64_t bad
+    cdef bytes answer
+    cdef const char *copy
+    _walk_raw(segment.data, segment.size, segment.base, offset, limit, max_bytes, &walk)
+    answer = PyBytes_FromStringAndSize(segment.data + offset, walk.end - offset)
+    copy = PyBytes_AS_STRING(answer)
+    if walk.records_end - offset < GIL_FREE_BYTES:
+        bad = _first_bad_crc(copy, walk.records_end - offset)
     else:
         with nogil:
-            memcpy(target, source, size)
-    return result
+            bad = _first_bad_crc(copy, walk.records_end - offset)
+    # The twin checks record after record, the CRC last: report what it meets first.
+    if bad < walk.records_end - offset:
+        _raw_problem(RECORD_CRC, copy + bad, segment.base + offset + bad, bad == 0)
+    if walk.next_size and _check_record(segment.data + walk.next_offset, walk.next_size,
+                                        segment.base + walk.next_offset, True):
+        _raw_problem(RECORD_CRC, NULL, segment.base + walk.next_offset, False)
+    if walk.problem:
+        _raw_problem(walk.problem, segment.data + walk.problem_offset,
+                     segment.base + walk.problem_offset, walk.problem_offset == offset)
+    return answer
+
+
+cdef void _walk_raw(const char *data, uint64_t segment_size, uint64_t base,
+                    uint64_t offset, uint64_t limit, int64_t max_bytes,
+                    RawWalk *walk) noexcept:
+    """The twin's read_raw loop, every check but the CRC."""
+    cdef uint64_t end = offset, size
+    walk.problem = RECORD_OK
+    walk.next_size = 0
+    while end < limit:
+        if segment_size - end < MQ_BLANK_SIZE_MIN:  # (the twin's unpack_from fails)
+            walk.problem, walk.problem_offset = RECORD_SHORT, end
+            break
+        size = mq_u32(data + end + MQ_AT_SIZE)
+        if mq_u32(data + end + MQ_AT_MAGIC) == MQ_BLANK_MAGIC and end + size == segment_size:
+            walk.records_end, walk.end = end, segment_size
+            return
+        walk.problem = _check_record(data + end, size if end + size <= limit else 0,
+                                     base + end, False)
+        if walk.problem:
+            walk.problem_offset = end
+            break
+        if end > offset and <int64_t>(end + size - offset) > max_bytes:
+            walk.next_offset, walk.next_size = end, <uint32_t>size
+            break
+        end += size
+    walk.records_end = walk.end = end
+
+
+cdef uint64_t _first_bad_crc(const char *records, uint64_t size) noexcept nogil:
+    """Offset of the first record whose CRC32C is wrong in whole records; else size."""
+    cdef uint64_t at = 0, length
+    while at < size:
+        length = mq_u32(records + at + MQ_AT_SIZE)
+        if mq_crc32c(0, records + at + MQ_CRC_START, length - MQ_CRC_START) != \
+                mq_u32(records + at + MQ_AT_CRC):
+            return at
+        at += length
+    return size
+
+
+cdef int _raw_problem(int problem, const char *record, uint64_t at, bint first) except -1:
+    text = _problem_text(problem, record)
+    if first:
+        raise InvalidPosition(f"position {at} is not the start of a record ({text})")
+    raise CorruptRecord(at, text)
