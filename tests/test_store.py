@@ -420,3 +420,31 @@ def test_config_loads_from_toml(tmp_path):
     path.write_text('[store]\nflush_mode = 3\n')
     with pytest.raises(errors.ConfigError):
         mqlog.config.load(path)
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: s.put("t", b"x", born_timestamp=1 << 63),
+    lambda s: s.put("t", b"x", born_timestamp=-(1 << 63) - 1),
+    lambda s: s.put("t", b"x", properties={1: "a"}),
+    lambda s: s.put_batch("t", [b"x"], properties={b"k": "v"}),
+])
+def test_values_the_header_cannot_hold_are_refused_up_front(open_store, call):
+    store = open_store()
+    kept = store.put("t", b"kept")
+    with pytest.raises(errors.InvalidArgument):
+        call(store)
+    assert store.written_position == kept.end_position
+    assert [r.body for r in store.get("t", 0, 0, 10)] == [b"kept"]
+
+
+def test_append_raw_refuses_epochs_that_go_backwards(open_store, tmp_path):
+    leader = open_store()  # epoch 0 throughout
+    leader.put("t", b"one")
+    second = leader.put("t", b"two")
+    follower = open_store(tmp_path / "follower")
+    follower.set_epoch(4)
+    assert follower.put("t", b"new").end_position == second.position  # same layout
+    data = leader.read_raw(second.position, 1 << 20)
+    with pytest.raises(errors.ReplicaDataRejected, match="epoch 0 is older than 4"):
+        follower.append_raw(second.position, data)
+    assert follower.written_position == second.position and follower.max_offset("t") == 1

@@ -60,7 +60,7 @@ def fsync_directory(directory: Path) -> None:
 class MappedFile:
     """One file mapped shared and writable, with the libc handle used to sync it."""
 
-    __slots__ = ("path", "fd", "buffer", "mapping", "size", "_closing")
+    __slots__ = ("path", "fd", "buffer", "mapping", "size", "_closing", "_warming")
 
     WARM_CHUNK_BYTES = 8 << 20
 
@@ -71,6 +71,7 @@ class MappedFile:
         self.buffer = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
         self.mapping = libc.Mapping(self.buffer)
         self._closing = False
+        self._warming = threading.Lock()  # close() must not release the pointer mid-warm
 
     @classmethod
     def create(cls, path: Path, size: int, preallocate: bool) -> MappedFile:
@@ -111,13 +112,14 @@ class MappedFile:
     def warm(self, start: int = 0) -> None:
         """Fault pages in writable from ``start`` on, a chunk at a time, until closed."""
         for offset in range(start - start % libc.PAGE_SIZE, self.size, self.WARM_CHUNK_BYTES):
-            if self._closing:
-                return
-            try:
-                self.mapping.madvise(offset, offset + self.WARM_CHUNK_BYTES,
-                                     libc.MADV_POPULATE_WRITE)
-            except OSError:
-                return  # an older kernel, or the file is going away: writes fault instead
+            with self._warming:
+                if self._closing:
+                    return
+                try:
+                    self.mapping.madvise(offset, offset + self.WARM_CHUNK_BYTES,
+                                         libc.MADV_POPULATE_WRITE)
+                except OSError:
+                    return  # an older kernel: writes fault pages in instead
 
     def zero_from(self, offset: int, preallocate: bool) -> None:
         """Zero [offset, size): punch a hole (no page is touched), or write zeros."""
@@ -131,7 +133,8 @@ class MappedFile:
             self.buffer[start:end] = chunk[:end - start]
 
     def close(self) -> None:
-        self._closing = True
+        with self._warming:  # waits for at most one warm chunk (~3 ms)
+            self._closing = True
         self.mapping.release()
         self.buffer.close()
         os.close(self.fd)

@@ -223,8 +223,7 @@ cdef enum:
     QUEUE_LIST_IDS = 4096
     U16_MAX = 0xFFFF
     U32_MAX = 0xFFFFFFFF
-    # Fields.too_wide: which header field cannot be packed
-    WIDE_BORN = 1
+    # Fields.too_wide: a text field too long for its u16 size (only if limits exceed caps)
     WIDE_U16 = 2
 
 # Why _check_record refused a record (see _problem_text for the words).
@@ -764,6 +763,9 @@ cdef object _pack_properties(object properties):
     else:
         raise InvalidArgument(f"properties must be a dict or None, got "
                               f"{type(properties).__name__}")
+    for key in properties:
+        if not isinstance(key, str):
+            raise InvalidArgument("properties keys must be str")  # msgpack reads back only str keys
     try:
         return _packb(properties)
     except (TypeError, ValueError, OverflowError) as error:
@@ -779,7 +781,8 @@ cdef int _check_born(Fields *fields, object born_timestamp) except -1:
     if not PyLong_Check(born_timestamp) or PyBool_Check(born_timestamp):
         raise InvalidArgument("born_timestamp must be an int (milliseconds) or None")
     fields.born_timestamp = PyLong_AsLongLongAndOverflow(born_timestamp, &overflow)
-    fields.too_wide = WIDE_BORN if overflow else 0
+    if overflow:
+        raise InvalidArgument("born_timestamp must fit in a signed 64-bit integer (milliseconds)")
     return 0
 
 
@@ -1259,8 +1262,7 @@ cdef class LogCore:
             record = self._slow_slot(queue, size)
             epoch = self.epoch  # (the callbacks ran Python code)
         if fields.too_wide:  # as the twin's HEADER.pack_into
-            raise _struct_error("argument out of range" if fields.too_wide == WIDE_BORN
-                                else "ushort format requires 0 <= number <= 65535")
+            raise _struct_error("ushort format requires 0 <= number <= 65535")
         position = self.written_position
         header.size = size
         header.magic = MQ_MAGIC
@@ -1568,6 +1570,9 @@ cdef class LogCore:
         cdef int problem
         cdef mq_header header
         cdef dict next_offsets = {}
+        cdef list starts = self.epoch_starts
+        # (wraparound is off in this module: no negative indexes)
+        cdef object last_epoch = starts[len(starts) - 1][0] if starts else -1
         if self._segment_count:
             last = self._segments[self._segment_count - 1]
             if position < last.base + last.size:
@@ -1595,6 +1600,10 @@ cdef class LogCore:
             if in_segment and at + size + MQ_BLANK_SIZE_MIN > segment_end:
                 raise ReplicaDataRejected(at, "record does not fit in this replica's segment")
             mq_read_header(p + cursor, &header)
+            if header.epoch < last_epoch:
+                raise ReplicaDataRejected(at, f"epoch {header.epoch} is older than {last_epoch}"
+                                              ", the epoch before it")
+            last_epoch = header.epoch
             if not header.attributes & MQ_ATTR_CONTROL:
                 self._plan_offset(next_offsets, p + cursor, &header, at)
             cursor += size

@@ -372,6 +372,9 @@ class LogCore:
         if born_timestamp is not None and (not isinstance(born_timestamp, int)
                                            or isinstance(born_timestamp, bool)):
             raise InvalidArgument("born_timestamp must be an int (milliseconds) or None")
+        if born_timestamp is not None and not -(1 << 63) <= born_timestamp < (1 << 63):
+            raise InvalidArgument(
+                "born_timestamp must fit in a signed 64-bit integer (milliseconds)")
         return (topic.encode(), key_bytes, tags_bytes, props_bytes, born_timestamp,
                 tag_hash(tags_bytes))
 
@@ -584,6 +587,7 @@ class LogCore:
             if position < last.base + last.size:
                 segment_end = last.base + last.size
         next_offsets: dict[tuple[str, int], int] = {}
+        last_epoch = self.epoch_starts[-1][0] if self.epoch_starts else -1
         while cursor < len(data):
             at = position + cursor
             if len(data) - cursor < BLANK_SIZE_MIN:
@@ -605,6 +609,10 @@ class LogCore:
             if segment_end is not None and at + size + BLANK_SIZE_MIN > segment_end:
                 raise ReplicaDataRejected(at, "record does not fit in this replica's segment")
             record = Record(raw)
+            if record.epoch < last_epoch:
+                raise ReplicaDataRejected(at, f"epoch {record.epoch} is older than {last_epoch}"
+                                              ", the epoch before it")
+            last_epoch = record.epoch
             if not record.attributes & ATTR_CONTROL:
                 key = (record.topic, record.queue_id)
                 expected = next_offsets.get(key)
@@ -811,6 +819,8 @@ def _pack_properties(properties: Any) -> bytes:
     if not isinstance(properties, dict):
         raise InvalidArgument(f"properties must be a dict or None, got "
                               f"{type(properties).__name__}")
+    if not all(isinstance(key, str) for key in properties):
+        raise InvalidArgument("properties keys must be str")  # msgpack reads back only str keys
     try:
         return msgpack.packb(properties)
     except (TypeError, ValueError, OverflowError) as error:
