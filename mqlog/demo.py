@@ -2,7 +2,7 @@
 
 1. write records one by one and in batches into a fresh store;
 2. close it, reopen it (a clean open scans nothing) and read every record back;
-3. sync flush: many producer threads share group commits;
+3. sync flush: many producer threads, then many asyncio tasks, share group commits;
 4. crash: a child process writing with sync flush is killed with SIGKILL; reopening
    recovers, and every record the child saw acknowledged is there.
 
@@ -12,6 +12,7 @@ Run ``python -m mqlog.demo [--records N] [--dir DIR]``.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import shutil
 import signal
@@ -87,6 +88,26 @@ def group_commit(directory: Path, table: Table, threads: int = 64, each: int = 3
                       "records per fsync")
 
 
+def group_commit_asyncio(directory: Path, table: Table, tasks: int = 256,
+                         each: int = 100) -> None:
+    with mqlog.open(directory, flush_mode="sync", segment_size_bytes=64 << 20) as store:
+        async def produce(worker: int) -> None:
+            for _ in range(each):
+                result = await store.put_async("sync", BODY, queue_id=worker % 4)
+                assert result.status.name == "PUT_OK"
+
+        async def main() -> None:
+            await asyncio.gather(*(produce(w) for w in range(tasks)))
+
+        started = time.perf_counter()
+        asyncio.run(main())
+        elapsed = time.perf_counter() - started
+        total = tasks * each
+        table.add_row(f"sync put_async, {tasks} asyncio tasks", f"{total:,}",
+                      f"{_rate(total, elapsed)}, {total / max(1, store.flush_count):.0f} "
+                      "records per fsync")
+
+
 def crash_and_recover(directory: Path, table: Table) -> None:
     child = subprocess.Popen([sys.executable, "-m", "mqlog.demo", "--child", str(directory)],
                              stdout=subprocess.PIPE, text=True)
@@ -138,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         write_and_read(work / "embedded", args.records, table)
         group_commit(work / "sync", table)
+        group_commit_asyncio(work / "sync-asyncio", table)
         crash_and_recover(work / "crash", table)
     finally:
         console.print(table)

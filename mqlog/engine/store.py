@@ -318,7 +318,12 @@ class Store:
         return self.core.append_raw(position, data)
 
     def truncate(self, position: int) -> None:
-        """Cut the log (and every queue) back to ``position``, a record boundary."""
+        """Cut the log (and every queue) back to ``position``, a record boundary.
+
+        Call it while no other thread writes (replication layers call it from their one
+        driver thread): a put that rolls to a new segment during a truncation can meet
+        a dropped segment's file before it is deleted.
+        """
         self._check_open()
         with self._flusher.paused():
             self._truncate(position)
