@@ -105,6 +105,11 @@ class FlushService:
                 waiters = self._loops[loop] = _LoopWaiters(loop, self)
                 self._loops = {k: v for k, v in self._loops.items() if not k.is_closed()}
         future = waiters.add(end_position, self._config.flush_sync_timeout_ms / 1000)
+        # A flush published between _settled and add skipped this loop (its deque was
+        # empty then): look again now that the future is queued, or it would wait for
+        # its deadline although the record is durable.
+        if self.flushed_position >= end_position:
+            waiters.resolve(self.flushed_position)
         return self._raise_error_or(await future)
 
     def _request_from_loop(self, end_position: int) -> None:
