@@ -11,7 +11,9 @@
    deleted.
 4. Consume queues: entries that point at or past the scan's start are dropped before
    the scan (it re-creates the ones whose records survived), so no queue can point
-   into the dead tail. If a queue cannot take a scanned record (files lost or edited),
+   into the dead tail. The queue manifest says which queues exist and where each
+   starts (and, after a clean close, ends); if the files disagree with it (a queue or
+   a file lost, a gap), if it is missing, or if a queue cannot take a scanned record,
    every queue is rebuilt from the first segment.
 
 The result is a RecoveryReport: what was scanned, what was dropped and where, and how
