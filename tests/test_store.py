@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -448,3 +449,32 @@ def test_append_raw_refuses_epochs_that_go_backwards(open_store, tmp_path):
     with pytest.raises(errors.ReplicaDataRejected, match="epoch 0 is older than 4"):
         follower.append_raw(second.position, data)
     assert follower.written_position == second.position and follower.max_offset("t") == 1
+
+
+def test_truncate_while_another_thread_writes(open_store):
+    store = open_store()
+    segment = SMALL["segment_size_bytes"]
+    failures: list[BaseException] = []
+    stop = threading.Event()
+
+    def writer() -> None:
+        try:
+            while not stop.is_set():
+                store.put("t", b"w" * 3000)
+        except BaseException as error:  # reported below
+            failures.append(error)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        for _ in range(15):
+            deadline = time.monotonic() + 30
+            while store.written_position < 3 * segment and not failures:
+                assert time.monotonic() < deadline, "the writer stopped making progress"
+            store.truncate(0)  # drops segments while the writer keeps rolling into new ones
+    finally:
+        stop.set()
+        thread.join()
+    assert failures == []
+    offsets = [r.offset for r in store.get("t", 0, 0, 10_000, 1 << 26)]
+    assert offsets == list(range(len(offsets)))

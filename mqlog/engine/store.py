@@ -320,9 +320,7 @@ class Store:
     def truncate(self, position: int) -> None:
         """Cut the log (and every queue) back to ``position``, a record boundary.
 
-        Call it while no other thread writes (replication layers call it from their one
-        driver thread): a put that rolls to a new segment during a truncation can meet
-        a dropped segment's file before it is deleted.
+        Other threads may keep writing: they continue from ``position`` afterwards.
         """
         self._check_open()
         with self._flusher.paused():
@@ -333,7 +331,17 @@ class Store:
         # Lower the checkpoint first: a crash from here on recovers from <= position.
         start = min(position, self._checkpoint_position())
         cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(start, start, _now_ms()))
-        dropped_segments, dropped_files = self.core.truncate(position)
+        self.core.truncate(position, self._delete_dropped)
+        self._flusher.reset(position)
+        for key, flushed in self._queue_flushed.items():
+            offsets = self.core.queue_offsets(*key)
+            self._queue_flushed[key] = min(flushed, offsets[1] if offsets else 0)
+        self._save_epochs()
+
+    def _delete_dropped(self, dropped_segments: list[int],
+                        dropped_files: list[tuple[str, int, int]]) -> None:
+        """Delete what a truncation dropped, under the core's write lock: a writer that
+        rolls right after must not meet an old file of the same name."""
         self._allocator.discard()
         for base in dropped_segments:
             self._segments.pop(base).remove()
@@ -342,11 +350,6 @@ class Store:
             victim = next(f for f in files if f.path.name == file_name(base_offset))
             files.remove(victim)
             victim.remove()
-        self._flusher.reset(position)
-        for key, flushed in self._queue_flushed.items():
-            offsets = self.core.queue_offsets(*key)
-            self._queue_flushed[key] = min(flushed, offsets[1] if offsets else 0)
-        self._save_epochs()
 
     @property
     def epoch(self) -> int:

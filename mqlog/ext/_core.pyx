@@ -1700,11 +1700,13 @@ cdef class LogCore:
         self._dispatch_queue = queue
         return queue
 
-    def truncate(self, position):
+    def truncate(self, position, on_dropped=None):
         """Cut the log back to ``position`` (a record boundary); return what was dropped.
 
         Returns the bases of whole segments dropped and the (topic, queue id, base offset)
-        of whole consume-queue files dropped, for the engine to delete.
+        of whole consume-queue files dropped. ``on_dropped(segments, files)``, if given,
+        runs before the write lock is released, so the engine can delete those files
+        before any writer could want a new file of the same name.
         """
         cdef uint64_t start
         self._acquire()
@@ -1722,6 +1724,8 @@ cdef class LogCore:
             self.epoch_starts = [(e, p) for e, p in self.epoch_starts if p < position]
             self.written_position = start
             self.committed_position = min(self.committed_position, start)
+            if on_dropped is not None:
+                on_dropped(dropped_segments, dropped_files)
             return dropped_segments, dropped_files
         finally:
             self._release()

@@ -663,11 +663,14 @@ class LogCore:
         self._ensure_queue_room(queue)
         self._index(queue, record.position, record.size, tag_hash(record.tags))
 
-    def truncate(self, position: int) -> tuple[list[int], list[tuple[str, int, int]]]:
+    def truncate(self, position: int, on_dropped: Callable[[list, list], None] | None = None
+                 ) -> tuple[list[int], list[tuple[str, int, int]]]:
         """Cut the log back to ``position`` (a record boundary); return what was dropped.
 
         Returns the bases of whole segments dropped and the (topic, queue id, base offset)
-        of whole consume-queue files dropped, for the engine to delete.
+        of whole consume-queue files dropped. ``on_dropped(segments, files)``, if given,
+        runs before the write lock is released, so the engine can delete those files
+        before any writer could want a new file of the same name.
         """
         with self._lock:
             if not 0 <= position <= self.written_position:
@@ -682,6 +685,8 @@ class LogCore:
             self.epoch_starts = [(e, p) for e, p in self.epoch_starts if p < position]
             self.written_position = position
             self.committed_position = min(self.committed_position, position)
+            if on_dropped is not None:
+                on_dropped(dropped_segments, dropped_files)
             return dropped_segments, dropped_files
 
     def check_boundary(self, position: int) -> None:
