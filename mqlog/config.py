@@ -55,6 +55,21 @@ class StoreConfig:
     verify_crc_on_read: bool = True
     read_count_max: int = 65_536  # max_count accepted by get()
     read_size_bytes_max: int = 64 * MiB  # max_bytes accepted by get() and read_raw()
+    subscription_tags_max: int = 64  # tags one filter expression ("A || B") may name
+    pull_scan_count_max: int = 100_000  # entries one filtered pull may examine
+    query_count_max: int = 4_096  # max_count accepted by query() and query_by_time()
+    # --- key index ----------------------------------------------------------------
+    index_slots_per_file: int = 1 << 20  # hash buckets (4 bytes each)
+    index_entries_per_file: int = 1 << 22  # keyed records per file (32 bytes each)
+    index_key_hash_bits: int = 64  # fewer bits force hash collisions (tests)
+    index_interval_ms: int = 200  # the indexer follows the committed position this often
+    index_batch_count_max: int = 65_536  # records indexed per core call (bounds GIL holds)
+    # --- retention (Kafka's log.retention.ms / .bytes; -1 keeps everything) -----------
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int = -1
+    retention_check_interval_ms: int = 300_000
+    # --- consumer groups ----------------------------------------------------------
+    group_name_length_max: int = 255
 
     def validate(self) -> StoreConfig:
         """Check every value and their combinations; return self so calls chain."""
@@ -69,7 +84,11 @@ class StoreConfig:
                           "consume_queue_entries_per_file", "flush_interval_ms",
                           "flush_pages_min", "flush_thorough_interval_ms",
                           "flush_sync_timeout_ms", "checkpoint_interval_ms",
-                          "read_count_max", "read_size_bytes_max")
+                          "read_count_max", "read_size_bytes_max", "subscription_tags_max",
+                          "pull_scan_count_max", "query_count_max", "index_slots_per_file",
+                          "index_entries_per_file", "index_interval_ms",
+                          "index_batch_count_max", "retention_check_interval_ms",
+                          "group_name_length_max")
         if self.segment_size_bytes % PAGE_SIZE or self.segment_size_bytes < 16 * PAGE_SIZE:
             raise ConfigError(
                 f"segment_size_bytes={self.segment_size_bytes} must be a multiple of "
@@ -88,6 +107,16 @@ class StoreConfig:
                           ("topic_length_max", 255), ("queue_id_max", 0xFFFF_FFFF)):
             if getattr(self, name) > cap:
                 raise ConfigError(f"{name} must be at most {cap} (a field of the record header)")
+        if self.subscription_tags_max > 256:
+            raise ConfigError("subscription_tags_max must be at most 256")
+        for name in ("index_slots_per_file", "index_entries_per_file"):
+            if getattr(self, name) >= 1 << 31:
+                raise ConfigError(f"{name} must stay below 2**31 (entries are numbered in u32)")
+        if not 1 <= self.index_key_hash_bits <= 64:
+            raise ConfigError("index_key_hash_bits must be in 1..64")
+        for name in ("retention_ms", "retention_bytes"):
+            if getattr(self, name) < -1:
+                raise ConfigError(f"{name} must be -1 (keep everything) or at least 0")
         if self.queue_id_max < 0:
             raise ConfigError("queue_id_max must be at least 0")
         if self.flush_mode not in ("async", "sync"):

@@ -41,3 +41,12 @@ class BatchPutResult(NamedTuple):
 
 
 PUT_OK = PutStatus.PUT_OK
+
+
+class PullResult(NamedTuple):
+    """What a (possibly filtered) pull found, and where the consumer goes next."""
+
+    records: list  # the matching records, in offset order
+    next_offset: int  # pull from here next time: every offset before it was examined
+    min_offset: int  # the queue's lowest stored offset
+    max_offset: int  # one past the queue's last committed offset

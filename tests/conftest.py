@@ -20,7 +20,8 @@ except ImportError:
 
 # Small files so that rolls, blanks and multi-file queues happen in every test.
 SMALL = dict(segment_size_bytes=64 * 1024, message_size_bytes_max=16 * 1024,
-             consume_queue_entries_per_file=64, checkpoint_interval_ms=50)
+             consume_queue_entries_per_file=64, checkpoint_interval_ms=50,
+             index_slots_per_file=64, index_entries_per_file=512)
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

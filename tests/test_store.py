@@ -202,6 +202,7 @@ def test_reopen_after_a_crash_scans_from_the_checkpoint(open_store, tmp_path):
         store.put("t", i.to_bytes(4, "little"))
     store.flush()
     store.core.fence(errors.StoreClosed("simulated crash"))  # no clean close
+    store._maintenance.stop()
     store._flusher.stop()
     store._release_files()
     os.close(store._lock_fd)

@@ -8,8 +8,9 @@ first segment". At a clean close it also records where the log ends.
 
 The epoch file lists the first position of each epoch, like Kafka's
 leader-epoch-checkpoint; the queue manifest lists every queue with its minimum and next
-offset, so recovery notices lost consume-queue files. Both are text with a CRC32C
-trailer, rewritten the same atomic way whenever they change.
+offset, so recovery notices lost consume-queue files; the consumer-offsets file holds
+each consumer group's committed offsets. All three are text with a CRC32C trailer,
+rewritten the same atomic way whenever they change.
 """
 
 from __future__ import annotations
@@ -114,6 +115,25 @@ def read_queues(path: Path) -> dict[tuple[str, int], tuple[int, int]] | None:
         return None if lines is None else {
             (topic, int(queue_id)): (int(low), int(high))
             for topic, queue_id, low, high in map(str.split, lines)}
+    except ValueError:
+        return None
+
+
+def write_offsets(path: Path, offsets: dict[tuple[str, str, int], int]) -> None:
+    """Consumer offsets: (group, topic, queue id) -> the next offset the group reads."""
+    _write_crc_text(path, "offsets", [f"{group} {topic} {queue_id} {offset}" for
+                                      (group, topic, queue_id), offset in sorted(offsets.items())])
+
+
+def read_offsets(path: Path) -> dict[tuple[str, str, int], int] | None:
+    """The consumer offsets ({} if the file is missing), or None if it is damaged."""
+    if not path.exists():
+        return {}
+    lines = _read_crc_text(path, "offsets")
+    try:
+        return None if lines is None else {
+            (group, topic, int(queue_id)): int(offset)
+            for group, topic, queue_id, offset in map(str.split, lines)}
     except ValueError:
         return None
 

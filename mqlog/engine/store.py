@@ -32,6 +32,7 @@ from typing import Any
 from mqlog import ext
 from mqlog.config import StoreConfig
 from mqlog.engine import checkpoint as cp
+from mqlog.engine import queries
 from mqlog.engine.files import (
     MappedFile,
     SegmentAllocator,
@@ -40,7 +41,11 @@ from mqlog.engine.files import (
     numbered_files,
 )
 from mqlog.engine.flush import FlushService
+from mqlog.engine.index import KeyIndex
+from mqlog.engine.maintenance import Maintenance
+from mqlog.engine.offsets import ConsumerOffsets
 from mqlog.engine.recovery import RecoveryReport, recover
+from mqlog.engine.retention import RetentionReport, plan_log_start
 from mqlog.errors import (
     ConsumeQueueMismatch,
     CorruptStore,
@@ -53,7 +58,7 @@ from mqlog.errors import (
     StoreFailed,
     StoreLocked,
 )
-from mqlog.results import PutResult, PutStatus
+from mqlog.results import PullResult, PutResult, PutStatus
 
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._%|-]+$")
 _CQ_ENTRY = 20
@@ -100,6 +105,14 @@ class StorePaths:
     def queues(self) -> Path:
         return self.root / "queues"
 
+    @property
+    def index(self) -> Path:
+        return self.root / "index"
+
+    @property
+    def consumer_offsets(self) -> Path:
+        return self.root / "consumer_offsets"
+
     def queue_dir(self, topic: str, queue_id: int) -> Path:
         return self.consumequeue / topic / str(queue_id)
 
@@ -132,6 +145,8 @@ class Store:
         self._queue_flushed: dict[tuple[str, int], int] = {}
         self._epochs_saved: list[tuple[int, int]] = []
         self._queues_saved: list[tuple[str, int, int]] | None = None
+        self._retired: list[MappedFile] = []  # deleted by retention, unmapped next pass
+        self._clock_ms = clock_ms
         self._closed = False
         self._lock_fd = self._take_lock()
         try:
@@ -158,6 +173,10 @@ class Store:
             clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read)
         self.recovery_report: RecoveryReport = recover(self)
         end = self.recovery_report.end_position
+        self.key_index = KeyIndex(paths.index, self.core, self.core_module, config)
+        self.key_index.open(self.first_segment_base(), end,
+                            crashed=not self.recovery_report.clean)
+        self._offsets = ConsumerOffsets(paths.consumer_offsets, config.group_name_length_max)
         self._sync_all_queues()
         self._sync_log(self.first_segment_base(), end)
         self._save_epochs()
@@ -174,6 +193,8 @@ class Store:
             checkpoint=self._checkpoint, on_flushed=self._on_flushed,
             on_failure=self._on_flush_failure, flushed_position=end)
         self._flusher.start()
+        self._maintenance = Maintenance(self)
+        self._maintenance.start()
         bases = self.core.segment_bases()
         if bases:  # warm the active segment past the end, and make the next one
             active = self._segments[bases[-1]]
@@ -248,13 +269,36 @@ class Store:
         return result
 
     def get(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
-            max_bytes: int = 1 << 20) -> list:
+            max_bytes: int = 1 << 20, tags: str | None = None) -> list:
         """Committed records of one queue from ``offset``, in order.
 
         Returns at most ``max_count`` records and stops before ``max_bytes`` would be
         exceeded, but always returns the next record if one is visible. An offset below
-        the queue's minimum or past its end raises OffsetOutOfRange.
+        the queue's minimum or past its end raises OffsetOutOfRange. ``tags`` filters
+        with a subscription expression (``"TagA || TagB"``, ``"*"``); a filtered read
+        examines at most ``pull_scan_count_max`` entries, so use ``pull`` to continue.
         """
+        if tags is not None:
+            return self.pull(topic, queue_id, offset, max_count, max_bytes, tags).records
+        self._check_read(offset, max_count, max_bytes)
+        return self.core.get(topic, queue_id, offset, max_count, max_bytes)
+
+    def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
+             max_bytes: int = 1 << 20, tags: str | None = None) -> PullResult:
+        """``get`` for consumers: the records (filtered by ``tags``, as ``get``) and the
+        offset to pull from next, which moves past filtered-out records too."""
+        self._check_read(offset, max_count, max_bytes)
+        names = queries.parse_subscription(tags, self.config.subscription_tags_max)
+        hashes = () if names is None else tuple(self.core_module.tag_hash(name)
+                                                for name in names)
+        records, next_offset = self.core.pull(topic, queue_id, offset, max_count, max_bytes,
+                                              hashes, self.config.pull_scan_count_max)
+        if names is not None:
+            records = [record for record in records if record.tags in names]
+        return PullResult(records, next_offset, self.min_offset(topic, queue_id),
+                          self.max_offset(topic, queue_id))
+
+    def _check_read(self, offset: Any, max_count: Any, max_bytes: Any) -> None:
         self._check_open()
         if not 1 <= max_count <= self.config.read_count_max:
             raise InvalidArgument(f"max_count must be in 1..{self.config.read_count_max}")
@@ -262,7 +306,118 @@ class Store:
             raise InvalidArgument(f"max_bytes must be in 1..{self.config.read_size_bytes_max}")
         if not isinstance(offset, int) or isinstance(offset, bool):
             raise InvalidArgument(f"offset must be an int, got {offset!r}")
-        return self.core.get(topic, queue_id, offset, max_count, max_bytes)
+
+    def query(self, topic: str, key: str, begin_ts: int | None = None,
+              end_ts: int | None = None, max_count: int = 64) -> list:
+        """Records of ``topic`` whose key is exactly ``key``, newest first, optionally
+        only those stored in [begin_ts, end_ts] (milliseconds)."""
+        self._check_open()
+        if not isinstance(key, str) or not key:
+            raise InvalidArgument(f"key must be a non-empty str, got {key!r}")
+        if not isinstance(topic, str):
+            raise InvalidArgument(f"topic must be a str, got {topic!r}")
+        return queries.query_by_key(
+            self, topic, key, queries.check_timestamp("begin_ts", begin_ts, queries.TIME_MIN),
+            queries.check_timestamp("end_ts", end_ts, queries.TIME_MAX),
+            self._check_query_count(max_count))
+
+    def query_by_time(self, topic: str, begin_ts: int, end_ts: int,
+                      max_count: int = 64) -> list:
+        """Records of ``topic`` stored in [begin_ts, end_ts] (milliseconds), oldest first."""
+        self._check_open()
+        return queries.query_by_time(
+            self, topic, queries.check_timestamp("begin_ts", begin_ts, queries.TIME_MIN),
+            queries.check_timestamp("end_ts", end_ts, queries.TIME_MAX),
+            self._check_query_count(max_count))
+
+    def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first offset of the queue whose store timestamp is at least
+        ``timestamp_ms`` (Kafka's offsetsForTimes); the max offset if none is."""
+        self._check_open()
+        return queries.offset_for_timestamp(self, topic, queue_id, timestamp_ms)
+
+    def _check_query_count(self, max_count: Any) -> int:
+        if not isinstance(max_count, int) or not 1 <= max_count <= self.config.query_count_max:
+            raise InvalidArgument(f"max_count must be in 1..{self.config.query_count_max}")
+        return max_count
+
+    # --- consumer groups -------------------------------------------------------------
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Record that ``group`` will next read ``offset`` of the queue; durable on return."""
+        self.commit_offsets(group, {(topic, queue_id): offset})
+
+    def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
+        """``commit_offset`` for many queues at once, in one atomic write."""
+        self._check_open()
+        for (topic, queue_id), offset in offsets.items():
+            high = self.max_offset(topic, queue_id)
+            if not isinstance(offset, int) or isinstance(offset, bool) or \
+                    not 0 <= offset <= high:
+                raise InvalidArgument(f"cannot commit offset {offset!r} for {topic!r}/"
+                                      f"{queue_id}: it must be an int in [0, {high}]")
+        self._offsets.commit(group, offsets)
+
+    def committed_offset(self, group: str, topic: str, queue_id: int = 0) -> int | None:
+        """The offset ``group`` committed for the queue, or None if it never did."""
+        self._offsets.check_group(group)
+        return self._offsets.get(group, topic, queue_id)
+
+    def lag(self, group: str, topic: str | None = None) -> dict[tuple[str, int], int]:
+        """Records each queue holds past ``group``'s committed offset: the queues the
+        group committed, and every queue of ``topic`` if one is named (an uncommitted
+        queue's lag counts from its minimum offset)."""
+        self._offsets.check_group(group)
+        committed = self._offsets.of_group(group)
+        wanted = set(committed) | {queue for queue in self.queues() if queue[0] == topic}
+        return {(name, queue_id): self.max_offset(name, queue_id) - committed.get(
+            (name, queue_id), self.min_offset(name, queue_id)) for name, queue_id in
+            sorted(wanted)}
+
+    def groups(self) -> list[str]:
+        """Every consumer group that committed an offset."""
+        return self._offsets.groups()
+
+    # --- retention -------------------------------------------------------------------
+
+    def apply_retention(self, now_ms: int | None = None) -> RetentionReport:
+        """Delete the segments retention_ms / retention_bytes let go (see retention.py).
+
+        Runs by itself every ``retention_check_interval_ms``; ``now_ms`` replaces the
+        clock (the store's ``clock_ms``, else the wall clock)."""
+        self._check_open()
+        if now_ms is None:
+            now_ms = self._clock_ms() if self._clock_ms is not None else _now_ms()
+        retired, self._retired = self._retired, []
+        for mapped in retired:
+            mapped.close()
+        with self._flusher.paused(), self.key_index.lock:
+            before = self.first_segment_base()
+            start = plan_log_start(self, now_ms)
+            if start == before:
+                return RetentionReport(before)
+            dropped, _files = self.core.trim_front(start, self._delete_front)
+            self.key_index.trim_front(start)
+            self._save_queues(force=True)
+            self._save_epochs()
+        return RetentionReport(start, dropped, start - before)
+
+    def _delete_front(self, dropped_segments: list[int],
+                      dropped_files: list[tuple[str, int, int]]) -> None:
+        """Unlink what retention dropped (under the core's write lock); keep the mappings
+        until the next pass. Segments go first: a crash between the two leaves queue
+        entries of missing records, which opening drops, never records without entries."""
+        for base in dropped_segments:
+            mapped = self._segments.pop(base)
+            mapped.path.unlink()
+            self._retired.append(mapped)
+        for topic, queue_id, base_offset in dropped_files:
+            files = self._queue_files[(topic, queue_id)]
+            victim = next(f for f in files if f.path.name == file_name(base_offset))
+            files.remove(victim)
+            victim.path.unlink()
+            self._retired.append(victim)
+        fsync_directory(self.paths.commitlog)
 
     def read_record(self, position: int) -> Any:
         """The committed record that starts at commit-log ``position``."""
@@ -328,6 +483,8 @@ class Store:
 
     def _truncate(self, position: int) -> None:
         self.core.check_boundary(position)
+        with self.key_index.lock:
+            self.key_index.truncate(position)
         # Lower the checkpoint first: a crash from here on recovers from <= position.
         start = min(position, self._checkpoint_position())
         cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(start, start, _now_ms()))
@@ -389,9 +546,13 @@ class Store:
             return
         self._closed = True
         self.core.fence(StoreClosed(f"store {self.paths.root} is closed; open it again"))
+        self._maintenance.stop()
         self._flusher.stop()
         failed = self._flusher.error
         if failed is None:
+            with self.key_index.lock:
+                self.key_index.catch_up()
+                self.key_index.close()
             end = self.core.written_position
             self._sync_all_queues()
             self._save_epochs()
@@ -421,6 +582,11 @@ class Store:
     def _release_files(self) -> None:
         if hasattr(self, "_allocator"):
             self._allocator.close()
+        if hasattr(self, "key_index"):
+            self.key_index.close_unsealed()
+        for mapped in self._retired:
+            mapped.close()
+        self._retired.clear()
         if hasattr(self, "core"):
             self.core.release()
         for mapped in self._segments.values():
@@ -518,6 +684,9 @@ class Store:
         files = [MappedFile.open(path) for _, path in numbered_files(directory)]
         try:
             kept = _trim_queue_files(files, scan_from)
+            log_start = self.first_segment_base()
+            while len(kept) > 1 and _first_live_entry(kept[1], log_start) > 0:
+                kept.pop(0).remove()  # retention was cut short: only older entries here
             if not kept:
                 return
             per_file = kept[0].size // _CQ_ENTRY or self.config.consume_queue_entries_per_file

@@ -155,8 +155,13 @@ cdef extern from "layout.h" nogil:
         uint16_t tags_size
         uint32_t properties_size
 
+    const uint64_t MQ_FNV_OFFSET
+    const uint64_t MQ_FNV_PRIME
+
     uint32_t mq_u32(const char *p)
     uint64_t mq_u64(const char *p)
+    int64_t mq_i64(const char *p)
+    void mq_put_i64(char *p, int64_t v)
     void mq_put_u32(char *p, uint32_t v)
     void mq_put_u64(char *p, uint64_t v)
     void mq_read_header(const char *p, mq_header *h)
@@ -188,6 +193,11 @@ BLANK = struct.Struct("<II")
 CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
 CQ_ENTRY_SIZE = CQ_ENTRY.size
 ATTR_CONTROL = 0x0001  # reserved: control records (no consume-queue entry)
+INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")  # the key-index file (docs/FORMAT.md)
+INDEX_HEADER_SIZE = INDEX_HEADER.size
+INDEX_MAGIC = int.from_bytes(b"MQI\x01", "little")
+INDEX_ENTRY = struct.Struct("<QQqII")
+INDEX_ENTRY_SIZE = INDEX_ENTRY.size
 
 # Reasons a scan stops (ScanResult.stop_reason).
 STOP_END = "end"  # zero bytes: the end of the data
@@ -223,6 +233,15 @@ cdef enum:
     QUEUE_LIST_IDS = 4096
     U16_MAX = 0xFFFF
     U32_MAX = 0xFFFFFFFF
+    # pull(): the most tag hashes a filter may carry (the engine's limit is lower)
+    TAG_HASHES_MAX = 256
+    # The key-index file: header, then u32 slots, then 32-byte entries.
+    IX_HEADER_SIZE = 64
+    IX_ENTRY_SIZE = 32
+    # _header_at's answers
+    HEADER_NONE = 0
+    HEADER_RECORD = 1
+    HEADER_BLANK = 2
     # Fields.too_wide: a text field too long for its u16 size (only if limits exceed caps)
     WIDE_U16 = 2
 
@@ -298,6 +317,29 @@ def tag_hash(tags):
     finally:
         PyBuffer_Release(&view)
     return value
+
+
+cdef inline uint64_t _fnv_more(uint64_t value, const char *data, size_t size) noexcept nogil:
+    cdef size_t index
+    for index in range(size):
+        value = (value ^ <unsigned char>data[index]) * MQ_FNV_PRIME
+    return value
+
+
+cdef inline uint64_t _key_hash(const char *topic, size_t topic_size, const char *key,
+                               size_t key_size, uint64_t hash_bits) noexcept nogil:
+    cdef char zero = 0
+    cdef uint64_t value = _fnv_more(MQ_FNV_OFFSET, topic, topic_size)
+    value = _fnv_more(_fnv_more(value, &zero, 1), key, key_size)
+    return value & (((<uint64_t>1) << hash_bits) - 1) if hash_bits < 64 else value
+
+
+def key_hash(topic, key, hash_bits=64):
+    """The key index's hash of (topic, key): FNV-1a 64 of ``topic \\0 key``, keeping the
+    low ``hash_bits`` bits (fewer bits force collisions: a test knob)."""
+    cdef bytes topic_bytes = topic.encode(), key_bytes = key.encode()
+    return _key_hash(PyBytes_AS_STRING(topic_bytes), PyBytes_GET_SIZE(topic_bytes),
+                     PyBytes_AS_STRING(key_bytes), PyBytes_GET_SIZE(key_bytes), hash_bits)
 
 
 def _tag_hash_of_ints(tags):
@@ -638,6 +680,16 @@ cdef class _Queue:
         else:
             self.last_base = 0
             self.last_data = NULL
+
+    cdef void release_front(self, Py_ssize_t count) noexcept:
+        """Release the first ``count`` files (retention); at least one must remain."""
+        cdef Py_ssize_t index
+        for index in range(count):
+            PyBuffer_Release(&self.files[index].view)
+            PyMem_Free(self.files[index])
+        for index in range(self.file_count - count):
+            self.files[index] = self.files[index + count]
+        self.file_count -= count
 
     cdef Py_ssize_t file_index(self, uint64_t offset) except -1:
         """Index of the file holding ``offset``."""
@@ -1417,20 +1469,75 @@ cdef class LogCore:
         ``max_bytes``, so a consumer always makes progress (Kafka's rule).
         """
         cdef _Queue queue = self._find_queue(topic, queue_id)
-        cdef uint64_t min_offset = 0, next_offset = 0, start, stop, count
-        cdef int sign
+        cdef uint64_t start, stop, count
+        self._check_read_offset(queue, topic, queue_id, offset, &start)
+        if _clamp_u64(max_count, &count) < 0 or queue is None:
+            return []  # max_count <= 0 (or no queue) asks for nothing
+        stop = queue.next_offset if count >= queue.next_offset - start else start + count
+        return self._read_queue(queue, start, stop, _clamp_i64(max_bytes))
+
+    cdef int _check_read_offset(self, _Queue queue, object topic, object queue_id,
+                                object offset, uint64_t *start) except -1:
+        cdef uint64_t min_offset = 0, next_offset = 0
         if queue is not None:
             min_offset, next_offset = queue.min_offset, queue.next_offset
-        sign = _clamp_u64(offset, &start)
-        if sign != 0 or not min_offset <= start <= next_offset:
+        if _clamp_u64(offset, start) != 0 or not min_offset <= start[0] <= next_offset:
             raise OffsetOutOfRange(
                 f"offset {offset} is outside [{min_offset}, {next_offset}] of queue "
                 f"{topic!r}/{queue_id}; seek to a valid offset", min_offset=min_offset,
                 max_offset=next_offset)
-        if _clamp_u64(max_count, &count) < 0 or queue is None:
-            return []  # max_count <= 0 (or no queue) asks for nothing
-        stop = next_offset if count >= next_offset - start else start + count
-        return self._read_queue(queue, start, stop, _clamp_i64(max_bytes))
+        return 0
+
+    def pull(self, topic, queue_id, offset, max_count, max_bytes, tag_hashes, scan_count_max):
+        """``get`` with a tag filter: returns (records, next offset to pull from).
+
+        Entries whose consume-queue tag hash is not in ``tag_hashes`` are skipped without
+        touching the commit log (an empty tuple keeps every record). At most
+        ``scan_count_max`` entries are examined, so the answer may be empty while the
+        next offset moves on: a consumer always makes progress.
+        """
+        cdef _Queue queue = self._find_queue(topic, queue_id)
+        cdef uint64_t hashes[TAG_HASHES_MAX]
+        cdef Py_ssize_t hash_count = len(tag_hashes), index
+        cdef uint64_t start, count, scan, stop
+        self._check_read_offset(queue, topic, queue_id, offset, &start)
+        if hash_count > TAG_HASHES_MAX:
+            raise InvalidArgument(f"a tag filter may name at most {TAG_HASHES_MAX} tags")
+        for index in range(hash_count):
+            _clamp_u64(tag_hashes[index], &hashes[index])
+        _clamp_u64(max_count, &count)
+        _clamp_u64(scan_count_max, &scan)
+        if queue is None:
+            return [], start
+        stop = queue.next_offset if scan >= queue.next_offset - start else start + scan
+        return self._pull(queue, start, stop, count, _clamp_i64(max_bytes), hashes, hash_count)
+
+    cdef tuple _pull(self, _Queue queue, uint64_t index, uint64_t stop, uint64_t count,
+                     int64_t max_bytes, const uint64_t *hashes, Py_ssize_t hash_count):
+        cdef list records = []
+        cdef uint64_t position, committed = self.committed_position, total = 0
+        cdef uint32_t size
+        cdef const char *entry
+        while index < stop and <uint64_t>len(records) < count:
+            # Checked every time: a large record is read with the GIL released, and
+            # meanwhile a truncation or retention may move the queue's ends.
+            if index < queue.min_offset or index >= queue.next_offset:
+                break
+            entry = queue.entry(index)
+            position = mq_u64(entry + MQ_CQ_AT_POSITION)
+            size = mq_u32(entry + MQ_CQ_AT_SIZE)
+            if position > committed or size > committed - position:
+                break
+            if hash_count and not _has_hash(hashes, hash_count,
+                                            mq_u64(entry + MQ_CQ_AT_HASH)):
+                index += 1
+                continue
+            if records and <int64_t>(total + size) > max_bytes:
+                break
+            records.append(self._read_at(position, size))
+            total += size
+            index += 1
+        return records, index
 
     cdef list _read_queue(self, _Queue queue, uint64_t start, uint64_t stop,
                           int64_t max_bytes):
@@ -1442,8 +1549,8 @@ cdef class LogCore:
         cdef const char *entry
         for index in range(start, stop):
             # Checked every time: a large record is read with the GIL released, and
-            # meanwhile a truncation may cut the queue (then the answer ends here).
-            if index >= queue.next_offset:
+            # meanwhile a truncation or retention may move the queue's ends.
+            if index >= queue.next_offset or index < queue.min_offset:
                 break
             if file_index < 0 or file_index >= queue.file_count or \
                     index - queue.files[file_index].base >= queue.entries_per_file:
@@ -1730,6 +1837,144 @@ cdef class LogCore:
         finally:
             self._release()
 
+    def trim_front(self, log_start, on_dropped=None):
+        """Drop every segment below ``log_start`` (retention); return what was dropped.
+
+        ``log_start`` must be the base of a segment that starts at or below the committed
+        position. Every queue's minimum offset moves to its first record at or after
+        ``log_start``; its consume-queue files that hold only earlier entries are dropped
+        (the last one always stays). Returns and reports through ``on_dropped`` like
+        ``truncate``. Runs with the GIL held throughout, so a reader (which rechecks the
+        queue's minimum whenever it may have let the GIL go) never meets a freed file.
+        """
+        cdef uint64_t start
+        cdef Py_ssize_t index = 0, moved
+        self._acquire()
+        try:
+            _clamp_u64(log_start, &start)
+            while index < self._segment_count and self._segments[index].base < start:
+                index += 1
+            if index == self._segment_count or self._segments[index].base != start or \
+                    start > self.committed_position or log_start < 0:
+                raise InvalidPosition(f"cannot trim the log to {log_start}: it must be the "
+                                      "base of a segment at or below the committed position "
+                                      f"{self.committed_position}")
+            dropped_files = []
+            for queue in self._all_queues():
+                dropped_files.extend(self._trim_queue(<_Queue>queue, start))
+            dropped_segments = [self._segments[i].base for i in range(index)]
+            for moved in range(index):
+                PyBuffer_Release(&self._segments[moved].view)
+                PyMem_Free(self._segments[moved])
+            for moved in range(self._segment_count - index):
+                self._segments[moved] = self._segments[moved + index]
+            self._segment_count -= index
+            self._locate_hint = 0
+            self.epoch_starts = _epochs_from(self.epoch_starts, start)
+            if on_dropped is not None:
+                on_dropped(dropped_segments, dropped_files)
+            return dropped_segments, dropped_files
+        finally:
+            self._release()
+
+    cdef list _trim_queue(self, _Queue queue, uint64_t log_start):
+        cdef uint64_t low = queue.min_offset, high = queue.next_offset, middle
+        cdef Py_ssize_t count = 0
+        while low < high:  # first offset whose record lies at or after log_start
+            middle = low + (high - low) // 2
+            if mq_u64(queue.entry(middle) + MQ_CQ_AT_POSITION) < log_start:
+                low = middle + 1
+            else:
+                high = middle
+        queue.min_offset = low
+        while count + 1 < queue.file_count and queue.files[count + 1].base <= low:
+            count += 1
+        dropped = [(queue.topic, queue.queue_id, queue.files[i].base) for i in range(count)]
+        queue.release_front(count)
+        return dropped
+
+    # --- the key index ----------------------------------------------------------------
+
+    def index_keys(self, index, end, count_max):
+        """Add the keyed records of ``[header end_position, end)`` to a key-index file.
+
+        ``index`` is the file's writable buffer (docs/FORMAT.md, "Key index"); ``end`` must
+        be a record boundary at or below the committed position. Indexes at most
+        ``count_max`` records (keyed or not), and stops early when the file is full.
+        Every record's CRC32C is checked: a damaged one (bytes that recovery did not scan
+        may rot) is counted in the header and skipped to the next intact record.
+        Updates the header's counts, end position and time range (not its CRC: the
+        engine seals it). Returns the new end position.
+        """
+        cdef Py_buffer view
+        cdef char *data
+        cdef uint64_t size_bytes, stop, count
+        _hold_writable(index, &view, &data, &size_bytes)
+        try:
+            if size_bytes < IX_HEADER_SIZE or mq_u32(data) != INDEX_MAGIC or \
+                    size_bytes < IX_HEADER_SIZE + 4 * <uint64_t>mq_u32(data + 8) + \
+                    IX_ENTRY_SIZE * <uint64_t>mq_u32(data + 12):
+                _fail("not a key-index file of the size its header gives")
+            _clamp_u64(end, &stop)
+            if stop > self.committed_position:
+                _fail(f"cannot index up to {end}: it is past the committed position")
+            _clamp_u64(count_max, &count)
+            return self._index_keys(data, stop, count)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef uint64_t _index_keys(self, char *data, uint64_t stop, uint64_t count) except? 0:
+        cdef uint32_t hash_bits = mq_u32(data + 4), slot_count = mq_u32(data + 8)
+        cdef uint32_t entry_count_max = mq_u32(data + 12), entry_count = mq_u32(data + 16)
+        cdef uint32_t damaged = mq_u32(data + 20)
+        cdef uint64_t position = mq_u64(data + 32), offset, value
+        cdef int64_t low = mq_i64(data + 40), high = mq_i64(data + 48)
+        cdef char *entries = data + IX_HEADER_SIZE + 4 * <uint64_t>slot_count
+        cdef char *slot
+        cdef char *entry
+        cdef const char *record
+        cdef Segment *segment
+        cdef mq_header header
+        cdef int found
+        while count > 0 and position < stop:
+            count -= 1
+            segment = self._locate(position)
+            offset = position - segment.base
+            found = _header_at(segment, offset, &header)
+            if found == HEADER_NONE:
+                damaged += 1
+                position = _resync(segment, offset, stop)
+                continue
+            if found == HEADER_BLANK:
+                position = segment.base + segment.size
+                continue
+            if header.key_size and not header.attributes & MQ_ATTR_CONTROL:
+                if entry_count >= entry_count_max:
+                    break
+                record = segment.data + offset + MQ_HEADER_SIZE
+                value = _key_hash(record, header.topic_size, record + header.topic_size,
+                                  header.key_size, hash_bits)
+                slot = data + IX_HEADER_SIZE + 4 * (value % slot_count)
+                entry = entries + <uint64_t>entry_count * IX_ENTRY_SIZE
+                mq_put_u64(entry, value)
+                mq_put_u64(entry + 8, position)
+                mq_put_i64(entry + 16, header.store_timestamp)
+                mq_put_u32(entry + 24, mq_u32(slot))
+                mq_put_u32(entry + 28, 0)
+                entry_count += 1
+                mq_put_u32(slot, entry_count)
+                low = min(low, header.store_timestamp)
+                high = max(high, header.store_timestamp)
+            position += header.size
+        mq_put_u32(data + 16, entry_count)
+        mq_put_u32(data + 20, damaged)
+        mq_put_u64(data + 32, position)
+        mq_put_i64(data + 40, low)
+        mq_put_i64(data + 48, high)
+        mq_put_u32(data + 56, 0)
+        mq_put_u32(data + 60, 0)
+        return position
+
     def check_boundary(self, position):
         """Raise InvalidPosition unless a record (or the log's end) starts at ``position``."""
         cdef uint64_t start, offset, available
@@ -1862,6 +2107,56 @@ cdef class LogCore:
 
 
 # --- helpers that work on raw memory --------------------------------------------------
+
+cdef int _header_at(Segment *segment, uint64_t offset, mq_header *header) noexcept:
+    """HEADER_RECORD (and the header) if an intact record starts at ``offset`` (its
+    sizes, magic, own position and CRC32C agree); HEADER_BLANK for the blank that ends
+    the segment; else HEADER_NONE."""
+    cdef uint64_t available = segment.size - offset if offset < segment.size else 0
+    if available < MQ_BLANK_SIZE_MIN:
+        return HEADER_NONE
+    if mq_u32(segment.data + offset + MQ_AT_MAGIC) == MQ_BLANK_MAGIC:
+        return HEADER_BLANK if mq_u32(segment.data + offset) == available else HEADER_NONE
+    if available < MQ_HEADER_SIZE:
+        return HEADER_NONE
+    mq_read_header(segment.data + offset, header)
+    if header.magic != MQ_MAGIC or header.size < MQ_HEADER_SIZE or header.size > available \
+            or _check_record(segment.data + offset, header.size, segment.base + offset,
+                             True) != RECORD_OK:
+        return HEADER_NONE
+    return HEADER_RECORD
+
+
+cdef uint64_t _resync(Segment *segment, uint64_t offset, uint64_t stop) noexcept:
+    """The position of the first intact record after a damaged one at ``offset``, in the
+    same segment and before ``stop``; else the segment's end (or ``stop``)."""
+    cdef uint64_t limit = min(segment.size, stop - segment.base), at
+    cdef mq_header header
+    for at in range(offset + 1, limit - 7 if limit >= 8 else 0):
+        if mq_u32(segment.data + at + MQ_AT_MAGIC) == MQ_MAGIC and \
+                _header_at(segment, at, &header) == HEADER_RECORD:
+            return segment.base + at
+    return min(segment.base + segment.size, stop)
+
+
+cdef inline bint _has_hash(const uint64_t *hashes, Py_ssize_t count,
+                           uint64_t value) noexcept:
+    cdef Py_ssize_t index
+    for index in range(count):
+        if hashes[index] == value:
+            return True
+    return False
+
+
+def _epochs_from(epoch_starts, log_start):
+    """The epoch starts of a log that now begins at ``log_start`` (Kafka's
+    truncateFromStart: the epoch in force there starts there)."""
+    kept = [(epoch, start) for epoch, start in epoch_starts if start >= log_start]
+    earlier = [(epoch, start) for epoch, start in epoch_starts if start < log_start]
+    if earlier and not (kept and kept[0][1] == log_start):
+        kept.insert(0, (earlier[len(earlier) - 1][0], log_start))
+    return kept
+
 
 cdef int _check_copy(const char *copy, uint64_t size, uint64_t position,
                      bint verify_crc) except -1:

@@ -62,6 +62,7 @@ HEADER = struct.Struct("<IIIHHIIQQQqqHHI")
 HEADER_SIZE = HEADER.size
 CRC_START = 12  # the CRC covers every byte after its own field
 MAGIC = int.from_bytes(b"MQR\x01", "little")  # record, format version 1
+_MAGIC_BYTES = MAGIC.to_bytes(4, "little")
 BLANK_MAGIC = int.from_bytes(b"MQB\x01", "little")  # pads a segment's tail
 BLANK_SIZE_MIN = 8
 BLANK = struct.Struct("<II")
@@ -95,6 +96,34 @@ def tag_hash(tags: str | bytes | None) -> int:
     for byte in data:
         value = ((value ^ byte) * _FNV_PRIME) & 0xFFFF_FFFF_FFFF_FFFF
     return value
+
+
+def key_hash(topic: str, key: str, hash_bits: int = 64) -> int:
+    """The key index's hash of (topic, key): FNV-1a 64 of ``topic \\0 key``, keeping the
+    low ``hash_bits`` bits (fewer bits force collisions: a test knob)."""
+    return _key_hash(topic.encode() + b"\x00" + key.encode(), hash_bits)
+
+
+def _key_hash(data: bytes, hash_bits: int) -> int:
+    value = _FNV_OFFSET
+    for byte in data:
+        value = ((value ^ byte) * _FNV_PRIME) & 0xFFFF_FFFF_FFFF_FFFF
+    return value & ((1 << hash_bits) - 1)
+
+
+# --- the key index file (docs/FORMAT.md) ---------------------------------------------
+#  magic u32 | hash_bits u32 | slot_count u32 | entry_count_max u32 | entry_count u32 |
+#  reserved u32 | first_position u64 | end_position u64 | min_timestamp i64 |
+#  max_timestamp i64 | reserved u32 | crc32c u32 ; then slots u32[slot_count] ;
+#  then entries: key_hash u64 | position u64 | store_timestamp i64 | prev u32 | reserved u32
+INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")
+INDEX_HEADER_SIZE = INDEX_HEADER.size
+INDEX_MAGIC = int.from_bytes(b"MQI\x01", "little")
+INDEX_ENTRY = struct.Struct("<QQqII")
+INDEX_ENTRY_SIZE = INDEX_ENTRY.size
+INDEX_SLOT = struct.Struct("<I")
+
+assert INDEX_HEADER_SIZE == 64 and INDEX_ENTRY_SIZE == 32
 
 
 class Record:
@@ -475,24 +504,59 @@ class LogCore:
         At least one record is returned when one is visible, even if it is larger than
         ``max_bytes``, so a consumer always makes progress (Kafka's rule).
         """
-        queue = self._queues.get(topic, {}).get(queue_id)
-        min_offset, next_offset = (0, 0) if queue is None else (queue.min_offset,
-                                                                  queue.next_offset)
-        if not min_offset <= offset <= next_offset:
-            raise OffsetOutOfRange(
-                f"offset {offset} is outside [{min_offset}, {next_offset}] of queue "
-                f"{topic!r}/{queue_id}; seek to a valid offset", min_offset=min_offset,
-                max_offset=next_offset)
+        queue = self._readable_queue(topic, queue_id, offset)
         records: list[Record] = []
         total = 0
         committed = self.committed_position
-        for index in range(offset, min(next_offset, offset + max_count)):
-            position, size, _hash = queue.entry(index)  # type: ignore[union-attr]
+        for index in range(offset, min(queue.next_offset, offset + max_count)):
+            if index < queue.min_offset:
+                break  # retention moved the queue's start past this reader
+            position, size, _hash = queue.entry(index)
             if position + size > committed or (records and total + size > max_bytes):
                 break
             records.append(self._read_at(position, size))
             total += size
         return records
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_count: int, max_bytes: int,
+             tag_hashes: tuple[int, ...], scan_count_max: int) -> tuple[list[Record], int]:
+        """``get`` with a tag filter: returns (records, next offset to pull from).
+
+        Entries whose consume-queue tag hash is not in ``tag_hashes`` are skipped without
+        touching the commit log (an empty tuple keeps every record). At most
+        ``scan_count_max`` entries are examined, so the answer may be empty while the
+        next offset moves on: a consumer always makes progress.
+        """
+        queue = self._readable_queue(topic, queue_id, offset)
+        records: list[Record] = []
+        total = 0
+        committed = self.committed_position
+        index, stop = offset, min(queue.next_offset, offset + max(scan_count_max, 0))
+        while index < stop and len(records) < max_count and index >= queue.min_offset:
+            position, size, hash_value = queue.entry(index)
+            if position + size > committed:
+                break
+            if tag_hashes and hash_value not in tag_hashes:
+                index += 1
+                continue
+            if records and total + size > max_bytes:
+                break
+            records.append(self._read_at(position, size))
+            total += size
+            index += 1
+        return records, index
+
+    def _readable_queue(self, topic: str, queue_id: int, offset: int) -> _Queue:
+        """The queue (an empty one if it was never written), once ``offset`` is checked."""
+        queue = self._queues.get(topic, {}).get(queue_id)
+        if queue is None:
+            queue = _Queue(topic, 0, 0, 0)
+        if not queue.min_offset <= offset <= queue.next_offset:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside [{queue.min_offset}, {queue.next_offset}] of "
+                f"queue {topic!r}/{queue_id}; seek to a valid offset",
+                min_offset=queue.min_offset, max_offset=queue.next_offset)
+        return queue
 
     def read_record(self, position: int) -> Record:
         """The record that starts at ``position``; it must be below the committed position."""
@@ -689,6 +753,45 @@ class LogCore:
                 on_dropped(dropped_segments, dropped_files)
             return dropped_segments, dropped_files
 
+    def trim_front(self, log_start: int, on_dropped: Callable[[list, list], None] | None = None
+                   ) -> tuple[list[int], list[tuple[str, int, int]]]:
+        """Drop every segment below ``log_start`` (retention); return what was dropped.
+
+        ``log_start`` must be the base of a segment that starts at or below the committed
+        position, and never the active segment's end. Every queue's minimum offset moves
+        to its first record at or after ``log_start``; its consume-queue files that hold
+        only earlier entries are dropped (the last one always stays). Returns and reports
+        through ``on_dropped`` like ``truncate``.
+        """
+        with self._lock:
+            if log_start not in self._bases or log_start > self.committed_position:
+                raise InvalidPosition(f"cannot trim the log to {log_start}: it must be the "
+                                      "base of a segment at or below the committed position "
+                                      f"{self.committed_position}")
+            dropped_files = [item for queue in self._all_queues()
+                             for item in self._trim_queue(queue, log_start)]
+            index = self._bases.index(log_start)
+            dropped_segments = self._bases[:index]
+            del self._segments[:index], self._bases[:index]
+            self.epoch_starts = _epochs_from(self.epoch_starts, log_start)
+            if on_dropped is not None:
+                on_dropped(dropped_segments, dropped_files)
+            return dropped_segments, dropped_files
+
+    def _trim_queue(self, queue: _Queue, log_start: int) -> list[tuple[str, int, int]]:
+        low, high = queue.min_offset, queue.next_offset
+        while low < high:  # first offset whose record lies at or after log_start
+            middle = (low + high) // 2
+            if queue.entry(middle)[0] < log_start:
+                low = middle + 1
+            else:
+                high = middle
+        queue.min_offset = low
+        dropped = []
+        while len(queue.files) > 1 and queue.files[1][0] <= low:
+            dropped.append((queue.topic, queue.queue_id, queue.files.pop(0)[0]))
+        return dropped
+
     def check_boundary(self, position: int) -> None:
         """Raise InvalidPosition unless a record (or the log's end) starts at ``position``."""
         if position == self.written_position:
@@ -773,6 +876,96 @@ class LogCore:
             self.last_store_timestamp = max(self.last_store_timestamp, record.store_timestamp)
             offset += size
             count += 1
+
+    # --- the key index ------------------------------------------------------------------
+
+    def index_keys(self, index: Any, end: int, count_max: int) -> int:
+        """Add the keyed records of ``[header end_position, end)`` to a key-index file.
+
+        ``index`` is the file's writable buffer (docs/FORMAT.md, "Key index"); ``end`` must
+        be a record boundary at or below the committed position. Indexes at most
+        ``count_max`` records (keyed or not), and stops early when the file is full.
+        Every record's CRC32C is checked: a damaged one (bytes that recovery did not scan
+        may rot) is counted in the header and skipped to the next intact record.
+        Updates the header's counts, end position and time range (not its CRC: the
+        engine seals it). Returns the new end position.
+        """
+        (magic, hash_bits, slot_count, entry_count_max, entry_count, damaged, first_position,
+         position, low, high, _r2, _crc) = INDEX_HEADER.unpack_from(index)
+        assert magic == INDEX_MAGIC and end <= self.committed_position
+        entries_at = INDEX_HEADER_SIZE + 4 * slot_count
+        for _ in range(count_max):
+            if position >= end:
+                break
+            segment, offset = self._locate(position)
+            header = _header_at(segment, offset)
+            if header is None:
+                damaged += 1
+                position = _resync(segment, offset, end)
+                continue
+            if header == "blank":
+                position = segment.base + segment.size
+                continue
+            if header[12] and not header[3] & ATTR_CONTROL:
+                if entry_count >= entry_count_max:
+                    break
+                start = offset + HEADER_SIZE
+                topic_and_key = bytes(segment.buffer[start:start + header[4] + header[12]])
+                value = _key_hash(topic_and_key[:header[4]] + b"\x00" +
+                                  topic_and_key[header[4]:], hash_bits)
+                slot_at = INDEX_HEADER_SIZE + 4 * (value % slot_count)
+                entry_count += 1
+                INDEX_ENTRY.pack_into(index, entries_at + (entry_count - 1) * INDEX_ENTRY_SIZE,
+                                      value, position, header[11],
+                                      INDEX_SLOT.unpack_from(index, slot_at)[0], 0)
+                INDEX_SLOT.pack_into(index, slot_at, entry_count)
+                low, high = min(low, header[11]), max(high, header[11])
+            position += header[0]
+        INDEX_HEADER.pack_into(index, 0, INDEX_MAGIC, hash_bits, slot_count, entry_count_max,
+                               entry_count, damaged, first_position, position, low, high, 0, 0)
+        return position
+
+
+def _header_at(segment: _Segment, offset: int) -> Any:
+    """The header of the record at ``offset`` if an intact one starts there (its sizes,
+    magic, own position and CRC32C agree), "blank" for the blank that ends the segment,
+    else None."""
+    if segment.size - offset < BLANK_SIZE_MIN:
+        return None
+    size, magic = BLANK.unpack_from(segment.buffer, offset)
+    if magic == BLANK_MAGIC:
+        return "blank" if size == segment.size - offset else None
+    if segment.size - offset < HEADER_SIZE:
+        return None
+    if magic != MAGIC or size < HEADER_SIZE or size > segment.size - offset or \
+            _check_record(bytes(segment.buffer[offset:offset + size]), segment.base + offset,
+                          True):
+        return None
+    return HEADER.unpack_from(segment.buffer, offset)
+
+
+def _resync(segment: _Segment, offset: int, end: int) -> int:
+    """The position of the first intact record after a damaged one at ``offset``, in the
+    same segment and before ``end``; else the segment's end (or ``end``)."""
+    limit = min(segment.size, end - segment.base)
+    at = offset + 1
+    while True:
+        found = segment.buffer.find(_MAGIC_BYTES, at + 4, limit)
+        if found < 0:
+            return min(segment.base + segment.size, end)
+        if isinstance(_header_at(segment, found - 4), tuple):
+            return segment.base + found - 4
+        at = found - 3
+
+
+def _epochs_from(epoch_starts: list[tuple[int, int]], log_start: int) -> list[tuple[int, int]]:
+    """The epoch starts of a log that now begins at ``log_start`` (Kafka's
+    truncateFromStart: the epoch in force there starts there)."""
+    kept = [(epoch, start) for epoch, start in epoch_starts if start >= log_start]
+    earlier = [(epoch, start) for epoch, start in epoch_starts if start < log_start]
+    if earlier and not (kept and kept[0][1] == log_start):
+        kept.insert(0, (earlier[-1][0], log_start))
+    return kept
 
 
 def _check_record(raw: bytes, position: int, verify_crc: bool) -> str:

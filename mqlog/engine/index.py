@@ -1,0 +1,237 @@
+"""The key index: find a queue's records by key without scanning the log.
+
+RocketMQ's IndexFile, improved. Each index file (``index/<20-digit first position>``)
+is one hash table: a slot per hash bucket holds the number of the newest entry in that
+bucket, and each entry (key hash, position, store timestamp, previous entry) links to
+the one before it, so a lookup walks one chain, newest first. The bytes are in
+docs/FORMAT.md ("Key index"). What RocketMQ does not do and this does:
+
+* the hash is 64-bit (RocketMQ keeps 32 bits) of ``topic \\0 key``, and a lookup reads
+  every candidate record and compares topic and key exactly: collisions never reach
+  the caller (``index_key_hash_bits`` shrinks the hash to force them in tests);
+* every entry carries the full store timestamp, and each file its time range, so a
+  query bounded in time skips whole files and stops a chain early (store timestamps
+  never decrease, so a chain's timestamps only fall);
+* the index is derived data and is never trusted after a crash: the last file is
+  rebuilt from the commit log, and a damaged file is rebuilt, not read.
+
+Theory of operation. The write path does not touch the index: like RocketMQ's
+ReputMessageService, an indexer follows the committed position behind the writers —
+the maintenance thread every ``index_interval_ms``, and every query first, so a query
+sees every record committed before it began. Indexing runs in the log core (C), a
+bounded batch of records per call so the GIL is never held for long. A file that fills
+up is sealed (msync'd, then its header gets its CRC and is msync'd) and the next one
+starts where it stopped. On close the last file is sealed the same way; on open a file
+is trusted only if its header's CRC holds and it agrees with its neighbours and the
+log. Retention deletes files whose records are all gone; a truncation (replication)
+rebuilds the file that held the cut.
+
+Locking: ``lock`` serialises the indexer, lookups, retention and truncation; the
+engine takes it inside the flusher's pause, never the other way round.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from crc32c import crc32c
+
+from mqlog.config import StoreConfig
+from mqlog.engine.files import MappedFile, file_name, numbered_files
+
+_HEADER = struct.Struct("<IIIIIIQQqqII")  # docs/FORMAT.md; the cores share the layout
+_HEADER_SIZE = 64
+_ENTRY = struct.Struct("<QQqI")  # key hash, position, store timestamp, previous entry
+_ENTRY_SIZE = 32
+_SLOT = struct.Struct("<I")
+_MAGIC = int.from_bytes(b"MQI\x01", "little")
+_CRC_AT = 60
+_TIME_MIN, _TIME_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class IndexFile:
+    """One mapped index file and its header fields."""
+
+    def __init__(self, mapped: MappedFile) -> None:
+        self.mapped = mapped
+        (self.magic, self.hash_bits, self.slot_count, self.entry_count_max, self.entry_count,
+         self.damaged_count, self.first_position, self.end_position, self.min_timestamp,
+         self.max_timestamp, _reserved2, self.crc) = _HEADER.unpack_from(mapped.buffer)
+
+    def reload(self) -> None:
+        self.__init__(self.mapped)  # type: ignore[misc]
+
+    @property
+    def full(self) -> bool:
+        return self.entry_count >= self.entry_count_max
+
+    @property
+    def sealed_crc(self) -> int:
+        return crc32c(bytes(self.mapped.buffer[:_CRC_AT]))
+
+    def seal(self) -> None:
+        """Make the entries durable, then the header that vouches for them."""
+        self.mapped.sync(_HEADER_SIZE, self.mapped.size)
+        _SLOT.pack_into(self.mapped.buffer, _CRC_AT, self.sealed_crc)
+        self.mapped.sync(0, _HEADER_SIZE)
+        self.reload()
+
+    def chain(self, value: int, begin: int) -> Iterator[tuple[int, int]]:
+        """(position, store timestamp) of the entries with hash ``value``, newest first,
+        down to the first one older than ``begin``."""
+        buffer = self.mapped.buffer
+        entries_at = _HEADER_SIZE + 4 * self.slot_count
+        number = _SLOT.unpack_from(buffer, _HEADER_SIZE + 4 * (value % self.slot_count))[0]
+        while 0 < number <= self.entry_count:
+            key_hash, position, timestamp, number = _ENTRY.unpack_from(
+                buffer, entries_at + (number - 1) * _ENTRY_SIZE)
+            if timestamp < begin:
+                return
+            if key_hash == value:
+                yield position, timestamp
+
+
+class KeyIndex:
+    """The index files of one store; see the module docstring."""
+
+    def __init__(self, directory: Path, core: Any, core_module: ModuleType,
+                 config: StoreConfig) -> None:
+        self.directory = directory
+        self.lock = threading.Lock()
+        self._core = core
+        self._module = core_module
+        self._config = config
+        self._files: list[IndexFile] = []
+
+    # --- opening ---------------------------------------------------------------------
+
+    def open(self, log_start: int, log_end: int, crashed: bool) -> None:
+        """Map the files worth keeping; what is lost is re-indexed by ``catch_up``."""
+        self.directory.mkdir(exist_ok=True)
+        for leftover in self.directory.glob("*.tmp"):
+            leftover.unlink()
+        found = numbered_files(self.directory)
+        for first, path in found:
+            mapped = MappedFile.open(path)
+            index = IndexFile(mapped)
+            if not self._trustworthy(index, first, log_end):
+                mapped.close()
+                break  # this file and every later one go
+            self._files.append(index)
+        kept = {index.first_position for index in self._files}
+        for first, path in found:
+            if first not in kept:
+                path.unlink()
+        if crashed and self._files:
+            self._files.pop().mapped.remove()  # its header was never vouched for
+        self.trim_front(log_start)
+
+    def _trustworthy(self, index: IndexFile, first: int, log_end: int) -> bool:
+        expected_size = _HEADER_SIZE + 4 * index.slot_count + _ENTRY_SIZE * index.entry_count_max
+        previous = self._files[-1] if self._files else None
+        return (index.mapped.size >= _HEADER_SIZE and index.magic == _MAGIC
+                and index.crc == index.sealed_crc and index.mapped.size == expected_size
+                and index.hash_bits == self._config.index_key_hash_bits
+                and index.first_position == first and first <= index.end_position <= log_end
+                and index.entry_count <= index.entry_count_max
+                and (previous is None or (previous.full and
+                                          previous.end_position == first)))
+
+    # --- indexing --------------------------------------------------------------------
+
+    def catch_up(self) -> None:
+        """Index every record up to the committed position (call with ``lock`` held)."""
+        target = self._core.committed_position
+        batch = self._config.index_batch_count_max
+        while True:
+            current = self._current(target)
+            if current is None or current.end_position >= target:
+                return
+            self._core.index_keys(current.mapped.buffer, target, batch)
+            current.reload()
+            if current.full and current.end_position < target:
+                current.seal()  # the next call starts a new file where this one stopped
+
+    def _current(self, target: int) -> IndexFile | None:
+        """The file new entries go to, started if there is none or the last is full."""
+        if self._files and not self._files[-1].full:
+            return self._files[-1]
+        if self._files:
+            start = self._files[-1].end_position
+        else:
+            bases = self._core.segment_bases()
+            start = bases[0] if bases else 0
+        if start >= target:
+            return None
+        index = self._create(start)
+        self._files.append(index)
+        return index
+
+    def _create(self, first_position: int) -> IndexFile:
+        config = self._config
+        slots, entries = config.index_slots_per_file, config.index_entries_per_file
+        size = _HEADER_SIZE + 4 * slots + _ENTRY_SIZE * entries
+        mapped = MappedFile.create(self.directory / file_name(first_position), size,
+                                   preallocate=False)
+        _HEADER.pack_into(mapped.buffer, 0, _MAGIC, config.index_key_hash_bits, slots,
+                          entries, 0, 0, first_position, first_position, _TIME_MAX,
+                          _TIME_MIN, 0, 0)
+        return IndexFile(mapped)
+
+    # --- lookups ---------------------------------------------------------------------
+
+    def positions(self, topic: str, key: str, begin: int, end: int) -> Iterator[int]:
+        """Positions of records that may have this key in [begin, end], newest first:
+        the hash matches; the caller compares the records themselves."""
+        value = self._module.key_hash(topic, key, self._config.index_key_hash_bits)
+        for index in reversed(self._files):
+            if index.entry_count == 0 or index.min_timestamp > end:
+                continue
+            if index.max_timestamp < begin:
+                return  # older files hold only older records
+            for position, timestamp in index.chain(value, begin):
+                if timestamp <= end:
+                    yield position
+
+    # --- retention, truncation, closing ------------------------------------------------
+
+    def trim_front(self, log_start: int) -> None:
+        """Delete files whose every record lies before ``log_start`` (lock held)."""
+        while self._files and self._files[0].end_position <= log_start:
+            self._files.pop(0).mapped.remove()
+
+    def truncate(self, position: int) -> None:
+        """Forget every entry at or after ``position`` (lock held): files that start at
+        or after it go, and the one that holds it is rebuilt by the next catch-up."""
+        while self._files and self._files[-1].end_position > position:
+            self._files.pop().mapped.remove()
+
+    def close(self) -> None:
+        """Seal the last file and unmap everything (lock held)."""
+        if self._files and not self._files[-1].full:
+            self._files[-1].seal()
+        self.close_unsealed()
+
+    def close_unsealed(self) -> None:
+        """Unmap everything as it is (a failed open or flush: the next open rebuilds)."""
+        for index in self._files:
+            index.mapped.close()
+        self._files.clear()
+
+    @property
+    def file_count(self) -> int:
+        return len(self._files)
+
+    @property
+    def end_position(self) -> int:
+        return self._files[-1].end_position if self._files else 0
+
+    @property
+    def damaged_count(self) -> int:
+        """Damaged records the indexer met and skipped, in the files kept."""
+        return sum(index.damaged_count for index in self._files)

@@ -1,0 +1,108 @@
+"""Finding records: by tag (subscription filters), by time, and by key.
+
+* Tags. A subscription expression is RocketMQ's: ``*`` (or nothing) takes every record,
+  ``TagA || TagB`` takes records whose tags equal one of the names. The log core skips
+  entries whose consume-queue tag hash is not wanted without reading the commit log;
+  the engine then compares the tags exactly, so a hash collision never leaks through.
+* Time. Store timestamps never decrease within a store, so within a queue they are
+  sorted by offset: ``offset_for_timestamp`` is a binary search over the consume queue
+  that reads one record per step (RocketMQ's getOffsetInQueueByTime, Kafka's
+  offsetsForTimes). ``query_by_time`` runs it on each queue of a topic and merges.
+* Keys. The key index (index.py) yields candidate positions newest first; each record
+  is read and its topic and key compared before it is returned.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mqlog.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from mqlog.engine.store import Store
+
+TIME_MIN, TIME_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def parse_subscription(expression: str | None, tags_max: int) -> frozenset[str] | None:
+    """The tag names an expression accepts, or None for every record."""
+    if expression is None:
+        return None
+    if not isinstance(expression, str):
+        raise InvalidArgument(f"tags must be a str such as 'TagA || TagB', got "
+                              f"{type(expression).__name__}")
+    if expression.strip() in ("", "*"):
+        return None
+    names = frozenset(name.strip() for name in expression.split("||"))
+    if "" in names or "*" in names:
+        raise InvalidArgument(f"tag filter {expression!r} has an empty name or a '*' among "
+                              "others; write '*' alone, or names joined by '||'")
+    if len(names) > tags_max:
+        raise InvalidArgument(f"tag filter names {len(names)} tags; at most "
+                              f"subscription_tags_max={tags_max}")
+    return names
+
+
+def check_timestamp(name: str, value: Any, default: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or \
+            not TIME_MIN <= value <= TIME_MAX:
+        raise InvalidArgument(f"{name} must be milliseconds since the epoch (an int), "
+                              f"got {value!r}")
+    return value
+
+
+def offset_for_timestamp(store: Store, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    """The first offset whose store timestamp is at least ``timestamp_ms``; the queue's
+    max offset if there is none."""
+    timestamp_ms = check_timestamp("timestamp_ms", timestamp_ms, 0)
+    core = store.core
+    low, high = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id)
+    while low < high:
+        middle = (low + high) // 2
+        if core.get(topic, queue_id, middle, 1, 1)[0].store_timestamp < timestamp_ms:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def query_by_time(store: Store, topic: str, begin_ms: int, end_ms: int,
+                  max_count: int) -> list:
+    """Records of ``topic`` stored in [begin_ms, end_ms], oldest first, at most
+    ``max_count`` (the earliest ones)."""
+    found = []
+    for name, queue_id in store.queues():
+        if name != topic:
+            continue
+        offset = offset_for_timestamp(store, topic, queue_id, begin_ms)
+        stop = offset_for_timestamp(store, topic, queue_id, end_ms + 1) \
+            if end_ms < TIME_MAX else store.max_offset(topic, queue_id)
+        stop = min(stop, offset + max_count)
+        while offset < stop:
+            batch = store.core.get(topic, queue_id, offset, stop - offset,
+                                   store.config.read_size_bytes_max)
+            found.extend(batch)
+            offset += len(batch)
+    found.sort(key=lambda record: record.position)
+    return found[:max_count]
+
+
+def query_by_key(store: Store, topic: str, key: str, begin_ms: int, end_ms: int,
+                 max_count: int) -> list:
+    """Records of ``topic`` whose key is ``key``, newest first (see the module docstring)."""
+    found: list = []
+    index = store.key_index
+    with index.lock:
+        index.catch_up()
+        log_start = store.first_segment_base()
+        for position in index.positions(topic, key, begin_ms, end_ms):
+            if position < log_start:
+                break  # newest first: every later candidate was deleted too
+            record = store.core.read_record(position)
+            if record.topic == topic and record.key == key:
+                found.append(record)
+                if len(found) == max_count:
+                    break
+    return found
