@@ -19,7 +19,10 @@ Theory of operation. The write path does not touch the index: like RocketMQ's
 ReputMessageService, an indexer follows the committed position behind the writers —
 the maintenance thread every ``index_interval_ms``, and every query first, so a query
 sees every record committed before it began. Indexing runs in the log core (C), a
-bounded batch of records per call so the GIL is never held for long. A file that fills
+bounded batch of records per call so the GIL is never held for long; the core also
+notes where the last keyed record it wrote ends, and a stretch of log after that is
+skipped unread (a store used without keys pays nothing for the index). Everything
+present at open, or copied in by ``append_raw``, counts as keyed until indexed. A file that fills
 up is sealed (msync'd, then its header gets its CRC and is msync'd) and the next one
 starts where it stopped. On close the last file is sealed the same way; on open a file
 is trusted only if its header's CRC holds and it agrees with its neighbours and the
@@ -80,6 +83,11 @@ class IndexFile:
         _SLOT.pack_into(self.mapped.buffer, _CRC_AT, self.sealed_crc)
         self.mapped.sync(0, _HEADER_SIZE)
         self.reload()
+
+    def skip_to(self, position: int) -> None:
+        """Move the end past records known to hold no key (the log core's hint)."""
+        struct.pack_into("<Q", self.mapped.buffer, 32, position)
+        self.end_position = position
 
     def chain(self, value: int, begin: int) -> Iterator[tuple[int, int]]:
         """(position, store timestamp) of the entries with hash ``value``, newest first,
@@ -151,6 +159,9 @@ class KeyIndex:
         while True:
             current = self._current(target)
             if current is None or current.end_position >= target:
+                return
+            if current.end_position >= self._core.last_keyed_end:
+                current.skip_to(target)  # no keyed record since: nothing to read
                 return
             self._core.index_keys(current.mapped.buffer, target, batch)
             current.reload()

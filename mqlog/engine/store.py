@@ -173,6 +173,7 @@ class Store:
             clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read)
         self.recovery_report: RecoveryReport = recover(self)
         end = self.recovery_report.end_position
+        self.core.last_keyed_end = end  # what is here already must be indexed
         self.key_index = KeyIndex(paths.index, self.core, self.core_module, config)
         self.key_index.open(self.first_segment_base(), end,
                             crashed=not self.recovery_report.clean)
@@ -470,7 +471,9 @@ class Store:
     def append_raw(self, position: int, data: Any) -> int:
         """Append records received from another replica at the same position."""
         self._check_open()
-        return self.core.append_raw(position, data)
+        end = self.core.append_raw(position, data)
+        self.core.last_keyed_end = end  # replicated records may hold keys
+        return end
 
     def truncate(self, position: int) -> None:
         """Cut the log (and every queue) back to ``position``, a record boundary.

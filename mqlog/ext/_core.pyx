@@ -924,6 +924,7 @@ cdef class LogCore:
     cdef public unsigned long long epoch
     cdef public list epoch_starts  # [(epoch, first position)], ascending
     cdef public long long last_store_timestamp
+    cdef public unsigned long long last_keyed_end  # just past the last keyed record put
 
     cdef object _new_segment
     cdef object _new_queue_file
@@ -1335,6 +1336,8 @@ cdef class LogCore:
         _encode(record, &header, fields, body)
         self._note_epoch(epoch, position)
         self._index(queue, position, size, fields.tag_hash)
+        if fields.key_size:
+            self.last_keyed_end = position + size
         self._advance(position + size)  # publishes the record
         return position
 

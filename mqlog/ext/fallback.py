@@ -259,6 +259,7 @@ class LogCore:
         self.epoch = 0
         self.epoch_starts: list[tuple[int, int]] = []  # (epoch, first position), ascending
         self.last_store_timestamp = 0
+        self.last_keyed_end = 0  # just past the last keyed record put (the indexer's hint)
         self._fence: BaseException | None = None
 
     # --- set-up by the engine -----------------------------------------------------------
@@ -448,6 +449,8 @@ class LogCore:
         segment.buffer[offset:offset + size] = record
         self._note_epoch(self.epoch, position)
         self._index(queue, position, size, hash_value)
+        if key_bytes:
+            self.last_keyed_end = position + size
         self._advance(position + size)
         return position
 
