@@ -2,6 +2,7 @@
 
 1. write records one by one and in batches into a fresh store;
 2. close it, reopen it (a clean open scans nothing) and read every record back;
+   then queries: by key, by tag, by time, a consumer group's commit, retention;
 3. sync flush: many producer threads, then many asyncio tasks, share group commits;
 4. crash: a child process writing with sync flush is killed with SIGKILL; reopening
    recovers, and every record the child saw acknowledged is there.
@@ -67,6 +68,37 @@ def write_and_read(directory: Path, records: int, table: Table) -> None:
         table.add_row("get, 1000 per call (CRC checked)", f"{seen:,}",
                       _rate(seen, time.perf_counter() - started))
     assert seen == total, f"read back {seen} of {total} records"
+
+
+def queries(directory: Path, table: Table, records: int = 200_000) -> None:
+    """Keys, tags, time, a consumer group and retention on one store."""
+    with mqlog.open(directory, segment_size_bytes=8 << 20, retention_ms=-1,
+                    retention_bytes=16 << 20) as store:
+        started = time.perf_counter()
+        for index in range(records):
+            store.put("orders", BODY, queue_id=index % 4, key=f"order-{index % 20_000}",
+                      tags=("created", "paid", "shipped")[index % 3])
+        table.add_row("put with key and tags", f"{records:,}",
+                      _rate(records, time.perf_counter() - started))
+        started = time.perf_counter()
+        hits = store.query("orders", "order-4242")
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        assert [r.key for r in hits] == ["order-4242"] * (records // 20_000)
+        table.add_row("query by key (indexes the log first)", f"{len(hits)} hits",
+                      f"{elapsed_ms:.1f} ms")
+        paid = store.pull("orders", 1, 0, max_count=1000, tags="paid || shipped")
+        assert all(r.tags in ("paid", "shipped") for r in paid.records)
+        middle = store.get("orders", 2, store.max_offset("orders", 2) // 2, 1)[0]
+        found = store.offset_for_timestamp("orders", 2, middle.store_timestamp)
+        assert found <= middle.offset
+        store.commit_offset("billing", "orders", 1, paid.next_offset)
+        table.add_row("tag filter, then a consumer group commit", f"{len(paid.records)}",
+                      f"billing lag on queue 1: {store.lag('billing')[('orders', 1)]:,}")
+        store.flush()
+        report = store.apply_retention()
+        table.add_row("retention (keep 16 MiB)", f"{len(report.segments_deleted)} segments",
+                      f"log starts at {report.log_start:,}; queue 0 starts at offset "
+                      f"{store.min_offset('orders', 0):,}")
 
 
 def group_commit(directory: Path, table: Table, threads: int = 64, each: int = 300) -> None:
@@ -158,6 +190,7 @@ def main(argv: list[str] | None = None) -> None:
     table = Table("step", "records", "result")
     try:
         write_and_read(work / "embedded", args.records, table)
+        queries(work / "queries", table)
         group_commit(work / "sync", table)
         group_commit_asyncio(work / "sync-asyncio", table)
         crash_and_recover(work / "crash", table)
