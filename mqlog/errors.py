@@ -61,6 +61,10 @@ class StoreLocked(MqlogError):
     """Another process (or another Store in this one) has the store open."""
 
 
+class StoreNotFound(MqlogError, FileNotFoundError):
+    """A read-only open found no store at the path."""
+
+
 class StoreReadOnly(MqlogError):
     """The store was opened read-only, or is a replica that refuses direct writes."""
 

@@ -64,11 +64,12 @@ class MappedFile:
 
     WARM_CHUNK_BYTES = 8 << 20
 
-    def __init__(self, path: Path, fd: int, size: int) -> None:
+    def __init__(self, path: Path, fd: int, size: int, writable: bool = True) -> None:
         self.path = path
         self.fd = fd
         self.size = size
-        self.buffer = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+        self.buffer = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                                prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
         self.mapping = libc.Mapping(self.buffer)
         self._closing = False
         self._warming = threading.Lock()  # close() must not release the pointer mid-warm
@@ -102,6 +103,16 @@ class MappedFile:
         try:
             size = os.fstat(fd).st_size
             return cls(path, fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def open_read_only(cls, path: Path) -> MappedFile:
+        """Map an existing file for reading only (a read-only store, another process's)."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return cls(path, fd, os.fstat(fd).st_size, writable=False)
         except BaseException:
             os.close(fd)
             raise

@@ -9,7 +9,8 @@
   that reads one record per step (RocketMQ's getOffsetInQueueByTime, Kafka's
   offsetsForTimes). ``query_by_time`` runs it on each queue of a topic and merges.
 * Keys. The key index (index.py) yields candidate positions newest first; each record
-  is read and its topic and key compared before it is returned.
+  is read and its topic and key compared before it is returned. A read-only store
+  cannot bring the index up to date, so it reads the topic's records instead.
 """
 
 from __future__ import annotations
@@ -106,3 +107,23 @@ def query_by_key(store: Store, topic: str, key: str, begin_ms: int, end_ms: int,
                 if len(found) == max_count:
                     break
     return found
+
+
+def query_by_scan(store: Store, topic: str, key: str, begin_ms: int, end_ms: int,
+                  max_count: int) -> list:
+    """``query_by_key`` without the index (a read-only store may not bring it up to
+    date): reads every record of the topic's queues stored in [begin_ms, end_ms]."""
+    found: list = []
+    for name, queue_id in store.queues():
+        if name != topic:
+            continue
+        offset = offset_for_timestamp(store, topic, queue_id, begin_ms)
+        while offset < store.max_offset(topic, queue_id):
+            batch = store.core.get(topic, queue_id, offset, 4096, 1 << 24)
+            found.extend(record for record in batch if record.key == key
+                         and record.store_timestamp <= end_ms)
+            offset += len(batch)
+            if batch[-1].store_timestamp > end_ms:
+                break
+    found.sort(key=lambda record: record.position, reverse=True)
+    return found[:max_count]

@@ -32,6 +32,7 @@ from typing import Any
 from mqlog import ext
 from mqlog.config import StoreConfig
 from mqlog.engine import checkpoint as cp
+from mqlog.engine import consumequeue as cq
 from mqlog.engine import queries
 from mqlog.engine.files import (
     MappedFile,
@@ -46,6 +47,7 @@ from mqlog.engine.maintenance import Maintenance
 from mqlog.engine.offsets import ConsumerOffsets
 from mqlog.engine.recovery import RecoveryReport, recover
 from mqlog.engine.retention import RetentionReport, plan_log_start
+from mqlog.engine.snapshot import open_snapshot
 from mqlog.errors import (
     ConsumeQueueMismatch,
     CorruptStore,
@@ -57,16 +59,12 @@ from mqlog.errors import (
     StoreClosed,
     StoreFailed,
     StoreLocked,
+    StoreNotFound,
+    StoreReadOnly,
 )
 from mqlog.results import PullResult, PutResult, PutStatus
 
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._%|-]+$")
-_CQ_ENTRY = 20
-# Fills the entries before a queue's first offset when it starts inside a file (a
-# follower that joins late, a rebuild after retention), so that the entries in use are
-# always one contiguous run from the start of a file and binary searches stay valid.
-_CQ_TOMBSTONE = (0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little") + b"\xff" * 4 + bytes(8)
-_TOMBSTONE_SIZE = 0xFFFF_FFFF
 
 
 @dataclass(frozen=True)
@@ -118,24 +116,27 @@ class StorePaths:
 
 
 def open(path: str | os.PathLike[str], config: StoreConfig | None = None, *,  # noqa: A001
-         implementation: str | None = None, clock_ms: Any = None, **overrides: Any) -> Store:
+         implementation: str | None = None, clock_ms: Any = None, read_only: bool = False,
+         **overrides: Any) -> Store:
     """Open (creating if needed) the store in directory ``path``.
 
     ``config`` defaults to ``StoreConfig()``; keyword ``overrides`` replace single fields
     (``mqlog.open("data", flush_mode="sync")``). ``implementation`` picks the core
     ("cython" or "python"; default: the live one, see ``mqlog.IMPLEMENTATION``);
-    ``clock_ms`` replaces the wall clock for store timestamps (tests).
+    ``clock_ms`` replaces the wall clock for store timestamps (tests). ``read_only``
+    opens an existing store as a snapshot, beside a writer if need be (snapshot.py).
     """
     config = (config or StoreConfig()).replace(**overrides) if overrides else \
         (config or StoreConfig()).validate()
-    return Store(Path(path), config, implementation=implementation, clock_ms=clock_ms)
+    return Store(Path(path), config, implementation=implementation, clock_ms=clock_ms,
+                 read_only=read_only)
 
 
 class Store:
     """An open store. Use it as a context manager, or call ``close()``."""
 
     def __init__(self, path: Path, config: StoreConfig, *, implementation: str | None = None,
-                 clock_ms: Any = None) -> None:
+                 clock_ms: Any = None, read_only: bool = False) -> None:
         self.config = config
         self.paths = StorePaths(path)
         self.core_module: ModuleType = ext.load(implementation)
@@ -148,13 +149,42 @@ class Store:
         self._retired: list[MappedFile] = []  # deleted by retention, unmapped next pass
         self._clock_ms = clock_ms
         self._closed = False
-        self._lock_fd = self._take_lock()
+        self.read_only = read_only
+        self.recovery_report: RecoveryReport  # what opening found (set by either open)
+        self._lock_fd = -1 if read_only else self._take_lock()
         try:
-            self._open(clock_ms)
+            self._open_snapshot() if read_only else self._open(clock_ms)
         except BaseException:
             self._release_files()
-            os.close(self._lock_fd)
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
             raise
+
+    def _open_snapshot(self) -> None:
+        if not self.paths.meta.is_file():
+            raise StoreNotFound(f"{self.paths.root} is not an mqlog store (it has no "
+                                "meta.json); check the path")
+        cp.check_meta(self.paths.meta)
+        self.core = self.core_module.LogCore(
+            segment_size_bytes=self.config.segment_size_bytes,
+            message_size_bytes_max=self.config.message_size_bytes_max,
+            key_size_bytes_max=self.config.key_size_bytes_max,
+            tags_size_bytes_max=self.config.tags_size_bytes_max,
+            new_segment=_refuse, new_queue_file=_refuse,
+            verify_crc_on_read=self.config.verify_crc_on_read, read_only=True)
+        self.core.fence(self._read_only_error())
+        self.recovery_report = open_snapshot(self)
+        self._offsets = ConsumerOffsets(self.paths.consumer_offsets,
+                                        self.config.group_name_length_max)
+
+    def _read_only_error(self) -> StoreReadOnly:
+        return StoreReadOnly(f"store {self.paths.root} is open read-only; open it without "
+                             "read_only=True to write")
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self.read_only:
+            raise self._read_only_error()
 
     def _open(self, clock_ms: Any) -> None:
         config, paths = self.config, self.paths
@@ -171,7 +201,7 @@ class Store:
             tags_size_bytes_max=config.tags_size_bytes_max,
             new_segment=self._new_segment, new_queue_file=self._new_queue_file,
             clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read)
-        self.recovery_report: RecoveryReport = recover(self)
+        self.recovery_report = recover(self)
         end = self.recovery_report.end_position
         self.core.last_keyed_end = end  # what is here already must be indexed
         self.key_index = KeyIndex(paths.index, self.core, self.core_module, config)
@@ -317,7 +347,8 @@ class Store:
             raise InvalidArgument(f"key must be a non-empty str, got {key!r}")
         if not isinstance(topic, str):
             raise InvalidArgument(f"topic must be a str, got {topic!r}")
-        return queries.query_by_key(
+        by_key = queries.query_by_scan if self.read_only else queries.query_by_key
+        return by_key(
             self, topic, key, queries.check_timestamp("begin_ts", begin_ts, queries.TIME_MIN),
             queries.check_timestamp("end_ts", end_ts, queries.TIME_MAX),
             self._check_query_count(max_count))
@@ -350,7 +381,7 @@ class Store:
 
     def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
         """``commit_offset`` for many queues at once, in one atomic write."""
-        self._check_open()
+        self._check_writable()
         for (topic, queue_id), offset in offsets.items():
             high = self.max_offset(topic, queue_id)
             if not isinstance(offset, int) or isinstance(offset, bool) or \
@@ -386,7 +417,7 @@ class Store:
 
         Runs by itself every ``retention_check_interval_ms``; ``now_ms`` replaces the
         clock (the store's ``clock_ms``, else the wall clock)."""
-        self._check_open()
+        self._check_writable()
         if now_ms is None:
             now_ms = self._clock_ms() if self._clock_ms is not None else _now_ms()
         retired, self._retired = self._retired, []
@@ -442,7 +473,7 @@ class Store:
 
     def flush(self) -> None:
         """Make everything written so far durable before returning."""
-        self._check_open()
+        self._check_writable()
         self._flusher.flush_now()
 
     @property
@@ -451,7 +482,8 @@ class Store:
 
     @property
     def flushed_position(self) -> int:
-        return self._flusher.flushed_position
+        return self.core.committed_position if self.read_only else \
+            self._flusher.flushed_position
 
     @property
     def committed_position(self) -> int:
@@ -459,7 +491,7 @@ class Store:
 
     @property
     def flush_count(self) -> int:
-        return self._flusher.flush_count
+        return 0 if self.read_only else self._flusher.flush_count
 
     # --- what replication needs (DESIGN §4) --------------------------------------------
 
@@ -470,7 +502,7 @@ class Store:
 
     def append_raw(self, position: int, data: Any) -> int:
         """Append records received from another replica at the same position."""
-        self._check_open()
+        self._check_writable()
         end = self.core.append_raw(position, data)
         self.core.last_keyed_end = end  # replicated records may hold keys
         return end
@@ -480,7 +512,7 @@ class Store:
 
         Other threads may keep writing: they continue from ``position`` afterwards.
         """
-        self._check_open()
+        self._check_writable()
         with self._flusher.paused():
             self._truncate(position)
 
@@ -517,6 +549,7 @@ class Store:
 
     def set_epoch(self, epoch: int) -> None:
         """Stamp later records with ``epoch``; epochs never go backwards."""
+        self._check_writable()
         if not isinstance(epoch, int) or epoch < self.core.epoch:
             raise InvalidArgument(f"epoch must be an int >= the current {self.core.epoch}")
         self.core.epoch = epoch
@@ -536,6 +569,7 @@ class Store:
 
     def set_committed_position(self, position: int) -> None:
         """Move the committed position (replication layers, committed_follows=external)."""
+        self._check_writable()
         if not 0 <= position <= self.core.written_position:
             raise InvalidPosition(f"committed position {position} must lie in "
                                   f"[0, {self.core.written_position}]")
@@ -548,6 +582,9 @@ class Store:
         if self._closed:
             return
         self._closed = True
+        if self.read_only:
+            self._release_files()
+            return
         self.core.fence(StoreClosed(f"store {self.paths.root} is closed; open it again"))
         self._maintenance.stop()
         self._flusher.stop()
@@ -618,11 +655,11 @@ class Store:
             self._queue_flushed[key] = base_offset
             base_offset -= base_offset % per_file
         path = self.paths.queue_dir(topic, queue_id) / file_name(base_offset)
-        mapped = MappedFile.create(path, per_file * _CQ_ENTRY, preallocate=False)
+        mapped = MappedFile.create(path, per_file * cq.ENTRY_SIZE, preallocate=False)
         if not self._queue_files[key]:
             first = self.core.queue_offsets(topic, queue_id)[0]
-            mapped.buffer[:(first - base_offset) * _CQ_ENTRY] = \
-                _CQ_TOMBSTONE * (first - base_offset)
+            mapped.buffer[:(first - base_offset) * cq.ENTRY_SIZE] = \
+                cq.TOMBSTONE * (first - base_offset)
         self._queue_files[key].append(mapped)
         self.core.attach_queue_file(topic, queue_id, base_offset, mapped.buffer)
 
@@ -686,18 +723,18 @@ class Store:
                     expected: tuple[int, int] | None, exact: bool) -> None:
         files = [MappedFile.open(path) for _, path in numbered_files(directory)]
         try:
-            kept = _trim_queue_files(files, scan_from)
+            kept = cq.trim_files(files, scan_from)
             log_start = self.first_segment_base()
-            while len(kept) > 1 and _first_live_entry(kept[1], log_start) > 0:
+            while len(kept) > 1 and cq.first_live_entry(kept[1], log_start) > 0:
                 kept.pop(0).remove()  # retention was cut short: only older entries here
             if not kept:
                 return
-            per_file = kept[0].size // _CQ_ENTRY or self.config.consume_queue_entries_per_file
+            per_file = kept[0].size // cq.ENTRY_SIZE or self.config.consume_queue_entries_per_file
             bases = [int(mapped.path.name) for mapped in kept]
             if bases != list(range(bases[0], bases[0] + per_file * len(bases), per_file)):
                 raise ConsumeQueueMismatch(f"consume queue {key} has a gap between its files")
-            next_offset = bases[-1] + _entries_before(kept[-1], scan_from)
-            min_offset = bases[0] + _first_live_entry(kept[0], self.first_segment_base())
+            next_offset = bases[-1] + cq.entries_before(kept[-1], scan_from)
+            min_offset = bases[0] + cq.first_live_entry(kept[0], self.first_segment_base())
             if expected is not None and (min_offset > expected[0] or
                                          exact and next_offset != expected[1]):
                 raise ConsumeQueueMismatch(
@@ -750,10 +787,10 @@ class Store:
                 continue
             for mapped in files:
                 base = int(mapped.path.name)
-                count = mapped.size // _CQ_ENTRY or per_file
+                count = mapped.size // cq.ENTRY_SIZE or per_file
                 low, high = max(flushed, base), min(offsets[1], base + count)
                 if low < high:
-                    mapped.sync((low - base) * _CQ_ENTRY, (high - base) * _CQ_ENTRY)
+                    mapped.sync((low - base) * cq.ENTRY_SIZE, (high - base) * cq.ENTRY_SIZE)
             self._queue_flushed[key] = offsets[1]
 
     def _checkpoint(self, log_position: int) -> None:
@@ -794,52 +831,9 @@ class Store:
                                     f"{failure}"))
 
 
+def _refuse(*_arguments: object) -> None:
+    raise AssertionError("a read-only store's core asked for a new file")
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _entry(mapped: MappedFile, index: int) -> tuple[int, int]:
-    position, size = int.from_bytes(mapped.buffer[index * 20:index * 20 + 8], "little"), \
-        int.from_bytes(mapped.buffer[index * 20 + 8:index * 20 + 12], "little")
-    return position, size
-
-
-def _entries_before(mapped: MappedFile, scan_from: int) -> int:
-    """How many leading entries are tombstones or point before ``scan_from``."""
-    low, high = 0, mapped.size // _CQ_ENTRY
-    while low < high:
-        middle = (low + high) // 2
-        position, size = _entry(mapped, middle)
-        if size == _TOMBSTONE_SIZE or (size != 0 and position < scan_from):
-            low = middle + 1
-        else:
-            high = middle
-    return low
-
-
-def _first_live_entry(mapped: MappedFile, log_start: int) -> int:
-    """Index of the first entry of a record still in the log (one past the prefix if none)."""
-    low, high = 0, _entries_before(mapped, 1 << 64)
-    while low < high:
-        middle = (low + high) // 2
-        position, size = _entry(mapped, middle)
-        if size == _TOMBSTONE_SIZE or position < log_start:
-            low = middle + 1
-        else:
-            high = middle
-    return low
-
-
-def _trim_queue_files(files: list[MappedFile], scan_from: int) -> list[MappedFile]:
-    """Drop entries at or past ``scan_from``: later files go, the last one kept is zeroed
-    past its live prefix. Returns the files kept (the first one always, if any)."""
-    while len(files) > 1 and _entries_before(files[-1], scan_from) == 0:
-        files.pop().remove()
-    if files:
-        # After a crash the tail may hold entries of lost records, with holes between
-        # them; zero it whole so the live prefix stays contiguous for the next search.
-        last = files[-1]
-        live = _entries_before(last, scan_from)
-        if live * _CQ_ENTRY < last.size:
-            last.zero_from(live * _CQ_ENTRY, preallocate=False)
-    return files

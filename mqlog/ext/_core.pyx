@@ -595,9 +595,10 @@ cdef struct QueueFile:
     Py_buffer view
 
 
-cdef int _hold_writable(object buffer, Py_buffer *view, char **data,
-                        uint64_t *size) except -1:
-    PyObject_GetBuffer(buffer, view, PyBUF_WRITABLE)
+cdef int _hold(object buffer, Py_buffer *view, char **data, uint64_t *size,
+               bint writable) except -1:
+    """Export ``buffer`` into ``view``; a read-only core never writes through ``data``."""
+    PyObject_GetBuffer(buffer, view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
     data[0] = <char *>view.buf
     size[0] = <uint64_t>view.len
     return 0
@@ -640,13 +641,13 @@ cdef class _Queue:
         self.release_files(0)
         PyMem_Free(self.files)
 
-    cdef int attach(self, uint64_t base_offset, object buffer) except -1:
+    cdef int attach(self, uint64_t base_offset, object buffer, bint writable) except -1:
         cdef QueueFile *file = <QueueFile *>PyMem_Malloc(sizeof(QueueFile))
         cdef uint64_t size
         if file == NULL:
             raise MemoryError()
         try:
-            _hold_writable(buffer, &file.view, &file.data, &size)
+            _hold(buffer, &file.view, &file.data, &size, writable)
         except BaseException:
             PyMem_Free(file)
             raise
@@ -925,6 +926,7 @@ cdef class LogCore:
     cdef public list epoch_starts  # [(epoch, first position)], ascending
     cdef public long long last_store_timestamp
     cdef public unsigned long long last_keyed_end  # just past the last keyed record put
+    cdef readonly bint read_only  # mappings are held as plain, not writable, buffers
 
     cdef object _new_segment
     cdef object _new_queue_file
@@ -959,7 +961,8 @@ cdef class LogCore:
 
     def __init__(self, *, segment_size_bytes, message_size_bytes_max, key_size_bytes_max,
                  tags_size_bytes_max, new_segment, new_queue_file, clock_ms=None,
-                 verify_crc_on_read=True):
+                 verify_crc_on_read=True, read_only=False):
+        self.read_only = read_only
         self.segment_size_bytes = segment_size_bytes
         self.message_size_bytes_max = message_size_bytes_max
         self.key_size_bytes_max = key_size_bytes_max
@@ -1008,7 +1011,7 @@ cdef class LogCore:
         if segment == NULL:
             raise MemoryError()
         try:
-            _hold_writable(buffer, &segment.view, &segment.data, &segment.size)
+            _hold(buffer, &segment.view, &segment.data, &segment.size, not self.read_only)
         except BaseException:
             PyMem_Free(segment)
             raise
@@ -1063,7 +1066,7 @@ cdef class LogCore:
         cdef _Queue queue = queues.find_object(queue_id)
         if queue is None:
             raise KeyError(queue_id)
-        queue.attach(base_offset, buffer)
+        queue.attach(base_offset, buffer, not self.read_only)
 
     def queue_ids(self):
         return [(topic, queue_id) for topic, queues in self._queues.items()
@@ -1912,7 +1915,7 @@ cdef class LogCore:
         cdef Py_buffer view
         cdef char *data
         cdef uint64_t size_bytes, stop, count
-        _hold_writable(index, &view, &data, &size_bytes)
+        _hold(index, &view, &data, &size_bytes, True)
         try:
             if size_bytes < IX_HEADER_SIZE or mq_u32(data) != INDEX_MAGIC or \
                     size_bytes < IX_HEADER_SIZE + 4 * <uint64_t>mq_u32(data + 8) + \

@@ -240,7 +240,10 @@ class LogCore:
                  tags_size_bytes_max: int, new_segment: Callable[[int], Any],
                  new_queue_file: Callable[[str, int, int], Any],
                  clock_ms: Callable[[], int] | None = None,
-                 verify_crc_on_read: bool = True) -> None:
+                 verify_crc_on_read: bool = True, read_only: bool = False) -> None:
+        # read_only: the engine maps files read-only and fences writes; the C core then
+        # asks for plain buffers instead of writable ones.
+        self.read_only = read_only
         self.segment_size_bytes = segment_size_bytes
         self.message_size_bytes_max = message_size_bytes_max
         self.key_size_bytes_max = key_size_bytes_max
