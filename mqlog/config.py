@@ -143,7 +143,60 @@ class StoreConfig:
         return dataclasses.replace(self, **overrides).validate()
 
 
-def _require_positive(config: StoreConfig, *names: str) -> None:
+Role = Literal["ASYNC_MASTER", "SYNC_MASTER", "SLAVE"]
+
+
+@dataclass(frozen=True)
+class ReplicationConfig:
+    """One node's place in a replica group, and the limits of its replication core.
+
+    Time is in ticks (``tick_ms`` each): the cores never read a clock (DESIGN §5).
+    """
+
+    layer: Literal["master_slave"] = "master_slave"
+    node_id: str = "node-1"
+    role: Role = "ASYNC_MASTER"
+    master: str = ""  # a slave's master
+    slaves: tuple[str, ...] = ()  # a master's slaves
+    in_sync_slaves_min: int = 1  # SYNC_MASTER: slaves that must have a record to ack it
+    slave_ack: Literal["written", "flushed"] = "written"  # what a slave's ack counts
+    tick_ms: int = 10
+    heartbeat_ticks: int = 10  # a slave reports at least this often
+    slave_timeout_ticks: int = 300  # a slave not heard from for this long is down
+    sync_timeout_ticks: int = 300  # SYNC_MASTER: past this, FLUSH_SLAVE_TIMEOUT (3 s)
+    retransmit_ticks: int = 20  # resend from the last ack when a slave makes no progress
+    append_bytes_max: int = 1 * MiB  # log bytes per Append message
+    inflight_bytes_max: int = 8 * MiB  # sent but unacknowledged, per slave
+    slave_gap_bytes_max: int = 256 * MiB  # a slave further behind is not in sync
+    frame_size_bytes_max: int = 16 * MiB
+
+    def validate(self) -> ReplicationConfig:
+        _require_positive(self, "in_sync_slaves_min", "tick_ms", "heartbeat_ticks",
+                          "slave_timeout_ticks", "sync_timeout_ticks", "retransmit_ticks",
+                          "append_bytes_max", "inflight_bytes_max", "slave_gap_bytes_max",
+                          "frame_size_bytes_max")
+        if self.role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
+            raise ConfigError(f"role must be ASYNC_MASTER, SYNC_MASTER or SLAVE, got "
+                              f"{self.role!r}")
+        if self.role == "SLAVE" and not self.master:
+            raise ConfigError("a SLAVE needs `master`, the node id of its master")
+        if self.role == "SYNC_MASTER" and self.in_sync_slaves_min > len(self.slaves):
+            raise ConfigError(f"in_sync_slaves_min={self.in_sync_slaves_min} exceeds the "
+                              f"{len(self.slaves)} slaves configured; a SYNC_MASTER would "
+                              "never ack")
+        if self.append_bytes_max + 4096 > self.frame_size_bytes_max:
+            raise ConfigError("append_bytes_max must leave 4 KiB of frame_size_bytes_max for "
+                              "the frame header")
+        if self.slave_ack not in ("written", "flushed"):
+            raise ConfigError(f"slave_ack must be 'written' or 'flushed', got "
+                              f"{self.slave_ack!r}")
+        return self
+
+    def replace(self, **overrides: Any) -> ReplicationConfig:
+        return dataclasses.replace(self, **overrides).validate()
+
+
+def _require_positive(config: Any, *names: str) -> None:
     for name in names:
         if getattr(config, name) <= 0:
             raise ConfigError(f"{name} must be positive, got {getattr(config, name)}")

@@ -115,3 +115,12 @@ class ReplicaDataRejected(InvalidArgument):
 
 class FlushFailed(MqlogError):
     """Flushing to disk failed; the writes it covered are not known to be durable."""
+
+
+class RemoteProtocolError(MqlogError):
+    """A peer sent bytes that are not a valid mqlog frame or message: drop the connection."""
+
+
+class NotMaster(MqlogError):
+    """This node is not the master of its replica group (a slave, or a fenced master):
+    send writes to the master, or promote this node."""

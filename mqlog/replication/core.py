@@ -1,0 +1,53 @@
+"""What every replication core shares: the Ready it hands its driver, and the log it reads.
+
+A core is sans-IO (etcd raft's RawNode shape, DESIGN §5): it owns no socket, clock,
+thread or file. A driver calls ``tick()`` every ``tick_ms``, ``step(message)`` for each
+message that arrives, ``propose(...)`` after the engine stored a write, then takes
+``ready()``, carries it out in order — truncate, append, set the epoch, sync if asked,
+send ``messages``, send ``messages_after_persist`` — and calls ``advance(ready)``.
+
+A core reads its own store through ``LogView`` (reading is deterministic and cheap, as
+etcd raft reads its Storage); it never writes to it: every change to the log is in a
+Ready, so a simulator can apply it, delay it, or lose it in a crash.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mqlog.replication.messages import Message
+from mqlog.results import PutStatus
+
+
+class LogView(Protocol):
+    """The read side of a store that a core needs (mqlog.Store provides it)."""
+
+    @property
+    def written_position(self) -> int: ...
+    @property
+    def flushed_position(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    def epoch_starts(self) -> list[tuple[int, int]]: ...
+    def epoch_at(self, position: int) -> int | None: ...
+    def read_raw(self, position: int, max_bytes: int) -> bytes: ...
+
+
+@dataclass
+class Ready:
+    """What the driver must do now, in this order (see the module docstring)."""
+
+    truncate_to: int | None = None  # cut the log here first (a slave that diverged)
+    appends: list[tuple[int, bytes]] = field(default_factory=list)  # raw records, in order
+    set_epoch: int | None = None  # stamp later records with this epoch (a promotion)
+    must_sync: bool = False  # flush the log before sending messages_after_persist
+    messages: list[Message] = field(default_factory=list)
+    messages_after_persist: list[Message] = field(default_factory=list)
+    resolved: list[tuple[Any, PutStatus]] = field(default_factory=list)  # proposals decided
+    events: list[str] = field(default_factory=list)  # news for the operator's log
+
+    def __bool__(self) -> bool:
+        return bool(self.truncate_to is not None or self.appends or self.set_epoch is not None
+                    or self.messages or self.messages_after_persist or self.resolved
+                    or self.events)

@@ -1,0 +1,293 @@
+"""The master-slave core: RocketMQ HA as a sans-IO state machine, with epochs.
+
+Roles are fixed by configuration (ASYNC_MASTER, SYNC_MASTER, SLAVE); only an operator
+changes them (``promote``). The whole store is replicated as bytes at identical
+positions (DESIGN §5).
+
+Slave. On start and after every Truncate it sends ``Hello(position, last_epoch)``: where
+its log ends and the epoch of the record ending there. Each ``Append`` that starts
+exactly at its end is handed to the driver to append (the store checks every record's
+CRC and position); once appended — and flushed, when ``slave_ack = "flushed"`` — it
+sends ``Report(written, flushed)``. An Append anywhere else is answered with a Report of
+where its log really ends, so the master resends from there. It reports at least every
+``heartbeat_ticks``, and re-sends Hello when its master has said nothing for
+``slave_timeout_ticks``. It refuses proposals (NotMaster).
+
+Master. A Hello is checked against the master's epochs (Kafka's leader-epoch rule):
+the slave's log agrees with the master's up to the end of the slave's last epoch in
+the master's log; if the slave holds more than that (it was a master once, or lost
+nothing the master lost) it is told to ``Truncate`` there, and the dropped range is
+reported as an event. Otherwise the master streams from the slave's end: Appends of at
+most ``append_bytes_max``, at most ``inflight_bytes_max`` unacknowledged per slave, and
+from the last ack again after ``retransmit_ticks`` without progress. Unflushed bytes are
+sent too, as in RocketMQ. A slave is in sync while it was heard from within
+``slave_timeout_ticks`` and is at most ``slave_gap_bytes_max`` behind.
+
+Proposals. After the engine stored a write ending at ``end``, ``propose(id, end)``: an
+ASYNC_MASTER resolves it PUT_OK at once; a SYNC_MASTER resolves it PUT_OK when
+``in_sync_slaves_min`` slaves acked ``end``, SLAVE_NOT_AVAILABLE at once if fewer slaves
+are in sync, and FLUSH_SLAVE_TIMEOUT after ``sync_timeout_ticks`` — never a silent
+success. A message from a higher epoch fences a master: another node was promoted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from mqlog.config import ReplicationConfig
+from mqlog.errors import NotMaster
+from mqlog.replication.core import LogView, Ready
+from mqlog.replication.messages import Append, Hello, Message, Report, Truncate
+from mqlog.results import PutStatus
+
+
+@dataclass
+class SlaveProgress:
+    """What a master knows of one slave."""
+
+    matched: bool = False  # its Hello was accepted: Appends may flow
+    acked: int = 0  # the position its ack counts up to (written or flushed)
+    written: int = 0
+    sent: int = 0  # the end of what was sent to it
+    heard_tick: int = -(1 << 62)
+    progress_tick: int = 0  # last tick its ack moved
+
+
+@dataclass
+class Proposal:
+    request_id: Any
+    end: int
+    deadline_tick: int
+
+
+class MasterSlaveCore:
+    """One node of a master-slave group; see the module docstring."""
+
+    def __init__(self, config: ReplicationConfig, log: LogView) -> None:
+        self.config = config.validate()
+        self.log = log
+        self.node_id = config.node_id
+        self.role: str = config.role  # or FENCED, once a newer epoch is seen
+        self.epoch = log.epoch
+        self.tick_count = 0
+        self.slaves = {name: SlaveProgress() for name in config.slaves}
+        self._waiting: deque[Proposal] = deque()
+        self._ready = Ready()
+        self._expected_end = log.written_position  # a slave's end, pending appends counted
+        self._master_heard_tick = 0
+        if self.role == "SLAVE":
+            self._send_hello()
+
+    @property
+    def is_master(self) -> bool:
+        return self.role in ("ASYNC_MASTER", "SYNC_MASTER")
+
+    # --- the driver's interface -----------------------------------------------------
+
+    def tick(self) -> None:
+        self.tick_count += 1
+        if self.is_master:
+            self._expire_proposals()
+            self._pump()
+        elif self.role == "SLAVE":
+            self._slave_tick()
+
+    def step(self, message: Message) -> None:
+        if message.epoch > self.epoch:
+            self._see_epoch(message.epoch)
+        if self.is_master and isinstance(message, Hello | Report):
+            progress = self.slaves.get(message.src)
+            if progress is None:
+                self._ready.events.append(f"ignored {message.kind} from unknown node "
+                                          f"{message.src}")
+                return
+            progress.heard_tick = self.tick_count
+            if isinstance(message, Hello):
+                self._on_hello(message, progress)
+            else:
+                self._on_report(message, progress)
+            self._pump()
+        elif self.role == "SLAVE" and isinstance(message, Append | Truncate):
+            if message.src != self.config.master or message.epoch < self.epoch:
+                return  # a stale master: its epoch was superseded
+            self._master_heard_tick = self.tick_count
+            if isinstance(message, Append):
+                self._on_append(message)
+            else:
+                self._on_truncate(message)
+
+    def check_master(self) -> None:
+        """Raise NotMaster unless this node takes writes (drivers ask before storing)."""
+        if not self.is_master:
+            raise NotMaster(f"node {self.node_id} is a {self.role.lower()}, not a master; "
+                            f"send writes to {self.config.master or 'the master'}")
+
+    def propose(self, request_id: Any, end: int) -> None:
+        """A write ending at ``end`` was stored; resolve it by the role's rule."""
+        self.check_master()
+        if self.role == "ASYNC_MASTER":
+            self._ready.resolved.append((request_id, PutStatus.PUT_OK))
+        elif len(self._in_sync()) < self.config.in_sync_slaves_min:
+            self._ready.resolved.append((request_id, PutStatus.SLAVE_NOT_AVAILABLE))
+        else:
+            self._waiting.append(Proposal(request_id, end,
+                                          self.tick_count + self.config.sync_timeout_ticks))
+            self._resolve_acked()
+        self._pump()
+
+    def ready(self) -> Ready:
+        return self._ready
+
+    def advance(self, ready: Ready) -> None:
+        assert ready is self._ready, "advance() takes the Ready that ready() returned"
+        self._ready = Ready()
+
+    def promote(self, role: str = "SYNC_MASTER", slaves: tuple[str, ...] = ()) -> None:
+        """Operator command: this slave becomes a master of ``slaves``, in a new epoch."""
+        assert role in ("ASYNC_MASTER", "SYNC_MASTER") and self.role == "SLAVE"
+        self.role = role
+        self.slaves = {name: SlaveProgress() for name in slaves}
+        self.config = self.config.replace(role=role, slaves=slaves, master="")
+        self.epoch += 1
+        self._ready.set_epoch = self.epoch
+        self._ready.events.append(f"{self.node_id} promoted to {role} in epoch {self.epoch}")
+
+    # --- master -------------------------------------------------------------------------
+
+    def _on_hello(self, hello: Hello, progress: SlaveProgress) -> None:
+        agreed = min(self._end_of_epoch(hello.last_epoch), self.log.written_position)
+        if hello.position > agreed:
+            progress.matched = False
+            self._send(Truncate(self.node_id, hello.src, self.epoch, agreed))
+            self._ready.events.append(f"{hello.src} diverged: truncate [{agreed}, "
+                                      f"{hello.position}) from its log")
+            return
+        progress.matched = True
+        progress.sent = progress.written = progress.acked = hello.position
+        progress.progress_tick = self.tick_count
+
+    def _on_report(self, report: Report, progress: SlaveProgress) -> None:
+        if not progress.matched:
+            return
+        acked = report.flushed if self.config.slave_ack == "flushed" else report.written
+        if acked > progress.acked:
+            progress.progress_tick = self.tick_count
+        progress.written, progress.acked = report.written, max(progress.acked, acked)
+        self._resolve_acked()
+
+    def _end_of_epoch(self, epoch: int) -> int:
+        """Where ``epoch`` ends in this log: the start of the first later epoch."""
+        for started_epoch, start in self.log.epoch_starts():
+            if started_epoch > epoch:
+                return start
+        return self.log.written_position
+
+    def _in_sync(self) -> list[SlaveProgress]:
+        written = self.log.written_position
+        return [progress for progress in self.slaves.values()
+                if progress.matched and self._heard_lately(progress)
+                and written - progress.acked <= self.config.slave_gap_bytes_max]
+
+    def _heard_lately(self, progress: SlaveProgress) -> bool:
+        return self.tick_count - progress.heard_tick <= self.config.slave_timeout_ticks
+
+    def _resolve_acked(self) -> None:
+        acks = sorted((progress.acked for progress in self._in_sync()), reverse=True)
+        if len(acks) < self.config.in_sync_slaves_min:
+            return
+        replicated = acks[self.config.in_sync_slaves_min - 1]
+        while self._waiting and self._waiting[0].end <= replicated:
+            self._ready.resolved.append((self._waiting.popleft().request_id,
+                                         PutStatus.PUT_OK))
+
+    def _expire_proposals(self) -> None:
+        while self._waiting and self._waiting[0].deadline_tick <= self.tick_count:
+            self._ready.resolved.append((self._waiting.popleft().request_id,
+                                         PutStatus.FLUSH_SLAVE_TIMEOUT))
+
+    def _pump(self) -> None:
+        """Send each matched slave what it lacks, within the in-flight window."""
+        config, written = self.config, self.log.written_position
+        for name, progress in self.slaves.items():
+            if not progress.matched or not self._heard_lately(progress):
+                continue
+            if self.tick_count - progress.progress_tick >= config.retransmit_ticks and \
+                    progress.sent > progress.written:
+                progress.sent = progress.written  # lost in flight: resend from the ack
+                progress.progress_tick = self.tick_count
+            while progress.sent < written and \
+                    progress.sent - progress.written < config.inflight_bytes_max:
+                data = self.log.read_raw(progress.sent, config.append_bytes_max)
+                if not data:
+                    break
+                self._send(Append(self.node_id, name, self.epoch, progress.sent, data))
+                progress.sent += len(data)
+
+    # --- slave --------------------------------------------------------------------------
+
+    def _slave_tick(self) -> None:
+        config = self.config
+        if self.tick_count - self._master_heard_tick >= config.slave_timeout_ticks:
+            self._master_heard_tick = self.tick_count
+            self._send_hello()  # the master may have restarted: start over
+        elif self.tick_count % config.heartbeat_ticks == 0:
+            self._report_now()
+
+    def _send_hello(self) -> None:
+        position = self._expected_end = self.log.written_position
+        last_epoch = self.log.epoch_at(position)
+        self._send(Hello(self.node_id, self.config.master, self.epoch, position,
+                         -1 if last_epoch is None else last_epoch))
+
+    def _on_append(self, append: Append) -> None:
+        if append.position != self._expected_end:
+            return  # lost, duplicated or reordered: the master resends from the last ack
+        self._ready.appends.append((append.position, append.payload))
+        self._expected_end += len(append.payload)
+        self._ready.must_sync = self._ready.must_sync or self.config.slave_ack == "flushed"
+        flushed = self._expected_end if self.config.slave_ack == "flushed" else \
+            self.log.flushed_position
+        self._ready.messages_after_persist.append(
+            Report(self.node_id, self.config.master, self.epoch, self._expected_end, flushed))
+
+    def _on_truncate(self, truncate: Truncate) -> None:
+        if truncate.position >= self._expected_end:
+            return
+        self._ready.truncate_to = truncate.position
+        self._ready.appends.clear()
+        self._ready.events.append(f"{self.node_id} truncated [{truncate.position}, "
+                                  f"{self._expected_end}) that its master does not have")
+        self._expected_end = truncate.position
+        self._hello_after_truncate(truncate.position)
+
+    def _hello_after_truncate(self, position: int) -> None:
+        epoch = self._epoch_before(position)
+        self._ready.messages_after_persist.append(
+            Hello(self.node_id, self.config.master, self.epoch, position, epoch))
+
+    def _epoch_before(self, position: int) -> int:
+        found = self.log.epoch_at(position)
+        return -1 if found is None else found
+
+    def _report_now(self) -> None:
+        """A heartbeat: what is in the log now (appends still in a Ready do not count)."""
+        self._send(Report(self.node_id, self.config.master, self.epoch,
+                          self.log.written_position, self.log.flushed_position))
+
+    # --- both ---------------------------------------------------------------------------
+
+    def _see_epoch(self, epoch: int) -> None:
+        if self.is_master:
+            self._ready.events.append(f"{self.node_id} fenced: epoch {epoch} is newer than "
+                                      f"its {self.epoch}; another node was promoted")
+            for proposal in self._waiting:
+                self._ready.resolved.append((proposal.request_id,
+                                             PutStatus.FLUSH_SLAVE_TIMEOUT))
+            self._waiting.clear()
+            self.role = "FENCED"
+        self.epoch = epoch
+
+    def _send(self, message: Message) -> None:
+        self._ready.messages.append(message)

@@ -1,0 +1,217 @@
+"""The master-slave core, driven by datadriven scripts (tests/data/master_slave/*.txt)
+over real stores: each node is an mqlog.Store in a temporary directory and a
+MasterSlaveCore; a test network holds the messages between them until a script
+delivers or drops them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import mqlog
+from mqlog.config import ReplicationConfig
+from mqlog.errors import MqlogError
+from mqlog.replication import messages as wire_messages
+from mqlog.replication.core import Ready
+from mqlog.replication.master_slave import MasterSlaveCore
+from mqlog.replication.messages import Message
+from mqlog.replication.wire import Frame, FrameDecoder
+from tests import datadriven
+from tests.conftest import SMALL
+
+SCRIPTS = sorted((Path(__file__).parent / "data" / "master_slave").glob("*.txt"))
+TICK_SETTINGS = dict(heartbeat_ticks=3, slave_timeout_ticks=10, sync_timeout_ticks=6,
+                     retransmit_ticks=4, append_bytes_max=600, inflight_bytes_max=1200,
+                     frame_size_bytes_max=8192)
+
+
+class Interaction:
+    """The nodes, their stores and the network of one script."""
+
+    def __init__(self, root: Path, impl: str) -> None:
+        self.root, self.impl = root, impl
+        self.stores: dict[str, mqlog.Store] = {}
+        self.cores: dict[str, MasterSlaveCore] = {}
+        self.configs: dict[str, ReplicationConfig] = {}
+        self.network: list[Message] = []
+        self.proposals = 0
+
+    def close(self) -> None:
+        for store in self.stores.values():
+            store.close()
+
+    def handle(self, command: str, args: list[str], kwargs: dict[str, str]) -> str:
+        try:
+            return getattr(self, f"do_{command.replace('-', '_')}")(args, kwargs) or ""
+        except MqlogError as error:
+            return f"error: {type(error).__name__}: {error}"
+
+    # --- commands --------------------------------------------------------------------
+
+    def do_add(self, args: list[str], kwargs: dict[str, str]) -> str:
+        name = args[0]
+        config = ReplicationConfig(
+            node_id=name, role=kwargs.get("role", "SLAVE"),  # type: ignore[arg-type]
+            master=kwargs.get("master", ""),
+            slaves=tuple(filter(None, kwargs.get("slaves", "").split(","))),
+            in_sync_slaves_min=int(kwargs.get("min", 1)),
+            slave_ack=kwargs.get("ack", "written"), **TICK_SETTINGS)  # type: ignore[arg-type]
+        self.configs[name] = config
+        self._start(name)
+        return self._flush_ready([name])
+
+    def _start(self, name: str) -> None:
+        self.stores[name] = mqlog.open(self.root / name, implementation=self.impl, **SMALL)
+        self.cores[name] = MasterSlaveCore(self.configs[name], self.stores[name])
+
+    def do_put(self, args: list[str], kwargs: dict[str, str]) -> str:
+        name, lines = args[0], []
+        self.cores[name].check_master()  # as a node does before it stores a client's write
+        for _ in range(int(kwargs.get("count", 1))):
+            result = self.stores[name].put("t", b"x" * int(kwargs.get("size", 100)))
+            self.proposals += 1
+            self.cores[name].propose(f"p{self.proposals}", result.end_position)
+            lines.append(f"p{self.proposals}: stored [{result.position}, "
+                         f"{result.end_position})")
+        return "\n".join(lines)
+
+    def do_tick(self, args: list[str], kwargs: dict[str, str]) -> str:
+        for _ in range(int(kwargs.get("n", 1))):
+            for name in args:
+                self.cores[name].tick()
+        return ""
+
+    def do_process(self, args: list[str], kwargs: dict[str, str]) -> str:
+        return self._flush_ready(args or sorted(self.cores))
+
+    def do_deliver(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """Deliver queued messages (to the named nodes only, if any), through the wire."""
+        wanted = [m for m in self.network if not args or m.dst in args]
+        self.network = [m for m in self.network if m not in wanted]
+        lines = []
+        for message in wanted:
+            lines.append(f"{_describe(message)}")
+            if message.dst in self.cores:
+                self.cores[message.dst].step(_through_the_wire(message))
+        return "\n".join(lines)
+
+    def do_drop(self, args: list[str], kwargs: dict[str, str]) -> str:
+        dropped = [m for m in self.network if not args or m.dst in args]
+        self.network = [m for m in self.network if m not in dropped]
+        return "\n".join(f"dropped {_describe(m)}" for m in dropped)
+
+    def do_duplicate(self, args: list[str], kwargs: dict[str, str]) -> str:
+        self.network += list(self.network)
+        return ""
+
+    def do_stabilize(self, args: list[str], kwargs: dict[str, str]) -> str:
+        lines = []
+        for _ in range(100):
+            output = self._flush_ready(sorted(self.cores))
+            delivered = self.do_deliver([], {})
+            if not output and not delivered:
+                return "\n".join(lines)
+            lines += [text for text in (output, delivered) if text]
+        raise AssertionError("did not stabilize in 100 rounds")
+
+    def do_promote(self, args: list[str], kwargs: dict[str, str]) -> str:
+        self.cores[args[0]].promote(kwargs.get("role", "SYNC_MASTER"),
+                                    tuple(filter(None, kwargs.get("slaves", "").split(","))))
+        return self._flush_ready([args[0]])
+
+    def do_restart(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """Close a node's store cleanly and start it again with a fresh core; ``as=ROLE``
+        reconfigures it (an operator demoting an old master, say)."""
+        name = args[0]
+        self.stores.pop(name).close()
+        if "as" in kwargs:
+            self.configs[name] = self.configs[name].replace(
+                role=kwargs["as"], master=kwargs.get("master", ""), slaves=())
+        self._start(name)
+        return self._flush_ready([name])
+
+    def do_status(self, args: list[str], kwargs: dict[str, str]) -> str:
+        lines = []
+        for name in args or sorted(self.cores):
+            core, store = self.cores[name], self.stores[name]
+            lines.append(f"{name}: {core.role} epoch={core.epoch} written="
+                         f"{store.written_position} epochs={store.epoch_starts()}")
+            for slave, progress in sorted(core.slaves.items()):
+                if progress.matched:
+                    lines.append(f"  {slave}: acked={progress.acked} sent={progress.sent}")
+        return "\n".join(lines)
+
+    def do_compare(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """Whether the named nodes' logs are byte-identical up to the shortest."""
+        ends = {name: self.stores[name].written_position for name in args}
+        shortest = min(ends.values())
+        images = {_image(self.stores[name], shortest) for name in args}
+        return f"identical up to {shortest}" if len(images) == 1 else "DIFFERENT"
+
+    # --- carrying out a Ready ----------------------------------------------------------
+
+    def _flush_ready(self, names: list[str]) -> str:
+        lines = []
+        for name in names:
+            core = self.cores[name]
+            ready = core.ready()
+            if ready:
+                lines += [f"{name}: {line}" for line in self._apply(name, ready)]
+            core.advance(ready)
+        return "\n".join(lines)
+
+    def _apply(self, name: str, ready: Ready) -> list[str]:
+        store, lines = self.stores[name], []
+        if ready.truncate_to is not None:
+            store.truncate(ready.truncate_to)
+            lines.append(f"truncate to {ready.truncate_to}")
+        for position, data in ready.appends:
+            store.append_raw(position, data)
+            lines.append(f"append [{position}, {position + len(data)})")
+        if ready.set_epoch is not None:
+            store.set_epoch(ready.set_epoch)
+            lines.append(f"set epoch {ready.set_epoch}")
+        if ready.must_sync:
+            store.flush()
+            lines.append("sync")
+        self.network += ready.messages + ready.messages_after_persist
+        lines += [f"resolved {request} {status.value}" for request, status in ready.resolved]
+        lines += [f"event: {event}" for event in ready.events]
+        return lines
+
+
+def _through_the_wire(message: Message) -> Message:
+    decoder = FrameDecoder(1 << 20)
+    decoder.feed(wire_messages.encode(message))
+    frame = decoder.next_frame()
+    assert isinstance(frame, Frame) and decoder.buffered_size == 0
+    return wire_messages.decode(frame)
+
+
+def _describe(message: Message) -> str:
+    fields = {key: value for key, value in vars(message).items()
+              if key not in ("src", "dst", "payload")}
+    text = " ".join(f"{key}={value}" for key, value in fields.items())
+    payload = getattr(message, "payload", None)
+    if payload is not None:
+        text += f" bytes={len(payload)}"
+    return f"{message.src}->{message.dst} {message.kind} {text}"
+
+
+def _image(store: mqlog.Store, end: int) -> bytes:
+    chunks, position = [], store.first_segment_base()
+    while position < end:
+        data = store.read_raw(position, end - position)
+        chunks.append(data[:end - position])
+        position += len(data)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[path.stem for path in SCRIPTS])
+def test_master_slave_script(script, tmp_path, impl):
+    interaction = Interaction(tmp_path, impl)
+    try:
+        datadriven.run_file(script, interaction.handle)
+    finally:
+        interaction.close()
