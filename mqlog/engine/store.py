@@ -552,7 +552,14 @@ class Store:
         self._check_writable()
         if not isinstance(epoch, int) or epoch < self.core.epoch:
             raise InvalidArgument(f"epoch must be an int >= the current {self.core.epoch}")
-        self.core.epoch = epoch
+        if epoch == self.core.epoch:
+            return
+        # Saved at once, before any record carries it: a master promoted into this epoch
+        # must still be in it after a restart (Kafka writes its leader-epoch checkpoint
+        # the same way). The epoch's start is noted when its first record is written.
+        with self._flusher.paused():
+            self.core.epoch = epoch
+            self._save_epochs()
 
     def epoch_starts(self) -> list[tuple[int, int]]:
         """(epoch, first position) of every epoch in the log, ascending."""
@@ -768,7 +775,9 @@ class Store:
     def restore_epochs(self, epochs: list[tuple[int, int]], scan_from: int) -> None:
         kept = [(epoch, start) for epoch, start in epochs if start < scan_from]
         self.core.epoch_starts = kept
-        self.core.epoch = kept[-1][0] if kept else 0
+        # The newest epoch the file knows, even one with no record yet (set_epoch saved
+        # it): a node never goes back to an older epoch across a restart.
+        self.core.epoch = max((epoch for epoch, _ in epochs), default=0)
         self._epochs_saved = list(kept)
 
     # --- flushing --------------------------------------------------------------------------
@@ -806,6 +815,8 @@ class Store:
 
     def _save_epochs(self) -> None:
         current = list(self.core.epoch_starts)
+        if self.core.epoch > (current[-1][0] if current else 0):
+            current.append((self.core.epoch, self.core.written_position))  # no record yet
         if current != self._epochs_saved:
             cp.write_epochs(self.paths.epochs, current)
             self._epochs_saved = current

@@ -65,7 +65,12 @@ class Proposal:
 class MasterSlaveCore:
     """One node of a master-slave group; see the module docstring."""
 
-    def __init__(self, config: ReplicationConfig, log: LogView) -> None:
+    def __init__(self, config: ReplicationConfig, log: LogView, *, test_break: str = "") -> None:
+        assert test_break in ("", "ack_early", "skip_truncate")
+        # test_break: a deliberately broken core, so tests can show the simulator's
+        # checkers catch it ("ack_early": a SYNC_MASTER acks before any slave has the
+        # write; "skip_truncate": a diverged slave is streamed to as if it agreed).
+        self._test_break = test_break
         self.config = config.validate()
         self.log = log
         self.node_id = config.node_id
@@ -127,7 +132,7 @@ class MasterSlaveCore:
     def propose(self, request_id: Any, end: int) -> None:
         """A write ending at ``end`` was stored; resolve it by the role's rule."""
         self.check_master()
-        if self.role == "ASYNC_MASTER":
+        if self.role == "ASYNC_MASTER" or self._test_break == "ack_early":
             self._ready.resolved.append((request_id, PutStatus.PUT_OK))
         elif len(self._in_sync()) < self.config.in_sync_slaves_min:
             self._ready.resolved.append((request_id, PutStatus.SLAVE_NOT_AVAILABLE))
@@ -158,7 +163,7 @@ class MasterSlaveCore:
 
     def _on_hello(self, hello: Hello, progress: SlaveProgress) -> None:
         agreed = min(self._end_of_epoch(hello.last_epoch), self.log.written_position)
-        if hello.position > agreed:
+        if hello.position > agreed and self._test_break != "skip_truncate":
             progress.matched = False
             self._send(Truncate(self.node_id, hello.src, self.epoch, agreed))
             self._ready.events.append(f"{hello.src} diverged: truncate [{agreed}, "

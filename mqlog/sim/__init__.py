@@ -1,0 +1,1 @@
+"""The deterministic simulator: ``python -m mqlog.sim --layer master_slave --seed N``."""
