@@ -14,6 +14,7 @@ Embed a store and use it directly — no server::
 """
 
 from mqlog import errors
+from mqlog.client import Client  # noqa: E402,I001  (after the engine: it builds on it)
 from mqlog.config import StoreConfig
 from mqlog.engine.recovery import RecoveryReport
 from mqlog.engine.store import Store, open
@@ -23,6 +24,7 @@ from mqlog.results import BatchPutResult, PutResult, PutStatus
 __all__ = [
     "IMPLEMENTATION",
     "BatchPutResult",
+    "Client",
     "PutResult",
     "PutStatus",
     "RecoveryReport",

@@ -416,6 +416,47 @@ def bench_compare(args: tuple[str, ...]) -> int:
     return int(_import_compare().main(list(args)) or 0)
 
 
+@cli.command()
+@click.option("--config", "config_file", required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The node's TOML file: [node] (id, listen, data_dir, role, master, "
+              "slaves, peers) and [store].")
+def node(config_file: Path) -> None:
+    """Run a replicated node: serve its replica group and clients until SIGTERM."""
+    from mqlog.replication.node import NodeConfig, run_node
+
+    run_node(NodeConfig.load(config_file))
+
+
+@cli.group()
+def cluster() -> None:
+    """Replicated nodes, seen from outside."""
+
+
+@cluster.command("status")
+@click.argument("addresses", nargs=-1, required=True)
+@json_option
+def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
+    """Role, epoch and positions of each node at ADDRESSES (host:port ...)."""
+    rows = []
+    for address in addresses:
+        try:
+            with mqlog.Client(address, timeout_s=5) as client:
+                facts = client.metadata()
+            rows.append({"address": address, "node": facts["node_id"], "role": facts["role"],
+                         "epoch": facts["epoch"], "written": facts["written"],
+                         "flushed": facts["flushed"],
+                         "slaves acked": ", ".join(f"{name}={acked}" for name, acked
+                                                   in sorted(facts["slaves"].items()))})
+        except MqlogError as error:
+            rows.append({"address": address, "node": "-", "role": f"unreachable ({error})",
+                         "epoch": "", "written": "", "flushed": "", "slaves acked": ""})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    _print_tables([_rows_table("Nodes", rows)])
+
+
 # --- produce -----------------------------------------------------------------------------
 
 

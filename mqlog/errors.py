@@ -124,3 +124,12 @@ class RemoteProtocolError(MqlogError):
 class NotMaster(MqlogError):
     """This node is not the master of its replica group (a slave, or a fenced master):
     send writes to the master, or promote this node."""
+
+
+class NodeUnavailable(MqlogError, ConnectionError):
+    """A node could not be reached, or the connection to it broke: the request's outcome
+    is unknown; retry it (on another node if this one is down)."""
+
+
+class RemoteError(MqlogError):
+    """A node reported an error this client does not know by name."""

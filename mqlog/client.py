@@ -1,0 +1,117 @@
+"""``mqlog.Client``: talk to a node (``mqlog node``) over TCP.
+
+A blocking client, one connection per Client, safe for one thread at a time. Requests
+and responses are wire frames (docs/FORMAT.md); the node's protocol is in
+mqlog/replication/node.py. A node's typed error comes back as the same class from
+``mqlog.errors`` (NotMaster, InvalidTopic, ...), with the node's message.
+
+    with mqlog.Client("127.0.0.1:7001") as client:
+        result = client.produce("orders", b"...", key="order-17")
+        if result.status is PutStatus.PUT_OK: ...
+        records = client.fetch("orders", 0, offset=0, max_count=100)
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from mqlog import errors, ext
+from mqlog.replication.node import pack_bodies, split_address
+from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
+from mqlog.results import PutResult, PutStatus
+
+
+class Client:
+    def __init__(self, address: str, timeout_s: float = 30.0,
+                 frame_size_bytes_max: int = 64 << 20) -> None:
+        self.address = address
+        host, port = split_address(address)
+        try:
+            self._socket = socket.create_connection((host, port), timeout=timeout_s)
+        except OSError as error:
+            raise errors.NodeUnavailable(f"cannot reach the node at {address}: "
+                                         f"{error.strerror or error}") from None
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._decoder = FrameDecoder(frame_size_bytes_max)
+        self._next_id = 0
+        self._core = ext.load()
+
+    def produce(self, topic: str, body: bytes, queue_id: int = 0, key: str | None = None,
+                tags: str | None = None) -> PutResult:
+        """Store one record on the master; the status follows its role's rule."""
+        header = self._call({"kind": "produce", "topic": topic, "queue_id": queue_id,
+                             "key": key, "tags": tags, "count": 1}, pack_bodies([body]))[0]
+        return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
+                         0, 0)
+
+    def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,
+                      key: str | None = None, tags: str | None = None) -> PutResult:
+        header = self._call({"kind": "produce", "topic": topic, "queue_id": queue_id,
+                             "key": key, "tags": tags, "count": len(bodies)},
+                            pack_bodies(bodies))[0]
+        return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
+                         0, 0)
+
+    def fetch(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
+              max_bytes: int = 1 << 20) -> list:
+        """Records of one queue from ``offset``, each checked by its CRC on arrival."""
+        header, payload = self._call({"kind": "fetch", "topic": topic, "queue_id": queue_id,
+                                      "offset": offset, "max_count": max_count,
+                                      "max_bytes": max_bytes})
+        records, at = [], 0
+        for _ in range(header["count"]):
+            size = int.from_bytes(payload[at:at + 4], "little")
+            record = self._core.Record(payload[at:at + size])
+            if self._core.crc32c(payload[at + 12:at + size]) != \
+                    int.from_bytes(payload[at + 8:at + 12], "little"):
+                raise errors.CorruptRecord(record.position, "CRC32C mismatch in transit")
+            records.append(record)
+            at += size
+        return records
+
+    def metadata(self) -> dict[str, Any]:
+        return self._call({"kind": "metadata"})[0]
+
+    def close(self) -> None:
+        self._socket.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _call(self, header: dict[str, Any], payload: bytes = b"") -> tuple[dict, bytes]:
+        self._next_id += 1
+        header["id"] = self._next_id
+        try:
+            self._socket.sendall(encode_frame(header, payload))
+            frame = self._receive()
+        except OSError as error:
+            raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
+                                         f"{error.strerror or error}") from None
+        if frame.header.get("id") != self._next_id:
+            raise errors.RemoteProtocolError("a response answered another request")
+        if frame.header.get("kind") == "error":
+            raise _error(frame.header)
+        return frame.header, frame.payload
+
+    def _receive(self) -> Frame:
+        while not isinstance(frame := self._decoder.next_frame(), Frame):
+            data = self._socket.recv(1 << 16)
+            if not data:
+                raise ConnectionResetError(0, "the node closed the connection")
+            self._decoder.feed(data)
+        return frame
+
+
+def _error(header: dict[str, Any]) -> errors.MqlogError:
+    cls = getattr(errors, str(header.get("error")), None)
+    message = str(header.get("message"))
+    if isinstance(cls, type) and issubclass(cls, errors.MqlogError):
+        try:
+            return cls(message)
+        except TypeError:  # an error class that needs more than a message
+            pass
+    return errors.RemoteError(f"{header.get('error')}: {message}")

@@ -1,0 +1,297 @@
+"""A replicated node: one store, one replication core, and the asyncio driver between
+them and the network (``mqlog node --config node.toml``).
+
+The driver is the one loop DESIGN §5 asks for: every ``tick_ms`` it ticks the core;
+every message a peer sends is stepped into it; after each, the core's Ready is carried
+out in order — truncate, append (the store checks every record), set the epoch, flush
+if asked, send, resolve the clients waiting on their writes — and advanced.
+
+Connections. A node listens on one TCP address (127.0.0.1 in tests) for peers and
+clients alike; the first frame of a connection says which it is. To send to a peer a
+node opens its own connection, lazily, and drops it on any error: messages then lost
+are the core's business (it retransmits, or says Hello again). Frames are checked by
+the wire codec; a peer or client that sends garbage is disconnected.
+
+Clients (``mqlog.Client``) send requests, one frame each, and get one response frame:
+
+* ``produce`` {topic, queue_id, key, tags, count} + payload (``count`` bodies, each
+  u32-length-prefixed) → {status, position, offset, count} once the role's rule is met
+  (a SYNC_MASTER waits for its slaves); a slave answers with a NotMaster error.
+* ``fetch`` {topic, queue_id, offset, max_count, max_bytes} → {next_offset, count} +
+  the raw records (slaves serve fetches only with ``slave_read_enable``).
+* ``metadata`` {} → the node's id, role, epoch and positions.
+Errors come back as {kind: "error", error: <class name>, message}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mqlog import errors
+from mqlog.config import ReplicationConfig, StoreConfig
+from mqlog.engine.store import open as open_store
+from mqlog.replication import messages
+from mqlog.replication.master_slave import MasterSlaveCore
+from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
+from mqlog.results import PutStatus
+
+_REPLICATION_KINDS = frozenset(messages.KINDS)
+_LENGTH = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """A node's place: its address, its data directory, its peers' addresses."""
+
+    listen: str
+    data_dir: Path
+    peers: dict[str, str] = field(default_factory=dict)  # node id -> "host:port"
+    slave_read_enable: bool = False
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
+    store: StoreConfig = field(default_factory=StoreConfig)
+
+    @classmethod
+    def load(cls, path: str | Path) -> NodeConfig:
+        """From a TOML file: ``[node]`` (id, listen, data_dir, role, master, slaves,
+        in_sync_slaves_min, ..., and ``[node.peers]``) and ``[store]``."""
+        try:
+            document = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as error:
+            raise errors.ConfigError(f"cannot read node config {path}: {error}") from None
+        table = dict(document.get("node", {}))
+        try:
+            listen, data_dir = table.pop("listen"), Path(table.pop("data_dir"))
+        except KeyError as missing:
+            raise errors.ConfigError(f"{path}: [node] needs {missing}") from None
+        peers = dict(table.pop("peers", {}))
+        slave_read = bool(table.pop("slave_read_enable", False))
+        if "id" in table:
+            table["node_id"] = table.pop("id")
+        if "slaves" in table:
+            table["slaves"] = tuple(table["slaves"])
+        try:
+            replication = ReplicationConfig(**table).validate()
+        except TypeError as error:
+            raise errors.ConfigError(f"{path}: [node]: {error}") from None
+        store = StoreConfig().replace(**document.get("store", {}))
+        return cls(listen, data_dir, peers, slave_read, replication, store)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise errors.ConfigError(f"address {address!r} must be host:port")
+    return host, int(port)
+
+
+def pack_bodies(bodies: list[bytes]) -> bytes:
+    return b"".join(_LENGTH.pack(len(body)) + body for body in bodies)
+
+
+def unpack_bodies(payload: bytes, count: int) -> list[bytes]:
+    bodies, at = [], 0
+    for _ in range(count):
+        if at + 4 > len(payload):
+            raise errors.RemoteProtocolError("produce payload is shorter than its count")
+        (size,) = _LENGTH.unpack_from(payload, at)
+        bodies.append(payload[at + 4:at + 4 + size])
+        at += 4 + size
+    if at != len(payload):
+        raise errors.RemoteProtocolError("produce payload does not match its count")
+    return bodies
+
+
+class Node:
+    """One running node; ``await node.serve()`` until ``node.stop()``."""
+
+    def __init__(self, config: NodeConfig) -> None:
+        self.config = config
+        self.node_id = config.replication.node_id
+        self.store = open_store(config.data_dir, config.store)
+        self.core = MasterSlaveCore(config.replication, self.store)
+        self._waiting: dict[Any, asyncio.Future[PutStatus]] = {}
+        self._outbound: dict[str, asyncio.StreamWriter] = {}
+        self._connecting: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._requests = 0
+        self._stopping = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    async def serve(self, ready: asyncio.Event | None = None) -> None:
+        host, port = split_address(self.config.listen)
+        self._server = await asyncio.start_server(self._connection, host, port)
+        ticker = asyncio.create_task(self._tick_forever())
+        if ready is not None:
+            ready.set()
+        try:
+            await self._stopping.wait()
+        finally:
+            ticker.cancel()
+            self._server.close()
+            for writer in self._outbound.values():
+                writer.close()
+            for future in self._waiting.values():
+                future.cancel()
+            self.store.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    # --- the driver loop ----------------------------------------------------------------
+
+    async def _tick_forever(self) -> None:
+        interval = self.config.replication.tick_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            self.core.tick()
+            self._carry_out()
+
+    def _carry_out(self) -> None:
+        ready = self.core.ready()
+        store = self.store
+        if ready.truncate_to is not None:
+            store.truncate(ready.truncate_to)
+        for position, data in ready.appends:
+            store.append_raw(position, data)
+        if ready.set_epoch is not None:
+            store.set_epoch(ready.set_epoch)
+        if ready.must_sync:
+            store.flush()
+        for message in ready.messages + ready.messages_after_persist:
+            self._send(message)
+        for request, status in ready.resolved:
+            future = self._waiting.pop(request, None)
+            if future is not None and not future.done():
+                future.set_result(status)
+        for event in ready.events:
+            print(f"[{self.node_id}] {event}", flush=True)
+        self.core.advance(ready)
+
+    def _send(self, message: messages.Message) -> None:
+        writer = self._outbound.get(message.dst)
+        if writer is not None and not writer.is_closing():
+            writer.write(messages.encode(message))
+        elif message.dst not in self._connecting and message.dst in self.config.peers:
+            self._connecting.add(message.dst)
+            asyncio.get_running_loop().create_task(self._connect(message))
+
+    async def _connect(self, first: messages.Message) -> None:
+        try:
+            host, port = split_address(self.config.peers[first.dst])
+            _reader, writer = await asyncio.open_connection(host, port)
+            self._outbound[first.dst] = writer
+            writer.write(messages.encode(first))
+        except OSError:
+            pass  # down: the core will try again (retransmit, Hello)
+        finally:
+            self._connecting.discard(first.dst)
+
+    # --- connections --------------------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder(self.config.replication.frame_size_bytes_max)
+        try:
+            while data := await reader.read(1 << 16):
+                decoder.feed(data)
+                while isinstance(frame := decoder.next_frame(), Frame):
+                    if frame.header.get("kind") in _REPLICATION_KINDS:
+                        self.core.step(messages.decode(frame))
+                        self._carry_out()
+                    else:  # a client's request: answered when done, in any order
+                        self._tasks.add(task := asyncio.create_task(self._answer(frame,
+                                                                                 writer)))
+                        task.add_done_callback(self._tasks.discard)
+        except (errors.RemoteProtocolError, ConnectionError) as error:
+            print(f"[{self.node_id}] dropped a connection: {error}", flush=True)
+        finally:
+            writer.close()
+
+    async def _answer(self, frame: Frame, writer: asyncio.StreamWriter) -> None:
+        try:
+            header, payload = await self._request(frame.header.get("kind"), frame)
+        except errors.MqlogError as error:
+            header, payload = {"kind": "error", "error": type(error).__name__,
+                               "message": str(error)}, b""
+        header["id"] = frame.header.get("id")
+        if not writer.is_closing():
+            writer.write(encode_frame(header, payload))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
+
+    async def _request(self, kind: Any, frame: Frame) -> tuple[dict[str, Any], bytes]:
+        if kind == "produce":
+            return await self._produce(frame), b""
+        if kind == "fetch":
+            return self._fetch(frame)
+        if kind == "metadata":
+            return self.metadata(), b""
+        raise errors.RemoteProtocolError(f"unknown request kind {kind!r}")
+
+    async def _produce(self, frame: Frame) -> dict[str, Any]:
+        self.core.check_master()
+        header = frame.header
+        bodies = unpack_bodies(frame.payload, int(header.get("count", 0)))
+        if not bodies:
+            raise errors.InvalidArgument("a produce request needs at least one body")
+        topic: Any = header.get("topic")  # the store checks every field's type
+        queue_id = header.get("queue_id", 0)
+        key, tags = header.get("key"), header.get("tags")
+        result: Any = await (self.store.put_async(topic, bodies[0], queue_id, key, tags)
+                             if len(bodies) == 1 else
+                             self.store.put_batch_async(topic, bodies, queue_id, key, tags))
+        status = result.status
+        if status is PutStatus.PUT_OK:
+            self._requests += 1
+            request = (self.node_id, self._requests)
+            future = asyncio.get_running_loop().create_future()
+            self._waiting[request] = future
+            self.core.propose(request, result.end_position)
+            self._carry_out()
+            status = await future
+        return {"kind": "produced", "status": status.value, "position": result.position,
+                "offset": result.offset, "count": len(bodies)}
+
+    def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
+        if not self.core.is_master and not self.config.slave_read_enable:
+            raise errors.NotMaster(f"node {self.node_id} is a slave and slave_read_enable "
+                                   "is off; fetch from the master")
+        header = frame.header
+        records = self.store.get(header["topic"], header.get("queue_id", 0),
+                                 header.get("offset", 0), header.get("max_count", 32),
+                                 header.get("max_bytes", 1 << 20))
+        next_offset = records[-1].offset + 1 if records else header.get("offset", 0)
+        return ({"kind": "records", "count": len(records), "next_offset": next_offset},
+                b"".join(record.raw for record in records))
+
+    def metadata(self) -> dict[str, Any]:
+        return {"kind": "metadata", "node_id": self.node_id, "role": self.core.role,
+                "epoch": self.core.epoch, "written": self.store.written_position,
+                "flushed": self.store.flushed_position,
+                "slaves": {name: progress.acked for name, progress
+                           in self.core.slaves.items() if progress.matched}}
+
+
+def run_node(config: NodeConfig) -> None:
+    """Serve until SIGTERM or SIGINT; used by ``mqlog node``."""
+    import signal
+
+    async def main() -> None:
+        node = Node(config)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, node.stop)
+        ready = asyncio.Event()
+        serving = asyncio.create_task(node.serve(ready))
+        await ready.wait()
+        print(f"[{node.node_id}] {node.core.role} serving on {config.listen}", flush=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+
+    asyncio.run(main())
