@@ -946,3 +946,7 @@ def _rows_table(title: str, rows: list[dict[str, Any]]) -> Any:
     for row in rows:
         table.add_row(*(Text("-" if value is None else str(value)) for value in row.values()))
     return table
+
+
+if __name__ == "__main__":
+    main()

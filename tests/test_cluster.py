@@ -12,121 +12,21 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 import mqlog
 from mqlog import errors
+from mqlog.replication.local import LocalCluster, wait_until
 from mqlog.results import PutStatus
 
 MQLOG = Path(sys.executable).parent / "mqlog"
 NODES = ("m", "s1", "s2")
-STARTUP_TIMEOUT_S = 60
-CONVERGE_TIMEOUT_S = 60
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
-@dataclass
-class Cluster:
-    root: Path
-    role: str
-    ports: dict[str, int] = field(default_factory=dict)
-    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
-
-    def address(self, name: str) -> str:
-        return f"127.0.0.1:{self.ports[name]}"
-
-    def write_configs(self) -> None:
-        self.ports = dict(zip(NODES, _free_ports(len(NODES)), strict=True))
-        peers = "\n".join(f'{name} = "{self.address(name)}"' for name in NODES)
-        for name in NODES:
-            role = self.role if name == "m" else "SLAVE"
-            links = 'slaves = ["s1", "s2"]' if name == "m" else 'master = "m"'
-            (self.root / f"{name}.toml").write_text(f"""
-[node]
-id = "{name}"
-listen = "{self.address(name)}"
-data_dir = "{self.root / name}"
-role = "{role}"
-{links}
-in_sync_slaves_min = 1
-slave_timeout_ticks = 50
-sync_timeout_ticks = 300
-[node.peers]
-{peers}
-[store]
-segment_size_bytes = 16777216
-""")
-
-    def start(self, name: str) -> None:
-        process = subprocess.Popen([str(MQLOG), "node", "--config", str(self.root /
-                                                                        f"{name}.toml")],
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.processes[name] = process
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        assert process.stdout is not None
-        for line in process.stdout:  # the node prints this once it listens
-            if "serving on" in line:
-                break
-            assert time.monotonic() < deadline, f"{name} did not start"
-        else:
-            raise AssertionError(f"{name} exited: {process.wait()}")
-        threading.Thread(target=_drain, args=(process,), daemon=True).start()
-
-    def kill(self, name: str) -> None:
-        process = self.processes.pop(name)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-
-    def stop_all(self) -> None:
-        for process in self.processes.values():
-            process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self.processes.clear()
-
-    def wait_converged(self) -> None:
-        deadline = time.monotonic() + CONVERGE_TIMEOUT_S
-        while True:
-            ends = {name: _metadata(self.address(name))["written"] for name in NODES}
-            if len(set(ends.values())) == 1:
-                return
-            assert time.monotonic() < deadline, f"no convergence: {ends}"
-            time.sleep(0.05)  # polling a condition, with a deadline
-
-
-def _wait_until(condition, what: str) -> None:
-    deadline = time.monotonic() + CONVERGE_TIMEOUT_S
-    while not condition():  # polling a condition, with a deadline
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
-def _drain(process: subprocess.Popen) -> None:
-    assert process.stdout is not None
-    for _line in process.stdout:
-        pass
+TIMEOUT_S = 60
 
 
 def _metadata(address: str) -> dict:
@@ -137,7 +37,7 @@ def _metadata(address: str) -> dict:
 class Producer(threading.Thread):
     """Produces unique records to the master until stopped; remembers every PUT_OK."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: LocalCluster) -> None:
         super().__init__(daemon=True)
         self.cluster = cluster
         self.acked: list[tuple[int, bytes]] = []  # (position, body)
@@ -165,11 +65,9 @@ class Producer(threading.Thread):
             client.close()
 
     def wait_for(self, count: int) -> None:
-        deadline = time.monotonic() + CONVERGE_TIMEOUT_S
-        while len(self.acked) < count:
-            assert time.monotonic() < deadline, f"only {len(self.acked)} acks"
-            assert self.is_alive()
-            time.sleep(0.01)
+        wait_until(lambda: len(self.acked) >= count or not self.is_alive(),
+                   f"{count} acknowledged records", TIMEOUT_S)
+        assert self.is_alive()
 
 
 def _present(store_path: Path, acked: list[tuple[int, bytes]]) -> set[int]:
@@ -186,7 +84,7 @@ def _present(store_path: Path, acked: list[tuple[int, bytes]]) -> set[int]:
 
 
 def _run_kill_restart(tmp_path: Path, role: str) -> tuple[list, int, int]:
-    cluster = Cluster(tmp_path, role)
+    cluster = LocalCluster(tmp_path, role, store_settings="segment_size_bytes = 16777216")
     cluster.write_configs()
     producer = Producer(cluster)
     try:
@@ -194,8 +92,7 @@ def _run_kill_restart(tmp_path: Path, role: str) -> tuple[list, int, int]:
             cluster.start(name)
         producer.start()
         producer.wait_for(200)
-        _wait_until(lambda: _metadata(cluster.address("s1"))["written"] > 0,
-                    "s1 to receive records")
+        wait_until(lambda: cluster.metadata("s1")["written"] > 0, "s1 to receive records")
         producer.wait_for(len(producer.acked) + 200)
         cluster.kill("m")
         acked_at_kill = list(producer.acked)

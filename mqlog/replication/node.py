@@ -119,6 +119,7 @@ class Node:
         self._outbound: dict[str, asyncio.StreamWriter] = {}
         self._connecting: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._scheduled = False
         self._requests = 0
         self._stopping = asyncio.Event()
         self._server: asyncio.Server | None = None
@@ -150,9 +151,17 @@ class Node:
         while True:
             await asyncio.sleep(interval)
             self.core.tick()
-            self._carry_out()
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """Carry out the core's Ready once this loop iteration's events are all in, so
+        that writes and acks that arrive together are sent together."""
+        if not self._scheduled:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._carry_out)
 
     def _carry_out(self) -> None:
+        self._scheduled = False
         ready = self.core.ready()
         store = self.store
         if ready.truncate_to is not None:
@@ -203,7 +212,7 @@ class Node:
                 while isinstance(frame := decoder.next_frame(), Frame):
                     if frame.header.get("kind") in _REPLICATION_KINDS:
                         self.core.step(messages.decode(frame))
-                        self._carry_out()
+                        self._schedule()
                     else:  # a client's request: answered when done, in any order
                         self._tasks.add(task := asyncio.create_task(self._answer(frame,
                                                                                  writer)))
@@ -253,7 +262,7 @@ class Node:
             future = asyncio.get_running_loop().create_future()
             self._waiting[request] = future
             self.core.propose(request, result.end_position)
-            self._carry_out()
+            self._schedule()
             status = await future
         return {"kind": "produced", "status": status.value, "position": result.position,
                 "offset": result.offset, "count": len(bodies)}

@@ -95,7 +95,6 @@ class MasterSlaveCore:
         self.tick_count += 1
         if self.is_master:
             self._expire_proposals()
-            self._pump()
         elif self.role == "SLAVE":
             self._slave_tick()
 
@@ -113,7 +112,6 @@ class MasterSlaveCore:
                 self._on_hello(message, progress)
             else:
                 self._on_report(message, progress)
-            self._pump()
         elif self.role == "SLAVE" and isinstance(message, Append | Truncate):
             if message.src != self.config.master or message.epoch < self.epoch:
                 return  # a stale master: its epoch was superseded
@@ -140,9 +138,12 @@ class MasterSlaveCore:
             self._waiting.append(Proposal(request_id, end,
                                           self.tick_count + self.config.sync_timeout_ticks))
             self._resolve_acked()
-        self._pump()
 
     def ready(self) -> Ready:
+        """What to do now. A master builds its Appends here, not on each proposal or
+        ack, so writes that arrived together travel together."""
+        if self.is_master:
+            self._pump()
         return self._ready
 
     def advance(self, ready: Ready) -> None:
@@ -254,8 +255,11 @@ class MasterSlaveCore:
         self._ready.must_sync = self._ready.must_sync or self.config.slave_ack == "flushed"
         flushed = self._expected_end if self.config.slave_ack == "flushed" else \
             self.log.flushed_position
-        self._ready.messages_after_persist.append(
-            Report(self.node_id, self.config.master, self.epoch, self._expected_end, flushed))
+        report = Report(self.node_id, self.config.master, self.epoch, self._expected_end,
+                        flushed)
+        outbox = self._ready.messages_after_persist  # only the newest ack needs to go
+        outbox[:] = [message for message in outbox if not isinstance(message, Report)]
+        outbox.append(report)
 
     def _on_truncate(self, truncate: Truncate) -> None:
         if truncate.position >= self._expected_end:

@@ -1,0 +1,132 @@
+"""A local replica group of real `mqlog node` processes on 127.0.0.1, for tests,
+benchmarks and the demo: it writes each node's TOML, starts, kills and stops the
+processes, and waits for conditions with deadlines (never for a fixed time)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mqlog.client import Client
+
+STARTUP_TIMEOUT_S = 60.0
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel just handed out on 127.0.0.1 (free now; used at once)."""
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # polling a condition, with a deadline
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(0.01)
+
+
+@dataclass
+class LocalCluster:
+    """A master ``m`` and slaves ``s1``..``sN`` (none: a master alone)."""
+
+    root: Path
+    role: str = "SYNC_MASTER"
+    slave_count: int = 2
+    in_sync_slaves_min: int = 1
+    store_settings: str = "segment_size_bytes = 67108864"
+    ports: dict[str, int] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return ["m", *(f"s{index}" for index in range(1, self.slave_count + 1))]
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def write_configs(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.ports = dict(zip(self.names, free_ports(len(self.names)), strict=True))
+        peers = "\n".join(f'{name} = "{self.address(name)}"' for name in self.names)
+        slaves = ", ".join(f'"{name}"' for name in self.names[1:])
+        for name in self.names:
+            role = self.role if name == "m" else "SLAVE"
+            links = f"slaves = [{slaves}]" if name == "m" else 'master = "m"'
+            minimum = min(self.in_sync_slaves_min, max(1, self.slave_count))
+            (self.root / f"{name}.toml").write_text(
+                f'[node]\nid = "{name}"\nlisten = "{self.address(name)}"\n'
+                f'data_dir = "{self.root / name}"\nrole = "{role}"\n{links}\n'
+                f"in_sync_slaves_min = {minimum}\nslave_timeout_ticks = 50\n"
+                f"[node.peers]\n{peers}\n[store]\n{self.store_settings}\n")
+
+    def start_all(self) -> None:
+        self.write_configs()
+        for name in self.names:
+            self.start(name)
+
+    def start(self, name: str) -> None:
+        command = [sys.executable, "-m", "mqlog.cli", "node", "--config",
+                   str(self.root / f"{name}.toml")]
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True)
+        self.processes[name] = process
+        started = time.monotonic()
+        assert process.stdout is not None
+        for line in process.stdout:  # the node prints this once it listens
+            if "serving on" in line:
+                break
+            if time.monotonic() - started > STARTUP_TIMEOUT_S:
+                raise TimeoutError(f"node {name} did not start")
+        else:
+            raise RuntimeError(f"node {name} exited with status {process.wait()}")
+        threading.Thread(target=_drain, args=(process,), daemon=True).start()
+
+    def kill(self, name: str) -> None:
+        process = self.processes.pop(name)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes.clear()
+
+    def metadata(self, name: str) -> dict:
+        with Client(self.address(name), timeout_s=10) as client:
+            return client.metadata()
+
+    def wait_converged(self, timeout_s: float = 60.0) -> None:
+        wait_until(lambda: len({self.metadata(name)["written"] for name in self.names}) == 1,
+                   "the replicas to converge", timeout_s)
+
+    def __enter__(self) -> LocalCluster:
+        self.start_all()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop_all()
+
+
+def _drain(process: subprocess.Popen) -> None:
+    assert process.stdout is not None
+    for _line in process.stdout:
+        pass
