@@ -13,7 +13,7 @@ least 0.8x, sync at least 0.5x.
 Everything — three node processes, the client threads — shares this machine's cores,
 so the absolute figures say little; the ratios are the result.
 
-    python -m benchmarks.replication [--rounds 3] [--seconds 3] [--clients 8]
+    python -m benchmarks.replication [--rounds 3] [--seconds 3] [--clients 32]
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=32)
     args = parser.parse_args(argv)
     print(table(run(args.rounds, args.seconds, args.clients)))
     return 0
