@@ -20,14 +20,17 @@ from mqlog.engine.recovery import RecoveryReport
 from mqlog.engine.store import Store, open
 from mqlog.ext import IMPLEMENTATION
 from mqlog.results import BatchPutResult, PutResult, PutStatus
+from mqlog.routing import Producer, SendResult  # noqa: E402,I001
 
 __all__ = [
     "IMPLEMENTATION",
     "BatchPutResult",
     "Client",
     "PutResult",
+    "Producer",
     "PutStatus",
     "RecoveryReport",
+    "SendResult",
     "Store",
     "StoreConfig",
     "errors",

@@ -428,6 +428,17 @@ def node(config_file: Path) -> None:
     run_node(NodeConfig.load(config_file))
 
 
+@cli.command()
+@click.option("--listen", default="127.0.0.1:9876", show_default=True, metavar="HOST:PORT")
+@click.option("--node-timeout-ms", type=click.IntRange(min=1), default=10_000,
+              show_default=True, help="Drop a node from the routes after this silence.")
+def registry(listen: str, node_timeout_ms: int) -> None:
+    """Run a route registry (RocketMQ's NameServer) for master-slave groups."""
+    from mqlog.replication.registry import run_registry
+
+    run_registry(listen, node_timeout_ms)
+
+
 @cli.group()
 def cluster() -> None:
     """Replicated nodes, seen from outside."""

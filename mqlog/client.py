@@ -40,14 +40,14 @@ class Client:
     def produce(self, topic: str, body: bytes, queue_id: int = 0, key: str | None = None,
                 tags: str | None = None) -> PutResult:
         """Store one record on the master; the status follows its role's rule."""
-        header = self._call({"kind": "produce", "topic": topic, "queue_id": queue_id,
+        header = self.call({"kind": "produce", "topic": topic, "queue_id": queue_id,
                              "key": key, "tags": tags, "count": 1}, pack_bodies([body]))[0]
         return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
                          0, 0)
 
     def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,
                       key: str | None = None, tags: str | None = None) -> PutResult:
-        header = self._call({"kind": "produce", "topic": topic, "queue_id": queue_id,
+        header = self.call({"kind": "produce", "topic": topic, "queue_id": queue_id,
                              "key": key, "tags": tags, "count": len(bodies)},
                             pack_bodies(bodies))[0]
         return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
@@ -56,7 +56,7 @@ class Client:
     def fetch(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
               max_bytes: int = 1 << 20) -> list:
         """Records of one queue from ``offset``, each checked by its CRC on arrival."""
-        header, payload = self._call({"kind": "fetch", "topic": topic, "queue_id": queue_id,
+        header, payload = self.call({"kind": "fetch", "topic": topic, "queue_id": queue_id,
                                       "offset": offset, "max_count": max_count,
                                       "max_bytes": max_bytes})
         records, at = [], 0
@@ -71,7 +71,7 @@ class Client:
         return records
 
     def metadata(self) -> dict[str, Any]:
-        return self._call({"kind": "metadata"})[0]
+        return self.call({"kind": "metadata"})[0]
 
     def close(self) -> None:
         self._socket.close()
@@ -82,7 +82,9 @@ class Client:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _call(self, header: dict[str, Any], payload: bytes = b"") -> tuple[dict, bytes]:
+    def call(self, header: dict[str, Any], payload: bytes = b"") -> tuple[dict, bytes]:
+        """Send one request frame and return the answer (header, payload); a node's
+        error comes back raised as its mqlog.errors class."""
         self._next_id += 1
         header["id"] = self._next_id
         try:

@@ -47,12 +47,19 @@ class LocalCluster:
     slave_count: int = 2
     in_sync_slaves_min: int = 1
     store_settings: str = "segment_size_bytes = 67108864"
+    prefix: str = ""  # node names: <prefix>m, <prefix>s1, ... (several groups side by side)
+    node_settings: str = ""  # more lines for every node's [node] table
     ports: dict[str, int] = field(default_factory=dict)
     processes: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
     def names(self) -> list[str]:
-        return ["m", *(f"s{index}" for index in range(1, self.slave_count + 1))]
+        return [f"{self.prefix}m",
+                *(f"{self.prefix}s{index}" for index in range(1, self.slave_count + 1))]
+
+    @property
+    def master(self) -> str:
+        return f"{self.prefix}m"
 
     def address(self, name: str) -> str:
         return f"127.0.0.1:{self.ports[name]}"
@@ -63,13 +70,15 @@ class LocalCluster:
         peers = "\n".join(f'{name} = "{self.address(name)}"' for name in self.names)
         slaves = ", ".join(f'"{name}"' for name in self.names[1:])
         for name in self.names:
-            role = self.role if name == "m" else "SLAVE"
-            links = f"slaves = [{slaves}]" if name == "m" else 'master = "m"'
+            role = self.role if name == self.master else "SLAVE"
+            links = f"slaves = [{slaves}]" if name == self.master else \
+                f'master = "{self.master}"'
             minimum = min(self.in_sync_slaves_min, max(1, self.slave_count))
             (self.root / f"{name}.toml").write_text(
                 f'[node]\nid = "{name}"\nlisten = "{self.address(name)}"\n'
                 f'data_dir = "{self.root / name}"\nrole = "{role}"\n{links}\n'
                 f"in_sync_slaves_min = {minimum}\nslave_timeout_ticks = 50\n"
+                f"{self.node_settings}\n"
                 f"[node.peers]\n{peers}\n[store]\n{self.store_settings}\n")
 
     def start_all(self) -> None:
@@ -78,21 +87,8 @@ class LocalCluster:
             self.start(name)
 
     def start(self, name: str) -> None:
-        command = [sys.executable, "-m", "mqlog.cli", "node", "--config",
-                   str(self.root / f"{name}.toml")]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True)
-        self.processes[name] = process
-        started = time.monotonic()
-        assert process.stdout is not None
-        for line in process.stdout:  # the node prints this once it listens
-            if "serving on" in line:
-                break
-            if time.monotonic() - started > STARTUP_TIMEOUT_S:
-                raise TimeoutError(f"node {name} did not start")
-        else:
-            raise RuntimeError(f"node {name} exited with status {process.wait()}")
-        threading.Thread(target=_drain, args=(process,), daemon=True).start()
+        self.processes[name] = _start([sys.executable, "-m", "mqlog.cli", "node", "--config",
+                                       str(self.root / f"{name}.toml")], f"node {name}")
 
     def kill(self, name: str) -> None:
         process = self.processes.pop(name)
@@ -130,3 +126,45 @@ def _drain(process: subprocess.Popen) -> None:
     assert process.stdout is not None
     for _line in process.stdout:
         pass
+
+
+@dataclass
+class LocalRegistry:
+    """A route registry process (``mqlog registry``) on 127.0.0.1."""
+
+    node_timeout_ms: int = 1_000
+    port: int = 0
+    process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> LocalRegistry:
+        self.port = free_ports(1)[0]
+        self.process = _start([sys.executable, "-m", "mqlog.cli", "registry", "--listen",
+                               self.address, "--node-timeout-ms", str(self.node_timeout_ms)],
+                              "registry")
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=30)
+
+
+def _start(command: list[str], name: str) -> subprocess.Popen:
+    """Start a process and wait for its "serving on" line."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
+    started = time.monotonic()
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "serving on" in line:
+            break
+        if time.monotonic() - started > STARTUP_TIMEOUT_S:
+            raise TimeoutError(f"{name} did not start")
+    else:
+        raise RuntimeError(f"{name} exited with status {process.wait()}")
+    threading.Thread(target=_drain, args=(process,), daemon=True).start()
+    return process

@@ -53,6 +53,10 @@ class NodeConfig:
     data_dir: Path
     peers: dict[str, str] = field(default_factory=dict)  # node id -> "host:port"
     slave_read_enable: bool = False
+    group: str = ""  # the replica group's name in the route registry
+    registries: tuple[str, ...] = ()  # route registries to register with ("host:port")
+    topics: dict[str, int] = field(default_factory=dict)  # topic -> queues it serves
+    register_interval_ms: int = 1_000
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     store: StoreConfig = field(default_factory=StoreConfig)
 
@@ -71,6 +75,10 @@ class NodeConfig:
             raise errors.ConfigError(f"{path}: [node] needs {missing}") from None
         peers = dict(table.pop("peers", {}))
         slave_read = bool(table.pop("slave_read_enable", False))
+        routing = dict(group=str(table.pop("group", "")),
+                       registries=tuple(table.pop("registries", ())),
+                       topics={str(k): int(v) for k, v in table.pop("topics", {}).items()},
+                       register_interval_ms=int(table.pop("register_interval_ms", 1_000)))
         if "id" in table:
             table["node_id"] = table.pop("id")
         if "slaves" in table:
@@ -80,7 +88,8 @@ class NodeConfig:
         except TypeError as error:
             raise errors.ConfigError(f"{path}: [node]: {error}") from None
         store = StoreConfig().replace(**document.get("store", {}))
-        return cls(listen, data_dir, peers, slave_read, replication, store)
+        return cls(listen, data_dir, peers, slave_read, replication=replication, store=store,
+                   **routing)  # type: ignore[arg-type]
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -128,12 +137,14 @@ class Node:
         host, port = split_address(self.config.listen)
         self._server = await asyncio.start_server(self._connection, host, port)
         ticker = asyncio.create_task(self._tick_forever())
+        registering = asyncio.create_task(self._register_forever())
         if ready is not None:
             ready.set()
         try:
             await self._stopping.wait()
         finally:
             ticker.cancel()
+            registering.cancel()
             self._server.close()
             for writer in self._outbound.values():
                 writer.close()
@@ -152,6 +163,19 @@ class Node:
             await asyncio.sleep(interval)
             self.core.tick()
             self._schedule()
+
+    async def _register_forever(self) -> None:
+        """Tell each route registry who this node is, now and every interval."""
+        config = self.config
+        while config.registries:
+            header = {"kind": "register", "group": config.group or self.node_id,
+                      "node_id": self.node_id, "role": self.core.role,
+                      "epoch": self.core.epoch, "address": config.listen,
+                      "topics": config.topics}
+            for address in config.registries:
+                with contextlib.suppress(OSError, asyncio.TimeoutError):
+                    await asyncio.wait_for(_request_once(address, header), timeout=5)
+            await asyncio.sleep(config.register_interval_ms / 1000)
 
     def _schedule(self) -> None:
         """Carry out the core's Ready once this loop iteration's events are all in, so
@@ -285,6 +309,23 @@ class Node:
                 "flushed": self.store.flushed_position,
                 "slaves": {name: progress.acked for name, progress
                            in self.core.slaves.items() if progress.matched}}
+
+
+async def _request_once(address: str, header: dict[str, Any]) -> Frame:
+    """Open a connection, send one request, read one answer, close."""
+    host, port = split_address(address)
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(encode_frame(header))
+        decoder = FrameDecoder(1 << 20)
+        while not isinstance(frame := decoder.next_frame(), Frame):
+            data = await reader.read(1 << 16)
+            if not data:
+                raise ConnectionResetError("the registry closed the connection")
+            decoder.feed(data)
+        return frame
+    finally:
+        writer.close()
 
 
 def run_node(config: NodeConfig) -> None:
