@@ -31,6 +31,7 @@ test: setup
 bench: setup
 	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m pytest benchmarks --benchmark-only -q $(PYTEST_ARGS)
 	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m benchmarks.compare
+	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m benchmarks.replication
 
 lint: setup
 	$(PY) -m ruff check mqlog tests benchmarks

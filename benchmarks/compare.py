@@ -17,12 +17,21 @@ Rows (100-byte bodies):
   append + fdatasync per record from one thread (what a durable write costs alone)
 * recovery scan after a crash — reported in GB/s of log, baseline: reading the same
   segment files with read()
+
+After those rows come the comparison sweeps of ``benchmarks/sweeps.py`` (peers, message
+size, queue count, sync-flush latency), each with its own baseline from the same rounds.
+The whole report goes to stdout and to ``<out>/results.md``; each sweep draws
+``<out>/<sweep>.png``. ``--only rows,peers,...`` runs a subset.
+
+    python -m benchmarks.compare --out docs/bench     # everything (the default out)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import datetime
 import os
 import platform
 import shutil
@@ -36,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mqlog
+from benchmarks import sweeps
 
 BODY = b"m" * 100
 
@@ -338,23 +348,86 @@ def render(rows: dict[str, Row], extra: list[str], sizes: Sizes) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description="mqlog side-by-side benchmark table")
+PARTS = ("rows", *sweeps.SECTIONS)
+DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "bench"
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="mqlog bench compare",
+                                     description="mqlog beside its baselines and peers")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
-    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="rounds per measurement (default: 5 for the engine rows, "
+                             "3 for the sweeps)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help="directory for results.md and the PNG plots (default: %(default)s)")
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"comma-separated subset of {','.join(PARTS)}")
     args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else Sizes()
+    args.only = [part.strip() for part in args.only.split(",") if part.strip()]
+    unknown = sorted(set(args.only) - set(PARTS))
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)}; choose from {', '.join(PARTS)}")
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    return args
+
+
+def report(args: argparse.Namespace, work: Path) -> str:
+    """Run the chosen parts and return the Markdown report; plots go to ``args.out``."""
+    sizes = dataclasses.replace(QUICK if args.quick else Sizes())
     if args.rounds:
         sizes.rounds = args.rounds
+    sweep_sizes = sweeps.QUICK_SWEEPS if args.quick else sweeps.SweepSizes()
+    started, load = time.monotonic(), os.getloadavg()
+    body: list[str] = []
+    if "rows" in args.only:
+        rows, extra = run(sizes, work)
+        body += ["## Engine rows and their targets", "", render(rows, extra, sizes), ""]
+        sweeps.say(f"rows: done after {time.monotonic() - started:.0f} s")
+    for name, section_of in sweeps.SECTIONS.items():
+        if name not in args.only:
+            continue
+        section = section_of(sweep_sizes, args.rounds or sweep_sizes.rounds, work)
+        body += [f"## {section.title}", "", *section.lines, ""]
+        if section.plot is not None:
+            body += plot(section, args.out)
+        sweeps.say(f"{name}: done after {time.monotonic() - started:.0f} s")
+    head = [f"# mqlog comparison ({'quick' if args.quick else 'full'})", "",
+            f"Machine: {machine()}. Rounds, interleaved: {sizes.rounds} for the engine "
+            f"rows, {args.rounds or sweep_sizes.rounds} for the sweeps. "
+            f"{datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}; took "
+            f"{time.monotonic() - started:.0f} s; load average "
+            f"{load[0]:.2f} before, {os.getloadavg()[0]:.2f} after.", ""]
+    return "\n".join(head + body)
+
+
+def plot(section: sweeps.Section, out: Path) -> list[str]:
+    assert section.plot is not None
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        sweeps.say(f"{section.name}: no plot, matplotlib is not installed "
+                   "(pip install '.[bench]')")
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    path = section.plot(out)
+    return [f"![{section.title}]({path.name})", ""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`mqlog bench compare`: print the report and write it to ``<out>/results.md``."""
+    args = parse(argv)
     work = Path(tempfile.mkdtemp(prefix="mqlog-compare-", dir=os.environ.get("MQLOG_BENCH_DIR")))
     try:
-        rows, extra = run(sizes, work)
+        text = report(args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    table = render(rows, extra, sizes)
-    print(table)
-    return table
+    print(text)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text(text + "\n")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

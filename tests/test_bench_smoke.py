@@ -1,18 +1,72 @@
-"""The benchmark harness runs end to end on tiny sizes, so it cannot rot unnoticed."""
+"""The benchmark harness runs end to end on tiny sizes, so it cannot rot unnoticed.
+
+`python -m benchmarks.compare --quick` runs every part (the engine rows, the peers, the
+message-size, queue-count and latency sweeps) with tiny sizes and writes its report and
+one PNG per sweep; here into tmp_path. Peers that are not installed are skipped with a
+line, as in a real run.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import compare
+from benchmarks import compare, peers, sweeps
 
 pytest.importorskip("lmdb", reason="the bench extra (lmdb) is not installed")
 
 
-def test_compare_quick_prints_every_row(tmp_path, monkeypatch):
-    monkeypatch.setenv("MQLOG_BENCH_DIR", str(tmp_path))
-    table = compare.main(["--quick"])
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    work, out = tmp_path_factory.mktemp("work"), tmp_path_factory.mktemp("out")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MQLOG_BENCH_DIR", str(work))
+        assert compare.main(["--quick", "--out", str(out)]) == 0
+    return work, out, (out / "results.md").read_text()
+
+
+def test_compare_quick_prints_every_row(quick_run):
+    work, _out, report = quick_run
     for row in compare._rows().values():
-        assert f"| {row.name} |" in table
-    assert "records per fsync" in table and "recovery scan:" in table
-    assert list(tmp_path.iterdir()) == []  # it cleans up after itself
+        assert f"| {row.name} |" in report
+    assert "records per fsync" in report and "recovery scan:" in report
+    assert list(work.iterdir()) == []  # it cleans up after itself
+
+
+def test_every_sweep_has_a_table_and_a_plot(quick_run):
+    _work, out, report = quick_run
+    for title in ("Peers", "message size", "number of queues", "Sync-flush ack latency"):
+        assert title in report
+    assert report.count("| ratio (median) |") == 5  # the rows' table and one per sweep
+    pytest.importorskip("matplotlib", reason="the bench extra (matplotlib) is not installed")
+    for name in sweeps.SECTIONS:
+        png = out / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        assert f"]({name}.png)" in report
+
+
+def test_every_peer_is_measured_or_skipped_with_a_reason(quick_run):
+    _work, _out, report = quick_run
+    for cls in peers.PEERS:
+        measured = f"| {cls.name} | write, fast |" in report
+        skipped = f"{cls.name}: skipped (" in report
+        assert measured != skipped, cls.name
+    for count in sweeps.QUICK_SWEEPS.queue_counts:
+        assert f"| {count:,} | mqlog | write |" in report
+    for tasks in sweeps.QUICK_SWEEPS.concurrencies:
+        assert f"| {tasks} | p99.9 |" in report
+
+
+def test_a_missing_peer_is_skipped_with_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(peers.LmdbPeer, "module", "no_such_module_for_mqlog_tests")
+    monkeypatch.setattr(peers, "PEERS", (peers.FilePeer, peers.LmdbPeer))
+    section = sweeps.peers_section(sweeps.QUICK_SWEEPS, 1, tmp_path)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "LMDB" in line]
+    assert lines == ["peers: skipping LMDB: Python module 'no_such_module_for_mqlog_tests' "
+                     "is not installed (pip install '.[bench]')"]
+    assert any("LMDB: skipped" in line for line in section.lines)
+    assert not any(line.startswith("| LMDB |") for line in section.lines)
+
+
+def test_main_rejects_an_unknown_part():
+    with pytest.raises(SystemExit):
+        compare.main(["--quick", "--only", "rows,nonsense"])
