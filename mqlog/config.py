@@ -43,6 +43,9 @@ class StoreConfig:
     batch_count_max: int = 65_536
     # --- consume queues -----------------------------------------------------------
     consume_queue_entries_per_file: int = 300_000  # RocketMQ's figure: 6,000,000 bytes
+    # Written ahead of a queue's end with pwrite: a write fault on a hole of a shared
+    # mapping costs milliseconds here, which thousands of queues would pay on every page.
+    consume_queue_prefill_bytes: int = 64 * KiB
     # --- flush --------------------------------------------------------------------
     flush_mode: FlushMode = "async"
     flush_interval_ms: int = 500
@@ -107,6 +110,9 @@ class StoreConfig:
                           ("topic_length_max", 255), ("queue_id_max", 0xFFFF_FFFF)):
             if getattr(self, name) > cap:
                 raise ConfigError(f"{name} must be at most {cap} (a field of the record header)")
+        if self.consume_queue_prefill_bytes <= 0 or self.consume_queue_prefill_bytes % PAGE_SIZE:
+            raise ConfigError(f"consume_queue_prefill_bytes must be a positive multiple of "
+                              f"{PAGE_SIZE}")
         if self.subscription_tags_max > 256:
             raise ConfigError("subscription_tags_max must be at most 256")
         for name in ("index_slots_per_file", "index_entries_per_file"):

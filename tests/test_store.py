@@ -479,3 +479,46 @@ def test_truncate_while_another_thread_writes(open_store):
     assert failures == []
     offsets = [r.offset for r in store.get("t", 0, 0, 10_000, 1 << 26)]
     assert offsets == list(range(len(offsets)))
+
+
+def test_consume_queue_prefill_never_clobbers_entries(tmp_path, impl, rng):
+    """Pages are written ahead of each queue's end with pwrite, a page at a time here:
+    every entry written before, across reopens and file rolls, must survive it."""
+    settings = dict(SMALL, consume_queue_entries_per_file=1000,
+                    consume_queue_prefill_bytes=4096)
+    expected: dict[int, list[bytes]] = {queue_id: [] for queue_id in range(7)}
+    for _ in range(3):
+        with mqlog.open(tmp_path, implementation=impl, **settings) as store:
+            for _ in range(1500):
+                queue_id, body = rng.randrange(7), rng.randbytes(rng.randrange(1, 40))
+                store.put("t", body, queue_id)
+                expected[queue_id].append(body)
+    with mqlog.open(tmp_path, implementation=impl, **settings) as store:
+        for queue_id, bodies in expected.items():
+            got = [r.body for r in store.get("t", queue_id, 0, 10_000, 1 << 24)]
+            assert got == bodies, queue_id
+
+
+def test_listing_queues_beside_a_writer_that_adds_them(tmp_path, impl):
+    """queues() (and the checkpoint's manifest) list queues while puts add new ones."""
+    import threading
+
+    with mqlog.open(tmp_path, implementation=impl, **SMALL) as store:
+        stop, failures = threading.Event(), []
+
+        def list_queues() -> None:
+            while not stop.is_set():
+                try:
+                    assert all(topic == "t" for topic, _ in store.queues())
+                except BaseException as error:  # noqa: BLE001 - reported below
+                    failures.append(error)
+                    return
+
+        lister = threading.Thread(target=list_queues)
+        lister.start()
+        for queue_id in range(2000):
+            store.put("t", b"x", queue_id)
+        stop.set()
+        lister.join()
+        assert not failures, failures[0]
+        assert len(store.queues()) == 2000

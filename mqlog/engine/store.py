@@ -30,7 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from mqlog import ext
-from mqlog.config import StoreConfig
+from mqlog.config import PAGE_SIZE, StoreConfig
 from mqlog.engine import checkpoint as cp
 from mqlog.engine import consumequeue as cq
 from mqlog.engine import queries
@@ -200,7 +200,8 @@ class Store:
             key_size_bytes_max=config.key_size_bytes_max,
             tags_size_bytes_max=config.tags_size_bytes_max,
             new_segment=self._new_segment, new_queue_file=self._new_queue_file,
-            clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read)
+            clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read,
+            prepare_queue=self._prepare_queue)
         self.recovery_report = recover(self)
         end = self.recovery_report.end_position
         self.core.last_keyed_end = end  # what is here already must be indexed
@@ -669,6 +670,19 @@ class Store:
                 cq.TOMBSTONE * (first - base_offset)
         self._queue_files[key].append(mapped)
         self.core.attach_queue_file(topic, queue_id, base_offset, mapped.buffer)
+
+    def _prepare_queue(self, topic: str, queue_id: int, offset: int) -> int:
+        """Back the next pages of a queue's last file with written (zero) blocks, from the
+        first page boundary at or after ``offset``'s entry (the bytes before it are in
+        use); return the offset up to which entries are backed. Called under the core's
+        write lock, once every ``consume_queue_prefill_bytes`` of entries."""
+        mapped = self._queue_files[(topic, queue_id)][-1]
+        base = int(mapped.path.name)
+        start = -(-(offset - base) * cq.ENTRY_SIZE // PAGE_SIZE) * PAGE_SIZE
+        end = min(mapped.size, start + self.config.consume_queue_prefill_bytes)
+        if start < end:
+            os.pwrite(mapped.fd, bytes(end - start), start)
+        return base + end // cq.ENTRY_SIZE
 
     def _validate_queue(self, topic: str, queue_id: int) -> None:
         if not topic or len(topic) > self.config.topic_length_max:

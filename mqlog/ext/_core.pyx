@@ -630,6 +630,7 @@ cdef class _Queue:
     cdef uint64_t min_offset
     cdef uint64_t next_offset
     cdef uint64_t entries_per_file
+    cdef uint64_t ready_end  # entries below this offset have pages behind them
     cdef QueueFile **files  # ascending, contiguous
     cdef Py_ssize_t file_count
     cdef Py_ssize_t file_capacity
@@ -665,6 +666,7 @@ cdef class _Queue:
             raise
         self.files[self.file_count] = file
         self.file_count += 1
+        self.ready_end = 0
         self.last_base = base_offset
         self.last_data = file.data
         return 0
@@ -930,6 +932,7 @@ cdef class LogCore:
 
     cdef object _new_segment
     cdef object _new_queue_file
+    cdef object _prepare_queue
     cdef object _clock_ms
     cdef object _fence
     cdef dict _queues  # topic -> _Topic
@@ -961,7 +964,7 @@ cdef class LogCore:
 
     def __init__(self, *, segment_size_bytes, message_size_bytes_max, key_size_bytes_max,
                  tags_size_bytes_max, new_segment, new_queue_file, clock_ms=None,
-                 verify_crc_on_read=True, read_only=False):
+                 verify_crc_on_read=True, read_only=False, prepare_queue=None):
         self.read_only = read_only
         self.segment_size_bytes = segment_size_bytes
         self.message_size_bytes_max = message_size_bytes_max
@@ -969,6 +972,7 @@ cdef class LogCore:
         self.tags_size_bytes_max = tags_size_bytes_max
         self._new_segment = new_segment
         self._new_queue_file = new_queue_file
+        self._prepare_queue = prepare_queue
         self._clock_ms = clock_ms
         self.verify_crc_on_read = verify_crc_on_read
 
@@ -1069,8 +1073,13 @@ cdef class LogCore:
         queue.attach(base_offset, buffer, not self.read_only)
 
     def queue_ids(self):
-        return [(topic, queue_id) for topic, queues in self._queues.items()
-                for queue_id in (<_Topic>queues).queues]
+        """Every (topic, queue id), under the write lock: a put may be adding one."""
+        self._acquire()
+        try:
+            return [(topic, queue_id) for topic, queues in self._queues.items()
+                    for queue_id in (<_Topic>queues).queues]
+        finally:
+            self._release()
 
     def release(self):
         """Let go of every mapping (the engine is about to unmap them)."""
@@ -1350,7 +1359,8 @@ cdef class LogCore:
         cdef Segment *tail = self._tail
         cdef uint64_t offset
         if tail == NULL or queue.last_data == NULL or \
-                queue.next_offset - queue.last_base >= queue.entries_per_file:
+                queue.next_offset - queue.last_base >= queue.entries_per_file or \
+                queue.next_offset >= queue.ready_end:
             return NULL  # (next_offset below last_base wraps around: also the slow way)
         offset = self.written_position - tail.base  # (wraps around if below: slow way)
         if offset > tail.size or tail.size - offset < <uint64_t>size + MQ_BLANK_SIZE_MIN:
@@ -1371,6 +1381,12 @@ cdef class LogCore:
         if queue.next_offset >= queue.last_base + queue.entries_per_file:
             self._new_queue_file(queue.topic, queue.queue_id,
                                  queue.last_base + queue.entries_per_file)
+        if queue.next_offset >= queue.ready_end:
+            if self._prepare_queue is None:
+                queue.ready_end = 0xFFFF_FFFF_FFFF_FFFF
+            else:
+                queue.ready_end = self._prepare_queue(queue.topic, queue.queue_id,
+                                                      queue.next_offset)
         return 0
 
     cdef Segment *_reserve(self, uint32_t size) except NULL:

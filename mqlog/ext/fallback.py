@@ -210,7 +210,7 @@ class _Segment:
 
 class _Queue:
     __slots__ = ("topic", "topic_bytes", "queue_id", "min_offset", "next_offset", "files",
-                 "entries_per_file")
+                 "entries_per_file", "ready_end")
 
     def __init__(self, topic: str, queue_id: int, min_offset: int, next_offset: int) -> None:
         self.topic = topic
@@ -220,6 +220,7 @@ class _Queue:
         self.next_offset = next_offset
         self.files: list[tuple[int, Any]] = []  # (base offset, buffer), ascending
         self.entries_per_file = 0
+        self.ready_end = 0  # entries below this offset have pages behind them
 
     def entry(self, offset: int) -> tuple[int, int, int]:
         base, buffer = self._file_for(offset)
@@ -240,7 +241,8 @@ class LogCore:
                  tags_size_bytes_max: int, new_segment: Callable[[int], Any],
                  new_queue_file: Callable[[str, int, int], Any],
                  clock_ms: Callable[[], int] | None = None,
-                 verify_crc_on_read: bool = True, read_only: bool = False) -> None:
+                 verify_crc_on_read: bool = True, read_only: bool = False,
+                 prepare_queue: Callable[[str, int, int], int] | None = None) -> None:
         # read_only: the engine maps files read-only and fences writes; the C core then
         # asks for plain buffers instead of writable ones.
         self.read_only = read_only
@@ -250,6 +252,10 @@ class LogCore:
         self.tags_size_bytes_max = tags_size_bytes_max
         self._new_segment = new_segment
         self._new_queue_file = new_queue_file
+        # prepare_queue(topic, queue id, offset) -> offset: the engine backs the pages of
+        # the current consume-queue file from ``offset`` on with written blocks (a
+        # write fault on a hole in a shared mapping costs milliseconds) and says how far.
+        self._prepare_queue = prepare_queue
         self._clock_ms = clock_ms
         self.verify_crc_on_read = verify_crc_on_read
         self._lock = threading.Lock()
@@ -298,9 +304,12 @@ class LogCore:
         assert len(buffer) == queue.entries_per_file * CQ_ENTRY_SIZE
         assert not queue.files or base_offset == queue.files[-1][0] + queue.entries_per_file
         queue.files.append((base_offset, buffer))
+        queue.ready_end = 0
 
     def queue_ids(self) -> list[tuple[str, int]]:
-        return [(topic, qid) for topic, queues in self._queues.items() for qid in queues]
+        """Every (topic, queue id), under the write lock: a put may be adding one."""
+        with self._lock:
+            return [(topic, qid) for topic, queues in self._queues.items() for qid in queues]
 
     def release(self) -> None:
         """Let go of every mapping (the engine is about to unmap them)."""
@@ -461,6 +470,9 @@ class LogCore:
         base, _ = queue.files[-1]
         if queue.next_offset >= base + queue.entries_per_file:
             self._new_queue_file(queue.topic, queue.queue_id, base + queue.entries_per_file)
+        if queue.next_offset >= queue.ready_end and self._prepare_queue is not None:
+            queue.ready_end = self._prepare_queue(queue.topic, queue.queue_id,
+                                                  queue.next_offset)
 
     def _reserve(self, size: int) -> tuple[_Segment, int]:
         """The segment and in-segment offset where a record of ``size`` bytes goes."""
