@@ -444,6 +444,28 @@ def cluster() -> None:
     """Replicated nodes, seen from outside."""
 
 
+@cluster.command("promote")
+@click.argument("address")
+@click.option("--role", type=click.Choice(["SYNC_MASTER", "ASYNC_MASTER"]),
+              default="SYNC_MASTER", show_default=True)
+@click.option("--slaves", default="", help="Comma-separated node ids it will lead.")
+def cluster_promote(address: str, role: str, slaves: str) -> None:
+    """Make the slave at ADDRESS a master, in a new epoch (the old master must be down)."""
+    with mqlog.Client(address) as client:
+        answer = client.promote(role, tuple(filter(None, slaves.split(","))))
+    click.echo(f"{address}: {answer['role']} in epoch {answer['epoch']}")
+
+
+@cluster.command("follow")
+@click.argument("address")
+@click.option("--master", required=True, help="Node id of the new master.")
+def cluster_follow(address: str, master: str) -> None:
+    """Make the node at ADDRESS a slave of MASTER (it is truncated if it diverged)."""
+    with mqlog.Client(address) as client:
+        client.follow(master)
+    click.echo(f"{address}: now a slave of {master}")
+
+
 @cluster.command("status")
 @click.argument("addresses", nargs=-1, required=True)
 @json_option

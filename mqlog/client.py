@@ -38,18 +38,23 @@ class Client:
         self._core = ext.load()
 
     def produce(self, topic: str, body: bytes, queue_id: int = 0, key: str | None = None,
-                tags: str | None = None) -> PutResult:
-        """Store one record on the master; the status follows its role's rule."""
+                tags: str | None = None, acks: str = "replicated") -> PutResult:
+        """Store one record on the master. ``acks="replicated"`` answers by the master's
+        role (a SYNC_MASTER waits for its slaves); ``acks="master"`` once the master
+        stored it (Kafka's acks=1)."""
         header = self.call({"kind": "produce", "topic": topic, "queue_id": queue_id,
-                             "key": key, "tags": tags, "count": 1}, pack_bodies([body]))[0]
+                            "key": key, "tags": tags, "count": 1, "acks": acks},
+                           pack_bodies([body]))[0]
         return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
                          0, 0)
 
     def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,
-                      key: str | None = None, tags: str | None = None) -> PutResult:
+                      key: str | None = None, tags: str | None = None,
+                      acks: str = "replicated") -> PutResult:
+        """``produce`` for many records of one queue in one request."""
         header = self.call({"kind": "produce", "topic": topic, "queue_id": queue_id,
-                             "key": key, "tags": tags, "count": len(bodies)},
-                            pack_bodies(bodies))[0]
+                            "key": key, "tags": tags, "count": len(bodies), "acks": acks},
+                           pack_bodies(bodies))[0]
         return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
                          0, 0)
 
@@ -72,6 +77,14 @@ class Client:
 
     def metadata(self) -> dict[str, Any]:
         return self.call({"kind": "metadata"})[0]
+
+    def promote(self, role: str = "SYNC_MASTER", slaves: tuple[str, ...] = ()) -> dict:
+        """Operator command: make this node (a slave) the master of ``slaves``."""
+        return self.call({"kind": "promote", "role": role, "slaves": list(slaves)})[0]
+
+    def follow(self, master: str) -> dict:
+        """Operator command: make this node a slave of ``master``."""
+        return self.call({"kind": "follow", "master": master})[0]
 
     def close(self) -> None:
         self._socket.close()

@@ -153,3 +153,55 @@ def test_node_config_errors_are_one_line(tmp_path):
                             text=True, timeout=60, env={**os.environ})
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "role must be" in result.stderr
+
+
+def test_operator_promotes_a_slave_and_the_old_master_rejoins_truncated(tmp_path):
+    """The slaves go down; the master takes 20 writes with acks="master" (Kafka's
+    acks=1: on the master only), then dies. The operator restarts the slaves, promotes s1
+    (mqlog cluster promote) and points s2 at it (mqlog cluster follow); later the old
+    master is restarted and pointed at s1 too. It diverged — its 20 extra records are in
+    an epoch s1 never saw — so it is truncated to the common prefix. At the end every
+    write acknowledged by a replica-waiting produce is on all three replicas, the 20
+    master-only writes are on none (that is what acks="master" risks), and the three
+    logs are identical."""
+    cluster = LocalCluster(tmp_path, "SYNC_MASTER", store_settings="segment_size_bytes = "
+                                                                   "16777216")
+    with cluster:
+        wait_until(lambda: cluster.metadata("m")["slaves"], "a slave of m")
+        acked = _produce(cluster.address("m"), "before", 100)
+        cluster.kill("s1")
+        cluster.kill("s2")
+        master_only = _produce(cluster.address("m"), "master-only", 20, acks="master")
+        cluster.kill("m")
+        cluster.start("s1")
+        cluster.start("s2")
+        _cli("cluster", "promote", cluster.address("s1"), "--slaves", "s2,m")
+        _cli("cluster", "follow", cluster.address("s2"), "--master", "s1")
+        wait_until(lambda: cluster.metadata("s1")["slaves"], "s2 to follow s1")
+        acked += _produce(cluster.address("s1"), "after", 100)
+        cluster.start("m")
+        _cli("cluster", "follow", cluster.address("m"), "--master", "s1")
+        cluster.wait_converged()
+        assert cluster.metadata("s1")["epoch"] == 1
+    for name in NODES:
+        assert _present(tmp_path / name, acked) == {position for position, _ in acked}, name
+        assert not _present(tmp_path / name, master_only), name
+    assert len({_image(tmp_path / name) for name in NODES}) == 1
+
+
+def _produce(address: str, label: str, count: int,
+             acks: str = "replicated") -> list[tuple[int, bytes]]:
+    acked = []
+    with mqlog.Client(address, timeout_s=10) as client:
+        for index in range(count):
+            body = f"{label}-{index}".encode()
+            result = client.produce("orders", body, queue_id=index % 3, acks=acks)
+            assert result.status is PutStatus.PUT_OK, result.status
+            acked.append((result.position, body))
+    return acked
+
+
+def _cli(*args: str) -> str:
+    result = subprocess.run([str(MQLOG), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout

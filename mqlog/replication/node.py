@@ -265,6 +265,10 @@ class Node:
             return self._fetch(frame)
         if kind == "metadata":
             return self.metadata(), b""
+        if kind == "promote":
+            return self._promote(frame.header), b""
+        if kind == "follow":
+            return self._follow(frame.header), b""
         raise errors.RemoteProtocolError(f"unknown request kind {kind!r}")
 
     async def _produce(self, frame: Frame) -> dict[str, Any]:
@@ -280,7 +284,10 @@ class Node:
                              if len(bodies) == 1 else
                              self.store.put_batch_async(topic, bodies, queue_id, key, tags))
         status = result.status
-        if status is PutStatus.PUT_OK:
+        acks = header.get("acks", "replicated")
+        if acks not in ("replicated", "master"):
+            raise errors.InvalidArgument(f"acks must be 'replicated' or 'master', got {acks!r}")
+        if status is PutStatus.PUT_OK and acks == "replicated":
             self._requests += 1
             request = (self.node_id, self._requests)
             future = asyncio.get_running_loop().create_future()
@@ -302,6 +309,36 @@ class Node:
         next_offset = records[-1].offset + 1 if records else header.get("offset", 0)
         return ({"kind": "records", "count": len(records), "next_offset": next_offset},
                 b"".join(record.raw for record in records))
+
+    def _promote(self, header: dict[str, Any]) -> dict[str, Any]:
+        """Operator command: this slave becomes master of ``slaves`` in a new epoch."""
+        role, slaves = header.get("role", "SYNC_MASTER"), tuple(header.get("slaves", ()))
+        if self.core.role != "SLAVE":
+            raise errors.InvalidArgument(f"node {self.node_id} is a {self.core.role}; only a "
+                                         "slave can be promoted")
+        if role not in ("ASYNC_MASTER", "SYNC_MASTER") or not all(
+                isinstance(name, str) and name in self.config.peers for name in slaves):
+            raise errors.InvalidArgument("promote needs role ASYNC_MASTER or SYNC_MASTER and "
+                                         "slaves named in this node's [node.peers]")
+        self.core.promote(role, slaves)
+        self._schedule()
+        return {"kind": "promoted", "role": role, "epoch": self.core.epoch}
+
+    def _follow(self, header: dict[str, Any]) -> dict[str, Any]:
+        """Operator command: this node becomes a slave of ``master`` (after a promotion
+        elsewhere); a fresh core says Hello and is truncated if it diverged."""
+        master = header.get("master")
+        if master not in self.config.peers or master == self.node_id:
+            raise errors.InvalidArgument(f"follow needs a master named in [node.peers], got "
+                                         f"{master!r}")
+        self.core = MasterSlaveCore(self.config.replication.replace(
+            role="SLAVE", master=master, slaves=()), self.store)
+        for future in self._waiting.values():  # stored here, fate on the new master unknown
+            if not future.done():
+                future.set_result(PutStatus.FLUSH_SLAVE_TIMEOUT)
+        self._waiting.clear()
+        self._schedule()
+        return {"kind": "following", "master": master}
 
     def metadata(self) -> dict[str, Any]:
         return {"kind": "metadata", "node_id": self.node_id, "role": self.core.role,
