@@ -355,10 +355,7 @@ def fit_queue_count(count: int) -> tuple[int, str]:
 
 def mqlog_queues(root: Path, count: int, sizes: SweepSizes) -> tuple[float, float]:
     """Records/s of single puts spread over ``count`` queues: written; written and synced."""
-    # No periodic checkpoint while queues are being created: the checkpoint lists the
-    # queues while put() adds them, a race the core does not yet guard (see BENCHMARKS.md).
-    store = mqlog.open(peers.fresh(root), segment_size_bytes=sizes.segment_size_bytes,
-                       checkpoint_interval_ms=3_600_000)
+    store = mqlog.open(peers.fresh(root), segment_size_bytes=sizes.segment_size_bytes)
     try:
         put, records = store.put, sizes.queue_records
         for queue_id in range(count):  # untimed: every queue exists before the clock starts
