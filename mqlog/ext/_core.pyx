@@ -704,6 +704,18 @@ cdef class _Queue:
             _fail(f"no consume-queue file holds offset {offset}")
         return <Py_ssize_t>index
 
+    cdef uint64_t first_at(self, uint64_t position) except? 0xFFFF_FFFF_FFFF_FFFF:
+        """The first offset whose record starts at or after ``position`` (next_offset if
+        none): a binary search, positions grow with offsets."""
+        cdef uint64_t low = self.min_offset, high = self.next_offset, middle
+        while low < high:
+            middle = low + (high - low) // 2
+            if mq_u64(self.entry(middle) + MQ_CQ_AT_POSITION) < position:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
     cdef const char *entry(self, uint64_t offset) except NULL:
         """The 20 bytes of ``offset``'s entry."""
         cdef QueueFile *file = self.files[self.file_index(offset)]
@@ -1900,14 +1912,8 @@ cdef class LogCore:
             self._release()
 
     cdef list _trim_queue(self, _Queue queue, uint64_t log_start):
-        cdef uint64_t low = queue.min_offset, high = queue.next_offset, middle
+        cdef uint64_t low = queue.first_at(log_start)
         cdef Py_ssize_t count = 0
-        while low < high:  # first offset whose record lies at or after log_start
-            middle = low + (high - low) // 2
-            if mq_u64(queue.entry(middle) + MQ_CQ_AT_POSITION) < log_start:
-                low = middle + 1
-            else:
-                high = middle
         queue.min_offset = low
         while count + 1 < queue.file_count and queue.files[count + 1].base <= low:
             count += 1
@@ -2035,15 +2041,9 @@ cdef class LogCore:
                 _zero(segment.data + start, end - start)
 
     cdef list _truncate_queue(self, _Queue queue, uint64_t position):
-        cdef uint64_t low = queue.min_offset, high = queue.next_offset, middle, end
+        cdef uint64_t low = queue.first_at(position), end
         cdef Py_ssize_t keep
         cdef QueueFile *last
-        while low < high:  # first offset whose record starts at or after position
-            middle = low + (high - low) // 2
-            if mq_u64(queue.entry(middle) + MQ_CQ_AT_POSITION) < position:
-                low = middle + 1
-            else:
-                high = middle
         dropped = []
         keep = queue.file_count
         while keep > 1 and queue.files[keep - 1].base > low:

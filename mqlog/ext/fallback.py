@@ -222,6 +222,18 @@ class _Queue:
         self.entries_per_file = 0
         self.ready_end = 0  # entries below this offset have pages behind them
 
+    def first_at(self, position: int) -> int:
+        """The first offset whose record starts at or after ``position`` (next_offset if
+        none): a binary search, positions grow with offsets."""
+        low, high = self.min_offset, self.next_offset
+        while low < high:
+            middle = (low + high) // 2
+            if self.entry(middle)[0] < position:
+                low = middle + 1
+            else:
+                high = middle
+        return low
+
     def entry(self, offset: int) -> tuple[int, int, int]:
         base, buffer = self._file_for(offset)
         return CQ_ENTRY.unpack_from(buffer, (offset - base) * CQ_ENTRY_SIZE)
@@ -797,14 +809,7 @@ class LogCore:
             return dropped_segments, dropped_files
 
     def _trim_queue(self, queue: _Queue, log_start: int) -> list[tuple[str, int, int]]:
-        low, high = queue.min_offset, queue.next_offset
-        while low < high:  # first offset whose record lies at or after log_start
-            middle = (low + high) // 2
-            if queue.entry(middle)[0] < log_start:
-                low = middle + 1
-            else:
-                high = middle
-        queue.min_offset = low
+        low = queue.min_offset = queue.first_at(log_start)
         dropped = []
         while len(queue.files) > 1 and queue.files[1][0] <= low:
             dropped.append((queue.topic, queue.queue_id, queue.files.pop(0)[0]))
@@ -841,13 +846,7 @@ class LogCore:
         return [queue for queues in self._queues.values() for queue in queues.values()]
 
     def _truncate_queue(self, queue: _Queue, position: int) -> list[tuple[str, int, int]]:
-        low, high = queue.min_offset, queue.next_offset
-        while low < high:  # first offset whose record starts at or after position
-            middle = (low + high) // 2
-            if queue.entry(middle)[0] < position:
-                low = middle + 1
-            else:
-                high = middle
+        low = queue.first_at(position)
         dropped = []
         while len(queue.files) > 1 and queue.files[-1][0] > low:
             dropped.append((queue.topic, queue.queue_id, queue.files.pop()[0]))
