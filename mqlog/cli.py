@@ -449,10 +449,13 @@ def cluster() -> None:
 @click.option("--role", type=click.Choice(["SYNC_MASTER", "ASYNC_MASTER"]),
               default="SYNC_MASTER", show_default=True)
 @click.option("--slaves", default="", help="Comma-separated node ids it will lead.")
-def cluster_promote(address: str, role: str, slaves: str) -> None:
+@click.option("--epoch", type=click.IntRange(min=0), default=0,
+              help="The new epoch; give one above every node's (mqlog cluster status shows "
+              "them). Default: one above the node's own.")
+def cluster_promote(address: str, role: str, slaves: str, epoch: int) -> None:
     """Make the slave at ADDRESS a master, in a new epoch (the old master must be down)."""
     with mqlog.Client(address) as client:
-        answer = client.promote(role, tuple(filter(None, slaves.split(","))))
+        answer = client.promote(role, tuple(filter(None, slaves.split(","))), epoch)
     click.echo(f"{address}: {answer['role']} in epoch {answer['epoch']}")
 
 

@@ -78,9 +78,12 @@ class Client:
     def metadata(self) -> dict[str, Any]:
         return self.call({"kind": "metadata"})[0]
 
-    def promote(self, role: str = "SYNC_MASTER", slaves: tuple[str, ...] = ()) -> dict:
-        """Operator command: make this node (a slave) the master of ``slaves``."""
-        return self.call({"kind": "promote", "role": role, "slaves": list(slaves)})[0]
+    def promote(self, role: str = "SYNC_MASTER", slaves: tuple[str, ...] = (),
+                epoch: int = 0) -> dict:
+        """Operator command: make this node (a slave) the master of ``slaves``, in
+        ``epoch`` if given (above every node's), else one above its own."""
+        return self.call({"kind": "promote", "role": role, "slaves": list(slaves),
+                          "epoch": epoch})[0]
 
     def follow(self, master: str) -> dict:
         """Operator command: make this node a slave of ``master``."""

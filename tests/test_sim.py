@@ -41,3 +41,11 @@ def test_a_core_that_acks_early_is_caught():
     caught = [seed for seed in FIXED_SEEDS[:8]
               if run_seed(seed, test_break="ack_early").violations]
     assert caught, "the broken core passed every checker"
+
+
+DIVERGENCE_SEED = 32  # its old master rejoins with records the promoted slave never had
+
+
+def test_a_core_that_skips_truncation_is_caught():
+    assert not run_seed(DIVERGENCE_SEED).violations
+    assert run_seed(DIVERGENCE_SEED, test_break="skip_truncate").violations

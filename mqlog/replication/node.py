@@ -320,7 +320,10 @@ class Node:
                 isinstance(name, str) and name in self.config.peers for name in slaves):
             raise errors.InvalidArgument("promote needs role ASYNC_MASTER or SYNC_MASTER and "
                                          "slaves named in this node's [node.peers]")
-        self.core.promote(role, slaves)
+        epoch = header.get("epoch", 0)
+        if not isinstance(epoch, int) or epoch < 0:
+            raise errors.InvalidArgument(f"epoch must be a non-negative int, got {epoch!r}")
+        self.core.promote(role, slaves, epoch)
         self._schedule()
         return {"kind": "promoted", "role": role, "epoch": self.core.epoch}
 

@@ -150,13 +150,16 @@ class MasterSlaveCore:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"
         self._ready = Ready()
 
-    def promote(self, role: str = "SYNC_MASTER", slaves: tuple[str, ...] = ()) -> None:
-        """Operator command: this slave becomes a master of ``slaves``, in a new epoch."""
+    def promote(self, role: str = "SYNC_MASTER", slaves: tuple[str, ...] = (),
+                epoch: int = 0) -> None:
+        """Operator command: this slave becomes a master of ``slaves``, in a new epoch:
+        ``epoch`` if given (the operator knows every node's; it must exceed them all, or
+        two masters could share one), else one above the newest this node has seen."""
         assert role in ("ASYNC_MASTER", "SYNC_MASTER") and self.role == "SLAVE"
         self.role = role
         self.slaves = {name: SlaveProgress() for name in slaves}
         self.config = self.config.replace(role=role, slaves=slaves, master="")
-        self.epoch += 1
+        self.epoch = max(self.epoch + 1, epoch)
         self._ready.set_epoch = self.epoch
         self._ready.events.append(f"{self.node_id} promoted to {role} in epoch {self.epoch}")
 
