@@ -21,7 +21,7 @@ any_message = st.one_of(
     st.builds(messages.Hello, names, names, numbers, numbers, st.integers(-1, 1 << 40)),
     st.builds(messages.Append, names, names, numbers, numbers, payloads),
     st.builds(messages.Report, names, names, numbers, numbers, numbers),
-    st.builds(messages.Truncate, names, names, numbers, numbers))
+    st.builds(messages.Truncate, names, names, numbers, numbers, st.integers(-1, 1 << 40)))
 
 
 def _drain(decoder: FrameDecoder) -> list[Frame]:
@@ -92,7 +92,7 @@ def test_an_oversized_frame_is_refused_before_its_body_arrives():
 
 @pytest.mark.parametrize("header", [{"kind": "nope"}, {"kind": "report", "src": "a"},
                                     {"kind": "truncate", "src": "a", "dst": "b", "epoch": 1,
-                                     "position": "7"}])
+                                     "position": "7", "last_epoch": 0}])
 def test_malformed_messages_are_protocol_errors(header):
     with pytest.raises(RemoteProtocolError):
         messages.decode(Frame(header))

@@ -10,7 +10,9 @@ Master-slave (RocketMQ HA, with epochs added so divergence is found):
   last record; the master answers with ``Truncate`` if the slave diverged, else streams.
 * ``Append`` master→slave: raw records that go at ``position`` (the slave's end).
 * ``Report`` slave→master: the slave's written and flushed positions (the ack).
-* ``Truncate`` master→slave: cut the log to ``position``, then say Hello again.
+* ``Truncate`` master→slave: cut the log back to where epoch ``last_epoch`` ends (the
+  newest both have: ``position`` in the master's log, maybe sooner in the slave's),
+  then say Hello again.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class Report(Message):
 @dataclass(frozen=True)
 class Truncate(Message):
     kind: ClassVar[str] = "truncate"
-    position: int
+    position: int  # where the master's ``last_epoch`` ends
+    last_epoch: int  # the newest epoch both logs have (-1: none)
 
 
 KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (Hello, Append, Report, Truncate)}

@@ -13,14 +13,17 @@ where its log really ends, so the master resends from there. It reports at least
 ``heartbeat_ticks``, and re-sends Hello when its master has said nothing for
 ``slave_timeout_ticks``. It refuses proposals (NotMaster).
 
-Master. A Hello is checked against the master's epochs (Kafka's leader-epoch rule):
-the slave's log agrees with the master's up to the end of the slave's last epoch in
-the master's log; if the slave holds more than that (it was a master once, or lost
-nothing the master lost) it is told to ``Truncate`` there, and the dropped range is
-reported as an event. Otherwise the master streams from the slave's end: Appends of at
-most ``append_bytes_max``, at most ``inflight_bytes_max`` unacknowledged per slave, and
-from the last ack again after ``retransmit_ticks`` without progress. Unflushed bytes are
-sent too, as in RocketMQ. A slave is in sync while it was heard from within
+Master. A Hello is checked against the master's epochs (Kafka's leader-epoch rule, both
+steps of KIP-279): the logs agree up to where the newest epoch both have ends. If the
+slave's last epoch is not in the master's log, or the slave holds more than that (it
+was a master once, or kept what the master lost), it is told to ``Truncate`` back to
+that epoch's end — the master's, or the slave's own if sooner — and says Hello again;
+the dropped range is reported as an event. Otherwise the master streams from the
+slave's end: Appends of at most ``append_bytes_max``, at most ``inflight_bytes_max``
+unacknowledged per slave, and from the last ack again after ``retransmit_ticks``
+without progress. Unflushed bytes are sent too, as in RocketMQ. A SYNC_MASTER sends as
+soon as it has something; an ASYNC_MASTER once per tick, batching (RocketMQ's HA
+service also transfers in rounds). A slave is in sync while it was heard from within
 ``slave_timeout_ticks`` and is at most ``slave_gap_bytes_max`` behind.
 
 Proposals. After the engine stored a write ending at ``end``, ``propose(id, end)``: an
@@ -82,6 +85,7 @@ class MasterSlaveCore:
         self._ready = Ready()
         self._expected_end = log.written_position  # a slave's end, pending appends counted
         self._master_heard_tick = 0
+        self._pump_due = True  # an ASYNC_MASTER sends Appends once per tick
         if self.role == "SLAVE":
             self._send_hello()
 
@@ -93,6 +97,7 @@ class MasterSlaveCore:
 
     def tick(self) -> None:
         self.tick_count += 1
+        self._pump_due = True
         if self.is_master:
             self._expire_proposals()
         elif self.role == "SLAVE":
@@ -141,9 +146,12 @@ class MasterSlaveCore:
 
     def ready(self) -> Ready:
         """What to do now. A master builds its Appends here, not on each proposal or
-        ack, so writes that arrived together travel together."""
-        if self.is_master:
+        ack, so writes that arrived together travel together: a SYNC_MASTER at once (its
+        writers wait), an ASYNC_MASTER once per tick (nobody waits; one Append then
+        carries a tick's worth of records, which costs the slaves far less)."""
+        if self.role == "SYNC_MASTER" or (self.is_master and self._pump_due):
             self._pump()
+            self._pump_due = False
         return self._ready
 
     def advance(self, ready: Ready) -> None:
@@ -166,12 +174,19 @@ class MasterSlaveCore:
     # --- master -------------------------------------------------------------------------
 
     def _on_hello(self, hello: Hello, progress: SlaveProgress) -> None:
-        agreed = min(self._end_of_epoch(hello.last_epoch), self.log.written_position)
-        if hello.position > agreed and self._test_break != "skip_truncate":
+        """Kafka's leader-epoch rule: the logs agree up to the end, in this log, of the
+        newest epoch both have. If the slave's last epoch is not in this log, or it holds
+        more than that, it must cut back (to the smaller of the two ends of that epoch:
+        it works out its own) and say Hello again."""
+        shared = self._newest_epoch_up_to(hello.last_epoch)
+        agreed = min(self._end_of_epoch(shared), self.log.written_position)
+        diverged = hello.position > agreed or (hello.last_epoch >= 0 and
+                                               shared != hello.last_epoch)
+        if diverged and self._test_break != "skip_truncate":
             progress.matched = False
-            self._send(Truncate(self.node_id, hello.src, self.epoch, agreed))
-            self._ready.events.append(f"{hello.src} diverged: truncate [{agreed}, "
-                                      f"{hello.position}) from its log")
+            self._send(Truncate(self.node_id, hello.src, self.epoch, agreed, shared))
+            self._ready.events.append(f"{hello.src} diverged after epoch {shared}: it "
+                                      f"keeps at most [.., {agreed}) of [.., {hello.position})")
             return
         progress.matched = True
         progress.sent = progress.written = progress.acked = hello.position
@@ -187,11 +202,16 @@ class MasterSlaveCore:
         self._resolve_acked()
 
     def _end_of_epoch(self, epoch: int) -> int:
-        """Where ``epoch`` ends in this log: the start of the first later epoch."""
-        for started_epoch, start in self.log.epoch_starts():
+        return _end_of_epoch(self.log, epoch)
+
+    def _newest_epoch_up_to(self, epoch: int) -> int:
+        """The newest epoch of this log that is not newer than ``epoch`` (-1: none)."""
+        found = -1
+        for started_epoch, _ in self.log.epoch_starts():
             if started_epoch > epoch:
-                return start
-        return self.log.written_position
+                break
+            found = started_epoch
+        return found
 
     def _in_sync(self) -> list[SlaveProgress]:
         written = self.log.written_position
@@ -265,14 +285,19 @@ class MasterSlaveCore:
         outbox.append(report)
 
     def _on_truncate(self, truncate: Truncate) -> None:
-        if truncate.position >= self._expected_end:
-            return
-        self._ready.truncate_to = truncate.position
-        self._ready.appends.clear()
-        self._ready.events.append(f"{self.node_id} truncated [{truncate.position}, "
-                                  f"{self._expected_end}) that its master does not have")
-        self._expected_end = truncate.position
-        self._hello_after_truncate(truncate.position)
+        """Cut back to where the master's epoch ``truncate.last_epoch`` ends, or where it
+        ends in this log if sooner (then the records after it are of an epoch the
+        master never had), and say Hello again."""
+        own_end = 0 if truncate.last_epoch < 0 else \
+            _end_of_epoch(self.log, truncate.last_epoch)
+        target = min(truncate.position, own_end, self._expected_end)
+        if target < self._expected_end:
+            self._ready.truncate_to = target
+            self._ready.appends.clear()
+            self._ready.events.append(f"{self.node_id} truncated [{target}, "
+                                      f"{self._expected_end}) that its master does not have")
+            self._expected_end = target
+        self._hello_after_truncate(target)
 
     def _hello_after_truncate(self, position: int) -> None:
         epoch = self._epoch_before(position)
@@ -303,3 +328,11 @@ class MasterSlaveCore:
 
     def _send(self, message: Message) -> None:
         self._ready.messages.append(message)
+
+
+def _end_of_epoch(log: LogView, epoch: int) -> int:
+    """Where ``epoch`` ends in ``log``: the start of its first later epoch, else its end."""
+    for started_epoch, start in log.epoch_starts():
+        if started_epoch > epoch:
+            return start
+    return log.written_position
