@@ -15,7 +15,7 @@ $(SETUP_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade "pip>=24"
 	$(PY) -m pip install --quiet "setuptools>=68,<81" wheel "Cython==3.3.1"
-	$(PY) -m pip install --quiet --no-build-isolation -e '.[test,bench]'
+	$(PY) -m pip install --quiet --no-build-isolation -e '.[test,bench,spark]'
 	touch $@
 
 $(EXT_STAMP): $(SETUP_STAMP) $(EXT_SOURCES)

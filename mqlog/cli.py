@@ -403,6 +403,14 @@ def verify(data_dir: Path, quiet: bool) -> None:
                f"checked; the log ends at position {report.end_position}")
 
 
+def _register_spark_jobs() -> None:
+    """``mqlog reconcile`` and ``mqlog replay`` (their Spark imports wait until run)."""
+    from mqlog.spark_connector.cli import reconcile, replay
+
+    cli.add_command(reconcile)
+    cli.add_command(replay)
+
+
 @cli.group()
 def bench() -> None:
     """Benchmarks (from a source checkout of mqlog)."""
@@ -982,6 +990,9 @@ def _rows_table(title: str, rows: list[dict[str, Any]]) -> Any:
     for row in rows:
         table.add_row(*(Text("-" if value is None else str(value)) for value in row.values()))
     return table
+
+
+_register_spark_jobs()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,153 @@
+"""Commit-log mode: every record in a store's segment files, each with its CRC verdict.
+
+Theory of operation. Queue mode sees what the consume queues point to, up to a
+snapshot's end, and fails on damage. Commit-log mode is for forensics and reconciling:
+it walks segment files as docs/FORMAT.md lays them out, with no snapshot and no
+consume queue, so it also reports records no queue points to (control records, a tail
+past the last checkpointed entry, records a crash left unindexed) and damaged records.
+
+A walk of one segment reads the file in windows of ``WINDOW_BYTES`` and steps from record
+to record by ``total_size``:
+
+* zeros (size 0) end the segment's records; a blank record ("MQB\\x01") fills its tail;
+* a record ("MQR\\x01", size within the segment) is reported; ``crc_ok`` is true when its
+  CRC32C over bytes [12, total_size) matches and its stored position is where it lies
+  (the two checks a reader applies besides sizes and magic);
+* anything else (a damaged size or magic) cannot be stepped over, so the walk searches on
+  for the next record magic whose stored position equals its place (a resync), as a
+  forensic tool should; the damaged bytes in between are not a row.
+
+Records are reported when they start inside the partition's [start, end) positions; the
+walk starts at the segment's first byte because only there is a record boundary known.
+Batches are built in bulk by ``layout.build_batch``; only the stepping and the CRC call
+are per record.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from mqlog import ext
+from mqlog.spark_connector import layout
+from mqlog.spark_connector.options import SegmentRange
+from mqlog.spark_connector.reader import Counters
+from mqlog.spark_connector.schema import ARROW_SCHEMA
+
+WINDOW_BYTES = 16 << 20
+BATCH_RECORDS = 65_536
+_RECORD = int.from_bytes(layout.RECORD_MAGIC, "little")
+_BLANK = int.from_bytes(layout.BLANK_MAGIC, "little")
+
+
+def read_segment(part: SegmentRange, counters: Counters,
+                 arrow: pa.Schema = ARROW_SCHEMA) -> Iterator[pa.RecordBatch]:
+    """The records starting in ``part``'s position range, as Arrow batches."""
+    name = os.path.join(part.path, "commitlog", f"{part.base:020d}")
+    with open(name, "rb") as segment:
+        size = os.fstat(segment.fileno()).st_size
+        walk = _Walk(segment, part.base, size, arrow)
+        yield from walk.batches(part, counters)
+
+
+class _Walk:
+    """A window over one segment file and the records found in it so far."""
+
+    def __init__(self, segment: object, base: int, size: int, arrow: pa.Schema) -> None:
+        self.arrow = arrow
+        self.segment = segment
+        self.base = base
+        self.size = size
+        self.window = b""
+        self.window_at = 0  # segment offset of window[0]
+        self.crc32c = ext.load().crc32c
+
+    def view(self, at: int, length: int) -> memoryview | None:
+        """Bytes [at, at + length) of the segment; refills the window if needed."""
+        if at + length > self.size:
+            return None
+        if not (self.window_at <= at and at + length <= self.window_at + len(self.window)):
+            self.segment.seek(at)  # type: ignore[attr-defined]
+            self.window = self.segment.read(max(WINDOW_BYTES, length))  # type: ignore
+            self.window_at = at
+        start = at - self.window_at
+        return memoryview(self.window)[start:start + length]
+
+    def batches(self, part: SegmentRange, counters: Counters) -> Iterator[pa.RecordBatch]:
+        starts: list[int] = []
+        verdicts: list[bool] = []
+        at, stop = 0, part.end - self.base
+        while at < stop:
+            found = self.record_at(at)
+            if found is None:
+                at = self.resync(at)
+                continue
+            total, ok = found
+            if at + self.base >= part.start:
+                starts.append(at)
+                verdicts.append(ok)
+            at += total
+            # emit before the window slides past what was collected
+            window_full = at + layout.HEADER_SIZE > self.window_at + len(self.window)
+            if starts and (len(starts) >= BATCH_RECORDS or window_full):
+                yield self.emit(starts, verdicts, part, counters)
+        if starts:
+            yield self.emit(starts, verdicts, part, counters)
+
+    def record_at(self, at: int) -> tuple[int, bool] | None:
+        """(total size, CRC and position valid) of a record at ``at``; None if none is."""
+        head = self.view(at, 8)
+        if head is None:
+            return None
+        total, magic = int.from_bytes(head[:4], "little"), int.from_bytes(head[4:], "little")
+        if magic != _RECORD or total < layout.HEADER_SIZE or at + total > self.size:
+            return None
+        record = self.view(at, total)
+        assert record is not None
+        stored_crc = int.from_bytes(record[8:12], "little")
+        stored_position = int.from_bytes(record[40:48], "little")
+        ok = stored_crc == self.crc32c(record[12:]) and stored_position == self.base + at
+        return total, ok
+
+    def resync(self, at: int) -> int:
+        """The next place after ``at`` that holds a record, or the end: zeros or a blank
+        record end the segment's records; damage is searched past."""
+        head = self.view(at, 8)
+        if head is None or bytes(head) == bytes(8) or \
+                int.from_bytes(head[4:], "little") == _BLANK:
+            return self.size
+        probe = at + 1
+        while True:
+            window = self.view(probe, min(WINDOW_BYTES, self.size - probe))
+            if window is None or len(window) < 48:
+                return self.size
+            index = bytes(window).find(layout.RECORD_MAGIC)
+            if index < 0:
+                probe += len(window) - 3
+                continue
+            candidate = probe + index - 4
+            if candidate > at and self._claims(candidate):
+                return candidate
+            probe += index + 1
+
+    def _claims(self, at: int) -> bool:
+        head = self.view(at, 48)
+        return head is not None and int.from_bytes(head[40:48], "little") == self.base + at
+
+    def emit(self, starts: list[int], verdicts: list[bool], part: SegmentRange,
+             counters: Counters) -> pa.RecordBatch:
+        first = starts[0]
+        last_total = int.from_bytes(self.view(starts[-1], 4) or b"\0" * 4, "little")
+        blob = bytes(self.view(first, starts[-1] + last_total - first) or b"")
+        offsets = np.asarray(starts, np.int64) - first
+        batch = layout.build_batch(blob, offsets, part.replica,
+                                   crc_ok=np.asarray(verdicts, bool), schema=self.arrow)
+        counters.records += len(starts)
+        counters.bytes += len(blob)
+        counters.batches += 1
+        starts.clear()
+        verdicts.clear()
+        return batch

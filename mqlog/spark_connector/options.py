@@ -1,0 +1,235 @@
+"""The source's options, checked once, and the partitions a read is cut into.
+
+Options follow Spark's Kafka source where they overlap (DESIGN §6):
+
+* ``path`` (one store) or ``paths`` (comma-separated: one store per replica; each row's
+  ``replica`` column names the store it came from, as the path was given);
+* ``topic`` / ``topics`` (comma-separated), ``queues`` (comma-separated queue ids, or
+  ``topic:queue_id`` items);
+* ``startingOffsets`` / ``endingOffsets``: ``earliest``, ``latest`` or Kafka's JSON
+  ``{"orders": {"0": 23, "1": -2}}`` (-2 earliest, -1 latest; a queue the JSON does not
+  name starts at earliest / ends at latest); the end is exclusive;
+* ``startingTimestamp`` / ``endingTimestamp`` (ms): from the first record stored at or
+  after the start, up to the first one stored at or after the end (Kafka's rule);
+* ``mode``: ``queue`` (the default: records through their consume queues, in queue
+  order, from a read-only snapshot) or ``commitlog`` (every record in the segment files,
+  with its CRC checked and reported in ``crc_ok``);
+* ``minPartitions``, ``maxRecordsPerPartition``; ``metricsDir``: a directory where each
+  partition read leaves its counters (records and bytes read), for tests and tuning.
+
+A partition is a frozen, picklable description: (store, replica, topic, queue, offset
+range) in queue mode, (store, replica, segment, position range) in commit-log mode.
+Offsets and times are resolved to offset ranges while planning, on the driver, so that
+``read()`` needs nothing but the partition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from pyspark.sql.datasource import InputPartition
+
+from mqlog.errors import InvalidArgument
+
+EARLIEST, LATEST = -2, -1
+DEFAULT_RECORDS_PER_PARTITION = 1_000_000
+MODES = ("queue", "commitlog")
+
+
+@dataclass(frozen=True)
+class QueueRange(InputPartition):
+    """Offsets [start, end) of one queue of one store."""
+
+    path: str
+    replica: str
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class SegmentRange(InputPartition):
+    """Records that start in [start, end) of one segment file (positions)."""
+
+    path: str
+    replica: str
+    base: int
+    start: int
+    end: int
+
+    @property
+    def count(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Narrowing from pushed filters: a half-open range per column (None: unbounded),
+    and the allowed values of topic, queue_id and replica (None: any)."""
+
+    topics: frozenset[str] | None = None
+    queue_ids: frozenset[int] | None = None
+    replicas: frozenset[str] | None = None
+    offset: tuple[int | None, int | None] = (None, None)
+    timestamp_ms: tuple[int | None, int | None] = (None, None)
+    position: tuple[int | None, int | None] = (None, None)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    paths: tuple[tuple[str, str], ...]  # (store path, replica name)
+    topics: frozenset[str] | None = None
+    queues: frozenset[tuple[str | None, int]] | None = None
+    starting: Any = "earliest"
+    ending: Any = "latest"
+    starting_ms: int | None = None
+    ending_ms: int | None = None
+    mode: str = "queue"
+    min_partitions: int = 1
+    records_per_partition: int = DEFAULT_RECORDS_PER_PARTITION
+    records_per_trigger: int | None = None
+    metrics_dir: str | None = None
+    columns: tuple[str, ...] | None = None  # a projection given as a schema; None: all
+    bounds: Bounds = field(default_factory=Bounds)
+
+    def wants(self, topic: str, queue_id: int) -> bool:
+        if self.topics is not None and topic not in self.topics:
+            return False
+        if self.bounds.topics is not None and topic not in self.bounds.topics:
+            return False
+        if self.bounds.queue_ids is not None and queue_id not in self.bounds.queue_ids:
+            return False
+        return self.queues is None or (topic, queue_id) in self.queues or \
+            (None, queue_id) in self.queues
+
+    def with_bounds(self, bounds: Bounds) -> ReadOptions:
+        return replace(self, bounds=bounds)
+
+
+def parse(options: Any, columns: tuple[str, ...] | None = None) -> ReadOptions:
+    """Check the user's options (a case-insensitive mapping of str) into ReadOptions;
+    ``columns``: the columns a user-given schema picks (None: all)."""
+    get = {str(key).lower(): str(value) for key, value in dict(options).items()}.get
+    paths = _paths(get("path"), get("paths"))
+    topics = _names(get("topic"), get("topics"))
+    mode = (get("mode") or "queue").lower()
+    if mode not in MODES:
+        raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return ReadOptions(
+        paths=paths, topics=topics, queues=_queues(get("queues")),
+        starting=_offsets("startingOffsets", get("startingoffsets"), "earliest"),
+        ending=_offsets("endingOffsets", get("endingoffsets"), "latest"),
+        starting_ms=_int("startingTimestamp", get("startingtimestamp"), 0),
+        ending_ms=_int("endingTimestamp", get("endingtimestamp"), 0),
+        mode=mode,
+        min_partitions=_int("minPartitions", get("minpartitions"), 1) or 1,
+        records_per_partition=_int("maxRecordsPerPartition", get("maxrecordsperpartition"),
+                                   1) or DEFAULT_RECORDS_PER_PARTITION,
+        records_per_trigger=_int("maxRecordsPerTrigger", get("maxrecordspertrigger"), 1),
+        metrics_dir=get("metricsdir"), columns=columns)
+
+
+def _paths(path: str | None, paths: str | None) -> tuple[tuple[str, str], ...]:
+    if (path is None) == (paths is None):
+        raise InvalidArgument("give the mqlog source exactly one of the options 'path' (one "
+                              "store) or 'paths' (comma-separated stores, one per replica)")
+    text = path if paths is None else paths
+    assert text is not None
+    named = [item.strip() for item in text.split(",") if item.strip()]
+    if not named or len(set(named)) != len(named):
+        raise InvalidArgument(f"'paths' must name distinct store directories, got {named}")
+    return tuple((item, item) for item in named)
+
+
+def _names(topic: str | None, topics: str | None) -> frozenset[str] | None:
+    names = [name.strip() for text in (topic, topics) if text for name in text.split(",")]
+    return frozenset(name for name in names if name) or None
+
+
+def _queues(text: str | None) -> frozenset[tuple[str | None, int]] | None:
+    if not text:
+        return None
+    found: set[tuple[str | None, int]] = set()
+    for item in (part.strip() for part in text.split(",")):
+        topic, _, queue_id = item.rpartition(":")
+        if not queue_id.isdigit():
+            raise InvalidArgument(f"'queues' items are queue ids or topic:queue_id, got "
+                                  f"{item!r}")
+        found.add((topic or None, int(queue_id)))
+    return frozenset(found)
+
+
+def _int(name: str, text: str | None, low: int) -> int | None:
+    if text is None or text == "":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgument(f"option {name} must be an integer, got {text!r}") from None
+    if value < low:
+        raise InvalidArgument(f"option {name} must be >= {low}, got {value}")
+    return value
+
+
+def _offsets(name: str, text: str | None, default: str) -> Any:
+    """'earliest', 'latest', or {topic: {queue_id: offset}} with -2/-1 allowed."""
+    if text is None or text.strip().lower() in ("", default):
+        return default
+    if text.strip().lower() in ("earliest", "latest"):
+        return text.strip().lower()
+    try:
+        parsed = json.loads(text)
+        return {str(topic): {int(queue): int(offset) for queue, offset in queues.items()}
+                for topic, queues in parsed.items()}
+    except (ValueError, AttributeError, TypeError):
+        raise InvalidArgument(f"option {name} must be 'earliest', 'latest' or JSON like "
+                              f'{{"orders": {{"0": 23, "1": -2}}}}, got {text!r}') from None
+
+
+def resolve(spec: Any, topic: str, queue_id: int, low: int, high: int, default: int) -> int:
+    """One queue's offset from a starting/ending spec, clamped into [low, high]."""
+    if spec == "earliest":
+        value = EARLIEST
+    elif spec == "latest":
+        value = LATEST
+    else:
+        value = spec.get(topic, {}).get(queue_id, default)
+    if value == EARLIEST:
+        return low
+    if value == LATEST:
+        return high
+    if value < 0:
+        raise InvalidArgument(f"offset {value} for {topic}/{queue_id}: use -2 (earliest), "
+                              "-1 (latest) or an offset >= 0")
+    return min(max(value, low), high)
+
+
+Piece = TypeVar("Piece", QueueRange, SegmentRange)
+
+
+def split(ranges: Sequence[Piece], per_partition: int | None,
+          min_partitions: int) -> list[Piece]:
+    """Cut ranges into pieces of at most ``per_partition`` (None: no cap), then keep
+    halving the largest piece until there are ``min_partitions`` (or none can be cut)."""
+    pieces: list[Piece] = []
+    for part in ranges:
+        step = per_partition or max(part.count, 1)
+        pieces.extend(replace(part, start=start, end=min(part.end, start + step))
+                      for start in range(part.start, part.end, step))
+    while len(pieces) < min_partitions:
+        largest = max(pieces, key=lambda piece: piece.count, default=None)
+        if largest is None or largest.count < 2:
+            break
+        middle = largest.start + largest.count // 2
+        index = pieces.index(largest)
+        pieces[index:index + 1] = [replace(largest, end=middle),
+                                   replace(largest, start=middle)]
+    return pieces

@@ -1,0 +1,338 @@
+"""The Spark connector against a real local Spark session (one per test run).
+
+Every check compares with what the engine's own read API returns; pushdown is checked
+through the reader's own counters (the metricsDir option); replicas are made by copying
+a store and changing the copies through the engine (truncate, epochs, puts).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import sys
+
+import pytest
+
+import mqlog
+from tests.conftest import SMALL
+
+pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
+pytest.importorskip("pyarrow", reason="pyarrow is not installed (the spark extra)")
+
+from mqlog.spark_connector import register  # noqa: E402
+from mqlog.spark_connector.reader import load_counters  # noqa: E402
+
+TOPICS = ("orders", "payments")
+
+
+@pytest.fixture(scope="session")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("mqlog-tests")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    yield session
+    session.stop()
+
+
+def _fill(path, rng, count=600, **overrides):
+    """A small-file store with two topics, three queues each, varied fields."""
+    with mqlog.open(path, **{**SMALL, **overrides}) as store:
+        for index in range(count):
+            topic = TOPICS[index % 2]
+            key = f"k{index % 7}" if index % 3 else None
+            tags = rng.choice([None, "created", "paid"])
+            properties = {"n": str(index), "i": index} if index % 5 == 0 else None
+            store.put(topic, rng.randbytes(rng.randrange(1, 300)), index % 3, key=key,
+                      tags=tags, properties=properties,
+                      born_timestamp=1_700_000_000_000 + index)
+    return path
+
+
+def _engine_rows(path):
+    """Every record through the engine's read API, as the source's rows would be."""
+    from mqlog.spark_connector.layout import _property_text
+
+    rows = []
+    with mqlog.open(path, read_only=True) as store:
+        for topic, queue_id in store.queues():
+            offset = store.min_offset(topic, queue_id)
+            while offset < store.max_offset(topic, queue_id):
+                for r in store.get(topic, queue_id, offset, 1000, 1 << 24):
+                    rows.append((r.topic, r.queue_id, r.offset, r.position, r.epoch,
+                                 r.store_timestamp, r.born_timestamp, r.key, r.tags,
+                                 {k: _property_text(v) for k, v in r.properties.items()},
+                                 r.body, True, str(path)))
+                    offset = r.offset + 1
+    return sorted(rows, key=lambda row: (row[0], row[1], row[2]))
+
+
+def _millis(value):
+    return (value - dt.datetime(1970, 1, 1)) // dt.timedelta(milliseconds=1)
+
+
+def _spark_rows(frame):
+    rows = []
+    for row in frame.collect():
+        values = list(row)
+        values[5], values[6] = _millis(values[5]), _millis(values[6])
+        values[10] = bytes(values[10])
+        rows.append(tuple(values))
+    return sorted(rows, key=lambda row: (row[0], row[1], row[2]))
+
+
+def test_schema_matches_pysparks_arrow_conversion():
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from mqlog.spark_connector import schema
+
+    assert to_arrow_schema(schema.spark_schema(), timezone="UTC").equals(schema.ARROW_SCHEMA)
+
+
+def test_every_field_equals_the_engine_read_api(spark, tmp_path, rng):
+    path = _fill(tmp_path / "store", rng)
+    frame = (spark.read.format("mqlog").option("path", str(path))
+             .option("maxRecordsPerPartition", "70").load())
+    expected = _engine_rows(path)
+    assert len(expected) == 600
+    assert _spark_rows(frame) == expected
+    assert frame.rdd.getNumPartitions() > 6  # 6 queues of ~100 records, cut at 70
+
+
+def test_options_select_queues_offsets_and_times(spark, tmp_path, rng):
+    path = _fill(tmp_path / "store", rng)
+    expected = _engine_rows(path)
+    frame = (spark.read.format("mqlog").option("path", str(path)).option("topic", "orders")
+             .option("queues", "0,orders:2")
+             .option("startingOffsets", '{"orders": {"0": 10, "2": -2}}')
+             .option("endingOffsets", '{"orders": {"0": 20}}').load())
+    wanted = [row for row in expected if row[0] == "orders" and (
+        row[1] == 0 and 10 <= row[2] < 20 or row[1] == 2)]
+    assert _spark_rows(frame) == wanted
+    middle = sorted(row[5] for row in expected)[300]
+    later = spark.read.format("mqlog").option("path", str(path)) \
+        .option("startingTimestamp", str(middle)).load()
+    assert _spark_rows(later) == [row for row in expected if row[5] >= middle]
+
+
+def test_pushdown_reduces_the_records_read(spark, tmp_path, rng):
+    path = _fill(tmp_path / "store", rng, count=900)
+    metrics = tmp_path / "metrics"
+
+    def records_read(where):
+        shutil.rmtree(metrics, ignore_errors=True)
+        frame = (spark.read.format("mqlog").option("path", str(path))
+                 .option("metricsDir", str(metrics)).load().where(where))
+        rows = frame.collect()
+        counted = sum(item["records"] for item in load_counters(str(metrics))) \
+            if metrics.exists() else 0
+        return len(rows), counted
+
+    assert records_read("length(body) >= 0") == (900, 900)  # nothing pushed: all read
+    assert records_read("topic = 'orders' AND queue_id = 1 AND offset >= 40") == (110, 110)
+    assert records_read("offset < 5") == (30, 30)
+    expected = _engine_rows(path)
+    cut = sorted(row[5] for row in expected)[800]
+    micros = dt.datetime.fromtimestamp(cut / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    rows, counted = records_read(f"timestamp >= TIMESTAMP '{micros}'")
+    assert rows == sum(row[5] >= cut for row in expected)
+    assert rows <= counted < 900
+
+
+def _flip_crc(path, position):
+    """Flip one bit of the CRC field of the record at ``position`` (a real bit flip)."""
+    segment_dir = path / "commitlog"
+    bases = sorted(int(name) for name in os.listdir(segment_dir) if name.isdigit())
+    base = max(b for b in bases if b <= position)
+    with open(segment_dir / f"{base:020d}", "r+b") as segment:
+        segment.seek(position - base + 8)
+        byte = segment.read(1)[0]
+        segment.seek(position - base + 8)
+        segment.write(bytes([byte ^ 0x10]))
+
+
+def test_commitlog_mode_finds_a_flipped_crc(spark, tmp_path, rng):
+    path = _fill(tmp_path / "store", rng)
+    expected = _engine_rows(path)
+    victim = expected[123]
+    _flip_crc(path, victim[3])
+    frame = spark.read.format("mqlog").option("path", str(path)) \
+        .option("mode", "commitlog").option("minPartitions", "5").load()
+    rows = frame.select("position", "crc_ok", "offset", "topic", "body").collect()
+    assert len(rows) == len(expected)
+    assert [row.position for row in rows if not row.crc_ok] == [victim[3]]
+    assert sorted((r.topic, r.offset, bytes(r.body)) for r in rows) == \
+        sorted((row[0], row[2], row[10]) for row in expected)
+
+
+def test_commitlog_mode_sees_records_past_the_consume_queues(spark, tmp_path, rng):
+    path = _fill(tmp_path / "store", rng, count=50)
+    positions = {row[3] for row in _engine_rows(path)}
+    frame = spark.read.format("mqlog").option("path", str(path)) \
+        .option("mode", "commitlog").load().where("position >= 0")
+    assert {row.position for row in frame.select("position").collect()} == positions
+
+
+def _replicas(tmp_path, rng):
+    """A reference store and three copies: one short, one longer, one diverged."""
+    reference = _fill(tmp_path / "a", rng, count=300)
+    copies = {name: tmp_path / name for name in ("short", "long", "diverged")}
+    for copy in copies.values():
+        shutil.copytree(reference, copy)
+    rows = _engine_rows(reference)
+    cut = sorted(row[3] for row in rows)[len(rows) // 2]
+    with mqlog.open(copies["short"], **SMALL) as store:
+        store.truncate(cut)
+    with mqlog.open(copies["long"], **SMALL) as store:
+        extra = [store.put("orders", b"extra-%d" % i, 1).position for i in range(7)]
+    with mqlog.open(reference, read_only=True) as origin:
+        originals = [origin.read_record(row[3]) for row in sorted(rows, key=lambda r: r[3])
+                     if row[3] >= cut]
+    with mqlog.open(copies["diverged"], **SMALL) as store:
+        store.truncate(cut)
+        store.set_epoch(3)
+        for r in originals:  # the same sizes, so the same places, but a new epoch and body
+            body = r.body[:-1] + bytes([r.body[-1] ^ 1])
+            store.put(r.topic, body, r.queue_id, key=r.key, tags=r.tags,
+                      properties=r.properties or None, born_timestamp=r.born_timestamp)
+    return reference, copies, rows, cut, extra
+
+
+def test_reconcile_finds_exactly_the_injected_differences(spark, tmp_path, rng):
+    from mqlog.spark_connector.reconcile import reconcile
+
+    reference, copies, rows, cut, extra = _replicas(tmp_path, rng)
+    found = reconcile(spark, [str(reference), *map(str, copies.values())])
+    findings = found.findings.collect()
+
+    def positions(replica, kind, level="log"):
+        return sorted(f.position for f in findings if f.replica == str(copies[replica])
+                      and f.kind == kind and f.level == level)
+
+    after_cut = sorted(row[3] for row in rows if row[3] >= cut)
+    assert positions("short", "missing") == after_cut
+    assert positions("short", "extra") == positions("short", "divergent") == []
+    assert positions("long", "extra") == sorted(extra)
+    assert positions("long", "missing") == positions("long", "divergent") == []
+    assert positions("diverged", "divergent") == after_cut  # same places, new epoch/body
+    assert positions("diverged", "missing") == positions("diverged", "extra") == []
+    queue_level = sorted((f.topic, f.queue_id, f.offset) for f in findings
+                         if f.replica == str(copies["diverged"]) and f.level == "queue")
+    assert queue_level == sorted((row[0], row[1], row[2]) for row in rows if row[3] >= cut)
+    assert not [f for f in findings if f.kind == "corrupt"]
+    summary = {(s["replica"], s["topic"], s["queue_id"]): s for s in found.summary_rows()}
+    first_missing = min(row[2] for row in rows if row[3] >= cut and row[:2] == ("orders", 0))
+    assert summary[(str(copies["short"]), "orders", 0)]["common_prefix"] == first_missing
+    assert summary[(str(copies["long"]), "orders", 1)]["extra"] == 7
+
+
+def test_replay_to_store_equals_the_source_range_and_is_idempotent(spark, tmp_path, rng):
+    from mqlog.spark_connector import replay
+
+    source = _fill(tmp_path / "src", rng)
+    target = tmp_path / "dst"
+    frame = replay.select(spark, str(source), "10", "60", "tags IS NOT NULL OR key = 'k1'")
+    first = replay.to_store(frame, str(source), str(target))
+    again = replay.to_store(frame, str(source), str(target))
+    wanted = [row for row in _engine_rows(source) if 10 <= row[2] < 60
+              and (row[8] is not None or row[7] == "k1")]
+    assert first.written == len(wanted) > 0 and again.written == 0
+    assert again.skipped == len(wanted)
+    with mqlog.open(target, read_only=True) as store:
+        got = []
+        for topic, queue_id in store.queues():
+            for r in store.get(topic, queue_id, 0, 1000, 1 << 24):
+                properties = dict(r.properties)
+                source_offset = properties.pop(replay.REPLAY_PROPERTY)
+                got.append((topic, queue_id, source_offset, r.key, r.tags, r.born_timestamp,
+                            properties, r.body))
+    with mqlog.open(source, read_only=True) as store:
+        originals = {(r[0], r[1], r[2]): store.get(r[0], r[1], r[2], 1)[0] for r in wanted}
+    assert got == [(t, q, o, r.key, r.tags, r.born_timestamp, r.properties, r.body)
+                   for (t, q, o), r in sorted(originals.items())]
+
+
+def test_replay_to_parquet_equals_the_source_range(spark, tmp_path, rng):
+    from mqlog.spark_connector import replay
+
+    source = _fill(tmp_path / "src", rng)
+    out = str(tmp_path / "out.parquet")
+    frame = replay.select(spark, str(source), "5", "25")
+    assert replay.to_parquet(frame, out) == replay.to_parquet(frame, out)  # rerun replaces
+    written = spark.read.parquet(out)
+    assert _spark_rows(written) == [row for row in _engine_rows(source) if 5 <= row[2] < 25]
+
+
+def test_streaming_picks_up_appends_and_resumes_without_duplicates(spark, tmp_path, rng):
+    path = tmp_path / "store"
+    with mqlog.open(path, **SMALL) as store:
+        for index in range(40):
+            store.put("orders", b"first-%d" % index, index % 2)
+    checkpoint, out = str(tmp_path / "checkpoint"), str(tmp_path / "out")
+
+    def run_available_now():
+        stream = (spark.readStream.format("mqlog").option("path", str(path))
+                  .option("maxRecordsPerTrigger", "15").load()
+                  .select("queue_id", "offset", "body"))
+        query = (stream.writeStream.format("parquet").option("path", out)
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        query.awaitTermination()
+        return query
+
+    query = run_available_now()
+    assert query.lastProgress is not None
+    batches = len(query.recentProgress)
+    assert batches >= 3  # 40 records at most 15 per trigger
+    with mqlog.open(path, **SMALL) as store:
+        for index in range(25):
+            store.put("orders", b"second-%d" % index, index % 3)
+    run_available_now()
+    rows = sorted((r.queue_id, r.offset, bytes(r.body))
+                  for r in spark.read.parquet(out).collect())
+    expected = []
+    with mqlog.open(path, read_only=True) as store:
+        for topic, queue_id in store.queues():
+            expected += [(queue_id, r.offset, r.body)
+                         for r in store.get(topic, queue_id, 0, 1000, 1 << 24)]
+    assert rows == sorted(expected)
+    assert len(rows) == 65
+
+
+def test_bad_options_are_typed_errors(tmp_path):
+    from mqlog.errors import InvalidArgument
+    from mqlog.spark_connector import options
+
+    for bad in ({}, {"path": "a", "paths": "b"}, {"path": "a", "mode": "x"},
+                {"path": "a", "startingOffsets": "{bad"}, {"path": "a", "queues": "x:y"},
+                {"path": "a", "minPartitions": "-1"}):
+        with pytest.raises(InvalidArgument):
+            options.parse(bad)
+
+
+def test_cli_reconcile_and_replay(spark, tmp_path, rng):
+    from click.testing import CliRunner
+
+    from mqlog.spark_connector.cli import reconcile, replay
+
+    source = _fill(tmp_path / "a", rng, count=60)
+    shutil.copytree(source, tmp_path / "b")
+    runner = CliRunner()
+    same = runner.invoke(reconcile, [str(source), str(tmp_path / "b"),
+                                     "--out", str(tmp_path / "report.parquet")])
+    assert same.exit_code == 0, same.output
+    assert "0 finding(s)" in same.output and "common_prefix" in same.output
+    refused = runner.invoke(replay, [str(source), "--from", "0"])
+    assert refused.exit_code == 1
+    assert refused.output.strip().startswith("mqlog: error: give exactly one of")
+    done = runner.invoke(replay, [str(source), "--from", "0", "--to", "5",
+                                  "--to-parquet", str(tmp_path / "out")])
+    assert done.exit_code == 0 and "30 record(s)" in done.output, done.output
