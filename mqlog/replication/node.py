@@ -370,17 +370,24 @@ async def _request_once(address: str, header: dict[str, Any]) -> Frame:
 
 def run_node(config: NodeConfig) -> None:
     """Serve until SIGTERM or SIGINT; used by ``mqlog node``."""
+    node = Node(config)
+    run_until_signalled(node, lambda: f"[{node.node_id}] {node.core.role} serving on "
+                                      f"{config.listen}")
+
+
+def run_until_signalled(server: Any, banner: Any) -> None:
+    """Run ``server.serve(ready)`` until SIGTERM or SIGINT calls ``server.stop()``; print
+    ``banner()`` once it listens (tests and scripts wait for "serving on")."""
     import signal
 
     async def main() -> None:
-        node = Node(config)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, node.stop)
+            loop.add_signal_handler(signum, server.stop)
         ready = asyncio.Event()
-        serving = asyncio.create_task(node.serve(ready))
+        serving = asyncio.create_task(server.serve(ready))
         await ready.wait()
-        print(f"[{node.node_id}] {node.core.role} serving on {config.listen}", flush=True)
+        print(banner(), flush=True)
         with contextlib.suppress(asyncio.CancelledError):
             await serving
 

@@ -126,17 +126,7 @@ class RegistryServer:
 
 def run_registry(listen: str, node_timeout_ms: int) -> None:
     """Serve until SIGTERM or SIGINT; used by ``mqlog registry``."""
-    import signal
+    from mqlog.replication.node import run_until_signalled
 
-    async def main() -> None:
-        server = RegistryServer(listen, node_timeout_ms)
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, server.stop)
-        ready = asyncio.Event()
-        serving = asyncio.create_task(server.serve(ready))
-        await ready.wait()
-        print(f"[registry] serving on {listen}", flush=True)
-        await serving
-
-    asyncio.run(main())
+    run_until_signalled(RegistryServer(listen, node_timeout_ms),
+                        lambda: f"[registry] serving on {listen}")
