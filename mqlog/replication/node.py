@@ -36,8 +36,7 @@ from typing import Any
 from mqlog import errors
 from mqlog.config import ReplicationConfig, StoreConfig
 from mqlog.engine.store import open as open_store
-from mqlog.replication import messages
-from mqlog.replication.master_slave import MasterSlaveCore
+from mqlog.replication import core_for, messages
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
 
@@ -123,7 +122,7 @@ class Node:
         self.config = config
         self.node_id = config.replication.node_id
         self.store = open_store(config.data_dir, config.store)
-        self.core = MasterSlaveCore(config.replication, self.store)
+        self.core = core_for(config.replication, self.store)
         self._waiting: dict[Any, asyncio.Future[PutStatus]] = {}
         self._outbound: dict[str, asyncio.StreamWriter] = {}
         self._connecting: set[str] = set()
@@ -334,7 +333,7 @@ class Node:
         if master not in self.config.peers or master == self.node_id:
             raise errors.InvalidArgument(f"follow needs a master named in [node.peers], got "
                                          f"{master!r}")
-        self.core = MasterSlaveCore(self.config.replication.replace(
+        self.core = core_for(self.config.replication.replace(
             role="SLAVE", master=master, slaves=()), self.store)
         for future in self._waiting.values():  # stored here, fate on the new master unknown
             if not future.done():
