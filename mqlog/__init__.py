@@ -19,6 +19,7 @@ from mqlog.config import StoreConfig
 from mqlog.engine.recovery import RecoveryReport
 from mqlog.engine.store import Store, open
 from mqlog.ext import IMPLEMENTATION
+from mqlog.group_client import GroupClient  # noqa: E402,I001
 from mqlog.results import BatchPutResult, PutResult, PutStatus
 from mqlog.routing import Producer, SendResult  # noqa: E402,I001
 
@@ -26,6 +27,7 @@ __all__ = [
     "IMPLEMENTATION",
     "BatchPutResult",
     "Client",
+    "GroupClient",
     "PutResult",
     "Producer",
     "PutStatus",

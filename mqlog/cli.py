@@ -427,8 +427,8 @@ def bench_compare(args: tuple[str, ...]) -> int:
 @cli.command()
 @click.option("--config", "config_file", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The node's TOML file: [node] (id, listen, data_dir, role, master, "
-              "slaves, peers) and [store].")
+              help="The node's TOML file: [node] (id, listen, data_dir, layer; role, master, "
+              "slaves for master_slave; voters, learners for raft; peers) and [store].")
 def node(config_file: Path) -> None:
     """Run a replicated node: serve its replica group and clients until SIGTERM."""
     from mqlog.replication.node import NodeConfig, run_node
@@ -477,24 +477,38 @@ def cluster_follow(address: str, master: str) -> None:
     click.echo(f"{address}: now a slave of {master}")
 
 
+@cluster.command("transfer")
+@click.argument("address")
+@click.option("--to", "target", required=True, help="Node id of the voter to lead next.")
+def cluster_transfer(address: str, target: str) -> None:
+    """Make the Raft leader at ADDRESS hand leadership to TARGET (it catches up first)."""
+    with mqlog.Client(address) as client:
+        answer = client.transfer(target)
+    click.echo(f"{address}: handing leadership to {answer['target']} (term {answer['term']})")
+
+
 @cluster.command("status")
 @click.argument("addresses", nargs=-1, required=True)
 @json_option
 def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
-    """Role, epoch and positions of each node at ADDRESSES (host:port ...)."""
+    """Role, epoch (Raft: term), leader and positions of each node at ADDRESSES
+    (host:port ...); a master's slave acks, a Raft leader's commit and match positions."""
     rows = []
     for address in addresses:
         try:
             with mqlog.Client(address, timeout_s=5) as client:
                 facts = client.metadata()
+            acked = facts.get("slaves", facts.get("match", {}))
             rows.append({"address": address, "node": facts["node_id"], "role": facts["role"],
-                         "epoch": facts["epoch"], "written": facts["written"],
+                         "epoch": facts["epoch"], "leader": facts.get("leader", ""),
+                         "commit": facts.get("commit", ""), "written": facts["written"],
                          "flushed": facts["flushed"],
-                         "slaves acked": ", ".join(f"{name}={acked}" for name, acked
-                                                   in sorted(facts["slaves"].items()))})
+                         "acked": ", ".join(f"{name}={position}" for name, position
+                                            in sorted(acked.items()))})
         except MqlogError as error:
             rows.append({"address": address, "node": "-", "role": f"unreachable ({error})",
-                         "epoch": "", "written": "", "flushed": "", "slaves acked": ""})
+                         "epoch": "", "leader": "", "commit": "", "written": "",
+                         "flushed": "", "acked": ""})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -38,23 +38,22 @@ class Client:
         self._core = ext.load()
 
     def produce(self, topic: str, body: bytes, queue_id: int = 0, key: str | None = None,
-                tags: str | None = None, acks: str = "replicated") -> PutResult:
-        """Store one record on the master. ``acks="replicated"`` answers by the master's
-        role (a SYNC_MASTER waits for its slaves); ``acks="master"`` once the master
-        stored it (Kafka's acks=1)."""
-        header = self.call({"kind": "produce", "topic": topic, "queue_id": queue_id,
-                            "key": key, "tags": tags, "count": 1, "acks": acks},
-                           pack_bodies([body]))[0]
-        return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
-                         0, 0)
+                tags: str | None = None, acks: str = "replicated",
+                producer: tuple[str, int] | None = None) -> PutResult:
+        """Store one record on the master (the leader). ``acks="replicated"`` answers by
+        the layer's rule (a SYNC_MASTER waits for its slaves, a Raft leader for a
+        majority); ``acks="master"`` once the master stored it (Kafka's acks=1).
+        ``producer=(producer_id, sequence)`` makes it idempotent on a Raft group: a retry
+        with the same pair is answered with the first write's place."""
+        return self.produce_batch(topic, [body], queue_id, key, tags, acks, producer)
 
     def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,
                       key: str | None = None, tags: str | None = None,
-                      acks: str = "replicated") -> PutResult:
+                      acks: str = "replicated",
+                      producer: tuple[str, int] | None = None) -> PutResult:
         """``produce`` for many records of one queue in one request."""
-        header = self.call({"kind": "produce", "topic": topic, "queue_id": queue_id,
-                            "key": key, "tags": tags, "count": len(bodies), "acks": acks},
-                           pack_bodies(bodies))[0]
+        header = self.call(produce_header(topic, len(bodies), queue_id, key, tags, acks,
+                                          producer), pack_bodies(bodies))[0]
         return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
                          0, 0)
 
@@ -88,6 +87,10 @@ class Client:
     def follow(self, master: str) -> dict:
         """Operator command: make this node a slave of ``master``."""
         return self.call({"kind": "follow", "master": master})[0]
+
+    def transfer(self, target: str) -> dict:
+        """Operator command: this Raft leader hands leadership to voter ``target``."""
+        return self.call({"kind": "transfer", "target": target})[0]
 
     def close(self) -> None:
         self._socket.close()
@@ -124,9 +127,23 @@ class Client:
         return frame
 
 
+def produce_header(topic: str, count: int, queue_id: int = 0, key: str | None = None,
+                   tags: str | None = None, acks: str = "replicated",
+                   producer: tuple[str, int] | None = None) -> dict[str, Any]:
+    """The header of a produce request (the bodies go in the payload: pack_bodies)."""
+    header = {"kind": "produce", "topic": topic, "queue_id": queue_id, "key": key,
+              "tags": tags, "count": count, "acks": acks}
+    if producer is not None:
+        header["producer_id"], header["sequence"] = producer
+    return header
+
+
 def _error(header: dict[str, Any]) -> errors.MqlogError:
     cls = getattr(errors, str(header.get("error")), None)
     message = str(header.get("message"))
+    if cls is errors.NotLeader:
+        return errors.NotLeader(message, leader=header.get("leader"),
+                                leader_address=header.get("leader_address"))
     if isinstance(cls, type) and issubclass(cls, errors.MqlogError):
         try:
             return cls(message)

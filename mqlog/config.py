@@ -159,7 +159,7 @@ class ReplicationConfig:
     Time is in ticks (``tick_ms`` each): the cores never read a clock (DESIGN §5).
     """
 
-    layer: Literal["master_slave"] = "master_slave"
+    layer: Literal["master_slave", "raft"] = "master_slave"
     node_id: str = "node-1"
     role: Role = "ASYNC_MASTER"
     master: str = ""  # a slave's master
@@ -175,12 +175,26 @@ class ReplicationConfig:
     inflight_bytes_max: int = 8 * MiB  # sent but unacknowledged, per slave
     slave_gap_bytes_max: int = 256 * MiB  # a slave further behind is not in sync
     frame_size_bytes_max: int = 16 * MiB
+    # Raft (layer = "raft"); heartbeat_ticks, sync_timeout_ticks, retransmit_ticks,
+    # append_bytes_max and inflight_bytes_max above apply to it too.
+    voters: tuple[str, ...] = ()  # the group's voting members, this node included
+    learners: tuple[str, ...] = ()  # members that replicate but neither vote nor count
+    election_timeout_ticks: int = 30  # randomized in [this, 2 * this) per election
+    pre_vote: bool = True  # ask "would you vote for me?" before raising the term
+    check_quorum: bool = True  # a leader that stops hearing a majority steps down
+    follower_ack: Literal["flushed", "written"] = "flushed"  # what a follower's ack counts
+    idempotence_window_bytes: int = 16 * MiB  # log tail scanned for producer ids
+    idempotence_sequences_max: int = 1024  # remembered results per producer id
 
     def validate(self) -> ReplicationConfig:
         _require_positive(self, "in_sync_slaves_min", "tick_ms", "heartbeat_ticks",
                           "slave_timeout_ticks", "sync_timeout_ticks", "retransmit_ticks",
                           "append_bytes_max", "inflight_bytes_max", "slave_gap_bytes_max",
                           "frame_size_bytes_max")
+        if self.layer == "raft":
+            return self._validate_raft()
+        if self.layer != "master_slave":
+            raise ConfigError(f"layer must be 'master_slave' or 'raft', got {self.layer!r}")
         if self.role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
             raise ConfigError(f"role must be ASYNC_MASTER, SYNC_MASTER or SLAVE, got "
                               f"{self.role!r}")
@@ -196,6 +210,26 @@ class ReplicationConfig:
         if self.slave_ack not in ("written", "flushed"):
             raise ConfigError(f"slave_ack must be 'written' or 'flushed', got "
                               f"{self.slave_ack!r}")
+        return self
+
+    def _validate_raft(self) -> ReplicationConfig:
+        _require_positive(self, "election_timeout_ticks", "idempotence_window_bytes",
+                          "idempotence_sequences_max")
+        if self.node_id not in self.voters + self.learners:
+            raise ConfigError(f"node {self.node_id!r} must be one of voters {self.voters} or "
+                              f"learners {self.learners}")
+        if set(self.voters) & set(self.learners) or len(set(self.voters)) != len(self.voters):
+            raise ConfigError("a node is a voter or a learner, once")
+        if self.election_timeout_ticks <= self.heartbeat_ticks:
+            raise ConfigError(f"election_timeout_ticks={self.election_timeout_ticks} must "
+                              f"exceed heartbeat_ticks={self.heartbeat_ticks}, or followers "
+                              "campaign against a live leader")
+        if self.follower_ack not in ("written", "flushed"):
+            raise ConfigError(f"follower_ack must be 'written' or 'flushed', got "
+                              f"{self.follower_ack!r}")
+        if self.append_bytes_max + 4096 > self.frame_size_bytes_max:
+            raise ConfigError("append_bytes_max must leave 4 KiB of frame_size_bytes_max for "
+                              "the frame header")
         return self
 
     def replace(self, **overrides: Any) -> ReplicationConfig:

@@ -126,6 +126,23 @@ class NotMaster(MqlogError):
     send writes to the master, or promote this node."""
 
 
+class NotLeader(NotMaster):
+    """This Raft node is not its group's leader (or is handing leadership over): send the
+    write to ``leader`` (a node id; ``leader_address`` its address, when known), or retry
+    soon if no leader is known yet (an election is under way)."""
+
+    def __init__(self, message: str, *, leader: str | None = None,
+                 leader_address: str | None = None) -> None:
+        super().__init__(message)
+        self.leader = leader
+        self.leader_address = leader_address
+
+
+class OutOfOrderSequence(InvalidArgument):
+    """An idempotent producer's sequence number is older than the ones this node still
+    remembers for it, or skips ahead: the producer must start a new producer id."""
+
+
 class NodeUnavailable(MqlogError, ConnectionError):
     """A node could not be reached, or the connection to it broke: the request's outcome
     is unknown; retry it (on another node if this one is down)."""

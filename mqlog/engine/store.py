@@ -30,10 +30,11 @@ from types import ModuleType
 from typing import Any
 
 from mqlog import ext
-from mqlog.config import PAGE_SIZE, StoreConfig
+from mqlog.config import PAGE_SIZE, RECORD_HEADER_SIZE, StoreConfig
 from mqlog.engine import checkpoint as cp
 from mqlog.engine import consumequeue as cq
 from mqlog.engine import queries
+from mqlog.engine.control import control_bytes
 from mqlog.engine.files import (
     MappedFile,
     SegmentAllocator,
@@ -56,6 +57,8 @@ from mqlog.errors import (
     InvalidPosition,
     InvalidQueueId,
     InvalidTopic,
+    MessageTooLarge,
+    ReplicaDataRejected,
     StoreClosed,
     StoreFailed,
     StoreLocked,
@@ -507,6 +510,28 @@ class Store:
         end = self.core.append_raw(position, data)
         self.core.last_keyed_end = end  # replicated records may hold keys
         return end
+
+    def append_control(self, body: bytes = b"") -> int:
+        """Append a control record (no queue sees it: a Raft leader's no-op) in the current
+        epoch; return the position just past it."""
+        self._check_writable()
+        if RECORD_HEADER_SIZE + len(body) > self.config.message_size_bytes_max:
+            raise MessageTooLarge(f"a control record of {len(body)} bytes exceeds "
+                                  f"message_size_bytes_max={self.config.message_size_bytes_max}")
+        core = self.core
+        while True:  # another thread may write first: then place it after that write
+            written, bases = core.written_position, core.segment_bases()
+            segment_end = bases[-1] + self._segments[bases[-1]].size if bases else None
+            if segment_end is not None and written >= segment_end:
+                segment_end = None
+            now = max(self._clock_ms() if self._clock_ms else _now_ms(),
+                      core.last_store_timestamp)
+            _position, data = control_bytes(written, segment_end, core.epoch, now, body)
+            try:
+                return self.append_raw(written, data)
+            except ReplicaDataRejected:
+                if core.written_position == written:
+                    raise
 
     def truncate(self, position: int) -> None:
         """Cut the log (and every queue) back to ``position``, a record boundary.

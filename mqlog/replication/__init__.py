@@ -1,4 +1,4 @@
-"""Replication: the wire, the sans-IO cores (master_slave/; isr/ and raft/ to come) and
+"""Replication: the wire, the sans-IO cores (master_slave/, raft/; isr/ to come) and
 the drivers that run them (DESIGN §5).
 
 ``core_for(config, log)`` picks the core of the configured ``layer``; drivers (the node,
@@ -11,8 +11,10 @@ from typing import Any
 
 
 def core_for(config: Any, log: Any, **options: Any) -> Any:
-    """The replication core of ``config.layer`` over ``log``."""
+    """The replication core of ``config.layer`` over ``log``; ``options`` are the layer's
+    own (Raft: ``rng``, ``hard_state``; both: ``test_break``)."""
     from mqlog.replication.master_slave import MasterSlaveCore
+    from mqlog.replication.raft import RaftCore
 
-    cores = {"master_slave": MasterSlaveCore}
+    cores: dict[str, Any] = {"master_slave": MasterSlaveCore, "raft": RaftCore}
     return cores[config.layer](config, log, **options)

@@ -3,8 +3,10 @@
 A core is sans-IO (etcd raft's RawNode shape, DESIGN §5): it owns no socket, clock,
 thread or file. A driver calls ``tick()`` every ``tick_ms``, ``step(message)`` for each
 message that arrives, ``propose(...)`` after the engine stored a write, then takes
-``ready()``, carries it out in order — truncate, append, set the epoch, sync if asked,
-send ``messages``, send ``messages_after_persist`` — and calls ``advance(ready)``.
+``ready()``, carries it out in order — save the hard state (Raft's term and vote, synced),
+truncate, append, set the epoch, append a no-op control record if asked, sync if asked,
+set the committed position, send ``messages``, send ``messages_after_persist`` — and
+calls ``advance(ready)``.
 
 A core reads its own store through ``LogView`` (reading is deterministic and cheap, as
 etcd raft reads its Storage); it never writes to it: every change to the log is in a
@@ -38,16 +40,20 @@ class LogView(Protocol):
 class Ready:
     """What the driver must do now, in this order (see the module docstring)."""
 
+    hard_state: tuple[int, str] | None = None  # (term, vote) to save and sync first (Raft)
     truncate_to: int | None = None  # cut the log here first (a slave that diverged)
     appends: list[tuple[int, bytes]] = field(default_factory=list)  # raw records, in order
     set_epoch: int | None = None  # stamp later records with this epoch (a promotion)
+    append_noop: bool = False  # append an empty control record (a new Raft leader's)
     must_sync: bool = False  # flush the log before sending messages_after_persist
+    commit_to: int | None = None  # the committed position moved here
     messages: list[Message] = field(default_factory=list)
     messages_after_persist: list[Message] = field(default_factory=list)
     resolved: list[tuple[Any, PutStatus]] = field(default_factory=list)  # proposals decided
     events: list[str] = field(default_factory=list)  # news for the operator's log
 
     def __bool__(self) -> bool:
-        return bool(self.truncate_to is not None or self.appends or self.set_epoch is not None
-                    or self.messages or self.messages_after_persist or self.resolved
-                    or self.events)
+        return bool(self.hard_state is not None or self.truncate_to is not None
+                    or self.appends or self.set_epoch is not None or self.append_noop
+                    or self.must_sync or self.commit_to is not None or self.messages
+                    or self.messages_after_persist or self.resolved or self.events)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mqlog.client import Client
+from mqlog.errors import MqlogError
 
 STARTUP_TIMEOUT_S = 60.0
 
@@ -115,6 +116,120 @@ class LocalCluster:
                    "the replicas to converge", timeout_s)
 
     def __enter__(self) -> LocalCluster:
+        self.start_all()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop_all()
+
+
+@dataclass
+class LocalRaftCluster:
+    """A Raft group of ``size`` voters ``n1``..``nN`` as `mqlog node` processes.
+
+    ``links`` may route a node's connections to a peer elsewhere (a fault-injecting proxy):
+    {(from, to): "host:port"}; call ``assign_ports()`` first to learn the real addresses.
+    """
+
+    root: Path
+    size: int = 3
+    store_settings: str = "segment_size_bytes = 67108864\nflush_mode = \"sync\""
+    node_settings: str = "election_timeout_ticks = 30\nheartbeat_ticks = 5"
+    links: dict[tuple[str, str], str] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [f"n{index}" for index in range(1, self.size + 1)]
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.address(name) for name in self.names]
+
+    def assign_ports(self) -> None:
+        if not self.ports:
+            self.ports = dict(zip(self.names, free_ports(len(self.names)), strict=True))
+
+    def write_configs(self) -> None:
+        self.assign_ports()
+        self.root.mkdir(parents=True, exist_ok=True)
+        voters = ", ".join(f'"{name}"' for name in self.names)
+        for name in self.names:
+            peers = "\n".join(f'{other} = "{self.links.get((name, other), self.address(other))}"'
+                              for other in self.names if other != name)
+            (self.root / f"{name}.toml").write_text(
+                f'[node]\nid = "{name}"\nlisten = "{self.address(name)}"\n'
+                f'data_dir = "{self.root / name}"\nlayer = "raft"\nvoters = [{voters}]\n'
+                f"{self.node_settings}\n[node.peers]\n{peers}\n[store]\n"
+                f"{self.store_settings}\n")
+
+    def start_all(self) -> None:
+        self.write_configs()
+        for name in self.names:
+            self.start(name)
+
+    def start(self, name: str) -> None:
+        self.processes[name] = _start([sys.executable, "-m", "mqlog.cli", "node", "--config",
+                                       str(self.root / f"{name}.toml")], f"node {name}")
+
+    def kill(self, name: str) -> None:
+        process = self.processes.pop(name)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+
+    def pause(self, name: str) -> None:
+        self.processes[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.processes[name].send_signal(signal.SIGCONT)
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            process.send_signal(signal.SIGCONT)  # a paused node cannot act on SIGTERM
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes.clear()
+
+    def metadata(self, name: str, timeout_s: float = 10) -> dict:
+        with Client(self.address(name), timeout_s=timeout_s) as client:
+            return client.metadata()
+
+    def leader(self, among: list[str] | None = None) -> str | None:
+        """The node that leads the newest term among those that answer, if any."""
+        found: tuple[int, str] | None = None
+        for name in among or list(self.processes):
+            try:
+                facts = self.metadata(name, timeout_s=2)
+            except (OSError, MqlogError):
+                continue
+            if facts["role"] == "LEADER" and (found is None or facts["term"] > found[0]):
+                found = (facts["term"], name)
+        return found[1] if found else None
+
+    def wait_leader(self, among: list[str] | None = None, timeout_s: float = 60.0) -> str:
+        wait_until(lambda: self.leader(among) is not None, "a leader", timeout_s)
+        leader = self.leader(among)
+        assert leader is not None
+        return leader
+
+    def wait_converged(self, timeout_s: float = 60.0) -> None:
+        """Every running node holds the same log and has committed all of it."""
+        def converged() -> bool:
+            facts = [self.metadata(name) for name in self.processes]
+            return len({(f["written"], f["commit"]) for f in facts}) == 1 and \
+                facts[0]["commit"] == facts[0]["written"]
+        wait_until(converged, "the replicas to converge", timeout_s)
+
+    def __enter__(self) -> LocalRaftCluster:
         self.start_all()
         return self
 

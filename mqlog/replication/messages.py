@@ -13,6 +13,21 @@ Master-slave (RocketMQ HA, with epochs added so divergence is found):
 * ``Truncate`` master→slave: cut the log back to where epoch ``last_epoch`` ends (the
   newest both have: ``position`` in the master's log, maybe sooner in the slave's),
   then say Hello again.
+
+Raft (etcd raft's messages, with positions for indexes and epochs for terms):
+
+* ``Vote`` a (pre-)candidate asks for a vote: where its log ends and that record's
+  epoch; ``pre_vote`` asks "would you?" without anyone changing term; ``transfer`` marks
+  a leadership transfer, which voters grant even while they hear from a leader.
+* ``VoteReply`` yes or no.
+* ``Entries`` (AppendEntries) raw records that follow ``prev_position`` (whose record has
+  ``prev_epoch``); every record in one payload has ``entries_epoch``; ``commit`` is the
+  leader's committed position. An empty payload is a heartbeat and a probe.
+* ``EntriesReply`` success: the log agrees with the leader's up to ``match`` (durable,
+  when followers ack flushed data). Failure: the log agrees at most up to
+  ``hint_position``, the end of its newest epoch not newer than ``prev_epoch``
+  (``hint_epoch``) — one round trip per diverged epoch, as in KIP-279.
+* ``TimeoutNow`` leadership transfer: campaign now.
 """
 
 from __future__ import annotations
@@ -61,8 +76,49 @@ class Truncate(Message):
     last_epoch: int  # the newest epoch both logs have (-1: none)
 
 
-KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (Hello, Append, Report, Truncate)}
-_TYPES = {"str": str, "int": int, "bytes": bytes}
+@dataclass(frozen=True)
+class Vote(Message):
+    kind: ClassVar[str] = "vote"
+    position: int  # the candidate's log end
+    last_epoch: int  # epoch of the record that ends there (-1: empty log)
+    pre_vote: bool
+    transfer: bool
+
+
+@dataclass(frozen=True)
+class VoteReply(Message):
+    kind: ClassVar[str] = "vote_reply"
+    granted: bool
+    pre_vote: bool
+
+
+@dataclass(frozen=True)
+class Entries(Message):
+    kind: ClassVar[str] = "entries"
+    prev_position: int
+    prev_epoch: int  # epoch of the record ending at prev_position (-1: none)
+    entries_epoch: int  # epoch of every record in the payload (-1: no records)
+    commit: int
+    payload: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True)
+class EntriesReply(Message):
+    kind: ClassVar[str] = "entries_reply"
+    success: bool
+    match: int
+    hint_position: int
+    hint_epoch: int
+
+
+@dataclass(frozen=True)
+class TimeoutNow(Message):
+    kind: ClassVar[str] = "timeout_now"
+
+
+KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
+    Hello, Append, Report, Truncate, Vote, VoteReply, Entries, EntriesReply, TimeoutNow)}
+_TYPES = {"str": str, "int": int, "bytes": bytes, "bool": bool}
 
 
 def encode(message: Message) -> bytes:
@@ -91,6 +147,6 @@ def decode(frame: Frame) -> Message:
                                   f"expected {sorted(names)}")
     for name, value in header.items():
         wanted = _TYPES[str(names[name])]
-        if not isinstance(value, wanted) or isinstance(value, bool):
+        if not isinstance(value, wanted) or (wanted is not bool and isinstance(value, bool)):
             raise RemoteProtocolError(f"{cls.kind}.{name} must be {wanted.__name__}")
     return cls(**header)

@@ -19,14 +19,23 @@ Clients (``mqlog.Client``) send requests, one frame each, and get one response f
   (a SYNC_MASTER waits for its slaves); a slave answers with a NotMaster error.
 * ``fetch`` {topic, queue_id, offset, max_count, max_bytes} → {next_offset, count} +
   the raw records (slaves serve fetches only with ``slave_read_enable``).
-* ``metadata`` {} → the node's id, role, epoch and positions.
-Errors come back as {kind: "error", error: <class name>, message}.
+* ``metadata`` {} → the node's id, role, epoch and positions (``core.status()``).
+* ``transfer`` {target} → a Raft leader hands leadership to voter ``target``.
+Errors come back as {kind: "error", error: <class name>, message}; a NotLeader error also
+names the ``leader`` and its ``leader_address`` when the node knows them.
+
+Raft (``layer = "raft"``). The store's committed position is the group's commit
+(``committed_follows = "external"``), the hard state lives in ``raft-state`` beside the
+store (hardstate.py), and a produce with ``producer_id`` and ``sequence`` is idempotent:
+the leader looks the pair up in its producer table (idempotence.py), rebuilt from its
+log each time it gains leadership, and answers a retry with the first write's place.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import struct
 import tomllib
 from dataclasses import dataclass, field
@@ -36,7 +45,8 @@ from typing import Any
 from mqlog import errors
 from mqlog.config import ReplicationConfig, StoreConfig
 from mqlog.engine.store import open as open_store
-from mqlog.replication import core_for, messages
+from mqlog.replication import core_for, hardstate, messages
+from mqlog.replication.idempotence import ProducerTable, Stored, producer_properties
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
 
@@ -80,8 +90,9 @@ class NodeConfig:
                        register_interval_ms=int(table.pop("register_interval_ms", 1_000)))
         if "id" in table:
             table["node_id"] = table.pop("id")
-        if "slaves" in table:
-            table["slaves"] = tuple(table["slaves"])
+        for name in ("slaves", "voters", "learners"):
+            if name in table:
+                table[name] = tuple(table[name])
         try:
             replication = ReplicationConfig(**table).validate()
         except TypeError as error:
@@ -121,8 +132,17 @@ class Node:
     def __init__(self, config: NodeConfig) -> None:
         self.config = config
         self.node_id = config.replication.node_id
-        self.store = open_store(config.data_dir, config.store)
-        self.core = core_for(config.replication, self.store)
+        self.raft = config.replication.layer == "raft"
+        store_config = config.store.replace(committed_follows="external") if self.raft \
+            else config.store
+        self.store = open_store(config.data_dir, store_config)
+        try:
+            self.core = self._new_core()
+        except BaseException:
+            self.store.close()
+            raise
+        self.producers = ProducerTable(config.replication.idempotence_sequences_max)
+        self._led_term = -1  # the term the producer table was rebuilt for
         self._waiting: dict[Any, asyncio.Future[PutStatus]] = {}
         self._outbound: dict[str, asyncio.StreamWriter] = {}
         self._connecting: set[str] = set()
@@ -153,6 +173,13 @@ class Node:
 
     def stop(self) -> None:
         self._stopping.set()
+
+    def _new_core(self) -> Any:
+        replication = self.config.replication
+        if replication.layer != "raft":
+            return core_for(replication, self.store)
+        return core_for(replication, self.store, rng=random.Random(),
+                        hard_state=hardstate.load(self.config.data_dir))
 
     # --- the driver loop ----------------------------------------------------------------
 
@@ -187,23 +214,32 @@ class Node:
         self._scheduled = False
         ready = self.core.ready()
         store = self.store
+        if ready.hard_state is not None:
+            hardstate.save(self.config.data_dir, *ready.hard_state)
         if ready.truncate_to is not None:
             store.truncate(ready.truncate_to)
         for position, data in ready.appends:
             store.append_raw(position, data)
         if ready.set_epoch is not None:
             store.set_epoch(ready.set_epoch)
+        if ready.append_noop:
+            store.append_control()
         if ready.must_sync:
             store.flush()
+        if ready.commit_to is not None:
+            store.set_committed_position(min(ready.commit_to, store.written_position))
         for message in ready.messages + ready.messages_after_persist:
             self._send(message)
+        for event in ready.events:
+            print(f"[{self.node_id}] {event}", flush=True)
+        self.core.advance(ready)
+        if self.raft and self.core.is_master and self._led_term != self.core.epoch:
+            self._led_term = self.core.epoch  # a new leader: whose writes are in its log?
+            self.producers.rebuild(store, self.config.replication.idempotence_window_bytes)
         for request, status in ready.resolved:
             future = self._waiting.pop(request, None)
             if future is not None and not future.done():
                 future.set_result(status)
-        for event in ready.events:
-            print(f"[{self.node_id}] {event}", flush=True)
-        self.core.advance(ready)
 
     def _send(self, message: messages.Message) -> None:
         writer = self._outbound.get(message.dst)
@@ -251,6 +287,9 @@ class Node:
         except errors.MqlogError as error:
             header, payload = {"kind": "error", "error": type(error).__name__,
                                "message": str(error)}, b""
+            if isinstance(error, errors.NotLeader) and error.leader:
+                header["leader"] = error.leader
+                header["leader_address"] = self.config.peers.get(error.leader)
         header["id"] = frame.header.get("id")
         if not writer.is_closing():
             writer.write(encode_frame(header, payload))
@@ -264,10 +303,16 @@ class Node:
             return self._fetch(frame)
         if kind == "metadata":
             return self.metadata(), b""
+        if kind in ("promote", "follow") and self.raft:
+            raise errors.InvalidArgument(f"{kind} is an operator command of master-slave "
+                                         "groups; a Raft group elects its leader (use "
+                                         "transfer to move leadership)")
         if kind == "promote":
             return self._promote(frame.header), b""
         if kind == "follow":
             return self._follow(frame.header), b""
+        if kind == "transfer":
+            return self._transfer(frame.header), b""
         raise errors.RemoteProtocolError(f"unknown request kind {kind!r}")
 
     async def _produce(self, frame: Frame) -> dict[str, Any]:
@@ -276,26 +321,40 @@ class Node:
         bodies = unpack_bodies(frame.payload, int(header.get("count", 0)))
         if not bodies:
             raise errors.InvalidArgument("a produce request needs at least one body")
-        topic: Any = header.get("topic")  # the store checks every field's type
-        queue_id = header.get("queue_id", 0)
-        key, tags = header.get("key"), header.get("tags")
-        result: Any = await (self.store.put_async(topic, bodies[0], queue_id, key, tags)
-                             if len(bodies) == 1 else
-                             self.store.put_batch_async(topic, bodies, queue_id, key, tags))
-        status = result.status
         acks = header.get("acks", "replicated")
         if acks not in ("replicated", "master"):
             raise errors.InvalidArgument(f"acks must be 'replicated' or 'master', got {acks!r}")
+        producer = _producer_tag(header) if self.raft else None
+        stored = self.producers.lookup(*producer) if producer else None
+        status = PutStatus.PUT_OK
+        if stored is None:  # a new write (a retry of a stored one is answered from its place)
+            status, stored = await self._store(header, bodies, producer)
         if status is PutStatus.PUT_OK and acks == "replicated":
+            self.core.check_master()  # (it may have stepped down while the write was stored)
             self._requests += 1
             request = (self.node_id, self._requests)
             future = asyncio.get_running_loop().create_future()
             self._waiting[request] = future
-            self.core.propose(request, result.end_position)
+            self.core.propose(request, stored.end)
             self._schedule()
             status = await future
-        return {"kind": "produced", "status": status.value, "position": result.position,
-                "offset": result.offset, "count": len(bodies)}
+        return {"kind": "produced", "status": status.value, "position": stored.position,
+                "offset": stored.offset, "count": stored.count}
+
+    async def _store(self, header: dict[str, Any], bodies: list[bytes],
+                     producer: tuple[str, int] | None) -> tuple[PutStatus, Stored]:
+        topic: Any = header.get("topic")  # the store checks every field's type
+        queue_id = header.get("queue_id", 0)
+        key, tags = header.get("key"), header.get("tags")
+        properties = producer_properties(*producer) if producer else None
+        result: Any = await (
+            self.store.put_async(topic, bodies[0], queue_id, key, tags, properties)
+            if len(bodies) == 1 else
+            self.store.put_batch_async(topic, bodies, queue_id, key, tags, properties))
+        stored = Stored(result.position, result.end_position, result.offset, len(bodies))
+        if producer:
+            self.producers.note(*producer, stored)
+        return result.status, stored
 
     def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
         if not self.core.is_master and not self.config.slave_read_enable:
@@ -342,12 +401,31 @@ class Node:
         self._schedule()
         return {"kind": "following", "master": master}
 
+    def _transfer(self, header: dict[str, Any]) -> dict[str, Any]:
+        """Operator command: a Raft leader hands leadership to voter ``target``."""
+        target = header.get("target")
+        if not self.raft or target not in self.config.replication.voters or \
+                target == self.node_id:
+            raise errors.InvalidArgument(f"transfer needs a Raft group and another voter as "
+                                         f"target, got {target!r}")
+        self.core.transfer_leadership(target)
+        self._schedule()
+        return {"kind": "transferring", "target": target, "term": self.core.epoch}
+
     def metadata(self) -> dict[str, Any]:
-        return {"kind": "metadata", "node_id": self.node_id, "role": self.core.role,
-                "epoch": self.core.epoch, "written": self.store.written_position,
-                "flushed": self.store.flushed_position,
-                "slaves": {name: progress.acked for name, progress
-                           in self.core.slaves.items() if progress.matched}}
+        return {"kind": "metadata", "node_id": self.node_id, "epoch": self.core.epoch,
+                **self.core.status()}
+
+
+def _producer_tag(header: dict[str, Any]) -> tuple[str, int] | None:
+    producer_id, sequence = header.get("producer_id"), header.get("sequence")
+    if producer_id is None and sequence is None:
+        return None
+    if not isinstance(producer_id, str) or not producer_id or " " in producer_id or \
+            not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
+        raise errors.InvalidArgument("an idempotent produce needs producer_id, a non-empty "
+                                     "string, and sequence, a non-negative int")
+    return producer_id, sequence
 
 
 async def _request_once(address: str, header: dict[str, Any]) -> Frame:

@@ -22,7 +22,7 @@ from typing import Any
 from mqlog import errors
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 
-MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER")
+MASTER_ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "LEADER")  # LEADER: a Raft group's
 
 
 @dataclass

@@ -171,6 +171,14 @@ class MasterSlaveCore:
         self._ready.set_epoch = self.epoch
         self._ready.events.append(f"{self.node_id} promoted to {role} in epoch {self.epoch}")
 
+    def status(self) -> dict[str, Any]:
+        """What ``mqlog cluster status`` shows of this node."""
+        return {"layer": "master_slave", "role": self.role, "leader": self.config.master
+                if self.role == "SLAVE" else (self.node_id if self.is_master else ""),
+                "written": self.log.written_position, "flushed": self.log.flushed_position,
+                "slaves": {name: progress.acked for name, progress in self.slaves.items()
+                           if progress.matched}}
+
     # --- master -------------------------------------------------------------------------
 
     def _on_hello(self, hello: Hello, progress: SlaveProgress) -> None:

@@ -1,0 +1,120 @@
+"""``mqlog.GroupClient``: write to a Raft group without knowing its leader, and without
+storing a write twice when a retry follows a failover.
+
+* It sends to the node it believes leads. A ``NotLeader`` answer names the leader (and
+  its address) when the node knows it: the client goes there; when no leader is known
+  (an election is under way) it tries the next node after ``retry_backoff_ms``.
+* A write whose outcome is unknown — the connection broke, the node stepped down, the
+  majority did not answer in time (FLUSH_SLAVE_TIMEOUT) — is sent again, with the same
+  producer id and sequence, until ``retry_timeout_s`` has passed. The leader answers a
+  retry of a stored write with the first write's place (idempotence.py), so every write
+  is stored once, wherever leadership went meanwhile.
+* One thread at a time; one request in flight (use several clients, each with its own
+  producer id, for more).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+from mqlog import errors
+from mqlog.client import Client, produce_header
+from mqlog.replication.node import pack_bodies
+from mqlog.results import PutResult, PutStatus
+
+_UNKNOWN_OUTCOME = (PutStatus.FLUSH_SLAVE_TIMEOUT,)
+
+
+class GroupClient:
+    def __init__(self, addresses: list[str], *, producer_id: str | None = None,
+                 retry_timeout_s: float = 15.0, retry_backoff_ms: int = 50,
+                 timeout_s: float = 5.0) -> None:
+        if not addresses:
+            raise errors.InvalidArgument("a GroupClient needs the address of at least one node")
+        self.addresses = list(addresses)
+        self.producer_id = producer_id or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.retry_timeout_s = retry_timeout_s
+        self.retry_backoff_ms = retry_backoff_ms
+        self.timeout_s = timeout_s
+        self.sequence = 0  # the last sequence used
+        self.retries = 0  # requests sent again (for figures and tests)
+        self._client: Client | None = None
+        self._turn = 0
+
+    def produce(self, topic: str, body: bytes, queue_id: int = 0, key: str | None = None,
+                tags: str | None = None) -> PutResult:
+        """Store one record once, on whichever node leads; PUT_OK means committed."""
+        return self.produce_batch(topic, [body], queue_id, key, tags)
+
+    def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,
+                      key: str | None = None, tags: str | None = None) -> PutResult:
+        self.sequence += 1
+        header = produce_header(topic, len(bodies), queue_id, key, tags, "replicated",
+                                (self.producer_id, self.sequence))
+        answer = self._until_decided(header, pack_bodies(bodies))
+        return PutResult(PutStatus(answer["status"]), answer["position"], answer["offset"],
+                         0, 0)
+
+    def metadata(self) -> dict[str, Any]:
+        return self._client_now().metadata()
+
+    def _until_decided(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+        deadline = time.monotonic() + self.retry_timeout_s
+        failures: list[str] = []
+        while True:
+            try:
+                answer = self._client_now().call(dict(header), payload)[0]
+                if PutStatus(answer["status"]) not in _UNKNOWN_OUTCOME:
+                    return answer
+                failures.append(f"{self._client_address()}: {answer['status']}")
+            except errors.NotLeader as error:
+                failures.append(f"{self._client_address()}: not the leader")
+                self._move_to(error.leader_address)
+            except errors.NodeUnavailable as error:
+                failures.append(str(error))
+                self._move_to(None)
+            if time.monotonic() >= deadline:
+                raise errors.NodeUnavailable(
+                    f"no leader decided the write within retry_timeout_s="
+                    f"{self.retry_timeout_s}; its outcome is unknown (a retry with producer "
+                    f"{self.producer_id!r} and sequence {self.sequence} is safe): "
+                    + "; ".join(failures[-3:]))
+            self.retries += 1
+
+    def _client_now(self) -> Client:
+        while self._client is None:
+            address = self.addresses[self._turn % len(self.addresses)]
+            try:
+                self._client = Client(address, timeout_s=self.timeout_s)
+            except errors.NodeUnavailable:
+                self._turn += 1
+                time.sleep(self.retry_backoff_ms / 1000)  # a back-off, not a synchronisation
+        return self._client
+
+    def _client_address(self) -> str:
+        return self._client.address if self._client else "?"
+
+    def _move_to(self, address: str | None) -> None:
+        """Drop the connection; next time use ``address`` (the leader's) or the next node."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if address in self.addresses:
+            self._turn = self.addresses.index(address)
+        else:
+            self._turn += 1
+            time.sleep(self.retry_backoff_ms / 1000)  # an election takes time: back off
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> GroupClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,132 @@
+"""The idempotent producer (Kafka's, on a Raft group): a retry after a failover does not
+store a write twice.
+
+A producer tags every request with its ``producer_id`` (a string it picks, unique) and a
+``sequence`` (an int it never reuses for another request). The records of that request
+carry both in their properties (``producer_id``, ``sequence``), so the log itself is the
+state: a node that becomes leader rebuilds its table from the last
+``idempotence_window_bytes`` of its log (scanning from a segment start, where a record
+always begins), and adds each write it stores after that.
+
+A request whose (producer id, sequence) is in the table was stored already — by this
+leader or by an earlier one, committed or not yet: the leader answers with where it
+went, once it is committed (a Raft leader never drops its own records, so it will be).
+Each producer's table keeps its newest ``idempotence_sequences_max`` sequences; an older
+sequence is refused with OutOfOrderSequence rather than risk storing it twice.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from mqlog.errors import OutOfOrderSequence
+
+_PREFIX = struct.Struct("<IIIHH")  # size, magic, crc, attributes, topic_size
+_TAIL = struct.Struct("<HHI")  # key_size, tags_size, properties_size (at offset 64)
+_OFFSET = struct.Struct("<Q")  # queue_offset (at offset 32)
+_HEADER_SIZE = 72
+_RECORD_MAGIC = int.from_bytes(b"MQR\x01", "little")
+_CONTROL = 0x0001
+
+
+@dataclass
+class Stored:
+    """Where one request's records went."""
+
+    position: int
+    end: int
+    offset: int
+    count: int
+
+
+class ProducerTable:
+    """(producer id, sequence) -> Stored, for the newest sequences of each producer."""
+
+    def __init__(self, sequences_max: int) -> None:
+        assert sequences_max > 0
+        self.sequences_max = sequences_max
+        self._producers: dict[str, OrderedDict[int, Stored]] = {}
+        self._oldest: dict[str, int] = {}  # the oldest sequence each table still holds
+
+    def lookup(self, producer_id: str, sequence: int) -> Stored | None:
+        """The earlier outcome of this request, None if it is new; OutOfOrderSequence if
+        it is too old to tell."""
+        sequences = self._producers.get(producer_id)
+        if sequences is None:
+            return None
+        found = sequences.get(sequence)
+        if found is None and sequence < self._oldest[producer_id]:
+            raise OutOfOrderSequence(
+                f"producer {producer_id!r} sent sequence {sequence}, older than the "
+                f"{self.sequences_max} this node remembers (from {self._oldest[producer_id]}"
+                "); it may be stored already: start a new producer id")
+        return found
+
+    def note(self, producer_id: str, sequence: int, stored: Stored) -> None:
+        sequences = self._producers.setdefault(producer_id, OrderedDict())
+        earlier = sequences.get(sequence)
+        if earlier is not None and earlier.end == stored.position:  # one request, more records
+            stored = Stored(earlier.position, stored.end, earlier.offset,
+                            earlier.count + stored.count)
+        sequences[sequence] = stored
+        while len(sequences) > self.sequences_max:
+            sequences.popitem(last=False)
+        self._oldest[producer_id] = min(sequences)
+
+    def clear(self) -> None:
+        self._producers.clear()
+        self._oldest.clear()
+
+    def rebuild(self, store: Any, window_bytes: int) -> int:
+        """Read producer tags from the last ``window_bytes`` of ``store``'s log; return
+        how many tagged records were found."""
+        self.clear()
+        end = store.written_position
+        bases = [base for base in store.core.segment_bases() if base <= max(0, end - window_bytes)]
+        position = bases[-1] if bases else store.first_segment_base()
+        found = 0
+        while position < end:
+            data = store.read_raw(position, 1 << 20)
+            found += self._scan(position, data)
+            position += len(data)
+        return found
+
+    def _scan(self, position: int, data: bytes) -> int:
+        found, at, view = 0, 0, memoryview(data)
+        while at + _HEADER_SIZE <= len(data):
+            size, magic, _crc, attributes, topic_size = _PREFIX.unpack_from(view, at)
+            if magic != _RECORD_MAGIC:  # a blank record: the segment ends here
+                break
+            key_size, tags_size, properties_size = _TAIL.unpack_from(view, at + 64)
+            if properties_size and not attributes & _CONTROL:
+                start = at + _HEADER_SIZE + topic_size + key_size + tags_size
+                tag = _producer_tag(view[start:start + properties_size])
+                if tag is not None:
+                    (offset,) = _OFFSET.unpack_from(view, at + 32)
+                    self.note(tag[0], tag[1], Stored(position + at, position + at + size,
+                                                     offset, 1))
+                    found += 1
+            at += size
+        return found
+
+
+def producer_properties(producer_id: str, sequence: int) -> dict[str, Any]:
+    return {"producer_id": producer_id, "sequence": sequence}
+
+
+def _producer_tag(packed: memoryview) -> tuple[str, int] | None:
+    try:
+        properties = msgpack.unpackb(packed, raw=False)
+    except (ValueError, msgpack.UnpackException):
+        return None
+    if not isinstance(properties, dict):
+        return None
+    producer_id, sequence = properties.get("producer_id"), properties.get("sequence")
+    if isinstance(producer_id, str) and isinstance(sequence, int):
+        return producer_id, sequence
+    return None

@@ -1,0 +1,544 @@
+"""The Raft core: one store per replica group, replicated by a majority (DLedger's model,
+held to the Raft paper's rules), as a sans-IO state machine.
+
+Words. A term is an epoch: every record carries the term of the leader that wrote it,
+and a log is identified by (position, epoch) — the position where it ends and the epoch
+of the record that ends there — where the paper has (index, term). Records at the same
+position with the same epoch are the same bytes (one leader per term wrote them once),
+which is the paper's Log Matching property on bytes.
+
+Durable state. ``(term, vote)`` is the hard state; a change goes out in ``Ready.hard_state``
+and the driver saves and syncs it before it sends anything after it, so no node answers
+twice in one term. The log is the store itself. The core reads it through ``LogView``
+and keeps a mirror of its epoch starts and its end that includes appends still on their
+way to the store (in a Ready not yet carried out), so every decision sees the log the
+messages it sends will describe.
+
+Elections. A follower that hears no leader for a randomized timeout (from the seeded
+RNG, in [election_timeout_ticks, 2x)) first asks a pre-vote ("would you vote for me in
+term + 1?") when ``pre_vote`` is on, so a node cut off and rejoining does not disrupt a
+working group, then campaigns: term + 1, a vote for itself, ``Vote`` to every voter. A
+voter grants one vote per term, to a candidate whose (last epoch, position) is at least
+its own. With ``check_quorum`` a voter that heard a leader within the minimum election
+timeout ignores campaigns (a leader lease), and a leader that has not heard from a
+majority within it steps down. Leadership transfer catches the target up, then sends
+``TimeoutNow``: it campaigns at once, and voters grant it despite the lease.
+
+Replication. The new leader stamps its term (``set_epoch``) and appends a no-op control
+record: records of earlier terms commit only through a record of the current term
+(Raft §5.4.2, the figure-8 rule), and the no-op makes that happen without a client
+write. ``Entries`` carry raw log bytes after (prev_position, prev_epoch), never more
+than one epoch per message, at most ``append_bytes_max`` each and
+``inflight_bytes_max`` unacknowledged per follower (pipelined). A follower accepts them
+only if its log has prev_epoch's record ending at prev_position; it skips what it
+already has (same position, same epoch), truncates a conflicting suffix through the
+engine and appends the rest; the store checks every record's CRC and position. It acks
+(``match``) once the bytes are flushed when ``follower_ack = "flushed"`` (the default;
+DLedger acks before the disk). A refusal names where the follower's log agrees at most
+(the end of its newest epoch not newer than prev_epoch), so the leader skips a whole
+diverged epoch per round trip. After ``retransmit_ticks`` without progress the leader
+resends from the last ack; heartbeats every ``heartbeat_ticks`` carry the commit.
+
+Commit. The committed position is the largest position a majority of voters holds
+(the leader's own counted by the same ack rule) that ends a record of the current term.
+Proposals resolve PUT_OK once committed, FLUSH_SLAVE_TIMEOUT after
+``sync_timeout_ticks`` or when the leader steps down (their fate is then unknown: an
+idempotent retry settles it). Readers on every node see only committed records.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from mqlog.config import ReplicationConfig
+from mqlog.errors import NotLeader
+from mqlog.replication.core import LogView, Ready
+from mqlog.replication.messages import Entries, EntriesReply, Message, TimeoutNow, Vote, VoteReply
+from mqlog.results import PutStatus
+
+FOLLOWER, PRE_CANDIDATE, CANDIDATE, LEADER, LEARNER = (
+    "FOLLOWER", "PRE_CANDIDATE", "CANDIDATE", "LEADER", "LEARNER")
+
+
+@dataclass
+class Progress:
+    """What a leader knows of one follower (or learner)."""
+
+    match: int = 0  # its log agrees with the leader's up to here (acked)
+    next: int = 0  # the next Entries starts here
+    probing: bool = True  # ``next`` is a guess: one Entries at a time until it is confirmed
+    probe_sent: bool = False
+    progress_tick: int = 0  # when ``match`` last moved (or the probe was re-sent)
+    active: bool = False  # heard from since the last quorum check
+
+
+@dataclass
+class Proposal:
+    request_id: Any
+    end: int
+    deadline_tick: int
+
+
+class RaftCore:
+    """One member of a Raft group; see the module docstring."""
+
+    def __init__(self, config: ReplicationConfig, log: LogView, *,
+                 rng: random.Random | None = None, hard_state: tuple[int, str] = (0, ""),
+                 test_break: str = "") -> None:
+        assert config.layer == "raft"
+        assert test_break in ("", "commit_old_term", "vote_twice")
+        # test_break: a deliberately broken core, so tests can show the checkers catch it
+        # ("commit_old_term": commit by counting replicas alone, without §5.4.2's rule;
+        # "vote_twice": grant every vote request, forgetting the vote already cast).
+        self._test_break = test_break
+        self.config = config.validate()
+        self.log = log
+        self.rng = rng or random.Random(0)
+        self.node_id = config.node_id
+        self._epochs = list(log.epoch_starts())  # (epoch, start): the log's, plus pending
+        self._end = log.written_position  # the log's end, pending appends included
+        term, vote = hard_state
+        self.term = max(term, log.epoch, self._epoch_at(self._end))
+        self.vote = vote if self.term == term else ""
+        self.role = LEARNER if self.node_id in config.learners else FOLLOWER
+        self.leader = ""
+        self.commit = 0  # learnt again from the leader after a restart
+        self.tick_count = 0
+        self._elapsed = 0  # ticks since the leader was last heard (or the campaign began)
+        self._timeout = self._random_timeout()
+        self._votes: dict[str, bool] = {}
+        self.peers: dict[str, Progress] = {}
+        self._waiting: deque[Proposal] = deque()
+        self._transfer_to = ""
+        self._transfer_deadline = 0
+        self._heartbeat_elapsed = 0
+        self._ready = Ready()
+        if self.term > term:  # the log knew a newer term than the saved state: save it
+            self._ready.hard_state = (self.term, self.vote)
+
+    # --- what drivers and operators use -------------------------------------------------
+
+    @property
+    def epoch(self) -> int:
+        return self.term
+
+    @property
+    def is_master(self) -> bool:
+        return self.role == LEADER
+
+    @property
+    def voters(self) -> tuple[str, ...]:
+        return self.config.voters
+
+    @property
+    def quorum(self) -> int:
+        return len(self.voters) // 2 + 1
+
+    def tick(self) -> None:
+        self.tick_count += 1
+        self._elapsed += 1
+        if self.role == LEADER:
+            self._leader_tick()
+        elif self.role != LEARNER and self._elapsed >= self._timeout:
+            self._campaign(pre_vote=self.config.pre_vote)
+
+    def step(self, message: Message) -> None:
+        if message.src not in self.voters + self.config.learners:
+            self._ready.events.append(f"ignored {message.kind} from non-member {message.src}")
+        elif isinstance(message, Vote):
+            self._on_vote(message)
+        elif message.epoch < self.term:
+            if isinstance(message, Entries):  # a deposed leader: tell it the term
+                self._send(EntriesReply(self.node_id, message.src, self.term, False, 0,
+                                        message.prev_position, message.prev_epoch))
+        else:
+            if message.epoch > self.term and not (isinstance(message, VoteReply)
+                                                   and message.pre_vote and message.granted):
+                self._become_follower(message.epoch, "")
+            self._dispatch(message)
+
+    def check_master(self) -> None:
+        """Raise NotLeader unless this node takes writes now (drivers ask first)."""
+        if self.role != LEADER:
+            raise NotLeader(f"node {self.node_id} is a {self.role.lower()} in term "
+                            f"{self.term}; " + (f"the leader is {self.leader}" if self.leader
+                                                else "no leader is known yet: retry soon"),
+                            leader=self.leader or None)
+        if self._transfer_to:
+            raise NotLeader(f"node {self.node_id} is handing leadership to "
+                            f"{self._transfer_to}; retry there", leader=self._transfer_to)
+
+    def propose(self, request_id: Any, end: int) -> None:
+        """A write ending at ``end`` was stored: resolve it once a majority has it."""
+        self.check_master()
+        if end <= self.commit:  # committed already (a retry, or acks outran the caller)
+            self._ready.resolved.append((request_id, PutStatus.PUT_OK))
+            return
+        self._waiting.append(Proposal(request_id, end,
+                                      self.tick_count + self.config.sync_timeout_ticks))
+        if self.config.follower_ack == "flushed" and self.log.flushed_position < end:
+            self._ready.must_sync = True  # the leader's copy counts only once durable
+
+    def transfer_leadership(self, target: str) -> None:
+        """Hand leadership to voter ``target``: catch it up, then tell it to campaign."""
+        self.check_master()
+        assert target in self.voters and target != self.node_id
+        self._transfer_to = target
+        self._transfer_deadline = self.tick_count + self.config.election_timeout_ticks
+        self._ready.events.append(f"{self.node_id} hands leadership to {target}")
+        self._maybe_timeout_now()
+
+    def ready(self) -> Ready:
+        if self.role == LEADER:
+            self._refresh_from_log()
+            self._maybe_commit()
+            self._pump()
+        return self._ready
+
+    def advance(self, ready: Ready) -> None:
+        assert ready is self._ready, "advance() takes the Ready that ready() returned"
+        self._ready = Ready()
+
+    def status(self) -> dict[str, Any]:
+        return {"layer": "raft", "role": self.role, "term": self.term, "leader": self.leader,
+                "commit": self.commit, "written": self.log.written_position,
+                "flushed": self.log.flushed_position, "voters": list(self.voters),
+                "learners": list(self.config.learners),
+                "match": {name: progress.match for name, progress in self.peers.items()}}
+
+    # --- roles ----------------------------------------------------------------------------
+
+    def _dispatch(self, message: Message) -> None:
+        if isinstance(message, Entries):
+            self._on_entries(message)
+        elif isinstance(message, EntriesReply) and self.role == LEADER:
+            self._on_entries_reply(message)
+        elif isinstance(message, VoteReply):
+            self._on_vote_reply(message)
+        elif isinstance(message, TimeoutNow) and self.role == FOLLOWER:
+            self._ready.events.append(f"{self.node_id} campaigns at once: {message.src} "
+                                      "hands leadership over")
+            self._campaign(pre_vote=False, transfer=True)
+
+    def _become_follower(self, term: int, leader: str) -> None:
+        if self.role == LEADER:
+            self._step_down(f"term {term} began")
+        if term != self.term:
+            self._save_hard_state(term, "")
+        self.role = LEARNER if self.node_id in self.config.learners else FOLLOWER
+        self.leader = leader
+        self._votes = {}
+
+    def _step_down(self, why: str) -> None:
+        self._ready.events.append(f"{self.node_id} steps down in term {self.term}: {why}")
+        for proposal in self._waiting:  # stored here; whether they commit is unknown now
+            self._ready.resolved.append((proposal.request_id, PutStatus.FLUSH_SLAVE_TIMEOUT))
+        self._waiting.clear()
+        self.peers = {}
+        self._transfer_to = ""
+        self.role = FOLLOWER
+        self.leader = ""
+
+    def _campaign(self, *, pre_vote: bool, transfer: bool = False) -> None:
+        self._elapsed, self._timeout = 0, self._random_timeout()
+        if self.node_id not in self.voters:
+            return
+        if pre_vote:
+            self.role = PRE_CANDIDATE
+        else:
+            self.role = CANDIDATE
+            self._save_hard_state(self.term + 1, self.node_id)
+            self._ready.events.append(f"{self.node_id} campaigns in term {self.term}")
+        self.leader = ""
+        self._votes = {self.node_id: True}
+        if self._won():
+            return self._on_won(pre_vote)
+        term = self.term + 1 if pre_vote else self.term
+        for name in self.voters:
+            if name != self.node_id:
+                self._send(Vote(self.node_id, name, term, self._end,
+                                self._epoch_at(self._end), pre_vote, transfer))
+
+    def _on_vote(self, vote: Vote) -> None:
+        lease = (self.config.check_quorum and self.leader != "" and not vote.transfer
+                 and self._elapsed < self.config.election_timeout_ticks)
+        if vote.epoch > self.term and lease:
+            return  # a leader is alive: this campaign would only disrupt it
+        if vote.epoch < self.term:
+            self._send(VoteReply(self.node_id, vote.src, self.term, False, vote.pre_vote))
+            return
+        if vote.epoch > self.term and not vote.pre_vote:
+            self._become_follower(vote.epoch, "")
+        fresh = (vote.last_epoch, vote.position) >= (self._epoch_at(self._end), self._end)
+        if vote.pre_vote:
+            free = vote.epoch > self.term or (not self.leader and self.vote in ("", vote.src))
+        else:
+            free = self.vote in ("", vote.src) or self._test_break == "vote_twice"
+        granted = free and fresh and self.node_id in self.voters
+        if granted and not vote.pre_vote:
+            self._save_hard_state(self.term, vote.src)
+            self._elapsed = 0
+        self._send(VoteReply(self.node_id, vote.src, vote.epoch if granted else self.term,
+                             granted, vote.pre_vote))
+
+    def _on_vote_reply(self, reply: VoteReply) -> None:
+        wanted = PRE_CANDIDATE if reply.pre_vote else CANDIDATE
+        if self.role != wanted or reply.src not in self.voters:
+            return
+        self._votes[reply.src] = reply.granted
+        if self._won():
+            self._on_won(reply.pre_vote)
+        elif sum(not granted for granted in self._votes.values()) >= self.quorum:
+            self._become_follower(self.term, "")
+
+    def _won(self) -> bool:
+        return sum(self._votes.values()) >= self.quorum
+
+    def _on_won(self, pre_vote: bool) -> None:
+        if pre_vote:
+            self._campaign(pre_vote=False)
+        else:
+            self._become_leader()
+
+    def _become_leader(self) -> None:
+        self.role, self.leader, self._votes = LEADER, self.node_id, {}
+        self._heartbeat_elapsed = 0
+        self.peers = {name: Progress(next=self._end, progress_tick=self.tick_count)
+                      for name in self.voters + self.config.learners if name != self.node_id}
+        self._ready.set_epoch = self.term
+        self._ready.append_noop = True  # commits the earlier terms' records (§5.4.2)
+        self._ready.must_sync = True
+        self._ready.events.append(f"{self.node_id} leads term {self.term} from position "
+                                  f"{self._end}")
+
+    def _save_hard_state(self, term: int, vote: str) -> None:
+        assert term >= self.term
+        self.term, self.vote = term, vote
+        self._ready.hard_state = (term, vote)
+
+    def _random_timeout(self) -> int:
+        base = self.config.election_timeout_ticks
+        return base + self.rng.randrange(base)
+
+    # --- leader -----------------------------------------------------------------------------
+
+    def _leader_tick(self) -> None:
+        self._heartbeat_elapsed += 1
+        if self._heartbeat_elapsed >= self.config.heartbeat_ticks:
+            self._heartbeat_elapsed = 0
+            self._heartbeat()
+        if self.config.check_quorum and self._elapsed >= self.config.election_timeout_ticks:
+            self._elapsed = 0
+            active = 1 + sum(self.peers[name].active for name in self.voters
+                             if name != self.node_id)
+            for progress in self.peers.values():
+                progress.active = False
+            if active < self.quorum:
+                return self._step_down(f"heard from {active} of {len(self.voters)} voters "
+                                       "lately, fewer than a majority")
+        if self._transfer_to and self.tick_count >= self._transfer_deadline:
+            self._ready.events.append(f"{self.node_id} gave up handing leadership to "
+                                      f"{self._transfer_to}")
+            self._transfer_to = ""
+        while self._waiting and self._waiting[0].deadline_tick <= self.tick_count:
+            self._ready.resolved.append((self._waiting.popleft().request_id,
+                                         PutStatus.FLUSH_SLAVE_TIMEOUT))
+
+    def _heartbeat(self) -> None:
+        """An empty Entries to each follower: the commit, and a probe if one is due."""
+        for name, progress in self.peers.items():
+            if progress.probing:
+                progress.probe_sent = False  # the last probe may be lost: the pump resends
+            else:
+                self._send(self._entries(name, progress.match, b""))
+
+    def _pump(self) -> None:
+        """Send each follower what it lacks, within its in-flight window."""
+        config = self.config
+        for name, progress in self.peers.items():
+            if progress.probing:  # one probe at a time; heartbeats re-arm a lost one
+                if not progress.probe_sent:
+                    progress.probe_sent = True
+                    self._send_from(name, progress, probe=True)
+                continue
+            if progress.next > progress.match and \
+                    self.tick_count - progress.progress_tick >= config.retransmit_ticks:
+                progress.next = progress.match  # lost in flight: resend from the ack
+                progress.progress_tick = self.tick_count
+            while progress.next < self._end and \
+                    progress.next - progress.match < config.inflight_bytes_max:
+                self._send_from(name, progress)
+
+    def _send_from(self, name: str, progress: Progress, probe: bool = False) -> None:
+        """One Entries from ``progress.next``; a probe leaves ``next`` where it was (the
+        reply confirms or moves it)."""
+        start = progress.next
+        limit = min(self.config.append_bytes_max, self._epoch_range_end(start) - start)
+        data = self.log.read_raw(start, limit) if limit > 0 else b""
+        self._send(self._entries(name, start, data))
+        if not probe:
+            progress.next = start + len(data)
+
+    def _entries(self, name: str, start: int, data: bytes) -> Entries:
+        return Entries(self.node_id, name, self.term, start, self._epoch_at(start),
+                       self._epoch_from(start) if data else -1, self.commit, data)
+
+    def _on_entries_reply(self, reply: EntriesReply) -> None:
+        progress = self.peers.get(reply.src)
+        if progress is None:
+            return
+        progress.active = True
+        if reply.success:
+            if reply.match > progress.match:
+                progress.match = reply.match
+                progress.progress_tick = self.tick_count
+            progress.next = max(progress.next, progress.match)
+            progress.probing = progress.probe_sent = False
+            self._maybe_commit()
+            self._maybe_timeout_now()
+            return
+        shared = self._newest_epoch_up_to(reply.hint_epoch)
+        agreed = min(self._end_of_epoch(shared) if shared >= 0 else 0, reply.hint_position)
+        if agreed < progress.match and self.config.follower_ack == "written":
+            progress.match = agreed  # it lost acked bytes it had not flushed (a crash)
+        progress.next = max(agreed, progress.match)
+        progress.probing, progress.probe_sent = True, False
+        progress.progress_tick = self.tick_count
+
+    def _maybe_commit(self) -> None:
+        """Commit the largest position a majority holds, if it ends a current-term record."""
+        own = self.log.flushed_position if self.config.follower_ack == "flushed" else self._end
+        matches = sorted([min(own, self._end)] + [self.peers[name].match for name in self.voters
+                                                   if name != self.node_id], reverse=True)
+        candidate = matches[self.quorum - 1]
+        term_start = next((start for epoch, start in self._epochs if epoch == self.term), None)
+        current_term = term_start is not None and candidate > term_start
+        if candidate > self.commit and (current_term or self._test_break == "commit_old_term"):
+            self.commit = self._ready.commit_to = candidate
+            while self._waiting and self._waiting[0].end <= candidate:
+                self._ready.resolved.append((self._waiting.popleft().request_id,
+                                             PutStatus.PUT_OK))
+
+    def _maybe_timeout_now(self) -> None:
+        target = self._transfer_to
+        if target and self.peers[target].match >= self._end:
+            self._send(TimeoutNow(self.node_id, target, self.term))
+
+    def _refresh_from_log(self) -> None:
+        """A leader's log changes only by its own writes: the store is the truth."""
+        self._end = self.log.written_position
+        self._epochs = self.log.epoch_starts()
+
+    # --- follower ---------------------------------------------------------------------------
+
+    def _on_entries(self, entries: Entries) -> None:
+        if self.role != LEARNER:
+            self.role = FOLLOWER
+        self.leader, self._elapsed, self._votes = entries.src, 0, {}
+        prev = entries.prev_position
+        if prev > self._end or self._epoch_at(prev) != entries.prev_epoch:
+            return self._refuse(entries)
+        end = prev + len(entries.payload)
+        if entries.payload:
+            self._accept(prev, entries.payload, entries.entries_epoch)
+        commit = min(entries.commit, end)
+        if commit > self.commit:
+            self.commit = self._ready.commit_to = commit
+        if self.config.follower_ack == "flushed" and self._ready.appends:
+            self._ready.must_sync = True
+        outbox = self._ready.messages_after_persist if self._ready.must_sync else \
+            self._ready.messages
+        acks = [message.match for message in outbox  # only the highest ack needs to go
+                if isinstance(message, EntriesReply) and message.success]
+        outbox[:] = [message for message in outbox
+                     if not (isinstance(message, EntriesReply) and message.success)]
+        outbox.append(EntriesReply(self.node_id, entries.src, self.term, True,
+                                   max([end, *acks]), 0, 0))
+
+    def _refuse(self, entries: Entries) -> None:
+        """Where this log agrees with the leader's at most: the end of its newest epoch not
+        newer than prev_epoch (no sooner than that epoch's records it has)."""
+        epoch = self._newest_epoch_up_to(entries.prev_epoch)
+        agreed = min(self._end_of_epoch(epoch) if epoch >= 0 else 0, entries.prev_position,
+                     self._end)
+        self._send(EntriesReply(self.node_id, entries.src, self.term, False, 0, agreed, epoch))
+
+    def _accept(self, position: int, data: bytes, epoch: int) -> None:
+        """Skip what this log already has (same position, same epoch: the same bytes),
+        truncate a conflicting suffix, append the rest."""
+        end = position + len(data)
+        have = position
+        if self._end > position and self._epoch_from(position) == epoch:
+            have = min(self._end, self._epoch_range_end(position))
+        if have >= end:
+            return
+        if have < self._end:
+            assert have >= self.commit, f"would truncate committed bytes at {have}"
+            self._ready.events.append(f"{self.node_id} truncated [{have}, {self._end}) that "
+                                      f"its leader {self.leader} does not have")
+            self._truncate(have)
+        self._ready.appends.append((have, data[have - position:]))
+        if not self._epochs or self._epochs[-1][0] != epoch:
+            self._epochs.append((epoch, have))
+        self._end = end
+
+    def _truncate(self, position: int) -> None:
+        """Cut the mirror, the appends still pending, and (below them) the store."""
+        pending, self._ready.appends = self._ready.appends, []
+        for start, data in pending:
+            if start < position:
+                self._ready.appends.append((start, data[:position - start]))
+        if position < self.log.written_position:
+            current = self._ready.truncate_to
+            self._ready.truncate_to = position if current is None else min(current, position)
+        self._epochs = [(epoch, start) for epoch, start in self._epochs if start < position]
+        self._end = position
+
+    # --- the log mirror -------------------------------------------------------------------
+
+    def _epoch_at(self, position: int) -> int:
+        """The epoch of the record ending at ``position`` (-1: none)."""
+        found = -1
+        for epoch, start in self._epochs:
+            if start >= position:
+                break
+            found = epoch
+        return found
+
+    def _epoch_from(self, position: int) -> int:
+        """The epoch of the record starting at ``position``."""
+        found = -1
+        for epoch, start in self._epochs:
+            if start > position:
+                break
+            found = epoch
+        return found
+
+    def _epoch_range_end(self, position: int) -> int:
+        """Where the epoch of the record starting at ``position`` ends."""
+        for _epoch, start in self._epochs:
+            if start > position:
+                return start
+        return self._end
+
+    def _end_of_epoch(self, epoch: int) -> int:
+        for started, start in self._epochs:
+            if started > epoch:
+                return start
+        return self._end
+
+    def _newest_epoch_up_to(self, epoch: int) -> int:
+        found = -1
+        for started, _start in self._epochs:
+            if started > epoch:
+                break
+            found = started
+        return found
+
+    def _send(self, message: Message) -> None:
+        ready = self._ready
+        persisting = ready.hard_state is not None or ready.must_sync
+        (ready.messages_after_persist if persisting else ready.messages).append(message)

@@ -1,0 +1,489 @@
+"""The simulator for the Raft layer: one seed, one run, one verdict (see swarm.py for the
+master-slave twin and the VOPR idea behind both).
+
+A seed decides the options (3 or 5 voters, pre-vote and check-quorum on or off, the
+follower ack rule, how lossy, slow and partitioned the network is, how often nodes
+crash) and every choice at every tick. Nodes are real stores with Raft cores; the
+simulator is their driver and their disk: a store is durable up to where the simulator
+last flushed it (a leader's writes at once, as with sync flush; whatever a Ready asks to
+sync), the hard state is durable once saved, and a crash cuts the store back to its
+durable end. Written acks ("follower_ack = written") promise nothing against a crash,
+so those seeds do not crash nodes; they pause them instead, which loses nothing.
+
+The client is one idempotent producer: each write gets the next sequence; it is sent to
+a node that claims leadership and retried, with the same sequence, whenever its outcome
+is unknown (timeout, step-down, a crashed leader). The leader looks the sequence up in
+its producer table (idempotence.py), rebuilt from its log when it gains leadership.
+
+Checkers (a list of violations; empty is a pass):
+* at most one leader per term;
+* committed prefixes agree: every commit any node makes is byte-identical to the same
+  range of every other commit (one global committed prefix, checked incrementally);
+* leader completeness: a new leader's log holds the whole committed prefix;
+* log matching: two logs with a record of the same epoch at the same position are
+  identical up to there (checked between every pair of nodes every 50 ticks);
+* no acknowledged write lost, and no write stored twice by the client's retries;
+* liveness: with the network healed and every node up, a leader commits every write
+  the client still waits on and all logs end up byte-identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import shutil
+import struct
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mqlog
+from mqlog.config import ReplicationConfig
+from mqlog.errors import MqlogError
+from mqlog.replication.idempotence import ProducerTable, Stored, producer_properties
+from mqlog.replication.raft import RaftCore
+from mqlog.replication.raft.core import LEADER
+from mqlog.results import PutStatus
+from mqlog.sim.network import NetworkOptions, SimNetwork
+from mqlog.sim.swarm import STORE_SETTINGS
+
+CORE_SETTINGS: dict[str, Any] = dict(
+    heartbeat_ticks=3, election_timeout_ticks=15, sync_timeout_ticks=80, retransmit_ticks=10,
+    append_bytes_max=4096, inflight_bytes_max=16384, frame_size_bytes_max=64 * 1024)
+PRODUCER = "sim-producer"
+_RECORD = struct.Struct("<III4xIIQQQ")  # size magic crc (attrs topic) queue body epoch offset pos
+_RECORD_MAGIC = int.from_bytes(b"MQR\x01", "little")
+
+
+@dataclass
+class RaftOptions:
+    voters: int
+    follower_ack: str
+    pre_vote: bool
+    check_quorum: bool
+    network: NetworkOptions
+    put_probability: float
+    crash_probability: float
+    pause_probability: float
+    partition_probability: float
+    safety_ticks: int = 500
+    liveness_ticks: int = 2000
+
+    @classmethod
+    def from_rng(cls, rng: random.Random) -> RaftOptions:
+        follower_ack = rng.choice(["flushed", "flushed", "written"])
+        faults = rng.choice([0.0, 0.003, 0.01])
+        return cls(voters=rng.choice([3, 3, 5]), follower_ack=follower_ack,
+                   pre_vote=rng.random() < 0.7, check_quorum=rng.random() < 0.7,
+                   network=NetworkOptions(rng.choice([0.0, 0.02, 0.15]),
+                                          rng.choice([0.0, 0.05]), rng.choice([1, 3, 8, 20])),
+                   put_probability=rng.choice([0.2, 0.6]),
+                   crash_probability=faults if follower_ack == "flushed" else 0.0,
+                   pause_probability=faults if follower_ack == "written" else faults / 2,
+                   partition_probability=rng.choice([0.0, 0.01, 0.03, 0.08]))
+
+
+@dataclass
+class RaftSimNode:
+    name: str
+    path: Path
+    config: ReplicationConfig
+    clock: list[int]
+    rng: random.Random
+    test_break: str = ""
+    store: Any = None
+    core: Any = None
+    hard_state: tuple[int, str] = (0, "")  # durable as soon as a Ready saves it
+    durable: int = 0
+    up: bool = False
+    paused: bool = False
+    led_term: int = -1  # the term whose producer table is built
+    checked: int = 0  # its log agrees with the committed prefix up to here
+    table: ProducerTable = field(default_factory=lambda: ProducerTable(1 << 16))
+
+    def start(self) -> None:
+        self.store = mqlog.open(self.path, clock_ms=lambda: self.clock[0],
+                                committed_follows="external", **STORE_SETTINGS)
+        self.durable = self.store.written_position
+        self.core = RaftCore(self.config, _DurableView(self), rng=random.Random(
+            self.rng.randrange(1 << 62)), hard_state=self.hard_state,
+            test_break=self.test_break)
+        self.up, self.led_term = True, -1
+        self.checked = min(self.checked, self.durable)
+
+    def crash(self) -> None:
+        self.store.truncate(self.durable)  # what a power loss takes
+        self.store.close()
+        self.up = self.paused = False
+
+    def flush(self) -> None:
+        self.store.flush()
+        self.durable = self.store.written_position
+
+
+class _DurableView:
+    """The node's store as its core sees it, with the simulator's notion of flushed."""
+
+    def __init__(self, node: RaftSimNode) -> None:
+        self._node = node
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._node.store, name)
+
+    @property
+    def flushed_position(self) -> int:
+        return self._node.durable
+
+
+@dataclass
+class Write:
+    sequence: int
+    body: bytes
+    request: str = ""  # the request now in flight for it ("" if none)
+    node: str = ""
+
+
+@dataclass
+class RaftSimResult:
+    seed: int
+    options: RaftOptions
+    violations: list[str] = field(default_factory=list)
+    trace: list[str] = field(default_factory=list)
+    acked: int = 0
+    retried: int = 0
+    deduplicated: int = 0
+    leaders: int = 0
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256("\n".join(self.trace).encode()).hexdigest()[:16]
+
+    def summary(self) -> str:
+        verdict = "PASS" if not self.violations else f"FAIL ({len(self.violations)})"
+        options = self.options
+        return (f"seed {self.seed}: {verdict} voters={options.voters} "
+                f"ack={options.follower_ack} pre_vote={options.pre_vote} "
+                f"check_quorum={options.check_quorum} leaders={self.leaders} "
+                f"acked={self.acked} retried={self.retried} "
+                f"deduplicated={self.deduplicated} trace={self.digest}")
+
+
+class RaftSwarm:
+    """One simulated Raft group and its client; see the module docstring."""
+
+    def __init__(self, seed: int, root: Path, test_break: str = "") -> None:
+        self.rng = random.Random(seed)
+        self.options = RaftOptions.from_rng(self.rng)
+        self.result = RaftSimResult(seed, self.options)
+        self.network = SimNetwork(self.rng, self.options.network)
+        self.clock = [1]
+        names = tuple(f"n{index}" for index in range(self.options.voters))
+        self.nodes = {name: RaftSimNode(name, root / name, self._config(name, names),
+                                        self.clock, self.rng, test_break) for name in names}
+        self.leaders_by_term: dict[int, set[str]] = {}
+        self.committed = bytearray()  # the longest committed prefix any node showed
+        self.writes: dict[int, Write] = {}  # sequence -> a write not yet acknowledged
+        self.acked: dict[int, Stored] = {}
+        self.acked_bodies: dict[int, bytes] = {}
+        self.requests: dict[str, int] = {}  # request id -> sequence
+        self.sequence = 0
+        for node in self.nodes.values():
+            node.start()
+
+    def _config(self, name: str, names: tuple[str, ...]) -> ReplicationConfig:
+        options = self.options
+        return ReplicationConfig(layer="raft", node_id=name, voters=names,
+                                 pre_vote=options.pre_vote, check_quorum=options.check_quorum,
+                                 follower_ack=options.follower_ack,  # type: ignore[arg-type]
+                                 **CORE_SETTINGS)
+
+    # --- the run ---------------------------------------------------------------------
+
+    def run(self) -> RaftSimResult:
+        try:
+            for tick in range(self.options.safety_ticks):
+                self._faults()
+                self._step_all(new_writes=True)
+                if tick % 50 == 49:
+                    self._check_log_matching()
+            self._liveness()
+            self._check_end()
+        finally:
+            for node in self.nodes.values():
+                if node.up:
+                    node.store.close()
+        self.result.acked = len(self.acked)
+        self.result.leaders = sum(len(names) for names in self.leaders_by_term.values())
+        return self.result
+
+    def _step_all(self, new_writes: bool) -> None:
+        self.clock[0] += 1
+        self.network.now = self.clock[0]
+        if new_writes and self.rng.random() < self.options.put_probability:
+            self.sequence += 1
+            self.writes[self.sequence] = Write(self.sequence,
+                                               f"{self.result.seed}/{self.sequence}".encode())
+        self._send_writes()
+        for node in self._running():
+            node.core.tick()
+            self._carry_out(node)
+        for message in self.network.due():
+            node = self.nodes[message.dst]
+            if node.up and not node.paused:
+                self.result.trace.append(f"{self.clock[0]} {message!r}")
+                node.core.step(message)
+                self._carry_out(node)
+
+    # --- the client --------------------------------------------------------------------
+
+    def _send_writes(self) -> None:
+        leaders = [node for node in self._running() if node.core.role == LEADER]
+        if not leaders:
+            return
+        for write in list(self.writes.values())[:8]:
+            if not write.request:
+                self._submit(self.rng.choice(leaders), write)
+
+    def _submit(self, node: RaftSimNode, write: Write) -> None:
+        if node.led_term != node.core.term:
+            return  # its no-op is not in yet: a real leader would answer NotLeader
+        request = f"s{write.sequence}@{node.name}.{self.clock[0]}"
+        found = node.table.lookup(PRODUCER, write.sequence)
+        if found is None:
+            result = node.store.put("t", write.body,
+                                    properties=producer_properties(PRODUCER, write.sequence))
+            node.flush()
+            found = Stored(result.position, result.end_position, result.offset, 1)
+            node.table.note(PRODUCER, write.sequence, found)
+        else:
+            self.result.deduplicated += 1
+        if write.node:
+            self.result.retried += 1
+        write.request, write.node = request, node.name
+        self.requests[request] = write.sequence
+        self.result.trace.append(f"{self.clock[0]} {node.name}: {request} at {found.position}")
+        node.core.propose(request, found.end)
+        self._carry_out(node)
+
+    def _resolved(self, node: RaftSimNode, request: str, status: PutStatus) -> None:
+        self.result.trace.append(f"{self.clock[0]} {node.name}: {request} {status.value}")
+        sequence = self.requests.pop(request)
+        write = self.writes.get(sequence)
+        if write is None or write.request != request:
+            return  # an answer to a request the client gave up on
+        write.request = ""
+        if status is PutStatus.PUT_OK:
+            stored = node.table.lookup(PRODUCER, sequence)
+            assert stored is not None
+            self.acked[sequence], self.acked_bodies[sequence] = stored, write.body
+            del self.writes[sequence]
+
+    def _forget_requests_on(self, node: RaftSimNode) -> None:
+        """The node crashed: its clients' connections dropped, outcomes unknown."""
+        for write in self.writes.values():
+            if write.node == node.name:
+                write.request = ""
+
+    # --- the driver -------------------------------------------------------------------
+
+    def _carry_out(self, node: RaftSimNode) -> None:
+        ready = node.core.ready()
+        store = node.store
+        if ready.hard_state is not None:
+            node.hard_state = ready.hard_state
+        try:
+            if ready.truncate_to is not None:
+                store.truncate(ready.truncate_to)
+                node.durable = min(node.durable, ready.truncate_to)
+            for position, data in ready.appends:
+                store.append_raw(position, data)
+            if ready.set_epoch is not None:
+                store.set_epoch(ready.set_epoch)
+            if ready.append_noop:
+                store.append_control()
+        except MqlogError as error:
+            self.result.violations.append(f"tick {self.clock[0]}: {node.name} could not "
+                                          f"carry out its Ready: {error}")
+        if ready.must_sync:
+            node.flush()
+        if ready.commit_to is not None:
+            store.set_committed_position(ready.commit_to)
+            self._check_commit(node, ready.commit_to)
+        for message in ready.messages + ready.messages_after_persist:
+            self.network.send(message)
+        self.result.trace += [f"{self.clock[0]} {node.name}: {event}" for event in ready.events]
+        node.core.advance(ready)
+        if node.core.role == LEADER and node.led_term != node.core.term:
+            self._new_leader(node)
+        for request, status in ready.resolved:
+            self._resolved(node, request, status)
+
+    def _new_leader(self, node: RaftSimNode) -> None:
+        node.led_term = node.core.term
+        self.leaders_by_term.setdefault(node.core.term, set()).add(node.name)
+        if len(self.leaders_by_term[node.core.term]) > 1:
+            self.result.violations.append(f"term {node.core.term} had leaders "
+                                          f"{sorted(self.leaders_by_term[node.core.term])}")
+        node.table.rebuild(node.store, 1 << 40)
+        if _read(node.store, 0, len(self.committed)) != bytes(self.committed):
+            self.result.violations.append(
+                f"tick {self.clock[0]}: {node.name} leads term {node.core.term} without the "
+                f"whole committed prefix [0, {len(self.committed)})")
+
+    # --- faults -----------------------------------------------------------------------
+
+    def _faults(self) -> None:
+        rng, options = self.rng, self.options
+        for node in self.nodes.values():
+            if node.up and rng.random() < options.crash_probability:
+                self.result.trace.append(f"{self.clock[0]} crash {node.name}")
+                node.crash()
+                self._forget_requests_on(node)
+            elif node.up and rng.random() < options.pause_probability:
+                node.paused = not node.paused  # SIGSTOP, SIGCONT: nothing is lost
+                self.result.trace.append(f"{self.clock[0]} pause {node.name} {node.paused}")
+            elif not node.up and rng.random() < 0.05:
+                self._restart(node)
+        if rng.random() < options.partition_probability:
+            names = sorted(self.nodes)
+            rng.shuffle(names)
+            cut = names[:rng.randint(1, len(names) // 2)]
+            for a in cut:
+                for b in names[len(cut):]:
+                    self.network.partition(a, b)
+            self.result.trace.append(f"{self.clock[0]} partition {cut}")
+        elif self.network.partitioned and rng.random() < 0.05:
+            self.network.heal()
+
+    def _restart(self, node: RaftSimNode) -> None:
+        self.result.trace.append(f"{self.clock[0]} restart {node.name}")
+        node.start()
+
+    def _running(self) -> list[RaftSimNode]:
+        return [node for node in self.nodes.values() if node.up and not node.paused]
+
+    # --- liveness and the checkers ------------------------------------------------------
+
+    def _liveness(self) -> None:
+        self.network.options = NetworkOptions()
+        self.network.heal()
+        for node in self.nodes.values():
+            node.paused = False
+            if not node.up:
+                self._restart(node)
+        for _ in range(self.options.liveness_ticks):
+            self._step_all(new_writes=False)
+            if self._converged():
+                return
+        self.result.violations.append(
+            f"did not converge in {self.options.liveness_ticks} ticks: "
+            f"{ {n.name: (n.core.role, n.core.term, n.store.written_position, n.core.commit) for n in self.nodes.values()} }, "  # noqa: E501
+            f"{len(self.writes)} writes waiting")
+
+    def _converged(self) -> bool:
+        ends = {(node.store.written_position, node.core.commit) for node in self.nodes.values()}
+        leaders = [node for node in self.nodes.values() if node.core.role == LEADER]
+        return (len(ends) == 1 and not self.writes and len(leaders) == 1
+                and leaders[0].core.commit == leaders[0].store.written_position)
+
+    def _check_commit(self, node: RaftSimNode, commit: int) -> None:
+        """The node's log from what was checked to ``commit`` must equal the committed
+        prefix where they overlap, and extends it past its end."""
+        start = min(node.checked, len(self.committed))
+        data = _read(node.store, start, commit)
+        overlap = min(commit, len(self.committed)) - start
+        if data[:overlap] != bytes(self.committed[start:start + overlap]):
+            self.result.violations.append(f"tick {self.clock[0]}: {node.name} committed "
+                                          f"[{start}, {commit}) unlike another node")
+        elif commit > len(self.committed):
+            self.committed += data[overlap:]
+        node.checked = max(node.checked, commit)
+
+    def _check_log_matching(self) -> None:
+        logs = {node.name: _records(node.store) for node in self.nodes.values() if node.up}
+        names = sorted(logs)
+        for index, a in enumerate(names):
+            for b in names[index + 1:]:
+                problem = _log_matching_problem(logs[a], logs[b])
+                if problem:
+                    self.result.violations.append(f"tick {self.clock[0]}: {a} and {b}: "
+                                                  f"{problem}")
+
+    def _check_end(self) -> None:
+        images = {name: hashlib.sha256(_read(node.store, 0, node.store.written_position))
+                  .digest() for name, node in self.nodes.items()}
+        if len(set(images.values())) != 1:
+            self.result.violations.append("logs differ after convergence")
+        leader = next((node for node in self.nodes.values() if node.core.role == LEADER),
+                      next(iter(self.nodes.values())))
+        for sequence, stored in sorted(self.acked.items()):
+            try:
+                record = leader.store.read_record(stored.position)
+            except MqlogError:
+                record = None
+            if record is None or record.body != self.acked_bodies[sequence]:
+                self.result.violations.append(f"acknowledged write {sequence} at "
+                                              f"{stored.position} was lost")
+        seen: dict[int, int] = {}
+        for sequence in _sequences(leader.store):
+            seen[sequence] = seen.get(sequence, 0) + 1
+        for sequence, count in sorted(seen.items()):
+            if count > 1:
+                self.result.violations.append(f"write {sequence} is stored {count} times")
+
+
+def _read(store: Any, start: int, end: int) -> bytes:
+    chunks, position = [], start
+    while position < end:
+        data = store.read_raw(position, end - position)
+        if not data:
+            break
+        chunks.append(data)
+        position += len(data)
+    return b"".join(chunks)[:end - start]
+
+
+def _sequences(store: Any) -> list[int]:
+    """The producer sequence of every committed record of topic "t", in log order."""
+    sequences, offset = [], 0
+    while records := store.get("t", 0, offset, 1000, 1 << 24):
+        sequences += [record.properties.get("sequence") for record in records]
+        offset = records[-1].offset + 1
+    return sequences
+
+
+def _records(store: Any) -> dict[int, tuple[int, int]]:
+    """position -> (epoch, crc) of every record in the store's log."""
+    records: dict[int, tuple[int, int]] = {}
+    data = _read(store, 0, store.written_position)
+    at = 0
+    while at + _RECORD.size <= len(data):
+        size, magic, crc, _queue, _body, epoch, _offset, position = _RECORD.unpack_from(data, at)
+        if magic == _RECORD_MAGIC:
+            records[position] = (epoch, crc)
+        at += size
+    return records
+
+
+def _log_matching_problem(a: dict[int, tuple[int, int]], b: dict[int, tuple[int, int]]) -> str:
+    """'' if the logs agree before the last position where both have a same-epoch record."""
+    shared = [position for position in a if position in b and a[position][0] == b[position][0]]
+    if not shared:
+        return ""
+    last = max(shared)
+    for position in sorted(set(a) | set(b)):
+        if position > last:
+            break
+        if a.get(position) != b.get(position):
+            return (f"both have epoch {a[last][0]} at {last} but differ at {position}: "
+                    f"{a.get(position)} vs {b.get(position)}")
+    return ""
+
+
+def run_seed(seed: int, test_break: str = "") -> RaftSimResult:
+    root = Path(tempfile.mkdtemp(prefix=f"mqlog-raft-sim-{seed}-"))
+    try:
+        return RaftSwarm(seed, root, test_break).run()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
