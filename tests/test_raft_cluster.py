@@ -1,0 +1,162 @@
+"""A real Raft group: three `mqlog node` processes on 127.0.0.1, every link between them
+through a fault-injecting proxy, under continuous idempotent writes while the leader is
+SIGKILLed, SIGSTOPped, and cut off from its peers. Nothing acknowledged may be lost,
+nothing stored twice, and the logs must be byte-identical once healed. The time from
+each leader loss to the next successful write (the unavailability window) is printed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+import mqlog
+from mqlog.replication.local import LocalRaftCluster, wait_until
+from mqlog.results import PutStatus
+from tests.faultproxy import FaultProxy
+
+
+@dataclass
+class Writer:
+    """Writes records "w<i>" one after another through a GroupClient, noting each ack."""
+
+    addresses: list[str]
+    acked: dict[bytes, int] = field(default_factory=dict)  # body -> position
+    ack_times: list[float] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    retries: int = 0
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._run, name="raft-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with mqlog.GroupClient(self.addresses, retry_timeout_s=30, timeout_s=2) as client:
+            index = 0
+            while not self.stop.is_set():
+                body = f"w{index}".encode()
+                try:
+                    result = client.produce("orders", body)
+                except mqlog.errors.MqlogError as error:
+                    self.failures.append(f"{body!r}: {error}")
+                    return
+                if result.status is PutStatus.PUT_OK:
+                    self.acked[body] = result.position
+                    self.ack_times.append(time.monotonic())
+                index += 1
+            self.retries = client.retries
+
+    def finish(self) -> None:
+        self.stop.set()
+        assert self.thread is not None
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "the writer did not stop"
+
+    def acked_after(self, moment: float) -> float:
+        """Seconds from ``moment`` to the first ack after it (waits for one)."""
+        wait_until(lambda: any(when > moment for when in self.ack_times[-50:]) or
+                   bool(self.failures), "a write acknowledged after the fault", 60)
+        assert not self.failures, self.failures
+        return min(when for when in self.ack_times if when > moment) - moment
+
+
+@pytest.fixture
+def proxied_cluster(tmp_path: Path):
+    cluster = LocalRaftCluster(tmp_path / "raft")
+    cluster.assign_ports()
+    proxies = {}
+    try:
+        for source in cluster.names:
+            for target in cluster.names:
+                if source != target:
+                    proxies[source, target] = FaultProxy(cluster.address(target))
+                    cluster.links[source, target] = proxies[source, target].address
+        cluster.start_all()
+        yield cluster, proxies
+    finally:
+        cluster.stop_all()
+        for proxy in proxies.values():
+            proxy.close()
+
+
+def _links_of(name: str, proxies: dict) -> list[FaultProxy]:
+    return [proxy for (source, target), proxy in proxies.items() if name in (source, target)]
+
+
+def test_a_raft_group_survives_kill_pause_and_partition(proxied_cluster):
+    cluster, proxies = proxied_cluster
+    cluster.wait_leader()
+    writer = Writer(cluster.addresses)
+    writer.start()
+    windows = {}
+    try:
+        wait_until(lambda: len(writer.acked) >= 50 or bool(writer.failures), "first writes")
+
+        leader = cluster.wait_leader()  # 1. SIGKILL: the process and its page cache state
+        lost_at = time.monotonic()
+        cluster.kill(leader)
+        windows["SIGKILL"] = writer.acked_after(lost_at)
+        cluster.start(leader)
+
+        leader = cluster.wait_leader()  # 2. SIGSTOP: alive but silent, then back
+        others = [name for name in cluster.names if name != leader]
+        lost_at = time.monotonic()
+        cluster.pause(leader)
+        windows["SIGSTOP"] = writer.acked_after(lost_at)
+        cluster.resume(leader)
+
+        leader = cluster.wait_leader(others)  # 3. cut off from its peers by the proxies
+        lost_at = time.monotonic()
+        for proxy in _links_of(leader, proxies):
+            proxy.blackhole()
+        windows["partition"] = writer.acked_after(lost_at)
+        for proxy in _links_of(leader, proxies):
+            proxy.heal()
+        count = len(writer.acked)
+        wait_until(lambda: len(writer.acked) >= count + 50 or bool(writer.failures),
+                   "writes after healing")
+    finally:
+        writer.finish()
+    assert not writer.failures, writer.failures
+    print("\nunavailability windows (leader loss to next acknowledged write): "
+          + ", ".join(f"{fault} {seconds * 1000:.0f} ms" for fault, seconds in windows.items())
+          + f"; {len(writer.acked)} writes acknowledged, {writer.retries} retries")
+    cluster.wait_converged()
+    cluster.stop_all()
+    _check_logs(cluster, writer.acked)
+
+
+def _check_logs(cluster: LocalRaftCluster, acked: dict[bytes, int]) -> None:
+    images, bodies = [], []
+    for name in cluster.names:
+        with mqlog.open(cluster.root / name, read_only=True) as store:
+            images.append(_image(store))
+            bodies.append([record.body for record in _records(store)])
+    assert images[0] == images[1] == images[2], "the healed logs differ"
+    stored = bodies[0]
+    duplicates = {body for body in stored if stored.count(body) > 1}
+    assert not duplicates, f"stored twice: {sorted(duplicates)[:5]}"
+    with mqlog.open(cluster.root / cluster.names[0], read_only=True) as store:
+        for body, position in acked.items():
+            assert store.read_record(position).body == body, f"acknowledged {body!r} lost"
+
+
+def _records(store) -> list:
+    records, offset = [], 0
+    while batch := store.get("orders", 0, offset, 1000):
+        records += batch
+        offset = batch[-1].offset + 1
+    return records
+
+
+def _image(store) -> bytes:
+    chunks, position = [], store.first_segment_base()
+    while position < store.written_position:
+        chunks.append(store.read_raw(position, 1 << 20))
+        position += len(chunks[-1])
+    return b"".join(chunks)
