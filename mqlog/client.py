@@ -17,7 +17,7 @@ import socket
 from typing import Any
 
 from mqlog import errors, ext
-from mqlog.replication.node import pack_bodies, split_address
+from mqlog.replication.node import split_address
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutResult, PutStatus
 
@@ -52,8 +52,8 @@ class Client:
                       acks: str = "replicated",
                       producer: tuple[str, int] | None = None) -> PutResult:
         """``produce`` for many records of one queue in one request."""
-        header = self.call(produce_header(topic, len(bodies), queue_id, key, tags, acks,
-                                          producer), pack_bodies(bodies))[0]
+        header = self.call(*produce_request(topic, bodies, queue_id, key, tags, acks,
+                                            producer))[0]
         return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
                          0, 0)
 
@@ -127,15 +127,16 @@ class Client:
         return frame
 
 
-def produce_header(topic: str, count: int, queue_id: int = 0, key: str | None = None,
-                   tags: str | None = None, acks: str = "replicated",
-                   producer: tuple[str, int] | None = None) -> dict[str, Any]:
-    """The header of a produce request (the bodies go in the payload: pack_bodies)."""
+def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
+                    key: str | None = None, tags: str | None = None,
+                    acks: str = "replicated",
+                    producer: tuple[str, int] | None = None) -> tuple[dict[str, Any], bytes]:
+    """The header and payload of a produce request (docs/FORMAT.md)."""
     header = {"kind": "produce", "topic": topic, "queue_id": queue_id, "key": key,
-              "tags": tags, "count": count, "acks": acks}
+              "tags": tags, "sizes": [len(body) for body in bodies], "acks": acks}
     if producer is not None:
         header["producer_id"], header["sequence"] = producer
-    return header
+    return header, b"".join(bodies)
 
 
 def _error(header: dict[str, Any]) -> errors.MqlogError:

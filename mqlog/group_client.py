@@ -21,8 +21,7 @@ import uuid
 from typing import Any
 
 from mqlog import errors
-from mqlog.client import Client, produce_header
-from mqlog.replication.node import pack_bodies
+from mqlog.client import Client, produce_request
 from mqlog.results import PutResult, PutStatus
 
 _UNKNOWN_OUTCOME = (PutStatus.FLUSH_SLAVE_TIMEOUT,)
@@ -52,9 +51,8 @@ class GroupClient:
     def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,
                       key: str | None = None, tags: str | None = None) -> PutResult:
         self.sequence += 1
-        header = produce_header(topic, len(bodies), queue_id, key, tags, "replicated",
-                                (self.producer_id, self.sequence))
-        answer = self._until_decided(header, pack_bodies(bodies))
+        answer = self._until_decided(*produce_request(
+            topic, bodies, queue_id, key, tags, "replicated", (self.producer_id, self.sequence)))
         return PutResult(PutStatus(answer["status"]), answer["position"], answer["offset"],
                          0, 0)
 

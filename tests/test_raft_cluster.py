@@ -25,7 +25,7 @@ class Writer:
 
     addresses: list[str]
     acked: dict[bytes, int] = field(default_factory=dict)  # body -> position
-    ack_times: list[float] = field(default_factory=list)
+    acks: list[tuple[float, float]] = field(default_factory=list)  # (sent, acknowledged)
     failures: list[str] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
@@ -40,6 +40,7 @@ class Writer:
             index = 0
             while not self.stop.is_set():
                 body = f"w{index}".encode()
+                sent = time.monotonic()
                 try:
                     result = client.produce("orders", body)
                 except mqlog.errors.MqlogError as error:
@@ -47,7 +48,7 @@ class Writer:
                     return
                 if result.status is PutStatus.PUT_OK:
                     self.acked[body] = result.position
-                    self.ack_times.append(time.monotonic())
+                    self.acks.append((sent, time.monotonic()))
                 index += 1
             self.retries = client.retries
 
@@ -58,11 +59,12 @@ class Writer:
         assert not self.thread.is_alive(), "the writer did not stop"
 
     def acked_after(self, moment: float) -> float:
-        """Seconds from ``moment`` to the first ack after it (waits for one)."""
-        wait_until(lambda: any(when > moment for when in self.ack_times[-50:]) or
-                   bool(self.failures), "a write acknowledged after the fault", 60)
+        """Seconds from ``moment`` to the ack of the first write sent after it: a write
+        caught in flight by the fault is acknowledged only once a leader is back."""
+        wait_until(lambda: any(sent > moment for sent, _ in self.acks[-50:]) or
+                   bool(self.failures), "a write sent and acknowledged after the fault", 60)
         assert not self.failures, self.failures
-        return min(when for when in self.ack_times if when > moment) - moment
+        return min(acked for sent, acked in self.acks if sent > moment) - moment
 
 
 @pytest.fixture

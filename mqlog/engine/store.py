@@ -303,6 +303,34 @@ class Store:
             return result._replace(status=PutStatus.FLUSH_DISK_TIMEOUT)
         return result
 
+    def put_nowait(self, topic: str, bodies: Any, queue_id: int = 0, key: str | None = None,
+                   tags: str | None = None, properties: dict | None = None) -> Any:
+        """Store records in one queue without waiting for the flush, whatever the flush
+        mode: a caller that writes many (a node answering many requests at once) then
+        awaits ``flushed_async`` once for the last. One body: a PutResult; a list: a
+        BatchPutResult."""
+        if isinstance(bodies, list):
+            return self.core.put_batch(topic, bodies, queue_id, key, tags, properties, None)
+        return self.core.put(topic, bodies, queue_id, key, tags, properties, None)
+
+    async def flush_async(self) -> int:
+        """``flush`` for asyncio: return once everything written when called is durable
+        (that position); FlushFailed if the flush does not finish within
+        ``flush_sync_timeout_ms``."""
+        self._check_writable()
+        target = self.core.written_position
+        if not await self._flusher.wait_flushed_async(target):
+            raise FlushFailed(f"the flush to position {target} did not finish within "
+                              f"flush_sync_timeout_ms={self.config.flush_sync_timeout_ms}")
+        return target
+
+    async def flushed_async(self, end_position: int) -> bool:
+        """With sync flush: wait until the log is durable up to ``end_position``; False
+        after ``flush_sync_timeout_ms`` (FLUSH_DISK_TIMEOUT). With async flush: True."""
+        if self.config.flush_mode != "sync":
+            return True
+        return await self._flusher.wait_flushed_async(end_position)
+
     def get(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
             max_bytes: int = 1 << 20, tags: str | None = None) -> list:
         """Committed records of one queue from ``offset``, in order.

@@ -51,7 +51,7 @@ class ProducerTable:
         assert sequences_max > 0
         self.sequences_max = sequences_max
         self._producers: dict[str, OrderedDict[int, Stored]] = {}
-        self._oldest: dict[str, int] = {}  # the oldest sequence each table still holds
+        self._forgotten: dict[str, int] = {}  # the newest sequence dropped, per producer
 
     def lookup(self, producer_id: str, sequence: int) -> Stored | None:
         """The earlier outcome of this request, None if it is new; OutOfOrderSequence if
@@ -60,11 +60,11 @@ class ProducerTable:
         if sequences is None:
             return None
         found = sequences.get(sequence)
-        if found is None and sequence < self._oldest[producer_id]:
+        if found is None and sequence <= self._forgotten.get(producer_id, -1):
             raise OutOfOrderSequence(
-                f"producer {producer_id!r} sent sequence {sequence}, older than the "
-                f"{self.sequences_max} this node remembers (from {self._oldest[producer_id]}"
-                "); it may be stored already: start a new producer id")
+                f"producer {producer_id!r} sent sequence {sequence}, as old as ones this "
+                f"node no longer remembers (it keeps {self.sequences_max} per producer); it "
+                "may be stored already: start a new producer id")
         return found
 
     def note(self, producer_id: str, sequence: int, stored: Stored) -> None:
@@ -75,12 +75,12 @@ class ProducerTable:
                             earlier.count + stored.count)
         sequences[sequence] = stored
         while len(sequences) > self.sequences_max:
-            sequences.popitem(last=False)
-        self._oldest[producer_id] = min(sequences)
+            dropped, _ = sequences.popitem(last=False)
+            self._forgotten[producer_id] = max(dropped, self._forgotten.get(producer_id, -1))
 
     def clear(self) -> None:
         self._producers.clear()
-        self._oldest.clear()
+        self._forgotten.clear()
 
     def rebuild(self, store: Any, window_bytes: int) -> int:
         """Read producer tags from the last ``window_bytes`` of ``store``'s log; return

@@ -14,8 +14,8 @@ the wire codec; a peer or client that sends garbage is disconnected.
 
 Clients (``mqlog.Client``) send requests, one frame each, and get one response frame:
 
-* ``produce`` {topic, queue_id, key, tags, count} + payload (``count`` bodies, each
-  u32-length-prefixed) → {status, position, offset, count} once the role's rule is met
+* ``produce`` {topic, queue_id, key, tags, sizes} + payload (the bodies, back to back;
+  ``sizes`` lists their sizes) → {status, position, offset, count} once the role's rule is met
   (a SYNC_MASTER waits for its slaves); a slave answers with a NotMaster error.
 * ``fetch`` {topic, queue_id, offset, max_count, max_bytes} → {next_offset, count} +
   the raw records (slaves serve fetches only with ``slave_read_enable``).
@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
-import struct
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +51,6 @@ from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
 
 _REPLICATION_KINDS = frozenset(messages.KINDS)
-_LENGTH = struct.Struct("<I")
 
 
 @dataclass(frozen=True)
@@ -109,21 +108,18 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def pack_bodies(bodies: list[bytes]) -> bytes:
-    return b"".join(_LENGTH.pack(len(body)) + body for body in bodies)
-
-
-def unpack_bodies(payload: bytes, count: int) -> list[bytes]:
-    bodies, at = [], 0
-    for _ in range(count):
-        if at + 4 > len(payload):
-            raise errors.RemoteProtocolError("produce payload is shorter than its count")
-        (size,) = _LENGTH.unpack_from(payload, at)
-        bodies.append(payload[at + 4:at + 4 + size])
-        at += 4 + size
-    if at != len(payload):
-        raise errors.RemoteProtocolError("produce payload does not match its count")
-    return bodies
+def unpack_bodies(payload: bytes, sizes: Any) -> list[bytes]:
+    """The bodies of a produce request: ``payload`` cut at ``sizes``."""
+    if not isinstance(sizes, list) or not all(type(size) is int and size >= 0
+                                              for size in sizes):
+        raise errors.RemoteProtocolError("produce sizes must be a list of non-negative ints")
+    if sum(sizes) != len(payload):
+        raise errors.RemoteProtocolError(f"produce sizes add up to {sum(sizes)} bytes, its "
+                                         f"payload has {len(payload)}")
+    if len(sizes) == 1:
+        return [payload]
+    ends = list(itertools.accumulate(sizes))
+    return [payload[end - size:end] for size, end in zip(sizes, ends, strict=True)]
 
 
 class Node:
@@ -143,6 +139,7 @@ class Node:
             raise
         self.producers = ProducerTable(config.replication.idempotence_sequences_max)
         self._led_term = -1  # the term the producer table was rebuilt for
+        self._truncations = 0  # acks waiting for a flush are void once this moves
         self._waiting: dict[Any, asyncio.Future[PutStatus]] = {}
         self._outbound: dict[str, asyncio.StreamWriter] = {}
         self._connecting: set[str] = set()
@@ -224,12 +221,18 @@ class Node:
             store.set_epoch(ready.set_epoch)
         if ready.append_noop:
             store.append_control()
-        if ready.must_sync:
-            store.flush()
+        if ready.truncate_to is not None:
+            self._truncations += 1
         if ready.commit_to is not None:
             store.set_committed_position(min(ready.commit_to, store.written_position))
-        for message in ready.messages + ready.messages_after_persist:
+        for message in ready.messages:
             self._send(message)
+        if ready.must_sync:  # the loop goes on while the flush thread syncs
+            self._spawn(self._send_when_flushed(ready.messages_after_persist,
+                                                self._truncations))
+        else:
+            for message in ready.messages_after_persist:
+                self._send(message)
         for event in ready.events:
             print(f"[{self.node_id}] {event}", flush=True)
         self.core.advance(ready)
@@ -240,6 +243,21 @@ class Node:
             future = self._waiting.pop(request, None)
             if future is not None and not future.done():
                 future.set_result(status)
+
+    async def _send_when_flushed(self, after: list[messages.Message],
+                                 truncations: int) -> None:
+        """Send what had to wait for the log's flush (a follower's acks). If the log was
+        truncated since (``truncations`` moved), they may speak of bytes that are gone:
+        drop them (the leader asks again)."""
+        try:
+            await self.store.flush_async()
+        except (errors.FlushFailed, errors.StoreFailed, errors.StoreClosed) as error:
+            print(f"[{self.node_id}] a flush failed; acks withheld: {error}", flush=True)
+            return
+        if truncations == self._truncations:
+            for message in after:
+                self._send(message)
+        self._schedule()  # a leader's own flush may let it commit
 
     def _send(self, message: messages.Message) -> None:
         writer = self._outbound.get(message.dst)
@@ -268,37 +286,97 @@ class Node:
         try:
             while data := await reader.read(1 << 16):
                 decoder.feed(data)
+                produces = []
                 while isinstance(frame := decoder.next_frame(), Frame):
-                    if frame.header.get("kind") in _REPLICATION_KINDS:
+                    kind = frame.header.get("kind")
+                    if kind in _REPLICATION_KINDS:
                         self.core.step(messages.decode(frame))
                         self._schedule()
+                    elif kind == "produce":  # answered together with the others read here
+                        produces.append(frame)
                     else:  # a client's request: answered when done, in any order
-                        self._tasks.add(task := asyncio.create_task(self._answer(frame,
-                                                                                 writer)))
-                        task.add_done_callback(self._tasks.discard)
+                        self._spawn(self._answer(frame, writer))
+                if produces:
+                    self._spawn(self._answer_produces(produces, writer))
         except (errors.RemoteProtocolError, ConnectionError) as error:
             print(f"[{self.node_id}] dropped a connection: {error}", flush=True)
         finally:
             writer.close()
 
+    def _spawn(self, coroutine: Any) -> None:
+        self._tasks.add(task := asyncio.create_task(coroutine))
+        task.add_done_callback(self._tasks.discard)
+
     async def _answer(self, frame: Frame, writer: asyncio.StreamWriter) -> None:
         try:
             header, payload = await self._request(frame.header.get("kind"), frame)
         except errors.MqlogError as error:
-            header, payload = {"kind": "error", "error": type(error).__name__,
-                               "message": str(error)}, b""
-            if isinstance(error, errors.NotLeader) and error.leader:
-                header["leader"] = error.leader
-                header["leader_address"] = self.config.peers.get(error.leader)
+            header, payload = self._error_header(error), b""
         header["id"] = frame.header.get("id")
-        if not writer.is_closing():
-            writer.write(encode_frame(header, payload))
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
+        await _write(writer, encode_frame(header, payload))
+
+    def _error_header(self, error: errors.MqlogError) -> dict[str, Any]:
+        header: dict[str, Any] = {"kind": "error", "error": type(error).__name__,
+                                  "message": str(error)}
+        if isinstance(error, errors.NotLeader) and error.leader:
+            header["leader"] = error.leader
+            header["leader_address"] = self.config.peers.get(error.leader)
+        return header
+
+    async def _answer_produces(self, frames: list[Frame], writer: asyncio.StreamWriter) -> None:
+        """Produce requests that arrived together are stored, made durable, replicated
+        and answered together — one flush wait, one proposal, one socket write (the
+        shape of pebble's commit pipeline) — each with its own status or error."""
+        answers, stored = [], []
+        for frame in frames:
+            try:
+                stored.append((frame, *self._store_request(frame.header, frame.payload)))
+            except errors.MqlogError as error:
+                answers.append((frame, self._error_header(error)))
+        if stored:
+            answers += await self._settle(stored)
+        data = b"".join(encode_frame({**header, "id": frame.header.get("id")})
+                        for frame, header in answers)
+        await _write(writer, data)
+
+    async def _settle(self, stored: list[tuple[Frame, Stored, str]]) -> list[tuple[Frame, dict]]:
+        """Wait for the flush and (for acks=replicated) the layer's rule, for all at once."""
+        end = max(item.end for _, item, _ in stored)
+        durable = await self.store.flushed_async(end)
+        flushed = self.store.flushed_position
+        replicated = [item.end for _, item, acks in stored if acks == "replicated"]
+        decided: PutStatus | errors.MqlogError = PutStatus.PUT_OK
+        if replicated and (durable or flushed >= min(replicated)):
+            try:
+                decided = await self._replicated(max(replicated))
+            except errors.MqlogError as error:
+                decided = error
+        answers = []
+        for frame, item, acks in stored:
+            status = PutStatus.PUT_OK if durable or flushed >= item.end else \
+                PutStatus.FLUSH_DISK_TIMEOUT
+            if acks == "replicated" and status is PutStatus.PUT_OK:
+                if isinstance(decided, errors.MqlogError):
+                    answers.append((frame, self._error_header(decided)))
+                    continue
+                status = decided
+            answers.append((frame, {"kind": "produced", "status": status.value,
+                                    "position": item.position, "offset": item.offset,
+                                    "count": item.count}))
+        return answers
+
+    async def _replicated(self, end: int) -> PutStatus:
+        """Propose everything up to ``end``; the layer's verdict once it decides."""
+        self.core.check_master()  # (it may have stepped down while the writes were stored)
+        self._requests += 1
+        request = (self.node_id, self._requests)
+        future = asyncio.get_running_loop().create_future()
+        self._waiting[request] = future
+        self.core.propose(request, end)
+        self._schedule()
+        return await future
 
     async def _request(self, kind: Any, frame: Frame) -> tuple[dict[str, Any], bytes]:
-        if kind == "produce":
-            return await self._produce(frame), b""
         if kind == "fetch":
             return self._fetch(frame)
         if kind == "metadata":
@@ -315,46 +393,29 @@ class Node:
             return self._transfer(frame.header), b""
         raise errors.RemoteProtocolError(f"unknown request kind {kind!r}")
 
-    async def _produce(self, frame: Frame) -> dict[str, Any]:
+    def _store_request(self, header: dict[str, Any], payload: bytes) -> tuple[Stored, str]:
+        """Store one produce request's records (or find them: an idempotent retry);
+        where they went, and what the client waits for."""
         self.core.check_master()
-        header = frame.header
-        bodies = unpack_bodies(frame.payload, int(header.get("count", 0)))
+        bodies = unpack_bodies(payload, header.get("sizes"))
         if not bodies:
             raise errors.InvalidArgument("a produce request needs at least one body")
         acks = header.get("acks", "replicated")
         if acks not in ("replicated", "master"):
             raise errors.InvalidArgument(f"acks must be 'replicated' or 'master', got {acks!r}")
         producer = _producer_tag(header) if self.raft else None
-        stored = self.producers.lookup(*producer) if producer else None
-        status = PutStatus.PUT_OK
-        if stored is None:  # a new write (a retry of a stored one is answered from its place)
-            status, stored = await self._store(header, bodies, producer)
-        if status is PutStatus.PUT_OK and acks == "replicated":
-            self.core.check_master()  # (it may have stepped down while the write was stored)
-            self._requests += 1
-            request = (self.node_id, self._requests)
-            future = asyncio.get_running_loop().create_future()
-            self._waiting[request] = future
-            self.core.propose(request, stored.end)
-            self._schedule()
-            status = await future
-        return {"kind": "produced", "status": status.value, "position": stored.position,
-                "offset": stored.offset, "count": stored.count}
-
-    async def _store(self, header: dict[str, Any], bodies: list[bytes],
-                     producer: tuple[str, int] | None) -> tuple[PutStatus, Stored]:
-        topic: Any = header.get("topic")  # the store checks every field's type
-        queue_id = header.get("queue_id", 0)
-        key, tags = header.get("key"), header.get("tags")
+        found = self.producers.lookup(*producer) if producer else None
+        if found is not None:
+            return found, acks
         properties = producer_properties(*producer) if producer else None
-        result: Any = await (
-            self.store.put_async(topic, bodies[0], queue_id, key, tags, properties)
-            if len(bodies) == 1 else
-            self.store.put_batch_async(topic, bodies, queue_id, key, tags, properties))
+        topic: Any = header.get("topic")  # the store checks every field's type
+        result: Any = self.store.put_nowait(topic, bodies[0] if len(bodies) == 1 else bodies,
+                                            header.get("queue_id", 0), header.get("key"),
+                                            header.get("tags"), properties)
         stored = Stored(result.position, result.end_position, result.offset, len(bodies))
         if producer:
             self.producers.note(*producer, stored)
-        return result.status, stored
+        return stored, acks
 
     def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
         if not self.core.is_master and not self.config.slave_read_enable:
@@ -426,6 +487,13 @@ def _producer_tag(header: dict[str, Any]) -> tuple[str, int] | None:
         raise errors.InvalidArgument("an idempotent produce needs producer_id, a non-empty "
                                      "string, and sequence, a non-negative int")
     return producer_id, sequence
+
+
+async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
+    if not writer.is_closing():
+        writer.write(data)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
 
 
 async def _request_once(address: str, header: dict[str, Any]) -> Frame:

@@ -302,14 +302,14 @@ class RaftSwarm:
                 store.set_epoch(ready.set_epoch)
             if ready.append_noop:
                 store.append_control()
+            if ready.must_sync:
+                node.flush()
+            if ready.commit_to is not None:
+                store.set_committed_position(ready.commit_to)
+                self._check_commit(node, ready.commit_to)
         except MqlogError as error:
             self.result.violations.append(f"tick {self.clock[0]}: {node.name} could not "
                                           f"carry out its Ready: {error}")
-        if ready.must_sync:
-            node.flush()
-        if ready.commit_to is not None:
-            store.set_committed_position(ready.commit_to)
-            self._check_commit(node, ready.commit_to)
         for message in ready.messages + ready.messages_after_persist:
             self.network.send(message)
         self.result.trace += [f"{self.clock[0]} {node.name}: {event}" for event in ready.events]

@@ -241,6 +241,10 @@ class RaftCore:
         self._transfer_to = ""
         self.role = FOLLOWER
         self.leader = ""
+        # The log grew by the leader's own writes; the mirror learns them now. A no-op
+        # not handed to the driver yet is dropped (no term of ours will count on it).
+        self._ready.append_noop = False
+        self._refresh_from_log()
 
     def _campaign(self, *, pre_vote: bool, transfer: bool = False) -> None:
         self._elapsed, self._timeout = 0, self._random_timeout()
@@ -539,6 +543,9 @@ class RaftCore:
         return found
 
     def _send(self, message: Message) -> None:
+        """Answers wait for what this Ready persists; a leader's Entries need not (they
+        carry bytes already in its log, and its own copy counts only once flushed)."""
         ready = self._ready
-        persisting = ready.hard_state is not None or ready.must_sync
+        persisting = (ready.hard_state is not None or ready.must_sync) and \
+            not isinstance(message, Entries)
         (ready.messages_after_persist if persisting else ready.messages).append(message)
