@@ -15,7 +15,8 @@ Reported per mode and cluster: committed requests/s, records/s, p50 / p99 latenc
 the ratio to the single node in the same round; each round runs every cluster in turn
 (interleaved, so this shared machine's load hits all alike), then PySyncObj
 (benchmarks/pysyncobj_peer.py: 3 nodes, no fsync, both appendEntriesUseBatch settings,
-best taken; random 100-byte records for both, as PySyncObj compresses what it sends). Targets (issue 7): pipelined single records at least 3x PySyncObj's best,
+best taken; random 100-byte records for both, as PySyncObj compresses what it sends).
+Targets (issue 7): pipelined single records at least 3x PySyncObj's best,
 batched records/s at least PySyncObj's best with the same batch, and batched at least
 0.3x the single node.
 
