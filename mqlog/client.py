@@ -92,6 +92,14 @@ class Client:
         """Operator command: this Raft leader hands leadership to voter ``target``."""
         return self.call({"kind": "transfer", "target": target})[0]
 
+    def change_membership(self, voters: list[str], learners: tuple[str, ...] | list[str] = (),
+                          addresses: dict[str, str] | None = None) -> dict:
+        """Operator command: this Raft leader changes the group to ``voters`` and
+        ``learners`` (one voter added or removed per change; a new voter must first be a
+        caught-up learner); ``addresses`` names new members' host:port."""
+        return self.call({"kind": "membership", "voters": list(voters),
+                          "learners": list(learners), "addresses": dict(addresses or {})})[0]
+
     def close(self) -> None:
         self._socket.close()
 

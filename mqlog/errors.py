@@ -138,6 +138,11 @@ class NotLeader(NotMaster):
         self.leader_address = leader_address
 
 
+class MembershipChangeRefused(InvalidArgument):
+    """A Raft membership change the group cannot take now: more than one voter changed at
+    once, a change still uncommitted, or a new voter that is not a caught-up learner."""
+
+
 class OutOfOrderSequence(InvalidArgument):
     """An idempotent producer's sequence number is older than the ones this node still
     remembers for it, or skips ahead: the producer must start a new producer id."""

@@ -100,6 +100,8 @@ class GroupClient:
         if self._client is not None:
             self._client.close()
             self._client = None
+        if address is not None and address not in self.addresses:
+            self.addresses.append(address)  # a member added since this client started
         if address in self.addresses:
             self._turn = self.addresses.index(address)
         else:

@@ -133,6 +133,14 @@ def test_a_raft_group_survives_kill_pause_and_partition(proxied_cluster):
     _check_logs(cluster, writer.acked)
 
 
+def _promoted(client: mqlog.Client, voters: list[str]) -> bool:
+    """Promote the learner once the leader sees it caught up."""
+    try:
+        return client.change_membership(voters)["status"] == "PUT_OK"
+    except mqlog.errors.MembershipChangeRefused:
+        return False
+
+
 def _check_logs(cluster: LocalRaftCluster, acked: dict[bytes, int]) -> None:
     images, bodies = [], []
     for name in cluster.names:
@@ -162,3 +170,39 @@ def _image(store) -> bytes:
         chunks.append(store.read_raw(position, 1 << 20))
         position += len(chunks[-1])
     return b"".join(chunks)
+
+
+def test_membership_changes_one_voter_at_a_time(tmp_path: Path):
+    """A fourth node joins as a learner, catches up, is promoted to voter; then the
+    leader is removed from the voters and steps down; writes go on throughout."""
+    with LocalRaftCluster(tmp_path / "raft") as cluster:
+        leader = cluster.wait_leader()
+        writer = Writer(cluster.addresses)
+        writer.start()
+        try:
+            wait_until(lambda: len(writer.acked) >= 20 or bool(writer.failures), "writes")
+            cluster.add_learner_process("n4")
+            with mqlog.Client(cluster.address(leader)) as client:
+                with pytest.raises(mqlog.errors.MembershipChangeRefused):
+                    client.change_membership(cluster.names + ["n4"])  # not a learner yet
+                client.change_membership(cluster.names, ["n4"],
+                                         {"n4": cluster.address("n4")})
+                wait_until(lambda: _promoted(client, cluster.names + ["n4"]),
+                           "n4 to catch up and be promoted")
+                remaining = [name for name in cluster.names + ["n4"] if name != leader]
+                client.change_membership(remaining)
+            new_leader = cluster.wait_leader(remaining)
+            assert cluster.metadata(new_leader)["voters"] == remaining
+            assert cluster.metadata(leader)["role"] != "LEADER"
+            count = len(writer.acked)
+            wait_until(lambda: len(writer.acked) >= count + 20 or bool(writer.failures),
+                       "writes after the changes")
+        finally:
+            writer.finish()
+        assert not writer.failures, writer.failures
+        wait_until(lambda: len({cluster.metadata(name)["written"]
+                                for name in remaining}) == 1, "the voters to converge")
+        cluster.stop_all()
+    with mqlog.open(cluster.root / "n4", read_only=True) as store:
+        for body, position in writer.acked.items():
+            assert store.read_record(position).body == body, f"n4 lacks {body!r}"

@@ -40,7 +40,7 @@ class LogView(Protocol):
 class Ready:
     """What the driver must do now, in this order (see the module docstring)."""
 
-    hard_state: tuple[int, str] | None = None  # (term, vote) to save and sync first (Raft)
+    hard_state: Any = None  # Raft's HardState (term, vote, memberships): save and sync first
     truncate_to: int | None = None  # cut the log here first (a slave that diverged)
     appends: list[tuple[int, bytes]] = field(default_factory=list)  # raw records, in order
     set_epoch: int | None = None  # stamp later records with this epoch (a promotion)

@@ -156,16 +156,26 @@ class LocalRaftCluster:
 
     def write_configs(self) -> None:
         self.assign_ports()
-        self.root.mkdir(parents=True, exist_ok=True)
-        voters = ", ".join(f'"{name}"' for name in self.names)
         for name in self.names:
-            peers = "\n".join(f'{other} = "{self.links.get((name, other), self.address(other))}"'
-                              for other in self.names if other != name)
-            (self.root / f"{name}.toml").write_text(
-                f'[node]\nid = "{name}"\nlisten = "{self.address(name)}"\n'
-                f'data_dir = "{self.root / name}"\nlayer = "raft"\nvoters = [{voters}]\n'
-                f"{self.node_settings}\n[node.peers]\n{peers}\n[store]\n"
-                f"{self.store_settings}\n")
+            self.write_config(name, self.names, [])
+
+    def write_config(self, name: str, voters: list[str], learners: list[str]) -> None:
+        """``name``'s TOML: its group starts as ``voters`` and ``learners``."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        peers = "\n".join(f'{other} = "{self.links.get((name, other), self.address(other))}"'
+                          for other in voters + learners if other != name)
+        (self.root / f"{name}.toml").write_text(
+            f'[node]\nid = "{name}"\nlisten = "{self.address(name)}"\n'
+            f'data_dir = "{self.root / name}"\nlayer = "raft"\nvoters = {_toml_list(voters)}\n'
+            f"learners = {_toml_list(learners)}\n{self.node_settings}\n[node.peers]\n{peers}\n"
+            f"[store]\n{self.store_settings}\n")
+
+    def add_learner_process(self, name: str) -> None:
+        """Start node ``name`` knowing the group as it began, itself a learner; the
+        leader must still add it (``Client.change_membership``)."""
+        self.ports[name] = free_ports(1)[0]
+        self.write_config(name, self.names, [name])
+        self.start(name)
 
     def start_all(self) -> None:
         self.write_configs()
@@ -235,6 +245,10 @@ class LocalRaftCluster:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop_all()
+
+
+def _toml_list(names: list[str]) -> str:
+    return "[" + ", ".join(f'"{name}"' for name in names) + "]"
 
 
 def _drain(process: subprocess.Popen) -> None:

@@ -22,7 +22,9 @@ Raft (etcd raft's messages, with positions for indexes and epochs for terms):
 * ``VoteReply`` yes or no.
 * ``Entries`` (AppendEntries) raw records that follow ``prev_position`` (whose record has
   ``prev_epoch``); every record in one payload has ``entries_epoch``; ``commit`` is the
-  leader's committed position. An empty payload is a heartbeat and a probe.
+  leader's committed position; ``memberships`` describes the membership-change records
+  among the payload's (position, voters, learners, addresses). An empty payload is a
+  heartbeat and a probe.
 * ``EntriesReply`` success: the log agrees with the leader's up to ``match`` (durable,
   when followers ack flushed data). Failure: the log agrees at most up to
   ``hint_position``, the end of its newest epoch not newer than ``prev_epoch``
@@ -99,6 +101,7 @@ class Entries(Message):
     prev_epoch: int  # epoch of the record ending at prev_position (-1: none)
     entries_epoch: int  # epoch of every record in the payload (-1: no records)
     commit: int
+    memberships: bytes = b""  # msgpack: the membership changes among the payload's records
     payload: bytes = field(default=b"", repr=False)
 
 

@@ -140,6 +140,8 @@ class Node:
         self.producers = ProducerTable(config.replication.idempotence_sequences_max)
         self._led_term = -1  # the term the producer table was rebuilt for
         self._truncations = 0  # acks waiting for a flush are void once this moves
+        self.peers = dict(config.peers)  # node id -> address; membership changes add more
+        self._learn_addresses()
         self._waiting: dict[Any, asyncio.Future[PutStatus]] = {}
         self._outbound: dict[str, asyncio.StreamWriter] = {}
         self._connecting: set[str] = set()
@@ -212,7 +214,8 @@ class Node:
         ready = self.core.ready()
         store = self.store
         if ready.hard_state is not None:
-            hardstate.save(self.config.data_dir, *ready.hard_state)
+            hardstate.save(self.config.data_dir, ready.hard_state)
+            self._learn_addresses()
         if ready.truncate_to is not None:
             store.truncate(ready.truncate_to)
         for position, data in ready.appends:
@@ -244,6 +247,13 @@ class Node:
             if future is not None and not future.done():
                 future.set_result(status)
 
+    def _learn_addresses(self) -> None:
+        """Addresses named by the group's membership changes (a node added later)."""
+        for membership in getattr(self.core, "memberships", ()):
+            for name, address in membership.addresses.items():
+                if name != self.node_id:
+                    self.peers.setdefault(name, address)
+
     async def _send_when_flushed(self, after: list[messages.Message],
                                  truncations: int) -> None:
         """Send what had to wait for the log's flush (a follower's acks). If the log was
@@ -263,13 +273,13 @@ class Node:
         writer = self._outbound.get(message.dst)
         if writer is not None and not writer.is_closing():
             writer.write(messages.encode(message))
-        elif message.dst not in self._connecting and message.dst in self.config.peers:
+        elif message.dst not in self._connecting and message.dst in self.peers:
             self._connecting.add(message.dst)
             asyncio.get_running_loop().create_task(self._connect(message))
 
     async def _connect(self, first: messages.Message) -> None:
         try:
-            host, port = split_address(self.config.peers[first.dst])
+            host, port = split_address(self.peers[first.dst])
             _reader, writer = await asyncio.open_connection(host, port)
             self._outbound[first.dst] = writer
             writer.write(messages.encode(first))
@@ -320,7 +330,7 @@ class Node:
                                   "message": str(error)}
         if isinstance(error, errors.NotLeader) and error.leader:
             header["leader"] = error.leader
-            header["leader_address"] = self.config.peers.get(error.leader)
+            header["leader_address"] = self.peers.get(error.leader)
         return header
 
     async def _answer_produces(self, frames: list[Frame], writer: asyncio.StreamWriter) -> None:
@@ -391,6 +401,8 @@ class Node:
             return self._follow(frame.header), b""
         if kind == "transfer":
             return self._transfer(frame.header), b""
+        if kind == "membership":
+            return await self._change_membership(frame.header), b""
         raise errors.RemoteProtocolError(f"unknown request kind {kind!r}")
 
     def _store_request(self, header: dict[str, Any], payload: bytes) -> tuple[Stored, str]:
@@ -473,9 +485,34 @@ class Node:
         self._schedule()
         return {"kind": "transferring", "target": target, "term": self.core.epoch}
 
+    async def _change_membership(self, header: dict[str, Any]) -> dict[str, Any]:
+        """Operator command: a Raft leader changes the group's voters and learners (one
+        voter at a time); answered once the change is committed."""
+        voters: Any = header.get("voters")
+        learners: Any = header.get("learners", [])
+        addresses = header.get("addresses", {})
+        if not self.raft or not _names(voters) or not _names(learners) or \
+                not isinstance(addresses, dict) or not all(
+                    isinstance(value, str) for value in addresses.values()):
+            raise errors.InvalidArgument("membership needs a Raft group, voters and learners "
+                                         "as lists of node ids, addresses as {id: host:port}")
+        membership, body = self.core.membership_record(tuple(voters), tuple(learners),
+                                                       addresses)
+        end = self.store.append_control(body)
+        self.core.membership_stored(membership, end, len(body))
+        self._schedule()
+        await self.store.flushed_async(end)
+        status = await self._replicated(end)
+        return {"kind": "membership", "status": status.value, "voters": list(voters),
+                "learners": list(learners)}
+
     def metadata(self) -> dict[str, Any]:
         return {"kind": "metadata", "node_id": self.node_id, "epoch": self.core.epoch,
                 **self.core.status()}
+
+
+def _names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(name, str) and name for name in value)
 
 
 def _producer_tag(header: dict[str, Any]) -> tuple[str, int] | None:

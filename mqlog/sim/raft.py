@@ -41,6 +41,7 @@ from typing import Any
 import mqlog
 from mqlog.config import ReplicationConfig
 from mqlog.errors import MqlogError
+from mqlog.replication.hardstate import HardState
 from mqlog.replication.idempotence import ProducerTable, Stored, producer_properties
 from mqlog.replication.raft import RaftCore
 from mqlog.replication.raft.core import LEADER
@@ -94,7 +95,7 @@ class RaftSimNode:
     test_break: str = ""
     store: Any = None
     core: Any = None
-    hard_state: tuple[int, str] = (0, "")  # durable as soon as a Ready saves it
+    hard_state: HardState = field(default_factory=HardState)  # durable once a Ready saves it
     durable: int = 0
     up: bool = False
     paused: bool = False

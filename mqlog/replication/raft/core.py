@@ -39,6 +39,14 @@ DLedger acks before the disk). A refusal names where the follower's log agrees a
 diverged epoch per round trip. After ``retransmit_ticks`` without progress the leader
 resends from the last ack; heartbeats every ``heartbeat_ticks`` carry the commit.
 
+Membership. The group's configuration (voters, learners, their addresses) changes one
+voter at a time (the Raft thesis's single-server changes): a leader writes the change as
+a control record and uses it at once, as does every node that appends it, committed or
+not; a truncated change is undone. Each node keeps where its log's changes are in its
+hard state. A new voter must first be a learner that has caught up to the commit; the
+next change waits until the last one is committed; a leader removed from the voters
+steps down once its removal commits.
+
 Commit. The committed position is the largest position a majority of voters holds
 (the leader's own counted by the same ack rule) that ends a record of the current term.
 Proposals resolve PUT_OK once committed, FLUSH_SLAVE_TIMEOUT after
@@ -53,9 +61,12 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from mqlog.config import ReplicationConfig
-from mqlog.errors import NotLeader
+import msgpack
+
+from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
+from mqlog.errors import MembershipChangeRefused, NotLeader
 from mqlog.replication.core import LogView, Ready
+from mqlog.replication.hardstate import HardState, Membership
 from mqlog.replication.messages import Entries, EntriesReply, Message, TimeoutNow, Vote, VoteReply
 from mqlog.results import PutStatus
 
@@ -86,7 +97,7 @@ class RaftCore:
     """One member of a Raft group; see the module docstring."""
 
     def __init__(self, config: ReplicationConfig, log: LogView, *,
-                 rng: random.Random | None = None, hard_state: tuple[int, str] = (0, ""),
+                 rng: random.Random | None = None, hard_state: HardState | None = None,
                  test_break: str = "") -> None:
         assert config.layer == "raft"
         assert test_break in ("", "commit_old_term", "vote_twice")
@@ -100,10 +111,13 @@ class RaftCore:
         self.node_id = config.node_id
         self._epochs = list(log.epoch_starts())  # (epoch, start): the log's, plus pending
         self._end = log.written_position  # the log's end, pending appends included
-        term, vote = hard_state
-        self.term = max(term, log.epoch, self._epoch_at(self._end))
-        self.vote = vote if self.term == term else ""
-        self.role = LEARNER if self.node_id in config.learners else FOLLOWER
+        saved = hard_state or HardState()
+        self.term = max(saved.term, log.epoch, self._epoch_at(self._end))
+        self.vote = saved.vote if self.term == saved.term else ""
+        self.bootstrap = Membership(-1, config.voters, config.learners)
+        # Changes past the log's end were lost with it (a crash before the flush).
+        self.memberships = [item for item in saved.memberships if item.position < self._end]
+        self.role = FOLLOWER if self.node_id in self.voters else LEARNER
         self.leader = ""
         self.commit = 0  # learnt again from the leader after a restart
         self.tick_count = 0
@@ -116,8 +130,8 @@ class RaftCore:
         self._transfer_deadline = 0
         self._heartbeat_elapsed = 0
         self._ready = Ready()
-        if self.term > term:  # the log knew a newer term than the saved state: save it
-            self._ready.hard_state = (self.term, self.vote)
+        if self.term > saved.term or len(self.memberships) < len(saved.memberships):
+            self._save_hard_state(self.term, self.vote)  # what the log says wins
 
     # --- what drivers and operators use -------------------------------------------------
 
@@ -130,8 +144,21 @@ class RaftCore:
         return self.role == LEADER
 
     @property
+    def membership(self) -> Membership:
+        """The newest configuration in this node's log (committed or not)."""
+        return self.memberships[-1] if self.memberships else self.bootstrap
+
+    @property
     def voters(self) -> tuple[str, ...]:
-        return self.config.voters
+        return self.membership.voters
+
+    @property
+    def learners(self) -> tuple[str, ...]:
+        return self.membership.learners
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        return self.voters + self.learners
 
     @property
     def quorum(self) -> int:
@@ -146,7 +173,7 @@ class RaftCore:
             self._campaign(pre_vote=self.config.pre_vote)
 
     def step(self, message: Message) -> None:
-        if message.src not in self.voters + self.config.learners:
+        if message.src not in self.members and not isinstance(message, Entries):
             self._ready.events.append(f"ignored {message.kind} from non-member {message.src}")
         elif isinstance(message, Vote):
             self._on_vote(message)
@@ -206,7 +233,7 @@ class RaftCore:
         return {"layer": "raft", "role": self.role, "term": self.term, "leader": self.leader,
                 "commit": self.commit, "written": self.log.written_position,
                 "flushed": self.log.flushed_position, "voters": list(self.voters),
-                "learners": list(self.config.learners),
+                "learners": list(self.learners),
                 "match": {name: progress.match for name, progress in self.peers.items()}}
 
     # --- roles ----------------------------------------------------------------------------
@@ -228,7 +255,7 @@ class RaftCore:
             self._step_down(f"term {term} began")
         if term != self.term:
             self._save_hard_state(term, "")
-        self.role = LEARNER if self.node_id in self.config.learners else FOLLOWER
+        self.role = FOLLOWER if self.node_id in self.voters else LEARNER
         self.leader = leader
         self._votes = {}
 
@@ -310,8 +337,8 @@ class RaftCore:
     def _become_leader(self) -> None:
         self.role, self.leader, self._votes = LEADER, self.node_id, {}
         self._heartbeat_elapsed = 0
-        self.peers = {name: Progress(next=self._end, progress_tick=self.tick_count)
-                      for name in self.voters + self.config.learners if name != self.node_id}
+        self.peers = {}
+        self._track_members()
         self._ready.set_epoch = self.term
         self._ready.append_noop = True  # commits the earlier terms' records (§5.4.2)
         self._ready.must_sync = True
@@ -321,7 +348,7 @@ class RaftCore:
     def _save_hard_state(self, term: int, vote: str) -> None:
         assert term >= self.term
         self.term, self.vote = term, vote
-        self._ready.hard_state = (term, vote)
+        self._ready.hard_state = HardState(term, vote, tuple(self.memberships))
 
     def _random_timeout(self) -> int:
         base = self.config.election_timeout_ticks
@@ -336,8 +363,8 @@ class RaftCore:
             self._heartbeat()
         if self.config.check_quorum and self._elapsed >= self.config.election_timeout_ticks:
             self._elapsed = 0
-            active = 1 + sum(self.peers[name].active for name in self.voters
-                             if name != self.node_id)
+            active = (self.node_id in self.voters) + sum(
+                self.peers[name].active for name in self.voters if name != self.node_id)
             for progress in self.peers.values():
                 progress.active = False
             if active < self.quorum:
@@ -383,12 +410,17 @@ class RaftCore:
         limit = min(self.config.append_bytes_max, self._epoch_range_end(start) - start)
         data = self.log.read_raw(start, limit) if limit > 0 else b""
         self._send(self._entries(name, start, data))
+        if start == progress.match:  # nothing was in flight: the retransmit clock starts now
+            progress.progress_tick = self.tick_count
         if not probe:
             progress.next = start + len(data)
 
     def _entries(self, name: str, start: int, data: bytes) -> Entries:
+        changes = [item.to_json() for item in self.memberships
+                   if start <= item.position < start + len(data)]
         return Entries(self.node_id, name, self.term, start, self._epoch_at(start),
-                       self._epoch_from(start) if data else -1, self.commit, data)
+                       self._epoch_from(start) if data else -1, self.commit,
+                       msgpack.packb(changes) if changes else b"", data)
 
     def _on_entries_reply(self, reply: EntriesReply) -> None:
         progress = self.peers.get(reply.src)
@@ -404,8 +436,14 @@ class RaftCore:
             self._maybe_commit()
             self._maybe_timeout_now()
             return
+        # Where the logs agree at most: the end of the newest epoch both have — the
+        # sooner of the two ends if the follower's hint is of that epoch; if it is of an
+        # epoch this log lacks, its position means nothing here (it may even fall inside
+        # one of this log's records), and this log's end of the shared epoch is the bound.
         shared = self._newest_epoch_up_to(reply.hint_epoch)
-        agreed = min(self._end_of_epoch(shared) if shared >= 0 else 0, reply.hint_position)
+        agreed = 0 if shared < 0 else self._end_of_epoch(shared)
+        if shared == reply.hint_epoch:
+            agreed = min(agreed, reply.hint_position)
         if agreed < progress.match and self.config.follower_ack == "written":
             progress.match = agreed  # it lost acked bytes it had not flushed (a crash)
         progress.next = max(agreed, progress.match)
@@ -415,8 +453,8 @@ class RaftCore:
     def _maybe_commit(self) -> None:
         """Commit the largest position a majority holds, if it ends a current-term record."""
         own = self.log.flushed_position if self.config.follower_ack == "flushed" else self._end
-        matches = sorted([min(own, self._end)] + [self.peers[name].match for name in self.voters
-                                                   if name != self.node_id], reverse=True)
+        matches = sorted([min(own, self._end) if name == self.node_id else
+                          self.peers[name].match for name in self.voters], reverse=True)
         candidate = matches[self.quorum - 1]
         term_start = next((start for epoch, start in self._epochs if epoch == self.term), None)
         current_term = term_start is not None and candidate > term_start
@@ -425,6 +463,8 @@ class RaftCore:
             while self._waiting and self._waiting[0].end <= candidate:
                 self._ready.resolved.append((self._waiting.popleft().request_id,
                                              PutStatus.PUT_OK))
+            if self._removed_and_committed():
+                self._step_down("its removal from the voters is committed")
 
     def _maybe_timeout_now(self) -> None:
         target = self._transfer_to
@@ -436,11 +476,81 @@ class RaftCore:
         self._end = self.log.written_position
         self._epochs = self.log.epoch_starts()
 
+    # --- membership -------------------------------------------------------------------------
+
+    def membership_record(self, voters: tuple[str, ...], learners: tuple[str, ...],
+                          addresses: dict[str, str]) -> tuple[Membership, bytes]:
+        """Check a change of configuration; return it and the body of its control record
+        (the driver appends the record, then calls ``membership_stored``)."""
+        self.check_master()
+        current = self.membership
+        if self.memberships and current.position >= self.commit:
+            raise MembershipChangeRefused("the last membership change is not committed yet; "
+                                          "retry once it is")
+        if not voters or len(set(voters)) != len(voters) or set(voters) & set(learners):
+            raise MembershipChangeRefused("voters must be a non-empty list of distinct ids, "
+                                          "none of them also a learner")
+        changed = set(voters) ^ set(current.voters)
+        if len(changed) > 1:
+            raise MembershipChangeRefused(f"{sorted(changed)} would change at once; add or "
+                                          "remove one voter per change")
+        for name in set(voters) - set(current.voters):
+            progress = self.peers.get(name)
+            if name not in current.learners or progress is None or \
+                    progress.match < self.commit:
+                raise MembershipChangeRefused(
+                    f"{name} must first be a learner that has caught up (its log reaches "
+                    f"the commit, {self.commit}): add it as a learner, then promote it")
+        known = {**current.addresses, **addresses}
+        membership = Membership(-1, tuple(voters), tuple(learners),
+                                {name: known[name] for name in voters + learners if name in known})
+        body = b"MQCFG1" + msgpack.packb(membership.to_json()[1:])
+        return membership, body
+
+    def membership_stored(self, membership: Membership, end: int, body_size: int) -> None:
+        """The leader's driver appended the change's control record, ending at ``end``."""
+        assert self.role == LEADER
+        position = end - RECORD_HEADER_SIZE - body_size
+        self.memberships.append(Membership(position, membership.voters, membership.learners,
+                                           membership.addresses))
+        self._ready.events.append(f"{self.node_id} changes the membership at {position}: "
+                                  f"voters {list(membership.voters)}, learners "
+                                  f"{list(membership.learners)}")
+        self._membership_changed()
+
+    def _adopt(self, packed: bytes, start: int) -> None:
+        """A follower uses the membership changes it just appended, at once."""
+        if not packed:
+            return
+        known = {item.position for item in self.memberships}
+        adopted = [Membership.from_json(item) for item in msgpack.unpackb(packed)]
+        fresh = [item for item in adopted if item.position not in known and
+                 start <= item.position < self._end]
+        if fresh:
+            self.memberships = sorted(self.memberships + fresh, key=lambda m: m.position)
+            self._membership_changed()
+
+    def _membership_changed(self) -> None:
+        self._save_hard_state(self.term, self.vote)
+        if self.role == LEADER:
+            self._track_members()
+        elif self.role in (FOLLOWER, LEARNER):
+            self.role = FOLLOWER if self.node_id in self.voters else LEARNER
+
+    def _track_members(self) -> None:
+        """A leader's progress entries: one per member but itself."""
+        self.peers = {name: self.peers.get(name) or Progress(next=self._end,
+                                                             progress_tick=self.tick_count)
+                      for name in self.members if name != self.node_id}
+
+    def _removed_and_committed(self) -> bool:
+        return self.node_id not in self.voters and bool(self.memberships) and \
+            self.memberships[-1].position < self.commit
+
     # --- follower ---------------------------------------------------------------------------
 
     def _on_entries(self, entries: Entries) -> None:
-        if self.role != LEARNER:
-            self.role = FOLLOWER
+        self.role = FOLLOWER if self.node_id in self.voters else LEARNER
         self.leader, self._elapsed, self._votes = entries.src, 0, {}
         prev = entries.prev_position
         if prev > self._end or self._epoch_at(prev) != entries.prev_epoch:
@@ -448,6 +558,7 @@ class RaftCore:
         end = prev + len(entries.payload)
         if entries.payload:
             self._accept(prev, entries.payload, entries.entries_epoch)
+            self._adopt(entries.memberships, prev)
         commit = min(entries.commit, end)
         if commit > self.commit:
             self.commit = self._ready.commit_to = commit
@@ -500,6 +611,11 @@ class RaftCore:
             self._ready.truncate_to = position if current is None else min(current, position)
         self._epochs = [(epoch, start) for epoch, start in self._epochs if start < position]
         self._end = position
+        if self.memberships and self.memberships[-1].position >= position:
+            self.memberships = [item for item in self.memberships if item.position < position]
+            self._ready.events.append(f"{self.node_id} undid a membership change the "
+                                      "truncation removed")
+            self._membership_changed()
 
     # --- the log mirror -------------------------------------------------------------------
 

@@ -1,0 +1,486 @@
+"""The Raft core, driven by datadriven scripts (tests/data/raft/*.txt) over real stores:
+each node is an mqlog.Store in a temporary directory and a RaftCore with its own seeded
+RNG; a test network holds the messages between them (each one through the real wire
+codec) until a script delivers or drops them.
+
+The driver here is the simulator's (mqlog/sim/raft.py ``_carry_out``): a Ready is
+carried out in its order, the hard state is "synced" the moment it is saved, and a
+store is durable up to where a Ready last asked to sync it — so ``crash`` cuts a store
+back to exactly that, as a power loss would.
+
+Commands (nodes are named; ``[...]`` is optional):
+
+    add n1 n2 n3 [learners=n4] [pre_vote=true] [check_quorum=true] [ack=flushed]
+    campaign n1            tick n1 until its election timer fires; print the ticks
+    tick [n1 ...] [n=K]    tick the nodes (every running node if none is named)
+    put n1 [count=K] [size=B]  store records on n1 and propose them, as a node does
+    process [n1 ...]       carry out each node's Ready and print what it did
+    deliver [to ...] [from=a,b] [kind=entries,...]  deliver the queued messages (those
+                           across a partition or to a node that is down are lost)
+    drop [to ...] [from=a,b] [kind=...]  lose them
+    stabilize              process and deliver until nothing happens
+    run [n1 ...] n=K       K times: tick, stabilize; print only the changes of state
+    crash n1 / restart n1  lose what was not synced, close; reopen with the hard state
+    partition n1 [n2 ...]  cut the named nodes off from the others; heal
+    transfer n1 n2         n1 hands leadership to n2
+    status [n1 ...]        role, term, vote, leader, commit, written, durable (+ progress)
+    log [n1 ...]           every record: position, epoch (e), "/noop" for a leader's no-op
+    compare n1 n2 ...      byte-identical logs, or where they first differ
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mqlog
+from mqlog.config import ReplicationConfig
+from mqlog.errors import MqlogError
+from mqlog.ext.fallback import ATTR_CONTROL, BLANK_MAGIC, HEADER
+from mqlog.replication import messages as wire_messages
+from mqlog.replication.core import Ready
+from mqlog.replication.messages import (
+    Entries,
+    EntriesReply,
+    Message,
+    TimeoutNow,
+    Vote,
+    VoteReply,
+)
+from mqlog.replication.raft import RaftCore
+from mqlog.replication.raft.core import LEADER
+from mqlog.replication.wire import Frame, FrameDecoder
+from tests import datadriven
+from tests.conftest import SMALL
+
+SCRIPTS = sorted((Path(__file__).parent / "data" / "raft").glob("*.txt"))
+TICK_SETTINGS = dict(election_timeout_ticks=10, heartbeat_ticks=2, retransmit_ticks=4,
+                     sync_timeout_ticks=20, append_bytes_max=600, inflight_bytes_max=1200,
+                     frame_size_bytes_max=8192)
+STORE_SETTINGS = dict(SMALL, committed_follows="external", flush_interval_ms=3_600_000)
+_STATE_CHANGES = ("save hard state", "truncate", "set epoch", "append no-op", "commit to",
+                  "resolved", "event")
+
+
+class _DurableView:
+    """A node's store as its core sees it: flushed means what the driver synced (the
+    store's own flush thread may run ahead; a crash keeps only what a Ready synced)."""
+
+    def __init__(self, interaction: Interaction, name: str) -> None:
+        self._interaction, self._name = interaction, name
+
+    def __getattr__(self, attribute: str):
+        return getattr(self._interaction.stores[self._name], attribute)
+
+    @property
+    def flushed_position(self) -> int:
+        return self._interaction.durable[self._name]
+
+
+class Interaction:
+    """The nodes, their stores and the network of one script."""
+
+    def __init__(self, root: Path, impl: str, test_break: str = "") -> None:
+        self.root, self.impl, self.test_break = root, impl, test_break
+        self.stores: dict[str, mqlog.Store] = {}
+        self.cores: dict[str, RaftCore] = {}
+        self.configs: dict[str, ReplicationConfig] = {}
+        self.hard_states: dict[str, Any] = {}  # saved (synced) by a Ready; None: never
+        self.durable: dict[str, int] = {}  # the store is durable up to here
+        self.starts: dict[str, int] = {}  # how often each node started (seeds its RNG)
+        self.network: list[Message] = []
+        self.cut: set[str] = set()  # a partition: these nodes on one side, the rest
+        self.proposals = 0
+
+    def close(self) -> None:
+        for store in self.stores.values():
+            store.close()
+
+    def handle(self, command: str, args: list[str], kwargs: dict[str, str]) -> str:
+        try:
+            return getattr(self, f"do_{command.replace('-', '_')}")(args, kwargs) or ""
+        except MqlogError as error:
+            return f"error: {type(error).__name__}: {error}"
+
+    def _up(self) -> list[str]:
+        return sorted(self.cores)
+
+    # --- nodes -------------------------------------------------------------------------
+
+    def do_add(self, args: list[str], kwargs: dict[str, str]) -> str:
+        learners = tuple(_names(kwargs.get("learners", "")))
+        voters = tuple(_names(kwargs["voters"])) if "voters" in kwargs else \
+            tuple(name for name in args if name not in learners)
+        flags = {key: kwargs.get(key, "false") == "true" for key in ("pre_vote", "check_quorum")}
+        for name in args:
+            self.configs[name] = ReplicationConfig(
+                layer="raft", node_id=name, voters=voters, learners=learners,
+                follower_ack=kwargs.get("ack", "flushed"),  # type: ignore[arg-type]
+                **flags, **TICK_SETTINGS)  # type: ignore[arg-type]
+            self.hard_states[name] = None
+            self._start(name)
+        return self._flush_ready(list(args))
+
+    def _start(self, name: str) -> None:
+        self.stores[name] = mqlog.open(self.root / name, implementation=self.impl,
+                                       clock_ms=lambda: 1_000, **STORE_SETTINGS)
+        self.durable[name] = self.stores[name].written_position
+        self.starts[name] = self.starts.get(name, 0) + 1
+        saved = self.hard_states[name]
+        self.cores[name] = RaftCore(self.configs[name], _DurableView(self, name),
+                                    rng=random.Random(f"{name}/{self.starts[name]}"),
+                                    test_break=self.test_break,
+                                    **({} if saved is None else {"hard_state": saved}))
+
+    def do_crash(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """A power loss: what no Ready synced is gone, and so is the core's memory."""
+        lines = []
+        for name in args:
+            store, durable = self.stores.pop(name), self.durable[name]
+            written = store.written_position
+            if written > durable:
+                store.truncate(durable)
+            store.close()
+            del self.cores[name]
+            lost = f"lost [{durable}, {written})" if written > durable else "lost nothing"
+            lines.append(f"{name}: crashed, {lost}; hard state {_hard(self.hard_states[name])}")
+        return "\n".join(lines)
+
+    def do_restart(self, args: list[str], kwargs: dict[str, str]) -> str:
+        lines = []
+        for name in args:
+            self._start(name)
+            core = self.cores[name]
+            lines.append(f"{name}: restarted with hard state {_hard(self.hard_states[name])}, "
+                         f"log ends at {self.stores[name].written_position}: "
+                         f"term={core.term} vote={core.vote or '-'}")
+            lines += [line for line in [self._flush_ready([name])] if line]
+        return "\n".join(lines)
+
+    # --- time and clients ----------------------------------------------------------------
+
+    def do_tick(self, args: list[str], kwargs: dict[str, str]) -> str:
+        for _ in range(int(kwargs.get("n", 1))):
+            for name in args or self._up():
+                self.cores[name].tick()
+        return ""
+
+    def do_campaign(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """Tick the node until its election timer fires (it sends a Vote), as a follower
+        that hears no leader would; the ticks it took come from its seeded RNG."""
+        name = args[0]
+        core = self.cores[name]
+        assert core.role != LEADER, f"{name} leads already"
+        before = len(_votes(core.ready()))
+        limit = 2 * core.config.election_timeout_ticks + 1
+        for ticks in range(1, limit + 1):
+            core.tick()
+            votes = _votes(core.ready())
+            if len(votes) > before:
+                vote = votes[-1]
+                what = f"pre-vote for term {vote.epoch}" if vote.pre_vote else \
+                    f"vote in term {vote.epoch}"
+                return f"{name}: election timeout after {ticks} ticks: asks a {what}"
+        raise AssertionError(f"{name} did not campaign in {limit} ticks")
+
+    def do_put(self, args: list[str], kwargs: dict[str, str]) -> str:
+        name, lines = args[0], []
+        core, store = self.cores[name], self.stores[name]
+        for _ in range(int(kwargs.get("count", 1))):
+            core.check_master()  # as a node does before it stores a client's write
+            result = store.put("t", b"x" * int(kwargs.get("size", 100)))
+            self.proposals += 1
+            core.propose(f"p{self.proposals}", result.end_position)
+            lines.append(f"p{self.proposals}: stored [{result.position}, "
+                         f"{result.end_position})")
+        return "\n".join(lines)
+
+    def do_transfer(self, args: list[str], kwargs: dict[str, str]) -> str:
+        self.cores[args[0]].transfer_leadership(args[1])
+        return ""
+
+    # --- the network -------------------------------------------------------------------
+
+    def _selected(self, args: list[str], kwargs: dict[str, str]) -> list[Message]:
+        sources, kinds = _names(kwargs.get("from", "")), _names(kwargs.get("kind", ""))
+        return [message for message in self.network
+                if (not args or message.dst in args) and
+                (not sources or message.src in sources) and
+                (not kinds or message.kind in kinds)]
+
+    def do_deliver(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """Deliver queued messages through the wire codec, in the order they were sent."""
+        wanted = self._selected(args, kwargs)
+        self.network = [message for message in self.network if message not in wanted]
+        lines = []
+        for message in wanted:
+            if message.dst not in self.cores:
+                lines.append(f"dropped {_describe(message)} ({message.dst} is down)")
+            elif (message.src in self.cut) != (message.dst in self.cut):
+                lines.append(f"dropped {_describe(message)} (partitioned)")
+            else:
+                lines.append(_describe(message))
+                config = self.configs[message.dst]
+                self.cores[message.dst].step(_through_the_wire(message, config))
+        return "\n".join(lines)
+
+    def do_drop(self, args: list[str], kwargs: dict[str, str]) -> str:
+        dropped = self._selected(args, kwargs)
+        self.network = [message for message in self.network if message not in dropped]
+        return "\n".join(f"dropped {_describe(message)}" for message in dropped)
+
+    def do_stabilize(self, args: list[str], kwargs: dict[str, str]) -> str:
+        lines = []
+        for _ in range(100):
+            output = self._flush_ready(self._up())
+            delivered = self.do_deliver([], {})
+            if not output and not delivered:
+                return "\n".join(lines)
+            lines += [text for text in (output, delivered) if text]
+        raise AssertionError("did not stabilize in 100 rounds")
+
+    def do_run(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """K rounds of: tick the nodes (every running node if none is named), then
+        stabilize. Only what changes state is printed (hard state, truncations, no-ops,
+        commits, resolved proposals, events), after the round's number."""
+        lines = []
+        for round_number in range(1, int(kwargs.get("n", 1)) + 1):
+            self.do_tick(args, {})
+            for line in self.do_stabilize([], {}).splitlines():
+                _name, _, what = line.partition(": ")
+                if what.startswith(_STATE_CHANGES):
+                    lines.append(f"tick {round_number}: {line}")
+        return "\n".join(lines)
+
+    def do_partition(self, args: list[str], kwargs: dict[str, str]) -> str:
+        self.cut = set(args)
+        return ""
+
+    def do_heal(self, args: list[str], kwargs: dict[str, str]) -> str:
+        self.cut = set()
+        return ""
+
+    # --- looking -------------------------------------------------------------------------
+
+    def do_status(self, args: list[str], kwargs: dict[str, str]) -> str:
+        lines = []
+        for name in args or sorted(self.configs):
+            if name not in self.cores:
+                lines.append(f"{name}: down")
+                continue
+            core, store = self.cores[name], self.stores[name]
+            lines.append(f"{name}: {core.role} term={core.term} vote={core.vote or '-'} "
+                         f"leader={core.leader or '-'} commit={core.commit} "
+                         f"written={store.written_position} durable={self.durable[name]}")
+            for peer, progress in sorted(core.peers.items()):
+                state = " probing" if progress.probing else ""
+                lines.append(f"  {peer}: match={progress.match} next={progress.next}{state}")
+        return "\n".join(lines)
+
+    def do_log(self, args: list[str], kwargs: dict[str, str]) -> str:
+        lines = []
+        for name in args or self._up():
+            store = self.stores[name]
+            records = " ".join(f"{position}:e{epoch}{control}"
+                               for position, _size, epoch, control in _records(store))
+            lines.append(f"{name}: {records or '(empty)'} end={store.written_position} "
+                         f"committed={store.committed_position}")
+        return "\n".join(lines)
+
+    def do_compare(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """Whether the named nodes' logs are byte-identical, or where they first differ."""
+        first = args[0]
+        reference = _image(self.stores[first])
+        lines = []
+        for name in args[1:]:
+            image = _image(self.stores[name])
+            if image == reference:
+                continue
+            at = next((index for index, (a, b) in enumerate(zip(reference, image, strict=False))
+                       if a != b), min(len(reference), len(image)))
+            record = max((position for position, *_ in _records(self.stores[first])
+                          if position <= at), default=0)
+            lines.append(f"{first} and {name} differ from the record at {record} "
+                         f"({first} ends at {len(reference)}, {name} at {len(image)})")
+        return "\n".join(lines) or f"identical: {len(reference)} bytes"
+
+    # --- carrying out a Ready ------------------------------------------------------------
+
+    def do_process(self, args: list[str], kwargs: dict[str, str]) -> str:
+        return self._flush_ready(args or self._up())
+
+    def _flush_ready(self, names: list[str]) -> str:
+        lines = []
+        for name in names:
+            core = self.cores[name]
+            ready = core.ready()
+            if ready:
+                lines += [f"{name}: {line}" for line in self._apply(name, ready)]
+            core.advance(ready)
+        return "\n".join(lines)
+
+    def _apply(self, name: str, ready: Ready) -> list[str]:
+        """The driver order (mqlog/sim/raft.py ``_carry_out``)."""
+        store, lines = self.stores[name], []
+        if ready.hard_state is not None:
+            self.hard_states[name] = ready.hard_state
+            lines.append(f"save hard state {_hard(ready.hard_state)}")
+        if ready.truncate_to is not None:
+            store.truncate(ready.truncate_to)
+            self.durable[name] = min(self.durable[name], ready.truncate_to)
+            lines.append(f"truncate to {ready.truncate_to}")
+        for position, data in ready.appends:
+            store.append_raw(position, data)
+            lines.append(f"append [{position}, {position + len(data)})")
+        if ready.set_epoch is not None:
+            store.set_epoch(ready.set_epoch)
+            lines.append(f"set epoch {ready.set_epoch}")
+        if ready.append_noop:
+            start = store.written_position
+            lines.append(f"append no-op [{start}, {store.append_control()})")
+        if ready.must_sync:
+            store.flush()
+            self.durable[name] = store.written_position
+            lines.append(f"sync to {store.written_position}")
+        if ready.commit_to is not None:
+            store.set_committed_position(ready.commit_to)
+            lines.append(f"commit to {ready.commit_to}")
+        for label, sent in (("send", ready.messages),
+                            ("send after persist", ready.messages_after_persist)):
+            if sent:
+                self.network += sent
+                lines.append(f"{label}: {_summary(sent)}")
+        lines += [f"resolved {request} {status.value}" for request, status in ready.resolved]
+        lines += [f"event: {event}" for event in ready.events]
+        return lines
+
+
+def _summary(messages: list[Message]) -> str:
+    """"entries->n2 x3, vote->n3": kind and destination, counted, in order of appearance."""
+    counts: dict[str, int] = {}
+    for message in messages:
+        key = f"{message.kind}->{message.dst}"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(key + (f" x{count}" if count > 1 else "") for key, count in counts.items())
+
+
+def _names(text: str) -> list[str]:
+    return [name for name in text.split(",") if name]
+
+
+def _hard(state: Any) -> str:
+    """term=T vote=V (and the membership changes the log holds, if any)."""
+    if state is None:
+        return "term=0 vote=-"
+    if isinstance(state, tuple):
+        return f"term={state[0]} vote={state[1] or '-'}"
+    text = f"term={state.term} vote={state.vote or '-'}"
+    for change in getattr(state, "memberships", ()):
+        text += f" membership@{change.position}={','.join(change.voters)}"
+        text += f"+{','.join(change.learners)}" if change.learners else ""
+    return text
+
+
+def _votes(ready: Ready) -> list[Vote]:
+    return [message for message in ready.messages + ready.messages_after_persist
+            if isinstance(message, Vote)]
+
+
+def _through_the_wire(message: Message, config: ReplicationConfig) -> Message:
+    data = wire_messages.encode(message)
+    assert len(data) <= config.frame_size_bytes_max, f"{len(data)}-byte frame"
+    decoder = FrameDecoder(config.frame_size_bytes_max)
+    decoder.feed(data)
+    frame = decoder.next_frame()
+    assert isinstance(frame, Frame) and decoder.buffered_size == 0
+    decoded = wire_messages.decode(frame)
+    assert decoded == message
+    return decoded
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
+
+
+def _describe(message: Message) -> str:
+    head = f"{message.src}->{message.dst} {message.kind} term={message.epoch}"
+    if isinstance(message, Vote):
+        tail = (f" position={message.position} last_epoch={message.last_epoch} "
+                f"pre_vote={_flag(message.pre_vote)}")
+        return head + tail + (" transfer=true" if message.transfer else "")
+    if isinstance(message, VoteReply):
+        return head + f" granted={_flag(message.granted)} pre_vote={_flag(message.pre_vote)}"
+    if isinstance(message, Entries):
+        epoch = f" epoch={message.entries_epoch}" if message.entries_epoch >= 0 else ""
+        changes = " with membership changes" if getattr(message, "memberships", b"") else ""
+        return head + (f" prev=({message.prev_position},{message.prev_epoch}){epoch} "
+                       f"bytes={len(message.payload)} commit={message.commit}{changes}")
+    if isinstance(message, EntriesReply):
+        if message.success:
+            return head + f" ok match={message.match}"
+        return head + f" refused hint=({message.hint_position},{message.hint_epoch})"
+    assert isinstance(message, TimeoutNow)
+    return head
+
+
+def _image(store: mqlog.Store) -> bytes:
+    chunks, position, end = [], 0, store.written_position
+    while position < end:
+        data = store.read_raw(position, end - position)
+        assert data, f"nothing to read at {position}"
+        chunks.append(data)
+        position += len(data)
+    return b"".join(chunks)[:end]
+
+
+def _records(store: mqlog.Store) -> list[tuple[int, int, int, str]]:
+    """(position, size, epoch, kind) of every record in the log; kind is "" for a record,
+    "/noop" for an empty control record (a leader's no-op), "/control" for another."""
+    data, at, records = _image(store), 0, []
+    while at < len(data):
+        size, magic = int.from_bytes(data[at:at + 4], "little"), \
+            int.from_bytes(data[at + 4:at + 8], "little")
+        if magic != BLANK_MAGIC:
+            fields = HEADER.unpack_from(data, at)
+            assert fields[9] == at, f"record at {at} says it is at {fields[9]}"
+            kind = "" if not fields[3] & ATTR_CONTROL else "/control" if fields[6] else "/noop"
+            records.append((at, size, fields[7], kind))
+        at += size
+    return records
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=[path.stem for path in SCRIPTS])
+def test_raft_script(script, tmp_path, impl):
+    interaction = Interaction(tmp_path, impl)
+    try:
+        datadriven.run_file(script, interaction.handle)
+    finally:
+        interaction.close()
+
+
+FIGURE8 = Path(__file__).parent / "data" / "raft" / "figure8.txt"
+FIGURE8_KEY = "# Here the commit must stay put"
+
+
+def test_figure8_catches_a_core_that_commits_old_terms(tmp_path, impl):
+    """With §5.4.2's rule broken (a leader commits whatever a majority holds), figure8.txt
+    must fail, and first at its key step: n1, leading term 3, commits X (term 1) at 245
+    as soon as a majority holds it."""
+    text = FIGURE8.read_text()
+    marker = next(number for number, line in enumerate(text.splitlines())
+                  if line.startswith(FIGURE8_KEY))
+    cases = datadriven.parse(text)
+    key = next(index for index, case in enumerate(cases) if case.line_number > marker)
+    assert (cases[key].command, cases[key].args) == ("process", ["n1"])
+    interaction = Interaction(tmp_path, impl, test_break="commit_old_term")
+    try:
+        outputs = [interaction.handle(case.command, case.args, case.kwargs).rstrip("\n")
+                   for case in cases[:key + 1]]
+    finally:
+        interaction.close()
+    assert outputs[:key] == [case.expected for case in cases[:key]]
+    assert "commit to" not in cases[key].expected
+    assert "n1: commit to 245" in outputs[key].splitlines(), outputs[key]
