@@ -36,11 +36,12 @@ def test_fresh_seeds_pass_every_checker(rng):
 
 def test_the_seeds_exercise_failover_and_retries():
     """The fixed seeds must reach what the checkers are for: new leaders, retried writes,
-    retries answered from the log (not stored twice)."""
+    retries answered from the log (not stored twice), membership changes."""
     results = [run_seed(seed) for seed in FIXED_SEEDS[:10]]
     assert sum(result.leaders > 1 for result in results) >= 3
     assert sum(result.deduplicated for result in results) > 0
     assert sum(result.retried for result in results) > 0
+    assert sum(result.membership_changes for result in results) > 0
 
 
 def test_the_same_seed_gives_the_same_trace():

@@ -23,6 +23,8 @@ Checkers (a list of violations; empty is a pass):
 * log matching: two logs with a record of the same epoch at the same position are
   identical up to there (checked between every pair of nodes every 50 ticks);
 * no acknowledged write lost, and no write stored twice by the client's retries;
+* a leader removed from the voters steps down once that commits (an operator changes
+  the membership now and then: a spare learner is promoted, a voter demoted);
 * liveness: with the network healed and every node up, a leader commits every write
   the client still waits on and all logs end up byte-identical.
 """
@@ -68,6 +70,7 @@ class RaftOptions:
     crash_probability: float
     pause_probability: float
     partition_probability: float
+    membership_probability: float  # an operator changes the voters (a spare learner joins)
     safety_ticks: int = 500
     liveness_ticks: int = 2000
 
@@ -82,7 +85,8 @@ class RaftOptions:
                    put_probability=rng.choice([0.2, 0.6]),
                    crash_probability=faults if follower_ack == "flushed" else 0.0,
                    pause_probability=faults if follower_ack == "written" else faults / 2,
-                   partition_probability=rng.choice([0.0, 0.01, 0.03, 0.08]))
+                   partition_probability=rng.choice([0.0, 0.01, 0.03, 0.08]),
+                   membership_probability=rng.choice([0.0, 0.0, 0.02]))
 
 
 @dataclass
@@ -155,6 +159,7 @@ class RaftSimResult:
     retried: int = 0
     deduplicated: int = 0
     leaders: int = 0
+    membership_changes: int = 0
 
     @property
     def digest(self) -> str:
@@ -167,7 +172,8 @@ class RaftSimResult:
                 f"ack={options.follower_ack} pre_vote={options.pre_vote} "
                 f"check_quorum={options.check_quorum} leaders={self.leaders} "
                 f"acked={self.acked} retried={self.retried} "
-                f"deduplicated={self.deduplicated} trace={self.digest}")
+                f"deduplicated={self.deduplicated} "
+                f"membership_changes={self.membership_changes} trace={self.digest}")
 
 
 class RaftSwarm:
@@ -179,9 +185,12 @@ class RaftSwarm:
         self.result = RaftSimResult(seed, self.options)
         self.network = SimNetwork(self.rng, self.options.network)
         self.clock = [1]
-        names = tuple(f"n{index}" for index in range(self.options.voters))
-        self.nodes = {name: RaftSimNode(name, root / name, self._config(name, names),
-                                        self.clock, self.rng, test_break) for name in names}
+        spares = 1 if self.options.membership_probability else 0
+        names = tuple(f"n{index}" for index in range(self.options.voters + spares))
+        voters, learners = names[:self.options.voters], names[self.options.voters:]
+        self.nodes = {name: RaftSimNode(name, root / name,
+                                        self._config(name, voters, learners), self.clock,
+                                        self.rng, test_break) for name in names}
         self.leaders_by_term: dict[int, set[str]] = {}
         self.committed = bytearray()  # the longest committed prefix any node showed
         self.writes: dict[int, Write] = {}  # sequence -> a write not yet acknowledged
@@ -192,9 +201,10 @@ class RaftSwarm:
         for node in self.nodes.values():
             node.start()
 
-    def _config(self, name: str, names: tuple[str, ...]) -> ReplicationConfig:
+    def _config(self, name: str, voters: tuple[str, ...],
+                learners: tuple[str, ...]) -> ReplicationConfig:
         options = self.options
-        return ReplicationConfig(layer="raft", node_id=name, voters=names,
+        return ReplicationConfig(layer="raft", node_id=name, voters=voters, learners=learners,
                                  pre_vote=options.pre_vote, check_quorum=options.check_quorum,
                                  follower_ack=options.follower_ack,  # type: ignore[arg-type]
                                  **CORE_SETTINGS)
@@ -269,6 +279,8 @@ class RaftSwarm:
 
     def _resolved(self, node: RaftSimNode, request: str, status: PutStatus) -> None:
         self.result.trace.append(f"{self.clock[0]} {node.name}: {request} {status.value}")
+        if request not in self.requests:
+            return  # an operator's membership change
         sequence = self.requests.pop(request)
         write = self.writes.get(sequence)
         if write is None or write.request != request:
@@ -317,6 +329,10 @@ class RaftSwarm:
         node.core.advance(ready)
         if node.core.role == LEADER and node.led_term != node.core.term:
             self._new_leader(node)
+        if node.core.role == LEADER and node.name not in node.core.voters and \
+                node.core.membership.position < node.core.commit:
+            self.result.violations.append(f"tick {self.clock[0]}: {node.name} still leads "
+                                          "after its removal from the voters committed")
         for request, status in ready.resolved:
             self._resolved(node, request, status)
 
@@ -346,6 +362,8 @@ class RaftSwarm:
                 self.result.trace.append(f"{self.clock[0]} pause {node.name} {node.paused}")
             elif not node.up and rng.random() < 0.05:
                 self._restart(node)
+        if rng.random() < options.membership_probability:
+            self._change_membership()
         if rng.random() < options.partition_probability:
             names = sorted(self.nodes)
             rng.shuffle(names)
@@ -356,6 +374,34 @@ class RaftSwarm:
             self.result.trace.append(f"{self.clock[0]} partition {cut}")
         elif self.network.partitioned and rng.random() < 0.05:
             self.network.heal()
+
+    def _change_membership(self) -> None:
+        """An operator promotes a learner to voter, or demotes a voter to learner (never
+        below three voters), through whichever node leads now."""
+        leaders = [node for node in self._running() if node.core.role == LEADER
+                   and node.led_term == node.core.term]
+        if not leaders:
+            return
+        leader = self.rng.choice(leaders)
+        current = leader.core.membership
+        voters, learners = list(current.voters), list(current.learners)
+        if learners and (len(voters) < 4 or self.rng.random() < 0.5):
+            voters.append(learners.pop(self.rng.randrange(len(learners))))
+        elif len(voters) > 3:
+            learners.append(voters.pop(self.rng.randrange(len(voters))))
+        else:
+            return
+        try:
+            membership, body = leader.core.membership_record(tuple(voters), tuple(learners), {})
+        except MqlogError as error:
+            self.result.trace.append(f"{self.clock[0]} {leader.name}: change refused: {error}")
+            return
+        end = leader.store.append_control(body)
+        leader.flush()
+        leader.core.membership_stored(membership, end, len(body))
+        self.result.membership_changes += 1
+        leader.core.propose(f"membership{self.result.membership_changes}", end)
+        self._carry_out(leader)
 
     def _restart(self, node: RaftSimNode) -> None:
         self.result.trace.append(f"{self.clock[0]} restart {node.name}")
