@@ -487,6 +487,32 @@ def cluster_transfer(address: str, target: str) -> None:
     click.echo(f"{address}: handing leadership to {answer['target']} (term {answer['term']})")
 
 
+@cluster.command("membership")
+@click.argument("address")
+@click.option("--voters", required=True, help="Comma-separated node ids: the new voters.")
+@click.option("--learners", default="", help="Comma-separated node ids: the new learners.")
+@click.option("--node-address", "addresses", multiple=True, metavar="ID=HOST:PORT",
+              help="Where a new member listens (repeat per new member).")
+def cluster_membership(address: str, voters: str, learners: str,
+                       addresses: tuple[str, ...]) -> None:
+    """Make the Raft leader at ADDRESS change the group's members: one voter added or
+    removed per change, and a new voter must first have caught up as a learner."""
+    where = {}
+    for item in addresses:
+        name, _, node_address = item.partition("=")
+        if not name or not node_address:
+            raise click.BadParameter(f"{item!r} is not ID=HOST:PORT", param_hint="--node-address")
+        where[name] = node_address
+    with mqlog.Client(address) as client:
+        answer = client.change_membership(_ids(voters), _ids(learners), where)
+    click.echo(f"{address}: voters {answer['voters']}, learners {answer['learners']}: "
+               f"{answer['status']}")
+
+
+def _ids(text: str) -> list[str]:
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 @cluster.command("status")
 @click.argument("addresses", nargs=-1, required=True)
 @json_option

@@ -6,6 +6,7 @@ each leader loss to the next successful write (the unavailability window) is pri
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -206,3 +207,22 @@ def test_membership_changes_one_voter_at_a_time(tmp_path: Path):
     with mqlog.open(cluster.root / "n4", read_only=True) as store:
         for body, position in writer.acked.items():
             assert store.read_record(position).body == body, f"n4 lacks {body!r}"
+
+
+def test_the_cluster_commands_drive_a_raft_group(tmp_path: Path):
+    """`mqlog cluster status | transfer | membership` against three node processes."""
+    from tests.test_cli import run
+
+    with LocalRaftCluster(tmp_path / "raft") as cluster:
+        leader = cluster.wait_leader()
+        status = run("cluster", "status", *cluster.addresses, "--json")
+        rows = {row["node"]: row for row in json.loads(status.stdout)}
+        assert rows[leader]["role"] == "LEADER" and rows[leader]["leader"] == leader
+        assert {row["epoch"] for row in rows.values()} == {rows[leader]["epoch"]}
+        target = next(name for name in cluster.names if name != leader)
+        run("cluster", "transfer", cluster.address(leader), "--to", target)
+        wait_until(lambda: cluster.leader() == target, f"{target} to lead")
+        refused = run("cluster", "membership", cluster.address(target),
+                      "--voters", target, check=False)
+        assert refused.returncode != 0
+        assert "one voter per change" in refused.stderr
