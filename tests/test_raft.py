@@ -11,6 +11,8 @@ back to exactly that, as a power loss would.
 Commands (nodes are named; ``[...]`` is optional):
 
     add n1 n2 n3 [learners=n4] [pre_vote=true] [check_quorum=true] [ack=flushed]
+    add n4 voters=n1,n2,n3 learners=n4   a node joining a running group: its bootstrap
+                           config lists the voters and itself as a learner
     campaign n1            tick n1 until its election timer fires; print the ticks
     tick [n1 ...] [n=K]    tick the nodes (every running node if none is named)
     put n1 [count=K] [size=B]  store records on n1 and propose them, as a node does
@@ -23,8 +25,14 @@ Commands (nodes are named; ``[...]`` is optional):
     crash n1 / restart n1  lose what was not synced, close; reopen with the hard state
     partition n1 [n2 ...]  cut the named nodes off from the others; heal
     transfer n1 n2         n1 hands leadership to n2
+    membership n1 voters=a,b,c [learners=d]  change the group's configuration through
+                           leader n1 as a node does: check it, store its control record,
+                           use it, propose its end (printed: the record and the proposal)
     status [n1 ...]        role, term, vote, leader, commit, written, durable (+ progress)
-    log [n1 ...]           every record: position, epoch (e), "/noop" for a leader's no-op
+    members [n1 ...]       each node's configuration now: voters, learners, and where in
+                           its log that configuration's record is (or "bootstrap")
+    log [n1 ...]           every record: position, epoch (e), "/noop" for a leader's no-op,
+                           "/membership" for a membership change
     compare n1 n2 ...      byte-identical logs, or where they first differ
 """
 
@@ -37,7 +45,7 @@ from typing import Any
 import pytest
 
 import mqlog
-from mqlog.config import ReplicationConfig
+from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
 from mqlog.errors import MqlogError
 from mqlog.ext.fallback import ATTR_CONTROL, BLANK_MAGIC, HEADER
 from mqlog.replication import messages as wire_messages
@@ -61,6 +69,7 @@ TICK_SETTINGS = dict(election_timeout_ticks=10, heartbeat_ticks=2, retransmit_ti
                      sync_timeout_ticks=20, append_bytes_max=600, inflight_bytes_max=1200,
                      frame_size_bytes_max=8192)
 STORE_SETTINGS = dict(SMALL, committed_follows="external", flush_interval_ms=3_600_000)
+MEMBERSHIP_MAGIC = b"MQCFG1"  # a membership change's control record body starts so
 _STATE_CHANGES = ("save hard state", "truncate", "set epoch", "append no-op", "commit to",
                   "resolved", "event")
 
@@ -202,6 +211,25 @@ class Interaction:
         self.cores[args[0]].transfer_leadership(args[1])
         return ""
 
+    def do_membership(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """An operator's change of configuration, carried out as a node's driver does
+        (mqlog/replication/node.py ``_change_membership``): the leader checks it, the driver
+        appends its control record and tells the core where it is, then proposes its end
+        (the proposal resolves once the change commits)."""
+        name = args[0]
+        core, store = self.cores[name], self.stores[name]
+        membership, body = core.membership_record(tuple(_names(kwargs["voters"])),
+                                                  tuple(_names(kwargs.get("learners", ""))), {})
+        end = store.append_control(body)
+        core.membership_stored(membership, end, len(body))
+        self.proposals += 1
+        core.propose(f"p{self.proposals}", end)
+        # The record's start as the store has it (a blank may pad the segment before it).
+        start = next(position for position, size, *_ in _records(store)
+                     if position + size == end)
+        assert start == end - RECORD_HEADER_SIZE - len(body), (start, end, len(body))
+        return f"p{self.proposals}: stored membership [{start}, {end})"
+
     # --- the network -------------------------------------------------------------------
 
     def _selected(self, args: list[str], kwargs: dict[str, str]) -> list[Message]:
@@ -278,6 +306,19 @@ class Interaction:
             for peer, progress in sorted(core.peers.items()):
                 state = " probing" if progress.probing else ""
                 lines.append(f"  {peer}: match={progress.match} next={progress.next}{state}")
+        return "\n".join(lines)
+
+    def do_members(self, args: list[str], kwargs: dict[str, str]) -> str:
+        lines = []
+        for name in args or sorted(self.configs):
+            if name not in self.cores:
+                lines.append(f"{name}: down")
+                continue
+            core = self.cores[name]
+            position = core.membership.position
+            lines.append(f"{name}: voters={','.join(core.voters)} "
+                         f"learners={','.join(core.learners) or '-'} "
+                         + ("(bootstrap)" if position < 0 else f"(record at {position})"))
         return "\n".join(lines)
 
     def do_log(self, args: list[str], kwargs: dict[str, str]) -> str:
@@ -438,7 +479,8 @@ def _image(store: mqlog.Store) -> bytes:
 
 def _records(store: mqlog.Store) -> list[tuple[int, int, int, str]]:
     """(position, size, epoch, kind) of every record in the log; kind is "" for a record,
-    "/noop" for an empty control record (a leader's no-op), "/control" for another."""
+    "/noop" for an empty control record (a leader's no-op), "/membership" for a membership
+    change's, "/control" for another."""
     data, at, records = _image(store), 0, []
     while at < len(data):
         size, magic = int.from_bytes(data[at:at + 4], "little"), \
@@ -446,7 +488,8 @@ def _records(store: mqlog.Store) -> list[tuple[int, int, int, str]]:
         if magic != BLANK_MAGIC:
             fields = HEADER.unpack_from(data, at)
             assert fields[9] == at, f"record at {at} says it is at {fields[9]}"
-            kind = "" if not fields[3] & ATTR_CONTROL else "/control" if fields[6] else "/noop"
+            kind = "" if not fields[3] & ATTR_CONTROL else "/noop" if not fields[6] else \
+                "/membership" if MEMBERSHIP_MAGIC in data[at:at + size] else "/control"
             records.append((at, size, fields[7], kind))
         at += size
     return records

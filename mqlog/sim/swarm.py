@@ -89,6 +89,7 @@ class SimNode:
     store: Any = None
     core: Any = None
     durable: int = 0  # the store is durable up to here (the simulator flushed it)
+    freshness_when_down: tuple[int, int] = (-1, 0)  # (last record's epoch, end) at the crash
     up: bool = False
 
     def start(self) -> None:
@@ -99,8 +100,17 @@ class SimNode:
 
     def crash(self) -> None:
         self.store.truncate(self.durable)  # what a power loss takes
+        self.freshness_when_down = self.freshness()
         self.store.close()
         self.up = False
+
+    def freshness(self) -> tuple[int, int]:
+        """(epoch of the last record, end of the log): how up to date the log is."""
+        if not self.up:
+            return self.freshness_when_down
+        end = self.store.written_position
+        epoch = self.store.epoch_at(end)
+        return (-1 if epoch is None else epoch, end)
 
     def flush(self) -> None:
         self.store.flush()
@@ -295,15 +305,15 @@ class Swarm:
 
     def _maybe_promote(self) -> None:
         """An operator promotes the most up-to-date slave when the master stays down: the
-        highest (epoch, durable end) among all the others, restarted first if it is down,
-        into an epoch above every node's."""
+        highest (last record's epoch, durable end) among all the others, restarted first
+        if it is down, into an epoch above every node's."""
         down = self.down_since.get(self.master)
         if not self.options.promote or down is None or self.clock[0] - down < 50:
             return
         candidates = [node for node in self.nodes.values() if node.name != self.master]
-        chosen = max(candidates, key=lambda node: (
-            node.core.epoch, node.store.written_position if node.up else node.durable,
-            node.name))
+        # By the log, not by the epoch a node has heard of: a slave told to truncate by a
+        # newer master knows that master's epoch but may hold less than the others.
+        chosen = max(candidates, key=lambda node: (*node.freshness(), node.name))
         if not chosen.up:
             self._restart(chosen)
         epoch = max(node.core.epoch for node in self.nodes.values()) + 1

@@ -266,7 +266,7 @@ class RaftCore:
         self._waiting.clear()
         self.peers = {}
         self._transfer_to = ""
-        self.role = FOLLOWER
+        self.role = FOLLOWER if self.node_id in self.voters else LEARNER
         self.leader = ""
         # The log grew by the leader's own writes; the mirror learns them now. A no-op
         # not handed to the driver yet is dropped (no term of ours will count on it).
@@ -457,7 +457,7 @@ class RaftCore:
                           self.peers[name].match for name in self.voters], reverse=True)
         candidate = matches[self.quorum - 1]
         term_start = next((start for epoch, start in self._epochs if epoch == self.term), None)
-        current_term = term_start is not None and candidate > term_start
+        current_term = term_start is not None and candidate > term_start  # §5.4.2
         if candidate > self.commit and (current_term or self._test_break == "commit_old_term"):
             self.commit = self._ready.commit_to = candidate
             while self._waiting and self._waiting[0].end <= candidate:
@@ -484,6 +484,12 @@ class RaftCore:
         (the driver appends the record, then calls ``membership_stored``)."""
         self.check_master()
         current = self.membership
+        if not self._committed_in_term():
+            # Ongaro's fix to single-server changes: a change made before the new leader's
+            # term commits anything can join a majority with an older uncommitted change
+            # and erase committed records.
+            raise MembershipChangeRefused("this leader has not committed a record of its "
+                                          "term yet; retry in a moment")
         if self.memberships and current.position >= self.commit:
             raise MembershipChangeRefused("the last membership change is not committed yet; "
                                           "retry once it is")
@@ -542,6 +548,10 @@ class RaftCore:
         self.peers = {name: self.peers.get(name) or Progress(next=self._end,
                                                              progress_tick=self.tick_count)
                       for name in self.members if name != self.node_id}
+
+    def _committed_in_term(self) -> bool:
+        term_start = next((start for epoch, start in self._epochs if epoch == self.term), None)
+        return term_start is not None and self.commit > term_start
 
     def _removed_and_committed(self) -> bool:
         return self.node_id not in self.voters and bool(self.memberships) and \
