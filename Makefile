@@ -32,6 +32,7 @@ bench: setup
 	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m pytest benchmarks --benchmark-only -q $(PYTEST_ARGS)
 	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m benchmarks.compare
 	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m benchmarks.replication
+	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m benchmarks.raft --seconds 2
 
 lint: setup
 	$(PY) -m ruff check mqlog tests benchmarks

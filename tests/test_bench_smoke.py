@@ -70,3 +70,13 @@ def test_a_missing_peer_is_skipped_with_one_line(tmp_path, monkeypatch, capsys):
 def test_main_rejects_an_unknown_part():
     with pytest.raises(SystemExit):
         compare.main(["--quick", "--only", "rows,nonsense"])
+
+
+def test_the_raft_benchmark_runs_every_mode(capsys):
+    """benchmarks/raft.py, briefly, without PySyncObj: a row per mode and cluster."""
+    from benchmarks import raft
+
+    assert raft.main(["--seconds", "0.3", "--sizes", "3", "--no-pysyncobj"]) == 0
+    table = capsys.readouterr().out
+    for mode in raft.MODES:
+        assert f"| {mode} | single node |" in table and f"| {mode} | raft 3 nodes |" in table

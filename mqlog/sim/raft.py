@@ -327,6 +327,7 @@ class RaftSwarm:
             self.network.send(message)
         self.result.trace += [f"{self.clock[0]} {node.name}: {event}" for event in ready.events]
         node.core.advance(ready)
+        node.core.invariants()
         if node.core.role == LEADER and node.led_term != node.core.term:
             self._new_leader(node)
         if node.core.role == LEADER and node.name not in node.core.voters and \

@@ -229,6 +229,21 @@ class RaftCore:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"
         self._ready = Ready()
 
+    def invariants(self) -> None:
+        """Assert what must hold between steps (the simulator checks after each one)."""
+        assert 0 <= self.commit <= self._end, (self.commit, self._end)
+        assert self.role != LEADER or (self.leader == self.node_id and not self._votes)
+        assert [start for _, start in self._epochs] == sorted(start for _, start in
+                                                              self._epochs)
+        assert [epoch for epoch, _ in self._epochs] == sorted(epoch for epoch, _ in
+                                                              self._epochs)
+        assert all(epoch <= self.term for epoch, _ in self._epochs)
+        assert [item.position for item in self.memberships] == sorted(
+            item.position for item in self.memberships)
+        for name, progress in self.peers.items():
+            assert name in self.members and progress.match <= progress.next <= self._end, \
+                (name, progress, self._end)
+
     def status(self) -> dict[str, Any]:
         return {"layer": "raft", "role": self.role, "term": self.term, "leader": self.leader,
                 "commit": self.commit, "written": self.log.written_position,
