@@ -122,6 +122,8 @@ class TimeoutNow(Message):
 KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
     Hello, Append, Report, Truncate, Vote, VoteReply, Entries, EntriesReply, TimeoutNow)}
 _TYPES = {"str": str, "int": int, "bytes": bytes, "bool": bool}
+_FIELD_TYPES = {cls: {item.name: _TYPES[str(item.type)] for item in dataclasses.fields(cls)}
+                for cls in KINDS.values()}  # message class -> {field: exact type}
 
 
 def encode(message: Message) -> bytes:
@@ -142,14 +144,13 @@ def decode(frame: Frame) -> Message:
     cls = KINDS.get(header.pop("kind", None))  # type: ignore[arg-type]
     if cls is None:
         raise RemoteProtocolError(f"unknown message kind {frame.header.get('kind')!r}")
-    names = {item.name: item.type for item in dataclasses.fields(cls)}
-    if "payload" in names:
+    types = _FIELD_TYPES[cls]
+    if "payload" in types:
         header["payload"] = frame.payload
-    if set(header) != set(names):
+    if header.keys() != types.keys():
         raise RemoteProtocolError(f"{cls.kind} message has fields {sorted(header)}, "
-                                  f"expected {sorted(names)}")
+                                  f"expected {sorted(types)}")
     for name, value in header.items():
-        wanted = _TYPES[str(names[name])]
-        if not isinstance(value, wanted) or (wanted is not bool and isinstance(value, bool)):
-            raise RemoteProtocolError(f"{cls.kind}.{name} must be {wanted.__name__}")
+        if type(value) is not types[name]:  # exact: a bool is not an int here
+            raise RemoteProtocolError(f"{cls.kind}.{name} must be {types[name].__name__}")
     return cls(**header)

@@ -110,14 +110,15 @@ def split_address(address: str) -> tuple[str, int]:
 
 def unpack_bodies(payload: bytes, sizes: Any) -> list[bytes]:
     """The bodies of a produce request: ``payload`` cut at ``sizes``."""
-    if not isinstance(sizes, list) or not all(type(size) is int and size >= 0
-                                              for size in sizes):
+    if type(sizes) is not list:
+        raise errors.RemoteProtocolError("produce sizes must be a list of non-negative ints")
+    if len(sizes) == 1 and sizes[0] == len(payload) and type(sizes[0]) is int:
+        return [payload]  # the common case, checked at once
+    if not all(type(size) is int and size >= 0 for size in sizes):
         raise errors.RemoteProtocolError("produce sizes must be a list of non-negative ints")
     if sum(sizes) != len(payload):
         raise errors.RemoteProtocolError(f"produce sizes add up to {sum(sizes)} bytes, its "
                                          f"payload has {len(payload)}")
-    if len(sizes) == 1:
-        return [payload]
     ends = list(itertools.accumulate(sizes))
     return [payload[end - size:end] for size, end in zip(sizes, ends, strict=True)]
 
@@ -344,6 +345,7 @@ class Node:
             except errors.MqlogError as error:
                 answers.append((frame, self._error_header(error)))
         if stored:
+            self._schedule()  # followers get the records while this node's flush runs
             answers += await self._settle(stored)
         data = b"".join(encode_frame({**header, "id": frame.header.get("id")})
                         for frame, header in answers)

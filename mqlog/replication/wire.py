@@ -10,7 +10,8 @@ Every replication message and every client request travels as one frame::
     +---------------+---------------+---------------+-------------------+-----------+
 
 Log bytes travel in the payload exactly as they lie on disk, so a follower appends them
-verbatim and checks each record's own CRC as well. The header is small and structured.
+verbatim and checks each record's own CRC as well. The header is small and structured: a
+map (str keys; a bytes key is never looked up, so it is as good as absent).
 
 The decoder is sans-IO (h11's shape): ``feed(data)`` takes whatever the socket gave,
 ``next_frame()`` returns a ``Frame`` or ``NEED_DATA``. It never buffers a frame larger
@@ -30,6 +31,7 @@ from crc32c import crc32c
 from mqlog.errors import RemoteProtocolError
 
 _PREFIX = struct.Struct("<III")  # frame_size, crc32c, header_size
+_SIZE = struct.Struct("<I")
 PREFIX_SIZE: Final = _PREFIX.size
 _CRC_FROM = 8  # the CRC covers everything after its own field
 
@@ -78,15 +80,16 @@ class FrameDecoder:
 
     def next_frame(self) -> Frame | _NeedData:
         """The next whole frame, or NEED_DATA; raises RemoteProtocolError on garbage."""
-        if self.buffered_size < 4:
+        buffered = len(self._buffer) - self._start
+        if buffered < 4:
             return NEED_DATA
-        (frame_size,) = struct.unpack_from("<I", self._buffer, self._start)
+        (frame_size,) = _SIZE.unpack_from(self._buffer, self._start)
         if not 8 <= frame_size <= self.frame_size_bytes_max - 4:
             raise RemoteProtocolError(
                 f"frame of {frame_size + 4} bytes is outside [12, frame_size_bytes_max="
                 f"{self.frame_size_bytes_max}]; the peer is not speaking mqlog, or sends "
                 "frames larger than this node accepts")
-        if self.buffered_size < frame_size + 4:
+        if buffered < frame_size + 4:
             return NEED_DATA
         start, end = self._start, self._start + 4 + frame_size
         frame = _decode(memoryview(self._buffer)[start:end])
@@ -104,6 +107,6 @@ def _decode(data: memoryview) -> Frame:
         header = msgpack.unpackb(data[PREFIX_SIZE:PREFIX_SIZE + header_size], raw=False)
     except (ValueError, msgpack.UnpackException) as error:
         raise RemoteProtocolError(f"frame header is not msgpack: {error}") from None
-    if not isinstance(header, dict) or not all(isinstance(key, str) for key in header):
-        raise RemoteProtocolError("frame header must be a map with str keys")
+    if type(header) is not dict:  # (msgpack's strict_map_key allows str and bytes keys)
+        raise RemoteProtocolError("frame header must be a map")
     return Frame(header, bytes(data[PREFIX_SIZE + header_size:]))
