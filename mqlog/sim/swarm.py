@@ -21,6 +21,8 @@ Checkers (a list of violations; empty is a pass):
 * no acknowledged write lost: at the end every PUT_OK record is in the master's log at
   its position, unchanged (an ASYNC_MASTER's may be lost by a promotion — its promise —
   and are counted, not failed);
+* positions monotonic: a log never ends sooner than before except by a truncation
+  its core asked for (or a crash);
 * one master per epoch; logs byte-identical after convergence; convergence itself.
 The trace digest makes "the same seed gives the same run" checkable.
 """
@@ -237,6 +239,7 @@ class Swarm:
     def _carry_out(self, node: SimNode) -> None:
         ready = node.core.ready()
         store = node.store
+        before = store.written_position
         try:
             if ready.truncate_to is not None:
                 store.truncate(ready.truncate_to)
@@ -246,6 +249,11 @@ class Swarm:
         except MqlogError as error:
             self.result.violations.append(f"tick {self.clock[0]}: {node.name} could not "
                                           f"carry out its Ready: {error}")
+        floor = before if ready.truncate_to is None else min(before, ready.truncate_to)
+        if store.written_position < floor:
+            self.result.violations.append(f"tick {self.clock[0]}: {node.name}'s log went back "
+                                          f"from {before} to {store.written_position} "
+                                          "without a truncation")
         if ready.set_epoch is not None:
             store.set_epoch(ready.set_epoch)
         if ready.must_sync:
