@@ -57,3 +57,17 @@ class Ready:
                     or self.appends or self.set_epoch is not None or self.append_noop
                     or self.must_sync or self.commit_to is not None or self.messages
                     or self.messages_after_persist or self.resolved or self.events)
+
+
+def apply_to_log(ready: Ready, store: Any) -> None:
+    """Carry out a Ready's changes to the log, in their order: truncate, append, set the
+    epoch, append the no-op. (Saving the hard state comes before, syncing after: each
+    driver does those its own way.)"""
+    if ready.truncate_to is not None:
+        store.truncate(ready.truncate_to)
+    for position, data in ready.appends:
+        store.append_raw(position, data)
+    if ready.set_epoch is not None:
+        store.set_epoch(ready.set_epoch)
+    if ready.append_noop:
+        store.append_control()

@@ -39,8 +39,50 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0
         time.sleep(0.01)
 
 
+class NodeProcesses:
+    """What every local group does with its `mqlog node` processes (``root`` holds each
+    node's TOML, ``processes`` the running ones, ``address(name)`` where each listens)."""
+
+    root: Path
+    processes: dict[str, subprocess.Popen]
+
+    def address(self, name: str) -> str:
+        raise NotImplementedError
+
+    def start(self, name: str) -> None:
+        self.processes[name] = _start([sys.executable, "-m", "mqlog.cli", "node", "--config",
+                                       str(self.root / f"{name}.toml")], f"node {name}")
+
+    def kill(self, name: str) -> None:
+        process = self.processes.pop(name)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+
+    def pause(self, name: str) -> None:
+        self.processes[name].send_signal(signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.processes[name].send_signal(signal.SIGCONT)
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            process.send_signal(signal.SIGCONT)  # a paused node cannot act on SIGTERM
+            process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes.clear()
+
+    def metadata(self, name: str, timeout_s: float = 10) -> dict:
+        with Client(self.address(name), timeout_s=timeout_s) as client:
+            return client.metadata()
+
+
 @dataclass
-class LocalCluster:
+class LocalCluster(NodeProcesses):
     """A master ``m`` and slaves ``s1``..``sN`` (none: a master alone)."""
 
     root: Path
@@ -87,30 +129,6 @@ class LocalCluster:
         for name in self.names:
             self.start(name)
 
-    def start(self, name: str) -> None:
-        self.processes[name] = _start([sys.executable, "-m", "mqlog.cli", "node", "--config",
-                                       str(self.root / f"{name}.toml")], f"node {name}")
-
-    def kill(self, name: str) -> None:
-        process = self.processes.pop(name)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-
-    def stop_all(self) -> None:
-        for process in self.processes.values():
-            process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self.processes.clear()
-
-    def metadata(self, name: str) -> dict:
-        with Client(self.address(name), timeout_s=10) as client:
-            return client.metadata()
-
     def wait_converged(self, timeout_s: float = 60.0) -> None:
         wait_until(lambda: len({self.metadata(name)["written"] for name in self.names}) == 1,
                    "the replicas to converge", timeout_s)
@@ -124,7 +142,7 @@ class LocalCluster:
 
 
 @dataclass
-class LocalRaftCluster:
+class LocalRaftCluster(NodeProcesses):
     """A Raft group of ``size`` voters ``n1``..``nN`` as `mqlog node` processes.
 
     ``links`` may route a node's connections to a peer elsewhere (a fault-injecting proxy):
@@ -182,36 +200,6 @@ class LocalRaftCluster:
         for name in self.names:
             self.start(name)
 
-    def start(self, name: str) -> None:
-        self.processes[name] = _start([sys.executable, "-m", "mqlog.cli", "node", "--config",
-                                       str(self.root / f"{name}.toml")], f"node {name}")
-
-    def kill(self, name: str) -> None:
-        process = self.processes.pop(name)
-        process.send_signal(signal.SIGKILL)
-        process.wait(timeout=30)
-
-    def pause(self, name: str) -> None:
-        self.processes[name].send_signal(signal.SIGSTOP)
-
-    def resume(self, name: str) -> None:
-        self.processes[name].send_signal(signal.SIGCONT)
-
-    def stop_all(self) -> None:
-        for process in self.processes.values():
-            process.send_signal(signal.SIGCONT)  # a paused node cannot act on SIGTERM
-            process.send_signal(signal.SIGTERM)
-        for process in self.processes.values():
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        self.processes.clear()
-
-    def metadata(self, name: str, timeout_s: float = 10) -> dict:
-        with Client(self.address(name), timeout_s=timeout_s) as client:
-            return client.metadata()
 
     def leader(self, among: list[str] | None = None) -> str | None:
         """The node that leads the newest term among those that answer, if any."""

@@ -46,6 +46,7 @@ from mqlog import errors
 from mqlog.config import ReplicationConfig, StoreConfig
 from mqlog.engine.store import open as open_store
 from mqlog.replication import core_for, hardstate, messages
+from mqlog.replication.core import apply_to_log
 from mqlog.replication.idempotence import ProducerTable, Stored, producer_properties
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
@@ -217,14 +218,7 @@ class Node:
         if ready.hard_state is not None:
             hardstate.save(self.config.data_dir, ready.hard_state)
             self._learn_addresses()
-        if ready.truncate_to is not None:
-            store.truncate(ready.truncate_to)
-        for position, data in ready.appends:
-            store.append_raw(position, data)
-        if ready.set_epoch is not None:
-            store.set_epoch(ready.set_epoch)
-        if ready.append_noop:
-            store.append_control()
+        apply_to_log(ready, store)
         if ready.truncate_to is not None:
             self._truncations += 1
         if ready.commit_to is not None:

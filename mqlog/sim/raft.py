@@ -43,13 +43,14 @@ from typing import Any
 import mqlog
 from mqlog.config import ReplicationConfig
 from mqlog.errors import MqlogError
+from mqlog.replication.core import apply_to_log
 from mqlog.replication.hardstate import HardState
 from mqlog.replication.idempotence import ProducerTable, Stored, producer_properties
 from mqlog.replication.raft import RaftCore
 from mqlog.replication.raft.core import LEADER
 from mqlog.results import PutStatus
 from mqlog.sim.network import NetworkOptions, SimNetwork
-from mqlog.sim.swarm import STORE_SETTINGS
+from mqlog.sim.swarm import STORE_SETTINGS, DurableView
 
 CORE_SETTINGS: dict[str, Any] = dict(
     heartbeat_ticks=3, election_timeout_ticks=15, sync_timeout_ticks=80, retransmit_ticks=10,
@@ -111,7 +112,7 @@ class RaftSimNode:
         self.store = mqlog.open(self.path, clock_ms=lambda: self.clock[0],
                                 committed_follows="external", **STORE_SETTINGS)
         self.durable = self.store.written_position
-        self.core = RaftCore(self.config, _DurableView(self), rng=random.Random(
+        self.core = RaftCore(self.config, DurableView(self), rng=random.Random(
             self.rng.randrange(1 << 62)), hard_state=self.hard_state,
             test_break=self.test_break)
         self.up, self.led_term = True, -1
@@ -125,20 +126,6 @@ class RaftSimNode:
     def flush(self) -> None:
         self.store.flush()
         self.durable = self.store.written_position
-
-
-class _DurableView:
-    """The node's store as its core sees it, with the simulator's notion of flushed."""
-
-    def __init__(self, node: RaftSimNode) -> None:
-        self._node = node
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._node.store, name)
-
-    @property
-    def flushed_position(self) -> int:
-        return self._node.durable
 
 
 @dataclass
@@ -306,15 +293,9 @@ class RaftSwarm:
         if ready.hard_state is not None:
             node.hard_state = ready.hard_state
         try:
+            apply_to_log(ready, store)
             if ready.truncate_to is not None:
-                store.truncate(ready.truncate_to)
                 node.durable = min(node.durable, ready.truncate_to)
-            for position, data in ready.appends:
-                store.append_raw(position, data)
-            if ready.set_epoch is not None:
-                store.set_epoch(ready.set_epoch)
-            if ready.append_noop:
-                store.append_control()
             if ready.must_sync:
                 node.flush()
             if ready.commit_to is not None:

@@ -97,7 +97,7 @@ class SimNode:
     def start(self) -> None:
         self.store = mqlog.open(self.path, clock_ms=lambda: self.clock[0], **STORE_SETTINGS)
         self.durable = self.store.written_position
-        self.core = MasterSlaveCore(self.config, _DurableView(self), test_break=self.test_break)
+        self.core = MasterSlaveCore(self.config, DurableView(self), test_break=self.test_break)
         self.up = True
 
     def crash(self) -> None:
@@ -119,10 +119,11 @@ class SimNode:
         self.durable = self.store.written_position
 
 
-class _DurableView:
-    """The node's store as a core sees it, with the simulator's notion of flushed."""
+class DurableView:
+    """A node's store as its core sees it, with the simulator's notion of flushed (the
+    node has ``store`` and ``durable``; the Raft simulator's nodes use it too)."""
 
-    def __init__(self, node: SimNode) -> None:
+    def __init__(self, node: Any) -> None:
         self._node = node
 
     def __getattr__(self, name: str) -> Any:
@@ -336,7 +337,7 @@ class Swarm:
         for node in self._up_nodes():
             if node is not chosen:  # the operator points the other slaves at it
                 node.config = self._config(node.name)
-                node.core = MasterSlaveCore(node.config, _DurableView(node),
+                node.core = MasterSlaveCore(node.config, DurableView(node),
                                             test_break=node.test_break)
 
     # --- liveness and the checkers ------------------------------------------------------
