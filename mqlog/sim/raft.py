@@ -50,7 +50,7 @@ from mqlog.replication.raft import RaftCore
 from mqlog.replication.raft.core import LEADER
 from mqlog.results import PutStatus
 from mqlog.sim.network import NetworkOptions, SimNetwork
-from mqlog.sim.swarm import STORE_SETTINGS, DurableView
+from mqlog.sim.swarm import STORE_SETTINGS, DurableView, SeedResult
 
 CORE_SETTINGS: dict[str, Any] = dict(
     heartbeat_ticks=3, election_timeout_ticks=15, sync_timeout_ticks=80, retransmit_ticks=10,
@@ -137,25 +137,15 @@ class Write:
 
 
 @dataclass
-class RaftSimResult:
-    seed: int
-    options: RaftOptions
-    violations: list[str] = field(default_factory=list)
-    trace: list[str] = field(default_factory=list)
-    acked: int = 0
+class RaftSimResult(SeedResult):
     retried: int = 0
     deduplicated: int = 0
     leaders: int = 0
     membership_changes: int = 0
 
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256("\n".join(self.trace).encode()).hexdigest()[:16]
-
     def summary(self) -> str:
-        verdict = "PASS" if not self.violations else f"FAIL ({len(self.violations)})"
         options = self.options
-        return (f"seed {self.seed}: {verdict} voters={options.voters} "
+        return (f"seed {self.seed}: {self.verdict} voters={options.voters} "
                 f"ack={options.follower_ack} pre_vote={options.pre_vote} "
                 f"check_quorum={options.check_quorum} leaders={self.leaders} "
                 f"acked={self.acked} retried={self.retried} "

@@ -143,20 +143,31 @@ class Acked:
 
 
 @dataclass
-class SimResult:
+class SeedResult:
+    """What one seed's run found (both simulators): violations, and a trace whose digest
+    shows that the same seed gives the same run."""
+
     seed: int
-    options: Options
+    options: Any
     violations: list[str] = field(default_factory=list)
     trace: list[str] = field(default_factory=list)
     acked: int = 0
-    lost_by_design: int = 0
 
     @property
     def digest(self) -> str:
         return hashlib.sha256("\n".join(self.trace).encode()).hexdigest()[:16]
 
+    @property
+    def verdict(self) -> str:
+        return "PASS" if not self.violations else f"FAIL ({len(self.violations)})"
+
+
+@dataclass
+class SimResult(SeedResult):
+    lost_by_design: int = 0
+
     def summary(self) -> str:
-        verdict = "PASS" if not self.violations else f"FAIL ({len(self.violations)})"
+        verdict = self.verdict
         return (f"seed {self.seed}: {verdict} role={self.options.role} "
                 f"min={self.options.in_sync_slaves_min} acked={self.acked} "
                 f"lost_by_design={self.lost_by_design} trace={self.digest}")
