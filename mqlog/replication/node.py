@@ -223,14 +223,12 @@ class Node:
             self._truncations += 1
         if ready.commit_to is not None:
             store.set_committed_position(min(ready.commit_to, store.written_position))
-        for message in ready.messages:
-            self._send(message)
+        self._send_all(ready.messages)
         if ready.must_sync:  # the loop goes on while the flush thread syncs
             self._spawn(self._send_when_flushed(ready.messages_after_persist,
                                                 self._truncations))
         else:
-            for message in ready.messages_after_persist:
-                self._send(message)
+            self._send_all(ready.messages_after_persist)
         for event in ready.events:
             print(f"[{self.node_id}] {event}", flush=True)
         self.core.advance(ready)
@@ -260,17 +258,21 @@ class Node:
             print(f"[{self.node_id}] a flush failed; acks withheld: {error}", flush=True)
             return
         if truncations == self._truncations:
-            for message in after:
-                self._send(message)
+            self._send_all(after)
         self._schedule()  # a leader's own flush may let it commit
 
-    def _send(self, message: messages.Message) -> None:
-        writer = self._outbound.get(message.dst)
-        if writer is not None and not writer.is_closing():
-            writer.write(messages.encode(message))
-        elif message.dst not in self._connecting and message.dst in self.peers:
-            self._connecting.add(message.dst)
-            asyncio.get_running_loop().create_task(self._connect(message))
+    def _send_all(self, outgoing: list[messages.Message]) -> None:
+        """Send messages in order, one socket write per peer (a write is a system call)."""
+        by_peer: dict[str, list[messages.Message]] = {}
+        for message in outgoing:
+            by_peer.setdefault(message.dst, []).append(message)
+        for peer, batch in by_peer.items():
+            writer = self._outbound.get(peer)
+            if writer is not None and not writer.is_closing():
+                writer.write(b"".join(map(messages.encode, batch)))
+            elif peer not in self._connecting and peer in self.peers:
+                self._connecting.add(peer)  # what else it had to say is lost: cores resend
+                asyncio.get_running_loop().create_task(self._connect(batch[0]))
 
     async def _connect(self, first: messages.Message) -> None:
         try:
