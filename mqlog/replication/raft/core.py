@@ -173,6 +173,8 @@ class RaftCore:
             self._campaign(pre_vote=self.config.pre_vote)
 
     def step(self, message: Message) -> None:
+        # Entries are taken from any leader: a node far behind may not yet have the
+        # membership change that made its current leader a member.
         if message.src not in self.members and not isinstance(message, Entries):
             self._ready.events.append(f"ignored {message.kind} from non-member {message.src}")
         elif isinstance(message, Vote):
