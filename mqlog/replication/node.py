@@ -52,6 +52,7 @@ from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
 
 _REPLICATION_KINDS = frozenset(messages.KINDS)
+_READ_SIZE_BYTES = 1 << 20  # per read from a connection: requests read together go together
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,8 @@ class Node:
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         host, port = split_address(self.config.listen)
-        self._server = await asyncio.start_server(self._connection, host, port)
+        self._server = await asyncio.start_server(self._connection, host, port,
+                                                  limit=_READ_SIZE_BYTES)
         ticker = asyncio.create_task(self._tick_forever())
         registering = asyncio.create_task(self._register_forever())
         if ready is not None:
@@ -291,7 +293,7 @@ class Node:
                           writer: asyncio.StreamWriter) -> None:
         decoder = FrameDecoder(self.config.replication.frame_size_bytes_max)
         try:
-            while data := await reader.read(1 << 16):
+            while data := await reader.read(_READ_SIZE_BYTES):
                 decoder.feed(data)
                 produces = []
                 while isinstance(frame := decoder.next_frame(), Frame):
@@ -348,17 +350,20 @@ class Node:
         await _write(writer, data)
 
     async def _settle(self, stored: list[tuple[Frame, Stored, str]]) -> list[tuple[Frame, dict]]:
-        """Wait for the flush and (for acks=replicated) the layer's rule, for all at once."""
+        """Wait for the flush and (for acks=replicated) the layer's rule, for all at once.
+        The proposal goes in before anything is awaited, while this node is surely still
+        the leader that stored the records: a verdict cannot be missed by stepping down."""
         end = max(item.end for _, item, _ in stored)
+        replicated = [item.end for _, item, acks in stored if acks == "replicated"]
+        decision: asyncio.Future[PutStatus] | errors.MqlogError | None = None
+        if replicated:
+            try:
+                decision = self._propose(max(replicated))
+            except errors.MqlogError as error:
+                decision = error
         durable = await self.store.flushed_async(end)
         flushed = self.store.flushed_position
-        replicated = [item.end for _, item, acks in stored if acks == "replicated"]
-        decided: PutStatus | errors.MqlogError = PutStatus.PUT_OK
-        if replicated and (durable or flushed >= min(replicated)):
-            try:
-                decided = await self._replicated(max(replicated))
-            except errors.MqlogError as error:
-                decided = error
+        decided = await decision if isinstance(decision, asyncio.Future) else decision
         answers = []
         for frame, item, acks in stored:
             status = PutStatus.PUT_OK if durable or flushed >= item.end else \
@@ -367,22 +372,23 @@ class Node:
                 if isinstance(decided, errors.MqlogError):
                     answers.append((frame, self._error_header(decided)))
                     continue
+                assert decided is not None
                 status = decided
             answers.append((frame, {"kind": "produced", "status": status.value,
                                     "position": item.position, "offset": item.offset,
                                     "count": item.count}))
         return answers
 
-    async def _replicated(self, end: int) -> PutStatus:
-        """Propose everything up to ``end``; the layer's verdict once it decides."""
-        self.core.check_master()  # (it may have stepped down while the writes were stored)
+    def _propose(self, end: int) -> asyncio.Future[PutStatus]:
+        """Propose everything up to ``end``; the future has the layer's verdict."""
+        self.core.check_master()  # (it may have stepped down since the writes were stored)
         self._requests += 1
         request = (self.node_id, self._requests)
         future = asyncio.get_running_loop().create_future()
         self._waiting[request] = future
         self.core.propose(request, end)
         self._schedule()
-        return await future
+        return future
 
     async def _request(self, kind: Any, frame: Frame) -> tuple[dict[str, Any], bytes]:
         if kind == "fetch":
@@ -498,9 +504,8 @@ class Node:
                                                        addresses)
         end = self.store.append_control(body)
         self.core.membership_stored(membership, end, len(body))
-        self._schedule()
-        await self.store.flushed_async(end)
-        status = await self._replicated(end)
+        status = await self._propose(end)  # (proposed at once: it may commit, and this
+        # leader step down because of it, before anything awaited here would return)
         return {"kind": "membership", "status": status.value, "voters": list(voters),
                 "learners": list(learners)}
 
