@@ -307,13 +307,45 @@ def test_streaming_picks_up_appends_and_resumes_without_duplicates(spark, tmp_pa
     assert len(rows) == 65
 
 
+def test_streaming_fails_on_data_loss_unless_told_to_skip(spark, tmp_path):
+    """Records retention deleted before the query read them stop it (Kafka's
+    failOnDataLoss); with failOnDataLoss=false it skips to the oldest record kept."""
+    path = tmp_path / "store"
+    with mqlog.open(path, **SMALL) as store:
+        for index in range(40):
+            store.put("orders", b"early-%d" % index)
+    checkpoint, out = str(tmp_path / "checkpoint"), str(tmp_path / "out")
+
+    def run_available_now(fail_on_data_loss: str):
+        stream = (spark.readStream.format("mqlog").option("path", str(path))
+                  .option("failOnDataLoss", fail_on_data_loss).load()
+                  .select("offset", "body"))
+        query = (stream.writeStream.format("parquet").option("path", out)
+                 .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+        query.awaitTermination()
+
+    run_available_now("true")
+    with mqlog.open(path, **{**SMALL, "retention_bytes": 64 * 1024}) as store:
+        for index in range(2000):
+            store.put("orders", b"late-%d" % index)
+        store.flush()
+        store.apply_retention()
+        kept_from = store.min_offset("orders", 0)
+    assert kept_from > 40, "retention must delete records the query has not read"
+    with pytest.raises(Exception, match="failOnDataLoss=false"):
+        run_available_now("true")
+    run_available_now("false")
+    offsets = sorted(row.offset for row in spark.read.parquet(out).collect())
+    assert offsets == list(range(40)) + list(range(kept_from, 2040))
+
+
 def test_bad_options_are_typed_errors(tmp_path):
     from mqlog.errors import InvalidArgument
     from mqlog.spark_connector import options
 
     for bad in ({}, {"path": "a", "paths": "b"}, {"path": "a", "mode": "x"},
                 {"path": "a", "startingOffsets": "{bad"}, {"path": "a", "queues": "x:y"},
-                {"path": "a", "minPartitions": "-1"}):
+                {"path": "a", "minPartitions": "-1"}, {"path": "a", "failOnDataLoss": "maybe"}):
         with pytest.raises(InvalidArgument):
             options.parse(bad)
 

@@ -96,6 +96,7 @@ class ReadOptions:
     min_partitions: int = 1
     records_per_partition: int = DEFAULT_RECORDS_PER_PARTITION
     records_per_trigger: int | None = None
+    fail_on_data_loss: bool = True  # streaming: retention deleted records not yet read
     metrics_dir: str | None = None
     columns: tuple[str, ...] | None = None  # a projection given as a schema; None: all
     bounds: Bounds = field(default_factory=Bounds)
@@ -134,6 +135,7 @@ def parse(options: Any, columns: tuple[str, ...] | None = None) -> ReadOptions:
         records_per_partition=_int("maxRecordsPerPartition", get("maxrecordsperpartition"),
                                    1) or DEFAULT_RECORDS_PER_PARTITION,
         records_per_trigger=_int("maxRecordsPerTrigger", get("maxrecordspertrigger"), 1),
+        fail_on_data_loss=_bool("failOnDataLoss", get("failondataloss"), True),
         metrics_dir=get("metricsdir"), columns=columns)
 
 
@@ -177,6 +179,14 @@ def _int(name: str, text: str | None, low: int) -> int | None:
     if value < low:
         raise InvalidArgument(f"option {name} must be >= {low}, got {value}")
     return value
+
+
+def _bool(name: str, text: str | None, default: bool) -> bool:
+    if text is None or text == "":
+        return default
+    if text.lower() not in ("true", "false"):
+        raise InvalidArgument(f"option {name} must be true or false, got {text!r}")
+    return text.lower() == "true"
 
 
 def _offsets(name: str, text: str | None, default: str) -> Any:

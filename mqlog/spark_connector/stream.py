@@ -13,7 +13,10 @@ state of its own across runs:
   ``Trigger.AvailableNow`` the ends are frozen by ``prepareForTriggerAvailableNow`` so
   the query stops once it has read what existed when it started;
 * ``partitions(start, end)``: one ``QueueRange`` per queue that moved, cut by
-  ``maxRecordsPerPartition``; ``read`` is the batch source's.
+  ``maxRecordsPerPartition``; ``read`` is the batch source's. If retention deleted
+  records the query had not read yet (its start is below the queue's minimum offset),
+  the batch fails with OffsetOutOfRange — Kafka's ``failOnDataLoss``, true by default —
+  or, with ``failOnDataLoss=false``, starts at the minimum and says what it skipped.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from mqlog.errors import InvalidArgument
+from mqlog.errors import InvalidArgument, OffsetOutOfRange
 from mqlog.spark_connector import planner
 from mqlog.spark_connector.options import QueueRange, ReadOptions, resolve, split
 
@@ -101,16 +104,31 @@ class MqlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         ranges = []
-        for topic, queues in end.items():
-            for queue, stop in queues.items():
-                first = start.get(topic, {}).get(queue)
-                if first is None:
-                    with planner.open_store(self.path) as store:
-                        first = store.min_offset(topic, int(queue))
-                if first < stop:
-                    ranges.append(QueueRange(self.path, self.replica, topic, int(queue),
-                                             first, stop))
+        with planner.open_store(self.path) as store:
+            for topic, queues in end.items():
+                for queue, stop in queues.items():
+                    low = store.min_offset(topic, int(queue))
+                    first = self._check_loss(topic, queue, start.get(topic, {}).get(queue),
+                                             low, store.max_offset(topic, int(queue)))
+                    if first < stop:
+                        ranges.append(QueueRange(self.path, self.replica, topic, int(queue),
+                                                 first, stop))
         return split(ranges, self.options.records_per_partition, 1)
+
+    def _check_loss(self, topic: str, queue: str, first: int | None, low: int,
+                    high: int) -> int:
+        """Where this batch starts reading the queue: ``first``, unless retention deleted
+        it (then fail, or skip to ``low`` when failOnDataLoss is false)."""
+        if first is None or first >= low:
+            return low if first is None else first
+        lost = (f"offsets [{first}, {low}) of {topic}/{queue} were deleted by retention "
+                "before this query read them")
+        if self.options.fail_on_data_loss:
+            raise OffsetOutOfRange(f"{lost}; set failOnDataLoss=false to skip them, or keep "
+                                   "records longer (retention_ms, retention_bytes)",
+                                   min_offset=low, max_offset=high)
+        print(f"mqlog stream: {lost}; skipped (failOnDataLoss=false)", flush=True)
+        return low
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from mqlog.spark_connector.datasource import read_partition
