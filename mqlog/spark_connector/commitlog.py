@@ -18,7 +18,8 @@ to record by ``total_size``:
   forensic tool should; the damaged bytes in between are not a row.
 
 Records are reported when they start inside the partition's [start, end) positions; the
-walk starts at the segment's first byte because only there is a record boundary known.
+walk starts at the segment's first byte because only there is a record boundary known
+(up to the partition's start it only steps: no CRC, no row).
 Batches are built in bulk by ``layout.build_batch``; only the stepping and the CRC call
 are per record.
 """
@@ -81,12 +82,13 @@ class _Walk:
         verdicts: list[bool] = []
         at, stop = 0, part.end - self.base
         while at < stop:
-            found = self.record_at(at)
+            reported = at + self.base >= part.start
+            found = self.record_at(at, verify=reported)
             if found is None:
                 at = self.resync(at)
                 continue
             total, ok = found
-            if at + self.base >= part.start:
+            if reported:
                 starts.append(at)
                 verdicts.append(ok)
             at += total
@@ -97,14 +99,19 @@ class _Walk:
         if starts:
             yield self.emit(starts, verdicts, part, counters)
 
-    def record_at(self, at: int) -> tuple[int, bool] | None:
-        """(total size, CRC and position valid) of a record at ``at``; None if none is."""
+    def record_at(self, at: int, verify: bool = True) -> tuple[int, bool] | None:
+        """(total size, CRC and position valid) of a record at ``at``; None if none is.
+        The step depends on size and magic alone, so a walk towards the partition's start
+        skips the CRC (``verify=False``) and still steps exactly as the partition before
+        it, which reports those records, did."""
         head = self.view(at, 8)
         if head is None:
             return None
         total, magic = int.from_bytes(head[:4], "little"), int.from_bytes(head[4:], "little")
         if magic != _RECORD or total < layout.HEADER_SIZE or at + total > self.size:
             return None
+        if not verify:
+            return total, True
         record = self.view(at, total)
         assert record is not None
         stored_crc = int.from_bytes(record[8:12], "little")
