@@ -1,20 +1,35 @@
 """Records to Arrow columns in bulk: numpy over the record layout, Arrow over the bytes.
 
-Theory of operation. A reader hands this module one ``bytes`` object holding whole
-records as they lie in the commit log (docs/FORMAT.md) and the start of each record in
-it. Nothing here loops over records in Python:
+Theory of operation. A reader hands this module whole records as they lie in the
+commit log (docs/FORMAT.md), in one of two forms; nothing here loops over records in
+Python.
 
-1. The 72-byte headers are gathered into one contiguous array with a single Arrow
-   ``take`` (see ``slice_binary``) and viewed through a numpy structured dtype, so every
-   header field becomes a numpy column at once.
-2. The variable fields (topic, key, tags, properties, body) are spans of the buffer whose
-   bounds follow from the header sizes by vector arithmetic. ``slice_binary`` turns spans
-   into an Arrow binary column: it describes the buffer as an Arrow array whose elements
-   alternate between "bytes to skip" and "a wanted span" (offsets ``0, lo0, hi0, lo1,
-   hi1, ...`` are monotonic because spans never overlap), without copying, then takes
-   the odd elements, which copies each wanted span once, in C.
-3. Properties (a msgpack map per record) are decoded in Python only for the records that
+* One ``bytes`` buffer and the start of each record in it (``headers``,
+  ``build_batch``). The 72-byte headers are gathered into one contiguous array with a
+  single Arrow ``take`` (see ``slice_binary``) and viewed through a numpy structured
+  dtype. The variable fields (topic, key, tags, properties, body) are spans of the
+  buffer whose bounds follow from the header sizes by vector arithmetic.
+  ``slice_binary`` turns spans into an Arrow binary column: it describes the buffer as
+  an Arrow array whose elements alternate between "bytes to skip" and "a wanted span"
+  (offsets ``0, lo0, hi0, lo1, hi1, ...`` are monotonic because spans never overlap),
+  without copying, then takes the odd elements, which copies each wanted span once, in C.
+* Matrices whose rows are records of one size, back to back (``row_headers``,
+  ``build_row_batch``: fixed-size messages, as the reader learns from the consume queue
+  before reading). The headers are a structured view of the rows, with no copy; when
+  every record's field sizes are the same as well, every field is at the same column
+  of every row, and each is cut with one strided numpy copy per matrix: no gather, and
+  the pieces read are never joined into one buffer.
+
+Then, in both forms:
+
+1. Header fields are split out of the structured headers once (``Fields``), block by
+   block so that each record's header is fetched from memory once, not once per field.
+2. Properties (a msgpack map per record) are decoded in Python only for the records that
    have any; most records have none, and then the column is a run of empty maps.
+3. Columns whose every row is the same (the replica; the topic when the caller has
+   checked it; all-null keys or tags; all-empty properties; an all-true ``crc_ok``) are
+   built once per value and length and shared by the batches that follow: Arrow arrays
+   are immutable, and rebuilding them took a fifth of a batch's building time.
 
 The result matches Spark's Arrow form of ``schema.SCHEMA`` exactly (int32/int64,
 ``binary`` not ``large_binary``, ``timestamp[us, tz=UTC]``, every field nullable), which
@@ -23,7 +38,9 @@ PySpark 4.2+ checks batch by batch.
 
 from __future__ import annotations
 
+import functools
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -69,12 +86,80 @@ def slice_binary(data: pa.Buffer, lo: np.ndarray, hi: np.ndarray) -> pa.BinaryAr
     return pc.take(interleaved, pa.array(np.arange(1, 2 * count, 2, dtype=np.int64)))
 
 
-def headers(data: pa.Buffer, starts: np.ndarray) -> np.ndarray:
-    """The headers of the records starting at ``starts`` as a structured array."""
-    gathered = slice_binary(data, starts, starts + HEADER_SIZE)
+def headers(data: pa.Buffer, starts: np.ndarray, tail: int = 0) -> np.ndarray:
+    """The headers of the records starting at ``starts`` as a structured array.
+
+    With ``tail``, each row also holds the ``tail`` bytes that follow its header (field
+    ``tail``, numpy ``S<tail>``): a reader that knows the topic's length gets every
+    record's topic in the same gather. (``S`` comparison ignores trailing NULs, which is
+    exact between two values of the same length, and is several times faster than
+    comparing a uint8 subarray.) The spans ``[start, start + HEADER_SIZE + tail)`` must be
+    ascending and disjoint, as for ``slice_binary``.
+    """
+    dtype = _with_tail(tail)
+    gathered = slice_binary(data, starts, starts + dtype.itemsize)
     raw = gathered.buffers()[2]
-    assert raw is not None and raw.size >= HEADER_SIZE * len(starts)
-    return np.frombuffer(raw, HEADER, count=len(starts))
+    assert raw is not None and raw.size >= dtype.itemsize * len(starts)
+    return np.frombuffer(raw, dtype, count=len(starts))
+
+
+class Fields:
+    """Header fields as contiguous arrays, read out of the structured headers (one array,
+    or several in order) on first use, all at once (see ``_split_fields``): the checks
+    and the columns need nearly every field, most of them twice."""
+
+    def __init__(self, head: np.ndarray | list[np.ndarray]) -> None:
+        self.parts = head if isinstance(head, list) else [head]
+        self.count = sum(len(part) for part in self.parts)
+        self.names: tuple[str, ...] = self.parts[0].dtype.names or ()
+        self._read: dict[str, np.ndarray] | None = None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if self._read is None:
+            wanted = [field for field in self.names if field not in _UNUSED_FIELDS]
+            self._read = _split_fields(self.parts, wanted)
+        return self._read[name]
+
+
+_UNUSED_FIELDS = ("crc", "attrs")  # read_raw checked the CRC; no column shows attrs
+_BLOCK_ROWS = 4096  # records of a block: ~0.7 MB of 180-byte records, well within L2
+
+
+def _split_fields(parts: list[np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+    """The named fields of structured arrays as contiguous arrays, copied block by block:
+    a block's records come from memory once and stay in cache while each field is
+    copied out of them. (Field by field over a whole chunk, every field would fetch a
+    cache line per record again: twice the time.)"""
+    out = {name: np.empty(sum(len(part) for part in parts), parts[0].dtype[name])
+           for name in names}
+    at = 0
+    for part in parts:
+        for low in range(0, len(part), _BLOCK_ROWS):
+            block = part[low:low + _BLOCK_ROWS]
+            for name in names:
+                out[name][at:at + len(block)] = block[name]
+            at += len(block)
+    return out
+
+
+def _fields(head: np.ndarray | Fields) -> Fields:
+    return head if isinstance(head, Fields) else Fields(head)
+
+
+@functools.lru_cache(maxsize=8)
+def _with_tail(tail: int, itemsize: int = 0) -> np.dtype:
+    """HEADER, plus the ``tail`` bytes after it as field ``tail``; with ``itemsize``, the
+    same fields in items of that many bytes: a view over whole records."""
+    if itemsize:
+        packed = _with_tail(tail)
+        fields: Any = packed.fields
+        spec: Any = {"names": list(fields), "itemsize": itemsize,
+                     "formats": [fields[name][0] for name in fields],
+                     "offsets": [fields[name][1] for name in fields]}
+        return np.dtype(spec)
+    if not tail:
+        return HEADER
+    return np.dtype(HEADER.descr + [("tail", f"S{tail}")])
 
 
 def _with_validity(column: pa.Array, valid: np.ndarray | None, kind: pa.DataType) -> pa.Array:
@@ -87,9 +172,29 @@ def _with_validity(column: pa.Array, valid: np.ndarray | None, kind: pa.DataType
 
 
 def _timestamps(millis: np.ndarray) -> pa.Array:
-    micros = np.ascontiguousarray(millis, dtype=np.int64) * 1000
+    micros = np.multiply(millis, 1000, dtype=np.int64)  # a new array: ``millis`` is shared
     return pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), len(micros),
                                  [None, pa.py_buffer(micros)])
+
+
+@functools.lru_cache(maxsize=6)  # a partition's replica, topic and null, at two lengths
+def repeated(text: str | None, count: int) -> pa.Array:
+    """``count`` rows of ``text`` (None: of null) as a string column, shared (cached)."""
+    if text is None:
+        return pa.nulls(count, pa.string())
+    return pa.repeat(pa.scalar(text, pa.string()), count)
+
+
+@functools.lru_cache(maxsize=4)
+def _empty_maps(count: int) -> pa.Array:
+    return pa.MapArray.from_arrays(pa.array(np.zeros(count + 1, np.int32)),
+                                   pa.array([], pa.string()), pa.array([], pa.string()),
+                                   type=PROPERTIES_TYPE)
+
+
+@functools.lru_cache(maxsize=4)
+def _all_true(count: int) -> pa.Array:
+    return pa.array(np.ones(count, bool))
 
 
 def _property_text(value: Any) -> str:
@@ -137,59 +242,167 @@ _SPAN_FIELDS = ("topic_size", "key_size", "tags_size", "properties_size", "body_
 _SPAN_OF = {"topic": 0, "key": 1, "tags": 2, "properties": 3, "body": 4}
 
 
+@dataclass
+class _Cut:
+    """What a batch's columns are cut from: the headers, which records their sizes fit,
+    the constants; ``span``/``sizes`` say where the variable fields are."""
+
+    head: Fields
+    fits: np.ndarray
+    crc_ok: np.ndarray | None
+    replica: str
+    topic: str | None
+
+    def sizes(self, index: int) -> np.ndarray:
+        """Span field ``index``'s sizes, 0 where the record does not fit."""
+        raise NotImplementedError
+
+    def span(self, index: int) -> pa.BinaryArray:
+        """Span field ``index`` of every record as a binary column."""
+        raise NotImplementedError
+
+
+@dataclass
+class _BufferCut(_Cut):
+    """Fields cut out of one buffer by ``bounds`` (row ``i``: where span field ``i``
+    starts; row 5: the record's end)."""
+
+    data: pa.Buffer
+    bounds: np.ndarray
+
+    def sizes(self, index: int) -> np.ndarray:
+        # from the bounds, not the header: 0 where the record does not fit
+        return self.bounds[index + 1] - self.bounds[index]
+
+    def span(self, index: int) -> pa.BinaryArray:
+        return slice_binary(self.data, self.bounds[index], self.bounds[index + 1])
+
+
+@dataclass
+class _RowsCut(_Cut):
+    """Fields at the same place in every record: records are the rows of ``rows``'
+    matrices, and ``lengths`` are the span fields' sizes, the same in every record."""
+
+    rows: list[np.ndarray]
+    lengths: tuple[int, ...]
+
+    def sizes(self, index: int) -> np.ndarray:
+        return np.full(self.head.count, self.lengths[index], np.int64)
+
+    def span(self, index: int) -> pa.BinaryArray:
+        length, count = self.lengths[index], self.head.count
+        data = _copy_columns(self.rows, HEADER_SIZE + sum(self.lengths[:index]), length)
+        offsets = (np.arange(count + 1, dtype=np.int64) * length).astype(np.int32)
+        return pa.Array.from_buffers(pa.binary(), count,
+                                     [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _copy_columns(rows: list[np.ndarray], start: int, width: int) -> np.ndarray:
+    """Bytes ``[start, start + width)`` of every row, rows after rows, as one (rows,
+    width) array: one strided numpy copy per matrix, no per-record work."""
+    out = np.empty((sum(len(matrix) for matrix in rows), width), np.uint8)
+    at = 0
+    for matrix in rows:
+        out[at:at + len(matrix)] = matrix[:, start:start + width]
+        at += len(matrix)
+    return out
+
+
+def row_headers(rows: list[np.ndarray], tail: int = 0) -> Fields | None:
+    """The header fields (see ``headers``) of records given as the rows of uint8 matrices
+    (one matrix per piece of back-to-back records of one size): each matrix viewed as
+    an array of structured records, no copy and no gather. None when the rows are too
+    short to hold a header and ``tail`` bytes."""
+    size = rows[0].shape[1]
+    if size < _with_tail(tail).itemsize:
+        return None
+    dtype = _with_tail(tail, size)
+    return Fields([matrix.view(dtype).reshape(-1) for matrix in rows])
+
+
 def build_batch(buffer: bytes, starts: np.ndarray, replica: str,
-                crc_ok: np.ndarray | None = None, head: np.ndarray | None = None,
-                schema: pa.Schema = ARROW_SCHEMA) -> pa.RecordBatch:
+                crc_ok: np.ndarray | None = None, head: np.ndarray | Fields | None = None,
+                schema: pa.Schema = ARROW_SCHEMA, topic: str | None = None) -> pa.RecordBatch:
     """One record batch of the records starting at ``starts`` (ascending) in ``buffer``.
 
     ``crc_ok`` (commit-log mode) marks records whose CRC failed; a field whose span does
     not fit such a record's size is null rather than garbage. ``head`` is
-    ``headers(buffer, starts)`` if the caller has it; ``schema`` (a projection of
-    ``ARROW_SCHEMA``) says which columns to build, in which order.
+    ``headers(buffer, starts)`` (or its ``Fields``) if the caller has it; ``schema`` (a
+    projection of ``ARROW_SCHEMA``) says which columns to build, in which order.
+    ``topic``: every record's topic, when the caller has checked that (queue mode); the
+    column is then a constant rather than a copy of each record's bytes.
     """
     starts = np.ascontiguousarray(starts, dtype=np.int64)
     data = pa.py_buffer(buffer)
-    if head is None:
-        head = headers(data, starts)
+    fields = _fields(headers(data, starts) if head is None else head)
     bounds = np.empty((6, len(starts)), np.int64)
-    bounds[0] = starts + HEADER_SIZE
+    np.add(starts, HEADER_SIZE, out=bounds[0])
     for row, field in enumerate(_SPAN_FIELDS, start=1):
-        bounds[row] = bounds[row - 1] + head[field]
-    fits = (bounds[5] - starts == head["total_size"]) & (bounds[5] <= len(buffer))
+        np.add(bounds[row - 1], fields[field], out=bounds[row])  # no temporaries
+    fits = (bounds[5] - starts == fields["total_size"]) & (bounds[5] <= len(buffer))
     if not fits.all():
         bounds[:, ~fits] = starts[~fits]  # empty spans: the record is garbage past its header
-    columns = [_column(name, data, head, bounds, fits, crc_ok, replica)
-               for name in schema.names]
-    return pa.RecordBatch.from_arrays(columns, schema=schema)
+        topic = None
+    cut = _BufferCut(fields, fits, crc_ok, replica, topic, data, bounds)
+    return pa.RecordBatch.from_arrays([_column(name, cut) for name in schema.names],
+                                      schema=schema)
 
 
-def _column(name: str, data: pa.Buffer, head: np.ndarray, bounds: np.ndarray,
-            fits: np.ndarray, crc_ok: np.ndarray | None, replica: str) -> pa.Array:
-    count = len(head)
+def build_row_batch(rows: list[np.ndarray], head: np.ndarray | Fields, replica: str,
+                    schema: pa.Schema = ARROW_SCHEMA,
+                    topic: str | None = None) -> pa.RecordBatch | None:
+    """``build_batch`` for records given as matrix rows (see ``row_headers``), whose
+    ``head`` the caller has; None unless every record has the same field sizes, adding
+    up to the row's size (then every field sits at the same place in every row, and
+    each column is one strided copy)."""
+    fields = _fields(head)
+    lengths = _fixed_lengths(fields, rows[0].shape[1])
+    if lengths is None:
+        return None
+    fits = np.ones(fields.count, bool)
+    cut = _RowsCut(fields, fits, None, replica, topic, rows, lengths)
+    return pa.RecordBatch.from_arrays([_column(name, cut) for name in schema.names],
+                                      schema=schema)
+
+
+def _fixed_lengths(head: Fields, size: int) -> tuple[int, ...] | None:
+    """The span fields' sizes if they are the same in every record and fill ``size``."""
+    lengths = tuple(int(head[field][0]) for field in _SPAN_FIELDS)
+    if HEADER_SIZE + sum(lengths) != size or (head["total_size"] != size).any():
+        return None
+    for field, length in zip(_SPAN_FIELDS, lengths, strict=True):
+        if (head[field] != length).any():
+            return None
+    return lengths
+
+
+def _column(name: str, cut: _Cut) -> pa.Array:
+    count = cut.head.count
     if name in _SPAN_OF:
-        index = _SPAN_OF[name]
-        sizes = head[_SPAN_FIELDS[index]]
-        if name in ("key", "tags") and not sizes.any():
-            return pa.nulls(count, pa.string())
-        if name == "properties":
-            if not sizes.any():
-                return pa.MapArray.from_arrays(pa.array(np.zeros(count + 1, np.int32)),
-                                               pa.array([], pa.string()),
-                                               pa.array([], pa.string()),
-                                               type=PROPERTIES_TYPE)
-            span = slice_binary(data, bounds[index], bounds[index + 1])
-            return properties_column(span, np.where(fits, sizes, 0))
-        span = slice_binary(data, bounds[index], bounds[index + 1])
-        valid = fits & (sizes > 0) if name in ("key", "tags") else fits
-        return _with_validity(span, valid, pa.binary() if name == "body" else pa.string())
+        return _span_column(name, cut)
     if name in ("timestamp", "born_timestamp"):
-        return _timestamps(head["store_timestamp" if name == "timestamp" else name])
+        return _timestamps(cut.head["store_timestamp" if name == "timestamp" else name])
     if name == "crc_ok":
-        return pa.array(np.ones(count, bool) if crc_ok is None else crc_ok.astype(bool))
+        return _all_true(count) if cut.crc_ok is None else pa.array(cut.crc_ok.astype(bool))
     if name == "replica":
-        return pa.repeat(pa.scalar(replica, pa.string()), count)
-    kind = np.int32 if name == "queue_id" else np.int64
-    return pa.array(head[name].astype(kind))
+        return repeated(cut.replica, count)
+    # a view, not a cast: same-size integers, and the same wrap-around as astype
+    return pa.array(cut.head[name].view(np.int32 if name == "queue_id" else np.int64))
+
+
+def _span_column(name: str, cut: _Cut) -> pa.Array:
+    """topic, key, tags, properties or body: cut out of the records unless constant."""
+    count, index = cut.head.count, _SPAN_OF[name]
+    if name == "topic" and cut.topic is not None:
+        return repeated(cut.topic, count)
+    sizes = cut.sizes(index)
+    if name in ("key", "tags", "properties") and not sizes.any():
+        return _empty_maps(count) if name == "properties" else repeated(None, count)
+    if name == "properties":
+        return properties_column(cut.span(index), sizes)
+    valid = cut.fits & (sizes > 0) if name in ("key", "tags") else cut.fits
+    return _with_validity(cut.span(index), valid,
+                          pa.binary() if name == "body" else pa.string())
 
 
 def empty_batch() -> pa.RecordBatch:
@@ -197,6 +410,6 @@ def empty_batch() -> pa.RecordBatch:
                                       schema=ARROW_SCHEMA)
 
 
-def magic_ok(head: np.ndarray) -> np.ndarray:
+def magic_ok(head: np.ndarray | Fields) -> np.ndarray:
     """Which headers carry the record magic."""
     return head["magic"] == _MAGIC_U32

@@ -9,15 +9,23 @@ and never trusts more than the snapshot shows: the range is clamped to the queue
    tag hash) are read with numpy straight from the queue's files, 20 bytes an entry.
    Only offsets the snapshot vouches for are read, so entries a live writer is adding
    are never looked at.
-2. Bytes. Entries are cut into chunks (``CHUNK_RECORDS`` records, ``CHUNK_BYTES``
-   bytes). For each chunk the records are fetched with ``Store.read_raw`` — one C call
-   per run of adjacent records, which checks every record's CRC32C and raises
-   ``CorruptRecord`` on damage — so a gap left by other queues' records costs a new call
-   only when it is large (``GAP_BYTES``); smaller gaps are read through.
-3. Check and convert. ``layout.build_batch`` turns the chunk into an Arrow batch in bulk;
-   before it is yielded, every header is checked against its entry (magic, position,
-   size, queue, offset, topic), so an entry that points at the wrong record is an error
-   (``ConsumeQueueMismatch``), never a silently wrong row.
+2. Bytes. Entries (read ``ENTRY_RECORDS`` at a time) are cut into chunks
+   (``CHUNK_RECORDS`` records, ``CHUNK_BYTES`` bytes), one batch each. For each chunk
+   the records are fetched with ``Store.read_raw`` — one C call per run of adjacent
+   records, which checks every record's CRC32C and raises ``CorruptRecord`` on damage —
+   so a gap left by other queues' records costs a new call only when it is large
+   (``GAP_BYTES``); smaller gaps are read through. The pieces the calls return are kept
+   as they are (``Fetched``): joining them copies every byte, and is done only for a
+   batch that needs one buffer.
+3. Check and convert (``_convert``). When the chunk's records are all one size and lie
+   back to back in each piece (fixed-size messages: the consume queue says so before
+   anything is read), each piece is a matrix with a record per row; headers are a
+   structured view of it and ``layout.build_row_batch`` cuts every field with one
+   strided copy. Otherwise, or when the records' field sizes differ, the pieces are
+   joined and ``layout.build_batch`` gathers headers and fields (Arrow ``take``). Either
+   way, before a batch is yielded every header is checked against its entry (magic,
+   position, size, queue, offset, topic), so an entry that points at the wrong record is
+   an error (``ConsumeQueueMismatch``), never a silently wrong row.
 
 Counters (records and bytes read, batches, calls) are kept per partition and, when the
 ``metricsDir`` option is set, written there as one JSON file per partition read.
@@ -25,6 +33,7 @@ Counters (records and bytes read, batches, calls) are kept per partition and, wh
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import uuid
@@ -42,7 +51,8 @@ from mqlog.spark_connector import layout
 from mqlog.spark_connector.options import QueueRange
 from mqlog.spark_connector.schema import ARROW_SCHEMA
 
-CHUNK_RECORDS = 65_536
+ENTRY_RECORDS = 262_144  # consume-queue entries read at a time (5 MiB)
+CHUNK_RECORDS = 32_768  # a batch: ~6 MB of 180-byte records stays in cache while it is cut
 CHUNK_BYTES = 16 << 20
 GAP_BYTES = 256 << 10
 READ_BYTES_MAX = 32 << 20  # below the default read_size_bytes_max (64 MiB)
@@ -85,16 +95,12 @@ def read_queue(part: QueueRange, counters: Counters,
     with mqlog.open(part.path, read_only=True) as store:
         low = max(part.start, store.min_offset(part.topic, part.queue_id))
         high = min(part.end, store.max_offset(part.topic, part.queue_id))
-        for start in range(low, high, CHUNK_RECORDS):
+        for start in range(low, high, ENTRY_RECORDS):
             entries = queue_entries(store, part.topic, part.queue_id, start,
-                                    min(high, start + CHUNK_RECORDS))
+                                    min(high, start + ENTRY_RECORDS))
             for chunk_start, chunk in _chunks(entries, start):
-                buffer, starts = fetch(store, chunk, counters)
-                head = layout.headers(pa.py_buffer(buffer), starts)
-                _check(head, chunk, part, chunk_start)
-                _check_topic(buffer, starts, head, part, chunk_start, chunk)
-                batch = layout.build_batch(buffer, starts, part.replica, head=head,
-                                           schema=arrow)
+                fetched = fetch(store, chunk, counters)
+                batch = _convert(fetched, chunk, part, chunk_start, arrow)
                 counters.records += len(chunk)
                 counters.batches += 1
                 yield batch
@@ -113,7 +119,8 @@ def queue_entries(store: Store, topic: str, queue_id: int, low: int, high: int) 
         if first < last:
             parts.append(np.fromfile(path, layout.CQ_ENTRY, count=last - first,
                                      offset=(first - base) * layout.CQ_ENTRY.itemsize))
-    entries = np.concatenate(parts) if parts else np.empty(0, layout.CQ_ENTRY)
+    entries = parts[0] if len(parts) == 1 else \
+        np.concatenate(parts) if parts else np.empty(0, layout.CQ_ENTRY)
     if len(entries) != high - low or (entries["size"] == 0).any() or \
             (entries["position"] == _TOMBSTONE).any():
         raise ConsumeQueueMismatch(f"consume queue {topic}/{queue_id} of {store.paths.root} "
@@ -123,19 +130,60 @@ def queue_entries(store: Store, topic: str, queue_id: int, low: int, high: int) 
 
 
 def _chunks(entries: np.ndarray, start: int) -> Iterator[tuple[int, np.ndarray]]:
-    """Cut entries into chunks of at most CHUNK_BYTES of records (at least one each)."""
+    """Cut entries into chunks of at most CHUNK_RECORDS records and CHUNK_BYTES of records
+    (at least one each)."""
     ends = np.cumsum(entries["size"], dtype=np.int64)
     index = 0
     while index < len(entries):
         before = ends[index - 1] if index else 0
         stop = int(np.searchsorted(ends, before + CHUNK_BYTES, side="right"))
-        stop = max(stop, index + 1)
+        stop = min(max(stop, index + 1), index + CHUNK_RECORDS)
         yield start + index, entries[index:stop]
         index = stop
 
 
-def fetch(store: Store, entries: np.ndarray, counters: Counters) -> tuple[bytes, np.ndarray]:
-    """The bytes holding the records of ``entries`` and each record's start in them."""
+@dataclass
+class Fetched:
+    """A chunk's records as ``read_raw`` returned them: ``pieces`` (one per call) and, for
+    each record, the piece it is in and where it starts there. Joining the pieces is a
+    copy of every byte, so it is done only when a batch needs one buffer."""
+
+    pieces: list[bytes]
+    piece: np.ndarray
+    local: np.ndarray
+
+    @functools.cached_property
+    def joined(self) -> tuple[bytes, np.ndarray]:
+        """One buffer holding every piece, and each record's start in it."""
+        if len(self.pieces) == 1:
+            return self.pieces[0], self.local
+        lengths = np.fromiter((len(piece) for piece in self.pieces), np.int64,
+                              len(self.pieces))
+        joined_at = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        return b"".join(self.pieces), self.local + joined_at[self.piece]
+
+    def rows(self, sizes: np.ndarray) -> list[np.ndarray] | None:
+        """Each piece's records as the rows of a (records, size) uint8 matrix (views, no
+        copy) when all are one size and lie back to back in their piece; else None."""
+        size = int(sizes[0])
+        same_piece = self.piece[1:] == self.piece[:-1]
+        if (sizes != size).any() or (self.piece[1:] < self.piece[:-1]).any() or \
+                (np.diff(self.local)[same_piece] != size).any():
+            return None  # (entries out of order: left to the checks of the other path)
+        counts = np.bincount(self.piece, minlength=len(self.pieces)).tolist()
+        firsts = np.searchsorted(self.piece, np.arange(len(self.pieces))).tolist()
+        matrices = []
+        for piece, count, first in zip(self.pieces, counts, firsts, strict=True):
+            at = int(self.local[first]) if count else 0
+            if at + count * size > len(piece):
+                return None
+            matrices.append(np.frombuffer(piece, np.uint8, count * size, at)
+                            .reshape(count, size))
+        return matrices
+
+
+def fetch(store: Store, entries: np.ndarray, counters: Counters) -> Fetched:
+    """The bytes holding the records of ``entries``, in pieces (see ``Fetched``)."""
     positions = entries["position"].astype(np.int64)
     ends = positions + entries["size"].astype(np.int64)
     breaks = np.flatnonzero(positions[1:] - ends[:-1] > GAP_BYTES) + 1
@@ -146,13 +194,10 @@ def fetch(store: Store, entries: np.ndarray, counters: Counters) -> tuple[bytes,
     for first, last in zip(run_starts.tolist(), run_stops.tolist(), strict=True):
         _read_run(store, positions[first:last], int(ends[last - 1]), pieces, piece_bases,
                   counters)
-    buffer = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    lengths = np.fromiter((len(piece) for piece in pieces), np.int64, len(pieces))
-    joined_at = np.concatenate(([0], np.cumsum(lengths)[:-1]))
     bases = np.asarray(piece_bases, np.int64)
     which = np.searchsorted(bases, positions, side="right") - 1
-    counters.bytes += len(buffer)
-    return buffer, positions - bases[which] + joined_at[which]
+    counters.bytes += sum(len(piece) for piece in pieces)
+    return Fetched(pieces, which, positions - bases[which])
 
 
 def _read_run(store: Store, positions: np.ndarray, end: int, pieces: list[bytes],
@@ -173,7 +218,8 @@ def _read_run(store: Store, positions: np.ndarray, end: int, pieces: list[bytes]
         at = int(positions[following])
 
 
-def _check(head: np.ndarray, entries: np.ndarray, part: QueueRange, first_offset: int) -> None:
+def _check(head: layout.Fields, entries: np.ndarray, part: QueueRange,
+           first_offset: int) -> None:
     expected = np.arange(first_offset, first_offset + len(entries), dtype=np.uint64)
     good = layout.magic_ok(head) & (head["position"] == entries["position"]) & \
         (head["total_size"] == entries["size"]) & (head["offset"] == expected) & \
@@ -189,13 +235,55 @@ def _mismatch(part: QueueRange, first_offset: int, entries: np.ndarray, bad: int
         "holds another record; open the store read-write once to rebuild its queues")
 
 
-def _check_topic(buffer: bytes, starts: np.ndarray, head: np.ndarray, part: QueueRange,
+def _convert(fetched: Fetched, chunk: np.ndarray, part: QueueRange, first_offset: int,
+             arrow: pa.Schema) -> pa.RecordBatch:
+    """Check a chunk's records against their entries and build its batch.
+
+    Records of one size lying back to back (fixed-size messages) are rows of a matrix
+    per piece: headers and fields are strided numpy copies straight out of the pieces.
+    Otherwise the pieces are joined and headers and fields are gathered (``layout``).
+    """
+    topic_size = len(part.topic.encode())
+    rows = fetched.rows(chunk["size"])
+    fields = None if rows is None else layout.row_headers(rows, topic_size)
+    if fields is None:
+        rows = None
+        fields = layout.Fields(_headers(*fetched.joined, topic_size))
+    _check(fields, chunk, part, first_offset)
+    _check_topic(fetched, fields, part, first_offset, chunk)
+    batch = None
+    if rows is not None:
+        batch = layout.build_row_batch(rows, fields, part.replica, arrow, part.topic)
+    if batch is None:
+        buffer, starts = fetched.joined
+        batch = layout.build_batch(buffer, starts, part.replica, head=fields, schema=arrow,
+                                   topic=part.topic)
+    return batch
+
+
+def _headers(buffer: bytes, starts: np.ndarray, topic_size: int) -> np.ndarray:
+    """The chunk's headers, each with the ``topic_size`` bytes after it (where the queue's
+    topic should be) when those spans cannot overlap; plain headers otherwise (a record
+    too short to hold the topic, which ``_check``/``_check_topic`` will report)."""
+    ends = starts + (layout.HEADER_SIZE + topic_size)
+    disjoint = ends[-1] <= len(buffer) and bool((ends[:-1] <= starts[1:]).all())
+    return layout.headers(pa.py_buffer(buffer), starts, topic_size if disjoint else 0)
+
+
+def _check_topic(fetched: Fetched, head: layout.Fields, part: QueueRange,
                  first_offset: int, entries: np.ndarray) -> None:
-    """Every record's topic is the queue's (compared as bytes, in bulk)."""
+    """Every record's topic is the queue's (compared as bytes, in bulk): on the bytes
+    gathered with the headers if they were, else cut out of the joined buffer."""
     name = part.topic.encode()
-    at = starts + layout.HEADER_SIZE
-    topics = layout.slice_binary(pa.py_buffer(buffer), at, at + head["topic_size"])
     same = (head["topic_size"] == len(name))
-    if same.all() and pc.all(pc.equal(topics, pa.scalar(name, pa.binary()))).as_py():
-        return
+    if "tail" in head.names:
+        same &= head["tail"] == name
+        if same.all():
+            return
+    elif same.all():
+        buffer, starts = fetched.joined
+        at = starts + layout.HEADER_SIZE
+        topics = layout.slice_binary(pa.py_buffer(buffer), at, at + head["topic_size"])
+        if pc.all(pc.equal(topics, pa.scalar(name, pa.binary()))).as_py():
+            return
     _mismatch(part, first_offset, entries, int(np.argmin(same)) if not same.all() else 0)
