@@ -59,6 +59,12 @@ class Writer:
         self.thread.join(timeout=60)
         assert not self.thread.is_alive(), "the writer did not stop"
 
+    def wait_for_more(self, count: int, what: str) -> None:
+        """Wait until ``count`` more writes are acknowledged than now (or one failed)."""
+        target = len(self.acked) + count
+        wait_until(lambda: len(self.acked) >= target or bool(self.failures), what)
+        assert not self.failures, self.failures
+
     def acked_after(self, moment: float) -> float:
         """Seconds from ``moment`` to the ack of the first write sent after it: a write
         caught in flight by the fault is acknowledged only once a leader is back."""
@@ -98,7 +104,7 @@ def test_a_raft_group_survives_kill_pause_and_partition(proxied_cluster):
     writer.start()
     windows = {}
     try:
-        wait_until(lambda: len(writer.acked) >= 50 or bool(writer.failures), "first writes")
+        writer.wait_for_more(50, "first writes")
 
         leader = cluster.wait_leader()  # 1. SIGKILL: the process and its page cache state
         lost_at = time.monotonic()
@@ -120,9 +126,7 @@ def test_a_raft_group_survives_kill_pause_and_partition(proxied_cluster):
         windows["partition"] = writer.acked_after(lost_at)
         for proxy in _links_of(leader, proxies):
             proxy.heal()
-        count = len(writer.acked)
-        wait_until(lambda: len(writer.acked) >= count + 50 or bool(writer.failures),
-                   "writes after healing")
+        writer.wait_for_more(50, "writes after healing")
     finally:
         writer.finish()
     assert not writer.failures, writer.failures
@@ -181,7 +185,7 @@ def test_membership_changes_one_voter_at_a_time(tmp_path: Path):
         writer = Writer(cluster.addresses)
         writer.start()
         try:
-            wait_until(lambda: len(writer.acked) >= 20 or bool(writer.failures), "writes")
+            writer.wait_for_more(20, "writes")
             cluster.add_learner_process("n4")
             with mqlog.Client(cluster.address(leader)) as client:
                 with pytest.raises(mqlog.errors.MembershipChangeRefused):
@@ -195,9 +199,7 @@ def test_membership_changes_one_voter_at_a_time(tmp_path: Path):
             new_leader = cluster.wait_leader(remaining)
             assert cluster.metadata(new_leader)["voters"] == remaining
             assert cluster.metadata(leader)["role"] != "LEADER"
-            count = len(writer.acked)
-            wait_until(lambda: len(writer.acked) >= count + 20 or bool(writer.failures),
-                       "writes after the changes")
+            writer.wait_for_more(20, "writes after the changes")
         finally:
             writer.finish()
         assert not writer.failures, writer.failures

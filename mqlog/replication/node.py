@@ -181,6 +181,8 @@ class Node:
         replication = self.config.replication
         if replication.layer != "raft":
             return core_for(replication, self.store)
+        # Unseeded on purpose: a real node's election jitter must differ from its peers'
+        # (the simulator and the datadriven tests pass seeded generators).
         return core_for(replication, self.store, rng=random.Random(),
                         hard_state=hardstate.load(self.config.data_dir))
 

@@ -473,7 +473,7 @@ class RaftCore:
         matches = sorted([min(own, self._end) if name == self.node_id else
                           self.peers[name].match for name in self.voters], reverse=True)
         candidate = matches[self.quorum - 1]
-        term_start = next((start for epoch, start in self._epochs if epoch == self.term), None)
+        term_start = self._term_start()
         current_term = term_start is not None and candidate > term_start  # §5.4.2
         if candidate > self.commit and (current_term or self._test_break == "commit_old_term"):
             self.commit = self._ready.commit_to = candidate
@@ -567,8 +567,12 @@ class RaftCore:
                       for name in self.members if name != self.node_id}
 
     def _committed_in_term(self) -> bool:
-        term_start = next((start for epoch, start in self._epochs if epoch == self.term), None)
+        term_start = self._term_start()
         return term_start is not None and self.commit > term_start
+
+    def _term_start(self) -> int | None:
+        """Where this term's first record (a leader's no-op) starts; None before it is in."""
+        return next((start for epoch, start in self._epochs if epoch == self.term), None)
 
     def _removed_and_committed(self) -> bool:
         return self.node_id not in self.voters and bool(self.memberships) and \
