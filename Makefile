@@ -39,4 +39,4 @@ lint: setup
 	PATH=$(VENV)/bin:$$PATH cython-lint mqlog/ext
 
 clean:
-	rm -rf $(VENV) build mqlog/ext/*.so mqlog/ext/_core.c .pytest_cache .hypothesis
+	rm -rf $(VENV) build mqlog/ext/*.so mqlog/ext/*.c .pytest_cache .hypothesis

@@ -19,7 +19,14 @@ extensions = [
         depends=["mqlog/ext/crc32c.h", "mqlog/ext/layout.h"],
         include_dirs=["mqlog/ext"],
         extra_compile_args=["-O3", "-fno-strict-aliasing", "-Wno-unused-function"],
-    )
+    ),
+    Extension(
+        "mqlog.ext._wire",
+        sources=["mqlog/ext/_wire.pyx"],
+        depends=["mqlog/ext/crc32c.h"],
+        include_dirs=["mqlog/ext"],
+        extra_compile_args=["-O3", "-fno-strict-aliasing", "-Wno-unused-function"],
+    ),
 ]
 
 setup(

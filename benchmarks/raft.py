@@ -74,13 +74,14 @@ async def drive(address: str, seconds: float, window: int, batch: int) -> Run:
     deadline, next_id, producer = started_at + seconds, 0, f"bench-{time.monotonic_ns()}"
     try:
         while True:
-            now = time.perf_counter()
+            now, frames = time.perf_counter(), []
             while len(sent) < window and now < deadline:
                 next_id += 1
                 header, payload = produce_request("bench", bodies, producer=(producer, next_id))
                 header["id"] = next_id
-                writer.write(encode_frame(header, payload))
+                frames.append(encode_frame(header, payload))
                 sent[next_id] = now
+            writer.write(b"".join(frames))  # one system call for all
             if not sent:
                 break
             await writer.drain()

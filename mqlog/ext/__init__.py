@@ -1,36 +1,49 @@
-"""mqlog's log core: the Cython extension, or its pure-Python twin.
+"""mqlog's C extensions, or their pure-Python twins.
 
-One switch, as msgpack has: ``MQLOG_PUREPYTHON=1`` selects the twin
-(``mqlog.ext.fallback``); otherwise the compiled ``mqlog.ext._core`` is used when it
-imports, and ``MQLOG_REQUIRE_EXTENSION=1`` turns its absence into an ImportError instead
-of a silent fallback. ``IMPLEMENTATION`` says which one is live. ``load(name)`` gives
-either one explicitly, for tests and benchmarks that compare them.
+Two pairs: the log core (``_core`` / ``fallback``) and the wire codec (``_wire`` /
+``wire_fallback``). One switch, as msgpack has: ``MQLOG_PUREPYTHON=1`` selects the
+twins; otherwise the compiled modules are used when they import, and
+``MQLOG_REQUIRE_EXTENSION=1`` turns their absence into an ImportError instead of a
+silent fallback. ``core`` and ``wire`` are the live modules, ``IMPLEMENTATION`` says
+which kind. ``load(name)`` and ``load_wire(name)`` give either one explicitly, for tests
+and benchmarks that compare them.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from types import ModuleType
 
-from mqlog.ext import fallback
+from mqlog.ext import fallback, wire_fallback
 
 
-def _compiled() -> ModuleType | None:
+def _compiled(name: str = "_core") -> ModuleType | None:
     try:
-        from mqlog.ext import _core  # type: ignore[attr-defined]
+        return importlib.import_module(f"mqlog.ext.{name}")
     except ImportError:
         return None
-    return _core
 
 
 def load(name: str | None = None) -> ModuleType:
     """The core module called ``name`` ("cython" or "python"); None: the live one."""
     if name is None:
         return core
+    return _explicit(name, "_core", fallback)
+
+
+def load_wire(name: str | None = None) -> ModuleType:
+    """The wire codec called ``name`` ("cython" or "python"); None: the live one."""
+    if name is None:
+        return wire
+    return _explicit(name, "_wire", wire_fallback)
+
+
+def _explicit(name: str, compiled_name: str, twin: ModuleType) -> ModuleType:
     if name == "python":
-        return fallback
+        return twin
     if name == "cython":
-        compiled = _compiled()
+        compiled = _compiled(compiled_name)
         if compiled is None:
             raise ImportError("mqlog's C extension is not built: run `make setup` "
                               "(or `python setup.py build_ext --inplace`)")
@@ -38,15 +51,16 @@ def load(name: str | None = None) -> ModuleType:
     raise ValueError(f"unknown implementation {name!r}: use 'cython' or 'python'")
 
 
-def _select() -> ModuleType:
+def _select(compiled_name: str, twin: ModuleType) -> ModuleType:
     if os.environ.get("MQLOG_PUREPYTHON"):
-        return fallback
-    compiled = _compiled()
+        return twin
+    compiled = _compiled(compiled_name)
     if compiled is None and os.environ.get("MQLOG_REQUIRE_EXTENSION"):
         raise ImportError("MQLOG_REQUIRE_EXTENSION is set but mqlog's C extension is not "
                           "built: run `make setup` (or `python setup.py build_ext --inplace`)")
-    return compiled if compiled is not None else fallback
+    return compiled if compiled is not None else twin
 
 
-core: ModuleType = _select()
+core: ModuleType = _select("_core", fallback)
+wire: ModuleType = _select("_wire", wire_fallback)
 IMPLEMENTATION: str = core.IMPLEMENTATION

@@ -13,27 +13,28 @@ Log bytes travel in the payload exactly as they lie on disk, so a follower appen
 verbatim and checks each record's own CRC as well. The header is small and structured: a
 map (str keys; a bytes key is never looked up, so it is as good as absent).
 
-The decoder is sans-IO (h11's shape): ``feed(data)`` takes whatever the socket gave,
-``next_frame()`` returns a ``Frame`` or ``NEED_DATA``. It never buffers a frame larger
-than ``frame_size_bytes_max`` (the size field is checked before the body arrives), and a
-bad CRC, size or header raises ``RemoteProtocolError``: the connection must be dropped.
+Frames are coded by ``mqlog.ext.wire`` (the C codec, or its pure-Python twin, chosen as
+the log core is). The decoder here is sans-IO (h11's shape): ``feed(data)`` takes
+whatever the socket gave, ``next_frame()`` returns a ``Frame`` or ``NEED_DATA``. It
+decodes every whole frame buffered in one call to the codec and hands them out one by
+one. It never buffers a frame larger than ``frame_size_bytes_max`` (the size field is
+checked before the body arrives), and a bad CRC, size or header raises
+``RemoteProtocolError`` once the frames before it are handed out: the connection must be
+dropped.
 """
 
 from __future__ import annotations
 
-import struct
-from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final
 
-import msgpack
-from crc32c import crc32c
+from mqlog.ext import wire as _codec
 
-from mqlog.errors import RemoteProtocolError
-
-_PREFIX = struct.Struct("<III")  # frame_size, crc32c, header_size
-_SIZE = struct.Struct("<I")
-PREFIX_SIZE: Final = _PREFIX.size
-_CRC_FROM = 8  # the CRC covers everything after its own field
+if TYPE_CHECKING:
+    from mqlog.ext.wire_fallback import Frame
+else:
+    Frame = _codec.Frame
+encode_frame = _codec.encode_frame
+PREFIX_SIZE: Final = _codec.PREFIX_SIZE
 
 
 class _NeedData:
@@ -44,21 +45,6 @@ class _NeedData:
 NEED_DATA: Final = _NeedData()
 
 
-@dataclass(frozen=True)
-class Frame:
-    """One decoded frame: a header map and a payload of raw bytes."""
-
-    header: dict[str, Any]
-    payload: bytes = field(default=b"", repr=False)
-
-
-def encode_frame(header: dict[str, Any], payload: bytes = b"") -> bytes:
-    """The bytes of one frame."""
-    packed = msgpack.packb(header, use_bin_type=True)
-    body = struct.pack("<I", len(packed)) + packed + payload
-    return struct.pack("<II", len(body) + 4, crc32c(body)) + body
-
-
 class FrameDecoder:
     """Turns a byte stream into frames; see the module docstring."""
 
@@ -66,7 +52,9 @@ class FrameDecoder:
         assert frame_size_bytes_max >= PREFIX_SIZE
         self.frame_size_bytes_max = frame_size_bytes_max
         self._buffer = bytearray()
-        self._start = 0  # where the next frame begins in _buffer
+        self._start = 0  # where the next undecoded frame begins in _buffer
+        self._decoded: list[Frame] = []  # frames decoded, not yet handed out
+        self._next = 0  # the next of them to hand out
 
     def feed(self, data: bytes) -> None:
         if self._start and self._start * 2 >= len(self._buffer):
@@ -76,37 +64,19 @@ class FrameDecoder:
 
     @property
     def buffered_size(self) -> int:
+        """Bytes fed that are not yet decoded into frames."""
         return len(self._buffer) - self._start
 
     def next_frame(self) -> Frame | _NeedData:
         """The next whole frame, or NEED_DATA; raises RemoteProtocolError on garbage."""
-        buffered = len(self._buffer) - self._start
-        if buffered < 4:
+        if self._next < len(self._decoded):
+            self._next += 1
+            return self._decoded[self._next - 1]
+        frames, self._start, error = _codec.decode_frames(self._buffer, self._start,
+                                                          self.frame_size_bytes_max)
+        if not frames:
+            if error is not None:
+                raise error
             return NEED_DATA
-        (frame_size,) = _SIZE.unpack_from(self._buffer, self._start)
-        if not 8 <= frame_size <= self.frame_size_bytes_max - 4:
-            raise RemoteProtocolError(
-                f"frame of {frame_size + 4} bytes is outside [12, frame_size_bytes_max="
-                f"{self.frame_size_bytes_max}]; the peer is not speaking mqlog, or sends "
-                "frames larger than this node accepts")
-        if buffered < frame_size + 4:
-            return NEED_DATA
-        start, end = self._start, self._start + 4 + frame_size
-        frame = _decode(memoryview(self._buffer)[start:end])
-        self._start = end
-        return frame
-
-
-def _decode(data: memoryview) -> Frame:
-    _size, crc, header_size = _PREFIX.unpack_from(data)
-    if crc32c(data[_CRC_FROM:]) != crc:
-        raise RemoteProtocolError("frame CRC32C mismatch: the connection corrupted data")
-    if PREFIX_SIZE + header_size > len(data):
-        raise RemoteProtocolError(f"frame header of {header_size} bytes overruns its frame")
-    try:
-        header = msgpack.unpackb(data[PREFIX_SIZE:PREFIX_SIZE + header_size], raw=False)
-    except (ValueError, msgpack.UnpackException) as error:
-        raise RemoteProtocolError(f"frame header is not msgpack: {error}") from None
-    if type(header) is not dict:  # (msgpack's strict_map_key allows str and bytes keys)
-        raise RemoteProtocolError("frame header must be a map")
-    return Frame(header, bytes(data[PREFIX_SIZE + header_size:]))
+        self._decoded, self._next = frames, 1
+        return frames[0]

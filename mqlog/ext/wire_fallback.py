@@ -1,0 +1,86 @@
+"""The pure-Python twin of mqlog's wire codec (``mqlog.ext._wire``): the specification.
+
+A frame (docs/FORMAT.md, "Frames") is a size, a CRC32C, a msgpack header map and a raw
+payload. ``encode_frame`` builds one; ``decode_frames`` cuts every whole frame out of a
+buffer at once and says where the rest begins. Both twins write the same bytes (msgpack's
+smallest encodings, str for text, bin for bytes) and decode to equal values; any garbage
+is a RemoteProtocolError. ``mqlog.replication.wire`` holds the stream decoder that uses
+them.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import msgpack
+from crc32c import crc32c
+
+from mqlog.errors import RemoteProtocolError
+
+IMPLEMENTATION: Final = "python"
+PREFIX_SIZE: Final = 12  # frame_size u32, crc32c u32, header_size u32
+_PREFIX = struct.Struct("<III")
+_SIZE = struct.Struct("<I")
+_CRC_FROM = 8  # the CRC covers everything after its own field
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One decoded frame: a header map and a payload of raw bytes."""
+
+    header: dict[str, Any]
+    payload: bytes = field(default=b"", repr=False)
+
+
+def encode_frame(header: dict[str, Any], payload: Any = b"") -> bytes:
+    """The bytes of one frame (docs/FORMAT.md)."""
+    packed = msgpack.packb(header, use_bin_type=True)
+    body = _SIZE.pack(len(packed)) + packed + payload
+    return _SIZE.pack(len(body) + 4) + _SIZE.pack(crc32c(body)) + body
+
+
+def decode_frames(buffer: Any, start: int, frame_size_bytes_max: int
+                  ) -> tuple[list[Frame], int, RemoteProtocolError | None]:
+    """Every whole frame in ``buffer[start:]``: (frames, where the rest begins, error).
+
+    Decoding stops at the first incomplete frame, or at the first bad one: then
+    ``error`` is the RemoteProtocolError it raises and the rest begins at it."""
+    frames: list[Frame] = []
+    view = memoryview(buffer)
+    while len(view) - start >= 4:
+        (frame_size,) = _SIZE.unpack_from(view, start)
+        if not 8 <= frame_size <= frame_size_bytes_max - 4:
+            return frames, start, RemoteProtocolError(
+                f"frame of {frame_size + 4} bytes is outside [12, frame_size_bytes_max="
+                f"{frame_size_bytes_max}]; the peer is not speaking mqlog, or sends "
+                "frames larger than this node accepts")
+        if len(view) - start < frame_size + 4:
+            break
+        try:
+            frames.append(_decode_one(view[start:start + 4 + frame_size]))
+        except RemoteProtocolError as error:
+            return frames, start, error
+        start += 4 + frame_size
+    return frames, start, None
+
+
+def _decode_one(data: memoryview) -> Frame:
+    _size, crc, header_size = _PREFIX.unpack_from(data)
+    if crc32c(data[_CRC_FROM:]) != crc:
+        raise RemoteProtocolError("frame CRC32C mismatch: the connection corrupted data")
+    if PREFIX_SIZE + header_size > len(data):
+        raise RemoteProtocolError(f"frame header of {header_size} bytes overruns its frame")
+    try:
+        header = msgpack.unpackb(data[PREFIX_SIZE:PREFIX_SIZE + header_size], raw=False,
+                                 ext_hook=_refuse_ext)
+    except (ValueError, msgpack.UnpackException) as error:
+        raise RemoteProtocolError(f"frame header is not msgpack: {error}") from None
+    if type(header) is not dict:  # (msgpack's strict_map_key allows str and bytes keys)
+        raise RemoteProtocolError("frame header must be a map")
+    return Frame(header, bytes(data[PREFIX_SIZE + header_size:]))
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ValueError(f"type ext {code} (an ext type) is never in a header")
