@@ -139,9 +139,16 @@ def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
                     key: str | None = None, tags: str | None = None,
                     acks: str = "replicated",
                     producer: tuple[str, int] | None = None) -> tuple[dict[str, Any], bytes]:
-    """The header and payload of a produce request (docs/FORMAT.md)."""
-    header = {"kind": "produce", "topic": topic, "queue_id": queue_id, "key": key,
-              "tags": tags, "sizes": [len(body) for body in bodies], "acks": acks}
+    """The header and payload of a produce request (docs/FORMAT.md); fields left at
+    their defaults (no key, no tags, acks "replicated") are left out."""
+    header: dict[str, Any] = {"kind": "produce", "topic": topic, "queue_id": queue_id,
+                              "sizes": [len(body) for body in bodies]}
+    if key is not None:
+        header["key"] = key
+    if tags is not None:
+        header["tags"] = tags
+    if acks != "replicated":
+        header["acks"] = acks
     if producer is not None:
         header["producer_id"], header["sequence"] = producer
     return header, b"".join(bodies)

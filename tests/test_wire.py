@@ -121,8 +121,9 @@ def test_the_twins_write_the_same_bytes_and_read_them_back(header, payload):
     python, cython = TWINS
     frame = python.encode_frame(header, payload)
     assert cython.encode_frame(header, payload) == frame
-    assert frame[12:12 + struct.unpack_from("<I", frame, 8)[0]] == msgpack.packb(
-        header, use_bin_type=True)
+    packed = msgpack.packb(header, use_bin_type=True)
+    assert frame[12:12 + struct.unpack_from("<I", frame, 8)[0]] == packed
+    assert python.packb(header) == cython.packb(header) == packed
     for twin in TWINS:
         frames, end, error = twin.decode_frames(bytearray(frame * 2), 0, 1 << 20)
         assert error is None and end == 2 * len(frame)
@@ -154,6 +155,14 @@ def test_the_twins_agree_on_any_header_bytes(packed):
 def test_what_msgpack_cannot_carry_is_refused(twin, value, error):
     with pytest.raises(error):
         twin.encode_frame({"value": value})
+    with pytest.raises(error):
+        twin.packb({"value": value})
+
+
+@pytest.mark.parametrize("twin", TWINS, ids=lambda twin: twin.IMPLEMENTATION)
+def test_packb_is_msgpack_for_what_headers_never_hold(twin):
+    value = {"when": msgpack.Timestamp(1, 2), "ext": msgpack.ExtType(5, b"x")}
+    assert twin.packb(value) == msgpack.packb(value)
 
 
 @pytest.mark.parametrize("twin", TWINS, ids=lambda twin: twin.IMPLEMENTATION)

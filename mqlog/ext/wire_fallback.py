@@ -34,6 +34,11 @@ class Frame:
     payload: bytes = field(default=b"", repr=False)
 
 
+def packb(value: Any) -> bytes:
+    """``msgpack.packb(value)`` (the C twin's is faster for the types headers use)."""
+    return msgpack.packb(value, use_bin_type=True)
+
+
 def encode_frame(header: dict[str, Any], payload: Any = b"") -> bytes:
     """The bytes of one frame (docs/FORMAT.md)."""
     packed = msgpack.packb(header, use_bin_type=True)

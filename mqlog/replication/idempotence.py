@@ -34,7 +34,7 @@ _RECORD_MAGIC = int.from_bytes(b"MQR\x01", "little")
 _CONTROL = 0x0001
 
 
-@dataclass
+@dataclass(slots=True)
 class Stored:
     """Where one request's records went."""
 
@@ -68,12 +68,16 @@ class ProducerTable:
         return found
 
     def note(self, producer_id: str, sequence: int, stored: Stored) -> None:
-        sequences = self._producers.setdefault(producer_id, OrderedDict())
+        sequences = self._producers.get(producer_id)
+        if sequences is None:
+            sequences = self._producers[producer_id] = OrderedDict()
         earlier = sequences.get(sequence)
         if earlier is not None and earlier.end == stored.position:  # one request, more records
             stored = Stored(earlier.position, stored.end, earlier.offset,
                             earlier.count + stored.count)
         sequences[sequence] = stored
+        if len(sequences) <= self.sequences_max:
+            return
         while len(sequences) > self.sequences_max:
             dropped, _ = sequences.popitem(last=False)
             self._forgotten[producer_id] = max(dropped, self._forgotten.get(producer_id, -1))

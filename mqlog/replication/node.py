@@ -339,6 +339,11 @@ class Node:
         and answered together — one flush wait, one proposal, one socket write (the
         shape of pebble's commit pipeline) — each with its own status or error."""
         answers, stored = [], []
+        try:
+            self.core.check_master()  # (once: nothing below can make it step down)
+        except errors.MqlogError as error:
+            answers = [(frame, self._error_header(error)) for frame in frames]
+            frames = []
         for frame in frames:
             try:
                 stored.append((frame, *self._store_request(frame.header, frame.payload)))
@@ -347,9 +352,9 @@ class Node:
         if stored:
             self._schedule()  # followers get the records while this node's flush runs
             answers += await self._settle(stored)
-        data = b"".join(encode_frame({**header, "id": frame.header.get("id")})
-                        for frame, header in answers)
-        await _write(writer, data)
+        for frame, header in answers:
+            header["id"] = frame.header.get("id")
+        await _write(writer, b"".join([encode_frame(header) for _, header in answers]))
 
     async def _settle(self, stored: list[tuple[Frame, Stored, str]]) -> list[tuple[Frame, dict]]:
         """Wait for the flush and (for acks=replicated) the layer's rule, for all at once.
@@ -413,25 +418,30 @@ class Node:
 
     def _store_request(self, header: dict[str, Any], payload: bytes) -> tuple[Stored, str]:
         """Store one produce request's records (or find them: an idempotent retry);
-        where they went, and what the client waits for."""
-        self.core.check_master()
+        where they went, and what the client waits for. (The caller checked that this
+        node leads.)"""
         bodies = unpack_bodies(payload, header.get("sizes"))
         if not bodies:
             raise errors.InvalidArgument("a produce request needs at least one body")
         acks = header.get("acks", "replicated")
-        if acks not in ("replicated", "master"):
+        if acks != "replicated" and acks != "master":
             raise errors.InvalidArgument(f"acks must be 'replicated' or 'master', got {acks!r}")
         producer = _producer_tag(header) if self.raft else None
-        found = self.producers.lookup(*producer) if producer else None
-        if found is not None:
-            return found, acks
-        properties = producer_properties(*producer) if producer else None
+        properties = None
+        if producer is not None:
+            found = self.producers.lookup(*producer)
+            if found is not None:
+                return found, acks
+            properties = producer_properties(*producer)
         topic: Any = header.get("topic")  # the store checks every field's type
-        result: Any = self.store.put_nowait(topic, bodies[0] if len(bodies) == 1 else bodies,
-                                            header.get("queue_id", 0), header.get("key"),
-                                            header.get("tags"), properties)
-        stored = Stored(result.position, result.end_position, result.offset, len(bodies))
-        if producer:
+        queue_id, key, tags = header.get("queue_id", 0), header.get("key"), header.get("tags")
+        if len(bodies) == 1:
+            one = self.store.put_nowait(topic, bodies[0], queue_id, key, tags, properties)
+            stored = Stored(one.position, one.position + one.size, one.offset, 1)
+        else:
+            many = self.store.put_nowait(topic, bodies, queue_id, key, tags, properties)
+            stored = Stored(many.position, many.end_position, many.offset, many.count)
+        if producer is not None:
             self.producers.note(*producer, stored)
         return stored, acks
 
