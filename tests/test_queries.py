@@ -340,3 +340,46 @@ def test_readers_beside_retention_get_records_or_offset_out_of_range(tmp_path, i
             reader.join()
         assert not failures, failures[0]
         assert store.first_segment_base() > 0
+
+
+def test_a_replica_reset_to_its_leaders_log_start_catches_up_from_there(tmp_path, impl, rng):
+    """A replica whose log ends before its leader's log start (retention let the leader's
+    front go) starts over, empty, at that start, with the epoch of the record that ends
+    there; then takes the leader's records from there, queues starting mid-way."""
+    settings = dict(SMALL, retention_ms=-1, retention_bytes=100_000)
+    leader = mqlog.open(tmp_path / "leader", implementation=impl, **settings)
+    replica = mqlog.open(tmp_path / "replica", implementation=impl, **settings)
+    for epoch in (1, 2, 3):
+        leader.set_epoch(epoch)
+        _fill(leader, rng, 300)
+    replica.append_raw(0, leader.read_raw(0, 20_000))  # an old, short copy
+    replica.set_epoch(4)
+    replica.put("its-own", b"a record of an epoch the leader never had")
+    leader.flush()
+    leader.apply_retention()
+    start = leader.first_segment_base()
+    assert start > replica.written_position
+    epochs = [(epoch, at) for epoch, at in leader.epoch_starts() if at < start]
+    assert epochs and leader.epoch_at(start) == epochs[-1][0]  # kept through retention
+
+    replica.reset(start, epochs)
+    for reopen in (False, True):  # the reset is durable
+        if reopen:
+            replica.close()
+            replica = mqlog.open(tmp_path / "replica", implementation=impl, **settings)
+        assert (replica.written_position, replica.committed_position) == (start, start)
+        assert replica.first_segment_base() == start and replica.queues() == []
+        assert replica.epoch_at(start) == leader.epoch_at(start)
+    while replica.written_position < leader.written_position:
+        replica.append_raw(replica.written_position,
+                           leader.read_raw(replica.written_position, 50_000))
+    assert replica.read_raw(start, 1 << 20) == leader.read_raw(start, 1 << 20)
+    for topic, queue_id in leader.queues():
+        assert replica.min_offset(topic, queue_id) == leader.min_offset(topic, queue_id)
+        low = leader.min_offset(topic, queue_id)
+        assert [r.raw for r in replica.get(topic, queue_id, low, 1000)] == \
+            [r.raw for r in leader.get(topic, queue_id, low, 1000)]
+    with pytest.raises(errors.InvalidArgument):
+        replica.reset(10, [(1, 10)])  # an epoch cannot start at or after the new start
+    leader.close()
+    replica.close()

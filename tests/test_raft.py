@@ -16,6 +16,7 @@ Commands (nodes are named; ``[...]`` is optional):
     campaign n1            tick n1 until its election timer fires; print the ticks
     tick [n1 ...] [n=K]    tick the nodes (every running node if none is named)
     put n1 [count=K] [size=B]  store records on n1 and propose them, as a node does
+                           (more than 10: the first and the last are printed)
     process [n1 ...]       carry out each node's Ready and print what it did
     deliver [to ...] [from=a,b] [kind=entries,...]  deliver the queued messages (those
                            across a partition or to a node that is down are lost)
@@ -33,7 +34,10 @@ Commands (nodes are named; ``[...]`` is optional):
                            its log that configuration's record is (or "bootstrap")
     log [n1 ...]           every record: position, epoch (e), "/noop" for a leader's no-op,
                            "/membership" for a membership change
-    compare n1 n2 ...      byte-identical logs, or where they first differ
+    compare n1 n2 ...      byte-identical logs (from the latest log start among them),
+                           or where they first differ
+    retain n1 [n2 ...]     retention: every segment wholly below the commit and the flush
+                           goes; print where the log starts now
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from mqlog.replication.core import Ready
 from mqlog.replication.messages import (
     Entries,
     EntriesReply,
+    LogReset,
     Message,
     TimeoutNow,
     Vote,
@@ -68,10 +73,14 @@ SCRIPTS = sorted((Path(__file__).parent / "data" / "raft").glob("*.txt"))
 TICK_SETTINGS = dict(election_timeout_ticks=10, heartbeat_ticks=2, retransmit_ticks=4,
                      sync_timeout_ticks=20, append_bytes_max=600, inflight_bytes_max=1200,
                      frame_size_bytes_max=8192)
-STORE_SETTINGS = dict(SMALL, committed_follows="external", flush_interval_ms=3_600_000)
+# Retention runs only when a script says ``retain`` (and then lets go of every segment it
+# may: below the commit and the flush).
+STORE_SETTINGS = dict(SMALL, committed_follows="external", flush_interval_ms=3_600_000,
+                      retention_ms=-1, retention_bytes=0,
+                      retention_check_interval_ms=3_600_000)
 MEMBERSHIP_MAGIC = b"MQCFG1"  # a membership change's control record body starts so
-_STATE_CHANGES = ("save hard state", "truncate", "set epoch", "append no-op", "commit to",
-                  "resolved", "event")
+_STATE_CHANGES = ("save hard state", "reset log", "truncate", "set epoch", "append no-op",
+                  "commit to", "resolved", "event")
 
 
 class _DurableView:
@@ -198,13 +207,17 @@ class Interaction:
     def do_put(self, args: list[str], kwargs: dict[str, str]) -> str:
         name, lines = args[0], []
         core, store = self.cores[name], self.stores[name]
-        for _ in range(int(kwargs.get("count", 1))):
+        count, first = int(kwargs.get("count", 1)), self.proposals + 1
+        for _ in range(count):
             core.check_master()  # as a node does before it stores a client's write
             result = store.put("t", b"x" * int(kwargs.get("size", 100)))
             self.proposals += 1
             core.propose(f"p{self.proposals}", result.end_position)
             lines.append(f"p{self.proposals}: stored [{result.position}, "
                          f"{result.end_position})")
+        if count > 10:  # in short: the first, the last
+            lines = [f"p{first}..p{self.proposals}: stored [{lines[0].split('[')[1][:-1]}"
+                     f" ... {lines[-1].split('[')[1]}"]
         return "\n".join(lines)
 
     def do_transfer(self, args: list[str], kwargs: dict[str, str]) -> str:
@@ -332,21 +345,31 @@ class Interaction:
         return "\n".join(lines)
 
     def do_compare(self, args: list[str], kwargs: dict[str, str]) -> str:
-        """Whether the named nodes' logs are byte-identical, or where they first differ."""
+        """Whether the named nodes' logs are byte-identical (from the latest log start
+        among them), or where they first differ."""
         first = args[0]
-        reference = _image(self.stores[first])
+        common = max(self.stores[name].first_segment_base() for name in args)
+        reference = _image(self.stores[first], common)
         lines = []
         for name in args[1:]:
-            image = _image(self.stores[name])
+            image = _image(self.stores[name], common)
             if image == reference:
                 continue
-            at = next((index for index, (a, b) in enumerate(zip(reference, image, strict=False))
-                       if a != b), min(len(reference), len(image)))
+            at = common + next((index for index, (a, b) in enumerate(
+                zip(reference, image, strict=False)) if a != b), min(len(reference), len(image)))
             record = max((position for position, *_ in _records(self.stores[first])
                           if position <= at), default=0)
-            lines.append(f"{first} and {name} differ from the record at {record} "
-                         f"({first} ends at {len(reference)}, {name} at {len(image)})")
-        return "\n".join(lines) or f"identical: {len(reference)} bytes"
+            lines.append(f"{first} and {name} differ from the record at {record} ({first} "
+                         f"ends at {common + len(reference)}, {name} at {common + len(image)})")
+        return "\n".join(lines) or f"identical: {common + len(reference)} bytes" + (
+            f" (from {common})" if common else "")
+
+    def do_retain(self, args: list[str], kwargs: dict[str, str]) -> str:
+        lines = []
+        for name in args:
+            report = self.stores[name].apply_retention()
+            lines.append(f"{name}: log starts at {report.log_start}")
+        return "\n".join(lines)
 
     # --- carrying out a Ready ------------------------------------------------------------
 
@@ -369,6 +392,10 @@ class Interaction:
         if ready.hard_state is not None:
             self.hard_states[name] = ready.hard_state
             lines.append(f"save hard state {_hard(ready.hard_state)}")
+        if ready.reset_log is not None:
+            store.reset(*ready.reset_log)
+            self.durable[name] = ready.reset_log[0]
+            lines.append(f"reset log to {ready.reset_log[0]} epochs {ready.reset_log[1]}")
         if ready.truncate_to is not None:
             store.truncate(ready.truncate_to)
             self.durable[name] = min(self.durable[name], ready.truncate_to)
@@ -463,34 +490,41 @@ def _describe(message: Message) -> str:
         if message.success:
             return head + f" ok match={message.match}"
         return head + f" refused hint=({message.hint_position},{message.hint_epoch})"
+    if isinstance(message, LogReset):
+        changes = " with membership changes" if message.memberships else ""
+        return head + (f" start=({message.position},{message.last_epoch}) epoch_start="
+                       f"{message.last_epoch_start} commit={message.commit}{changes}")
     assert isinstance(message, TimeoutNow)
     return head
 
 
-def _image(store: mqlog.Store) -> bytes:
-    chunks, position, end = [], 0, store.written_position
+def _image(store: mqlog.Store, start: int | None = None) -> bytes:
+    """The log's bytes from ``start`` (its log start if None) to its end."""
+    position = store.first_segment_base() if start is None else start
+    chunks, end, begin = [], store.written_position, position
     while position < end:
         data = store.read_raw(position, end - position)
         assert data, f"nothing to read at {position}"
         chunks.append(data)
         position += len(data)
-    return b"".join(chunks)[:end]
+    return b"".join(chunks)[:max(0, end - begin)]
 
 
 def _records(store: mqlog.Store) -> list[tuple[int, int, int, str]]:
     """(position, size, epoch, kind) of every record in the log; kind is "" for a record,
     "/noop" for an empty control record (a leader's no-op), "/membership" for a membership
     change's, "/control" for another."""
-    data, at, records = _image(store), 0, []
+    start = store.first_segment_base()
+    data, at, records = _image(store, start), 0, []
     while at < len(data):
         size, magic = int.from_bytes(data[at:at + 4], "little"), \
             int.from_bytes(data[at + 4:at + 8], "little")
         if magic != BLANK_MAGIC:
             fields = HEADER.unpack_from(data, at)
-            assert fields[9] == at, f"record at {at} says it is at {fields[9]}"
+            assert fields[9] == start + at, f"record at {start + at} says {fields[9]}"
             kind = "" if not fields[3] & ATTR_CONTROL else "/noop" if not fields[6] else \
                 "/membership" if MEMBERSHIP_MAGIC in data[at:at + size] else "/control"
-            records.append((at, size, fields[7], kind))
+            records.append((start + at, size, fields[7], kind))
         at += size
     return records
 

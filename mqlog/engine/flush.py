@@ -159,6 +159,11 @@ class FlushService:
             self.flushed_position = min(self.flushed_position, position)
             self._requested = min(self._requested, position)
 
+    def start_over(self, position: int) -> None:
+        """After a reset: the log begins, empty, at ``position`` (nothing to flush)."""
+        with self._lock:
+            self.flushed_position = self._requested = position
+
     # --- the thread --------------------------------------------------------------------
 
     def _run(self) -> None:

@@ -584,6 +584,47 @@ class Store:
             self._queue_flushed[key] = min(flushed, offsets[1] if offsets else 0)
         self._save_epochs()
 
+    def reset(self, position: int, epoch_starts: list[tuple[int, int]]) -> None:
+        """Start the log over, empty, at ``position``: a replica too far behind its
+        leader, whose log now begins past this one's end (Kafka's truncateFullyAndStartAt,
+        Raft's InstallSnapshot for a log). Every record, queue and key-index entry goes;
+        ``epoch_starts`` (each start before ``position``) are the leader's epochs there,
+        so this log knows the epoch of the record that ends at its start; the committed
+        position is ``position`` (a leader lets only committed records go). Consumer
+        offsets stay.
+
+        For a replica's store, which only its replication driver writes: no other thread
+        may write meanwhile. A crash part way leaves a shorter log, or an empty one, that
+        the leader resets again."""
+        self._check_writable()
+        if not isinstance(position, int) or position < 0 or \
+                any(start >= position for _epoch, start in epoch_starts):
+            raise InvalidArgument(f"reset needs a position >= 0 and epoch starts before it, "
+                                  f"got {position} and {epoch_starts}")
+        # In this order, so that a crash never pairs the new epochs with old records.
+        with self._flusher.paused():
+            bases = self.core.segment_bases()
+            if bases:
+                self._truncate(bases[0])  # queues, key index, epochs: the log is empty
+                for base in self.core.detach_segments_from(bases[0]):
+                    self._segments.pop(base).remove()
+                fsync_directory(self.paths.commitlog)
+            self.drop_all_queues()
+            with self.key_index.lock:
+                self.key_index.trim_front(position)
+            self._allocator.discard()
+            self.core.restore(position)
+            self.core.committed_position = position
+            self.core.epoch_starts = list(epoch_starts)
+            self.core.epoch = max([self.core.epoch, *(epoch for epoch, _ in epoch_starts)])
+            self._save_epochs()
+            self._new_segment(position)  # the log's start, kept across a restart
+            fsync_directory(self.paths.commitlog)
+            self._flusher.start_over(position)
+            self._save_queues(force=True)
+            cp.write_checkpoint(self.paths.checkpoint,
+                                cp.Checkpoint(position, position, _now_ms()))
+
     def _delete_dropped(self, dropped_segments: list[int],
                         dropped_files: list[tuple[str, int, int]]) -> None:
         """Delete what a truncation dropped, under the core's write lock: a writer that

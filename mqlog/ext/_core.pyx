@@ -2175,12 +2175,14 @@ cdef inline bint _has_hash(const uint64_t *hashes, Py_ssize_t count,
 
 
 def _epochs_from(epoch_starts, log_start):
-    """The epoch starts of a log that now begins at ``log_start`` (Kafka's
-    truncateFromStart: the epoch in force there starts there)."""
+    """The epoch starts of a log that now begins at ``log_start``: those at or after
+    it, and the last one before it as it was, so that the log still knows the epoch of
+    the record that ends at its start (a replica matches logs there; Raft's snapshot
+    keeps its last term for the same reason)."""
     kept = [(epoch, start) for epoch, start in epoch_starts if start >= log_start]
     earlier = [(epoch, start) for epoch, start in epoch_starts if start < log_start]
-    if earlier and not (kept and kept[0][1] == log_start):
-        kept.insert(0, (earlier[len(earlier) - 1][0], log_start))
+    if earlier:
+        kept.insert(0, earlier[len(earlier) - 1])
     return kept
 
 

@@ -976,12 +976,14 @@ def _resync(segment: _Segment, offset: int, end: int) -> int:
 
 
 def _epochs_from(epoch_starts: list[tuple[int, int]], log_start: int) -> list[tuple[int, int]]:
-    """The epoch starts of a log that now begins at ``log_start`` (Kafka's
-    truncateFromStart: the epoch in force there starts there)."""
+    """The epoch starts of a log that now begins at ``log_start``: those at or after
+    it, and the last one before it as it was, so that the log still knows the epoch of
+    the record that ends at its start (a replica matches logs there; Raft's snapshot
+    keeps its last term for the same reason)."""
     kept = [(epoch, start) for epoch, start in epoch_starts if start >= log_start]
     earlier = [(epoch, start) for epoch, start in epoch_starts if start < log_start]
-    if earlier and not (kept and kept[0][1] == log_start):
-        kept.insert(0, (earlier[-1][0], log_start))
+    if earlier:
+        kept.insert(0, earlier[-1])
     return kept
 
 

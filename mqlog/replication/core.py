@@ -4,7 +4,7 @@ A core is sans-IO (etcd raft's RawNode shape, DESIGN §5): it owns no socket, cl
 thread or file. A driver calls ``tick()`` every ``tick_ms``, ``step(message)`` for each
 message that arrives, ``propose(...)`` after the engine stored a write, then takes
 ``ready()``, carries it out in order — save the hard state (Raft's term and vote, synced),
-truncate, append, set the epoch, append a no-op control record if asked, sync if asked,
+reset, truncate, append, set the epoch, append a no-op control record if asked, sync if asked,
 set the committed position, send ``messages``, send ``messages_after_persist`` — and
 calls ``advance(ready)``.
 
@@ -34,6 +34,7 @@ class LogView(Protocol):
     def epoch_starts(self) -> list[tuple[int, int]]: ...
     def epoch_at(self, position: int) -> int | None: ...
     def read_raw(self, position: int, max_bytes: int) -> bytes: ...
+    def first_segment_base(self) -> int: ...  # the log's start (retention moves it)
 
 
 @dataclass
@@ -41,6 +42,9 @@ class Ready:
     """What the driver must do now, in this order (see the module docstring)."""
 
     hard_state: Any = None  # Raft's HardState (term, vote, memberships): save and sync first
+    # start the log over, empty, at this position with these epoch starts (a follower
+    # behind its leader's log start): before anything else is done to the log
+    reset_log: tuple[int, list[tuple[int, int]]] | None = None
     truncate_to: int | None = None  # cut the log here first (a slave that diverged)
     appends: list[tuple[int, bytes]] = field(default_factory=list)  # raw records, in order
     set_epoch: int | None = None  # stamp later records with this epoch (a promotion)
@@ -53,16 +57,19 @@ class Ready:
     events: list[str] = field(default_factory=list)  # news for the operator's log
 
     def __bool__(self) -> bool:
-        return bool(self.hard_state is not None or self.truncate_to is not None
+        return bool(self.hard_state is not None or self.reset_log is not None
+                    or self.truncate_to is not None
                     or self.appends or self.set_epoch is not None or self.append_noop
                     or self.must_sync or self.commit_to is not None or self.messages
                     or self.messages_after_persist or self.resolved or self.events)
 
 
 def apply_to_log(ready: Ready, store: Any) -> None:
-    """Carry out a Ready's changes to the log, in their order: truncate, append, set the
-    epoch, append the no-op. (Saving the hard state comes before, syncing after: each
-    driver does those its own way.)"""
+    """Carry out a Ready's changes to the log, in their order: reset, truncate, append,
+    set the epoch, append the no-op. (Saving the hard state comes before, syncing after:
+    each driver does those its own way.)"""
+    if ready.reset_log is not None:
+        store.reset(*ready.reset_log)
     if ready.truncate_to is not None:
         store.truncate(ready.truncate_to)
     for position, data in ready.appends:

@@ -30,6 +30,10 @@ Raft (etcd raft's messages, with positions for indexes and epochs for terms):
   ``hint_position``, the end of its newest epoch not newer than ``prev_epoch``
   (``hint_epoch``) — one round trip per diverged epoch, as in KIP-279.
 * ``TimeoutNow`` leadership transfer: campaign now.
+* ``LogReset`` (InstallSnapshot, for a log) the follower needs records the leader's
+  retention let go: start the log over, empty, at the leader's log start ``position``;
+  the record that ends there has ``last_epoch``, which starts at ``last_epoch_start``;
+  ``memberships`` are the changes in force there. Answered by an ``EntriesReply``.
 """
 
 from __future__ import annotations
@@ -119,8 +123,19 @@ class TimeoutNow(Message):
     kind: ClassVar[str] = "timeout_now"
 
 
+@dataclass(frozen=True)
+class LogReset(Message):
+    kind: ClassVar[str] = "log_reset"
+    position: int  # the leader's log start
+    last_epoch: int  # epoch of the record that ends there (-1: none)
+    last_epoch_start: int  # where that epoch starts, before ``position`` (-1: none)
+    commit: int
+    memberships: bytes = b""  # msgpack: the membership changes before ``position``
+
+
 KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
-    Hello, Append, Report, Truncate, Vote, VoteReply, Entries, EntriesReply, TimeoutNow)}
+    Hello, Append, Report, Truncate, Vote, VoteReply, Entries, EntriesReply, TimeoutNow,
+    LogReset)}
 _TYPES = {"str": str, "int": int, "bytes": bytes, "bool": bool}
 _FIELD_TYPES = {cls: {item.name: _TYPES[str(item.type)] for item in dataclasses.fields(cls)}
                 for cls in KINDS.values()}  # message class -> {field: exact type}

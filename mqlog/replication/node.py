@@ -223,7 +223,7 @@ class Node:
             hardstate.save(self.config.data_dir, ready.hard_state)
             self._learn_addresses()
         apply_to_log(ready, store)
-        if ready.truncate_to is not None:
+        if ready.truncate_to is not None or ready.reset_log is not None:
             self._truncations += 1
         if ready.commit_to is not None:
             store.set_committed_position(min(ready.commit_to, store.written_position))

@@ -284,6 +284,8 @@ class RaftSwarm:
             node.hard_state = ready.hard_state
         try:
             apply_to_log(ready, store)
+            if ready.reset_log is not None:  # (a reset is synced when it is done)
+                node.durable = ready.reset_log[0]
             if ready.truncate_to is not None:
                 node.durable = min(node.durable, ready.truncate_to)
             if ready.must_sync:

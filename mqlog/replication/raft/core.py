@@ -67,7 +67,15 @@ from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
 from mqlog.errors import MembershipChangeRefused, NotLeader
 from mqlog.replication.core import LogView, Ready
 from mqlog.replication.hardstate import HardState, Membership
-from mqlog.replication.messages import Entries, EntriesReply, Message, TimeoutNow, Vote, VoteReply
+from mqlog.replication.messages import (
+    Entries,
+    EntriesReply,
+    LogReset,
+    Message,
+    TimeoutNow,
+    Vote,
+    VoteReply,
+)
 from mqlog.results import PutStatus
 
 FOLLOWER, PRE_CANDIDATE, CANDIDATE, LEADER, LEARNER = (
@@ -173,9 +181,9 @@ class RaftCore:
             self._campaign(pre_vote=self.config.pre_vote)
 
     def step(self, message: Message) -> None:
-        # Entries are taken from any leader: a node far behind may not yet have the
-        # membership change that made its current leader a member.
-        if message.src not in self.members and not isinstance(message, Entries):
+        # Entries (and resets) are taken from any leader: a node far behind may not yet
+        # have the membership change that made its current leader a member.
+        if message.src not in self.members and not isinstance(message, (Entries, LogReset)):
             self._ready.events.append(f"ignored {message.kind} from non-member {message.src}")
         elif isinstance(message, Vote):
             self._on_vote(message)
@@ -258,6 +266,8 @@ class RaftCore:
     def _dispatch(self, message: Message) -> None:
         if isinstance(message, Entries):
             self._on_entries(message)
+        elif isinstance(message, LogReset):
+            self._on_log_reset(message)
         elif isinstance(message, EntriesReply) and self.role == LEADER:
             self._on_entries_reply(message)
         elif isinstance(message, VoteReply):
@@ -424,6 +434,12 @@ class RaftCore:
         """One Entries from ``progress.next``; a probe leaves ``next`` where it was (the
         reply confirms or moves it)."""
         start = progress.next
+        log_start = self.log.first_segment_base()
+        if start < log_start:  # retention let those records go: the follower starts over
+            self._send(self._log_reset(name, log_start))
+            if not probe:
+                progress.next = log_start
+            return
         limit = min(self.config.append_bytes_max, self._epoch_range_end(start) - start)
         data = self.log.read_raw(start, limit) if limit > 0 else b""
         self._send(self._entries(name, start, data))
@@ -438,6 +454,15 @@ class RaftCore:
         return Entries(self.node_id, name, self.term, start, self._epoch_at(start),
                        self._epoch_from(start) if data else -1, self.commit,
                        msgpack.packb(changes) if changes else b"", data)
+
+    def _log_reset(self, name: str, log_start: int) -> LogReset:
+        before = [(epoch, start) for epoch, start in self._epochs if start < log_start]
+        epoch, epoch_start = before[-1] if before else (-1, -1)
+        changes = [item.to_json() for item in self.memberships if item.position < log_start]
+        self._ready.events.append(f"{self.node_id} resets {name}'s log to its log start "
+                                  f"{log_start}: the records before are gone")
+        return LogReset(self.node_id, name, self.term, log_start, epoch, epoch_start,
+                        self.commit, msgpack.packb(changes) if changes else b"")
 
     def _on_entries_reply(self, reply: EntriesReply) -> None:
         progress = self.peers.get(reply.src)
@@ -603,6 +628,34 @@ class RaftCore:
                      if not (isinstance(message, EntriesReply) and message.success)]
         outbox.append(EntriesReply(self.node_id, entries.src, self.term, True,
                                    max([end, *acks]), 0, 0))
+
+    def _on_log_reset(self, reset: LogReset) -> None:
+        """Start over at the leader's log start, unless this log already reaches it."""
+        self.role = FOLLOWER if self.node_id in self.voters else LEARNER
+        self.leader, self._elapsed, self._votes = reset.src, 0, {}
+        position = reset.position
+        if position > self._end or self._epoch_at(position) != reset.last_epoch:
+            assert self.commit <= position, "committed records always match the leader's"
+            epochs = [(reset.last_epoch, reset.last_epoch_start)] if reset.last_epoch >= 0 \
+                else []
+            ready = self._ready
+            ready.reset_log, ready.truncate_to, ready.appends = (position, epochs), None, []
+            for outbox in (ready.messages, ready.messages_after_persist):  # acks of bytes
+                outbox[:] = [message for message in outbox  # the reset throws away
+                             if not isinstance(message, EntriesReply)]
+            self._epochs, self._end = list(epochs), position
+            self.memberships = [Membership.from_json(item) for item in
+                                (msgpack.unpackb(reset.memberships) if reset.memberships
+                                 else [])]
+            self._membership_changed()
+            ready.must_sync = True
+            ready.events.append(f"{self.node_id} started its log over at {position}, its "
+                                f"leader {reset.src}'s log start")
+        elif self.config.follower_ack == "flushed" and self.log.flushed_position < position:
+            self._ready.must_sync = True
+        if position > self.commit:
+            self.commit = self._ready.commit_to = position
+        self._send(EntriesReply(self.node_id, reset.src, self.term, True, position, 0, 0))
 
     def _refuse(self, entries: Entries) -> None:
         """Where this log agrees with the leader's at most: the end of its newest epoch not
