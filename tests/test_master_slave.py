@@ -21,6 +21,9 @@ from tests import datadriven
 from tests.conftest import SMALL
 
 SCRIPTS = sorted((Path(__file__).parent / "data" / "master_slave").glob("*.txt"))
+# Retention runs only when a script says ``retain``.
+STORE_SETTINGS = dict(SMALL, retention_ms=-1, retention_bytes=0,
+                      retention_check_interval_ms=3_600_000)
 TICK_SETTINGS = dict(heartbeat_ticks=3, slave_timeout_ticks=10, sync_timeout_ticks=6,
                      retransmit_ticks=4, append_bytes_max=600, inflight_bytes_max=1200,
                      frame_size_bytes_max=8192)
@@ -62,7 +65,8 @@ class Interaction:
         return self._flush_ready([name])
 
     def _start(self, name: str) -> None:
-        self.stores[name] = mqlog.open(self.root / name, implementation=self.impl, **SMALL)
+        self.stores[name] = mqlog.open(self.root / name, implementation=self.impl,
+                                       **STORE_SETTINGS)
         self.cores[name] = MasterSlaveCore(self.configs[name], self.stores[name])
 
     def do_put(self, args: list[str], kwargs: dict[str, str]) -> str:
@@ -143,11 +147,22 @@ class Interaction:
         return "\n".join(lines)
 
     def do_compare(self, args: list[str], kwargs: dict[str, str]) -> str:
-        """Whether the named nodes' logs are byte-identical up to the shortest."""
+        """Whether the named nodes' logs are byte-identical up to the shortest (from the
+        latest log start among them)."""
         ends = {name: self.stores[name].written_position for name in args}
         shortest = min(ends.values())
-        images = {_image(self.stores[name], shortest) for name in args}
-        return f"identical up to {shortest}" if len(images) == 1 else "DIFFERENT"
+        start = max(self.stores[name].first_segment_base() for name in args)
+        images = {_image(self.stores[name], start, shortest) for name in args}
+        return (f"identical up to {shortest}" + (f" from {start}" if start else "")
+                if len(images) == 1 else "DIFFERENT")
+
+    def do_retain(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """Flush, then let retention go as far as it may; print the log's start."""
+        lines = []
+        for name in args:
+            self.stores[name].flush()
+            lines.append(f"{name}: log starts at {self.stores[name].apply_retention().log_start}")
+        return "\n".join(lines)
 
     # --- carrying out a Ready ----------------------------------------------------------
 
@@ -163,6 +178,9 @@ class Interaction:
 
     def _apply(self, name: str, ready: Ready) -> list[str]:
         store, lines = self.stores[name], []
+        if ready.reset_log is not None:
+            store.reset(*ready.reset_log)
+            lines.append(f"reset log to {ready.reset_log[0]} epochs {ready.reset_log[1]}")
         if ready.truncate_to is not None:
             store.truncate(ready.truncate_to)
             lines.append(f"truncate to {ready.truncate_to}")
@@ -199,8 +217,8 @@ def _describe(message: Message) -> str:
     return f"{message.src}->{message.dst} {message.kind} {text}"
 
 
-def _image(store: mqlog.Store, end: int) -> bytes:
-    chunks, position = [], store.first_segment_base()
+def _image(store: mqlog.Store, start: int, end: int) -> bytes:
+    chunks, position = [], start
     while position < end:
         data = store.read_raw(position, end - position)
         chunks.append(data[:end - position])

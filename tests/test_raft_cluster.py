@@ -228,3 +228,42 @@ def test_the_cluster_commands_drive_a_raft_group(tmp_path: Path):
                       "--voters", target, check=False)
         assert refused.returncode != 0
         assert "one voter per change" in refused.stderr
+
+
+def _log_start(cluster: LocalRaftCluster, name: str) -> int:
+    segments = sorted((cluster.root / name / "commitlog").glob("[0-9]*"))
+    return int(segments[0].name) if segments else 0
+
+
+def test_a_follower_behind_the_leaders_retention_starts_over(tmp_path: Path):
+    """A follower down while its peers' retention let the log's front go is reset to the
+    leader's log start when it returns (LogReset) and catches up from there: its log is
+    then byte-identical to the leader's from that start."""
+    settings = ("segment_size_bytes = 65536\nflush_mode = \"sync\"\nretention_ms = -1\n"
+                "retention_bytes = 131072\nretention_check_interval_ms = 100\n"
+                "message_size_bytes_max = 16384")
+    with LocalRaftCluster(tmp_path / "raft", store_settings=settings) as cluster:
+        leader = cluster.wait_leader()
+        away = next(name for name in cluster.names if name != leader)
+        cluster.kill(away)
+        away_end = _log_start(cluster, away) + 65536  # its log ends within its first segment
+        with mqlog.GroupClient([cluster.address(leader)]) as client:
+            for index in range(120):
+                assert client.produce_batch("orders", [bytes([index]) * 4000] * 2).status \
+                    is PutStatus.PUT_OK
+        wait_until(lambda: _log_start(cluster, leader) > away_end, "the leader's retention")
+        start = _log_start(cluster, leader)
+        cluster.start(away)
+        end = cluster.metadata(leader)["written"]
+        wait_until(lambda: cluster.metadata(away)["written"] == end, f"{away} to catch up")
+        assert _log_start(cluster, away) >= start
+        cluster.stop_all()
+    with mqlog.open(cluster.root / leader, read_only=True) as ours, \
+            mqlog.open(cluster.root / away, read_only=True) as theirs:
+        common = max(ours.first_segment_base(), theirs.first_segment_base())
+        assert theirs.written_position == ours.written_position == end
+        position = common
+        while position < end:
+            data = ours.read_raw(position, 1 << 20)
+            assert theirs.read_raw(position, 1 << 20) == data, f"they differ at {position}"
+            position += len(data)

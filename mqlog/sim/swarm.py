@@ -253,6 +253,9 @@ class Swarm:
         store = node.store
         before = store.written_position
         try:
+            if ready.reset_log is not None:  # (a reset is synced when it is done)
+                store.reset(*ready.reset_log)
+                node.durable = ready.reset_log[0]
             if ready.truncate_to is not None:
                 store.truncate(ready.truncate_to)
                 node.durable = min(node.durable, ready.truncate_to)

@@ -31,6 +31,10 @@ ASYNC_MASTER resolves it PUT_OK at once; a SYNC_MASTER resolves it PUT_OK when
 ``in_sync_slaves_min`` slaves acked ``end``, SLAVE_NOT_AVAILABLE at once if fewer slaves
 are in sync, and FLUSH_SLAVE_TIMEOUT after ``sync_timeout_ticks`` — never a silent
 success. A message from a higher epoch fences a master: another node was promoted.
+
+Retention. A slave whose log ends before the master's log start (records retention let
+go) cannot be sent them: the master sends ``LogReset``, the slave starts its log over,
+empty, at the master's log start (``Store.reset``) and says Hello from there.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from typing import Any
 from mqlog.config import ReplicationConfig
 from mqlog.errors import NotMaster
 from mqlog.replication.core import LogView, Ready
-from mqlog.replication.messages import Append, Hello, Message, Report, Truncate
+from mqlog.replication.messages import Append, Hello, LogReset, Message, Report, Truncate
 from mqlog.results import PutStatus
 
 
@@ -117,14 +121,16 @@ class MasterSlaveCore:
                 self._on_hello(message, progress)
             else:
                 self._on_report(message, progress)
-        elif self.role == "SLAVE" and isinstance(message, Append | Truncate):
+        elif self.role == "SLAVE" and isinstance(message, Append | Truncate | LogReset):
             if message.src != self.config.master or message.epoch < self.epoch:
                 return  # a stale master: its epoch was superseded
             self._master_heard_tick = self.tick_count
             if isinstance(message, Append):
                 self._on_append(message)
-            else:
+            elif isinstance(message, Truncate):
                 self._on_truncate(message)
+            else:
+                self._on_log_reset(message)
 
     def check_master(self) -> None:
         """Raise NotMaster unless this node takes writes (drivers ask before storing)."""
@@ -185,7 +191,10 @@ class MasterSlaveCore:
         """Kafka's leader-epoch rule: the logs agree up to the end, in this log, of the
         newest epoch both have. If the slave's last epoch is not in this log, or it holds
         more than that, it must cut back (to the smaller of the two ends of that epoch:
-        it works out its own) and say Hello again."""
+        it works out its own) and say Hello again. A log that ends before this log's
+        start (retention let those records go) starts over at it."""
+        if hello.position < self.log.first_segment_base():
+            return self._reset(hello.src, progress)
         shared = self._newest_epoch_up_to(hello.last_epoch)
         agreed = min(self._end_of_epoch(shared), self.log.written_position)
         diverged = hello.position > agreed or (hello.last_epoch >= 0 and
@@ -250,6 +259,9 @@ class MasterSlaveCore:
         for name, progress in self.slaves.items():
             if not progress.matched or not self._heard_lately(progress):
                 continue
+            if progress.sent < self.log.first_segment_base():  # retention ran meanwhile
+                self._reset(name, progress)
+                continue
             if self.tick_count - progress.progress_tick >= config.retransmit_ticks and \
                     progress.sent > progress.written:
                 progress.sent = progress.written  # lost in flight: resend from the ack
@@ -261,6 +273,18 @@ class MasterSlaveCore:
                     break
                 self._send(Append(self.node_id, name, self.epoch, progress.sent, data))
                 progress.sent += len(data)
+
+    def _reset(self, name: str, progress: SlaveProgress) -> None:
+        """Tell a slave whose log ends before this log's start to start over there."""
+        log_start = self.log.first_segment_base()
+        before = [(epoch, start) for epoch, start in self.log.epoch_starts()
+                  if start < log_start]
+        epoch, epoch_start = before[-1] if before else (-1, -1)
+        progress.matched = False  # until its Hello from the new start
+        self._send(LogReset(self.node_id, name, self.epoch, log_start, epoch, epoch_start,
+                            log_start))
+        self._ready.events.append(f"{self.node_id} resets {name}'s log to its log start "
+                                  f"{log_start}: the records before are gone")
 
     # --- slave --------------------------------------------------------------------------
 
@@ -306,6 +330,19 @@ class MasterSlaveCore:
                                       f"{self._expected_end}) that its master does not have")
             self._expected_end = target
         self._hello_after_truncate(target)
+
+    def _on_log_reset(self, reset: LogReset) -> None:
+        """Start the log over, empty, at the master's log start; say Hello from there."""
+        epochs = [(reset.last_epoch, reset.last_epoch_start)] if reset.last_epoch >= 0 else []
+        ready = self._ready
+        ready.reset_log, ready.truncate_to = (reset.position, epochs), None
+        ready.appends.clear()
+        ready.events.append(f"{self.node_id} started its log over at {reset.position}, "
+                            f"its master {reset.src}'s log start")
+        self._expected_end = reset.position
+        ready.messages_after_persist[:] = [
+            Hello(self.node_id, self.config.master, self.epoch, reset.position,
+                  reset.last_epoch)]
 
     def _hello_after_truncate(self, position: int) -> None:
         epoch = self._epoch_before(position)
