@@ -137,6 +137,7 @@ class RaftCore:
         self._transfer_to = ""
         self._transfer_deadline = 0
         self._heartbeat_elapsed = 0
+        self._last_read: tuple[int, int, bytes] = (-1, -1, b"")  # (start, limit, bytes)
         self._ready = Ready()
         if self.term > saved.term or len(self.memberships) < len(saved.memberships):
             self._save_hard_state(self.term, self.vote)  # what the log says wins
@@ -299,6 +300,7 @@ class RaftCore:
         # not handed to the driver yet is dropped (no term of ours will count on it).
         self._ready.append_noop = False
         self._refresh_from_log()
+        self._last_read = (-1, -1, b"")  # a follower's log may be truncated
 
     def _campaign(self, *, pre_vote: bool, transfer: bool = False) -> None:
         self._elapsed, self._timeout = 0, self._random_timeout()
@@ -441,12 +443,20 @@ class RaftCore:
                 progress.next = log_start
             return
         limit = min(self.config.append_bytes_max, self._epoch_range_end(start) - start)
-        data = self.log.read_raw(start, limit) if limit > 0 else b""
+        data = self._read(start, limit) if limit > 0 else b""
         self._send(self._entries(name, start, data))
         if start == progress.match:  # nothing was in flight: the retransmit clock starts now
             progress.progress_tick = self.tick_count
         if not probe:
             progress.next = start + len(data)
+
+    def _read(self, start: int, limit: int) -> bytes:
+        """The log's bytes for an Entries; followers in step ask for the same range one
+        after the other, so the last read is kept (a leader's log never changes below
+        its end, and the cache goes when it steps down)."""
+        if self._last_read[:2] != (start, limit):
+            self._last_read = (start, limit, self.log.read_raw(start, limit))
+        return self._last_read[2]
 
     def _entries(self, name: str, start: int, data: bytes) -> Entries:
         changes = [item.to_json() for item in self.memberships
