@@ -64,6 +64,13 @@ class Ready:
                     or self.messages_after_persist or self.resolved or self.events)
 
 
+def epoch_ending_at(epoch_starts: list[tuple[int, int]], position: int) -> tuple[int, int]:
+    """(epoch, start) of the epoch of the record that ends at ``position``: what a
+    LogReset tells a replica that starts its log over there ((-1, -1): none)."""
+    before = [(epoch, start) for epoch, start in epoch_starts if start < position]
+    return before[-1] if before else (-1, -1)
+
+
 def apply_to_log(ready: Ready, store: Any) -> None:
     """Carry out a Ready's changes to the log, in their order: reset, truncate, append,
     set the epoch, append the no-op. (Saving the hard state comes before, syncing after:

@@ -45,7 +45,7 @@ from typing import Any
 
 from mqlog.config import ReplicationConfig
 from mqlog.errors import NotMaster
-from mqlog.replication.core import LogView, Ready
+from mqlog.replication.core import LogView, Ready, epoch_ending_at
 from mqlog.replication.messages import Append, Hello, LogReset, Message, Report, Truncate
 from mqlog.results import PutStatus
 
@@ -277,9 +277,7 @@ class MasterSlaveCore:
     def _reset(self, name: str, progress: SlaveProgress) -> None:
         """Tell a slave whose log ends before this log's start to start over there."""
         log_start = self.log.first_segment_base()
-        before = [(epoch, start) for epoch, start in self.log.epoch_starts()
-                  if start < log_start]
-        epoch, epoch_start = before[-1] if before else (-1, -1)
+        epoch, epoch_start = epoch_ending_at(self.log.epoch_starts(), log_start)
         progress.matched = False  # until its Hello from the new start
         self._send(LogReset(self.node_id, name, self.epoch, log_start, epoch, epoch_start,
                             log_start))

@@ -65,7 +65,7 @@ import msgpack
 
 from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
 from mqlog.errors import MembershipChangeRefused, NotLeader
-from mqlog.replication.core import LogView, Ready
+from mqlog.replication.core import LogView, Ready, epoch_ending_at
 from mqlog.replication.hardstate import HardState, Membership
 from mqlog.replication.messages import (
     Entries,
@@ -466,8 +466,7 @@ class RaftCore:
                        msgpack.packb(changes) if changes else b"", data)
 
     def _log_reset(self, name: str, log_start: int) -> LogReset:
-        before = [(epoch, start) for epoch, start in self._epochs if start < log_start]
-        epoch, epoch_start = before[-1] if before else (-1, -1)
+        epoch, epoch_start = epoch_ending_at(self._epochs, log_start)
         changes = [item.to_json() for item in self.memberships if item.position < log_start]
         self._ready.events.append(f"{self.node_id} resets {name}'s log to its log start "
                                   f"{log_start}: the records before are gone")
