@@ -52,6 +52,10 @@ from mqlog.results import PutStatus
 from mqlog.sim.network import NetworkOptions, SimNetwork
 from mqlog.sim.swarm import STORE_SETTINGS, DurableView, SeedResult
 
+# Retention lets a segment go only when the operator runs it (then all it may).
+RAFT_STORE_SETTINGS: dict[str, Any] = dict(
+    STORE_SETTINGS, retention_bytes=0, retention_check_interval_ms=3_600_000)
+BODY_PADDING = b"." * 1500  # writes fill several segments, for retention to let go
 CORE_SETTINGS: dict[str, Any] = dict(
     heartbeat_ticks=3, election_timeout_ticks=15, sync_timeout_ticks=80, retransmit_ticks=10,
     append_bytes_max=4096, inflight_bytes_max=16384, frame_size_bytes_max=64 * 1024)
@@ -72,6 +76,8 @@ class RaftOptions:
     pause_probability: float
     partition_probability: float
     membership_probability: float  # an operator changes the voters (a spare learner joins)
+    retention_probability: float  # a node's retention lets its committed front go
+    restart_probability: float  # per tick, of a crashed node (low: long outages)
     safety_ticks: int = 500
     liveness_ticks: int = 2000
 
@@ -87,7 +93,9 @@ class RaftOptions:
                    crash_probability=faults if follower_ack == "flushed" else 0.0,
                    pause_probability=faults if follower_ack == "written" else faults / 2,
                    partition_probability=rng.choice([0.0, 0.01, 0.03, 0.08]),
-                   membership_probability=rng.choice([0.0, 0.0, 0.02]))
+                   membership_probability=rng.choice([0.0, 0.0, 0.02]),
+                   retention_probability=rng.choice([0.0, 0.01, 0.05]),
+                   restart_probability=rng.choice([0.05, 0.05, 0.01]))
 
 
 @dataclass
@@ -110,7 +118,7 @@ class RaftSimNode:
 
     def start(self) -> None:
         self.store = mqlog.open(self.path, clock_ms=lambda: self.clock[0],
-                                committed_follows="external", **STORE_SETTINGS)
+                                committed_follows="external", **RAFT_STORE_SETTINGS)
         self.durable = self.store.written_position
         self.core = RaftCore(self.config, DurableView(self), rng=random.Random(
             self.rng.randrange(1 << 62)), hard_state=self.hard_state,
@@ -142,6 +150,8 @@ class RaftSimResult(SeedResult):
     deduplicated: int = 0
     leaders: int = 0
     membership_changes: int = 0
+    log_starts: int = 0  # the furthest any node's retention moved its log's start
+    resets: int = 0  # followers started over at their leader's log start
 
     def summary(self) -> str:
         options = self.options
@@ -150,7 +160,8 @@ class RaftSimResult(SeedResult):
                 f"check_quorum={options.check_quorum} leaders={self.leaders} "
                 f"acked={self.acked} retried={self.retried} "
                 f"deduplicated={self.deduplicated} "
-                f"membership_changes={self.membership_changes} trace={self.digest}")
+                f"membership_changes={self.membership_changes} "
+                f"log_start={self.log_starts} resets={self.resets} trace={self.digest}")
 
 
 class RaftSwarm:
@@ -197,6 +208,9 @@ class RaftSwarm:
                     self._check_log_matching()
             self._liveness()
             self._check_end()
+        except (AssertionError, MqlogError) as error:  # an invariant, an internal check,
+            # or a read the core thought valid: a bug, which ends the run
+            self.result.violations.append(f"tick {self.clock[0]}: {error!r}")
         finally:
             for node in self.nodes.values():
                 if node.up:
@@ -210,8 +224,8 @@ class RaftSwarm:
         self.network.now = self.clock[0]
         if new_writes and self.rng.random() < self.options.put_probability:
             self.sequence += 1
-            self.writes[self.sequence] = Write(self.sequence,
-                                               f"{self.result.seed}/{self.sequence}".encode())
+            self.writes[self.sequence] = Write(
+                self.sequence, f"{self.result.seed}/{self.sequence}".encode() + BODY_PADDING)
         self._send_writes()
         for node in self._running():
             node.core.tick()
@@ -286,6 +300,7 @@ class RaftSwarm:
             apply_to_log(ready, store)
             if ready.reset_log is not None:  # (a reset is synced when it is done)
                 node.durable = ready.reset_log[0]
+                self.result.resets += 1
             if ready.truncate_to is not None:
                 node.durable = min(node.durable, ready.truncate_to)
             if ready.must_sync:
@@ -317,10 +332,11 @@ class RaftSwarm:
             self.result.violations.append(f"term {node.core.term} had leaders "
                                           f"{sorted(self.leaders_by_term[node.core.term])}")
         node.table.rebuild(node.store, 1 << 40)
-        if _read(node.store, 0, len(self.committed)) != bytes(self.committed):
+        start = node.store.first_segment_base()  # (retention let the rest go)
+        if _read(node.store, start, len(self.committed)) != bytes(self.committed[start:]):
             self.result.violations.append(
                 f"tick {self.clock[0]}: {node.name} leads term {node.core.term} without the "
-                f"whole committed prefix [0, {len(self.committed)})")
+                f"whole committed prefix [{start}, {len(self.committed)})")
 
     # --- faults -----------------------------------------------------------------------
 
@@ -334,10 +350,16 @@ class RaftSwarm:
             elif node.up and rng.random() < options.pause_probability:
                 node.paused = not node.paused  # SIGSTOP, SIGCONT: nothing is lost
                 self.result.trace.append(f"{self.clock[0]} pause {node.name} {node.paused}")
-            elif not node.up and rng.random() < 0.05:
+            elif not node.up and rng.random() < options.restart_probability:
                 self._restart(node)
         if rng.random() < options.membership_probability:
             self._change_membership()
+        running = self._running()
+        if running and rng.random() < options.retention_probability:
+            node = rng.choice(running)  # what it may let go: committed and flushed
+            start = node.store.apply_retention().log_start
+            self.result.trace.append(f"{self.clock[0]} {node.name}: log starts at {start}")
+            self.result.log_starts = max(self.result.log_starts, start)
         if rng.random() < options.partition_probability:
             names = sorted(self.nodes)
             rng.shuffle(names)
@@ -411,7 +433,7 @@ class RaftSwarm:
     def _check_commit(self, node: RaftSimNode, commit: int) -> None:
         """The node's log from what was checked to ``commit`` must equal the committed
         prefix where they overlap, and extends it past its end."""
-        start = min(node.checked, len(self.committed))
+        start = max(min(node.checked, len(self.committed)), node.store.first_segment_base())
         data = _read(node.store, start, commit)
         overlap = min(commit, len(self.committed)) - start
         if data[:overlap] != bytes(self.committed[start:start + overlap]):
@@ -422,28 +444,38 @@ class RaftSwarm:
         node.checked = max(node.checked, commit)
 
     def _check_log_matching(self) -> None:
-        logs = {node.name: _records(node.store) for node in self.nodes.values() if node.up}
+        up = {node.name: node for node in self.nodes.values() if node.up}
+        logs = {name: _records(node.store) for name, node in up.items()}
         names = sorted(logs)
         for index, a in enumerate(names):
             for b in names[index + 1:]:
-                problem = _log_matching_problem(logs[a], logs[b])
+                start = max(up[a].store.first_segment_base(), up[b].store.first_segment_base())
+                problem = _log_matching_problem(logs[a], logs[b], start)
                 if problem:
                     self.result.violations.append(f"tick {self.clock[0]}: {a} and {b}: "
                                                   f"{problem}")
 
     def _check_end(self) -> None:
-        images = {name: hashlib.sha256(_read(node.store, 0, node.store.written_position))
+        common = max(node.store.first_segment_base() for node in self.nodes.values())
+        images = {name: hashlib.sha256(_read(node.store, common, node.store.written_position))
                   .digest() for name, node in self.nodes.items()}
         if len(set(images.values())) != 1:
-            self.result.violations.append("logs differ after convergence")
+            self.result.violations.append(f"logs differ after convergence (from {common})")
         leader = next((node for node in self.nodes.values() if node.core.role == LEADER),
                       next(iter(self.nodes.values())))
+        log_start = leader.store.first_segment_base()
         for sequence, stored in sorted(self.acked.items()):
+            body = self.acked_bodies[sequence]
+            if stored.position < log_start:  # retention let it go: it was committed, though
+                if not bytes(self.committed[stored.position:stored.end]).endswith(body):
+                    self.result.violations.append(f"acknowledged write {sequence} at "
+                                                  f"{stored.position} was never committed")
+                continue
             try:
                 record = leader.store.read_record(stored.position)
             except MqlogError:
                 record = None
-            if record is None or record.body != self.acked_bodies[sequence]:
+            if record is None or record.body != body:
                 self.result.violations.append(f"acknowledged write {sequence} at "
                                               f"{stored.position} was lost")
         seen: dict[int, int] = {}
@@ -467,7 +499,7 @@ def _read(store: Any, start: int, end: int) -> bytes:
 
 def _sequences(store: Any) -> list[int]:
     """The producer sequence of every committed record of topic "t", in log order."""
-    sequences, offset = [], 0
+    sequences, offset = [], store.min_offset("t", 0) if ("t", 0) in store.queues() else 0
     while records := store.get("t", 0, offset, 1000, 1 << 24):
         sequences += [record.properties.get("sequence") for record in records]
         offset = records[-1].offset + 1
@@ -477,7 +509,7 @@ def _sequences(store: Any) -> list[int]:
 def _records(store: Any) -> dict[int, tuple[int, int]]:
     """position -> (epoch, crc) of every record in the store's log."""
     records: dict[int, tuple[int, int]] = {}
-    data = _read(store, 0, store.written_position)
+    data = _read(store, store.first_segment_base(), store.written_position)
     at = 0
     while at + _RECORD.size <= len(data):
         size, magic, crc, _queue, _body, epoch, _offset, position = _RECORD.unpack_from(data, at)
@@ -487,13 +519,15 @@ def _records(store: Any) -> dict[int, tuple[int, int]]:
     return records
 
 
-def _log_matching_problem(a: dict[int, tuple[int, int]], b: dict[int, tuple[int, int]]) -> str:
-    """'' if the logs agree before the last position where both have a same-epoch record."""
+def _log_matching_problem(a: dict[int, tuple[int, int]], b: dict[int, tuple[int, int]],
+                          start: int) -> str:
+    """'' if the logs agree before the last position where both have a same-epoch record
+    (from ``start``, the later of their log starts)."""
     shared = [position for position in a if position in b and a[position][0] == b[position][0]]
     if not shared:
         return ""
     last = max(shared)
-    for position in sorted(set(a) | set(b)):
+    for position in sorted(position for position in set(a) | set(b) if position >= start):
         if position > last:
             break
         if a.get(position) != b.get(position):
