@@ -561,3 +561,29 @@ def test_figure8_catches_a_core_that_commits_old_terms(tmp_path, impl):
     assert outputs[:key] == [case.expected for case in cases[:key]]
     assert "commit to" not in cases[key].expected
     assert "n1: commit to 245" in outputs[key].splitlines(), outputs[key]
+
+
+def test_a_reset_to_before_a_followers_own_log_start_is_answered_with_that_start(
+        tmp_path, impl):
+    """A follower whose own retention went further than its leader's cannot compare logs
+    below its start: it must not drop the committed records it holds, but answer with
+    where its log starts (and that record's epoch), so the leader compares there."""
+    interaction = Interaction(tmp_path, impl)
+    try:
+        steps = "add n1 n2 n3; campaign n1; run n=3" + "; put n1 count=20 size=3000; run n=2" * 3
+        for step in (steps + "; retain n2").split("; "):
+            case = datadriven.parse(f"{step}\n----\n")[0]
+            interaction.handle(case.command, case.args, case.kwargs)
+        follower, store = interaction.cores["n2"], interaction.stores["n2"]
+        own_start, end = store.first_segment_base(), store.written_position
+        assert own_start > 0
+        follower.step(LogReset("n1", "n2", follower.term, own_start // 2, 1, 0,
+                               follower.commit))
+        ready = follower.ready()
+        assert ready.reset_log is None and not ready.appends
+        assert ready.messages == [EntriesReply("n2", "n1", follower.term, False, 0, own_start,
+                                               store.epoch_at(own_start))]
+        follower.advance(ready)
+        assert (store.first_segment_base(), store.written_position) == (own_start, end)
+    finally:
+        interaction.close()

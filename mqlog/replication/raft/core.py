@@ -643,6 +643,14 @@ class RaftCore:
         self.role = FOLLOWER if self.node_id in self.voters else LEARNER
         self.leader, self._elapsed, self._votes = reset.src, 0, {}
         position = reset.position
+        own_start = self.log.first_segment_base()
+        if position < own_start:
+            # Its own retention went further: it cannot compare logs below its start, and
+            # must not drop what it holds (the record ending at its start was committed
+            # when retention let the rest go, so the logs agree there). Compare there.
+            self._send(EntriesReply(self.node_id, reset.src, self.term, False, 0, own_start,
+                                    self._epoch_at(own_start)))
+            return
         if position > self._end or self._epoch_at(position) != reset.last_epoch:
             assert self.commit <= position, "committed records always match the leader's"
             epochs = [(reset.last_epoch, reset.last_epoch_start)] if reset.last_epoch >= 0 \
