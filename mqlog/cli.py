@@ -518,7 +518,8 @@ def _ids(text: str) -> list[str]:
 @json_option
 def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
     """Role, epoch (Raft: term), leader and positions of each node at ADDRESSES
-    (host:port ...); a master's slave acks, a Raft leader's commit and match positions."""
+    (host:port ...): where its log starts (retention moves it) and ends, a master's slave
+    acks, a Raft leader's commit and match positions."""
     rows = []
     for address in addresses:
         try:
@@ -527,14 +528,15 @@ def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
             acked = facts.get("slaves", facts.get("match", {}))
             rows.append({"address": address, "node": facts["node_id"], "role": facts["role"],
                          "epoch": facts["epoch"], "leader": facts.get("leader", ""),
-                         "commit": facts.get("commit", ""), "written": facts["written"],
+                         "commit": facts.get("commit", ""),
+                         "log_start": facts.get("log_start", ""), "written": facts["written"],
                          "flushed": facts["flushed"],
                          "acked": ", ".join(f"{name}={position}" for name, position
                                             in sorted(acked.items()))})
         except MqlogError as error:
             rows.append({"address": address, "node": "-", "role": f"unreachable ({error})",
-                         "epoch": "", "leader": "", "commit": "", "written": "",
-                         "flushed": "", "acked": ""})
+                         "epoch": "", "leader": "", "commit": "", "log_start": "",
+                         "written": "", "flushed": "", "acked": ""})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

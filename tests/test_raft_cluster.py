@@ -221,6 +221,7 @@ def test_the_cluster_commands_drive_a_raft_group(tmp_path: Path):
         rows = {row["node"]: row for row in json.loads(status.stdout)}
         assert rows[leader]["role"] == "LEADER" and rows[leader]["leader"] == leader
         assert {row["epoch"] for row in rows.values()} == {rows[leader]["epoch"]}
+        assert {row["log_start"] for row in rows.values()} == {0}  # nothing retained yet
         target = next(name for name in cluster.names if name != leader)
         run("cluster", "transfer", cluster.address(leader), "--to", target)
         wait_until(lambda: cluster.leader() == target, f"{target} to lead")
@@ -257,6 +258,7 @@ def test_a_follower_behind_the_leaders_retention_starts_over(tmp_path: Path):
         end = cluster.metadata(leader)["written"]
         wait_until(lambda: cluster.metadata(away)["written"] == end, f"{away} to catch up")
         assert _log_start(cluster, away) >= start
+        assert cluster.metadata(away)["log_start"] == _log_start(cluster, away)
         cluster.stop_all()
     with mqlog.open(cluster.root / leader, read_only=True) as ours, \
             mqlog.open(cluster.root / away, read_only=True) as theirs:
