@@ -182,6 +182,122 @@ def test_commitlog_mode_sees_records_past_the_consume_queues(spark, tmp_path, rn
     assert {row.position for row in frame.select("position").collect()} == positions
 
 
+def _damaged_store(path, rng, fixed):
+    """Two queues written in runs of 1500 records (~300 KB, more than the reader reads
+    through), so that a chunk's records come in several pieces; bodies of one size
+    (the reader's matrix path) or of many (its gather path)."""
+    with mqlog.open(path, segment_size_bytes=1 << 20,
+                    message_size_bytes_max=64 << 10) as store:
+        for _run in range(3):
+            for queue_id in (0, 1):
+                store.put_batch("t", [b"f" * 128 if fixed else rng.randbytes(rng.randrange(
+                    1, 256)) for _ in range(1500)], queue_id)
+    return path
+
+
+def _entry(path, queue_id, offset, value=None):
+    """The consume-queue entry (position, size, tag hash) of ``offset``; with ``value``,
+    overwrite it first."""
+    import struct
+
+    with mqlog.open(path, read_only=True) as store:
+        directory = store.paths.queue_dir("t", queue_id)
+    bases = {int(name): name for name in os.listdir(directory) if name.isdigit()}
+    base = max(b for b in bases if b <= offset)
+    with open(directory / bases[base], "r+b") as queue_file:
+        queue_file.seek((offset - base) * 20)
+        if value is not None:
+            queue_file.write(struct.pack("<QIQ", *value))
+            queue_file.seek((offset - base) * 20)
+        return struct.unpack("<QIQ", queue_file.read(20))
+
+
+_DAMAGE = {  # entry 2500 of queue 0 made to point ...
+    "at_the_previous_record": lambda path, at: _entry(path, 0, 2499),
+    "far_back": lambda path, at: _entry(path, 0, 100),
+    "at_another_queues_earlier_record": lambda path, at: _entry(path, 1, 10),
+    "into_an_earlier_record": lambda path, at: (_entry(path, 0, 2100)[0] + 8, *at[1:]),
+    "into_its_own_record": lambda path, at: (at[0] + 8, *at[1:]),
+    "at_a_later_record": lambda path, at: _entry(path, 0, 2600),
+    "past_the_log": lambda path, at: (at[0] + (1 << 30), *at[1:]),
+    "with_a_size_below_a_header": lambda path, at: (at[0], 40, at[2]),
+}
+
+
+@pytest.mark.parametrize("fixed", [True, False], ids=["one-size", "sizes-vary"])
+@pytest.mark.parametrize("damage", sorted(_DAMAGE))
+def test_a_wrong_consume_queue_entry_is_a_mismatch(tmp_path, rng, fixed, damage):
+    """An entry that points backwards, into a record, past the log or at another record
+    raises ConsumeQueueMismatch naming that entry (never an Arrow error, never rows)."""
+    from mqlog.errors import ConsumeQueueMismatch
+    from mqlog.spark_connector import options
+    from mqlog.spark_connector.datasource import read_partition
+
+    path = _damaged_store(tmp_path / "store", rng, fixed)
+    _entry(path, 0, 2500, _DAMAGE[damage](path, _entry(path, 0, 2500)))
+    part = options.QueueRange(str(path), str(path), "t", 0, 0, 4500)
+    # an entry moved forwards is found when the next one cannot follow it
+    blamed = "2500" if damage.startswith(("at_the", "far", "at_another", "into_an", "with"))\
+        else "2501 .* the entry before it \\(offset 2500\\)"
+    with pytest.raises(ConsumeQueueMismatch, match=f"the entry of offset {blamed}"):
+        list(read_partition(part, options.parse({"path": str(path)})))
+    intact = options.QueueRange(str(path), str(path), "t", 0, 0, 2500)
+    assert sum(batch.num_rows for batch in read_partition(
+        intact, options.parse({"path": str(path)}))) == 2500
+
+
+def test_queue_mode_reports_a_flipped_crc_as_corrupt_not_as_a_mismatch(tmp_path, rng):
+    from mqlog.errors import CorruptRecord
+    from mqlog.spark_connector import options
+    from mqlog.spark_connector.datasource import read_partition
+
+    path = _damaged_store(tmp_path / "store", rng, fixed=True)
+    _flip_crc(path, _entry(path, 0, 2000)[0])  # the first record of a run
+    for start in (2000, 1990):  # at the start of what is read, and inside it
+        part = options.QueueRange(str(path), str(path), "t", 0, start, 2100)
+        with pytest.raises(CorruptRecord, match="CRC32C"):
+            list(read_partition(part, options.parse({"path": str(path)})))
+
+
+def test_a_dataframe_over_a_wrong_consume_queue_fails_with_the_mismatch(spark, tmp_path,
+                                                                        rng):
+    path = _damaged_store(tmp_path / "store", rng, fixed=False)
+    _entry(path, 0, 2500, _entry(path, 0, 2499))
+    frame = spark.read.format("mqlog").option("path", str(path)).load()
+    with pytest.raises(Exception, match="ConsumeQueueMismatch"):
+        frame.agg({"body": "count"}).collect()
+
+
+def test_commitlog_mode_cuts_a_large_segment_at_verified_record_starts(spark, tmp_path,
+                                                                       rng):
+    """A segment cut into several partitions: each walk starts at its own first record
+    (a consume-queue position the planner read back), none steps from the segment's
+    start, and together they report every record once; with a damaged record the
+    rows are still every record once, the damaged one with crc_ok false."""
+    path = _fill(tmp_path / "store", rng, count=2000, segment_size_bytes=4 << 20)
+    assert len(os.listdir(path / "commitlog")) == 1
+    expected = sorted(row[3] for row in _engine_rows(path))
+    metrics = tmp_path / "metrics"
+
+    def read(run):
+        frame = (spark.read.format("mqlog").option("path", str(path)).option("mode",
+                 "commitlog").option("minPartitions", "4")
+                 .option("metricsDir", str(metrics / run)).load())
+        rows = frame.select("position", "crc_ok").collect()
+        return frame, rows, load_counters(str(metrics / run))
+
+    frame, rows, counters = read("intact")
+    assert frame.rdd.getNumPartitions() == 4
+    assert sorted(row.position for row in rows) == expected and all(r.crc_ok for r in rows)
+    assert len(counters) == 4 and sum(item["stepped"] for item in counters) == 0
+    assert sum(item["records"] for item in counters) == len(expected)
+
+    _flip_crc(path, expected[700])
+    _frame, rows, counters = read("damaged")
+    assert sorted(row.position for row in rows) == expected
+    assert [row.position for row in rows if not row.crc_ok] == [expected[700]]
+
+
 def _replicas(tmp_path, rng):
     """A reference store and three copies: one short, one longer, one diverged."""
     reference = _fill(tmp_path / "a", rng, count=300)
@@ -235,6 +351,30 @@ def test_reconcile_finds_exactly_the_injected_differences(spark, tmp_path, rng):
     assert summary[(str(copies["long"]), "orders", 1)]["extra"] == 7
 
 
+def _replayed(path):
+    """What a replay wrote, as (topic, queue, source offset, key, tags, born timestamp,
+    properties without replay's, body), in destination order."""
+    from mqlog.spark_connector import replay
+
+    got = []
+    with mqlog.open(path, read_only=True) as store:
+        for topic, queue_id in store.queues():
+            for r in store.get(topic, queue_id, 0, 10_000, 1 << 24):
+                properties = {key: value for key, value in r.properties.items()
+                              if key not in (replay.REPLAY_PROPERTY,
+                                             replay.REPLAY_FIRST_PROPERTY)}
+                got.append((topic, queue_id, replay.source_offset(r), r.key, r.tags,
+                            r.born_timestamp, properties, r.body))
+    return got
+
+
+def _originals(path, keys):
+    with mqlog.open(path, read_only=True) as store:
+        found = [(t, q, o, store.get(t, q, o, 1)[0]) for t, q, o in sorted(keys)]
+    return [(t, q, o, r.key, r.tags, r.born_timestamp, r.properties, r.body)
+            for t, q, o, r in found]
+
+
 def test_replay_to_store_equals_the_source_range_and_is_idempotent(spark, tmp_path, rng):
     from mqlog.spark_connector import replay
 
@@ -245,20 +385,47 @@ def test_replay_to_store_equals_the_source_range_and_is_idempotent(spark, tmp_pa
     again = replay.to_store(frame, str(source), str(target))
     wanted = [row for row in _engine_rows(source) if 10 <= row[2] < 60
               and (row[8] is not None or row[7] == "k1")]
-    assert first.written == len(wanted) > 0 and again.written == 0
+    assert first.written == len(wanted) > 0 and again.written == again.batches == 0
     assert again.skipped == len(wanted)
-    with mqlog.open(target, read_only=True) as store:
-        got = []
-        for topic, queue_id in store.queues():
-            for r in store.get(topic, queue_id, 0, 1000, 1 << 24):
-                properties = dict(r.properties)
-                source_offset = properties.pop(replay.REPLAY_PROPERTY)
-                got.append((topic, queue_id, source_offset, r.key, r.tags, r.born_timestamp,
-                            properties, r.body))
-    with mqlog.open(source, read_only=True) as store:
-        originals = {(r[0], r[1], r[2]): store.get(r[0], r[1], r[2], 1)[0] for r in wanted}
-    assert got == [(t, q, o, r.key, r.tags, r.born_timestamp, r.properties, r.body)
-                   for (t, q, o), r in sorted(originals.items())]
+    got = _replayed(target)
+    assert got == _originals(source, [(r[0], r[1], r[2]) for r in wanted])
+    assert {type(p.get("i")) for *_, p, _body in got} == {int, type(None)}  # msgpack types
+
+
+def test_replay_to_store_writes_runs_in_batches_and_resumes_after_a_torn_one(spark, tmp_path,
+                                                                            rng):
+    """Records a producer sent in batches replay in batches (put_batch); an interrupted
+    replay whose last batch is only partly in the destination (a crash) resumes exactly
+    after the last record that is there."""
+    from mqlog.spark_connector import replay
+
+    source = tmp_path / "src"
+    with mqlog.open(source, **SMALL) as store:
+        for queue_id in (0, 1):
+            store.put_batch("orders", [rng.randbytes(30) for _ in range(40)], queue_id,
+                            key="a", tags="x", properties={"p": 1}, born_timestamp=1000)
+            # equal to the run before for Python (1 == True), not for msgpack: a new batch
+            store.put_batch("orders", [rng.randbytes(30) for _ in range(30)], queue_id,
+                            key="a", tags="x", properties={"p": True}, born_timestamp=1000)
+            for index in range(5):  # each its own born timestamp: one record a batch
+                store.put("orders", rng.randbytes(30), queue_id, born_timestamp=2000 + index)
+    target = tmp_path / "dst"
+    everything = replay.select(spark, str(source))
+    keys = [(r.topic, r.queue_id, r.offset) for r in everything.collect()]
+    assert len(keys) == 150
+
+    first = replay.to_store(replay.select(spark, str(source), None, "60"), str(source),
+                            str(target))
+    assert (first.written, first.batches) == (120, 4)  # 40 + 20 per queue
+    with mqlog.open(target, **SMALL) as store:  # a crash kept 13 of queue 1's last 20
+        torn = store.get("orders", 1, 40 + 13, 1)[0]
+        store.truncate(torn.position)
+    resumed = replay.to_store(everything, str(source), str(target))
+    assert (resumed.written, resumed.skipped) == (150 - 113, 113)
+    assert resumed.batches == 1 + 5 + 1 + 5  # queue 0: 10 + 5; queue 1: 17 + 5
+    assert _replayed(target) == _originals(source, keys)
+    again = replay.to_store(everything, str(source), str(target))
+    assert (again.written, again.skipped) == (0, 150)
 
 
 def test_replay_to_parquet_equals_the_source_range(spark, tmp_path, rng):

@@ -108,5 +108,6 @@ def replay(source: str, start: str | None, end: str | None, where: str | None,
         return
     assert to_store is not None
     result = jobs.to_store(frame, source, to_store)
-    click.echo(f"{result.selected} selected, {result.written} written, "
+    click.echo(f"{result.selected} selected, {result.written} written "
+               f"({result.batches} batch(es)), "
                f"{result.skipped} already there")

@@ -17,9 +17,12 @@ to record by ``total_size``:
   for the next record magic whose stored position equals its place (a resync), as a
   forensic tool should; the damaged bytes in between are not a row.
 
-Records are reported when they start inside the partition's [start, end) positions; the
-walk starts at the segment's first byte because only there is a record boundary known
-(up to the partition's start it only steps: no CRC, no row).
+Records are reported when they start inside the partition's [start, end) positions. The
+walk starts where a record boundary is known: the segment's first byte, or the
+partition's ``walk_from``, a record start the planner verified (a consume-queue
+entry's position whose record reads back with its CRC and position: planner.py), so a
+large segment is read as several partitions that each walk only their own part. Up to
+the partition's start it only steps (no CRC, no row; counted as ``stepped``).
 Batches are built in bulk by ``layout.build_batch``; only the stepping and the CRC call
 are per record.
 """
@@ -80,7 +83,8 @@ class _Walk:
     def batches(self, part: SegmentRange, counters: Counters) -> Iterator[pa.RecordBatch]:
         starts: list[int] = []
         verdicts: list[bool] = []
-        at, stop = 0, part.end - self.base
+        at = (self.base if part.walk_from is None else part.walk_from) - self.base
+        stop = part.end - self.base
         while at < stop:
             reported = at + self.base >= part.start
             found = self.record_at(at, verify=reported)
@@ -91,6 +95,8 @@ class _Walk:
             if reported:
                 starts.append(at)
                 verdicts.append(ok)
+            else:
+                counters.stepped += 1
             at += total
             # emit before the window slides past what was collected
             window_full = at + layout.HEADER_SIZE > self.window_at + len(self.window)

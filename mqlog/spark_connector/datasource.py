@@ -33,13 +33,19 @@ from pyspark.sql.datasource import (
 from mqlog.spark_connector import options as opts
 from mqlog.spark_connector import planner, pushdown, schema
 from mqlog.spark_connector.commitlog import read_segment
-from mqlog.spark_connector.reader import Counters, read_queue
+from mqlog.spark_connector.reader import Counters, keep_freed_memory, read_queue
 
 FORMAT = "mqlog"
 
 
 class MqlogDataSource(DataSource):
-    """``spark.read.format("mqlog")``: see the module docstring and docs/SPARK.md."""
+    """``spark.read.format("mqlog")``: see the module docstring and docs/SPARK.md.
+
+    ``slots``: the session's default parallelism, which ``register`` records in the
+    subclass it registers (None here: the planner then never packs small queues into
+    fewer partitions; see options.pack)."""
+
+    slots: int | None = None
 
     @classmethod
     def name(cls) -> str:
@@ -49,12 +55,12 @@ class MqlogDataSource(DataSource):
         return schema.spark_schema()
 
     def reader(self, schema: Any) -> DataSourceReader:
-        return MqlogReader(opts.parse(self.options, _projection(schema)))
+        return MqlogReader(opts.parse(self.options, _projection(schema), self.slots))
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         from mqlog.spark_connector.stream import MqlogStreamReader
 
-        return MqlogStreamReader(opts.parse(self.options, _projection(schema)))
+        return MqlogStreamReader(opts.parse(self.options, _projection(schema), self.slots))
 
 
 def _projection(requested: Any) -> tuple[str, ...] | None:
@@ -87,8 +93,12 @@ def read_partition(partition: InputPartition,
     """Batches of one partition; its counters are saved to ``metricsDir`` at the end."""
     counters = Counters(partition=repr(partition))
     arrow = schema.arrow_schema(options.columns)
+    keep_freed_memory()
     if isinstance(partition, opts.QueueRange):
         yield from read_queue(partition, counters, arrow)
+    elif isinstance(partition, opts.QueueRanges):
+        for part in partition.ranges:
+            yield from read_queue(part, counters, arrow)
     elif isinstance(partition, opts.SegmentRange):
         yield from read_segment(partition, counters, arrow)
     else:
@@ -97,6 +107,24 @@ def read_partition(partition: InputPartition,
 
 
 def register(spark: Any) -> None:
-    """Register the ``mqlog`` format with ``spark`` and enable filter pushdown."""
+    """Register the ``mqlog`` format with ``spark`` and enable filter pushdown.
+
+    What is registered is a subclass of ``MqlogDataSource`` that knows the session's
+    default parallelism (its task slots). Being defined here, not at module level, it
+    is pickled by value, so the planning workers see the number too."""
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    spark.dataSource.register(MqlogDataSource)
+    found = _slots(spark)
+
+    class RegisteredMqlogDataSource(MqlogDataSource):
+        slots = found
+
+    spark.dataSource.register(RegisteredMqlogDataSource)
+
+
+def _slots(spark: Any) -> int | None:
+    """The session's default parallelism; None where there is no SparkContext (Spark
+    Connect)."""
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 - Connect raises its own error types here
+        return None

@@ -21,6 +21,14 @@ A partition is a frozen, picklable description: (store, replica, topic, queue, o
 range) in queue mode, (store, replica, segment, position range) in commit-log mode.
 Offsets and times are resolved to offset ranges while planning, on the driver, so that
 ``read()`` needs nothing but the partition.
+
+Cutting (``split``) gives every range at most ``maxRecordsPerPartition`` records and
+makes at least ``minPartitions`` pieces. Packing (``pack``) then joins pieces when
+there are more of them than the session has task slots (``slots``: its default
+parallelism, which ``register`` records): a task costs a Python worker round trip and
+every wave of tasks beyond the first costs one more, so 4 queues of 250,000 records
+on 2 cores are read as 2 partitions of 500,000 (``QueueRanges``: several queue ranges
+read one after the other), cut evenly so that the cores finish together.
 """
 
 from __future__ import annotations
@@ -56,14 +64,28 @@ class QueueRange(InputPartition):
 
 
 @dataclass(frozen=True)
+class QueueRanges(InputPartition):
+    """Several queue ranges read one after the other by one task (see ``pack``)."""
+
+    ranges: tuple[QueueRange, ...]
+
+    @property
+    def count(self) -> int:
+        return sum(part.count for part in self.ranges)
+
+
+@dataclass(frozen=True)
 class SegmentRange(InputPartition):
-    """Records that start in [start, end) of one segment file (positions)."""
+    """Records that start in [start, end) of one segment file (positions); the walk
+    over them starts at ``walk_from`` (None: the segment's first byte), a position
+    known to hold a record, at or before ``start``."""
 
     path: str
     replica: str
     base: int
     start: int
     end: int
+    walk_from: int | None = None
 
     @property
     def count(self) -> int:
@@ -99,6 +121,7 @@ class ReadOptions:
     fail_on_data_loss: bool = True  # streaming: retention deleted records not yet read
     metrics_dir: str | None = None
     columns: tuple[str, ...] | None = None  # a projection given as a schema; None: all
+    slots: int | None = None  # the session's task slots (see ``pack``); None: unknown
     bounds: Bounds = field(default_factory=Bounds)
 
     def wants(self, topic: str, queue_id: int) -> bool:
@@ -115,9 +138,11 @@ class ReadOptions:
         return replace(self, bounds=bounds)
 
 
-def parse(options: Any, columns: tuple[str, ...] | None = None) -> ReadOptions:
+def parse(options: Any, columns: tuple[str, ...] | None = None,
+          slots: int | None = None) -> ReadOptions:
     """Check the user's options (a case-insensitive mapping of str) into ReadOptions;
-    ``columns``: the columns a user-given schema picks (None: all)."""
+    ``columns``: the columns a user-given schema picks (None: all); ``slots``: the
+    session's default parallelism, if known."""
     get = {str(key).lower(): str(value) for key, value in dict(options).items()}.get
     paths = _paths(get("path"), get("paths"))
     topics = _names(get("topic"), get("topics"))
@@ -136,7 +161,7 @@ def parse(options: Any, columns: tuple[str, ...] | None = None) -> ReadOptions:
                                    1) or DEFAULT_RECORDS_PER_PARTITION,
         records_per_trigger=_int("maxRecordsPerTrigger", get("maxrecordspertrigger"), 1),
         fail_on_data_loss=_bool("failOnDataLoss", get("failondataloss"), True),
-        metrics_dir=get("metricsdir"), columns=columns)
+        metrics_dir=get("metricsdir"), columns=columns, slots=slots)
 
 
 def _paths(path: str | None, paths: str | None) -> tuple[tuple[str, str], ...]:
@@ -243,3 +268,35 @@ def split(ranges: Sequence[Piece], per_partition: int | None,
         pieces[index:index + 1] = [replace(largest, end=middle),
                                    replace(largest, start=middle)]
     return pieces
+
+
+def pack(pieces: Sequence[QueueRange], slots: int | None, per_partition: int,
+         min_partitions: int) -> list[QueueRange | QueueRanges]:
+    """Join ``split``'s pieces into fewer partitions when there are more pieces than
+    ``slots``: as many partitions as the slots, ``min_partitions`` and
+    ``per_partition`` ask for, each the next equal share of the pieces' records in
+    order (a share may end inside a piece and the next one start there). Unchanged
+    when ``slots`` is unknown or the pieces already fit."""
+    total = sum(piece.count for piece in pieces)
+    if slots is None or len(pieces) <= slots or total == 0:
+        return list(pieces)
+    wanted = max(slots, min_partitions, -(-total // per_partition))
+    if wanted >= len(pieces):
+        return list(pieces)
+    share = -(-total // wanted)  # <= per_partition, as wanted >= total / per_partition
+    packed: list[QueueRange | QueueRanges] = []
+    current: list[QueueRange] = []
+    room = share
+    for piece in pieces:
+        start = piece.start
+        while start < piece.end:
+            end = min(piece.end, start + room)
+            current.append(replace(piece, start=start, end=end))
+            room -= end - start
+            start = end
+            if room == 0:
+                packed.append(current[0] if len(current) == 1 else QueueRanges(tuple(current)))
+                current, room = [], share
+    if current:
+        packed.append(current[0] if len(current) == 1 else QueueRanges(tuple(current)))
+    return packed

@@ -1,14 +1,18 @@
 """Reading one queue partition: consume-queue entries, raw records, Arrow batches.
 
-Theory of operation. ``read_queue`` is what a Spark task runs for a ``QueueRange``. It
-opens the store read-only (a snapshot: no lock, beside a live writer, on a crashed copy)
-and never trusts more than the snapshot shows: the range is clamped to the queue's
-``min_offset``/``max_offset``.
+Theory of operation. ``read_queue`` is what a Spark task runs for a ``QueueRange`` (a
+``QueueRanges`` partition, several small queues packed into one task, is read range
+after range: see options.pack). It opens the store read-only (a snapshot: no lock,
+beside a live writer, on a crashed copy) and never trusts more than the snapshot shows:
+the range is clamped to the queue's ``min_offset``/``max_offset``.
 
 1. Entries. The consume-queue entries of the range (docs/FORMAT.md: position, size,
    tag hash) are read with numpy straight from the queue's files, 20 bytes an entry.
    Only offsets the snapshot vouches for are read, so entries a live writer is adding
-   are never looked at.
+   are never looked at. A queue's records lie in the log in offset order, none
+   overlapping the next, so entries must too (``_check_order``): an entry that points
+   backwards, or into the record before it, is a ``ConsumeQueueMismatch`` before
+   anything is read.
 2. Bytes. Entries (read ``ENTRY_RECORDS`` at a time) are cut into chunks
    (``CHUNK_RECORDS`` records, ``CHUNK_BYTES`` bytes), one batch each. For each chunk
    the records are fetched with ``Store.read_raw`` — one C call per run of adjacent
@@ -16,7 +20,9 @@ and never trusts more than the snapshot shows: the range is clamped to the queue
    so a gap left by other queues' records costs a new call only when it is large
    (``GAP_BYTES``); smaller gaps are read through. The pieces the calls return are kept
    as they are (``Fetched``): joining them copies every byte, and is done only for a
-   batch that needs one buffer.
+   batch that needs one buffer. An entry whose position is not a record start
+   (``read_raw`` refuses it) or whose record does not lie wholly in what was read is a
+   ``ConsumeQueueMismatch`` too; a record whose CRC fails stays a ``CorruptRecord``.
 3. Check and convert (``_convert``). When the chunk's records are all one size and lie
    back to back in each piece (fixed-size messages: the consume queue says so before
    anything is read), each piece is a matrix with a record per row; headers are a
@@ -29,16 +35,25 @@ and never trusts more than the snapshot shows: the range is clamped to the queue
 
 Counters (records and bytes read, batches, calls) are kept per partition and, when the
 ``metricsDir`` option is set, written there as one JSON file per partition read.
+
+Memory. Every batch allocates a few MB afresh (the bytes ``read_raw`` returns, the
+columns), which glibc by default takes from and gives back to the kernel, so that each
+batch's memory is page-faulted and zeroed again: a third of the reader's time.
+``keep_freed_memory`` (called once per worker process) raises malloc's mmap and trim
+thresholds, so freed batches are reused instead; the worker keeps at most about
+``TRIM_BYTES`` of free heap.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from typing import NoReturn
 
 import numpy as np
 import pyarrow as pa
@@ -46,17 +61,20 @@ import pyarrow.compute as pc
 
 import mqlog
 from mqlog.engine.store import Store
-from mqlog.errors import ConsumeQueueMismatch
+from mqlog.errors import ConsumeQueueMismatch, InvalidPosition
 from mqlog.spark_connector import layout
 from mqlog.spark_connector.options import QueueRange
 from mqlog.spark_connector.schema import ARROW_SCHEMA
 
 ENTRY_RECORDS = 262_144  # consume-queue entries read at a time (5 MiB)
-CHUNK_RECORDS = 32_768  # a batch: ~6 MB of 180-byte records stays in cache while it is cut
+CHUNK_RECORDS = 65_536  # a batch (fewer, larger batches cost the JVM less per row)
 CHUNK_BYTES = 16 << 20
 GAP_BYTES = 256 << 10
 READ_BYTES_MAX = 32 << 20  # below the default read_size_bytes_max (64 MiB)
 _TOMBSTONE = (1 << 64) - 1
+MMAP_BYTES = 32 << 20  # allocations below this come from the heap (a batch's are)
+TRIM_BYTES = 64 << 20  # free heap kept for the next batches
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
 
 
 @dataclass
@@ -68,6 +86,7 @@ class Counters:
     bytes: int = 0
     batches: int = 0
     read_calls: int = 0
+    stepped: int = 0  # commit-log mode: records walked over before the partition's start
 
     def save(self, directory: str | None) -> None:
         if directory is None:
@@ -89,21 +108,59 @@ def load_counters(directory: str) -> list[dict]:
     return found
 
 
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Tune glibc malloc so that freed batches are reused (see the module docstring);
+    once per process. False where there is no glibc ``mallopt``."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_BYTES)) and \
+        bool(mallopt(_M_TRIM_THRESHOLD, TRIM_BYTES))
+
+
 def read_queue(part: QueueRange, counters: Counters,
                arrow: pa.Schema = ARROW_SCHEMA) -> Iterator[pa.RecordBatch]:
     """The records of ``part`` as Arrow batches, in offset order."""
     with mqlog.open(part.path, read_only=True) as store:
         low = max(part.start, store.min_offset(part.topic, part.queue_id))
         high = min(part.end, store.max_offset(part.topic, part.queue_id))
+        previous_end = 0  # where the record of the entry before ``start`` ends
         for start in range(low, high, ENTRY_RECORDS):
             entries = queue_entries(store, part.topic, part.queue_id, start,
                                     min(high, start + ENTRY_RECORDS))
+            _check_order(entries, previous_end, part, start)
+            previous_end = int(entries["position"][-1]) + int(entries["size"][-1])
             for chunk_start, chunk in _chunks(entries, start):
-                fetched = fetch(store, chunk, counters)
+                try:
+                    fetched = fetch(store, chunk, counters)
+                except _BadEntry as bad:
+                    _mismatch(part, chunk_start, chunk, bad.index, bad.reason)
                 batch = _convert(fetched, chunk, part, chunk_start, arrow)
                 counters.records += len(chunk)
                 counters.batches += 1
                 yield batch
+
+
+def _check_order(entries: np.ndarray, previous_end: int, part: QueueRange,
+                 first_offset: int) -> None:
+    """A queue's records lie in the log in offset order, each at least a header long
+    and none overlapping the next: an entry that points backwards (or into the record
+    before it) is wrong, and ``fetch`` relies on the order."""
+    positions = entries["position"].astype(np.int64)
+    sizes = entries["size"].astype(np.int64)
+    starts_after = np.empty(len(entries), np.int64)  # where each record may start
+    starts_after[0] = previous_end
+    np.add(positions[:-1], sizes[:-1], out=starts_after[1:])
+    good = (positions >= starts_after) & (sizes >= layout.HEADER_SIZE)
+    if not good.all():
+        bad = int(np.argmin(good))
+        reason = "which is shorter than a record header" if sizes[bad] < layout.HEADER_SIZE \
+            else f"which is before the end ({int(starts_after[bad])}) of the record of the " \
+            f"entry before it (offset {first_offset + bad - 1}): one of the two is wrong"
+        _mismatch(part, first_offset, entries, bad, reason)
 
 
 def queue_entries(store: Store, topic: str, queue_id: int, low: int, high: int) -> np.ndarray:
@@ -182,8 +239,20 @@ class Fetched:
         return matrices
 
 
+class _BadEntry(Exception):
+    """``fetch`` found that entry ``index`` cannot be right (``reason``)."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(index, reason)
+        self.index = index
+        self.reason = reason
+
+
 def fetch(store: Store, entries: np.ndarray, counters: Counters) -> Fetched:
-    """The bytes holding the records of ``entries``, in pieces (see ``Fetched``)."""
+    """The bytes holding the records of ``entries`` (in log order, as ``_check_order``
+    makes sure), in pieces (see ``Fetched``). Raises ``_BadEntry`` for an entry that
+    does not point at a record start, or whose record is not wholly in what was read
+    (past the log's end, or a size larger than its record's)."""
     positions = entries["position"].astype(np.int64)
     ends = positions + entries["size"].astype(np.int64)
     breaks = np.flatnonzero(positions[1:] - ends[:-1] > GAP_BYTES) + 1
@@ -192,21 +261,33 @@ def fetch(store: Store, entries: np.ndarray, counters: Counters) -> Fetched:
     pieces: list[bytes] = []
     piece_bases: list[int] = []  # log position where each piece starts
     for first, last in zip(run_starts.tolist(), run_stops.tolist(), strict=True):
-        _read_run(store, positions[first:last], int(ends[last - 1]), pieces, piece_bases,
-                  counters)
+        _read_run(store, positions[first:last], first, int(ends[last - 1]), pieces,
+                  piece_bases, counters)
     bases = np.asarray(piece_bases, np.int64)
     which = np.searchsorted(bases, positions, side="right") - 1
     counters.bytes += sum(len(piece) for piece in pieces)
-    return Fetched(pieces, which, positions - bases[which])
+    local = positions - bases[which]
+    lengths = np.fromiter(map(len, pieces), np.int64, len(pieces))
+    inside = local + entries["size"] <= lengths[which]
+    if not inside.all():
+        raise _BadEntry(int(np.argmin(inside)), "past the records read there")
+    return Fetched(pieces, which, local)
 
 
-def _read_run(store: Store, positions: np.ndarray, end: int, pieces: list[bytes],
-              piece_bases: list[int], counters: Counters) -> None:
+def _read_run(store: Store, positions: np.ndarray, first: int, end: int,
+              pieces: list[bytes], piece_bases: list[int], counters: Counters) -> None:
     """read_raw from the run's first record to ``end``; read_raw stops at a segment's end
     (and at READ_BYTES_MAX), so go on from the next record not yet covered."""
     at = int(positions[0])
     while at < end:
-        raw = store.read_raw(at, min(end - at, READ_BYTES_MAX))
+        try:
+            raw = store.read_raw(at, min(end - at, READ_BYTES_MAX))
+        except InvalidPosition as error:
+            # A record there whose CRC fails raises CorruptRecord (damage, not a wrong
+            # entry); anything else at an entry's position is not its record.
+            store.read_record(at)
+            raise _BadEntry(int(np.searchsorted(positions, at)) + first,
+                            "which is not the start of a record it can read") from error
         counters.read_calls += 1
         assert raw, f"read_raw returned nothing at {at}"
         pieces.append(raw)
@@ -228,11 +309,13 @@ def _check(head: layout.Fields, entries: np.ndarray, part: QueueRange,
         _mismatch(part, first_offset, entries, int(np.argmin(good)))
 
 
-def _mismatch(part: QueueRange, first_offset: int, entries: np.ndarray, bad: int) -> None:
+def _mismatch(part: QueueRange, first_offset: int, entries: np.ndarray, bad: int,
+              reason: str = "which holds another record") -> NoReturn:
     raise ConsumeQueueMismatch(
         f"consume queue {part.topic}/{part.queue_id} of {part.path}: the entry of offset "
-        f"{first_offset + bad} points at position {int(entries['position'][bad])}, which "
-        "holds another record; open the store read-write once to rebuild its queues")
+        f"{first_offset + bad} points at position {int(entries['position'][bad])} (size "
+        f"{int(entries['size'][bad])}), {reason}; open the store read-write once to "
+        "rebuild its queues")
 
 
 def _convert(fetched: Fetched, chunk: np.ndarray, part: QueueRange, first_offset: int,

@@ -9,12 +9,22 @@ Spark SQL condition on the source's columns.
   replaces the output with the same rows.
 * To a store: a store has one writer, so the driver writes. Spark picks the (topic,
   queue_id, offset) triples in queue order; the driver streams them
-  (``toLocalIterator``), reads the original records from the source through a read-only
-  snapshot — so properties keep their msgpack types — and ``put``s each one with its
-  key, tags, properties and born timestamp. Order is kept per queue. Each replayed
-  record carries the property ``REPLAY_PROPERTY`` = its source offset; before writing a
+  (``toLocalIterator``) and reads the original records from the source through a
+  read-only snapshot, so properties keep their msgpack types. It writes them with
+  ``put_batch``, one call per run of records that share a queue, key, tags,
+  properties and born timestamp (``put_batch`` gives all its records the same ones)
+  and have consecutive source offsets, at most ``BATCH_RECORDS`` / ``BATCH_BYTES`` a
+  call: records a producer sent in batches replay in batches; records that all differ
+  (say, each its own born timestamp) replay one per call. Order is kept per queue.
+
+  Idempotence. Every record of a batch carries two properties: ``REPLAY_PROPERTY``,
+  the source offset of the batch's first record, and ``REPLAY_FIRST_PROPERTY``, the
+  destination offset of that first record. So each replayed record knows its own
+  source offset (``source_offset``: the first's plus its distance from the first in
+  the destination), even when a crash kept only part of a batch. Before writing a
   queue the driver reads the destination queue's last record and skips every source
-  offset up to the one it names, so running the same replay again writes nothing twice.
+  offset up to that record's, so running the same replay again writes nothing twice
+  and an interrupted one resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -26,17 +36,31 @@ from typing import Any
 import mqlog
 from mqlog.errors import InvalidArgument
 
-REPLAY_PROPERTY = "mqlog.replay.offset"
+REPLAY_PROPERTY = "mqlog.replay.offset"  # source offset of the batch's first record
+REPLAY_FIRST_PROPERTY = "mqlog.replay.first"  # destination offset of that record
+BATCH_RECORDS = 1000  # at most this many records per put_batch call
+BATCH_BYTES = 4 << 20  # and about this many bytes of bodies
 _READ_COUNT = 1000
 
 
 @dataclass
 class ReplayResult:
-    """What a replay did: records selected, written, and skipped as already there."""
+    """What a replay did: records selected, written (in ``batches`` put_batch calls),
+    and skipped as already there."""
 
     selected: int = 0
     written: int = 0
     skipped: int = 0
+    batches: int = 0
+
+
+def source_offset(record: Any) -> int | None:
+    """The source offset of a record replay wrote (None: not a replayed record)."""
+    first = record.properties.get(REPLAY_PROPERTY)
+    if not isinstance(first, int):
+        return None
+    at = record.properties.get(REPLAY_FIRST_PROPERTY)
+    return first + (record.offset - at if isinstance(at, int) else 0)
 
 
 def range_options(start: str | None, end: str | None) -> dict[str, str]:
@@ -105,15 +129,51 @@ def to_store(frame: Any, source: str, destination: str) -> ReplayResult:
                 done[queue] = _replayed_up_to(target, topic, queue_id)
             fresh = [offset for offset in offsets if offset > done[queue]]
             result.skipped += len(offsets) - len(fresh)
-            for record in _originals(origin, topic, queue_id, fresh):
-                properties = {**record.properties, REPLAY_PROPERTY: record.offset}
-                target.put(topic, record.body, queue_id, key=record.key, tags=record.tags,
-                           properties=properties, born_timestamp=record.born_timestamp)
-                result.written += 1
+            for batch in _batches(_originals(origin, topic, queue_id, fresh)):
+                _put(target, topic, queue_id, batch)
+                result.written += len(batch)
+                result.batches += 1
             if fresh:
                 done[queue] = fresh[-1]
         target.flush()
     return result
+
+
+def _batches(records: Iterator[Any]) -> Iterator[list[Any]]:
+    """Records (of one queue, in offset order) in runs that one put_batch can write: the
+    same key, tags, properties (compared as msgpack, so 1 and True differ) and born
+    timestamp, consecutive offsets, at most BATCH_RECORDS and about BATCH_BYTES."""
+    batch: list[Any] = []
+    shared: tuple[Any, ...] | None = None
+    size = 0
+    for record in records:
+        fields = (record.key, record.tags, _packed(record.properties), record.born_timestamp)
+        if batch and (fields != shared or record.offset != batch[-1].offset + 1 or
+                      len(batch) >= BATCH_RECORDS or size + len(record.body) > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(record)
+        shared = fields
+        size += len(record.body)
+    if batch:
+        yield batch
+
+
+def _packed(properties: dict) -> bytes:
+    import msgpack
+
+    return msgpack.packb(properties, use_bin_type=True)
+
+
+def _put(target: Any, topic: str, queue_id: int, batch: list[Any]) -> None:
+    """One put_batch of ``batch`` (see ``_batches``), marked as the module docstring says."""
+    first = batch[0]
+    at = target.max_offset(topic, queue_id)  # the driver is the destination's only writer
+    properties = {**first.properties, REPLAY_PROPERTY: first.offset, REPLAY_FIRST_PROPERTY: at}
+    written = target.put_batch(topic, [record.body for record in batch], queue_id,
+                               key=first.key, tags=first.tags, properties=properties,
+                               born_timestamp=first.born_timestamp)
+    assert written.offset == at, f"replay expected offset {at}, put_batch wrote {written}"
 
 
 def _same_dir(one: str, two: str) -> bool:
@@ -145,9 +205,8 @@ def _replayed_up_to(target: Any, topic: str, queue_id: int) -> int:
     end = target.max_offset(topic, queue_id)
     if end == 0 or end <= target.min_offset(topic, queue_id):
         return -1
-    last = target.get(topic, queue_id, end - 1, 1)[0]
-    value = last.properties.get(REPLAY_PROPERTY)
-    return value if isinstance(value, int) else -1
+    found = source_offset(target.get(topic, queue_id, end - 1, 1)[0])
+    return -1 if found is None else found
 
 
 def _originals(origin: Any, topic: str, queue_id: int, offsets: list[int]) -> Iterator[Any]:

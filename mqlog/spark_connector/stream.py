@@ -13,7 +13,9 @@ state of its own across runs:
   ``Trigger.AvailableNow`` the ends are frozen by ``prepareForTriggerAvailableNow`` so
   the query stops once it has read what existed when it started;
 * ``partitions(start, end)``: one ``QueueRange`` per queue that moved, cut by
-  ``maxRecordsPerPartition``; ``read`` is the batch source's. If retention deleted
+  ``maxRecordsPerPartition`` and packed as a batch read's are (options.py: no more
+  partitions than task slots unless the ranges are large); ``read`` is the batch
+  source's. If retention deleted
   records the query had not read yet (its start is below the queue's minimum offset),
   the batch fails with OffsetOutOfRange — Kafka's ``failOnDataLoss``, true by default —
   or, with ``failOnDataLoss=false``, starts at the minimum and says what it skipped.
@@ -34,7 +36,7 @@ from pyspark.sql.streaming.datasource import (
 
 from mqlog.errors import InvalidArgument, OffsetOutOfRange
 from mqlog.spark_connector import planner
-from mqlog.spark_connector.options import QueueRange, ReadOptions, resolve, split
+from mqlog.spark_connector.options import QueueRange, ReadOptions, pack, resolve, split
 
 Offsets = dict[str, dict[str, int]]
 
@@ -113,7 +115,8 @@ class MqlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     if first < stop:
                         ranges.append(QueueRange(self.path, self.replica, topic, int(queue),
                                                  first, stop))
-        return split(ranges, self.options.records_per_partition, 1)
+        per_partition = self.options.records_per_partition
+        return pack(split(ranges, per_partition, 1), self.options.slots, per_partition, 1)
 
     def _check_loss(self, topic: str, queue: str, first: int | None, low: int,
                     high: int) -> int:
