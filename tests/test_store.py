@@ -522,3 +522,23 @@ def test_listing_queues_beside_a_writer_that_adds_them(tmp_path, impl):
         lister.join()
         assert not failures, failures[0]
         assert len(store.queues()) == 2000
+
+
+def test_read_raw_tells_a_damaged_record_from_a_position_that_is_no_record(open_store):
+    """At a record whose bytes changed after it was written (its CRC32C fails) read_raw
+    raises CorruptRecord, naming it; at a position inside a record, InvalidPosition."""
+    store = open_store()
+    first = store.put("t", b"a" * 100)
+    second = store.put("t", b"b" * 100)
+    store.put("t", b"c" * 100)
+    mapped = store.segment_file(store.first_segment_base())
+    mapped.buffer[second.position + second.size - 10] ^= 0x01  # a bit of its body
+    with pytest.raises(errors.CorruptRecord) as raised:
+        store.read_raw(second.position, 1 << 20)
+    assert raised.value.position == second.position
+    with pytest.raises(errors.CorruptRecord):  # from the record before: the same damage
+        store.read_raw(first.position, 1 << 20)
+    with pytest.raises(errors.InvalidPosition):
+        store.read_raw(second.position + 8, 1 << 20)
+    mapped.buffer[second.position + second.size - 10] ^= 0x01
+    assert len(store.read_raw(first.position, 1 << 20)) == first.size * 3

@@ -2294,6 +2294,6 @@ cdef uint64_t _first_bad_crc(const char *records, uint64_t size) noexcept nogil:
 
 cdef int _raw_problem(int problem, const char *record, uint64_t at, bint first) except -1:
     text = _problem_text(problem, record)
-    if first:
+    if first and problem != RECORD_CRC:  # (only its CRC failing: a damaged record)
         raise InvalidPosition(f"position {at} is not the start of a record ({text})")
     raise CorruptRecord(at, text)

@@ -645,7 +645,9 @@ class LogCore:
                 break
             raw = bytes(segment.buffer[end:end + size]) if end + size <= limit else b""
             problem = _check_record(raw, at, True)
-            if problem and end == offset:
+            if problem and end == offset and problem != _CRC_MISMATCH:  # (a header that
+                # holds together, its own position included, starts a record: if only
+                # its CRC fails, the record is damaged, not the position wrong)
                 raise InvalidPosition(f"position {at} is not the start of a record ({problem})")
             if problem:
                 raise CorruptRecord(at, problem)
@@ -987,6 +989,9 @@ def _epochs_from(epoch_starts: list[tuple[int, int]], log_start: int) -> list[tu
     return kept
 
 
+_CRC_MISMATCH = "CRC32C mismatch"
+
+
 def _check_record(raw: bytes, position: int, verify_crc: bool) -> str:
     """'' if ``raw`` is one whole, intact record that belongs at ``position``; else why not."""
     if len(raw) < HEADER_SIZE:
@@ -1003,7 +1008,7 @@ def _check_record(raw: bytes, position: int, verify_crc: bool) -> str:
     if stored_position != position:
         return f"record says it belongs at position {stored_position}"
     if verify_crc and crc32c(memoryview(raw)[CRC_START:]) != crc:
-        return "CRC32C mismatch"
+        return _CRC_MISMATCH
     return ""
 
 

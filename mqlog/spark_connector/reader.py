@@ -282,10 +282,7 @@ def _read_run(store: Store, positions: np.ndarray, first: int, end: int,
     while at < end:
         try:
             raw = store.read_raw(at, min(end - at, READ_BYTES_MAX))
-        except InvalidPosition as error:
-            # A record there whose CRC fails raises CorruptRecord (damage, not a wrong
-            # entry); anything else at an entry's position is not its record.
-            store.read_record(at)
+        except InvalidPosition as error:  # (a damaged record there is a CorruptRecord)
             raise _BadEntry(int(np.searchsorted(positions, at)) + first,
                             "which is not the start of a record it can read") from error
         counters.read_calls += 1
