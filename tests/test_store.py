@@ -85,6 +85,14 @@ def test_consume_queue_spans_several_files(open_store):
     assert [r.offset for r in records] == list(range(60, 70))
 
 
+def test_put_batch_takes_one_born_timestamp_per_body(open_store):
+    store = open_store()
+    result = store.put_batch("t", [b"a", b"b", b"c"], born_timestamp=[7, -3, 1 << 40])
+    records = store.get("t", 0, result.offset, 3)
+    assert [r.born_timestamp for r in records] == [7, -3, 1 << 40]
+    assert {r.store_timestamp for r in records} == {result.store_timestamp}
+
+
 def test_put_batch_assigns_consecutive_offsets(open_store):
     store = open_store()
     store.put("t", b"first")
@@ -144,6 +152,11 @@ def test_bad_topics_are_refused_and_nothing_is_stored(open_store, topic):
     (lambda s: s.put("t", b"x", tags="t" * 300), errors.MessageTooLarge),
     (lambda s: s.put_batch("t", []), errors.InvalidArgument),
     (lambda s: s.put_batch("t", [b"ok", b"x" * (16 * 1024)]), errors.MessageTooLarge),
+    (lambda s: s.put_batch("t", [b"a", b"b"], born_timestamp=[1]), errors.InvalidArgument),
+    (lambda s: s.put_batch("t", [b"a", b"b"], born_timestamp=[1, True]),
+     errors.InvalidArgument),
+    (lambda s: s.put_batch("t", [b"a"], born_timestamp=[1 << 63]), errors.InvalidArgument),
+    (lambda s: s.put("t", b"a", born_timestamp=[1]), errors.InvalidArgument),
     (lambda s: s.get("t", 0, 0, max_count=0), errors.InvalidArgument),
     (lambda s: s.read_record(1), errors.InvalidPosition),
     (lambda s: s.read_record(10**9), errors.InvalidPosition),

@@ -273,7 +273,9 @@ class Store:
     def put_batch(self, topic: str, bodies: Any, queue_id: int = 0, key: str | None = None,
                   tags: str | None = None, properties: dict | None = None,
                   born_timestamp: int | None = None) -> Any:
-        """Store many records in one queue in one call; see ``put``."""
+        """Store many records in one queue in one call; see ``put``. They share the key,
+        tags and properties; ``born_timestamp`` is one for all, or a list of one per
+        body (a replay keeps each record's)."""
         result = self.core.put_batch(topic, bodies, queue_id, key, tags, properties,
                                      born_timestamp)
         if not self._flusher.wait_flushed(result.end_position):

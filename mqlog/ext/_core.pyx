@@ -73,7 +73,9 @@ from cpython.bytes cimport (
     PyBytes_GET_SIZE,
 )
 from cpython.dict cimport PyDict_Check, PyDict_GetItemWithError, PyDict_Size
+from cpython.list cimport PyList_CheckExact
 from cpython.long cimport (
+    PyLong_AsLongLong,
     PyLong_AsLongLongAndOverflow,
     PyLong_AsUnsignedLongLongMask,
     PyLong_Check,
@@ -857,6 +859,21 @@ cdef int _check_born(Fields *fields, object born_timestamp) except -1:
     return 0
 
 
+cdef int _check_borns(list borns, Py_ssize_t count) except -1:
+    """put_batch's born timestamps given one per body: as many, each a signed 64-bit int."""
+    cdef int overflow = 0
+    if len(borns) != count:
+        raise InvalidArgument(f"born_timestamp lists {len(borns)} timestamps for {count} "
+                              "bodies; give one per body")
+    for value in borns:
+        if PyLong_Check(value) and not PyBool_Check(value):
+            PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not PyLong_Check(value) or PyBool_Check(value) or overflow:
+            raise InvalidArgument("a born_timestamp list must hold ints that fit in a "
+                                  f"signed 64-bit integer (milliseconds), got {value!r}")
+    return 0
+
+
 cdef int _check_queue_id(Fields *fields, object queue_id) except -1:
     cdef uint64_t number = 0
     if not PyLong_Check(queue_id) or PyBool_Check(queue_id) or \
@@ -1216,23 +1233,27 @@ cdef class LogCore:
 
     def put_batch(self, topic, bodies, queue_id=0, key=None, tags=None, properties=None,
                   born_timestamp=None):
-        """Store many records in one queue under one lock hold and one store timestamp."""
+        """Store many records in one queue under one lock hold and one store timestamp.
+        ``born_timestamp`` may be a list: one per body (a replay keeps each record's)."""
         cdef Fields fields
         cdef tuple items
+        cdef list borns = born_timestamp if PyList_CheckExact(born_timestamp) else None
         if self._fence is not None:
             raise self._fence
         # (the packed properties: fields points into them)
         _packed = self._prepare(&fields, topic, queue_id, key, tags, properties,
-                                born_timestamp)
+                                None if borns is not None else born_timestamp)
         items = _bodies_as_bytes(bodies)
         if not items:
             raise InvalidArgument("put_batch needs at least one body")
+        if borns is not None:
+            _check_borns(borns, len(items))
         self._check_sizes(&fields, items)
         self._acquire()
         try:
             if self._fence is not None:
                 raise self._fence
-            return self._put_all(&fields, topic, queue_id, items)
+            return self._put_all(&fields, topic, queue_id, items, borns)
         finally:
             self._release()
 
@@ -1248,8 +1269,10 @@ cdef class LogCore:
             self._record_size(fields, PyBytes_GET_SIZE(body))
         return 0
 
-    cdef object _put_all(self, Fields *fields, object topic, object queue_id, tuple items):
-        """put_batch under the lock: the bodies are bytes, their sizes already checked."""
+    cdef object _put_all(self, Fields *fields, object topic, object queue_id, tuple items,
+                         list borns):
+        """put_batch under the lock: the bodies are bytes, their sizes (and born
+        timestamps, when given one per body) already checked."""
         cdef _Queue queue = self._writable_queue(fields, topic, queue_id)
         cdef int64_t store_timestamp = self._next_timestamp()
         cdef uint64_t first_offset = queue.next_offset, position, first_position = 0
@@ -1258,6 +1281,9 @@ cdef class LogCore:
         for index in range(count):
             body = <bytes>items[index]
             body_size = PyBytes_GET_SIZE(body)
+            if borns is not None:
+                fields.has_born_timestamp = True
+                fields.born_timestamp = PyLong_AsLongLong(borns[index])
             position = self._append(queue, fields, PyBytes_AS_STRING(body), body_size,
                                     <uint32_t>(fields.fixed_size + body_size),
                                     store_timestamp)

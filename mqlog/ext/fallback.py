@@ -387,15 +387,20 @@ class LogCore:
                   key: str | None = None, tags: str | None = None,
                   properties: dict | None = None,
                   born_timestamp: int | None = None) -> BatchPutResult:
-        """Store many records in one queue under one lock hold and one store timestamp."""
+        """Store many records in one queue under one lock hold and one store timestamp.
+        ``born_timestamp`` may be a list: one per body (a replay keeps each record's)."""
         self._check_fence()
-        fields = self._prepare(topic, queue_id, key, tags, properties, born_timestamp)
+        borns = born_timestamp if type(born_timestamp) is list else None
+        fields = self._prepare(topic, queue_id, key, tags, properties,
+                               None if borns is not None else born_timestamp)
         try:
             bodies = [_as_bytes(body) for body in bodies]
         except TypeError:
             raise InvalidArgument("bodies must be an iterable of bytes-like objects") from None
         if not bodies:
             raise InvalidArgument("put_batch needs at least one body")
+        if borns is not None:
+            _check_borns(borns, len(bodies))
         sizes = [self._record_size(fields, len(body)) for body in bodies]
         with self._lock:
             self._check_fence()
@@ -403,7 +408,9 @@ class LogCore:
             store_timestamp = self._next_timestamp()
             first_offset = queue.next_offset
             first_position = -1
-            for body, size in zip(bodies, sizes, strict=True):
+            for index, (body, size) in enumerate(zip(bodies, sizes, strict=True)):
+                if borns is not None:
+                    fields = (*fields[:4], borns[index], fields[5])
                 position = self._append(queue, fields, body, size, store_timestamp)
                 if first_position < 0:
                     first_position = position
@@ -990,6 +997,18 @@ def _epochs_from(epoch_starts: list[tuple[int, int]], log_start: int) -> list[tu
 
 
 _CRC_MISMATCH = "CRC32C mismatch"
+
+
+def _check_borns(borns: list, count: int) -> None:
+    """put_batch's born timestamps given one per body: as many, each a signed 64-bit int."""
+    if len(borns) != count:
+        raise InvalidArgument(f"born_timestamp lists {len(borns)} timestamps for {count} "
+                              "bodies; give one per body")
+    for value in borns:
+        if not isinstance(value, int) or isinstance(value, bool) or \
+                not -(1 << 63) <= value < (1 << 63):
+            raise InvalidArgument("a born_timestamp list must hold ints that fit in a "
+                                  f"signed 64-bit integer (milliseconds), got {value!r}")
 
 
 def _check_record(raw: bytes, position: int, verify_crc: bool) -> str:

@@ -11,11 +11,12 @@ Spark SQL condition on the source's columns.
   queue_id, offset) triples in queue order; the driver streams them
   (``toLocalIterator``) and reads the original records from the source through a
   read-only snapshot, so properties keep their msgpack types. It writes them with
-  ``put_batch``, one call per run of records that share a queue, key, tags,
-  properties and born timestamp (``put_batch`` gives all its records the same ones)
-  and have consecutive source offsets, at most ``BATCH_RECORDS`` / ``BATCH_BYTES`` a
-  call: records a producer sent in batches replay in batches; records that all differ
-  (say, each its own born timestamp) replay one per call. Order is kept per queue.
+  ``put_batch``, one call per run of records that share a queue, key, tags and
+  properties (``put_batch`` gives all its records the same ones; each keeps its own
+  born timestamp) and have consecutive source offsets, at most ``BATCH_RECORDS`` /
+  ``BATCH_BYTES`` a call: records a producer sent without keys or per-record
+  properties replay in batches; records that all differ replay one per call. Order is
+  kept per queue.
 
   Idempotence. Every record of a batch carries two properties: ``REPLAY_PROPERTY``,
   the source offset of the batch's first record, and ``REPLAY_FIRST_PROPERTY``, the
@@ -141,13 +142,13 @@ def to_store(frame: Any, source: str, destination: str) -> ReplayResult:
 
 def _batches(records: Iterator[Any]) -> Iterator[list[Any]]:
     """Records (of one queue, in offset order) in runs that one put_batch can write: the
-    same key, tags, properties (compared as msgpack, so 1 and True differ) and born
-    timestamp, consecutive offsets, at most BATCH_RECORDS and about BATCH_BYTES."""
+    same key, tags and properties (compared as msgpack, so 1 and True differ),
+    consecutive offsets, at most BATCH_RECORDS and about BATCH_BYTES."""
     batch: list[Any] = []
     shared: tuple[Any, ...] | None = None
     size = 0
     for record in records:
-        fields = (record.key, record.tags, _packed(record.properties), record.born_timestamp)
+        fields = (record.key, record.tags, _packed(record.properties))
         if batch and (fields != shared or record.offset != batch[-1].offset + 1 or
                       len(batch) >= BATCH_RECORDS or size + len(record.body) > BATCH_BYTES):
             yield batch
@@ -172,7 +173,7 @@ def _put(target: Any, topic: str, queue_id: int, batch: list[Any]) -> None:
     properties = {**first.properties, REPLAY_PROPERTY: first.offset, REPLAY_FIRST_PROPERTY: at}
     written = target.put_batch(topic, [record.body for record in batch], queue_id,
                                key=first.key, tags=first.tags, properties=properties,
-                               born_timestamp=first.born_timestamp)
+                               born_timestamp=[record.born_timestamp for record in batch])
     assert written.offset == at, f"replay expected offset {at}, put_batch wrote {written}"
 
 
