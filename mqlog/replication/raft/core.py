@@ -37,7 +37,10 @@ engine and appends the rest; the store checks every record's CRC and position. I
 DLedger acks before the disk). A refusal names where the follower's log agrees at most
 (the end of its newest epoch not newer than prev_epoch), so the leader skips a whole
 diverged epoch per round trip. After ``retransmit_ticks`` without progress the leader
-resends from the last ack; heartbeats every ``heartbeat_ticks`` carry the commit.
+resends from the last ack; heartbeats every ``heartbeat_ticks`` carry the commit. A
+follower that needs records the leader's retention let go gets ``LogReset`` instead
+(Raft's InstallSnapshot, where a log's snapshot is its start): it starts its log over,
+empty, at the leader's log start, knowing the epoch of the record that ends there.
 
 Membership. The group's configuration (voters, learners, their addresses) changes one
 voter at a time (the Raft thesis's single-server changes): a leader writes the change as
