@@ -56,6 +56,10 @@ class Ready:
     resolved: list[tuple[Any, PutStatus]] = field(default_factory=list)  # proposals decided
     events: list[str] = field(default_factory=list)  # news for the operator's log
 
+    def start_log_over(self, position: int, epoch_starts: list[tuple[int, int]]) -> None:
+        """Reset the log: whatever this Ready meant to truncate or append is moot."""
+        self.reset_log, self.truncate_to, self.appends = (position, epoch_starts), None, []
+
     def __bool__(self) -> bool:
         return bool(self.hard_state is not None or self.reset_log is not None
                     or self.truncate_to is not None

@@ -132,6 +132,10 @@ class LogReset(Message):
     commit: int
     memberships: bytes = b""  # msgpack: the membership changes before ``position``
 
+    def epoch_starts(self) -> list[tuple[int, int]]:
+        """The epoch starts the reset log begins with (what ``Store.reset`` takes)."""
+        return [(self.last_epoch, self.last_epoch_start)] if self.last_epoch >= 0 else []
+
 
 KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
     Hello, Append, Report, Truncate, Vote, VoteReply, Entries, EntriesReply, TimeoutNow,

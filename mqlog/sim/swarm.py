@@ -40,6 +40,7 @@ from typing import Any
 import mqlog
 from mqlog.config import ReplicationConfig
 from mqlog.errors import MqlogError
+from mqlog.replication.core import apply_to_log
 from mqlog.replication.master_slave import MasterSlaveCore
 from mqlog.results import PutStatus
 from mqlog.sim.network import NetworkOptions, SimNetwork
@@ -253,14 +254,11 @@ class Swarm:
         store = node.store
         before = store.written_position
         try:
+            apply_to_log(ready, store)  # (reset, truncate, append, set the epoch)
             if ready.reset_log is not None:  # (a reset is synced when it is done)
-                store.reset(*ready.reset_log)
                 node.durable = ready.reset_log[0]
             if ready.truncate_to is not None:
-                store.truncate(ready.truncate_to)
                 node.durable = min(node.durable, ready.truncate_to)
-            for position, data in ready.appends:
-                store.append_raw(position, data)
         except MqlogError as error:
             self.result.violations.append(f"tick {self.clock[0]}: {node.name} could not "
                                           f"carry out its Ready: {error}")
@@ -269,8 +267,6 @@ class Swarm:
             self.result.violations.append(f"tick {self.clock[0]}: {node.name}'s log went back "
                                           f"from {before} to {store.written_position} "
                                           "without a truncation")
-        if ready.set_epoch is not None:
-            store.set_epoch(ready.set_epoch)
         if ready.must_sync:
             node.flush()
         for message in ready.messages + ready.messages_after_persist:

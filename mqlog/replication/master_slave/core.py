@@ -331,10 +331,8 @@ class MasterSlaveCore:
 
     def _on_log_reset(self, reset: LogReset) -> None:
         """Start the log over, empty, at the master's log start; say Hello from there."""
-        epochs = [(reset.last_epoch, reset.last_epoch_start)] if reset.last_epoch >= 0 else []
         ready = self._ready
-        ready.reset_log, ready.truncate_to = (reset.position, epochs), None
-        ready.appends.clear()
+        ready.start_log_over(reset.position, reset.epoch_starts())
         ready.events.append(f"{self.node_id} started its log over at {reset.position}, "
                             f"its master {reset.src}'s log start")
         self._expected_end = reset.position

@@ -656,10 +656,9 @@ class RaftCore:
             return
         if position > self._end or self._epoch_at(position) != reset.last_epoch:
             assert self.commit <= position, "committed records always match the leader's"
-            epochs = [(reset.last_epoch, reset.last_epoch_start)] if reset.last_epoch >= 0 \
-                else []
+            epochs = reset.epoch_starts()
             ready = self._ready
-            ready.reset_log, ready.truncate_to, ready.appends = (position, epochs), None, []
+            ready.start_log_over(position, epochs)
             for outbox in (ready.messages, ready.messages_after_persist):  # acks of bytes
                 outbox[:] = [message for message in outbox  # the reset throws away
                              if not isinstance(message, EntriesReply)]
