@@ -470,10 +470,14 @@ def test_truncate_while_another_thread_writes(open_store):
     segment = SMALL["segment_size_bytes"]
     failures: list[BaseException] = []
     stop = threading.Event()
+    truncated = threading.Condition()  # the writer waits here when it is far enough ahead
 
     def writer() -> None:
         try:
             while not stop.is_set():
+                with truncated:  # bounded: a starved main thread must not let it fill the disk
+                    while store.written_position >= 5 * segment and not stop.is_set():
+                        truncated.wait()
                 store.put("t", b"w" * 3000)
         except BaseException as error:  # reported below
             failures.append(error)
@@ -486,8 +490,12 @@ def test_truncate_while_another_thread_writes(open_store):
             while store.written_position < 3 * segment and not failures:
                 assert time.monotonic() < deadline, "the writer stopped making progress"
             store.truncate(0)  # drops segments while the writer keeps rolling into new ones
+            with truncated:
+                truncated.notify_all()
     finally:
         stop.set()
+        with truncated:
+            truncated.notify_all()
         thread.join()
     assert failures == []
     offsets = [r.offset for r in store.get("t", 0, 0, 10_000, 1 << 26)]

@@ -569,13 +569,14 @@ class Store:
         Other threads may keep writing: they continue from ``position`` afterwards.
         """
         self._check_writable()
-        with self._flusher.paused():
+        with self._flusher.paused(), self.key_index.lock:
             self._truncate(position)
 
     def _truncate(self, position: int) -> None:
+        """Call with the key index's lock held: the indexer must not run between the
+        index's cut and the log's (it would index records about to go)."""
         self.core.check_boundary(position)
-        with self.key_index.lock:
-            self.key_index.truncate(position)
+        self.key_index.truncate(position)
         # Lower the checkpoint first: a crash from here on recovers from <= position.
         start = min(position, self._checkpoint_position())
         cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(start, start, _now_ms()))
@@ -603,8 +604,10 @@ class Store:
                 any(start >= position for _epoch, start in epoch_starts):
             raise InvalidArgument(f"reset needs a position >= 0 and epoch starts before it, "
                                   f"got {position} and {epoch_starts}")
-        # In this order, so that a crash never pairs the new epochs with old records.
-        with self._flusher.paused():
+        # In this order, so that a crash never pairs the new epochs with old records. The
+        # key index's lock is held throughout: an indexer running while the log has no
+        # segment would start an index file at position 0.
+        with self._flusher.paused(), self.key_index.lock:
             bases = self.core.segment_bases()
             if bases:
                 self._truncate(bases[0])  # queues, key index, epochs: the log is empty
@@ -612,8 +615,7 @@ class Store:
                     self._segments.pop(base).remove()
                 fsync_directory(self.paths.commitlog)
             self.drop_all_queues()
-            with self.key_index.lock:
-                self.key_index.trim_front(position)
+            self.key_index.trim_front(position)
             self._allocator.discard()
             self.core.restore(position)
             self.core.committed_position = position
