@@ -13,15 +13,35 @@ Embed a store and use it directly — no server::
 (its pure-Python twin; ``MQLOG_PUREPYTHON=1`` selects it).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from mqlog import errors
-from mqlog.client import Client  # noqa: E402,I001  (after the engine: it builds on it)
 from mqlog.config import StoreConfig
 from mqlog.engine.recovery import RecoveryReport
 from mqlog.engine.store import Store, open
 from mqlog.ext import IMPLEMENTATION
-from mqlog.group_client import GroupClient  # noqa: E402,I001
 from mqlog.results import BatchPutResult, PutResult, PutStatus
-from mqlog.routing import Producer, SendResult  # noqa: E402,I001
+
+if TYPE_CHECKING:
+    from mqlog.client import Client
+    from mqlog.group_client import GroupClient
+    from mqlog.routing import Producer, SendResult
+
+# The clients load asyncio and the replication layers: only when first asked for, so an
+# embedded store (DESIGN §2: ``import mqlog`` loads neither) starts in milliseconds.
+_LAZY = {"Client": "mqlog.client", "GroupClient": "mqlog.group_client",
+         "Producer": "mqlog.routing", "SendResult": "mqlog.routing"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mqlog' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "IMPLEMENTATION",

@@ -33,8 +33,14 @@ CommitMode = Literal["auto", "written", "flushed", "external"]
 class StoreConfig:
     # --- commit log ---------------------------------------------------------------
     segment_size_bytes: int = 1 * GiB
-    segment_preallocate: bool = True  # fallocate + populate the mapping up front
-    segment_prepare_ahead: bool = True  # make the next segment on a background thread
+    # Segments are sparse files backed with blocks in steps just ahead of the writer
+    # (files.py): a store costs what it holds, and a full disk is a DiskFull, not a SIGBUS.
+    segment_allocate_step_bytes: int = 1 * MiB
+    # A background thread backs and maps pages ahead of the writer, twice as far as it
+    # wrote since open and at most this far (False below: only the step it needs).
+    segment_prepare_ahead_bytes_max: int = 64 * MiB
+    segment_preallocate: bool = True  # back and map pages ahead on a background thread
+    segment_prepare_ahead: bool = True  # make the next segment before the writer needs it
     message_size_bytes_max: int = 4 * MiB  # whole record, header included
     key_size_bytes_max: int = 1 * KiB
     tags_size_bytes_max: int = 255
@@ -65,6 +71,7 @@ class StoreConfig:
     index_slots_per_file: int = 1 << 20  # hash buckets (4 bytes each)
     index_entries_per_file: int = 1 << 22  # keyed records per file (32 bytes each)
     index_key_hash_bits: int = 64  # fewer bits force hash collisions (tests)
+    index_allocate_step_bytes: int = 1 * MiB  # entries are backed in steps of this
     index_interval_ms: int = 200  # the indexer follows the committed position this often
     index_batch_count_max: int = 65_536  # records indexed per core call (bounds GIL holds)
     # --- retention (Kafka's log.retention.ms / .bytes; -1 keeps everything) -----------
@@ -110,6 +117,12 @@ class StoreConfig:
                           ("topic_length_max", 255), ("queue_id_max", 0xFFFF_FFFF)):
             if getattr(self, name) > cap:
                 raise ConfigError(f"{name} must be at most {cap} (a field of the record header)")
+        for name in ("segment_allocate_step_bytes", "index_allocate_step_bytes",
+                     "segment_prepare_ahead_bytes_max"):
+            value = getattr(self, name)
+            if value % PAGE_SIZE or value < (0 if name.endswith("_max") else PAGE_SIZE):
+                raise ConfigError(f"{name}={value} must be a multiple of {PAGE_SIZE}"
+                                  + ("" if name.endswith("_max") else " and at least that"))
         if self.consume_queue_prefill_bytes <= 0 or self.consume_queue_prefill_bytes % PAGE_SIZE:
             raise ConfigError(f"consume_queue_prefill_bytes must be a positive multiple of "
                               f"{PAGE_SIZE}")

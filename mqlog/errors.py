@@ -155,3 +155,23 @@ class NodeUnavailable(MqlogError, ConnectionError):
 
 class RemoteError(MqlogError):
     """A node reported an error this client does not know by name."""
+
+
+# --- the machine's limits ----------------------------------------------------------------
+
+
+class DiskFull(MqlogError):
+    """The file system has no room for the blocks a write needs (ENOSPC, EDQUOT).
+
+    Nothing stored is lost and nothing half-written is published: the call that needed
+    the room changed nothing. Reads keep working; free space (or delete old segments
+    with retention) and retry the write.
+    """
+
+
+class TooManyOpenFiles(MqlogError):
+    """The process ran out of file descriptors (EMFILE, ENFILE) or mappings.
+
+    The call that needed one changed nothing and the store stays usable. Raise the limit
+    (``ulimit -n``), or use fewer queues (each consume-queue file is one mapping).
+    """

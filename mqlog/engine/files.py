@@ -1,4 +1,4 @@
-"""Where a store's files live, and how they are created, mapped and removed.
+"""Where a store's files live, and how they are created, mapped, backed and removed.
 
 Layout of a store directory (docs/FORMAT.md has the bytes)::
 
@@ -11,29 +11,56 @@ Layout of a store directory (docs/FORMAT.md has the bytes)::
     consumequeue/<topic>/<queue id>/<20 digits>
                               consume-queue files, named by their first offset
 
-Segments are preallocated (``posix_fallocate``, instant) and mapped. Bringing fresh pages
-into the page cache costs ~0.35 GB/s here however it is done (write faults, populate, or
-write()), so populating a 1 GiB segment up front would stall a put for seconds. Instead
-the SegmentAllocator (RocketMQ's AllocateMappedFileService) creates the next segment on
-a background thread and then warms it, 8 MiB at a time, with MADV_POPULATE_WRITE — on
-the other core, while the writer fills pages the warmer already reached. A segment is
-made under a temporary name and renamed into place, so a crash never leaves a half-made
-segment. Consume-queue files are sparse: a store may have thousands of them.
+A store costs what it holds (DESIGN §4, "Footprint"). Every mapped file is created
+sparse at its full size, so the formats and recovery see the sizes they always did
+(``ls`` shows a segment's 1 GiB, ``du`` what it holds), and is backed with blocks in
+steps, ahead of whatever writes through its mapping:
+
+* Nothing writes through a shared mapping into a hole. A write fault that needs a block
+  on a full disk is a SIGBUS that kills the process; ``pwrite`` and ``fallocate``
+  report ENOSPC instead, which becomes DiskFull (errors.py) and changes nothing. So the
+  log core asks the engine (``prepare_segment``) before it writes past the backed part
+  of a segment, and the consume-queue and key-index writers back their pages first too.
+* A step is backed by writing zeros with ``pwrite``: that allocates the blocks and
+  brings the pages into the page cache in one pass (~1-1.5 GB/s here), after which
+  MADV_POPULATE_WRITE maps them (~5 GB/s) and the writer takes no page fault at all.
+  ``posix_fallocate`` leaves unwritten extents whose first touch runs at ~0.5 GB/s, so
+  it only backs what may already hold data (``mark_held``: it never changes a byte).
+* The SegmentAllocator (RocketMQ's AllocateMappedFileService, bounded): the writer
+  backs the step it needs itself, under the core's write lock, if it is not backed yet;
+  a background thread keeps backing and warming ahead of it, twice as far as the writer
+  went since the store opened, at most ``segment_prepare_ahead_bytes_max``. A store
+  that holds four records costs one step; a sustained writer finds its pages ready.
+  When the window passes a segment's end the next segment is created and its first
+  step backed, in the background; a segment is created under a temporary name and
+  renamed into place, so a crash never leaves a half-made one.
+* Descriptors: a mapping keeps the one ``mmap`` duplicates; the file's own descriptor
+  is closed right after mapping. Backing a step opens the file for that moment only,
+  so a store holds one descriptor per mapped file, and running out of descriptors
+  (EMFILE) is a TooManyOpenFiles that changes nothing, never a fenced store.
 """
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
+from mqlog.errors import DiskFull, MqlogError, TooManyOpenFiles
 from mqlog.ext import libc
 
 NAME_DIGITS = 20
 _NAME = re.compile(r"^\d{20}$")
+_ZEROS = bytes(1 << 20)
+_CHUNK_BYTES = 1 << 20  # the background thread backs this much per hold of a file's lock
+_NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
+_NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE)
 
 
 def file_name(number: int) -> str:
@@ -57,153 +84,300 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def typed_os_error(error: OSError, what: str) -> Exception:
+    """DiskFull or TooManyOpenFiles for the errors a full machine gives, else ``error``."""
+    if error.errno in _NO_ROOM:
+        typed: MqlogError = DiskFull(
+            f"{what}: the file system is full ({error.strerror}). Nothing stored was lost "
+            "and reads still work; free space (or let retention delete old segments) and "
+            "retry the write")
+    elif error.errno in _NO_DESCRIPTOR or (error.errno == errno.ENOMEM
+                                          and "mmap" in str(error).lower()):
+        typed = TooManyOpenFiles(
+            f"{what}: {error.strerror}. The store stays usable; raise the limit on open "
+            "files (ulimit -n) or on mappings (vm.max_map_count), or use fewer queues")
+    else:
+        return error
+    typed.__cause__ = error
+    return typed
+
+
+@contextmanager
+def typed_errors(what: str) -> Iterator[None]:
+    """Turn ENOSPC/EDQUOT into DiskFull and EMFILE/ENFILE into TooManyOpenFiles."""
+    try:
+        yield
+    except OSError as error:
+        typed = typed_os_error(error, what)
+        if typed is error:
+            raise
+        raise typed from error
+
+
+def write_zeros(fd: int, start: int, end: int) -> None:
+    """Write zeros over [start, end) with pwrite: allocates the blocks, or ENOSPC."""
+    view = memoryview(_ZEROS)
+    while start < end:
+        written = os.pwrite(fd, view[:min(end - start, len(_ZEROS))], start)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        start += written
+
+
 class MappedFile:
-    """One file mapped shared and writable, with the libc handle used to sync it."""
+    """One file mapped shared (writable unless read-only), and how much of it is backed.
 
-    __slots__ = ("path", "fd", "buffer", "mapping", "size", "_closing", "_warming")
+    ``prepared``: bytes below it have blocks behind them and may be written through the
+    mapping. A file created here starts at 0; an opened file's is None (unknown) until
+    ``mark_held`` says how much of it holds data.
+    """
 
-    WARM_CHUNK_BYTES = 8 << 20
+    __slots__ = ("path", "buffer", "mapping", "size", "prepared", "_closing", "_lock")
 
-    def __init__(self, path: Path, fd: int, size: int, writable: bool = True) -> None:
+    def __init__(self, path: Path, fd: int, size: int, writable: bool = True,
+                 prepared: int | None = None) -> None:
         self.path = path
-        self.fd = fd
         self.size = size
-        self.buffer = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
-                                prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        with typed_errors(f"cannot map {path}"):
+            self.buffer = mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                                    prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable
+                                                           else 0))
         self.mapping = libc.Mapping(self.buffer)
+        self.prepared = prepared
         self._closing = False
-        self._warming = threading.Lock()  # close() must not release the pointer mid-warm
+        self._lock = threading.Lock()  # close() must not unmap mid-warm; backs in order
 
     @classmethod
-    def create(cls, path: Path, size: int, preallocate: bool) -> MappedFile:
-        """Create a zero-filled file of ``size`` bytes; an existing one is an error.
+    def create(cls, path: Path, size: int) -> MappedFile:
+        """Create a sparse, zero-filled file of ``size`` bytes; an existing one is an error.
 
         It is built under ``<name>.tmp`` and renamed, so it appears whole or not at all.
+        Nothing is backed yet: see ``prepare_to`` and ``write_at``.
         """
         temporary = path.with_name(path.name + ".tmp")
-        fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            if preallocate:
-                os.posix_fallocate(fd, 0, size)
-            else:
+        with typed_errors(f"cannot create {path}"):
+            fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
                 os.ftruncate(fd, size)
-            mapped = cls(path, fd, size)
-            if path.exists():
-                raise FileExistsError(f"{path} already exists")
-            os.rename(temporary, path)
-            return mapped
-        except BaseException:
-            os.close(fd)
-            temporary.unlink(missing_ok=True)
-            raise
+                mapped = cls(path, fd, size, prepared=0)
+            except BaseException:
+                temporary.unlink(missing_ok=True)
+                raise
+            finally:
+                os.close(fd)  # the mapping holds its own duplicate
+            try:
+                if path.exists():
+                    raise FileExistsError(f"{path} already exists")
+                os.rename(temporary, path)
+            except BaseException:
+                mapped.close()
+                temporary.unlink(missing_ok=True)
+                raise
+        return mapped
 
     @classmethod
     def open(cls, path: Path) -> MappedFile:
-        fd = os.open(path, os.O_RDWR)
-        try:
-            size = os.fstat(fd).st_size
-            return cls(path, fd, size)
-        except BaseException:
-            os.close(fd)
-            raise
+        with typed_errors(f"cannot open {path}"):
+            fd = os.open(path, os.O_RDWR)
+            try:
+                return cls(path, fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
 
     @classmethod
     def open_read_only(cls, path: Path) -> MappedFile:
         """Map an existing file for reading only (a read-only store, another process's)."""
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            return cls(path, fd, os.fstat(fd).st_size, writable=False)
-        except BaseException:
-            os.close(fd)
-            raise
+        with typed_errors(f"cannot open {path}"):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                return cls(path, fd, os.fstat(fd).st_size, writable=False)
+            finally:
+                os.close(fd)
 
     def sync(self, start: int, end: int) -> None:
         self.mapping.msync(start, end)
 
-    def warm(self, start: int = 0) -> None:
-        """Fault pages in writable from ``start`` on, a chunk at a time, until closed."""
-        for offset in range(start - start % libc.PAGE_SIZE, self.size, self.WARM_CHUNK_BYTES):
-            with self._warming:
-                if self._closing:
-                    return
+    def mark_held(self, end: int) -> None:
+        """Say that the first ``end`` bytes may hold data, and make sure no hole remains
+        below it (fallocate, which never changes a byte); the rest is backed on demand."""
+        end = min(end, self.size)
+        with self._lock, typed_errors(f"cannot allocate {self.path}"):
+            if end > 0:
+                fd = os.open(self.path, os.O_RDWR)
                 try:
-                    self.mapping.madvise(offset, offset + self.WARM_CHUNK_BYTES,
-                                         libc.MADV_POPULATE_WRITE)
-                except OSError:
-                    return  # an older kernel: writes fault pages in instead
+                    os.posix_fallocate(fd, 0, end)
+                finally:
+                    os.close(fd)
+            self.prepared = end
 
-    def zero_from(self, offset: int, preallocate: bool) -> None:
-        """Zero [offset, size): punch a hole (no page is touched), or write zeros."""
-        if libc.punch_hole(self.fd, offset, self.size - offset):
-            if preallocate:
-                os.posix_fallocate(self.fd, offset, self.size - offset)
-            return
-        chunk = bytes(1 << 20)
-        for start in range(offset, self.size, len(chunk)):
-            end = min(self.size, start + len(chunk))
-            self.buffer[start:end] = chunk[:end - start]
+    def prepare_to(self, end: int, warm: bool = False) -> int:
+        """Back [prepared, end) with blocks by writing zeros over it (nothing below
+        ``prepared`` is touched), then, with ``warm``, map its pages in; return how far
+        the file is backed. DiskFull or TooManyOpenFiles if it cannot be."""
+        end = min(end, self.size)
+        with self._lock:
+            start = self.prepared
+            assert start is not None, f"{self.path}: mark_held first (an opened file)"
+            if self._closing or end <= start:
+                return start
+            with typed_errors(f"cannot allocate [{start}, {end}) of {self.path}"):
+                fd = os.open(self.path, os.O_WRONLY)
+                try:
+                    write_zeros(fd, start, end)
+                finally:
+                    os.close(fd)
+            self.prepared = end
+            if warm:
+                try:
+                    self.mapping.madvise(start, end, libc.MADV_POPULATE_WRITE)
+                except OSError:
+                    pass  # an older kernel: the writer faults the cached pages in
+            return end
+
+    def write_at(self, offset: int, data: bytes) -> None:
+        """Write ``data`` at ``offset`` with pwrite (allocating its blocks, or DiskFull)."""
+        with typed_errors(f"cannot write to {self.path}"):
+            fd = os.open(self.path, os.O_WRONLY)
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.pwrite(fd, view, offset)
+                    if written <= 0:
+                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                    view, offset = view[written:], offset + written
+            finally:
+                os.close(fd)
+
+    def zero_from(self, offset: int, preallocate: bool = False) -> None:
+        """Zero [offset, size): punch a hole (no page is touched), or write zeros.
+        What is past ``offset`` is backed again when a writer comes near it."""
+        del preallocate  # (blocks are backed in steps ahead of the writer now)
+        with self._lock, typed_errors(f"cannot zero the tail of {self.path}"):
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                if not libc.punch_hole(fd, offset, self.size - offset):
+                    write_zeros(fd, offset, self.size)
+            finally:
+                os.close(fd)
+            if self.prepared is not None:
+                self.prepared = min(self.prepared, offset)
 
     def close(self) -> None:
-        with self._warming:  # waits for at most one warm chunk (~3 ms)
+        with self._lock:  # waits for at most one backing step
             self._closing = True
         self.mapping.release()
         self.buffer.close()
-        os.close(self.fd)
 
     def remove(self) -> None:
         self.close()
         self.path.unlink(missing_ok=True)
 
 
-class SegmentAllocator:
-    """Creates the next segment on a background thread before the writer needs it."""
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
 
-    def __init__(self, directory: Path, size: int, preallocate: bool, ahead: bool) -> None:
+
+class SegmentAllocator:
+    """Creates segments and backs them ahead of the writer; see the module docstring."""
+
+    def __init__(self, directory: Path, size: int, *, step_bytes: int,
+                 ahead_bytes_max: int, warm: bool, next_ahead: bool) -> None:
         self._directory = directory
         self._size = size
-        self._preallocate = preallocate
-        self._ahead = ahead
+        self._step = step_bytes
+        self._ahead_max = ahead_bytes_max
+        self._warm = warm
+        self._next_ahead = next_ahead
         self._lock = threading.Lock()
         self._pending: dict[int, Future[MappedFile]] = {}
+        self._job: tuple[MappedFile, int] | None = None  # the background thread's target
+        self._generation = 0  # moved by discard(): the job in hand is dropped
+        self._running = False
+        self._closed = False
+        self._start = 0  # the written position at open: how far the writer went since
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqlog-alloc")
 
+    def start(self, position: int) -> None:
+        """The writer resumes at ``position`` (open, reset)."""
+        self._start = position
+
     def take(self, base: int) -> MappedFile:
-        """The segment starting at ``base`` (prepared, or made now); prepare the next one."""
+        """The segment starting at ``base``: made ahead if it was, else made now."""
         with self._lock:
             pending = self._pending.pop(base, None)
-        mapped = pending.result() if pending is not None else self._create(base)
-        self.prepare(base + mapped.size)
+        if pending is not None:
+            try:
+                return pending.result()
+            except (MqlogError, OSError):
+                pass  # made ahead and failed: try again now, and raise what happens
+        return MappedFile.create(self._directory / file_name(base), self._size)
+
+    def ensure(self, mapped: MappedFile, base: int, end: int) -> int:
+        """Back the segment at ``base`` up to at least ``end`` (a position) now, ask the
+        background thread to go further, and return the position it is backed to."""
+        needed = end - base
+        ready = mapped.prepare_to(_round_up(needed, self._step), self._warm)
+        if ready < needed:
+            raise AssertionError(f"segment {mapped.path} is closed")
+        ahead = min(self._ahead_max, 2 * max(0, end - self._start))
+        target = _round_up(needed + ahead, self._step)
+        if target > ready:
+            with self._lock:
+                if not self._closed:
+                    self._job = (mapped, min(target, mapped.size))
+                    if not self._running:
+                        self._running = True
+                        self._executor.submit(self._back_ahead)
+        if target > mapped.size and self._next_ahead:
+            self._prepare_next(base + mapped.size)
+        return base + ready
+
+    def _back_ahead(self) -> None:
+        """The background thread: back the latest target, a chunk per lock hold."""
+        while True:
+            with self._lock:
+                job, self._job = self._job, None
+                if job is None or self._closed:
+                    self._running = False
+                    return
+            mapped, target = job
+            generation = self._generation
+            try:
+                while not self._closed and generation == self._generation:
+                    before = mapped.prepared or 0
+                    if before >= target or mapped.prepare_to(
+                            min(target, before + _CHUNK_BYTES), self._warm) <= before:
+                        break
+            except (MqlogError, OSError):
+                pass  # the writer meets the same error, typed, when it needs the room
+
+    def _prepare_next(self, base: int) -> None:
+        with self._lock:
+            if base not in self._pending and not self._closed:
+                self._pending[base] = self._executor.submit(self._create_ahead, base)
+
+    def _create_ahead(self, base: int) -> MappedFile:
+        mapped = MappedFile.create(self._directory / file_name(base), self._size)
+        try:
+            mapped.prepare_to(self._step, self._warm)
+        except (MqlogError, OSError):
+            pass  # backed when the writer gets there, or DiskFull then
         return mapped
 
-    def warm(self, mapped: MappedFile, start: int) -> None:
-        """Warm an existing segment from ``start`` on, in the background."""
-        if self._preallocate:
-            self._executor.submit(mapped.warm, start)
-
-    def prepare(self, base: int) -> None:
-        if not self._ahead:
-            return
-        with self._lock:
-            if base not in self._pending:
-                self._pending[base] = self._executor.submit(self._create, base)
-
     def discard(self) -> None:
-        """Remove every prepared segment not taken (truncation, close)."""
+        """Remove every segment made ahead and not taken (truncation, close)."""
         with self._lock:
             pending, self._pending = list(self._pending.values()), {}
+            self._job = None
+            self._generation += 1
         for future in pending:
             try:
                 future.result().remove()
-            except OSError:
+            except (MqlogError, OSError):
                 pass  # it failed to be made; nothing to remove
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
         self.discard()
         self._executor.shutdown(wait=True)
-
-    def _create(self, base: int) -> MappedFile:
-        """Make the file (fast), then queue its warming behind this task."""
-        mapped = MappedFile.create(self._directory / file_name(base), self._size,
-                                   self._preallocate)
-        self.warm(mapped, 0)
-        return mapped

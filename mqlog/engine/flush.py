@@ -17,7 +17,9 @@ Two modes, as in RocketMQ:
   are dirty, and whatever is dirty every ``flush_thorough_interval_ms``.
 
 Either way, every ``checkpoint_interval_ms`` the thread snapshots the written position,
-flushes the log and the consume queues up to it, and then writes the checkpoint. Each
+flushes the log and the consume queues up to it, and then writes the checkpoint. A
+checkpoint that fails for want of disk space or descriptors is only postponed (the log
+is durable; recovery would scan from the previous one): it never fences the store. Each
 flush-and-checkpoint cycle holds the I/O lock; ``paused()`` takes it, so a truncation
 never lands between a checkpoint's snapshot and its write.
 
@@ -28,17 +30,20 @@ really reached the disk — after a failed fsync the kernel may have dropped the
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mqlog.config import PAGE_SIZE, StoreConfig
-from mqlog.errors import FlushFailed
+from mqlog.engine.files import typed_os_error
+from mqlog.errors import DiskFull, FlushFailed, TooManyOpenFiles
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class FlushService:
@@ -64,6 +69,7 @@ class FlushService:
         self.flushed_position = flushed_position
         self.flush_count = 0  # syncs done, for "records per fsync" figures
         self.error: FlushFailed | None = None
+        self.checkpoint_error: DiskFull | TooManyOpenFiles | None = None  # the last one
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="mqlog-flush", daemon=True)
 
@@ -98,6 +104,8 @@ class FlushService:
         """``wait_flushed`` for an asyncio task, resolved by the loop's _LoopWaiters."""
         if self._settled(end_position):
             return True
+        import asyncio  # here: an embedded store that never awaits does not load it
+
         loop = asyncio.get_running_loop()
         waiters = self._loops.get(loop)
         if waiters is None or waiters.loop.is_closed():
@@ -187,7 +195,7 @@ class FlushService:
                         if now >= next_thorough:
                             next_thorough = now + config.flush_thorough_interval_ms / 1000
                     if now >= next_checkpoint or stopping:
-                        self._checkpoint(self._flush_log())
+                        self._write_checkpoint(self._flush_log())
                         next_checkpoint = (time.monotonic()
                                            + config.checkpoint_interval_ms / 1000)
             except OSError as error:
@@ -195,6 +203,20 @@ class FlushService:
                 return
             if stopping:
                 return
+
+    def _write_checkpoint(self, position: int) -> None:
+        """Checkpoint; a full disk or no free descriptor only postpones it (the log is
+        durable, and recovery scans from the previous checkpoint), never fences."""
+        try:
+            self._checkpoint(position)
+            self.checkpoint_error = None
+        except (DiskFull, TooManyOpenFiles) as error:
+            self.checkpoint_error = error
+        except OSError as error:
+            typed = typed_os_error(error, "cannot write the checkpoint")
+            if typed is error:
+                raise
+            self.checkpoint_error = typed  # type: ignore[assignment]
 
     def _due(self, sync_mode: bool, thorough: bool) -> bool:
         dirty = self._written() - self.flushed_position

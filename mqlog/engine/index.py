@@ -44,7 +44,7 @@ from typing import Any
 
 from crc32c import crc32c
 
-from mqlog.config import StoreConfig
+from mqlog.config import RECORD_HEADER_SIZE, StoreConfig
 from mqlog.engine.files import MappedFile, file_name, numbered_files
 
 _HEADER = struct.Struct("<IIIIIIQQqqII")  # docs/FORMAT.md; the cores share the layout
@@ -163,10 +163,23 @@ class KeyIndex:
             if current.end_position >= self._core.last_keyed_end:
                 current.skip_to(target)  # no keyed record since: nothing to read
                 return
+            self._back_entries(current, target, batch)
             self._core.index_keys(current.mapped.buffer, target, batch)
             current.reload()
             if current.full and current.end_position < target:
                 current.seal()  # the next call starts a new file where this one stopped
+
+    def _back_entries(self, index: IndexFile, target: int, batch: int) -> None:
+        """Back the entries the next ``index_keys`` call may write with blocks first (a
+        write into a hole of a full disk is a SIGBUS): DiskFull if they cannot be."""
+        entries_at = _HEADER_SIZE + 4 * index.slot_count
+        if index.mapped.prepared is None:  # opened: it holds data up to its last entry
+            index.mapped.mark_held(entries_at + _ENTRY_SIZE * index.entry_count)
+        records_max = (target - index.end_position) // (RECORD_HEADER_SIZE + 1) + 1
+        count = min(batch, records_max, index.entry_count_max - index.entry_count)
+        step = self._config.index_allocate_step_bytes
+        end = entries_at + _ENTRY_SIZE * (index.entry_count + count)
+        index.mapped.prepare_to(-(-end // step) * step)
 
     def _current(self, target: int) -> IndexFile | None:
         """The file new entries go to, started if there is none or the last is full."""
@@ -187,8 +200,12 @@ class KeyIndex:
         config = self._config
         slots, entries = config.index_slots_per_file, config.index_entries_per_file
         size = _HEADER_SIZE + 4 * slots + _ENTRY_SIZE * entries
-        mapped = MappedFile.create(self.directory / file_name(first_position), size,
-                                   preallocate=False)
+        mapped = MappedFile.create(self.directory / file_name(first_position), size)
+        try:  # the slots are written anywhere: back them all (entries: _back_entries)
+            mapped.prepare_to(_HEADER_SIZE + 4 * slots)
+        except BaseException:
+            mapped.remove()
+            raise
         _HEADER.pack_into(mapped.buffer, 0, _MAGIC, config.index_key_hash_bits, slots,
                           entries, 0, 0, first_position, first_position, _TIME_MAX,
                           _TIME_MIN, 0, 0)

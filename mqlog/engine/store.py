@@ -41,6 +41,7 @@ from mqlog.engine.files import (
     file_name,
     fsync_directory,
     numbered_files,
+    typed_errors,
 )
 from mqlog.engine.flush import FlushService
 from mqlog.engine.index import KeyIndex
@@ -194,9 +195,12 @@ class Store:
         paths.commitlog.mkdir(exist_ok=True)
         paths.consumequeue.mkdir(exist_ok=True)
         cp.check_meta(paths.meta)
-        self._allocator = SegmentAllocator(paths.commitlog, config.segment_size_bytes,
-                                           config.segment_preallocate,
-                                           config.segment_prepare_ahead)
+        self._allocator = SegmentAllocator(
+            paths.commitlog, config.segment_size_bytes,
+            step_bytes=config.segment_allocate_step_bytes,
+            ahead_bytes_max=(config.segment_prepare_ahead_bytes_max
+                             if config.segment_preallocate else 0),
+            warm=config.segment_preallocate, next_ahead=config.segment_prepare_ahead)
         self.core = self.core_module.LogCore(
             segment_size_bytes=config.segment_size_bytes,
             message_size_bytes_max=config.message_size_bytes_max,
@@ -204,7 +208,7 @@ class Store:
             tags_size_bytes_max=config.tags_size_bytes_max,
             new_segment=self._new_segment, new_queue_file=self._new_queue_file,
             clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read,
-            prepare_queue=self._prepare_queue)
+            prepare_queue=self._prepare_queue, prepare_segment=self._prepare_segment)
         self.recovery_report = recover(self)
         end = self.recovery_report.end_position
         self.core.last_keyed_end = end  # what is here already must be indexed
@@ -230,11 +234,7 @@ class Store:
         self._flusher.start()
         self._maintenance = Maintenance(self)
         self._maintenance.start()
-        bases = self.core.segment_bases()
-        if bases:  # warm the active segment past the end, and make the next one
-            active = self._segments[bases[-1]]
-            self._allocator.warm(active, end - bases[-1])
-            self._allocator.prepare(bases[-1] + active.size)
+        self._allocator.start(end)
         if config.flush_mode == "async":
             self.put = self.core.put  # type: ignore[method-assign]  # one C call
             self.put_batch = self.core.put_batch  # type: ignore[method-assign]
@@ -622,6 +622,7 @@ class Store:
             self.core.epoch_starts = list(epoch_starts)
             self.core.epoch = max([self.core.epoch, *(epoch for epoch, _ in epoch_starts)])
             self._save_epochs()
+            self._allocator.start(position)
             self._new_segment(position)  # the log's start, kept across a restart
             fsync_directory(self.paths.commitlog)
             self._flusher.start_over(position)
@@ -750,22 +751,35 @@ class Store:
         self._segments[base] = mapped
         self.core.attach_segment(base, mapped.buffer)
 
+    def _prepare_segment(self, base: int, end: int) -> int:
+        """Back the last segment with blocks up to at least position ``end`` (called
+        under the core's write lock before it writes past what is backed); DiskFull or
+        TooManyOpenFiles if it cannot be, with nothing written."""
+        mapped = self._segments[base]
+        if mapped.prepared is None:  # opened, not made here: it holds data up to the end
+            mapped.mark_held(self.core.written_position - base)
+        return self._allocator.ensure(mapped, base, end)
+
     def _new_queue_file(self, topic: str, queue_id: int, base_offset: int) -> None:
-        key = (topic, queue_id)
+        key, first = (topic, queue_id), base_offset
         per_file = self.config.consume_queue_entries_per_file
         if key not in self._queue_files:
             self._validate_queue(topic, queue_id)
-            self.paths.queue_dir(topic, queue_id).mkdir(parents=True, exist_ok=True)
-            self.core.add_queue(topic, queue_id, base_offset, base_offset, per_file)
-            self._queue_files[key] = []
-            self._queue_flushed[key] = base_offset
-            base_offset -= base_offset % per_file
+            with typed_errors(f"cannot create consume queue {topic}/{queue_id}"):
+                self.paths.queue_dir(topic, queue_id).mkdir(parents=True, exist_ok=True)
+            first, base_offset = base_offset, base_offset - base_offset % per_file
         path = self.paths.queue_dir(topic, queue_id) / file_name(base_offset)
-        mapped = MappedFile.create(path, per_file * cq.ENTRY_SIZE, preallocate=False)
-        if not self._queue_files[key]:
-            first = self.core.queue_offsets(topic, queue_id)[0]
-            mapped.buffer[:(first - base_offset) * cq.ENTRY_SIZE] = \
-                cq.TOMBSTONE * (first - base_offset)
+        mapped = MappedFile.create(path, per_file * cq.ENTRY_SIZE)
+        try:
+            if key not in self._queue_files and first > base_offset:
+                mapped.write_at(0, cq.TOMBSTONE * (first - base_offset))
+        except BaseException:
+            mapped.remove()
+            raise
+        if key not in self._queue_files:  # only now: a failure above leaves no queue
+            self.core.add_queue(topic, queue_id, first, first, per_file)
+            self._queue_files[key] = []
+            self._queue_flushed[key] = first
         self._queue_files[key].append(mapped)
         self.core.attach_queue_file(topic, queue_id, base_offset, mapped.buffer)
 
@@ -779,7 +793,7 @@ class Store:
         start = -(-(offset - base) * cq.ENTRY_SIZE // PAGE_SIZE) * PAGE_SIZE
         end = min(mapped.size, start + self.config.consume_queue_prefill_bytes)
         if start < end:
-            os.pwrite(mapped.fd, bytes(end - start), start)
+            mapped.write_at(start, bytes(end - start))
         return base + end // cq.ENTRY_SIZE
 
     def _validate_queue(self, topic: str, queue_id: int) -> None:

@@ -966,6 +966,10 @@ cdef class LogCore:
     cdef object _new_segment
     cdef object _new_queue_file
     cdef object _prepare_queue
+    cdef object _prepare_segment
+    # Bytes of the last segment below this position have blocks behind them (the engine
+    # said so); 0 after any change to the segments: the next write asks again.
+    cdef uint64_t _ready_end
     cdef object _clock_ms
     cdef object _fence
     cdef dict _queues  # topic -> _Topic
@@ -997,7 +1001,8 @@ cdef class LogCore:
 
     def __init__(self, *, segment_size_bytes, message_size_bytes_max, key_size_bytes_max,
                  tags_size_bytes_max, new_segment, new_queue_file, clock_ms=None,
-                 verify_crc_on_read=True, read_only=False, prepare_queue=None):
+                 verify_crc_on_read=True, read_only=False, prepare_queue=None,
+                 prepare_segment=None):
         self.read_only = read_only
         self.segment_size_bytes = segment_size_bytes
         self.message_size_bytes_max = message_size_bytes_max
@@ -1006,6 +1011,7 @@ cdef class LogCore:
         self._new_segment = new_segment
         self._new_queue_file = new_queue_file
         self._prepare_queue = prepare_queue
+        self._prepare_segment = prepare_segment
         self._clock_ms = clock_ms
         self.verify_crc_on_read = verify_crc_on_read
 
@@ -1056,6 +1062,7 @@ cdef class LogCore:
         self._segments[self._segment_count] = segment
         self._segment_count += 1
         self._tail = segment
+        self._ready_end = 0
 
     def detach_segments_from(self, position):
         """Forget every segment starting at or after ``position``; return their bases."""
@@ -1082,6 +1089,7 @@ cdef class LogCore:
             PyMem_Free(self._segments[self._segment_count])
         self._locate_hint = 0
         self._tail = self._segments[self._segment_count - 1] if self._segment_count else NULL
+        self._ready_end = 0
 
     def segment_bases(self):
         return [self._segments[i].base for i in range(self._segment_count)]
@@ -1184,6 +1192,7 @@ cdef class LogCore:
             if not last.base <= position <= last.base + last.size:
                 _fail(f"written position {position} lies outside the last segment")
         self.written_position = position
+        self._ready_end = 0
 
     def fence(self, error):
         """Refuse every later write with ``error`` (closed store, failed flush); None lifts it."""
@@ -1405,7 +1414,8 @@ cdef class LogCore:
                 queue.next_offset >= queue.ready_end:
             return NULL  # (next_offset below last_base wraps around: also the slow way)
         offset = self.written_position - tail.base  # (wraps around if below: slow way)
-        if offset > tail.size or tail.size - offset < <uint64_t>size + MQ_BLANK_SIZE_MIN:
+        if offset > tail.size or tail.size - offset < <uint64_t>size + MQ_BLANK_SIZE_MIN or \
+                self.written_position + size + MQ_BLANK_SIZE_MIN > self._ready_end:
             return NULL
         return tail.data + offset
 
@@ -1437,6 +1447,7 @@ cdef class LogCore:
         self._ensure_segment()
         segment = self._writable_segment()
         if self.written_position - segment.base + size + MQ_BLANK_SIZE_MIN > segment.size:
+            self._ensure_ready(segment, self.written_position + MQ_BLANK_SIZE_MIN)
             self._write_blank(segment)
             self._new_segment(self.written_position)
             segment = self._writable_segment()
@@ -1444,7 +1455,23 @@ cdef class LogCore:
                     size + MQ_BLANK_SIZE_MIN > segment.size:
                 _fail(f"a new segment at {self.written_position} must take a record of "
                       f"{size} bytes")
+        self._ensure_ready(segment, self.written_position + size + MQ_BLANK_SIZE_MIN)
         return segment
+
+    cdef int _ensure_ready(self, Segment *segment, uint64_t end) except -1:
+        """Have the engine back the last segment with blocks up to ``end`` (never write
+        through a mapping into a hole: on a full disk that is a SIGBUS, not an error)."""
+        if end <= self._ready_end:
+            return 0
+        if self._prepare_segment is None:
+            self._ready_end = segment.base + segment.size
+            return 0
+        ready = self._prepare_segment(segment.base, end)
+        if ready < end or ready > segment.base + segment.size:
+            _fail(f"prepare_segment answered {ready} for a segment that must be ready to "
+                  f"{end}")
+        self._ready_end = ready
+        return 0
 
     cdef Segment *_writable_segment(self) except NULL:
         """The last segment, which must hold the written position."""
@@ -1814,6 +1841,7 @@ cdef class LogCore:
                 # What the twin's mmap slice assignment raises (a short blank, or a record
                 # larger than a fresh segment); the plan does not catch either.
                 raise IndexError("mmap slice assignment is wrong size")
+            self._ensure_ready(segment, self.written_position + size)
             _copy_in(segment.data + offset, p + cursor, size)
             cursor += size
             if mq_u32(p + cursor - size + MQ_AT_MAGIC) == MQ_BLANK_MAGIC:
@@ -1894,6 +1922,7 @@ cdef class LogCore:
                 dropped_files.extend(self._truncate_queue(<_Queue>queue, start))
             self.epoch_starts = [(e, p) for e, p in self.epoch_starts if p < position]
             self.written_position = start
+            self._ready_end = 0
             self.committed_position = min(self.committed_position, start)
             if on_dropped is not None:
                 on_dropped(dropped_segments, dropped_files)

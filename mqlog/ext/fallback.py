@@ -18,10 +18,13 @@ what is frequent (encoding, CRC32C, consume-queue appends, decoding, scanning).
 The write path, in order (DESIGN §4): validate the arguments (nothing is touched if
 they are bad) → take the write lock → find or create the queue → make room in its
 consume-queue file → assign position (rolling to a new segment if the record does not
-fit; the old segment's tail gets a blank record), offset and store timestamp → encode
-the record straight into the mapping → append the consume-queue entry → advance the
-written position (and the committed position, when it follows the written one) →
-release the lock. Waiting for a flush or for replicas is the engine's business.
+fit; the old segment's tail gets a blank record), offset and store timestamp → have
+the engine back the bytes with allocated blocks if they are not yet (``prepare_segment``,
+once per allocation step: a write through a mapping into a hole of a full disk is a
+SIGBUS, never an error) → encode the record straight into the mapping → append the
+consume-queue entry → advance the written position (and the committed position, when
+it follows the written one) → release the lock. Waiting for a flush or for replicas is
+the engine's business.
 
 Readers take no lock: they read a queue's end offset and the committed position, which
 the writer publishes only after the bytes they cover are in place, and they check every
@@ -254,7 +257,8 @@ class LogCore:
                  new_queue_file: Callable[[str, int, int], Any],
                  clock_ms: Callable[[], int] | None = None,
                  verify_crc_on_read: bool = True, read_only: bool = False,
-                 prepare_queue: Callable[[str, int, int], int] | None = None) -> None:
+                 prepare_queue: Callable[[str, int, int], int] | None = None,
+                 prepare_segment: Callable[[int, int], int] | None = None) -> None:
         # read_only: the engine maps files read-only and fences writes; the C core then
         # asks for plain buffers instead of writable ones.
         self.read_only = read_only
@@ -268,6 +272,11 @@ class LogCore:
         # the current consume-queue file from ``offset`` on with written blocks (a
         # write fault on a hole in a shared mapping costs milliseconds) and says how far.
         self._prepare_queue = prepare_queue
+        # prepare_segment(base, end) -> position: the engine backs the last segment with
+        # allocated blocks up to at least ``end`` and says how far. The core never writes
+        # through a mapping into a hole: on a full disk that is a SIGBUS, not an error.
+        self._prepare_segment = prepare_segment
+        self._ready_end = 0  # 0 after any change to the segments: the next write asks
         self._clock_ms = clock_ms
         self.verify_crc_on_read = verify_crc_on_read
         self._lock = threading.Lock()
@@ -292,12 +301,14 @@ class LogCore:
             assert base == last.base + last.size, "segments must be contiguous"
         self._segments.append(_Segment(base, buffer))
         self._bases.append(base)
+        self._ready_end = 0
 
     def detach_segments_from(self, position: int) -> list[int]:
         """Forget every segment starting at or after ``position``; return their bases."""
         index = bisect_left(self._bases, position)
         dropped = self._bases[index:]
         del self._segments[index:], self._bases[index:]
+        self._ready_end = 0
         return dropped
 
     def segment_bases(self) -> list[int]:
@@ -327,6 +338,7 @@ class LogCore:
         """Let go of every mapping (the engine is about to unmap them)."""
         self._segments.clear()
         self._bases.clear()
+        self._ready_end = 0
         self._queues.clear()
 
     def drop_queues(self) -> None:
@@ -361,6 +373,7 @@ class LogCore:
             self._segments[-1].base <= written_position
             <= self._segments[-1].base + self._segments[-1].size)
         self.written_position = written_position
+        self._ready_end = 0
 
     def fence(self, error: BaseException | None) -> None:
         """Refuse every later write with ``error`` (closed store, failed flush); None lifts it."""
@@ -499,12 +512,26 @@ class LogCore:
         segment = self._segments[-1]
         offset = self.written_position - segment.base
         if offset + size + BLANK_SIZE_MIN > segment.size:
+            self._ensure_ready(segment, self.written_position + BLANK_SIZE_MIN)
             self._write_blank(segment, offset)
             self._new_segment(self.written_position)
             segment = self._segments[-1]
             offset = 0
             assert size + BLANK_SIZE_MIN <= segment.size
+        self._ensure_ready(segment, self.written_position + size + BLANK_SIZE_MIN)
         return segment, offset
+
+    def _ensure_ready(self, segment: _Segment, end: int) -> None:
+        """Have the engine back the last segment with blocks up to ``end``."""
+        if end <= self._ready_end:
+            return
+        if self._prepare_segment is None:
+            self._ready_end = segment.base + segment.size
+            return
+        ready = self._prepare_segment(segment.base, end)
+        assert end <= ready <= segment.base + segment.size, \
+            f"prepare_segment answered {ready} for a segment that must be ready to {end}"
+        self._ready_end = ready
 
     def _ensure_segment(self) -> None:
         """Open the next segment when there is none or the last one is full."""
@@ -736,6 +763,8 @@ class LogCore:
         self._ensure_segment()
         segment = self._segments[-1]
         offset = self.written_position - segment.base
+        if offset + size <= segment.size:  # (else the slice assignment below raises)
+            self._ensure_ready(segment, self.written_position + size)
         segment.buffer[offset:offset + size] = data[start:start + size]
         if kind == "blank":
             self._advance(segment.base + segment.size)
@@ -787,6 +816,7 @@ class LogCore:
                              for item in self._truncate_queue(queue, position)]
             self.epoch_starts = [(e, p) for e, p in self.epoch_starts if p < position]
             self.written_position = position
+            self._ready_end = 0
             self.committed_position = min(self.committed_position, position)
             if on_dropped is not None:
                 on_dropped(dropped_segments, dropped_files)

@@ -1,0 +1,319 @@
+"""A hostile machine: a full disk, too few file descriptors, a store that must stay small.
+
+Issue 14's findings 2 (SIGBUS on a full disk), 11 (two descriptors per mapped file; EMFILE
+fenced the store) and 14 (a new store cost 1.1 GB). The full-disk and descriptor cases
+run in a child process, so a SIGBUS fails the test instead of killing pytest, on a small
+file system the test makes itself (a tmpfs, and a loop-mounted ext4 image), skipped with
+the reason when the machine does not let it mount one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+import mqlog
+from mqlog import errors, ext
+from mqlog.config import MiB
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --- the child programs --------------------------------------------------------------------
+
+FULL_DISK_CHILD = r"""
+import json, os, sys
+import mqlog
+from mqlog import errors
+
+root, impl, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+filler = os.path.join(root, "filler")
+with open(filler, "wb") as file:  # room to give back once the disk is full
+    file.write(os.urandom(settings.pop("filler_bytes")))
+acked = {}  # (topic, queue id) -> bodies stored
+store = mqlog.open(os.path.join(root, "store"), implementation=impl, **settings)
+full = None
+for index in range(1_000_000):
+    topic, queue_id = f"t{index % 3}", index % 5
+    body = index.to_bytes(4, "little") * 250
+    try:
+        store.put(topic, body, queue_id=queue_id, key=f"k{index}")
+    except errors.DiskFull as error:
+        full = error
+        break
+    acked.setdefault((topic, queue_id), []).append(body)
+assert full is not None, "the disk never filled"
+assert "full" in str(full) and "retry" in str(full), str(full)
+try:  # a new consume queue on a full disk: typed too
+    store.put("fresh", b"y", queue_id=9)
+    acked[("fresh", 9)] = [b"y"]
+except errors.DiskFull:
+    pass
+try:  # a query runs the indexer, which needs room for its entries
+    store.query("t0", "k0")
+except errors.DiskFull:
+    pass
+for (topic, queue_id), bodies in acked.items():  # reads work on a full disk
+    got = store.get(topic, queue_id, 0, len(bodies) + 1, 64 << 20)
+    assert [record.body for record in got] == bodies, (topic, queue_id)
+os.unlink(filler)  # space returns: writes resume
+store.put("t0", b"after", queue_id=0)
+acked[("t0", 0)].append(b"after")
+store.flush()
+store.close()
+with mqlog.open(os.path.join(root, "store"), implementation=impl, **settings) as store:
+    for (topic, queue_id), bodies in acked.items():
+        got = store.get(topic, queue_id, 0, len(bodies) + 1, 64 << 20)
+        assert [record.body for record in got] == bodies, (topic, queue_id)
+print("ok", sum(len(bodies) for bodies in acked.values()))
+"""
+
+DESCRIPTOR_CHILD = r"""
+import os, resource, sys, time
+import mqlog
+from mqlog import errors
+
+path, impl, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+store = mqlog.open(path, implementation=impl, checkpoint_interval_ms=1)
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+queues = 0
+try:
+    for queue_id in range(limit * 4):
+        store.put("t", b"x", queue_id=queue_id)
+        queues += 1
+    raise AssertionError("never ran out of descriptors")
+except errors.TooManyOpenFiles as error:
+    assert "ulimit" in str(error), str(error)
+print("queues", queues)
+assert queues > limit * 3 // 4, f"only {queues} queues under a limit of {limit}"
+spare = []  # take the last free descriptors too (the failed call gave its own back)
+try:
+    while True:
+        spare.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+deadline = time.monotonic() + 60
+while store._flusher.checkpoint_error is None:  # a checkpoint meets the limit too
+    assert time.monotonic() < deadline, "no checkpoint ran"
+    time.sleep(0.001)
+assert isinstance(store._flusher.checkpoint_error, errors.TooManyOpenFiles)
+for fd in spare:
+    os.close(fd)
+for queue_id in range(queues):  # not fenced: the queues that exist take writes
+    store.put("t", b"y", queue_id=queue_id)
+store.flush()
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+store.put("t", b"z", queue_id=queues)  # and new ones, once the limit is raised
+store.close()
+with mqlog.open(path, implementation=impl) as store:
+    assert store.get("t", 0, 0, 10) and len(store.queues()) == queues + 1
+    assert [r.body for r in store.get("t", queues - 1, 0, 10)] == [b"x", b"y"]
+print("ok")
+"""
+
+
+def _run_child(program: str, *arguments: str, timeout: float = 300) -> str:
+    done = subprocess.run([sys.executable, "-c", program, *arguments], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+    if done.returncode < 0:
+        name = signal.Signals(-done.returncode).name
+        pytest.fail(f"the child died of {name}:\n{done.stdout}\n{done.stderr}")
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+# --- small file systems ----------------------------------------------------------------
+
+
+def _mount(arguments: list[str], mountpoint: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a small file system needs root and mount(8)")
+    mountpoint.mkdir()
+    done = subprocess.run(["mount", *arguments, str(mountpoint)], capture_output=True,
+                          text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a small file system here: {done.stderr.strip()}")
+
+
+@pytest.fixture(params=["tmpfs", "ext4"])
+def small_fs(request: pytest.FixtureRequest, tmp_path: Path):
+    """A file system of a few MiB: an 8 MiB tmpfs, or a 32 MiB ext4 image on a loop."""
+    mountpoint = tmp_path / f"fs-{uuid.uuid4().hex[:8]}"
+    if request.param == "tmpfs":
+        _mount(["-t", "tmpfs", "-o", "size=8m", "tmpfs"], mountpoint)
+        filler = 1 * MiB
+    else:
+        if shutil.which("mkfs.ext4") is None:
+            pytest.skip("mkfs.ext4 is not installed")
+        image = tmp_path / "ext4.img"
+        with open(image, "wb") as file:
+            file.truncate(32 * MiB)
+        made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True,
+                              text=True)
+        if made.returncode:
+            pytest.skip(f"mkfs.ext4 failed: {made.stderr.strip()}")
+        _mount(["-o", "loop", str(image)], mountpoint)
+        filler = 2 * MiB
+    try:
+        yield mountpoint, filler
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+def test_a_full_disk_is_a_typed_error_never_a_sigbus(small_fs, impl, preallocate):
+    """Finding 2: on a full disk the key index (written through its mapping by the
+    maintenance thread) and, with segment_preallocate=False, the put path died of SIGBUS,
+    and a new consume-queue file raised a raw OSError. Now every write is backed with
+    blocks before it goes through a mapping: DiskFull, reads keep working, nothing acked
+    is lost, and writes resume once space returns."""
+    root, filler = small_fs
+    settings = {"segment_preallocate": preallocate, "filler_bytes": filler,
+                "checkpoint_interval_ms": 5, "index_interval_ms": 1}
+    out = _run_child(FULL_DISK_CHILD, str(root), impl, json.dumps(settings))
+    assert out.startswith("ok"), out
+
+
+def test_running_out_of_descriptors_is_typed_and_does_not_fence(tmp_path, impl):
+    """Finding 11: every mapped file held two descriptors (at ulimit -n 1024, queue 506
+    failed with a raw EMFILE) and the next checkpoint fenced the store. Now a mapped file
+    holds one (mmap's own), EMFILE is TooManyOpenFiles, and a checkpoint that meets it
+    waits for the next interval."""
+    out = _run_child(DESCRIPTOR_CHILD, str(tmp_path / "store"), impl, "256")
+    assert out.rstrip().endswith("ok"), out
+
+
+# --- footprint -------------------------------------------------------------------------
+
+
+def _disk_bytes(path: Path) -> dict[str, int]:
+    return {str(item.relative_to(path)): item.stat().st_blocks * 512
+            for item in path.rglob("*") if item.is_file()}
+
+
+def test_a_new_store_costs_what_it_holds(tmp_path, impl):
+    """Finding 14: the README's four-record store took 1.1 GB (a fallocated, populated
+    1 GiB segment; a 138 MB index file; 6 MB per queue). DESIGN §4: a handful of records
+    take at most 16 MiB on disk, with the default config."""
+    path = tmp_path / "data"
+    with mqlog.open(path, implementation=impl) as store:
+        store.put("orders", b"...", key="order-17", tags="created",
+                  properties={"region": "eu"})
+        store.put_batch("orders", [b"a", b"b", b"c"], queue_id=1)
+        assert store.query("orders", "order-17")
+    with mqlog.open(path, implementation=impl, flush_mode="sync") as store:
+        store.put("payments", b"...")
+    used = _disk_bytes(path)
+    assert sum(used.values()) <= 16 * MiB, used
+    for name, size in used.items():
+        if name.startswith("consumequeue"):  # sized by what it holds: a prefill step
+            assert size <= mqlog.StoreConfig().consume_queue_prefill_bytes, (name, size)
+
+
+def test_a_writer_is_backed_a_bounded_window_ahead(tmp_path, impl):
+    """Segments are backed in steps ahead of the writer, never much further than
+    segment_prepare_ahead_bytes_max: the blocks a segment holds follow what is written."""
+    step, ahead = 1 * MiB, 4 * MiB
+    with mqlog.open(tmp_path / "s", implementation=impl, segment_size_bytes=64 * MiB,
+                    segment_allocate_step_bytes=step,
+                    segment_prepare_ahead_bytes_max=ahead) as store:
+        bodies = [b"b" * 1000] * 100
+        while store.written_position < 12 * MiB:
+            store.put_batch("t", bodies)
+        written = store.written_position
+        segment = store.paths.commitlog / "00000000000000000000"
+        held = segment.stat().st_blocks * 512
+        assert written <= held <= written + ahead + 2 * step, (written, held)
+
+
+class _Refuse:
+    """A prepare_segment that backs ``room`` bytes of each segment, then is full."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.calls: list[tuple[int, int]] = []
+
+    def __call__(self, base: int, end: int) -> int:
+        self.calls.append((base, end))
+        if end - base > self.room:
+            raise errors.DiskFull("full (test)")
+        return base + self.room
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_the_core_never_writes_past_what_the_engine_backed(impl, raw):
+    """The log core's side of finding 2, on both cores alike: it asks prepare_segment
+    before writing past the backed part of a segment (put and append_raw), and a refusal
+    changes nothing: same error, same written position, every earlier record intact."""
+    module = ext.load(impl)
+    size, room = 1 << 16, 4096
+    buffers: dict[int, bytearray] = {}
+    refuse = _Refuse(room)
+
+    def new_segment(base: int) -> None:
+        buffers[base] = bytearray(size)
+        core.attach_segment(base, buffers[base])
+
+    def new_queue_file(topic: str, queue_id: int, base_offset: int) -> None:
+        core.add_queue(topic, queue_id, base_offset, base_offset, 1024)
+        core.attach_queue_file(topic, queue_id, base_offset, bytearray(1024 * 20))
+
+    core = module.LogCore(segment_size_bytes=size, message_size_bytes_max=4096,
+                          key_size_bytes_max=255, tags_size_bytes_max=255,
+                          new_segment=new_segment, new_queue_file=new_queue_file,
+                          prepare_segment=refuse)
+    core.restore(0)
+    stored = 0
+    if raw:  # a leader's records, copied in one at a time by append_raw
+        source, position = _leader_bytes(module, 60), 0
+        with pytest.raises(errors.DiskFull):
+            core.append_raw(0, source)  # all at once: a prefix of whole records is kept
+        while position < core.written_position:
+            position += int.from_bytes(source[position:position + 4], "little")
+            stored += 1
+        assert position == core.written_position
+        with pytest.raises(errors.DiskFull):
+            while True:
+                record_size = int.from_bytes(source[position:position + 4], "little")
+                core.append_raw(position, source[position:position + record_size])
+                position += record_size
+                stored += 1
+    else:
+        with pytest.raises(errors.DiskFull):
+            for index in range(1000):
+                core.put("t", bytes([index % 251]) * 100)
+                stored += 1
+    before = core.written_position
+    assert 0 < before <= room - 8 and stored > 0
+    assert bytes(buffers[0][before:]) == bytes(size - before)  # nothing past it
+    assert [len(r.body) for r in core.get("t", 0, 0, 1000, 1 << 20)] == [100] * stored
+    assert all(end - base <= size for base, end in refuse.calls)
+
+
+def _leader_bytes(module, count: int) -> bytes:
+    """The bytes of ``count`` records of a leader's log (unbounded room)."""
+    buffers: dict[int, bytearray] = {}
+
+    def new_segment(base: int) -> None:
+        buffers[base] = bytearray(1 << 16)
+        core.attach_segment(base, buffers[base])
+
+    def new_queue_file(topic: str, queue_id: int, base_offset: int) -> None:
+        core.add_queue(topic, queue_id, base_offset, base_offset, 1024)
+        core.attach_queue_file(topic, queue_id, base_offset, bytearray(1024 * 20))
+
+    core = module.LogCore(segment_size_bytes=1 << 16, message_size_bytes_max=4096,
+                          key_size_bytes_max=255, tags_size_bytes_max=255,
+                          new_segment=new_segment, new_queue_file=new_queue_file)
+    core.restore(0)
+    for index in range(count):
+        core.put("t", bytes([index % 251]) * 100)
+    return core.read_raw(0, 1 << 20)
