@@ -51,7 +51,7 @@ from mqlog.config import load as load_config
 from mqlog.engine import queries
 from mqlog.engine.files import file_name
 from mqlog.engine.reader import LogReader, VerifyReport
-from mqlog.errors import InvalidArgument, MqlogError
+from mqlog.errors import InvalidArgument, MqlogError, PromotionRefused
 from mqlog.ext import fallback
 
 EXIT_ERROR = 1
@@ -460,11 +460,44 @@ def cluster() -> None:
 @click.option("--epoch", type=click.IntRange(min=0), default=0,
               help="The new epoch; give one above every node's (mqlog cluster status shows "
               "them). Default: one above the node's own.")
-def cluster_promote(address: str, role: str, slaves: str, epoch: int) -> None:
-    """Make the slave at ADDRESS a master, in a new epoch (the old master must be down)."""
+@click.option("--force", is_flag=True,
+              help="Promote even if another reachable node is ahead of it or a live master "
+              "(what that loses is printed).")
+def cluster_promote(address: str, role: str, slaves: str, epoch: int, force: bool) -> None:
+    """Make the slave at ADDRESS a master, in a new epoch (the old master must be down).
+
+    First every peer the node knows is asked where its log ends: if one is ahead (a
+    newer last epoch, or the same one and a longer log) or still a master, nothing is
+    done unless --force: with in_sync_slaves_min below the slave count only some slaves
+    hold the last acknowledged records, and the one to promote is the one ahead."""
+    from mqlog.replication.master_slave.core import promotion_risks
+
     with mqlog.Client(address) as client:
+        facts = client.metadata()
+        others, unreachable = _peer_facts(facts.get("peers", {}))
+        for name in unreachable:
+            click.echo(f"{name}: unreachable, not checked (if it holds records the others "
+                       "lack, they are lost when it follows)", err=True)
+        risks = promotion_risks(facts, others)
+        if risks and not force:
+            raise PromotionRefused(f"refusing to promote {facts['node_id']}: "
+                                   + "; ".join(risks))
+        for risk in risks:
+            click.echo(f"--force: {risk}", err=True)
         answer = client.promote(role, tuple(filter(None, slaves.split(","))), epoch)
     click.echo(f"{address}: {answer['role']} in epoch {answer['epoch']}")
+
+
+def _peer_facts(peers: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The metadata of every peer that answers, and the names of those that do not."""
+    found, unreachable = [], []
+    for name, peer_address in sorted(peers.items()):
+        try:
+            with mqlog.Client(peer_address, timeout_s=5) as peer:
+                found.append(peer.metadata())
+        except MqlogError:
+            unreachable.append(name)
+    return found, unreachable
 
 
 @cluster.command("follow")

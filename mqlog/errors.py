@@ -148,6 +148,12 @@ class OutOfOrderSequence(InvalidArgument):
     remembers for it, or skips ahead: the producer must start a new producer id."""
 
 
+class PromotionRefused(InvalidArgument):
+    """An operator's promotion that could lose acknowledged records or make two masters:
+    another reachable node holds records the candidate lacks, or is a live master.
+    Promote the node the message names instead, or pass --force knowing what is lost."""
+
+
 class NodeUnavailable(MqlogError, ConnectionError):
     """A node could not be reached, or the connection to it broke: the request's outcome
     is unknown; retry it (on another node if this one is down)."""

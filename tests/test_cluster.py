@@ -155,34 +155,44 @@ def test_node_config_errors_are_one_line(tmp_path):
     assert result.stderr.count("\n") == 1 and "role must be" in result.stderr
 
 
-def test_operator_promotes_a_slave_and_the_old_master_rejoins_truncated(tmp_path):
-    """The slaves go down; the master takes 20 writes with acks="master" (Kafka's
-    acks=1: on the master only), then dies. The operator restarts the slaves, promotes s1
-    (mqlog cluster promote) and points s2 at it (mqlog cluster follow); later the old
-    master is restarted and pointed at s1 too. It diverged — its 20 extra records are in
-    an epoch s1 never saw — so it is truncated to the common prefix. At the end every
-    write acknowledged by a replica-waiting produce is on all three replicas, the 20
-    master-only writes are on none (that is what acks="master" risks), and the three
-    logs are identical."""
+def test_operator_promotes_the_slave_ahead_and_the_old_master_rejoins_truncated(tmp_path):
+    """With in_sync_slaves_min = 1 a SYNC_MASTER acks a record once one slave has it. s1
+    goes down and the master acks 20 writes that only s2 has; s2 goes down and the
+    master takes 20 writes with acks="master" (Kafka's acks=1: on the master only), then
+    dies. The slaves restart. `mqlog cluster promote` refuses s1, which is behind s2,
+    naming both positions; the operator promotes s2 and points s1 at it (mqlog cluster
+    follow); later the old master restarts and is pointed at s2 too. It diverged — its
+    20 extra records are in an epoch s2 never saw — so it is truncated to the common
+    prefix. At the end every write acknowledged by a replica-waiting produce is on all
+    three replicas, the 20 master-only writes are on none (that is what acks="master"
+    risks), and the three logs are identical."""
     cluster = LocalCluster(tmp_path, "SYNC_MASTER", store_settings="segment_size_bytes = "
                                                                    "16777216")
     with cluster:
-        wait_until(lambda: cluster.metadata("m")["slaves"], "a slave of m")
+        wait_until(lambda: len(cluster.metadata("m")["slaves"]) == 2, "both slaves of m")
         acked = _produce(cluster.address("m"), "before", 100)
         cluster.kill("s1")
+        acked += _produce(cluster.address("m"), "s2-only", 20)
         cluster.kill("s2")
         master_only = _produce(cluster.address("m"), "master-only", 20, acks="master")
         cluster.kill("m")
         cluster.start("s1")
         cluster.start("s2")
-        _cli("cluster", "promote", cluster.address("s1"), "--slaves", "s2,m")
-        _cli("cluster", "follow", cluster.address("s2"), "--master", "s1")
-        wait_until(lambda: cluster.metadata("s1")["slaves"], "s2 to follow s1")
-        acked += _produce(cluster.address("s1"), "after", 100)
+        behind, ahead = cluster.metadata("s1")["written"], cluster.metadata("s2")["written"]
+        assert behind < ahead
+        refusal = _cli_fails("cluster", "promote", cluster.address("s1"), "--slaves", "s2,m")
+        assert f"s1's log ends at {behind}" in refusal, refusal
+        assert f"s2's at {ahead}" in refusal and "--force would lose" in refusal, refusal
+        assert "m: unreachable" in refusal, refusal
+        assert cluster.metadata("s1")["role"] == "SLAVE"
+        _cli("cluster", "promote", cluster.address("s2"), "--slaves", "s1,m")
+        _cli("cluster", "follow", cluster.address("s1"), "--master", "s2")
+        wait_until(lambda: cluster.metadata("s2")["slaves"], "s1 to follow s2")
+        acked += _produce(cluster.address("s2"), "after", 100)
         cluster.start("m")
-        _cli("cluster", "follow", cluster.address("m"), "--master", "s1")
+        _cli("cluster", "follow", cluster.address("m"), "--master", "s2")
         cluster.wait_converged()
-        assert cluster.metadata("s1")["epoch"] == 1
+        assert cluster.metadata("s2")["epoch"] == 1
     for name in NODES:
         assert _present(tmp_path / name, acked) == {position for position, _ in acked}, name
         assert not _present(tmp_path / name, master_only), name
@@ -201,7 +211,34 @@ def _produce(address: str, label: str, count: int,
     return acked
 
 
+def _cli_fails(*args: str) -> str:
+    """Run an mqlog command that must fail; its stderr."""
+    result = subprocess.run([str(MQLOG), *args], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    return result.stderr
+
+
 def _cli(*args: str) -> str:
     result = subprocess.run([str(MQLOG), *args], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+def _facts(name: str, role: str, written: int, last_epoch: int = 0) -> dict:
+    return {"node_id": name, "role": role, "epoch": last_epoch, "written": written,
+            "last_epoch": last_epoch}
+
+
+def test_promotion_risks_name_the_node_ahead_and_a_live_master():
+    from mqlog.replication.master_slave.core import promotion_risks
+
+    candidate = _facts("s1", "SLAVE", 1000)
+    assert promotion_risks(candidate, [_facts("s2", "SLAVE", 1000)]) == []
+    assert promotion_risks(candidate, [_facts("s2", "SLAVE", 4000, last_epoch=-1)]) == []
+    [behind] = promotion_risks(candidate, [_facts("s2", "SLAVE", 1500)])
+    assert "s1's log ends at 1000" in behind and "s2's at 1500" in behind
+    assert "[1000, 1500) (500 bytes)" in behind and "--force would lose" in behind
+    [newer] = promotion_risks(candidate, [_facts("s2", "FENCED", 800, last_epoch=2)])
+    assert "records of epoch 2" in newer
+    [master] = promotion_risks(candidate, [_facts("m", "SYNC_MASTER", 900)])
+    assert "live SYNC_MASTER" in master and "two masters" in master

@@ -523,7 +523,8 @@ class Node:
 
     def metadata(self) -> dict[str, Any]:
         return {"kind": "metadata", "node_id": self.node_id, "epoch": self.core.epoch,
-                "log_start": self.store.first_segment_base(), **self.core.status()}
+                "log_start": self.store.first_segment_base(), "peers": dict(self.peers),
+                **self.core.status()}
 
 
 def _names(value: Any) -> bool:

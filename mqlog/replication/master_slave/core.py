@@ -182,6 +182,7 @@ class MasterSlaveCore:
         return {"layer": "master_slave", "role": self.role, "leader": self.config.master
                 if self.role == "SLAVE" else (self.node_id if self.is_master else ""),
                 "written": self.log.written_position, "flushed": self.log.flushed_position,
+                "last_epoch": self._epoch_before(self.log.written_position),
                 "slaves": {name: progress.acked for name, progress in self.slaves.items()
                            if progress.matched}}
 
@@ -377,3 +378,38 @@ def _end_of_epoch(log: LogView, epoch: int) -> int:
         if started_epoch > epoch:
             return start
     return log.written_position
+
+
+def promotion_risks(candidate: dict[str, Any], others: list[dict[str, Any]]) -> list[str]:
+    """Why promoting ``candidate`` could lose acknowledged records or split the brain,
+    given the ``status()`` (node metadata) of every other node the operator reached.
+
+    With ``in_sync_slaves_min`` below the slave count, a record is acknowledged once
+    *some* slaves have it, so the slave to promote is the most up-to-date one: the
+    newest last epoch, then the longest log (Raft's "at least as up-to-date"). A node
+    that is ahead would be truncated to the candidate's log when it follows it, and
+    what it held beyond is lost. A reachable live master means the old master is not
+    down: promoting would make two."""
+    risks = []
+    mine = (candidate.get("last_epoch", -1), candidate["written"])
+    name = candidate["node_id"]
+    for other in others:
+        if other["role"] in ("ASYNC_MASTER", "SYNC_MASTER"):
+            risks.append(f"{other['node_id']} is a live {other['role']} in epoch "
+                         f"{other['epoch']}: promoting {name} would make two masters; stop "
+                         f"it (or make it follow) first. --force would let both take "
+                         "writes until one is fenced, and lose what the other acknowledged")
+            continue
+        theirs = (other.get("last_epoch", -1), other["written"])
+        if theirs <= mine:
+            continue
+        if theirs[0] == mine[0]:
+            lost = f"[{mine[1]}, {theirs[1]}) ({theirs[1] - mine[1]} bytes)"
+        else:
+            lost = f"its records of epoch {theirs[0]} and any after [.., {mine[1]})"
+        risks.append(f"{name} is behind {other['node_id']}: {name}'s log ends at "
+                     f"{mine[1]} (last epoch {mine[0]}), {other['node_id']}'s at {theirs[1]} "
+                     f"(last epoch {theirs[0]}); {other['node_id']} holds {lost} that {name} "
+                     f"lacks and that may have been acknowledged. --force would lose them: "
+                     f"{other['node_id']} is truncated to {name}'s log when it follows")
+    return risks
