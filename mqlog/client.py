@@ -43,8 +43,10 @@ class Client:
         """Store one record on the master (the leader). ``acks="replicated"`` answers by
         the layer's rule (a SYNC_MASTER waits for its slaves, a Raft leader for a
         majority); ``acks="master"`` once the master stored it (Kafka's acks=1).
-        ``producer=(producer_id, sequence)`` makes it idempotent on a Raft group: a retry
-        with the same pair is answered with the first write's place."""
+        ``producer=(producer_id, sequence)`` makes it idempotent (on a Raft group and on a
+        master-slave one): a retry with the same pair is answered with the first write's
+        place, not stored again. A SYNC_MASTER with too few slaves in sync answers
+        SLAVE_NOT_AVAILABLE with position -1: nothing was stored, a retry is safe."""
         return self.produce_batch(topic, [body], queue_id, key, tags, acks, producer)
 
     def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,

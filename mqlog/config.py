@@ -173,6 +173,7 @@ class ReplicationConfig:
     """
 
     layer: Literal["master_slave", "raft"] = "master_slave"
+    cluster_id: str = ""  # the group's name: messages carrying another one are dropped
     node_id: str = "node-1"
     role: Role = "ASYNC_MASTER"
     master: str = ""  # a slave's master

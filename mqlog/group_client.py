@@ -1,11 +1,14 @@
-"""``mqlog.GroupClient``: write to a Raft group without knowing its leader, and without
-storing a write twice when a retry follows a failover.
+"""``mqlog.GroupClient``: write to a replica group (Raft, or master-slave) without
+knowing its leader, and without storing a write twice when a retry follows a failover.
 
 * It sends to the node it believes leads. A ``NotLeader`` answer names the leader (and
   its address) when the node knows it: the client goes there; when no leader is known
   (an election is under way) it tries the next node after ``retry_backoff_ms``.
+  A master-slave node that is not (or not yet) a master answers NotMaster: the next.
 * A write whose outcome is unknown — the connection broke, the node stepped down, the
-  majority did not answer in time (FLUSH_SLAVE_TIMEOUT) — is sent again, with the same
+  majority did not answer in time (FLUSH_SLAVE_TIMEOUT), the node's disk did not flush
+  in time (FLUSH_DISK_TIMEOUT: the record is stored and may still commit) — or that was
+  refused before anything was stored (SLAVE_NOT_AVAILABLE) is sent again, with the same
   producer id and sequence, until ``retry_timeout_s`` has passed. The leader answers a
   retry of a stored write with the first write's place (idempotence.py), so every write
   is stored once, wherever leadership went meanwhile.
@@ -24,7 +27,9 @@ from mqlog import errors
 from mqlog.client import Client, produce_request
 from mqlog.results import PutResult, PutStatus
 
-_UNKNOWN_OUTCOME = (PutStatus.FLUSH_SLAVE_TIMEOUT,)
+# Sent again: the outcome is unknown (stored, maybe committed later), or nothing was stored.
+_RETRIED = (PutStatus.FLUSH_SLAVE_TIMEOUT, PutStatus.FLUSH_DISK_TIMEOUT,
+            PutStatus.SLAVE_NOT_AVAILABLE)
 
 
 class GroupClient:
@@ -65,12 +70,15 @@ class GroupClient:
         while True:
             try:
                 answer = self._client_now().call(dict(header), payload)[0]
-                if PutStatus(answer["status"]) not in _UNKNOWN_OUTCOME:
+                status = PutStatus(answer["status"])
+                if status not in _RETRIED:
                     return answer
                 failures.append(f"{self._client_address()}: {answer['status']}")
-            except errors.NotLeader as error:
+                if status is PutStatus.SLAVE_NOT_AVAILABLE:  # slaves must catch up first
+                    time.sleep(self.retry_backoff_ms / 1000)  # a back-off, not a sync
+            except errors.NotMaster as error:  # (NotLeader too, which may name the leader)
                 failures.append(f"{self._client_address()}: not the leader")
-                self._move_to(error.leader_address)
+                self._move_to(getattr(error, "leader_address", None))
             except errors.NodeUnavailable as error:
                 failures.append(str(error))
                 self._move_to(None)

@@ -209,7 +209,7 @@ def _through_the_wire(message: Message) -> Message:
 
 def _describe(message: Message) -> str:
     fields = {key: value for key, value in vars(message).items()
-              if key not in ("src", "dst", "payload")}
+              if key not in ("src", "dst", "payload", "cluster_id")}
     text = " ".join(f"{key}={value}" for key, value in fields.items())
     payload = getattr(message, "payload", None)
     if payload is not None:

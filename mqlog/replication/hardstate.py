@@ -1,5 +1,8 @@
 """A Raft node's hard state — its term, its vote, and the group's membership changes that
-are in its log — in one small file beside the store.
+are in its log — in one small file beside the store; and a master-slave node's role
+state — the role and epoch it last took by an operator's promotion or ``follow``, its
+master or slaves — in another, which wins over the node's TOML on a restart (an old
+master restarted with its own file must not come back as a master after a failover).
 
 It must be durable before the node answers anyone (a vote given and forgotten in a crash
 lets one term have two leaders), so each save writes a new file, syncs it, renames it over
@@ -25,6 +28,8 @@ from mqlog.errors import CorruptStore
 
 FILE_NAME = "raft-state"
 _MAGIC = "mqlog-raft-state 2"
+ROLE_FILE_NAME = "master-slave-state"
+_ROLE_MAGIC = "mqlog-master-slave-state 1"
 
 
 @dataclass(frozen=True)
@@ -53,18 +58,58 @@ class HardState:
     memberships: tuple[Membership, ...] = ()  # changes in the log, in log order
 
 
+@dataclass(frozen=True)
+class RoleState:
+    """What a master-slave node last became: ``role`` in ``epoch``, a slave of ``master``
+    or a master of ``slaves``."""
+
+    role: str
+    epoch: int
+    master: str = ""
+    slaves: tuple[str, ...] = ()
+
+
+def load_role(directory: Path) -> RoleState | None:
+    """The role state saved in ``directory``; None if no promotion or follow ever ran."""
+    path = directory / ROLE_FILE_NAME
+    try:
+        document = _read(path, _ROLE_MAGIC)
+    except FileNotFoundError:
+        return None
+    try:
+        role, epoch, master = document["role"], document["epoch"], document["master"]
+        slaves = tuple(document["slaves"])
+        if role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE") or not isinstance(epoch, int) \
+                or not isinstance(master, str) or not all(isinstance(s, str) for s in slaves):
+            raise ValueError(f"bad fields {document}")
+        return RoleState(role, epoch, master, slaves)
+    except (ValueError, KeyError, TypeError) as error:
+        raise CorruptStore(f"{path} is damaged ({error}): the role this node last took is "
+                           "unknown; ask `mqlog cluster status` which node is master, delete "
+                           "the file and start the node as a SLAVE of it") from None
+
+
+def _read(path: Path, magic: str) -> Any:
+    """The JSON document of a state file; CorruptStore if it is damaged."""
+    text = path.read_text().strip()
+    body, _, crc = text.rpartition(" ")
+    try:
+        if not body.startswith(magic + " ") or crc != f"{crc32c(body.encode()):08x}":
+            raise ValueError("bad magic or CRC")
+        return json.loads(body[len(magic) + 1:])
+    except ValueError as error:
+        raise CorruptStore(f"{path} is damaged ({error}): restore it from a backup, or "
+                           "wipe this node's data and add it to the group again") from None
+
+
 def load(directory: Path) -> HardState:
     """The hard state saved in ``directory``; an empty one if none was ever saved."""
     path = directory / FILE_NAME
     try:
-        text = path.read_text().strip()
+        document = _read(path, _MAGIC)
     except FileNotFoundError:
         return HardState()
-    body, _, crc = text.rpartition(" ")
     try:
-        if not body.startswith(_MAGIC + " ") or crc != f"{crc32c(body.encode()):08x}":
-            raise ValueError("bad magic or CRC")
-        document = json.loads(body[len(_MAGIC) + 1:])
         return HardState(int(document["term"]), str(document["vote"]), tuple(
             Membership.from_json(item) for item in document["memberships"]))
     except (ValueError, KeyError, TypeError) as error:
@@ -73,17 +118,24 @@ def load(directory: Path) -> HardState:
                            "node's data and add it to the group again") from None
 
 
-def save(directory: Path, state: HardState) -> None:
-    """Write ``state`` durably (see the module docstring)."""
-    document = {"term": state.term, "vote": state.vote,
-                "memberships": [item.to_json() for item in state.memberships]}
-    body = f"{_MAGIC} {json.dumps(document, separators=(',', ':'))}"
-    temporary = directory / (FILE_NAME + ".tmp")
+def save(directory: Path, state: HardState | RoleState) -> None:
+    """Write ``state`` durably (see the module docstring): a Raft HardState, or a
+    master-slave RoleState, each to its own file."""
+    if isinstance(state, RoleState):
+        name, magic = ROLE_FILE_NAME, _ROLE_MAGIC
+        document: dict[str, Any] = {"role": state.role, "epoch": state.epoch,
+                                    "master": state.master, "slaves": list(state.slaves)}
+    else:
+        name, magic = FILE_NAME, _MAGIC
+        document = {"term": state.term, "vote": state.vote,
+                    "memberships": [item.to_json() for item in state.memberships]}
+    body = f"{magic} {json.dumps(document, separators=(',', ':'))}"
+    temporary = directory / (name + ".tmp")
     with open(temporary, "w") as file:
         file.write(f"{body} {crc32c(body.encode()):08x}\n")
         file.flush()
         os.fsync(file.fileno())
-    os.replace(temporary, directory / FILE_NAME)
+    os.replace(temporary, directory / name)
     descriptor = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(descriptor)

@@ -1,5 +1,5 @@
-"""The idempotent producer (Kafka's, on a Raft group): a retry after a failover does not
-store a write twice.
+"""The idempotent producer (Kafka's, on a Raft group and a master-slave one): a retry
+after a failover does not store a write twice.
 
 A producer tags every request with its ``producer_id`` (a string it picks, unique) and a
 ``sequence`` (an int it never reuses for another request). The records of that request
@@ -10,7 +10,8 @@ always begins), and adds each write it stores after that.
 
 A request whose (producer id, sequence) is in the table was stored already — by this
 leader or by an earlier one, committed or not yet: the leader answers with where it
-went, once it is committed (a Raft leader never drops its own records, so it will be).
+went, once it is committed (a Raft leader never drops its own records, so it will be;
+a master answers by its role's rule, as for a new write).
 Each producer's table keeps its newest ``idempotence_sequences_max`` sequences; an older
 sequence is refused with OutOfOrderSequence rather than risk storing it twice.
 """

@@ -52,6 +52,9 @@ class Message:
     src: str
     dst: str
     epoch: int  # the sender's epoch (the highest it has seen)
+    # The sender's group (``cluster_id`` of its config): a core drops, and counts, a
+    # message from another cluster, whatever its epoch or sender name.
+    cluster_id: str = field(default="", kw_only=True)
 
 
 @dataclass(frozen=True)

@@ -179,8 +179,9 @@ class Node:
 
     def _new_core(self) -> Any:
         replication = self.config.replication
-        if replication.layer != "raft":
-            return core_for(replication, self.store)
+        if replication.layer != "raft":  # the role an operator gave it last wins
+            return core_for(replication, self.store,
+                            hard_state=hardstate.load_role(self.config.data_dir))
         # Unseeded on purpose: a real node's election jitter must differ from its peers'
         # (the simulator and the datadriven tests pass seeded generators).
         return core_for(replication, self.store, rng=random.Random(),
@@ -236,7 +237,7 @@ class Node:
         for event in ready.events:
             print(f"[{self.node_id}] {event}", flush=True)
         self.core.advance(ready)
-        if self.raft and self.core.is_master and self._led_term != self.core.epoch:
+        if self.core.is_master and self._led_term != self.core.epoch:
             self._led_term = self.core.epoch  # a new leader: whose writes are in its log?
             self.producers.rebuild(store, self.config.replication.idempotence_window_bytes)
         for request, status in ready.resolved:
@@ -345,6 +346,11 @@ class Node:
             answers = [(frame, self._error_header(error)) for frame in frames]
             frames = []
         for frame in frames:
+            refused = self.core.may_accept(frame.header.get("acks", "replicated"))
+            if refused is not PutStatus.PUT_OK:  # decided before storing: nothing stored
+                answers.append((frame, {"kind": "produced", "status": refused.value,
+                                        "position": -1, "offset": -1, "count": 0}))
+                continue
             try:
                 stored.append((frame, *self._store_request(frame.header, frame.payload)))
             except errors.MqlogError as error:
@@ -426,7 +432,7 @@ class Node:
         acks = header.get("acks", "replicated")
         if acks != "replicated" and acks != "master":
             raise errors.InvalidArgument(f"acks must be 'replicated' or 'master', got {acks!r}")
-        producer = _producer_tag(header) if self.raft else None
+        producer = _producer_tag(header)
         properties = None
         if producer is not None:
             found = self.producers.lookup(*producer)
@@ -460,9 +466,6 @@ class Node:
     def _promote(self, header: dict[str, Any]) -> dict[str, Any]:
         """Operator command: this slave becomes master of ``slaves`` in a new epoch."""
         role, slaves = header.get("role", "SYNC_MASTER"), tuple(header.get("slaves", ()))
-        if self.core.role != "SLAVE":
-            raise errors.InvalidArgument(f"node {self.node_id} is a {self.core.role}; only a "
-                                         "slave can be promoted")
         if role not in ("ASYNC_MASTER", "SYNC_MASTER") or not all(
                 isinstance(name, str) and name in self.config.peers for name in slaves):
             raise errors.InvalidArgument("promote needs role ASYNC_MASTER or SYNC_MASTER and "
@@ -481,8 +484,7 @@ class Node:
         if master not in self.config.peers or master == self.node_id:
             raise errors.InvalidArgument(f"follow needs a master named in [node.peers], got "
                                          f"{master!r}")
-        self.core = core_for(self.config.replication.replace(
-            role="SLAVE", master=master, slaves=()), self.store)
+        self.core.follow(master)
         for future in self._waiting.values():  # stored here, fate on the new master unknown
             if not future.done():
                 future.set_result(PutStatus.FLUSH_SLAVE_TIMEOUT)
@@ -493,10 +495,8 @@ class Node:
     def _transfer(self, header: dict[str, Any]) -> dict[str, Any]:
         """Operator command: a Raft leader hands leadership to voter ``target``."""
         target = header.get("target")
-        if not self.raft or target not in self.config.replication.voters or \
-                target == self.node_id:
-            raise errors.InvalidArgument(f"transfer needs a Raft group and another voter as "
-                                         f"target, got {target!r}")
+        if not self.raft:
+            raise errors.InvalidArgument("transfer is an operator command of Raft groups")
         self.core.transfer_leadership(target)
         self._schedule()
         return {"kind": "transferring", "target": target, "term": self.core.epoch}

@@ -225,7 +225,7 @@ class Swarm:
         self.clock[0] += 1
         self.network.now = self.clock[0]
         master = self.nodes[self.master]
-        if master.up and master.core.is_master and \
+        if master.up and master.core.status()["accepts_writes"] and \
                 self.rng.random() < self.options.put_probability:
             self._put(master)
         for node in self._up_nodes():

@@ -26,11 +26,30 @@ soon as it has something; an ASYNC_MASTER once per tick, batching (RocketMQ's HA
 service also transfers in rounds). A slave is in sync while it was heard from within
 ``slave_timeout_ticks`` and is at most ``slave_gap_bytes_max`` behind.
 
-Proposals. After the engine stored a write ending at ``end``, ``propose(id, end)``: an
-ASYNC_MASTER resolves it PUT_OK at once; a SYNC_MASTER resolves it PUT_OK when
-``in_sync_slaves_min`` slaves acked ``end``, SLAVE_NOT_AVAILABLE at once if fewer slaves
-are in sync, and FLUSH_SLAVE_TIMEOUT after ``sync_timeout_ticks`` — never a silent
-success. A message from a higher epoch fences a master: another node was promoted.
+Proposals. Before a driver stores a write it asks ``may_accept(acks)``: NotMaster on a
+node that takes no writes now, SLAVE_NOT_AVAILABLE on a SYNC_MASTER with fewer than
+``in_sync_slaves_min`` slaves in sync (Kafka's NotEnoughReplicas: nothing is stored, so
+a retry is safe), else PUT_OK. After the engine stored a write ending at ``end``,
+``propose(id, end)``: an ASYNC_MASTER resolves it PUT_OK at once; a SYNC_MASTER
+resolves it PUT_OK when ``in_sync_slaves_min`` slaves acked ``end`` (SLAVE_NOT_AVAILABLE
+if they are not in sync any more) and FLUSH_SLAVE_TIMEOUT after
+``sync_timeout_ticks`` — never a silent success.
+
+Failover without two masters. Roles change only by an operator: ``promote`` (a slave
+becomes a master in a new epoch) and ``follow`` (a node becomes a slave of another).
+Each puts the role, epoch, master and slaves in ``Ready.hard_state`` (a ``RoleState``),
+which the driver saves beside the store; on a restart the saved state wins over the
+node's config (``hard_state=`` here). A master that starts over a log it wrote before
+takes no writes until ``in_sync_slaves_min`` of its slaves (one, for an ASYNC_MASTER)
+said Hello in its epoch or older: while it was down another node may have been promoted,
+and its slaves, now following that one, never talk to it. An operator can vouch for it
+with ``promote`` (a new epoch). A message from a higher epoch fences a master: another
+node was promoted.
+
+Group identity. Only members are heard: a master hears Hello and Report from its slaves,
+a slave Append, Truncate and LogReset from its master, and only with this config's
+``cluster_id``. Anything else is dropped and counted (``status()["ignored"]``): a stray
+node's higher epoch fences no one.
 
 Retention. A slave whose log ends before the master's log start (records retention let
 go) cannot be sent them: the master sends ``LogReset``, the slave starts its log over,
@@ -39,13 +58,15 @@ empty, at the master's log start (``Store.reset``) and says Hello from there.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 from mqlog.config import ReplicationConfig
-from mqlog.errors import NotMaster
+from mqlog.errors import InvalidArgument, NotMaster
 from mqlog.replication.core import LogView, Ready, epoch_ending_at
+from mqlog.replication.hardstate import RoleState
 from mqlog.replication.messages import Append, Hello, LogReset, Message, Report, Truncate
 from mqlog.results import PutStatus
 
@@ -72,19 +93,28 @@ class Proposal:
 class MasterSlaveCore:
     """One node of a master-slave group; see the module docstring."""
 
-    def __init__(self, config: ReplicationConfig, log: LogView, *, test_break: str = "") -> None:
+    def __init__(self, config: ReplicationConfig, log: LogView, *,
+                 hard_state: RoleState | None = None, test_break: str = "") -> None:
         assert test_break in ("", "ack_early", "skip_truncate")
         # test_break: a deliberately broken core, so tests can show the simulator's
         # checkers catch it ("ack_early": a SYNC_MASTER acks before any slave has the
         # write; "skip_truncate": a diverged slave is streamed to as if it agreed).
         self._test_break = test_break
         self.config = config.validate()
+        if hard_state is not None:  # what an operator made of it last wins over the file
+            self.config = self.config.replace(role=hard_state.role, master=hard_state.master,
+                                              slaves=hard_state.slaves)
         self.log = log
         self.node_id = config.node_id
-        self.role: str = config.role  # or FENCED, once a newer epoch is seen
-        self.epoch = log.epoch
+        self.role: str = self.config.role  # or FENCED, once a newer epoch is seen
+        self.epoch = max(log.epoch, hard_state.epoch if hard_state else 0)
         self.tick_count = 0
-        self.slaves = {name: SlaveProgress() for name in config.slaves}
+        self.slaves = {name: SlaveProgress() for name in self.config.slaves}
+        # A master over a log it wrote before waits to hear from its slaves (see above).
+        self._writable = not self.slaves or log.written_position == 0
+        self._heard: set[str] = set()
+        self.ignored = 0  # messages dropped: another cluster, or not a member
+        self._ignored_from: set[str] = set()
         self._waiting: deque[Proposal] = deque()
         self._ready = Ready()
         self._expected_end = log.written_position  # a slave's end, pending appends counted
@@ -108,21 +138,20 @@ class MasterSlaveCore:
             self._slave_tick()
 
     def step(self, message: Message) -> None:
+        if not self._admits(message):
+            return
         if message.epoch > self.epoch:
             self._see_epoch(message.epoch)
         if self.is_master and isinstance(message, Hello | Report):
-            progress = self.slaves.get(message.src)
-            if progress is None:
-                self._ready.events.append(f"ignored {message.kind} from unknown node "
-                                          f"{message.src}")
-                return
+            progress = self.slaves[message.src]
             progress.heard_tick = self.tick_count
+            self._heard_from(message.src)
             if isinstance(message, Hello):
                 self._on_hello(message, progress)
             else:
                 self._on_report(message, progress)
         elif self.role == "SLAVE" and isinstance(message, Append | Truncate | LogReset):
-            if message.src != self.config.master or message.epoch < self.epoch:
+            if message.epoch < self.epoch:
                 return  # a stale master: its epoch was superseded
             self._master_heard_tick = self.tick_count
             if isinstance(message, Append):
@@ -137,6 +166,27 @@ class MasterSlaveCore:
         if not self.is_master:
             raise NotMaster(f"node {self.node_id} is a {self.role.lower()}, not a master; "
                             f"send writes to {self.config.master or 'the master'}")
+        if not self._writable:
+            raise NotMaster(f"node {self.node_id} is a {self.role} that restarted and takes "
+                            f"no writes until it has heard from its slaves "
+                            f"({', '.join(self.slaves)}): another node may have been promoted "
+                            "while it was down. Retry soon; if its slaves are gone for good, "
+                            "an operator can vouch for it with `mqlog cluster promote`")
+
+    def may_accept(self, acks: str = "replicated") -> PutStatus:
+        """Ask before storing a write: NotMaster if this node takes none now;
+        SLAVE_NOT_AVAILABLE if it is a SYNC_MASTER with too few slaves in sync for a
+        replica-waiting write (answer that, store nothing: a retry is safe); else PUT_OK."""
+        self.check_master()
+        if acks == "replicated" and self.role == "SYNC_MASTER" and \
+                len(self._in_sync()) < self.config.in_sync_slaves_min:
+            return PutStatus.SLAVE_NOT_AVAILABLE
+        return PutStatus.PUT_OK
+
+    @property
+    def promotable(self) -> bool:
+        """A slave, or a master that waits to hear from its slaves, can be promoted."""
+        return self.role == "SLAVE" or (self.is_master and not self._writable)
 
     def propose(self, request_id: Any, end: int) -> None:
         """A write ending at ``end`` was stored; resolve it by the role's rule."""
@@ -166,16 +216,42 @@ class MasterSlaveCore:
 
     def promote(self, role: str = "SYNC_MASTER", slaves: tuple[str, ...] = (),
                 epoch: int = 0) -> None:
-        """Operator command: this slave becomes a master of ``slaves``, in a new epoch:
+        """Operator command: this slave (or a master waiting to hear from its slaves,
+        which the operator vouches for) becomes a master of ``slaves``, in a new epoch:
         ``epoch`` if given (the operator knows every node's; it must exceed them all, or
         two masters could share one), else one above the newest this node has seen."""
-        assert role in ("ASYNC_MASTER", "SYNC_MASTER") and self.role == "SLAVE"
+        if role not in ("ASYNC_MASTER", "SYNC_MASTER") or not self.promotable or \
+                self.node_id in slaves:
+            raise InvalidArgument(f"node {self.node_id} is a {self.role}: only a slave (or a "
+                                  "master waiting for its slaves) can be promoted, to "
+                                  "ASYNC_MASTER or SYNC_MASTER of other nodes")
+        self.config = self.config.replace(role=role, slaves=tuple(slaves), master="")
         self.role = role
         self.slaves = {name: SlaveProgress() for name in slaves}
-        self.config = self.config.replace(role=role, slaves=slaves, master="")
         self.epoch = max(self.epoch + 1, epoch)
+        self._writable = True
+        self._drop_pending_log_changes()
         self._ready.set_epoch = self.epoch
+        self._ready.hard_state = RoleState(role, self.epoch, "", tuple(slaves))
         self._ready.events.append(f"{self.node_id} promoted to {role} in epoch {self.epoch}")
+
+    def follow(self, master: str) -> None:
+        """Operator command: this node becomes a slave of ``master`` (after a promotion
+        elsewhere) and says Hello; it is truncated if it diverged. Writes waiting here
+        resolve FLUSH_SLAVE_TIMEOUT: they are stored, their fate on the new master is
+        unknown (an idempotent retry settles it)."""
+        if not master or master == self.node_id:
+            raise InvalidArgument(f"follow needs another node as master, got {master!r}")
+        for proposal in self._waiting:
+            self._ready.resolved.append((proposal.request_id, PutStatus.FLUSH_SLAVE_TIMEOUT))
+        self._waiting.clear()
+        self.config = self.config.replace(role="SLAVE", master=master, slaves=())
+        self.role, self.slaves = "SLAVE", {}
+        self._drop_pending_log_changes()
+        self._ready.hard_state = RoleState("SLAVE", self.epoch, master, ())
+        self._ready.events.append(f"{self.node_id} follows {master} in epoch {self.epoch}")
+        self._master_heard_tick = self.tick_count
+        self._send_hello()
 
     def status(self) -> dict[str, Any]:
         """What ``mqlog cluster status`` shows of this node."""
@@ -183,6 +259,7 @@ class MasterSlaveCore:
                 if self.role == "SLAVE" else (self.node_id if self.is_master else ""),
                 "written": self.log.written_position, "flushed": self.log.flushed_position,
                 "last_epoch": self._epoch_before(self.log.written_position),
+                "accepts_writes": self.is_master and self._writable, "ignored": self.ignored,
                 "slaves": {name: progress.acked for name, progress in self.slaves.items()
                            if progress.matched}}
 
@@ -207,7 +284,11 @@ class MasterSlaveCore:
                                       f"keeps at most [.., {agreed}) of [.., {hello.position})")
             return
         progress.matched = True
-        progress.sent = progress.written = progress.acked = hello.position
+        progress.sent = progress.written = hello.position
+        # A Hello says where the slave's log ends, not what it flushed: with acks that
+        # count flushed bytes it counts only once a Report says so.
+        progress.acked = hello.position if self.config.slave_ack == "written" else \
+            min(progress.acked, hello.position)
         progress.progress_tick = self.tick_count
 
     def _on_report(self, report: Report, progress: SlaveProgress) -> None:
@@ -313,7 +394,7 @@ class MasterSlaveCore:
                         flushed)
         outbox = self._ready.messages_after_persist  # only the newest ack needs to go
         outbox[:] = [message for message in outbox if not isinstance(message, Report)]
-        outbox.append(report)
+        outbox.append(self._stamp(report))
 
     def _on_truncate(self, truncate: Truncate) -> None:
         """Cut back to where the master's epoch ``truncate.last_epoch`` ends, or where it
@@ -337,14 +418,14 @@ class MasterSlaveCore:
         ready.events.append(f"{self.node_id} started its log over at {reset.position}, "
                             f"its master {reset.src}'s log start")
         self._expected_end = reset.position
-        ready.messages_after_persist[:] = [
+        ready.messages_after_persist[:] = [self._stamp(
             Hello(self.node_id, self.config.master, self.epoch, reset.position,
-                  reset.last_epoch)]
+                  reset.last_epoch))]
 
     def _hello_after_truncate(self, position: int) -> None:
         epoch = self._epoch_before(position)
-        self._ready.messages_after_persist.append(
-            Hello(self.node_id, self.config.master, self.epoch, position, epoch))
+        self._ready.messages_after_persist.append(self._stamp(
+            Hello(self.node_id, self.config.master, self.epoch, position, epoch)))
 
     def _epoch_before(self, position: int) -> int:
         found = self.log.epoch_at(position)
@@ -368,8 +449,52 @@ class MasterSlaveCore:
             self.role = "FENCED"
         self.epoch = epoch
 
+    def _admits(self, message: Message) -> bool:
+        """Only members are heard (see the module docstring); the rest is counted."""
+        if message.cluster_id != self.config.cluster_id:
+            why = f"another cluster ({message.cluster_id!r})"
+        elif self.is_master and isinstance(message, Hello | Report):
+            if message.src in self.slaves:
+                return True
+            why = "a node that is not its slave"
+        elif self.role == "SLAVE" and isinstance(message, Append | Truncate | LogReset):
+            if message.src == self.config.master:
+                return True
+            why = "a node that is not its master"
+        else:
+            why = f"a node, as a {self.role}"
+        self.ignored += 1
+        if message.src not in self._ignored_from:  # one event per sender, not a flood
+            self._ignored_from.add(message.src)
+            self._ready.events.append(f"{self.node_id} ignores {message.kind} (epoch "
+                                      f"{message.epoch}) from {message.src}: {why}")
+        return False
+
+    def _heard_from(self, slave: str) -> None:
+        """A master waiting after a restart takes writes once enough slaves spoke."""
+        if self._writable:
+            return
+        self._heard.add(slave)
+        needed = min(len(self.slaves), max(1, self.config.in_sync_slaves_min))
+        if len(self._heard) >= needed:
+            self._writable = True
+            self._ready.events.append(f"{self.node_id} heard from {sorted(self._heard)} in "
+                                      f"epoch {self.epoch}: it takes writes")
+
+    def _drop_pending_log_changes(self) -> None:
+        """A role change drops the appends not yet carried out and the acks of them."""
+        ready = self._ready
+        ready.appends.clear()
+        for outbox in (ready.messages, ready.messages_after_persist):
+            outbox[:] = [message for message in outbox if not isinstance(message, Report)]
+        self._expected_end = self.log.written_position
+
     def _send(self, message: Message) -> None:
-        self._ready.messages.append(message)
+        self._ready.messages.append(self._stamp(message))
+
+    def _stamp(self, message: Message) -> Message:
+        cluster_id = self.config.cluster_id
+        return dataclasses.replace(message, cluster_id=cluster_id) if cluster_id else message
 
 
 def _end_of_epoch(log: LogView, epoch: int) -> int:

@@ -59,15 +59,16 @@ idempotent retry settles it). Readers on every node see only committed records.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 
 from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
-from mqlog.errors import MembershipChangeRefused, NotLeader
+from mqlog.errors import InvalidArgument, MembershipChangeRefused, NotLeader
 from mqlog.replication.core import LogView, Ready, epoch_ending_at
 from mqlog.replication.hardstate import HardState, Membership
 from mqlog.replication.messages import (
@@ -142,6 +143,8 @@ class RaftCore:
         self._heartbeat_elapsed = 0
         self._last_read: tuple[int, int, bytes] = (-1, -1, b"")  # (start, limit, bytes)
         self._ready = Ready()
+        self.ignored = 0  # messages dropped: another cluster, or not a member
+        self._ignored_from: set[str] = set()
         if self.term > saved.term or len(self.memberships) < len(saved.memberships):
             self._save_hard_state(self.term, self.vote)  # what the log says wins
 
@@ -185,11 +188,9 @@ class RaftCore:
             self._campaign(pre_vote=self.config.pre_vote)
 
     def step(self, message: Message) -> None:
-        # Entries (and resets) are taken from any leader: a node far behind may not yet
-        # have the membership change that made its current leader a member.
-        if message.src not in self.members and not isinstance(message, (Entries, LogReset)):
-            self._ready.events.append(f"ignored {message.kind} from non-member {message.src}")
-        elif isinstance(message, Vote):
+        if not self._admits(message):
+            return
+        if isinstance(message, Vote):
             self._on_vote(message)
         elif message.epoch < self.term:
             if isinstance(message, Entries):  # a deposed leader: tell it the term
@@ -212,6 +213,12 @@ class RaftCore:
             raise NotLeader(f"node {self.node_id} is handing leadership to "
                             f"{self._transfer_to}; retry there", leader=self._transfer_to)
 
+    def may_accept(self, acks: str = "replicated") -> PutStatus:
+        """Ask before storing a write (as of every core): NotLeader unless this node
+        takes writes now; else PUT_OK (a Raft leader stores, then waits for a majority)."""
+        self.check_master()
+        return PutStatus.PUT_OK
+
     def propose(self, request_id: Any, end: int) -> None:
         """A write ending at ``end`` was stored: resolve it once a majority has it."""
         self.check_master()
@@ -226,7 +233,9 @@ class RaftCore:
     def transfer_leadership(self, target: str) -> None:
         """Hand leadership to voter ``target``: catch it up, then tell it to campaign."""
         self.check_master()
-        assert target in self.voters and target != self.node_id
+        if target not in self.voters or target == self.node_id:
+            raise InvalidArgument(f"transfer needs another voter of the current membership "
+                                  f"{list(self.voters)} as target, got {target!r}")
         self._transfer_to = target
         self._transfer_deadline = self.tick_count + self.config.election_timeout_ticks
         self._ready.events.append(f"{self.node_id} hands leadership to {target}")
@@ -262,8 +271,28 @@ class RaftCore:
         return {"layer": "raft", "role": self.role, "term": self.term, "leader": self.leader,
                 "commit": self.commit, "written": self.log.written_position,
                 "flushed": self.log.flushed_position, "voters": list(self.voters),
-                "learners": list(self.learners),
+                "learners": list(self.learners), "ignored": self.ignored,
                 "match": {name: progress.match for name, progress in self.peers.items()}}
+
+    def _admits(self, message: Message) -> bool:
+        """Messages of another cluster, or from a node that is not a member, are dropped
+        and counted (``status()["ignored"]``): a stray node's term moves no one. Entries
+        are the exception: a node far behind may not have the change that made its
+        leader a member yet, and the log-matching check guards what it takes from them;
+        a LogReset (which empties the log) only if its configuration names its sender."""
+        if message.cluster_id != self.config.cluster_id:
+            why = f"another cluster ({message.cluster_id!r})"
+        elif message.src in self.members or isinstance(message, Entries) or (
+                isinstance(message, LogReset) and message.src in _reset_members(message)):
+            return True
+        else:
+            why = "a node that is not a member"
+        self.ignored += 1
+        if message.src not in self._ignored_from:  # one event per sender, not a flood
+            self._ignored_from.add(message.src)
+            self._ready.events.append(f"{self.node_id} ignores {message.kind} (term "
+                                      f"{message.epoch}) from {message.src}: {why}")
+        return False
 
     # --- roles ----------------------------------------------------------------------------
 
@@ -368,7 +397,9 @@ class RaftCore:
 
     def _become_leader(self) -> None:
         self.role, self.leader, self._votes = LEADER, self.node_id, {}
-        self._heartbeat_elapsed = 0
+        # The check-quorum clock starts now: the campaign's ticks (up to twice the
+        # election timeout) are not silence from followers it never led.
+        self._heartbeat_elapsed = self._elapsed = 0
         self.peers = {}
         self._track_members()
         self._ready.set_epoch = self.term
@@ -498,9 +529,14 @@ class RaftCore:
         agreed = 0 if shared < 0 else self._end_of_epoch(shared)
         if shared == reply.hint_epoch:
             agreed = min(agreed, reply.hint_position)
-        if agreed < progress.match and self.config.follower_ack == "written":
-            progress.match = agreed  # it lost acked bytes it had not flushed (a crash)
-        progress.next = max(agreed, progress.match)
+        if agreed < progress.match:
+            # It no longer has bytes it acked (unflushed ones lost in a crash, or an ack
+            # that outlived a truncation): believe the refusal, and repair from there.
+            # The commit never moves back; only this follower's share in the next is.
+            self._ready.events.append(f"{reply.src} lacks bytes it acked: it agrees up to "
+                                      f"{agreed}, not {progress.match}; repairing")
+            progress.match = agreed
+        progress.next = agreed
         progress.probing, progress.probe_sent = True, False
         progress.progress_tick = self.tick_count
 
@@ -522,7 +558,11 @@ class RaftCore:
 
     def _maybe_timeout_now(self) -> None:
         target = self._transfer_to
-        if target and self.peers[target].match >= self._end:
+        if target and target not in self.voters:  # a membership change removed it
+            self._ready.events.append(f"{self.node_id} gave up handing leadership to "
+                                      f"{target}: it is no longer a voter")
+            self._transfer_to = ""
+        elif target and self.peers[target].match >= self._end:
             self._send(TimeoutNow(self.node_id, target, self.term))
 
     def _refresh_from_log(self) -> None:
@@ -634,12 +674,14 @@ class RaftCore:
             self._ready.must_sync = True
         outbox = self._ready.messages_after_persist if self._ready.must_sync else \
             self._ready.messages
-        acks = [message.match for message in outbox  # only the highest ack needs to go
-                if isinstance(message, EntriesReply) and message.success]
+        # Only the highest ack to this leader in this term needs to go; an ack answers
+        # one leader in one term, and never speaks for another (whose log may differ).
+        acks = [message.match for message in outbox if _same_ack(message, entries.src,
+                                                                 self.term)]
         outbox[:] = [message for message in outbox
-                     if not (isinstance(message, EntriesReply) and message.success)]
-        outbox.append(EntriesReply(self.node_id, entries.src, self.term, True,
-                                   max([end, *acks]), 0, 0))
+                     if not _same_ack(message, entries.src, self.term)]
+        outbox.append(self._stamp(EntriesReply(self.node_id, entries.src, self.term, True,
+                                               max([end, *acks]), 0, 0)))
 
     def _on_log_reset(self, reset: LogReset) -> None:
         """Start over at the leader's log start, unless this log already reaches it."""
@@ -704,7 +746,13 @@ class RaftCore:
         self._end = end
 
     def _truncate(self, position: int) -> None:
-        """Cut the mirror, the appends still pending, and (below them) the store."""
+        """Cut the mirror, the appends still pending, (below them) the store, and the
+        acks still pending that speak of bytes past the cut: they would tell a leader
+        this log matches bytes it no longer has."""
+        for outbox in (self._ready.messages, self._ready.messages_after_persist):
+            outbox[:] = [message for message in outbox
+                         if not (isinstance(message, EntriesReply) and message.success
+                                 and message.match > position)]
         pending, self._ready.appends = self._ready.appends, []
         for start, data in pending:
             if start < position:
@@ -767,4 +815,23 @@ class RaftCore:
         ready = self._ready
         persisting = (ready.hard_state is not None or ready.must_sync) and \
             not isinstance(message, Entries)
-        (ready.messages_after_persist if persisting else ready.messages).append(message)
+        (ready.messages_after_persist if persisting else ready.messages).append(
+            self._stamp(message))
+
+    def _stamp(self, message: Message) -> Message:
+        cluster_id = self.config.cluster_id
+        return dataclasses.replace(message, cluster_id=cluster_id) if cluster_id else message
+
+
+def _same_ack(message: Message, leader: str, term: int) -> TypeGuard[EntriesReply]:
+    """A successful ack to ``leader`` in ``term`` (acks to it merge; no others do)."""
+    return isinstance(message, EntriesReply) and message.success and \
+        message.dst == leader and message.epoch == term
+
+
+def _reset_members(reset: LogReset) -> set[str]:
+    """The members named by the newest configuration a LogReset carries."""
+    if not reset.memberships:
+        return set()
+    newest = Membership.from_json(msgpack.unpackb(reset.memberships)[-1])
+    return set(newest.voters + newest.learners)
