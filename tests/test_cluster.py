@@ -240,5 +240,102 @@ def test_promotion_risks_name_the_node_ahead_and_a_live_master():
     assert "[1000, 1500) (500 bytes)" in behind and "--force would lose" in behind
     [newer] = promotion_risks(candidate, [_facts("s2", "FENCED", 800, last_epoch=2)])
     assert "records of epoch 2" in newer
+    assert promotion_risks(_facts("m", "SYNC_MASTER", 900), [_facts("m", "SYNC_MASTER", 900)]
+                           ) == []  # a waiting master vouched for: itself is no risk
     [master] = promotion_risks(candidate, [_facts("m", "SYNC_MASTER", 900)])
     assert "live SYNC_MASTER" in master and "two masters" in master
+
+
+class GroupProducer(threading.Thread):
+    """Writes unique records through a GroupClient (idempotent: producer id and
+    sequence) to whichever node is master, until stopped; remembers every PUT_OK."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.addresses = addresses
+        self.acked: list[tuple[int, bytes]] = []
+        self.stopping = threading.Event()
+        self.failure: BaseException | None = None
+
+    def run(self) -> None:
+        from mqlog.group_client import GroupClient
+
+        count = 0
+        try:
+            with GroupClient(self.addresses, producer_id="failover", retry_timeout_s=120,
+                             retry_backoff_ms=20, timeout_s=10) as client:
+                while not self.stopping.is_set():
+                    count += 1
+                    body = f"failover-{count}".encode() * 3
+                    result = client.produce("orders", body, queue_id=count % 4)
+                    assert result.status is PutStatus.PUT_OK, result
+                    self.acked.append((result.position, body))
+        except BaseException as error:  # noqa: BLE001 - reported by the test
+            self.failure = error
+
+    def wait_for(self, count: int) -> None:
+        wait_until(lambda: len(self.acked) >= count or not self.is_alive(),
+                   f"{count} acknowledged records", TIMEOUT_S)
+        assert self.is_alive(), self.failure
+
+
+def _bodies(path: Path) -> list[bytes]:
+    """Every record body of topic orders in a store (duplicates included)."""
+    bodies = []
+    with mqlog.open(path, read_only=True, segment_size_bytes=16 << 20) as store:
+        for queue_id in range(4):
+            offset = 0
+            while records := store.get("orders", queue_id, offset, 4096, 1 << 24):
+                bodies += [record.body for record in records]
+                offset = records[-1].offset + 1
+    return bodies
+
+
+def test_sync_master_failover_and_return_lose_and_duplicate_nothing(tmp_path):
+    """A SYNC_MASTER and two slaves under continuous idempotent writes (GroupClient over
+    all three addresses). The master is SIGKILLed; the operator reads `mqlog cluster
+    status`, promotes the slave furthest ahead and points the other at it, as
+    docs/REPLICATION.md says; writes resume there. The old master restarts with its own
+    TOML: it refuses writes (it has not heard from its slaves) until the operator
+    makes it follow; it is truncated to the new master's log and catches up. No
+    acknowledged write is missing anywhere, none is stored twice, and the three logs
+    are byte-identical."""
+    cluster = LocalCluster(tmp_path, "SYNC_MASTER", store_settings="segment_size_bytes = "
+                                                                   "16777216")
+    with cluster:
+        addresses = [cluster.address(name) for name in NODES]
+        producer = GroupProducer(addresses)
+        wait_until(lambda: len(cluster.metadata("m")["slaves"]) == 2, "both slaves of m")
+        producer.start()
+        producer.wait_for(300)
+        cluster.kill("m")
+        rows = json.loads(_cli("cluster", "status", "--json", *addresses))
+        slaves = sorted((row for row in rows if row["node"] in ("s1", "s2")),
+                        key=lambda row: row["written"])
+        behind, ahead = slaves[0]["node"], slaves[1]["node"]
+        _cli("cluster", "promote", cluster.address(ahead), "--slaves", f"{behind},m")
+        _cli("cluster", "follow", cluster.address(behind), "--master", ahead)
+        producer.wait_for(len(producer.acked) + 300)
+        cluster.start("m")
+        facts = cluster.metadata("m")
+        assert facts["role"] == "SYNC_MASTER" and not facts["accepts_writes"], facts
+        with mqlog.Client(cluster.address("m"), timeout_s=10) as client, \
+                pytest.raises(errors.NotMaster, match="heard from its slaves"):
+            client.produce("orders", b"to the old master", acks="master")
+        _cli("cluster", "follow", cluster.address("m"), "--master", ahead)
+        producer.wait_for(len(producer.acked) + 300)
+        producer.stopping.set()
+        producer.join(timeout=120)
+        assert producer.failure is None, producer.failure
+        cluster.wait_converged()
+        roles = {row["node"]: row["role"] for row in json.loads(
+            _cli("cluster", "status", "--json", *addresses))}
+        assert roles == {ahead: "SYNC_MASTER", behind: "SLAVE", "m": "SLAVE"}, roles
+    acked = producer.acked
+    for name in NODES:
+        bodies = _bodies(tmp_path / name)
+        assert len(bodies) == len(set(bodies)), f"{name} holds a record twice"
+        missing = {body for _, body in acked} - set(bodies)
+        assert not missing, f"{name} lacks {len(missing)} acknowledged records"
+        assert _present(tmp_path / name, acked) == {position for position, _ in acked}
+    assert len({_image(tmp_path / name) for name in NODES}) == 1, "the logs differ"

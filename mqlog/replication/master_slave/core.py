@@ -519,6 +519,8 @@ def promotion_risks(candidate: dict[str, Any], others: list[dict[str, Any]]) -> 
     mine = (candidate.get("last_epoch", -1), candidate["written"])
     name = candidate["node_id"]
     for other in others:
+        if other["node_id"] == name:  # (a node may list itself among its peers)
+            continue
         if other["role"] in ("ASYNC_MASTER", "SYNC_MASTER"):
             risks.append(f"{other['node_id']} is a live {other['role']} in epoch "
                          f"{other['epoch']}: promoting {name} would make two masters; stop "
