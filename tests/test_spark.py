@@ -13,6 +13,8 @@ import shutil
 import sys
 
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 import mqlog
 from tests.conftest import SMALL
@@ -124,28 +126,159 @@ def test_options_select_queues_offsets_and_times(spark, tmp_path, rng):
     assert _spark_rows(later) == [row for row in expected if row[5] >= middle]
 
 
-def test_pushdown_reduces_the_records_read(spark, tmp_path, rng):
+def _records_read(spark, path, metrics, where, **options):
+    """(rows, records the reader read) of a read of ``path`` filtered by ``where``."""
+    shutil.rmtree(metrics, ignore_errors=True)
+    frame = (spark.read.format("mqlog").option("path", str(path))
+             .option("metricsDir", str(metrics)).options(**options).load().where(where))
+    rows = frame.collect()
+    counted = sum(item["records"] for item in load_counters(str(metrics))) \
+        if metrics.exists() else 0
+    return len(rows), counted
+
+
+def test_filters_narrow_the_read_only_where_the_jvm_keeps_them_in_their_scan(spark,
+                                                                            tmp_path, rng):
+    """Where Spark keeps a pushdown's plan on the DataFrame (PySpark <= 4.3), WHERE clauses
+    are Spark's alone and the options narrow the read; where it keeps it in the scan,
+    pushed filters narrow it too."""
+    from mqlog.spark_connector.datasource import scan_scoped_pushdown
+
     path = _fill(tmp_path / "store", rng, count=900)
     metrics = tmp_path / "metrics"
+    narrow = scan_scoped_pushdown(spark)
+    assert narrow == (spark.conf.get("spark.sql.python.filterPushdown.enabled",
+                                     "false") == "true")
+    assert _records_read(spark, path, metrics, "length(body) >= 0") == (900, 900)
+    where = "topic = 'orders' AND queue_id = 1 AND offset >= 40"
+    assert _records_read(spark, path, metrics, where) == (110, 110 if narrow else 900)
+    assert _records_read(spark, path, metrics, "offset < 5") == (30, 30 if narrow else 900)
+    assert _records_read(spark, path, metrics, "offset >= 40", topic="orders", queues="1",
+                         startingOffsets='{"orders": {"1": 40}}') == (110, 110)
 
-    def records_read(where):
-        shutil.rmtree(metrics, ignore_errors=True)
-        frame = (spark.read.format("mqlog").option("path", str(path))
-                 .option("metricsDir", str(metrics)).load().where(where))
-        rows = frame.collect()
-        counted = sum(item["records"] for item in load_counters(str(metrics))) \
-            if metrics.exists() else 0
-        return len(rows), counted
 
-    assert records_read("length(body) >= 0") == (900, 900)  # nothing pushed: all read
-    assert records_read("topic = 'orders' AND queue_id = 1 AND offset >= 40") == (110, 110)
-    assert records_read("offset < 5") == (30, 30)
+def test_the_narrowing_reader_reads_only_what_pushed_filters_leave(tmp_path, rng):
+    """``NarrowingReader`` (used where the JVM keeps pushed filters in their scan), driven
+    as Spark drives it: filters pushed, partitions planned, each partition read."""
+    from pyspark.sql.datasource import EqualTo, GreaterThanOrEqual, In, LessThan
+
+    from mqlog.spark_connector import options
+    from mqlog.spark_connector.datasource import NarrowingReader, read_partition
+
+    path = _fill(tmp_path / "store", rng, count=900)
     expected = _engine_rows(path)
     cut = sorted(row[5] for row in expected)[800]
-    micros = dt.datetime.fromtimestamp(cut / 1000, dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
-    rows, counted = records_read(f"timestamp >= TIMESTAMP '{micros}'")
-    assert rows == sum(row[5] >= cut for row in expected)
-    assert rows <= counted < 900
+    when = dt.datetime.fromtimestamp(cut / 1000, dt.UTC)
+    cases = [
+        ([EqualTo(("topic",), "orders"), EqualTo(("queue_id",), 1),
+          GreaterThanOrEqual(("offset",), 40)], lambda r: r[:2] == ("orders", 1) and
+         r[2] >= 40, 0),
+        ([LessThan(("offset",), 5)], lambda r: r[2] < 5, 0),
+        ([In(("offset",), (3, 7))], lambda r: 3 <= r[2] <= 7, 1),  # narrows; Spark checks
+        ([GreaterThanOrEqual(("timestamp",), when)], lambda r: r[5] >= cut, 1),
+    ]
+    for filters, keep, residual in cases:
+        reader = NarrowingReader(options.parse({"path": str(path)}))
+        assert len(reader.pushFilters(filters)) == residual
+        read = [row for part in reader.partitions()
+                for batch in read_partition(part, reader.options)
+                for row in zip(batch.column("topic").to_pylist(),
+                               batch.column("queue_id").to_pylist(),
+                               batch.column("offset").to_pylist(), strict=True)]
+        wanted = sorted(r[:3] for r in expected if keep(r))
+        assert sorted(read) == wanted if not residual else set(wanted) <= set(read)
+        assert len(read) < len(expected)
+
+
+def _seven(path):
+    """The issue's store: 7 records in topic orders (4 in queue 0, 3 in queue 1), 2 in
+    payments."""
+    with mqlog.open(path, **SMALL) as store:
+        for index in range(7):
+            store.put("orders", b"order-%d" % index, index % 2, born_timestamp=index)
+        for index in range(2):
+            store.put("payments", b"payment-%d" % index, 0)
+    return path
+
+
+def test_a_filtered_action_leaves_later_actions_on_the_dataframe_alone(spark, tmp_path):
+    """Issue 15, finding 1: pushed filters belong to one scan, never to the DataFrame."""
+    path = _seven(tmp_path / "store")
+    o = spark.read.format("mqlog").option("path", str(path)).option("topic", "orders").load()
+    assert o.count() == 7
+    assert o.where("offset >= 2").count() == 3
+    assert o.count() == 7
+    assert len(o.collect()) == 7
+    assert o.where("queue_id = 1").count() == 3
+    assert o.count() == 7
+    assert sorted(tuple(r) for r in o.groupBy("queue_id").count().collect()) == \
+        [(0, 4), (1, 3)]
+
+
+_WHERE = {  # a filter as Spark SQL, and as a predicate on an _engine_rows row
+    None: lambda r: True,
+    "offset >= 2": lambda r: r[2] >= 2,
+    "offset < 3": lambda r: r[2] < 3,
+    "queue_id = 1": lambda r: r[1] == 1,
+    "topic = 'payments'": lambda r: r[0] == "payments",
+    "queue_id IN (0, 2) AND offset >= 1": lambda r: r[1] in (0, 2) and r[2] >= 1,
+    "offset IN (1, 4)": lambda r: r[2] in (1, 4),
+    "born_timestamp < TIMESTAMP '1970-01-01 00:00:00.010'": lambda r: r[6] < 10,
+    "length(body) > 7": lambda r: len(r[10]) > 7,
+}
+_ACTIONS = ("count", "collect", "groupBy")
+
+
+@pytest.fixture(scope="module")
+def mixed_store(tmp_path_factory):
+    """30 records in two topics, queues 0-2, born at 0..29 ms, bodies of 0-10 bytes."""
+    path = tmp_path_factory.mktemp("mixed") / "store"
+    with mqlog.open(path, **SMALL) as store:
+        for index in range(30):
+            store.put(TOPICS[index % 2], b"b" * (index % 11), index % 3,
+                      born_timestamp=index)
+    return path
+
+
+def _answer(frame, action):
+    if action == "count":
+        return frame.count()
+    if action == "collect":
+        return sorted((r.topic, r.queue_id, r.offset) for r in frame.collect())
+    return sorted(tuple(r) for r in frame.groupBy("topic", "queue_id").count().collect())
+
+
+def _expected(rows, where, action):
+    kept = [row for row in rows if _WHERE[where](row)]
+    if action == "count":
+        return len(kept)
+    if action == "collect":
+        return sorted(row[:3] for row in kept)
+    counts: dict = {}
+    for row in kept:
+        counts[row[:2]] = counts.get(row[:2], 0) + 1
+    return sorted((*key, value) for key, value in counts.items())
+
+
+_STEPS = st.lists(st.tuples(st.sampled_from(sorted(_WHERE, key=str)),
+                            st.sampled_from(_ACTIONS)), min_size=2, max_size=5)
+
+
+@settings(max_examples=6, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@example(steps=[(None, "count"), ("offset >= 2", "count"), (None, "count"),
+                (None, "collect"), ("queue_id = 1", "groupBy"), (None, "count")])
+@given(steps=_STEPS)
+def test_any_sequence_of_actions_on_one_dataframe_matches_the_engine(spark, mixed_store,
+                                                                      steps):
+    """Random sequences of filtered and unfiltered actions on one loaded DataFrame, each
+    answer compared with the engine's read API (derandomized: the same sequences every
+    run; a failure prints the sequence)."""
+    rows = _engine_rows(mixed_store)
+    frame = spark.read.format("mqlog").option("path", str(mixed_store)).load()
+    for where, action in steps:
+        filtered = frame if where is None else frame.where(where)
+        assert _answer(filtered, action) == _expected(rows, where, action), (where, action)
 
 
 def _flip_crc(path, position):

@@ -56,9 +56,6 @@ def reconcile(spark: Any, paths: Sequence[str]) -> Reconciliation:
     if len(paths) < 2:
         raise InvalidArgument("reconcile needs at least two store directories")
     register(spark)
-    # One load per replica: PySpark (4.3) reuses the first pushed-down reader for every
-    # scan of one loaded DataFrame, so one load filtered by replica on both sides of a
-    # join would read the same replica twice.
     hashed = {path: _hashed(spark, path) for path in paths}
     reference = paths[0]
     found = []
