@@ -104,7 +104,6 @@ class Tasks:
         started = time.perf_counter()
         answer = job()
         seconds = time.perf_counter() - started
-        self.context.clearJobGroup()
         tracker = self.context.statusTracker()
         stages: list[int] = []
         for job_id in tracker.getJobIdsForGroup(group):
