@@ -11,15 +11,21 @@ from __future__ import annotations
 import pytest
 
 import mqlog
-from benchmarks import compare
+from benchmarks import compare, conftest
 
 SIZES = compare.Sizes(records=200_000, producers=256, per_producer=40, scan_bytes=128 << 20,
                       rounds=1, segment_size_bytes=256 << 20)
+if conftest.SMOKE:  # --benchmark-disable: each benchmark runs once, as a test
+    SIZES = compare.QUICK
+SEGMENT = SIZES.segment_size_bytes
 PEDANTIC = dict(rounds=3, iterations=1, warmup_rounds=0)
 
 
-def _record(benchmark, value: float, unit: str = "records_per_second") -> None:
-    benchmark.extra_info[unit] = round(value)
+def _record(benchmark, count: float, unit: str = "records_per_second") -> None:
+    """Store ``count`` per second of the median round (nothing when disabled)."""
+    median = conftest.median_seconds(benchmark)
+    if median is not None:
+        benchmark.extra_info[unit] = round(count / median)
 
 
 def test_put(benchmark, impl, tmp_path):
@@ -27,11 +33,11 @@ def test_put(benchmark, impl, tmp_path):
     store_root = tmp_path / "s"
 
     def run() -> None:
-        with mqlog.open(store_root, implementation=impl, segment_size_bytes=256 << 20) as s:
+        with mqlog.open(store_root, implementation=impl, segment_size_bytes=SEGMENT) as s:
             for _ in range(sizes.records):
                 s.put("bench", compare.BODY)
     benchmark.pedantic(run, setup=lambda: _wipe(store_root), **PEDANTIC)
-    _record(benchmark, sizes.records / benchmark.stats.stats.median)
+    _record(benchmark, sizes.records)
 
 
 @pytest.mark.parametrize("body_size", [16, 100, 1024, 16 * 1024, 64 * 1024])
@@ -41,15 +47,15 @@ def test_put_batch(benchmark, impl, tmp_path, body_size):
     bodies = [b"b" * body_size] * 100
 
     def run() -> None:
-        with mqlog.open(store_root, implementation=impl, segment_size_bytes=256 << 20) as s:
+        with mqlog.open(store_root, implementation=impl, segment_size_bytes=SEGMENT) as s:
             for _ in range(count // 100):
                 s.put_batch("bench", bodies)
     benchmark.pedantic(run, setup=lambda: _wipe(store_root), **PEDANTIC)
-    _record(benchmark, count // 100 * 100 / benchmark.stats.stats.median)
+    _record(benchmark, count // 100 * 100)
 
 
 def test_get(benchmark, impl, tmp_path):
-    with mqlog.open(tmp_path / "s", implementation=impl, segment_size_bytes=256 << 20) as s:
+    with mqlog.open(tmp_path / "s", implementation=impl, segment_size_bytes=SEGMENT) as s:
         for _ in range(SIZES.records // 1000):
             s.put_batch("bench", [compare.BODY] * 1000)
 
@@ -59,7 +65,7 @@ def test_get(benchmark, impl, tmp_path):
                 offset += sum(len(record.body) > 0 for record in batch)
             return offset
         assert benchmark.pedantic(run, **PEDANTIC) == SIZES.records
-    _record(benchmark, SIZES.records / benchmark.stats.stats.median)
+    _record(benchmark, SIZES.records)
 
 
 @pytest.mark.parametrize("flavour", ["threads", "asyncio"])
@@ -68,16 +74,16 @@ def test_sync_flush_256_producers(benchmark, tmp_path, flavour):
     results = []
     benchmark.pedantic(lambda: results.append(measure(tmp_path / "s", SIZES)), **PEDANTIC)
     rates, per_fsync = zip(*results, strict=True)
-    _record(benchmark, sorted(rates)[len(rates) // 2], "acked_records_per_second")
-    benchmark.extra_info["records_per_fsync"] = round(sorted(per_fsync)[len(per_fsync) // 2])
+    benchmark.extra_info["acked_records_per_second"] = round(_middle(rates))
+    benchmark.extra_info["records_per_fsync"] = round(_middle(per_fsync))
 
 
 def test_recovery_scan(benchmark, tmp_path):
     results = []
     benchmark.pedantic(lambda: results.append(compare.mqlog_recovery(tmp_path / "s", SIZES)),
                        **PEDANTIC)
-    benchmark.extra_info["scan_gb_per_second"] = round(sorted(r[0] for r in results)[1], 2)
-    benchmark.extra_info["read_gb_per_second"] = round(sorted(r[1] for r in results)[1], 2)
+    benchmark.extra_info["scan_gb_per_second"] = round(_middle([r[0] for r in results]), 2)
+    benchmark.extra_info["read_gb_per_second"] = round(_middle([r[1] for r in results]), 2)
 
 
 @pytest.mark.parametrize("baseline", ["file_append", "lmdb_putmulti", "lmdb_cursor",
@@ -86,7 +92,12 @@ def test_baseline(benchmark, tmp_path, baseline):
     measure = getattr(compare, baseline)
     rates = []
     benchmark.pedantic(lambda: rates.append(measure(tmp_path / "b", SIZES)), **PEDANTIC)
-    _record(benchmark, sorted(rates)[len(rates) // 2])
+    benchmark.extra_info["records_per_second"] = round(_middle(rates))
+
+
+def _middle(values) -> float:  # noqa: ANN001
+    """The median of the rounds measured (one when benchmarking is disabled)."""
+    return sorted(values)[len(values) // 2]
 
 
 def _wipe(path) -> None:
