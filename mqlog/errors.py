@@ -82,12 +82,18 @@ class StoreFailed(MqlogError):
 
 
 class CorruptRecord(MqlogError):
-    """A record failed its size, magic, position or CRC32C check."""
+    """A record failed its size, magic, position or CRC32C check.
+
+    Reopening does not mend it (a clean open scans nothing, and recovery never deletes
+    intact records after damage): the message says to run ``mqlog repair``."""
 
     def __init__(self, position: int, reason: str) -> None:
         super().__init__(
-            f"corrupt record at position {position}: {reason}; run recovery "
-            "(reopen the store) or `mqlog verify` to see the damage"
+            f"corrupt record at position {position}: {reason}; the commit log is damaged "
+            "there and reopening will not mend it: `mqlog verify STORE_DIR` shows the "
+            "damage; with the store closed, `mqlog repair STORE_DIR` replaces the damaged "
+            "records with blank fillers and reports what was lost, or `mqlog repair "
+            "STORE_DIR --from REPLICA_DIR` copies them from a replica"
         )
         self.position = position
         self.reason = reason

@@ -524,6 +524,7 @@ class Expected:
     end: int  # where the recovered log ends
     truncated_at: int | None
     corrupt: frozenset[int]  # positions of kept records that reads must refuse
+    refused: bool = False  # damage with intact records after it: CorruptStore, no open
 
 
 def _expect(image: Image, copy: Path, scan_from: int) -> Expected:
@@ -547,7 +548,23 @@ def _expect(image: Image, copy: Path, scan_from: int) -> Expected:
             break
     corrupt = frozenset(r.position for r in image.records
                         if r.end <= end and damaged(r.position, r.end))
-    return Expected(end, truncated_at, corrupt)
+    # A bad record (not zeros) with an intact one anywhere after it is mid-log damage.
+    refused = truncated_at is not None and any(
+        r.position > truncated_at and not damaged(r.position, r.end) for r in image.records)
+    return Expected(end, truncated_at, corrupt, refused)
+
+
+def _check_refused(copy: Path, impl: str, expected: Expected, where: str) -> None:
+    """Opening must raise CorruptStore naming the damaged position, and change no byte
+    of the log (no segment cut, zeroed or deleted)."""
+    before = {path.name: path.read_bytes() for path in (copy / "commitlog").iterdir()}
+    with pytest.raises(errors.CorruptStore) as raised:
+        mqlog.open(copy, implementation=impl, **IMAGE_CONFIG).close()
+    message = str(raised.value)
+    assert f"damaged: the record at position {expected.truncated_at} " in message, where
+    assert "mqlog repair" in message, where
+    after = {path.name: path.read_bytes() for path in (copy / "commitlog").iterdir()}
+    assert after == before, f"{where}: a refused open changed the log"
 
 
 def _check_recovered_copy(image: Image, copy: Path, impl: str, context: str, *,
@@ -560,6 +577,9 @@ def _check_recovered_copy(image: Image, copy: Path, impl: str, context: str, *,
     # allocator's prepared-ahead segment) is removed without being news.
     bases = [base for base in _segment_bases(copy)
              if (copy / "commitlog" / f"{base:020d}").read_bytes()[:8] != bytes(8)]
+    if expected.refused:
+        _check_refused(copy, impl, expected, f"{context}: expected {expected}")
+        return
     store = _open_or_fail(copy, impl, context, **IMAGE_CONFIG)
     with store:
         report = store.recovery_report
@@ -634,7 +654,9 @@ def _torn_tails(tmp_path: Path, impl: str, seed: int, cases: int) -> None:
 
 def test_bit_flips_never_yield_a_corrupt_record(tmp_path, impl, rng):
     """Flip bits before the checkpoint (reads must refuse those records), in the scanned
-    area (recovery cuts at the first damaged record) and just past the log's end."""
+    area (recovery cuts at the first damaged record if nothing intact follows it, and
+    otherwise refuses to open with a CorruptStore naming it: issue 14, finding 12) and
+    just past the log's end."""
     _bit_flips(tmp_path, impl, rng.randrange(1 << 32), cases=16)
 
 
@@ -694,7 +716,9 @@ FILE_DAMAGE = ["missing", "short", "garbage", "bit flip"]
 @pytest.mark.parametrize("crashed", [True, False], ids=["crashed", "closed"])
 def test_damaged_checkpoint_means_a_full_scan(tmp_path, impl, rng, how, crashed):
     """Without a checkpoint recovery scans from the first segment; a record damaged before
-    the old checkpoint is then found by the scan, and the log is cut there."""
+    the old checkpoint is then found by the scan. Intact records follow it, so the store
+    refuses to open (CorruptStore naming it) and deletes nothing: before issue 14
+    (finding 12) recovery cut the log there and deleted every later, intact segment."""
     seed = rng.randrange(1 << 32)
     rng = random.Random(seed)
     image = _build_image(tmp_path, impl, rng, crashed=crashed)
@@ -710,7 +734,11 @@ def test_damaged_checkpoint_means_a_full_scan(tmp_path, impl, rng, how, crashed)
         report = store.recovery_report
         assert not report.clean
         assert report.records_scanned == sum(1 for r in image.records if r.end <= expected.end)
-        assert expected.truncated_at == (None if victim is None else victim.position)
+        assert expected.truncated_at is None and victim is None
+        assert any("checkpoint" in what for what in report.rebuilt), report.rebuilt
+
+    if victim is not None:
+        assert _expect(image, copy, 0).refused, "test set-up: intact records follow"
 
     _check_recovered_copy(image, copy, impl, f"seed={seed} victim={victim}", scan_from=0,
                           extra=full_scan)
@@ -769,3 +797,201 @@ def test_lost_consume_queue_files_are_rebuilt(tmp_path, impl, rng, crashed, how)
     if how == "queue directory":
         queue_dir.rmdir()
     _check_recovered_copy(image, copy, impl, f"seed={seed}", scan_from=None)
+
+
+# ==== part 3: damaged and missing files (issue 14, finding 8) ===========================
+#
+# Each kind of file a store holds, damaged each way, on a store closed cleanly and on one
+# copied while open. Derived files (consume queues, key index, checkpoint, epochs, the
+# queue manifest) never stop an open: the store opens, every record is still found at
+# its offset, and the report names what was rebuilt. The log's own files either lose a
+# tail (cut and reported) or have a hole with records after it (CorruptStore naming it,
+# and not a byte of the log changed). Never an AssertionError, ValueError, struct.error,
+# NotADirectoryError, or a hang. The twin also opens each harmed segment under
+# ``python -O`` (asserts stripped), in a child process with a deadline.
+
+FILE_KINDS = ["middle segment", "last segment", "consume-queue file", "index file",
+              "checkpoint", "epochs", "queue manifest"]
+FILE_HARM = ["missing", "empty", "short", "long", "garbage"]
+DERIVED = {"consume-queue file", "index file", "checkpoint", "epochs", "queue manifest"}
+OPEN_DEADLINE_S = 60.0
+MATRIX_CONFIG = {**SMALL, "checkpoint_interval_ms": 3_600_000}
+
+_OPEN_SCRIPT = """
+import json, sys
+from tests.test_crash import open_and_read
+print(json.dumps(open_and_read(sys.argv[1], sys.argv[2])))
+"""
+
+
+def open_and_read(path: str | Path, impl: str) -> dict:
+    """Open a harmed store, read every queue and a key, write one record, close; say
+    what happened (or which CorruptStore / CorruptRecord stopped it) as plain data."""
+    try:
+        store = mqlog.open(path, implementation=impl, **MATRIX_CONFIG)
+    except errors.CorruptStore as error:
+        return {"error": type(error).__name__, "message": str(error)}
+    try:
+        held = {f"{t}/{q}": [bytes(r.raw).hex() for o in range(
+            store.min_offset(t, q), store.max_offset(t, q), 64)
+            for r in store.get(t, q, o, max_count=64)] for t, q in store.queues()}
+    except errors.CorruptRecord as error:
+        store.close()
+        return {"error": type(error).__name__, "message": str(error)}
+    keys = sorted(r.position for r in store.query("a", "k1", max_count=1000))
+    report = store.recovery_report
+    store.put("a", b"after", 0)
+    store.close()
+    return {"held": held, "keys": keys, "rebuilt": report.rebuilt,
+            "truncated_at": report.truncated_at, "end": report.end_position}
+
+
+@pytest.fixture(scope="module", params=["closed", "crashed"])
+def matrix_image(request, tmp_path_factory):
+    """A store of four segments' worth of records in six queues, keyed, indexed."""
+    root = tmp_path_factory.mktemp("matrix")
+    store = mqlog.open(root / "live", implementation="python", **MATRIX_CONFIG)
+    for index in range(700):
+        store.put("ab"[index % 2], (index % 251).to_bytes(1, "little") * 300, index % 3,
+                  key=f"k{index % 5}")
+    store.flush()
+    store.query("a", "k1")  # every record indexed
+    if request.param == "crashed":
+        _copy_store(root / "live", root / "image")
+        store.close()
+    else:
+        store.close()
+        _copy_store(root / "live", root / "image")
+    with mqlog.open(root / "live", implementation="python", read_only=True) as snapshot:
+        held = {f"{t}/{q}": [bytes(r.raw).hex() for o in range(0, snapshot.max_offset(t, q), 64)
+                             for r in snapshot.get(t, q, o, max_count=64)]
+                for t, q in snapshot.queues()}
+    return root / "image", held
+
+
+def _victim(image: Path, kind: str) -> Path:
+    def with_data(directory: Path) -> list[Path]:
+        return [path for path in sorted(directory.iterdir()) if path.read_bytes()[:8] != bytes(8)]
+
+    segments = with_data(image / "commitlog")
+    assert len(segments) >= 4, "test set-up"
+    return {
+        "middle segment": lambda: segments[len(segments) // 2],
+        "last segment": lambda: segments[-1],
+        "consume-queue file": lambda: sorted((image / "consumequeue" / "a" / "0").iterdir())[1],
+        "index file": lambda: sorted((image / "index").iterdir())[0],
+        "checkpoint": lambda: image / "checkpoint",
+        "epochs": lambda: image / "epochs",
+        "queue manifest": lambda: image / "queues",
+    }[kind]()
+
+
+def _harm(path: Path, how: str) -> None:
+    data = path.read_bytes() if path.exists() else b""
+    if how == "missing":
+        path.unlink(missing_ok=True)
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "short":
+        path.write_bytes(data[:max(1, len(data) // 3 + 7)])
+    elif how == "long":
+        path.write_bytes(data + bytes(4099))
+    else:
+        path.write_bytes(random.Random(len(data)).randbytes(max(len(data), 64)))
+
+
+def _open_in_child(path: Path, impl: str, optimized: bool) -> dict:
+    """``open_and_read`` in this process, or under ``python -O`` in a child with a
+    deadline (where a hang was seen)."""
+    import json
+
+    if not optimized:
+        return open_and_read(path, impl)
+    command = [sys.executable, "-O", "-c", _OPEN_SCRIPT, str(path), impl]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
+                              timeout=OPEN_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"opening or closing {path} hung for {OPEN_DEADLINE_S} s")
+    assert done.returncode == 0, f"opening {path} failed:\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("kind", FILE_KINDS)
+def test_damaged_or_missing_files_never_stop_an_open_of_an_intact_log(
+        matrix_image, tmp_path, impl, kind):
+    """Every kind of file, each way harmed (missing, empty, short, long, garbage), plus
+    stray files where a store keeps its own; both cores, and the twin under ``python -O``
+    (before issue 14 a missing middle segment opened "clean" there, and close() looped
+    forever on a cut last segment)."""
+    image, held = matrix_image
+    crashed = (image / "abort").exists()
+    for how in FILE_HARM:
+        copy = tmp_path / how
+        _copy_store(image, copy)
+        victim = _victim(copy, kind)
+        _harm(victim, how)
+        # -O strips asserts: the twin must check the log's files for real.
+        twin_segment = impl == "python" and kind.endswith("segment") and \
+            how in ("missing", "short")
+        for optimized in ([False, True] if twin_segment else [False]):
+            work = tmp_path / f"{how}-{optimized}"
+            shutil.copytree(copy, work)
+            where = f"{kind} {how} ({'crashed' if crashed else 'closed'}, -O={optimized})"
+            _check_harmed_open(work, impl, optimized, kind, how, held, where)
+
+
+def _check_harmed_open(path: Path, impl: str, optimized: bool, kind: str, how: str,
+                       held: dict, where: str) -> None:
+    before = {p.name: p.read_bytes() for p in (path / "commitlog").iterdir()}
+    answer = _open_in_child(path, impl, optimized)
+    if kind in DERIVED or (kind == "last segment" and how == "long"):
+        assert "error" not in answer, f"{where}: {answer}"
+        assert answer["held"] == held, f"{where}: records differ after the open"
+        assert answer["keys"] == sorted(answer["keys"]) and answer["keys"], where
+        if kind in ("consume-queue file", "queue manifest") and how != "long" and \
+                "(closed" in where:
+            assert any("consume queues rebuilt" in what for what in answer["rebuilt"]), where
+        return
+    if kind == "middle segment" and how != "garbage":
+        assert answer.get("error") == "CorruptStore", f"{where}: {answer}"
+        assert "has a hole" in answer["message"] and "mqlog repair" in answer["message"]
+        after = {p.name: p.read_bytes() for p in (path / "commitlog").iterdir()}
+        assert after == before, f"{where}: a refused open changed the log"
+        return
+    if kind == "middle segment":  # garbage: recovery refuses it, or (after a clean
+        # close, which scans nothing) reads do
+        assert answer.get("error") in ("CorruptStore", "CorruptRecord"), f"{where}: {answer}"
+        assert "mqlog repair" in answer["message"], f"{where}: {answer}"
+        return
+    # The last segment lost or cut: a lost tail, cut (and reported, when a checkpoint
+    # says how far the log went); what is left is a prefix of every queue. Garbage in it
+    # after a clean close is found by reads (a clean open scans nothing).
+    if answer.get("error") == "CorruptRecord" and how == "garbage":
+        assert "mqlog repair" in answer["message"], f"{where}: {answer}"
+        return
+    assert "error" not in answer, f"{where}: {answer}"
+    for queue, records in answer["held"].items():
+        assert records == held[queue][:len(records)], f"{where}: {queue} is not a prefix"
+    if how in ("missing", "empty"):
+        kept = sum(map(len, answer["held"].values()))
+        assert kept < sum(map(len, held.values())), f"{where}: nothing was lost?"
+        if "(closed" in where:
+            assert answer["truncated_at"] == answer["end"], f"{where}: {answer['rebuilt']}"
+
+
+def test_stray_files_are_left_alone(matrix_image, tmp_path, impl):
+    """A stray file in consumequeue/ (before issue 14: NotADirectoryError), in a topic's
+    directory, in a queue's, in commitlog/ and in index/ is ignored, and survives."""
+    image, held = matrix_image
+    copy = tmp_path / "copy"
+    _copy_store(image, copy)
+    strays = [copy / "consumequeue" / "stray", copy / "consumequeue" / "a" / "stray",
+              copy / "consumequeue" / "a" / "0" / "stray", copy / "commitlog" / "stray",
+              copy / "index" / "stray"]
+    for path in strays:
+        path.write_bytes(b"not mqlog's")
+    (copy / "queues").unlink()  # the rebuild must step around them too
+    answer = _open_in_child(copy, impl, optimized=False)
+    assert answer["held"] == held
+    assert all(path.read_bytes() == b"not mqlog's" for path in strays)

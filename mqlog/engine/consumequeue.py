@@ -5,18 +5,68 @@ form one contiguous run from the file's start, possibly led by tombstones (a que
 starts inside the file); an all-zero entry ends the run. These helpers binary-search
 that run; the Store uses them when it opens queues, and a read-only open uses them to
 ignore entries past the snapshot's end without changing a byte.
+
+The files are derived data. Anything in ``consumequeue/`` that is not a queue
+(``<topic>/<queue id>/<20 digits>``) is left alone and ignored; a queue file that is
+empty, not a whole number of entries, or of another size than its queue's other files
+raises ConsumeQueueMismatch, and recovery rebuilds every queue from the log.
 """
 
 from __future__ import annotations
 
-from mqlog.engine.files import MappedFile
+from collections.abc import Iterator
+from pathlib import Path
 
-ENTRY_SIZE = 20
+from mqlog import format as fmt
+from mqlog.engine.files import MappedFile, numbered_files
+from mqlog.errors import ConsumeQueueMismatch
+
+ENTRY_SIZE = fmt.CQ_ENTRY_SIZE
 # Fills the entries before a queue's first offset when it starts inside a file (a
 # follower that joins late, a rebuild after retention), so that the entries in use are
 # always one contiguous run from the start of a file and binary searches stay valid.
-TOMBSTONE = (0xFFFF_FFFF_FFFF_FFFF).to_bytes(8, "little") + b"\xff" * 4 + bytes(8)
-TOMBSTONE_SIZE = 0xFFFF_FFFF
+TOMBSTONE = fmt.CQ_TOMBSTONE
+TOMBSTONE_SIZE = fmt.CQ_TOMBSTONE_SIZE
+
+
+def queue_directories(root: Path) -> Iterator[tuple[tuple[str, int], Path]]:
+    """((topic, queue id), directory) of every queue under ``root``, sorted; stray files
+    and directories that name no queue are skipped."""
+    if not root.is_dir():
+        return
+    for topic_dir in sorted(root.iterdir()):
+        if not topic_dir.is_dir():
+            continue
+        for queue_dir in sorted(topic_dir.iterdir()):
+            if queue_dir.name.isdigit() and queue_dir.is_dir():
+                yield (topic_dir.name, int(queue_dir.name)), queue_dir
+
+
+def checked_files(key: tuple[str, int], directory: Path) -> list[tuple[int, Path]]:
+    """A queue's files, once their sizes are checked (see the module docstring)."""
+    found = numbered_files(directory)
+    sizes = {path.stat().st_size for _, path in found}
+    for size in sizes:
+        if size == 0 or size % ENTRY_SIZE or len(sizes) > 1:
+            raise ConsumeQueueMismatch(
+                f"consume queue {key} has a file of {size} bytes (its files hold "
+                f"{sorted(sizes)} bytes; each must be the same whole number of "
+                f"{ENTRY_SIZE}-byte entries)")
+    return found
+
+
+def remove_all(root: Path) -> None:
+    """Delete every queue's files and directories (a rebuild); leave strays alone."""
+    for _key, queue_dir in list(queue_directories(root)):
+        for _, path in numbered_files(queue_dir):
+            path.unlink()
+        for leftover in queue_dir.glob("*.tmp"):
+            leftover.unlink()
+        if not any(queue_dir.iterdir()):
+            queue_dir.rmdir()
+    for topic_dir in root.iterdir() if root.is_dir() else ():
+        if topic_dir.is_dir() and not any(topic_dir.iterdir()):
+            topic_dir.rmdir()
 
 
 def _entry(mapped: MappedFile, index: int) -> tuple[int, int]:

@@ -125,6 +125,8 @@ class KeyIndex:
             leftover.unlink()
         found = numbered_files(self.directory)
         for first, path in found:
+            if path.stat().st_size < _HEADER_SIZE:
+                break  # cut short (an empty file cannot even be mapped): rebuilt
             mapped = MappedFile.open(path)
             index = IndexFile(mapped)
             if not self._trustworthy(index, first, log_end):

@@ -16,8 +16,23 @@
    a file lost, a gap), if it is missing, or if a queue cannot take a scanned record,
    every queue is rebuilt from the first segment.
 
-The result is a RecoveryReport: what was scanned, what was dropped and where, and how
-long it took.
+Damage is told apart from a torn tail (DESIGN §4). Only a tail may be cut: when the scan
+meets a bad record, the rest of that segment and every later one are searched for an
+intact record (magic, sizes, position and CRC32C all right); if one is found, the log is
+damaged in the middle, and the store refuses to open with a CorruptStore that names the
+damaged range and says to run ``mqlog repair`` (engine/repair.py). Zeros where a record
+should start are the end of the data, as ever (a crash part way through a truncation
+leaves exactly that). The segment files are checked the same way before anything is
+mapped: a missing, short, long or tiny segment with data after it is a hole in the log
+(CorruptStore); at the end of the log it is a lost tail, cut and reported. A checkpoint
+that lies past the segment files is not trusted: the log is scanned from the start.
+
+Derived files are never a reason not to open: a consume-queue file that is empty or of
+the wrong size, a stray file among them, a lost or damaged manifest, checkpoint or
+epochs file each lead to a rebuild (or a full scan), which the report names.
+
+The result is a RecoveryReport: what was scanned, what was dropped and where, what was
+rebuilt, and how long it took.
 """
 
 from __future__ import annotations
@@ -26,8 +41,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from mqlog import format as fmt
+from mqlog.config import PAGE_SIZE
 from mqlog.engine.checkpoint import read_checkpoint, read_epochs, read_queues
-from mqlog.errors import ConsumeQueueMismatch
+from mqlog.engine.files import MappedFile, file_name, numbered_files
+from mqlog.errors import ConsumeQueueMismatch, CorruptStore
 
 if TYPE_CHECKING:
     from mqlog.engine.store import Store
@@ -46,11 +64,20 @@ class RecoveryReport:
     truncation_reason: str = ""
     segments_dropped: list[int] = field(default_factory=list)  # bases of deleted segments
     queues_rebuilt: bool = False
+    rebuilt: list[str] = field(default_factory=list)  # derived files rebuilt, and why
     duration_ms: float = 0.0
 
     @property
     def lost_anything(self) -> bool:
         return self.truncated_at is not None or bool(self.segments_dropped)
+
+    def note_index(self, files_before: int, files_kept: int) -> None:
+        """Report key-index files that opening could not trust (a crash always costs the
+        last one, which was never sealed: that is no news)."""
+        lost = files_before - files_kept - (0 if self.clean else 1)
+        if lost > 0:
+            self.rebuilt.append(f"key index: {lost} damaged file(s) dropped, re-indexed "
+                                "from the log")
 
     def summary(self) -> str:
         if self.clean:
@@ -62,8 +89,8 @@ class RecoveryReport:
             text += f"; cut a bad record at {self.truncated_at} ({self.truncation_reason})"
         if self.segments_dropped:
             text += f"; deleted {len(self.segments_dropped)} later segment(s)"
-        if self.queues_rebuilt:
-            text += "; consume queues rebuilt"
+        for what in self.rebuilt:
+            text += f"; {what}"
         return text
 
 
@@ -72,8 +99,12 @@ def recover(store: Store) -> RecoveryReport:
     started = time.perf_counter()
     paths = store.paths
     checkpoint = read_checkpoint(paths.checkpoint)
-    clean = checkpoint is not None and not paths.abort.exists()
-    store.map_segments()
+    dropped = map_segments(store)
+    files_end = _files_end(store)
+    claimed_end = None
+    if checkpoint is not None and checkpoint.log_end > files_end:
+        claimed_end, checkpoint = checkpoint.log_end, None  # segment files were lost
+    clean = checkpoint is not None and not paths.abort.exists() and not dropped
     first_base = store.first_segment_base()
     epochs = read_epochs(paths.epochs)
     # A clean close of a log that holds records always leaves an epochs file; without a
@@ -83,7 +114,8 @@ def recover(store: Store) -> RecoveryReport:
     manifest = read_queues(paths.queues)
     if manifest is None and store.core.segment_bases():
         report = RecoveryReport(clean=False, scanned_from=first_base)
-        _rebuild(store, report)  # without a manifest lost queues would go unnoticed
+        # Without a manifest lost queues would go unnoticed.
+        _rebuild(store, report, "the queue manifest is missing or damaged")
     elif checkpoint is not None and clean and epochs_known and \
             _clean_end_plausible(store, checkpoint.log_end):
         end = checkpoint.log_end
@@ -91,9 +123,9 @@ def recover(store: Store) -> RecoveryReport:
         try:
             store.open_queues(scan_from=end, manifest=manifest or {}, exact=True)
             store.restore_epochs(epochs or [], end)
-        except ConsumeQueueMismatch:
+        except ConsumeQueueMismatch as mismatch:
             report.clean = False
-            _rebuild(store, report)
+            _rebuild(store, report, str(mismatch))
     else:
         scan_from = first_base
         if checkpoint is not None and first_base <= checkpoint.log_position:
@@ -102,12 +134,94 @@ def recover(store: Store) -> RecoveryReport:
             scan_from = first_base  # epochs must be re-learned from every record
         report = RecoveryReport(clean=False, scanned_from=scan_from)
         _scan(store, report, scan_from, epochs or [], manifest or {})
+    report.segments_dropped = sorted(set(report.segments_dropped) | set(dropped))
+    if store.core.segment_bases():
+        if checkpoint is None:
+            report.rebuilt.append("checkpoint missing, damaged or past the segment files: "
+                                  f"scanned from {report.scanned_from}")
+        if epochs is None and (paths.epochs.exists() or not paths.abort.exists()):
+            report.rebuilt.append("epochs file missing or damaged: epochs re-learned")
+    if claimed_end is not None and report.end_position < claimed_end:
+        report.truncated_at = report.end_position
+        report.truncation_reason = (
+            f"the segment files end at {files_end} but the checkpoint says the log reached "
+            f"{claimed_end}: [{report.end_position}, {claimed_end}) is lost")
     starts = store.core.epoch_starts
     if starts:  # a scan may have met records of a newer epoch than the file knew
         store.core.epoch = max(store.core.epoch, starts[-1][0])
     store.core.restore(report.end_position)
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
+
+
+def map_segments(store: Store) -> list[int]:
+    """Map the segment files that form the log; return the bases of those that were cut
+    off as a lost tail (a hole after which no segment holds data). A hole with data after
+    it raises CorruptStore (see the module docstring)."""
+    directory = store.paths.commitlog
+    for leftover in directory.glob("*.tmp"):
+        leftover.unlink()  # a segment a crash interrupted in the making
+    found = [(base, path, path.stat().st_size) for base, path in numbered_files(directory)]
+    keep = len(found)
+    for index, (base, path, size) in enumerate(found):
+        following = found[index + 1] if index + 1 < len(found) else None
+        problem = _segment_problem(base, path, size, following)
+        if problem is None:
+            continue
+        if size < PAGE_SIZE:
+            keep = index  # too small to map: itself part of the hole, or of the lost tail
+        else:
+            keep = index + 1
+        if any(_holds_data(later_path) for _, later_path, _ in found[index + 1:]):
+            raise CorruptStore(
+                f"the commit log of {store.paths.root} has a hole: {problem}, and the "
+                f"segments after it hold records; recovery cuts only a damaged tail. "
+                + repair_advice(store.paths.root))
+        break
+    dropped = []
+    for base, path, _size in found[keep:]:
+        if _holds_data(path):
+            dropped.append(base)
+        path.unlink()
+    for base, path, _size in found[:keep]:
+        mapped = MappedFile.open(path)
+        store._segments[base] = mapped
+        store.core.attach_segment(base, mapped.buffer)
+    return dropped
+
+
+def repair_advice(root: object) -> str:
+    """What to tell a user whose log is damaged in the middle."""
+    return (f"Run `mqlog repair {root}` (with the store closed) to replace the damaged "
+            "bytes with blank records (it reports what was lost and keeps a copy of the "
+            f"bytes it replaces), or `mqlog repair {root} --from REPLICA_DIR` to copy them "
+            "from a replica whose records there are intact")
+
+
+def _segment_problem(base: int, path: object, size: int,
+                     following: tuple[int, object, int] | None) -> str | None:
+    """What is wrong with one segment file, given the next one (None: nothing)."""
+    if size < PAGE_SIZE:
+        return f"segment {file_name(base)} is only {size} bytes"
+    if following is None or base + size == following[0]:
+        return None
+    if base + size < following[0]:
+        return (f"positions [{base + size}, {following[0]}) are in no segment file (segment "
+                f"{file_name(base)} is {size} bytes, the next one starts at {following[0]})")
+    return (f"segment {file_name(base)} is {size} bytes, {base + size - following[0]} more "
+            f"than the space before the next one ({file_name(following[0])})")
+
+
+def _holds_data(path: object) -> bool:
+    """Whether a segment file holds anything: records start at its first byte, and a
+    segment made ahead of time is all zeros."""
+    with open(path, "rb") as file:  # type: ignore[call-overload]
+        return any(file.read(fmt.BLANK_SIZE_MIN))
+
+
+def _files_end(store: Store) -> int:
+    bases = store.core.segment_bases()
+    return bases[-1] + store.segment_file(bases[-1]).size if bases else 0
 
 
 def _clean_end_plausible(store: Store, log_end: int) -> bool:
@@ -125,12 +239,13 @@ def _scan(store: Store, report: RecoveryReport, scan_from: int,
         store.open_queues(scan_from=scan_from, manifest=manifest, exact=False)
         store.restore_epochs(epochs, scan_from)
         _scan_segments(store, report, scan_from)
-    except ConsumeQueueMismatch:
-        _rebuild(store, report)
+    except ConsumeQueueMismatch as mismatch:
+        _rebuild(store, report, str(mismatch))
 
 
-def _rebuild(store: Store, report: RecoveryReport) -> None:
+def _rebuild(store: Store, report: RecoveryReport, why: str) -> None:
     """Drop every consume queue and re-index every record from the first segment."""
+    report.rebuilt.append(f"consume queues rebuilt ({why})")
     first = store.first_segment_base()
     store.drop_all_queues()
     store.restore_epochs([], first)
@@ -159,6 +274,7 @@ def _scan_segments(store: Store, report: RecoveryReport, scan_from: int) -> None
         if result.stop_reason == "blank" and index + 1 < len(bases):
             continue
         if result.stop_reason not in ("blank", "end"):
+            _refuse_mid_log_damage(store, bases[index:], end, result.stop_reason)
             report.truncated_at = end
             report.truncation_reason = result.stop_reason
         if end < base + segment.size:
@@ -172,3 +288,20 @@ def _scan_segments(store: Store, report: RecoveryReport, scan_from: int) -> None
     if not bases:
         end = 0
     report.end_position = end
+
+
+def _refuse_mid_log_damage(store: Store, bases: list[int], damaged: int, reason: str) -> None:
+    """Raise CorruptStore if an intact record follows the bad one at ``damaged`` (in its
+    segment, from ``bases[0]``, or a later one): that is damage, not a torn tail."""
+    for base in bases:
+        buffer = store.segment_file(base).buffer
+        start = damaged - base + 1 if base <= damaged else 0
+        if start == 0 and not any(buffer[:fmt.BLANK_SIZE_MIN]):
+            continue  # a segment made ahead of time, never written
+        found = fmt.find_intact(buffer, base, start)
+        if found is not None:
+            raise CorruptStore(
+                f"the commit log of {store.paths.root} is damaged: the record at position "
+                f"{damaged} is bad ({reason}), and intact records follow it from position "
+                f"{base + found}, so the damaged range is [{damaged}, {base + found}) at "
+                f"least; recovery cuts only a damaged tail. " + repair_advice(store.paths.root))

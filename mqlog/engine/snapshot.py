@@ -18,15 +18,17 @@ files disagree with each other (a gap) needs a read-write open to recover first.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mqlog.config import PAGE_SIZE
 from mqlog.engine import checkpoint as cp
 from mqlog.engine import consumequeue as cq
 from mqlog.engine.files import MappedFile, numbered_files
 from mqlog.engine.recovery import RecoveryReport
-from mqlog.errors import CorruptStore
+from mqlog.errors import ConsumeQueueMismatch, CorruptStore
 
 if TYPE_CHECKING:
     from mqlog.engine.store import Store
@@ -66,22 +68,23 @@ def open_snapshot(store: Store) -> RecoveryReport:
 
 
 def _map_segments(store: Store) -> None:
+    end = None
     for base, path in numbered_files(store.paths.commitlog):
+        if os.stat(path).st_size < PAGE_SIZE:  # (an empty file cannot even be mapped)
+            raise CorruptStore(f"segment {path} is only {os.stat(path).st_size} bytes; open "
+                               "the store read-write once to recover it")
+        if end is not None and base != end:
+            raise CorruptStore(f"the segments of {store.paths.root} are not contiguous at "
+                               f"{base} (the store changed while it was opened, or a segment "
+                               "is missing, short or long); try again, or open the store "
+                               "read-write once to see what is wrong")
         try:
             mapped = MappedFile.open_read_only(path)
         except FileNotFoundError:
             continue  # retention deleted it a moment ago
-        if mapped.size < 4096:
-            mapped.close()
-            raise CorruptStore(f"segment {path} is only {mapped.size} bytes; open the store "
-                               "read-write once to recover it")
         store._segments[base] = mapped
-        try:
-            store.core.attach_segment(base, mapped.buffer)
-        except AssertionError:
-            raise CorruptStore(f"the segments of {store.paths.root} are not contiguous at "
-                               f"{base} (the store changed while it was opened?); try "
-                               "again") from None
+        store.core.attach_segment(base, mapped.buffer)
+        end = base + mapped.size
 
 
 def _in_last_segment(store: Store, position: int) -> bool:
@@ -111,20 +114,19 @@ def _find_end(store: Store, report: RecoveryReport, scan_from: int) -> None:
 
 
 def _map_queues(store: Store, end: int) -> None:
-    root = store.paths.consumequeue
-    if not root.is_dir():
-        return
     log_start = store.first_segment_base()
-    for topic_dir in sorted(root.iterdir()):
-        for queue_dir in sorted(topic_dir.iterdir()):
-            if queue_dir.name.isdigit():
-                _map_queue(store, (topic_dir.name, int(queue_dir.name)), queue_dir,
-                           log_start, end)
+    for key, queue_dir in cq.queue_directories(store.paths.consumequeue):
+        _map_queue(store, key, queue_dir, log_start, end)
 
 
 def _map_queue(store: Store, key: tuple[str, int], directory: Path, log_start: int,
                end: int) -> None:
-    files = [MappedFile.open_read_only(path) for _, path in numbered_files(directory)]
+    try:
+        found = cq.checked_files(key, directory)
+    except ConsumeQueueMismatch as mismatch:
+        raise CorruptStore(f"{mismatch}; open the store read-write once to rebuild it") \
+            from None
+    files = [MappedFile.open_read_only(path) for _, path in found]
     while len(files) > 1 and cq.entries_before(files[-1], end) == 0:
         files.pop().close()  # entries a live writer added past the snapshot
     while len(files) > 1 and cq.first_live_entry(files[1], log_start) > 0:

@@ -52,7 +52,6 @@ from mqlog.engine.retention import RetentionReport, plan_log_start
 from mqlog.engine.snapshot import open_snapshot
 from mqlog.errors import (
     ConsumeQueueMismatch,
-    CorruptStore,
     FlushFailed,
     InvalidArgument,
     InvalidPosition,
@@ -213,8 +212,10 @@ class Store:
         end = self.recovery_report.end_position
         self.core.last_keyed_end = end  # what is here already must be indexed
         self.key_index = KeyIndex(paths.index, self.core, self.core_module, config)
+        index_files = len(numbered_files(paths.index))
         self.key_index.open(self.first_segment_base(), end,
                             crashed=not self.recovery_report.clean)
+        self.recovery_report.note_index(index_files, self.key_index.file_count)
         self._offsets = ConsumerOffsets(paths.consumer_offsets, config.group_name_length_max)
         self._sync_all_queues()
         self._sync_log(self.first_segment_base(), end)
@@ -809,18 +810,6 @@ class Store:
 
     # --- used by recovery ----------------------------------------------------------------
 
-    def map_segments(self) -> None:
-        for leftover in self.paths.commitlog.glob("*.tmp"):
-            leftover.unlink()  # a segment a crash interrupted in the making
-        found = numbered_files(self.paths.commitlog)
-        for base, path in found:
-            if path.stat().st_size < 4096:
-                raise CorruptStore(f"segment {path} is only {path.stat().st_size} bytes; "
-                                   "move it away if it holds nothing you need")
-            mapped = MappedFile.open(path)
-            self._segments[base] = mapped
-            self.core.attach_segment(base, mapped.buffer)
-
     def first_segment_base(self) -> int:
         bases = self.core.segment_bases()
         return bases[0] if bases else 0
@@ -842,20 +831,19 @@ class Store:
         early): recovery then rebuilds every queue from the commit log.
         """
         found = set()
-        for topic_dir in sorted(self.paths.consumequeue.iterdir()):
-            for queue_dir in sorted(topic_dir.iterdir()):
-                if queue_dir.name.isdigit():
-                    key = (topic_dir.name, int(queue_dir.name))
-                    found.add(key)
-                    self._open_queue(key, queue_dir, scan_from, manifest.get(key), exact)
+        for key, queue_dir in cq.queue_directories(self.paths.consumequeue):
+            found.add(key)
+            self._open_queue(key, queue_dir, scan_from, manifest.get(key), exact)
         missing = sorted(set(manifest) - found)
         if missing:
             raise ConsumeQueueMismatch(f"consume queue {missing[0]} is missing")
 
     def _open_queue(self, key: tuple[str, int], directory: Path, scan_from: int,
                     expected: tuple[int, int] | None, exact: bool) -> None:
-        files = [MappedFile.open(path) for _, path in numbered_files(directory)]
+        files: list[MappedFile] = []
         try:
+            for _, path in cq.checked_files(key, directory):
+                files.append(MappedFile.open(path))
             kept = cq.trim_files(files, scan_from)
             log_start = self.first_segment_base()
             while len(kept) > 1 and cq.first_live_entry(kept[1], log_start) > 0:
@@ -891,12 +879,7 @@ class Store:
                 mapped.remove()
         self._queue_files.clear()
         self._queue_flushed.clear()
-        for topic_dir in self.paths.consumequeue.iterdir():
-            for queue_dir in topic_dir.iterdir():
-                for leftover in queue_dir.iterdir():
-                    leftover.unlink()
-                queue_dir.rmdir()
-            topic_dir.rmdir()
+        cq.remove_all(self.paths.consumequeue)
 
     def restore_epochs(self, epochs: list[tuple[int, int]], scan_from: int) -> None:
         kept = [(epoch, start) for epoch, start in epochs if start < scan_from]

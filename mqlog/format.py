@@ -1,0 +1,180 @@
+"""The one definition of every byte layout the Python side reads (docs/FORMAT.md).
+
+Everything here is little-endian and fixed by the store's format version (meta.json):
+
+* the commit-log record: a 72-byte header, then topic, key, tags, properties, body; the
+  CRC32C at bytes [8, 12) covers bytes [12, size). ``RECORD_HEADER`` unpacks the header
+  in the order of ``RecordHeader``'s fields; the ``*_AT`` constants are byte offsets;
+* the blank record (size u32, magic u32) that fills a segment's tail;
+* the consume-queue entry (position u64, size u32, tag hash u64) and its tombstone;
+* the key-index file: header, slots and entries;
+* control records (attribute bit 0), which belong to no queue.
+
+The C core (``mqlog.ext._core``) and its twin export the same constants; a test checks
+they agree with this module. Below the layouts, a record checker and a record walker
+that work on any buffer (a mapped segment, bytes read from a replica): recovery, repair
+and ``mqlog verify`` use them where the core's own scan does not fit.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+from crc32c import crc32c
+
+# --- the record ---------------------------------------------------------------------
+#  total_size u32 | magic u32 | crc32c u32 | attributes u16 | topic_size u16 |
+#  queue_id u32 | body_size u32 | epoch u64 | queue_offset u64 | position u64 |
+#  born_timestamp i64 | store_timestamp i64 | key_size u16 | tags_size u16 |
+#  properties_size u32 | topic | key | tags | properties | body
+RECORD_HEADER = struct.Struct("<IIIHHIIQQQqqHHI")
+RECORD_HEADER_SIZE = RECORD_HEADER.size
+SIZE_AT, MAGIC_AT, CRC_AT, ATTRIBUTES_AT, TOPIC_SIZE_AT = 0, 4, 8, 12, 14
+QUEUE_ID_AT, BODY_SIZE_AT, EPOCH_AT, QUEUE_OFFSET_AT, POSITION_AT = 16, 20, 24, 32, 40
+BORN_TIMESTAMP_AT, STORE_TIMESTAMP_AT = 48, 56
+KEY_SIZE_AT, TAGS_SIZE_AT, PROPERTIES_SIZE_AT = 64, 66, 68
+CRC_START = 12  # the CRC covers every byte after its own field
+RECORD_MAGIC = int.from_bytes(b"MQR\x01", "little")  # record, format version 1
+ATTR_CONTROL = 0x0001  # a control record: no queue sees it (a Raft no-op, a filler)
+
+# --- the blank record: fills a segment's tail ---------------------------------------
+BLANK = struct.Struct("<II")  # size, magic
+BLANK_SIZE_MIN = BLANK.size
+BLANK_MAGIC = int.from_bytes(b"MQB\x01", "little")
+
+# --- consume-queue entries ------------------------------------------------------------
+CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
+CQ_ENTRY_SIZE = CQ_ENTRY.size
+CQ_TOMBSTONE_SIZE = 0xFFFF_FFFF  # the size of an entry before a queue's first offset
+CQ_TOMBSTONE = CQ_ENTRY.pack(0xFFFF_FFFF_FFFF_FFFF, CQ_TOMBSTONE_SIZE, 0)
+
+# --- the key index ------------------------------------------------------------------
+#  magic u32 | hash_bits u32 | slot_count u32 | entry_count_max u32 | entry_count u32 |
+#  damaged_count u32 | first_position u64 | end_position u64 | min_timestamp i64 |
+#  max_timestamp i64 | reserved u32 | crc32c u32 ; then slots u32[slot_count] ;
+#  then entries: key_hash u64 | position u64 | store_timestamp i64 | prev u32 | reserved u32
+INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")
+INDEX_HEADER_SIZE = INDEX_HEADER.size
+INDEX_END_POSITION_AT = 32
+INDEX_CRC_AT = 60  # the header's CRC32C covers bytes [0, 60)
+INDEX_MAGIC = int.from_bytes(b"MQI\x01", "little")
+INDEX_SLOT = struct.Struct("<I")
+INDEX_ENTRY = struct.Struct("<QQqII")
+INDEX_ENTRY_SIZE = INDEX_ENTRY.size
+
+assert RECORD_HEADER_SIZE == 72 and CQ_ENTRY_SIZE == 20
+assert INDEX_HEADER_SIZE == 64 and INDEX_ENTRY_SIZE == 32
+
+
+class RecordHeader(NamedTuple):
+    size: int
+    magic: int
+    crc: int
+    attributes: int
+    topic_size: int
+    queue_id: int
+    body_size: int
+    epoch: int
+    queue_offset: int
+    position: int
+    born_timestamp: int
+    store_timestamp: int
+    key_size: int
+    tags_size: int
+    properties_size: int
+
+    @property
+    def control(self) -> bool:
+        return bool(self.attributes & ATTR_CONTROL)
+
+
+def check_record(raw: Any, position: int) -> str:
+    """'' if ``raw`` is one whole, intact record that belongs at ``position``; else why
+    not (the same checks, in the same order, as the cores' recovery scan)."""
+    if len(raw) < RECORD_HEADER_SIZE:
+        return "shorter than a record header"
+    header = RecordHeader._make(RECORD_HEADER.unpack_from(raw))
+    if header.magic != RECORD_MAGIC:
+        return f"bad magic {header.magic:#010x}"
+    if header.size != len(raw):
+        return f"size {header.size} does not match the record"
+    if RECORD_HEADER_SIZE + header.topic_size + header.key_size + header.tags_size + \
+            header.properties_size + header.body_size != header.size:
+        return "field sizes do not add up to the record size"
+    if header.position != position:
+        return f"record says it belongs at position {header.position}"
+    if crc32c(memoryview(raw)[CRC_START:]) != header.crc:
+        return "CRC32C mismatch"
+    return ""
+
+
+def intact_header(buffer: Any, base: int, offset: int) -> RecordHeader | None:
+    """The header of the intact record at ``offset`` of a segment starting at position
+    ``base`` (size, magic, fields, position and CRC32C all agree, and it leaves room for
+    a blank after it), else None."""
+    room = len(buffer) - offset
+    if room < RECORD_HEADER_SIZE + BLANK_SIZE_MIN:
+        return None
+    size, magic = BLANK.unpack_from(buffer, offset)
+    if magic != RECORD_MAGIC or not RECORD_HEADER_SIZE <= size <= room - BLANK_SIZE_MIN:
+        return None
+    with memoryview(buffer) as view:
+        if check_record(view[offset:offset + size], base + offset):
+            return None
+    return RecordHeader._make(RECORD_HEADER.unpack_from(buffer, offset))
+
+
+def find_intact(buffer: Any, base: int, start: int) -> int | None:
+    """Offset of the first intact record at or after ``start`` in a segment (a search
+    for the magic, then the full checks), or None."""
+    magic = RECORD_MAGIC.to_bytes(4, "little")
+    at = start + 4
+    while True:
+        found = buffer.find(magic, at)
+        if found < 0:
+            return None
+        if intact_header(buffer, base, found - 4) is not None:
+            return found - 4
+        at = found + 1
+
+
+class Step(NamedTuple):
+    """One stop of ``walk``: what lies at ``offset`` of the segment."""
+
+    offset: int
+    kind: str  # "record", "blank" (fills the tail), "end" (zeros), "damage"
+    size: int  # bytes the step covers (the record, the blank; for damage: to the next
+    #            intact record or the segment's end; 0 for the end)
+    header: RecordHeader | None  # a record's header
+
+
+def walk(buffer: Any, base: int, start: int = 0) -> Iterator[Step]:
+    """Walk a segment's records from ``start`` (a record boundary), in position order.
+
+    Yields each intact record, each damaged stretch (from where a record should start to
+    the next intact record, or to the segment's end), and finally a blank that fills the
+    tail or the zeros that end the data, as recovery reads a segment."""
+    size = len(buffer)
+    offset = start
+    while offset < size:
+        if size - offset < BLANK_SIZE_MIN:
+            yield Step(offset, "damage", size - offset, None)
+            return
+        length, magic = BLANK.unpack_from(buffer, offset)
+        if length == 0 and magic == 0:
+            yield Step(offset, "end", 0, None)
+            return
+        if magic == BLANK_MAGIC and offset + length == size:
+            yield Step(offset, "blank", length, None)
+            return
+        header = intact_header(buffer, base, offset)
+        if header is not None:
+            yield Step(offset, "record", header.size, header)
+            offset += header.size
+            continue
+        following = find_intact(buffer, base, offset + 1)
+        stop = size if following is None else following
+        yield Step(offset, "damage", stop - offset, None)
+        offset = stop
