@@ -46,6 +46,7 @@ from typing import IO, Any
 import click
 
 import mqlog
+from mqlog import cli_repair
 from mqlog.config import StoreConfig
 from mqlog.config import load as load_config
 from mqlog.engine import queries
@@ -1068,6 +1069,7 @@ def _rows_table(title: str, rows: list[dict[str, Any]]) -> Any:
 
 
 _register_spark_jobs()
+cli.add_command(cli_repair.repair)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ Everything here is little-endian and fixed by the store's format version (meta.j
 * the blank record (size u32, magic u32) that fills a segment's tail;
 * the consume-queue entry (position u64, size u32, tag hash u64) and its tombstone;
 * the key-index file: header, slots and entries;
-* control records (attribute bit 0), which belong to no queue.
+* control records (attribute bit 0), which belong to no queue, and lost-record fillers
+  (attribute bit 1), which ``mqlog repair`` writes;
+* the checkpoint.
 
 The C core (``mqlog.ext._core``) and its twin export the same constants; a test checks
 they agree with this module. Below the layouts, a record checker and a record walker
@@ -38,6 +40,7 @@ KEY_SIZE_AT, TAGS_SIZE_AT, PROPERTIES_SIZE_AT = 64, 66, 68
 CRC_START = 12  # the CRC covers every byte after its own field
 RECORD_MAGIC = int.from_bytes(b"MQR\x01", "little")  # record, format version 1
 ATTR_CONTROL = 0x0001  # a control record: no queue sees it (a Raft no-op, a filler)
+ATTR_FILLER = 0x0002  # written by `mqlog repair` in place of a lost record: empty body
 
 # --- the blank record: fills a segment's tail ---------------------------------------
 BLANK = struct.Struct("<II")  # size, magic
@@ -64,7 +67,13 @@ INDEX_SLOT = struct.Struct("<I")
 INDEX_ENTRY = struct.Struct("<QQqII")
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
 
-assert RECORD_HEADER_SIZE == 72 and CQ_ENTRY_SIZE == 20
+# --- the checkpoint (36 bytes) --------------------------------------------------------
+#  magic "MQCP" | version u32 | log_position u64 | log_end u64 | timestamp_ms i64 |
+#  crc32c u32 of the bytes before it
+CHECKPOINT = struct.Struct("<4sIQQqI")
+CHECKPOINT_MAGIC = b"MQCP"
+
+assert RECORD_HEADER_SIZE == 72 and CQ_ENTRY_SIZE == 20 and CHECKPOINT.size == 36
 assert INDEX_HEADER_SIZE == 64 and INDEX_ENTRY_SIZE == 32
 
 
@@ -108,6 +117,11 @@ def check_record(raw: Any, position: int) -> str:
     if crc32c(memoryview(raw)[CRC_START:]) != header.crc:
         return "CRC32C mismatch"
     return ""
+
+
+def seal_record(record: bytearray) -> None:
+    """Store the CRC32C of a record's bytes [12, size) at bytes [8, 12)."""
+    struct.pack_into("<I", record, CRC_AT, crc32c(memoryview(record)[CRC_START:]))
 
 
 def intact_header(buffer: Any, base: int, offset: int) -> RecordHeader | None:

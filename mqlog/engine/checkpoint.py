@@ -23,12 +23,13 @@ from pathlib import Path
 
 from crc32c import crc32c
 
+from mqlog import format as fmt
 from mqlog.engine.files import fsync_directory
 from mqlog.errors import CorruptStore
 
 FORMAT_VERSION = 1
-_CHECKPOINT = struct.Struct("<4sIQQqI")  # magic, version, log_position, log_end, time, crc
-_CHECKPOINT_MAGIC = b"MQCP"
+_CHECKPOINT = fmt.CHECKPOINT  # magic, version, log_position, log_end, time, crc
+_CHECKPOINT_MAGIC = fmt.CHECKPOINT_MAGIC
 
 
 @dataclass(frozen=True)

@@ -10,28 +10,26 @@ segment, a blank record fills the segment's tail first, as the write path does.
 
 from __future__ import annotations
 
-from mqlog.ext.fallback import (
+from mqlog.format import (
     ATTR_CONTROL,
     BLANK,
     BLANK_MAGIC,
     BLANK_SIZE_MIN,
-    CRC_START,
-    HEADER,
-    HEADER_SIZE,
-    MAGIC,
-    crc32c,
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    RECORD_MAGIC,
+    seal_record,
 )
 
 
 def encode_control(position: int, epoch: int, timestamp_ms: int, body: bytes) -> bytes:
     """One control record at ``position``: no topic, key, tags or properties."""
-    size = HEADER_SIZE + len(body)
+    size = RECORD_HEADER_SIZE + len(body)
     record = bytearray(size)
-    HEADER.pack_into(record, 0, size, MAGIC, 0, ATTR_CONTROL, 0, 0, len(body), epoch, 0,
-                     position, timestamp_ms, timestamp_ms, 0, 0, 0)
-    record[HEADER_SIZE:] = body
-    crc = crc32c(memoryview(record)[CRC_START:])
-    record[8:12] = crc.to_bytes(4, "little")
+    RECORD_HEADER.pack_into(record, 0, size, RECORD_MAGIC, 0, ATTR_CONTROL, 0, 0, len(body),
+                            epoch, 0, position, timestamp_ms, timestamp_ms, 0, 0, 0)
+    record[RECORD_HEADER_SIZE:] = body
+    seal_record(record)
     return bytes(record)
 
 
@@ -40,7 +38,7 @@ def control_bytes(written: int, segment_end: int | None, epoch: int, timestamp_m
     """What to append at ``written`` to add one control record: (its position, the bytes,
     a blank first if the record does not fit before ``segment_end``, the end of the
     active segment; None when the next record opens a new segment)."""
-    size = HEADER_SIZE + len(body)
+    size = RECORD_HEADER_SIZE + len(body)
     if segment_end is None or written + size + BLANK_SIZE_MIN <= segment_end:
         return written, encode_control(written, epoch, timestamp_ms, body)
     blank_size = segment_end - written

@@ -1,0 +1,420 @@
+"""Repair: mend a commit log damaged in the middle, which recovery refuses to open.
+
+Recovery cuts only a damaged tail (DESIGN §4). Damage with intact records after it —
+a flipped bit in an old segment, a segment file lost or cut — makes the store refuse to
+open with a CorruptStore that sends the user here (``mqlog repair DIR``). Repair runs on
+a closed store (it takes the store's lock) and does exactly this:
+
+1. Survey. Every segment file is checked against its neighbour (a hole: missing, tiny
+   or short segment files; a long one), and every segment is walked record by record
+   (``format.walk``): each stretch from where a record should start to the next intact
+   record is a damaged range. The end of the log is where recovery would end it: zeros
+   where a record should start, or damage with nothing intact after it (a damaged tail
+   is recovery's to cut; repair leaves it alone). Walking the intact records also tells,
+   for each queue, which offsets are missing between two records that survived.
+2. From a replica (``--from REPLICA_DIR``): a damaged range whose bytes in the replica's
+   segment files are whole, intact records at exactly those positions (ending exactly at
+   the range's end, or a blank that ends the segment) is copied from there, so nothing
+   is lost. What does not verify is blanked like the rest.
+3. Blank fillers. The bytes of each remaining range are first saved to
+   ``repair/<UTC time>/<start>-<end>`` (nothing is destroyed), then replaced by valid
+   records: one *lost-record filler* per missing queue offset (attribute bit 1,
+   ``format.ATTR_FILLER``: the record's topic, queue and offset, an empty body), so
+   every queue keeps consecutive offsets and a consumer is told what it lost instead of
+   stalling; then a control record (no queue sees it) over the rest, or the blank record
+   that fills a segment's tail. Missing segment files are created, short ones extended,
+   long ones cut to fit (their extra bytes saved too).
+4. Derived files are dropped so that the next open rebuilds them from the mended log:
+   the checkpoint and the queue manifest (every consume queue is rebuilt); the key
+   index compares every candidate record with the key asked, so a filler never answers.
+
+Offsets lost at the very end of a queue (no record of that queue survived after them)
+leave no trace in the log: the queue simply ends earlier, and the report says so when
+the old queue manifest knew more. The report lists every range, how it was mended, and
+the queue offsets lost.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mqlog import format as fmt
+from mqlog.engine.checkpoint import read_queues
+from mqlog.engine.files import file_name, fsync_directory, numbered_files
+from mqlog.errors import CorruptStore, StoreLocked, StoreNotFound
+
+
+@dataclass
+class Piece:
+    """One damaged range inside one segment: [start, end) positions."""
+
+    start: int
+    end: int
+    segment_end: bool  # the range reaches the segment's end (a blank closes it)
+    epoch: int = 0  # of the intact record before it (else after it)
+    timestamp: int = 0
+    fillers: list[tuple[str, int, int]] = field(default_factory=list)  # (topic, queue, offset)
+    how: str = "blank"  # "blank", or "replica" when copied from one
+
+
+@dataclass
+class Lost:
+    """Offsets of one queue that no intact record holds, between two that survived."""
+
+    topic: str
+    queue_id: int
+    first: int  # the first offset lost
+    count: int
+    after: int  # position of the last intact record of the queue before them
+    before: int  # position of the first intact record of the queue after them
+
+
+@dataclass
+class RepairReport:
+    pieces: list[Piece] = field(default_factory=list)
+    lost: list[Lost] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)  # segment files created, extended, cut
+    saved_to: Path | None = None
+    queue_tails_lost: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.pieces and not self.files
+
+    def lines(self) -> list[str]:
+        out = list(self.files)
+        for piece in self.pieces:
+            what = "copied from the replica" if piece.how == "replica" else (
+                f"blanked, {len(piece.fillers)} lost-record filler(s)")
+            out.append(f"[{piece.start}, {piece.end}): {piece.end - piece.start} bytes {what}")
+        for lost in self.lost:
+            last = lost.first + lost.count - 1
+            out.append(f"lost {lost.topic}/{lost.queue_id} offsets {lost.first}..{last}")
+        out += self.queue_tails_lost
+        if self.saved_to is not None:
+            out.append(f"the bytes replaced are saved in {self.saved_to}")
+        return out
+
+
+def repair(root: Path, replica: Path | None = None, dry_run: bool = False) -> RepairReport:
+    """Mend the store in ``root`` (closed); see the module docstring."""
+    if not (root / "meta.json").is_file() or not (root / "commitlog").is_dir():
+        raise StoreNotFound(f"{root} is not an mqlog store (no meta.json or commitlog/)")
+    lock = _take_lock(root)
+    try:
+        report = RepairReport()
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        saved = root / "repair" / stamp
+        holes = _mend_files(root, report, saved, dry_run)
+        pieces, lost, last_offsets = survey(root, holes)
+        if replica is not None and pieces:
+            copied = [piece for piece in pieces if _copy_from(root, replica, piece, saved,
+                                                               dry_run)]
+            report.pieces += copied
+            if copied and not dry_run:
+                pieces, lost, last_offsets = survey(root, holes)
+            else:
+                pieces = [piece for piece in pieces if piece not in copied]
+        _place_fillers(pieces, lost)
+        if not dry_run:
+            for piece in pieces:
+                _write(root, piece.start, filler_bytes(piece), saved)
+        report.pieces = sorted(report.pieces + pieces, key=lambda piece: piece.start)
+        report.lost = lost
+        if not report.clean:
+            report.queue_tails_lost = _queue_tails(root, last_offsets)
+            if not dry_run:
+                _drop_derived(root)
+                report.saved_to = saved if saved.exists() else None
+        return report
+    finally:
+        os.close(lock)
+
+
+def _take_lock(root: Path) -> int:
+    fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreLocked(f"store {root} is open; close it before repairing it") from None
+    return fd
+
+
+# --- 1. the survey ---------------------------------------------------------------------
+
+
+Survey = tuple[list["Piece"], list["Lost"], dict[tuple[str, int], tuple[int, int]]]
+
+
+def survey(root: Path, holes: list[tuple[int, int]]) -> Survey:
+    """The damaged ranges before the log's end, the queue offsets missing between intact
+    records, and each queue's last (offset, position) (see the module docstring).
+    Segment files must be contiguous; zeros inside ``holes`` (bytes repair added) are
+    damage, not the log's end."""
+    pieces: list[Piece] = []
+    lost: list[Lost] = []
+    last_seen: dict[tuple[str, int], tuple[int, int]] = {}  # queue -> (offset, position)
+    previous: fmt.RecordHeader | None = None
+    for base, path in numbered_files(root / "commitlog"):
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0,
+                                                 access=mmap.ACCESS_READ) as buffer:
+            for step in fmt.walk(buffer, base):
+                at = base + step.offset
+                if step.kind == "end" and any(low <= at < high for low, high in holes):
+                    step = step._replace(kind="damage", size=len(buffer) - step.offset)
+                if step.kind == "damage":
+                    pieces.append(Piece(at, at + step.size,
+                                        step.offset + step.size == len(buffer)))
+                elif step.kind == "record":
+                    previous = _note_record(step, buffer, pieces, previous, last_seen, lost)
+                elif step.kind == "end":
+                    return _before_end(pieces, previous), lost, last_seen
+    return _before_end(pieces, previous), lost, last_seen
+
+
+def _note_record(step: fmt.Step, buffer: mmap.mmap, pieces: list[Piece],
+                 previous: fmt.RecordHeader | None,
+                 last_seen: dict[tuple[str, int], tuple[int, int]],
+                 lost: list[Lost]) -> fmt.RecordHeader:
+    header = step.header
+    assert header is not None
+    for piece in pieces:  # stamp the pieces before this record with a fitting epoch
+        if piece.end <= header.position and (previous is None or piece.start > previous.position):
+            piece.epoch, piece.timestamp = (previous or header).epoch, \
+                (previous or header).store_timestamp
+    if not header.control:
+        start = step.offset + fmt.RECORD_HEADER_SIZE
+        topic = bytes(buffer[start:start + header.topic_size]).decode(errors="replace")
+        key = (topic, header.queue_id)
+        seen = last_seen.get(key)
+        if seen is not None and header.queue_offset > seen[0] + 1:
+            lost.append(Lost(topic, header.queue_id, seen[0] + 1,
+                             header.queue_offset - seen[0] - 1, seen[1], header.position))
+        last_seen[key] = (header.queue_offset, header.position)
+    return header
+
+
+def _before_end(pieces: list[Piece], last: fmt.RecordHeader | None) -> list[Piece]:
+    """The pieces an intact record follows (the others are a damaged tail)."""
+    if last is None:
+        return []
+    return [piece for piece in pieces if piece.start < last.position]
+
+
+# --- 2. from a replica -------------------------------------------------------------------
+
+
+def _copy_from(root: Path, replica: Path, piece: Piece, saved: Path, dry_run: bool) -> bool:
+    """Copy ``piece`` from the replica if its bytes there verify; say whether it was."""
+    data = _replica_bytes(replica, piece)
+    if data is None:
+        return False
+    if not dry_run:
+        _write(root, piece.start, data, saved)
+    piece.how = "replica"
+    return True
+
+
+def _replica_bytes(replica: Path, piece: Piece) -> bytes | None:
+    for base, path in numbered_files(replica / "commitlog"):
+        size = path.stat().st_size
+        if not base <= piece.start < base + size:
+            continue
+        if piece.end > base + size or (piece.segment_end and piece.end != base + size):
+            return None  # laid out differently there: nothing to trust
+        with open(path, "rb") as file:
+            file.seek(piece.start - base)
+            data = file.read(piece.end - piece.start)
+        at = 0
+        while at < len(data):  # whole intact records at exactly these positions
+            length, magic = fmt.BLANK.unpack_from(data, at) if len(data) - at >= 8 else (0, 0)
+            if magic == fmt.BLANK_MAGIC and piece.segment_end and at + length == len(data):
+                return data
+            if length < fmt.RECORD_HEADER_SIZE or at + length > len(data) or \
+                    fmt.check_record(data[at:at + length], piece.start + at):
+                return None
+            at += length
+        return data
+    return None
+
+
+# --- 3. blank fillers ----------------------------------------------------------------------
+
+
+def _place_fillers(pieces: list[Piece], lost: list[Lost]) -> None:
+    """Give each lost offset a filler in a piece between its queue's neighbours."""
+    for gap in lost:
+        size = fmt.RECORD_HEADER_SIZE + len(gap.topic.encode())
+        offset = gap.first
+        for piece in pieces:
+            if not gap.after < piece.start < gap.before:
+                continue
+            while offset < gap.first + gap.count and _room(piece) >= size:
+                piece.fillers.append((gap.topic, gap.queue_id, offset))
+                offset += 1
+        if offset < gap.first + gap.count:
+            raise CorruptStore(f"no room to keep offsets {offset}.. of queue {gap.topic}/"
+                               f"{gap.queue_id} consecutive; copy the damaged range from a "
+                               "replica (--from), or restore the store from a backup")
+
+
+def _room(piece: Piece) -> int:
+    """Bytes left in a piece for more fillers (a closing blank, or a control record or
+    nothing, must still fit after them)."""
+    used = sum(fmt.RECORD_HEADER_SIZE + len(topic.encode()) for topic, _, _ in piece.fillers)
+    left = piece.end - piece.start - used
+    return left - fmt.BLANK_SIZE_MIN if piece.segment_end else left
+
+
+def encode_filler(position: int, size: int, piece: Piece, topic: str = "", queue_id: int = 0,
+                  offset: int = 0, control: bool = True) -> bytes:
+    """One filler record of exactly ``size`` bytes at ``position``."""
+    topic_bytes = topic.encode()
+    body_size = size - fmt.RECORD_HEADER_SIZE - len(topic_bytes)
+    assert body_size >= 0
+    record = bytearray(size)
+    attributes = fmt.ATTR_CONTROL if control else fmt.ATTR_FILLER
+    fmt.RECORD_HEADER.pack_into(record, 0, size, fmt.RECORD_MAGIC, 0, attributes,
+                                len(topic_bytes), queue_id, body_size, piece.epoch, offset,
+                                position, piece.timestamp, piece.timestamp, 0, 0, 0)
+    record[fmt.RECORD_HEADER_SIZE:fmt.RECORD_HEADER_SIZE + len(topic_bytes)] = topic_bytes
+    fmt.seal_record(record)
+    return bytes(record)
+
+
+def filler_bytes(piece: Piece) -> bytes:
+    """What replaces a piece: its lost-record fillers, then a control record or a blank."""
+    out = bytearray()
+    for index, (topic, queue_id, offset) in enumerate(piece.fillers):
+        size = fmt.RECORD_HEADER_SIZE + len(topic.encode())
+        rest = piece.end - piece.start - len(out) - size
+        last = index == len(piece.fillers) - 1
+        if last and not piece.segment_end and 0 < rest < fmt.RECORD_HEADER_SIZE:
+            size += rest  # too little left for a control record: the last filler grows
+        out += encode_filler(piece.start + len(out), size, piece, topic, queue_id, offset,
+                             control=False)
+    rest = piece.end - piece.start - len(out)
+    if piece.segment_end:
+        out += fmt.BLANK.pack(rest, fmt.BLANK_MAGIC) + bytes(rest - fmt.BLANK_SIZE_MIN)
+    elif rest:
+        if rest < fmt.RECORD_HEADER_SIZE:
+            raise CorruptStore(f"the damaged range [{piece.start}, {piece.end}) is too short "
+                               "for a filler record; restore the store from a replica")
+        out += encode_filler(piece.start + len(out), rest, piece)
+    return bytes(out)
+
+
+def _write(root: Path, position: int, data: bytes, saved: Path) -> None:
+    """Save the bytes at [position, +len(data)) under ``saved``, then overwrite them."""
+    for base, path in numbered_files(root / "commitlog"):
+        size = path.stat().st_size
+        if base <= position < base + size:
+            break
+    else:
+        raise AssertionError(f"no segment holds position {position}")
+    with open(path, "r+b") as file:
+        file.seek(position - base)
+        old = file.read(len(data))
+        saved.mkdir(parents=True, exist_ok=True)
+        (saved / f"{position}-{position + len(data)}").write_bytes(old)
+        fsync_directory(saved)
+        file.seek(position - base)
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+
+
+# --- segment files, derived files ------------------------------------------------------------
+
+
+def _mend_files(root: Path, report: RepairReport, saved: Path,
+                dry_run: bool) -> list[tuple[int, int]]:
+    """Make the segment files contiguous: create missing ones, extend short ones (with
+    zeros, blanked later), cut long ones; tiny ones are moved into ``saved`` and made
+    anew. Returns the position ranges of the bytes added."""
+    directory = root / "commitlog"
+    found = numbered_files(directory)
+    holes = []
+    for index, (base, path) in enumerate(found[:-1]):
+        size, following = path.stat().st_size, found[index + 1][0]
+        if size < mmap.PAGESIZE:
+            report.files.append(f"segment {path.name}: {size} bytes, moved aside and "
+                                f"made anew for [{base}, {following})")
+            holes.append((base, following))
+            if not dry_run:
+                saved.mkdir(parents=True, exist_ok=True)
+                os.replace(path, saved / path.name)
+                _zero_file(path, following - base)
+        elif base + size < following and _closed(base, path):
+            name = file_name(base + size)  # whole, then a missing file
+            report.files.append(f"segment {name}: made anew for [{base + size}, {following})"
+                                ", which no file held")
+            holes.append((base + size, following))
+            if not dry_run:
+                _zero_file(directory / name, following - base - size)
+        elif base + size < following:
+            report.files.append(f"segment {path.name}: extended by {following - base - size} "
+                                f"bytes (positions [{base + size}, {following}) were in no "
+                                "file)")
+            holes.append((base + size, following))
+            if not dry_run:
+                _zero_file(path, following - base)
+        elif base + size > following:
+            report.files.append(f"segment {path.name}: cut by {base + size - following} "
+                                "bytes that overlapped the next segment")
+            if not dry_run:
+                _cut(path, following - base, saved)
+    if not dry_run:
+        fsync_directory(directory)
+    return holes
+
+
+def _closed(base: int, path: Path) -> bool:
+    """Whether a segment file ends as a whole segment does: with a blank over its tail."""
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+        last = deque(fmt.walk(buffer, base), maxlen=1)
+        return bool(last) and last[0].kind == "blank"
+
+
+def _zero_file(path: Path, size: int) -> None:
+    """Create or extend a file to ``size`` bytes; what is added reads as zeros."""
+    with open(path, "ab") as file:
+        file.truncate(size)
+        os.fsync(file.fileno())
+
+
+def _cut(path: Path, size: int, saved: Path) -> None:
+    with open(path, "r+b") as file:
+        file.seek(size)
+        saved.mkdir(parents=True, exist_ok=True)
+        (saved / f"{path.name}-past-{size}").write_bytes(file.read())
+        file.truncate(size)
+        os.fsync(file.fileno())
+
+
+def _queue_tails(root: Path, last_offsets: dict[tuple[str, int], tuple[int, int]]) -> list[str]:
+    """Queues the old manifest says went further than their last intact record."""
+    manifest = read_queues(root / "queues") or {}
+    out = []
+    for key, (_low, high) in sorted(manifest.items()):
+        last = last_offsets.get(key, (-1, 0))[0]
+        if high > last + 1:
+            out.append(f"queue {key[0]}/{key[1]}: the manifest said it reached offset "
+                       f"{high - 1}, its last intact record has offset {last}: offsets "
+                       f"{last + 1}..{high - 1} are lost")
+    return out
+
+
+def _drop_derived(root: Path) -> None:
+    """The checkpoint and queue manifest go: the next open rescans and rebuilds."""
+    for name in ("checkpoint", "queues"):
+        (root / name).unlink(missing_ok=True)
+    (root / "abort").touch()  # recovery, not a clean open
+    fsync_directory(root)

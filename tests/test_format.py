@@ -1,0 +1,82 @@
+"""mqlog/format.py is the one definition of the byte layouts on the Python side: the
+cores' Python-visible constants must agree with it, and its record walker must read a
+segment as the cores' recovery scan does."""
+
+from __future__ import annotations
+
+import pytest
+
+import mqlog
+from mqlog import ext
+from mqlog import format as fmt
+from tests.conftest import IMPLEMENTATIONS, SMALL
+
+# core constant -> format.py constant
+SAME = {
+    "HEADER": "RECORD_HEADER", "HEADER_SIZE": "RECORD_HEADER_SIZE", "CRC_START": "CRC_START",
+    "MAGIC": "RECORD_MAGIC", "BLANK": "BLANK", "BLANK_MAGIC": "BLANK_MAGIC",
+    "BLANK_SIZE_MIN": "BLANK_SIZE_MIN", "ATTR_CONTROL": "ATTR_CONTROL",
+    "CQ_ENTRY": "CQ_ENTRY", "CQ_ENTRY_SIZE": "CQ_ENTRY_SIZE",
+    "INDEX_HEADER": "INDEX_HEADER", "INDEX_HEADER_SIZE": "INDEX_HEADER_SIZE",
+    "INDEX_ENTRY": "INDEX_ENTRY", "INDEX_ENTRY_SIZE": "INDEX_ENTRY_SIZE",
+    "INDEX_MAGIC": "INDEX_MAGIC",
+}
+
+
+def _value(thing: object) -> object:
+    return getattr(thing, "format", thing)  # a struct.Struct by its layout
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_the_cores_constants_agree_with_format_py(implementation):
+    core = ext.load(implementation)
+    for core_name, format_name in SAME.items():
+        assert _value(getattr(core, core_name)) == _value(getattr(fmt, format_name)), core_name
+
+
+def test_field_offsets_agree_with_the_header_layout():
+    header = fmt.RecordHeader._fields
+    sizes = {"I": 4, "H": 2, "Q": 8, "q": 8}
+    at, offsets = 0, {}
+    for name, code in zip(header, fmt.RECORD_HEADER.format.lstrip("<"), strict=True):
+        offsets[name] = at
+        at += sizes[code]
+    assert at == fmt.RECORD_HEADER_SIZE
+    for name, constant in [("size", fmt.SIZE_AT), ("magic", fmt.MAGIC_AT), ("crc", fmt.CRC_AT),
+                           ("attributes", fmt.ATTRIBUTES_AT),
+                           ("topic_size", fmt.TOPIC_SIZE_AT), ("queue_id", fmt.QUEUE_ID_AT),
+                           ("body_size", fmt.BODY_SIZE_AT), ("epoch", fmt.EPOCH_AT),
+                           ("queue_offset", fmt.QUEUE_OFFSET_AT),
+                           ("position", fmt.POSITION_AT),
+                           ("born_timestamp", fmt.BORN_TIMESTAMP_AT),
+                           ("store_timestamp", fmt.STORE_TIMESTAMP_AT),
+                           ("key_size", fmt.KEY_SIZE_AT), ("tags_size", fmt.TAGS_SIZE_AT),
+                           ("properties_size", fmt.PROPERTIES_SIZE_AT)]:
+        assert offsets[name] == constant, name
+    assert fmt.CRC_START == fmt.CRC_AT + 4
+
+
+def test_the_walker_reads_a_segment_as_the_core_does(tmp_path, impl):
+    with mqlog.open(tmp_path / "s", implementation=impl, **SMALL) as store:
+        for index in range(400):
+            store.put("t", bytes(index % 200), index % 3, key="k" if index % 2 else None)
+        records = {record.position: bytes(record.raw)
+                   for queue in store.queues() for offset in range(store.max_offset(*queue))
+                   for record in store.get(*queue, offset, max_count=1)}
+    walked = {}
+    for path in sorted((tmp_path / "s" / "commitlog").iterdir()):
+        data = path.read_bytes()
+        base = int(path.name)
+        steps = list(fmt.walk(data, base))
+        assert steps[-1].kind in ("blank", "end")
+        for step in steps[:-1]:
+            assert step.kind == "record"
+            walked[base + step.offset] = data[step.offset:step.offset + step.size]
+    assert walked == records
+    # One flipped bit: the walker reports the damaged record up to the next intact one.
+    position = sorted(records)[10]
+    first = sorted((tmp_path / "s" / "commitlog").iterdir())[0].read_bytes()
+    data = bytearray(first)
+    data[position + 80] ^= 1
+    damage = [step for step in fmt.walk(data, 0) if step.kind != "record"]
+    assert damage[0] == fmt.Step(position, "damage", len(records[position]), None)
