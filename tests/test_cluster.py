@@ -339,3 +339,29 @@ def test_sync_master_failover_and_return_lose_and_duplicate_nothing(tmp_path):
         assert not missing, f"{name} lacks {len(missing)} acknowledged records"
         assert _present(tmp_path / name, acked) == {position for position, _ in acked}
     assert len({_image(tmp_path / name) for name in NODES}) == 1, "the logs differ"
+
+
+def test_a_sync_master_without_slaves_stores_nothing_and_producers_are_idempotent(tmp_path):
+    """SYNC_MASTER with no slave in sync: SLAVE_NOT_AVAILABLE, position -1, and its log
+    does not grow (a retry is safe). Once a slave is in sync, a write retried with the
+    same producer id and sequence is answered with the first write's place and stored
+    once."""
+    cluster = LocalCluster(tmp_path, "SYNC_MASTER", slave_count=1,
+                           store_settings="segment_size_bytes = 16777216")
+    cluster.write_configs()
+    try:
+        cluster.start("m")
+        with mqlog.Client(cluster.address("m"), timeout_s=10) as client:
+            refused = client.produce("orders", b"no slave yet", producer=("p", 1))
+            assert (refused.status, refused.position) == (PutStatus.SLAVE_NOT_AVAILABLE, -1)
+            assert cluster.metadata("m")["written"] == 0
+            cluster.start("s1")
+            wait_until(lambda: cluster.metadata("m")["slaves"], "s1 to follow m")
+            first = client.produce("orders", b"once", producer=("p", 1))
+            written = cluster.metadata("m")["written"]
+            again = client.produce("orders", b"once", producer=("p", 1))
+            assert first.status is again.status is PutStatus.PUT_OK
+            assert again.position == first.position == 0
+            assert cluster.metadata("m")["written"] == written
+    finally:
+        cluster.stop_all()
