@@ -553,7 +553,9 @@ def _ids(text: str) -> list[str]:
 def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
     """Role, epoch (Raft: term), leader and positions of each node at ADDRESSES
     (host:port ...): where its log starts (retention moves it) and ends, a master's slave
-    acks, a Raft leader's commit and match positions."""
+    acks, a Raft leader's commit and match positions, and how many messages it ignored
+    (from another cluster or a non-member). A master-slave master that restarted and waits
+    to hear from its slaves shows accepts_writes false."""
     rows = []
     for address in addresses:
         try:
@@ -561,16 +563,19 @@ def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
                 facts = client.metadata()
             acked = facts.get("slaves", facts.get("match", {}))
             rows.append({"address": address, "node": facts["node_id"], "role": facts["role"],
+                         "accepts_writes": facts.get("accepts_writes", ""),
                          "epoch": facts["epoch"], "leader": facts.get("leader", ""),
                          "commit": facts.get("commit", ""),
                          "log_start": facts.get("log_start", ""), "written": facts["written"],
                          "flushed": facts["flushed"],
                          "acked": ", ".join(f"{name}={position}" for name, position
-                                            in sorted(acked.items()))})
+                                            in sorted(acked.items())),
+                         "ignored": facts.get("ignored", 0)})
         except MqlogError as error:
             rows.append({"address": address, "node": "-", "role": f"unreachable ({error})",
-                         "epoch": "", "leader": "", "commit": "", "log_start": "",
-                         "written": "", "flushed": "", "acked": ""})
+                         "accepts_writes": "", "epoch": "", "leader": "", "commit": "",
+                         "log_start": "", "written": "", "flushed": "", "acked": "",
+                         "ignored": ""})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
