@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     from mqlog.spark_connector.cli import session
 
     started = time.perf_counter()
-    spark = session("mqlog spark_jobs benchmark", None)
+    spark = session("mqlog spark_jobs benchmark", None, verbose=False)
     spark.sparkContext.parallelize([0], 1).count()  # a first job: workers up
     cores = spark.sparkContext.defaultParallelism
     print(f"session start: {time.perf_counter() - started:.1f} s ({cores} cores); "

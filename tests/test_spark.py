@@ -11,6 +11,7 @@ import datetime as dt
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -668,3 +669,175 @@ def test_cli_reconcile_and_replay(spark, tmp_path, rng):
     done = runner.invoke(replay, [str(source), "--from", "0", "--to", "5",
                                   "--to-parquet", str(tmp_path / "out")])
     assert done.exit_code == 0 and "30 record(s)" in done.output, done.output
+    for bad, said in (("nosuchcol = 1", "'nosuchcol', which is not a column"),
+                      ("offset = = 1", "--filter: "),  # Spark's parser says why
+                      ("length(nosuchcol) > 1", "'nosuchcol'"),
+                      ("offset = 'x' + array(1)", "--filter: ")):  # Spark's analysis
+        refused = runner.invoke(replay, [str(source), "--filter", bad,
+                                         "--to-parquet", str(tmp_path / "bad")])
+        assert refused.exit_code == 2, refused.output
+        line = refused.stderr.strip()
+        assert "\n" not in line and line.startswith("mqlog: error: ") and said in line, line
+    assert not (tmp_path / "bad").exists()
+
+
+def test_the_filter_check_refuses_unknown_names_only():
+    from mqlog.errors import InvalidArgument
+    from mqlog.spark_connector.replay import check_filter
+
+    for good in ("queue_id = 1 AND offset >= 100", "tags = 'paid'", "Offset < 3",
+                 "properties['n'] = '5' OR key IS NULL", "length(body) > 3",
+                 "exists(map_keys(properties), k -> k = 'nosuchcol')",
+                 "transform_keys(properties, (k, v) -> upper(k)) IS NOT NULL",
+                 "timestamp >= TIMESTAMP '2024-01-01' - INTERVAL 1 DAY",
+                 "CAST(offset AS STRING) = \"x\"", "`offset` IN (1, 2)",
+                 "timestamp < current_timestamp"):
+        check_filter(good)
+    for bad in ("nosuchcol = 1", "offset > 1 AND `nope` = 2", "upper(tag) = 'A'", " "):
+        with pytest.raises(InvalidArgument):
+            check_filter(bad)
+
+
+def _raft_like(tmp_path):
+    """A reference store with control records (a leader's no-ops: empty topic) and
+    records a producer tagged (producer_id, sequence), and a copy with one more record
+    in orders/0 and one more control record."""
+    reference = tmp_path / "a"
+    with mqlog.open(reference, **SMALL) as store:
+        store.append_control()
+        for index in range(20):
+            store.put("orders", b"o%d" % index, index % 2,
+                      properties={"producer_id": "p1", "sequence": index, "x": "1"})
+        store.set_epoch(2)
+        store.append_control()
+        store.put("orders", b"late", 0)
+    copy = tmp_path / "b"
+    shutil.copytree(reference, copy)
+    with mqlog.open(copy, **SMALL) as store:
+        store.append_control()
+        store.put("orders", b"extra", 0)
+    return reference, copy
+
+
+def test_reconcile_counts_queue_and_log_findings_and_leaves_control_records_out_of_queues(
+        spark, tmp_path):
+    from mqlog.spark_connector.reconcile import format_counts, reconcile
+
+    reference, copy = _raft_like(tmp_path)
+    found = reconcile(spark, [str(reference), str(copy)])
+    assert found.counts == {("queue", "extra"): 1, ("log", "extra"): 2}
+    rows = found.summary_rows()
+    assert [(r["topic"], r["queue_id"], r["extra"], r["common_prefix"], r["queue_end"])
+            for r in rows] == [("orders", 0, 1, 11, 12), ("orders", 1, 0, 10, 10)]
+    text = format_counts(found)
+    assert text.startswith("3 finding(s): 1 queue-level") and "2 log-level" in text
+    assert found.findings.count() == 3
+    assert sorted(found.summary.columns) == sorted(rows[0])
+
+
+def test_replay_leaves_out_the_producer_tag_and_marks_records_with_strings(spark,
+                                                                            tmp_path):
+    from mqlog.spark_connector import replay
+
+    source, _copy = _raft_like(tmp_path)
+    target, out = tmp_path / "dst", str(tmp_path / "out.parquet")
+    frame = replay.select(spark, str(source))
+    assert replay.to_store(frame, str(source), str(target)).written == 21
+    with mqlog.open(target, read_only=True) as store:
+        records = store.get("orders", 0, 0, 100) + store.get("orders", 1, 0, 100)
+    assert len(records) == 21
+    for record in records:
+        marks = {key: value for key, value in record.properties.items()
+                 if key.startswith("mqlog.replay.")}
+        assert all(isinstance(value, str) for value in marks.values()), marks
+        assert "producer_id" not in record.properties
+        assert "sequence" not in record.properties
+    assert replay.to_parquet(frame, out) == 21
+    written = spark.read.parquet(out).collect()
+    assert {tuple(sorted(row.properties)) for row in written} == {("x",), ()}
+
+
+def test_the_planner_cuts_by_what_stores_hold(tmp_path, rng):
+    """Default-config stores (segments allocated at their full size) of a few thousand
+    records are one task however many replicas; a large store is cut evenly; no plan
+    has more partitions than max(2 x slots, held bytes / 64 MiB)."""
+    from mqlog.spark_connector import options, planner
+
+    small = tmp_path / "small"
+    with mqlog.open(small) as store:
+        for index in range(2000):
+            store.put("orders", rng.randbytes(100), index % 4)
+    copies = [str(small)] + [str(tmp_path / f"copy{i}") for i in range(2)]
+    for copy in copies[1:]:
+        shutil.copytree(small, copy)
+    held = planner.held_bytes([str(small)])
+    assert held < 1 << 20 < os.path.getsize(small / "commitlog" / f"{0:020d}")
+    for slots in (1, 2, 8):
+        parts = planner.plan(options.parse({"paths": ",".join(copies), "mode": "commitlog"},
+                                           slots=slots))
+        assert len(parts) == 1
+    large = tmp_path / "large"
+    with mqlog.open(large, segment_size_bytes=1 << 20, message_size_bytes_max=64 << 10) as store:
+        for queue_id in range(3):
+            store.put_batch("t", [rng.randbytes(300) for _ in range(20_000)], queue_id)
+    held = planner.held_bytes([str(large)])
+    for slots, minimum in ((2, 1), (4, 1), (2, 16)):
+        parts = planner.plan(options.parse({"path": str(large), "mode": "commitlog",
+                                            "minPartitions": str(minimum)}, slots=slots))
+        sizes = [_held_in(part) for part in parts]
+        assert sum(sizes) == held
+        assert len(parts) == max(minimum, min(slots, -(-held // planner.TASK_BYTES_MIN)))
+        assert len(parts) <= max(2 * slots, held // planner.STAGE_BYTES, minimum)
+        assert max(sizes) - min(sizes) <= 2 * (1 << 20)  # even, within a segment's cut
+    for part in planner.plan(options.parse({"path": str(large), "mode": "commitlog"},
+                                           slots=2)):
+        assert not isinstance(part, options.SegmentRanges) or len(part.ranges) > 1
+
+
+def _held_in(part):
+    """Bytes of records that a partition's ranges hold (up to the store's end)."""
+    from mqlog.spark_connector import options
+
+    pieces = part.ranges if isinstance(part, options.SegmentRanges) else (part,)
+    total = 0
+    for piece in pieces:
+        with mqlog.open(piece.path, read_only=True) as store:
+            total += max(0, min(piece.end, store.written_position) - piece.start)
+    return total
+
+
+def _blocks(path, language):
+    import re
+
+    text = (Path(__file__).parent.parent / path).read_text()
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+def test_the_spark_docs_examples_run_on_the_readmes_store(spark, tmp_path, monkeypatch):
+    """docs/SPARK.md's batch example and replay commands, on the store README.md's
+    example creates (finding 5: they must return rows, not an empty table)."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from mqlog.spark_connector.cli import replay
+
+    monkeypatch.chdir(tmp_path)
+    exec(_blocks("README.md", "python")[0], {})  # noqa: S102 - the README's own example
+    data = repr(str(tmp_path / "data"))  # Spark's workers do not share the test's cwd
+    example = _blocks("docs/SPARK.md", "python")[0].replace(".show()", ".collect()") \
+        .replace('"data/"', data)
+    lines = example.splitlines()
+    lines[-1] = "rows = " + lines[-1]
+    scope: dict = {}
+    exec("\n".join(lines), scope)  # noqa: S102 - the doc's example
+    assert scope["rows"], "the SPARK.md example returns no rows on the README's store"
+    commands = [line for block in _blocks("docs/SPARK.md", "sh") for line in
+                block.splitlines() if line.startswith("mqlog replay")]
+    assert len(commands) == 2
+    for command in commands:
+        args = [str(tmp_path / arg) if arg in ("data/", "replayed/", "out.parquet") else arg
+                for arg in shlex.split(command)[2:]]
+        done = CliRunner().invoke(replay, args)
+        assert done.exit_code == 0, done.output
+        assert not done.output.startswith("0 "), (command, done.output)

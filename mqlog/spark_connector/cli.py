@@ -4,35 +4,117 @@ Both build their Spark session with ``session()``: ``local[*]`` unless ``--maste
 otherwise, and, under ``spark-submit`` (which starts the Python driver itself), whatever
 master spark-submit was given — so the same command runs unchanged on a cluster
 (``spark-submit --master spark://host:7077 mqlog/spark_connector/job.py reconcile ...``).
-Operating errors print one line, ``mqlog: error: ...``, and exit with status 1.
+
+Quiet by default: Spark's console progress bars are off, and a JVM this command starts
+writes its log (start-up warnings included) to a file named on error rather than to the
+terminal; one progress line of the job's own (``Progress``, rich, on stderr) shows the
+step and the running stage's tasks, read from Spark's status tracker. ``--verbose``
+gives Spark's own progress bars and log instead. Operating errors print one line,
+``mqlog: error: ...``, and exit with status 1; a ``--filter`` that is not a condition on
+the source's columns (found before Spark starts where possible, else by Spark's
+analysis) prints one line and exits with status 2, as a usage error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
-from collections.abc import Callable
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from functools import wraps
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
 from mqlog.errors import InvalidArgument, MqlogError
 
 
-def session(app: str, master: str | None) -> Any:
+def session(app: str, master: str | None, verbose: bool = True) -> Any:
     """A Spark session for a job (see the module docstring)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.appName(app)
+    builder = SparkSession.builder.appName(app).config(
+        "spark.ui.showConsoleProgress", "true" if verbose else "false")
     if master:
         builder = builder.master(master)
     elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit
         builder = builder.master("local[*]")
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    if verbose:
+        spark = builder.getOrCreate()
+    else:
+        with _jvm_log():
+            spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN" if verbose else "ERROR")
+    for name in _PYSPARK_LOGGERS:  # (each logs a failed query's whole Java stack)
+        logging.getLogger(name).disabled = not verbose
     return spark
+
+
+_PYSPARK_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
+
+
+JVM_LOG = os.path.join(tempfile.gettempdir(), f"mqlog-spark-{os.getpid()}.log")
+
+
+@contextlib.contextmanager
+def _jvm_log() -> Iterator[None]:
+    """Standard error pointed at ``JVM_LOG`` while a JVM may be started: the JVM (and the
+    Python workers it starts) keep that file as theirs; this process gets its own back."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(JVM_LOG, "ab") as log:
+            os.dup2(log.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+class Progress:
+    """One line on stderr (rich): the job's step, and the tasks of the stages running,
+    polled from Spark's status tracker by a thread while the job runs."""
+
+    POLL_SECONDS = 0.25
+
+    def __init__(self, spark: Any, enabled: bool) -> None:
+        self.tracker: Any = spark.sparkContext.statusTracker() if enabled else None
+        self.step = ""
+        self.done = threading.Event()
+        self.status: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.tracker is not None:
+            from rich.console import Console
+
+            self.status = Console(stderr=True).status(self.step)
+            self.status.start()
+            self.thread = threading.Thread(target=self._poll, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        if self.status is not None:
+            self.thread.join()
+            self.status.stop()
+
+    def show(self, step: str) -> None:
+        self.step = step
+
+    def _poll(self) -> None:
+        while not self.done.wait(self.POLL_SECONDS):
+            stages = []
+            for stage_id in self.tracker.getActiveStageIds():
+                info = self.tracker.getStageInfo(stage_id)
+                if info is not None:
+                    stages.append(f"stage {stage_id}: {info.numCompletedTasks}/"
+                                  f"{info.numTasks} tasks")
+            self.status.update(" - ".join([self.step, *stages]))
 
 
 def _errors(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -47,11 +129,28 @@ def _errors(function: Callable[..., Any]) -> Callable[..., Any]:
             click.echo(f"mqlog: error: {error}; install the spark extra: "
                        "pip install 'mqlog[spark]'", err=True)
             sys.exit(1)
+        except Exception as error:
+            if not _from_spark(error):
+                raise
+            log = f"; Spark's log: {JVM_LOG}" if os.path.exists(JVM_LOG) else ""
+            click.echo(f"mqlog: error: Spark failed: {_first_line(error)}{log}", err=True)
+            sys.exit(1)
     return run
+
+
+def _from_spark(error: BaseException) -> bool:
+    return type(error).__module__.split(".")[0] in ("pyspark", "py4j")
+
+
+def _first_line(error: BaseException) -> str:
+    text = getattr(error, "getMessage", lambda: str(error))() or str(error)
+    return " ".join(text.strip().splitlines()[:1])
 
 
 _MASTER = click.option("--master", default=None,
                        help="Spark master (default local[*]; under spark-submit, its own).")
+_VERBOSE = click.option("--verbose", is_flag=True, default=False,
+                        help="Spark's own progress bars and log instead of one line.")
 
 
 @click.command()
@@ -60,24 +159,29 @@ _MASTER = click.option("--master", default=None,
 @click.option("--out", type=click.Path(), default=None,
               help="Write every finding to this Parquet directory.")
 @_MASTER
+@_VERBOSE
 @_errors
-def reconcile(directories: tuple[str, ...], out: str | None, master: str | None) -> None:
+def reconcile(directories: tuple[str, ...], out: str | None, master: str | None,
+              verbose: bool) -> None:
     """Compare replica copies of a store (the first is the reference): missing, extra,
     divergent and corrupt records per queue, and the common prefix."""
-    from mqlog.spark_connector.reconcile import format_summary
+    from mqlog.spark_connector.reconcile import format_counts, format_summary
     from mqlog.spark_connector.reconcile import reconcile as run
 
     if len(directories) < 2:
         raise InvalidArgument("reconcile needs at least two store directories")
-    spark = session("mqlog reconcile", master)
-    found = run(spark, list(directories))
+    spark = session("mqlog reconcile", master, verbose)
+    with Progress(spark, not verbose) as progress:
+        progress.show(f"reconcile: reading and comparing {len(directories)} replicas")
+        found = run(spark, list(directories))
+        if out:
+            progress.show(f"reconcile: writing the findings to {out}")
+            found.findings.write.mode("overwrite").parquet(out)
     click.echo(format_summary(found.summary_rows()))
-    total = found.findings.count()
-    click.echo(f"{total} finding(s)")
+    click.echo(format_counts(found))
     if out:
-        found.findings.write.mode("overwrite").parquet(out)
         click.echo(f"findings written to {out}")
-    sys.exit(0 if total == 0 else 2)
+    sys.exit(0 if found.total() == 0 else 2)
 
 
 @click.command()
@@ -91,23 +195,50 @@ def reconcile(directories: tuple[str, ...], out: str | None, master: str | None)
 @click.option("--to-store", type=click.Path(file_okay=False), default=None)
 @click.option("--to-parquet", type=click.Path(), default=None)
 @_MASTER
+@_VERBOSE
 @_errors
 def replay(source: str, start: str | None, end: str | None, where: str | None,
            topics: str | None, to_store: str | None, to_parquet: str | None,
-           master: str | None) -> None:
+           master: str | None, verbose: bool) -> None:
     """Re-read a range of SOURCE in queue order into another store or into Parquet."""
     from mqlog.spark_connector import replay as jobs
 
     if (to_store is None) == (to_parquet is None):
         raise InvalidArgument("give exactly one of --to-store DIR or --to-parquet DIR")
-    spark = session("mqlog replay", master)
-    frame = jobs.select(spark, source, start, end, where, topics)
+    try:
+        jobs.check_filter(where)
+    except InvalidArgument as error:
+        _usage_error(str(error))
+    spark = session("mqlog replay", master, verbose)
+    with Progress(spark, not verbose) as progress:
+        progress.show(f"replay: selecting from {source}")
+        frame = _selection(jobs, spark, source, start, end, where, topics)
+        if to_parquet:
+            progress.show(f"replay: writing {to_parquet}")
+            count = jobs.to_parquet(frame, to_parquet)
+        else:
+            assert to_store is not None
+            progress.show(f"replay: writing into {to_store}")
+            result = jobs.to_store(frame, source, to_store)
     if to_parquet:
-        count = jobs.to_parquet(frame, to_parquet)
         click.echo(f"{count} record(s) written to {to_parquet}")
         return
-    assert to_store is not None
-    result = jobs.to_store(frame, source, to_store)
     click.echo(f"{result.selected} selected, {result.written} written "
                f"({result.batches} batch(es)), "
                f"{result.skipped} already there")
+
+
+def _selection(jobs: Any, spark: Any, *args: Any) -> Any:
+    """``replay.select``, with Spark's analysis errors (a bad ``--filter``) as usage
+    errors."""
+    from pyspark.errors import AnalysisException
+
+    try:
+        return jobs.select(spark, *args)
+    except AnalysisException as error:
+        _usage_error(f"--filter: {_first_line(error)}")
+
+
+def _usage_error(message: str) -> NoReturn:
+    click.echo(f"mqlog: error: {message}", err=True)
+    sys.exit(2)

@@ -122,6 +122,9 @@ def read_partition(partition: InputPartition,
             yield from read_queue(part, counters, arrow)
     elif isinstance(partition, opts.SegmentRange):
         yield from read_segment(partition, counters, arrow)
+    elif isinstance(partition, opts.SegmentRanges):
+        for piece in partition.ranges:
+            yield from read_segment(piece, counters, arrow)
     else:
         assert partition.value is None, f"not an mqlog partition: {partition!r}"
     counters.save(options.metrics_dir)

@@ -93,6 +93,14 @@ class SegmentRange(InputPartition):
 
 
 @dataclass(frozen=True)
+class SegmentRanges(InputPartition):
+    """Several segment ranges (of one store or several) read one after the other by one
+    task (planner.py packs small work)."""
+
+    ranges: tuple[SegmentRange, ...]
+
+
+@dataclass(frozen=True)
 class Bounds:
     """Narrowing from pushed filters: a half-open range per column (None: unbounded),
     and the allowed values of topic, queue_id and replica (None: any)."""

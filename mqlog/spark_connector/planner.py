@@ -8,24 +8,28 @@ ranges are dropped, the rest cut by ``options.split`` and, when there are more p
 than the session has task slots, packed into fewer partitions by ``options.pack``
 (several small queues read by one task).
 
-Commit-log mode: each segment file of each store is one range of positions (narrowed by
-pushed position bounds). When ranges are fewer than the task slots or ``minPartitions``,
-or larger than ``SEGMENT_PARTITION_BYTES``, each is cut into pieces of about an equal
-share of the indexed records' bytes (at most ``SEGMENT_PARTITION_BYTES``; the indexed
-records end at the last consume-queue entry in the range), at record starts the
-planner has verified, so that each piece's walk starts at its own first record
-(commitlog.py): the candidates are consume-queue entries' positions (the first entry of
-any queue at or after each wanted cut), and one is used only if the record there reads
-back (``read_record``: magic, size, CRC32C) with that position in its header. Where no
-candidate is verified the range stays whole; ``options.split`` then halves pieces
-further if ``minPartitions`` asks for more (those walks step from the piece's known
-start).
+Commit-log mode cuts by what the stores hold, never by the files' allocated size (an
+engine may preallocate a 1 GiB segment for a few records). Each segment file of each
+store is one range of positions (narrowed by pushed position bounds) holding the bytes
+up to the store's written position (``segment_spans``); the range still runs to the
+file's end, so a walk also sees records past the snapshot (it stops at the zeros after
+the last one). ``task_count`` says how many tasks the held bytes need: one per task slot
+at most while they are few (below ``TASK_BYTES_MIN`` a task), one per
+``TASK_BYTES_MAX`` when they are many, so a stage has at most max(2 x slots, data /
+``STAGE_BYTES``) tasks. The ranges of all stores, in order, are then dealt into that
+many partitions of an equal share of held bytes (``_pack_segments``): small ranges (a
+small store, several replicas) share a task (``SegmentRanges``), and a large one is cut
+where a share ends, at a record start the planner has verified, so that each piece's
+walk starts at its own first record (commitlog.py): the candidates are consume-queue
+entries' positions (the first entry of any queue at or after the wanted cut), and one is
+used only if the record there reads back (``read_record``: magic, size, CRC32C) with that
+position in its header. Where no candidate is verified the range stays whole.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
+from dataclasses import replace
 
 import numpy as np
 
@@ -37,13 +41,15 @@ from mqlog.spark_connector.options import (
     QueueRanges,
     ReadOptions,
     SegmentRange,
+    SegmentRanges,
     pack,
     resolve,
     split,
 )
 
 
-def plan(options: ReadOptions) -> list[QueueRange | QueueRanges] | list[SegmentRange]:
+def plan(options: ReadOptions) -> list[QueueRange | QueueRanges] | \
+        list[SegmentRange | SegmentRanges]:
     """The partitions of a batch read; see the module docstring."""
     if options.mode == "commitlog":
         return plan_segments(options)
@@ -115,66 +121,137 @@ def _min(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
 
 
-def plan_segments(options: ReadOptions) -> list[SegmentRange]:
-    """One position range per segment file (narrowed by pushed position bounds)."""
-    low, high = options.bounds.position
-    ranges = []
+TASK_BYTES_MIN = 8 << 20  # commit-log work below this is not spread over more tasks
+TASK_BYTES_MAX = 128 << 20  # a commit-log task reads about this much at most
+STAGE_BYTES = 64 << 20  # a stage has at most max(2 x slots, data / STAGE_BYTES) tasks
+
+
+def task_count(data_bytes: int, slots: int | None, min_partitions: int = 1) -> int:
+    """How many tasks a read of ``data_bytes`` of records is cut into: one per task slot
+    at most while there is little (below TASK_BYTES_MIN a task), more only as the data
+    needs (TASK_BYTES_MAX a task): at most max(slots, data / TASK_BYTES_MAX), within the
+    stage cap max(2 x slots, data / STAGE_BYTES). ``minPartitions`` may ask for more."""
+    wanted = max(1, min(slots or 1, -(-data_bytes // TASK_BYTES_MIN)),
+                 -(-data_bytes // TASK_BYTES_MAX))
+    return max(wanted, min_partitions)
+
+
+def stage_tasks(data_bytes: int, slots: int | None) -> int:
+    """Partitions for a shuffle over ``data_bytes`` of records (reconcile's comparisons):
+    the task slots, more only for data over STAGE_BYTES a slot."""
+    return max(slots or 1, data_bytes // STAGE_BYTES)
+
+
+def plan_segments(options: ReadOptions) -> list[SegmentRange | SegmentRanges]:
+    """Commit-log mode: the segment ranges of every wanted store, cut and packed by the
+    bytes of records they hold (see the module docstring)."""
+    spans: list[tuple[SegmentRange, int]] = []
     for path, replica in _wanted_paths(options):
-        directory = os.path.join(path, "commitlog")
-        if not os.path.isfile(os.path.join(path, "meta.json")):
-            raise StoreNotFound(f"mqlog source: {path} is not an mqlog store (it has no "
-                                "meta.json); check the path")
-        for name in sorted(os.listdir(directory)):
-            if len(name) != 20 or not name.isdigit():
-                continue
-            base = int(name)
-            end = base + os.path.getsize(os.path.join(directory, name))
-            start, stop = max(base, low or 0), min(end, end if high is None else high)
-            if start < stop:
-                ranges.append(SegmentRange(path, replica, base, start, stop))
-    return split(_cut_segments(ranges, options), None, options.min_partitions)
+        spans.extend(segment_spans(path, replica, options.bounds.position))
+    total = sum(held for _part, held in spans)
+    count = task_count(total, options.slots, options.min_partitions)
+    with _Cutter() as cutter:
+        return _pack_segments(spans, -(-total // count) if total else 1, cutter)
 
 
-SEGMENT_PARTITION_BYTES = 128 << 20
+def segment_spans(path: str, replica: str, bounds: tuple[int | None, int | None] = (None, None)
+                  ) -> list[tuple[SegmentRange, int]]:
+    """Each segment file of the store at ``path`` as a range of positions (narrowed by
+    ``bounds``), with the bytes of records it holds: up to the store's written position
+    (what a read-only snapshot shows), not the file's allocated size. The range itself
+    runs to the file's end, so records past the snapshot are still walked (a walk stops
+    at the zeros after the last record). A store that cannot be opened is taken as
+    holding its files' sizes."""
+    directory = os.path.join(path, "commitlog")
+    if not os.path.isfile(os.path.join(path, "meta.json")):
+        raise StoreNotFound(f"mqlog source: {path} is not an mqlog store (it has no "
+                            "meta.json); check the path")
+    written = _written_position(path)
+    low, high = bounds
+    spans = []
+    for name in sorted(os.listdir(directory)):
+        if len(name) != 20 or not name.isdigit():
+            continue
+        base = int(name)
+        end = base + os.path.getsize(os.path.join(directory, name))
+        start, stop = max(base, low or 0), min(end, end if high is None else high)
+        if start < stop:
+            held_end = stop if written is None else min(stop, max(written, start))
+            spans.append((SegmentRange(path, replica, base, start, stop), held_end - start))
+    return spans
 
 
-def _cut_segments(ranges: list[SegmentRange], options: ReadOptions) -> list[SegmentRange]:
-    """Ranges cut at verified record starts into pieces of about an equal share of the
-    indexed records' bytes (see the module docstring)."""
-    wanted = max(options.min_partitions, options.slots or 1)
-    if len(ranges) >= wanted and all(p.count <= SEGMENT_PARTITION_BYTES for p in ranges):
-        return ranges
-    pieces: list[SegmentRange] = []
-    for path, group in itertools.groupby(ranges, key=lambda part: part.path):
-        with open_store(path) as store:
-            entries = _queue_positions(store)
-            spans = [(part, _last_entry(entries, part) - part.start) for part in group]
-            total = sum(max(span, 0) for _part, span in spans)
-            step = max(1, min(SEGMENT_PARTITION_BYTES, -(-total // wanted)))
-            for part, span in spans:
-                count = -(-span // step) if span > 0 else 1
-                cuts = sorted({found for k in range(1, count)
-                               if (found := _record_start(store, entries,
-                                                          part.start + k * span // count,
-                                                          part.end)) is not None
-                               and found > part.start})
-                bounds = [part.start, *cuts, part.end]
-                pieces.append(SegmentRange(part.path, part.replica, part.base, bounds[0],
-                                           bounds[1], part.walk_from))
-                pieces.extend(SegmentRange(part.path, part.replica, part.base, low, high, low)
-                              for low, high in zip(bounds[1:-1], bounds[2:], strict=True))
-    return pieces
+def held_bytes(paths: list[str]) -> int:
+    """The bytes of records the stores at ``paths`` hold (see ``segment_spans``)."""
+    return sum(held for path in paths for _part, held in segment_spans(path, path))
 
 
-def _last_entry(entries: list[np.ndarray], part: SegmentRange) -> int:
-    """The last entry position in ``part`` over all queues (its start if none): where
-    the indexed records end, near enough (records past it, unindexed, are few)."""
-    last = part.start
-    for positions in entries:
-        index = int(np.searchsorted(positions, part.end)) - 1
-        if index >= 0 and positions[index] >= part.start:
-            last = max(last, int(positions[index]))
-    return last
+def _written_position(path: str) -> int | None:
+    try:
+        with mqlog.open(path, read_only=True) as store:
+            return int(store.written_position)
+    except (MqlogError, OSError):  # a damaged store: walk its files as they are
+        return None
+
+
+class _Cutter:
+    """Verified record starts in the stores being planned, each store opened once."""
+
+    def __init__(self) -> None:
+        self.opened: dict[str, tuple[Store, list[np.ndarray]]] = {}
+
+    def __enter__(self) -> _Cutter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for store, _entries in self.opened.values():
+            store.close()
+
+    def cut(self, path: str, want: int, end: int) -> int | None:
+        """A verified record start in [want, end) of the store at ``path``, or None."""
+        if path not in self.opened:
+            try:
+                store = open_store(path)
+            except (MqlogError, OSError):
+                return None
+            self.opened[path] = (store, _queue_positions(store))
+        store, entries = self.opened[path]
+        return _record_start(store, entries, want, end)
+
+
+def _pack_segments(spans: list[tuple[SegmentRange, int]], share: int,
+                   cutter: _Cutter) -> list[SegmentRange | SegmentRanges]:
+    """Ranges in order, each partition the next ``share`` bytes of held records: a range
+    is cut where a share ends (at a verified record start; uncut where there is none),
+    small ranges are packed together (``SegmentRanges``), and ranges that hold nothing
+    join the partition before them. A partition is closed only when more held bytes
+    follow, so there are at most ceil(total / share) of them."""
+    packed: list[SegmentRange | SegmentRanges] = []
+    current: list[SegmentRange] = []
+    room = share
+    for part, held in spans:
+        piece, held_end = part, part.start + held
+        while held_end > piece.start:
+            if room <= 0:
+                packed.append(_partition(current))
+                current, room = [], share
+            if piece.start + room >= held_end:
+                break
+            found = cutter.cut(part.path, piece.start + room, held_end)
+            if found is None or found <= piece.start:
+                break
+            current.append(replace(piece, end=found))
+            room -= found - piece.start
+            piece = replace(piece, start=found, walk_from=found)
+        current.append(piece)
+        room -= held_end - piece.start
+    if current:
+        packed.append(_partition(current))
+    return packed
+
+
+def _partition(pieces: list[SegmentRange]) -> SegmentRange | SegmentRanges:
+    return pieces[0] if len(pieces) == 1 else SegmentRanges(tuple(pieces))
 
 
 def _queue_positions(store: Store) -> list[np.ndarray]:

@@ -5,12 +5,21 @@ its starting/ending offsets (``earliest``, ``latest``, a number for every queue,
 Kafka's JSON) or, written ``time:<ms>``, its starting/ending timestamps; ``where`` is a
 Spark SQL condition on the source's columns.
 
+``where`` is checked against the source's columns before Spark starts where that can be
+told from the text alone (``check_filter``: a name that is neither a column, a function,
+a keyword nor a lambda variable), and Spark's own analysis of it is the backstop (the
+CLI turns its error into one line).
+
+Neither output needs a global sort, so no shuffle runs: the planner's partitions are
+queue ranges read in offset order (planner.py).
+
 * To Parquet: the selected rows are written with Spark (``mode=overwrite``), so a rerun
-  replaces the output with the same rows.
+  replaces the output with the same rows; each file is sorted by (topic, queue_id,
+  offset) within itself. The count comes from the written files' footers.
 * To a store: a store has one writer, so the driver writes. Spark picks the (topic,
-  queue_id, offset) triples in queue order; the driver streams them
-  (``toLocalIterator``) and reads the original records from the source through a
-  read-only snapshot, so properties keep their msgpack types. It writes them with
+  queue_id, offset) triples (one Arrow table on the driver: 20 bytes or so a record);
+  the driver sorts them into queue order and reads the original records from the
+  source through a read-only snapshot, so properties keep their msgpack types. It writes them with
   ``put_batch``, one call per run of records that share a queue, key, tags and
   properties (``put_batch`` gives all its records the same ones; each keeps its own
   born timestamp) and have consecutive source offsets, at most ``BATCH_RECORDS`` /
@@ -18,7 +27,8 @@ Spark SQL condition on the source's columns.
   properties replay in batches; records that all differ replay one per call. Order is
   kept per queue.
 
-  Idempotence. Every record of a batch carries two properties: ``REPLAY_PROPERTY``,
+  Idempotence. Every record of a batch carries two properties (as decimal strings, like
+  every property a producer sets): ``REPLAY_PROPERTY``,
   the source offset of the batch's first record, and ``REPLAY_FIRST_PROPERTY``, the
   destination offset of that first record. So each replayed record knows its own
   source offset (``source_offset``: the first's plus its distance from the first in
@@ -26,10 +36,16 @@ Spark SQL condition on the source's columns.
   queue the driver reads the destination queue's last record and skips every source
   offset up to that record's, so running the same replay again writes nothing twice
   and an interrupted one resumes where it stopped.
+
+Neither output shows the idempotent producer's tag (the ``producer_id`` and
+``sequence`` properties a Raft group's producer stores with every record,
+mqlog/replication/idempotence.py) as user properties: it names a request to the source's
+group, not to whoever reads the copy.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -56,12 +72,34 @@ class ReplayResult:
 
 
 def source_offset(record: Any) -> int | None:
-    """The source offset of a record replay wrote (None: not a replayed record)."""
-    first = record.properties.get(REPLAY_PROPERTY)
-    if not isinstance(first, int):
+    """The source offset of a record replay wrote (None: not a replayed record). The
+    marks are decimal strings (integers from replays before they were)."""
+    first = _number(record.properties.get(REPLAY_PROPERTY))
+    if first is None:
         return None
-    at = record.properties.get(REPLAY_FIRST_PROPERTY)
-    return first + (record.offset - at if isinstance(at, int) else 0)
+    at = _number(record.properties.get(REPLAY_FIRST_PROPERTY))
+    return first + (record.offset - at if at is not None else 0)
+
+
+def _number(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return None
+
+
+IDEMPOTENCE_PROPERTIES = ("producer_id", "sequence")
+
+
+def user_properties(properties: dict) -> dict:
+    """``properties`` without the idempotent producer's tag (both fields, with their
+    types: a str producer id and an int sequence; see the module docstring)."""
+    producer, sequence = properties.get("producer_id"), properties.get("sequence")
+    if isinstance(producer, str) and isinstance(sequence, int):
+        return {key: value for key, value in properties.items()
+                if key not in IDEMPOTENCE_PROPERTIES}
+    return properties
 
 
 def range_options(start: str | None, end: str | None) -> dict[str, str]:
@@ -81,9 +119,10 @@ def range_options(start: str | None, end: str | None) -> dict[str, str]:
 
 def select(spark: Any, source: str, start: str | None = None, end: str | None = None,
            where: str | None = None, topics: str | None = None) -> Any:
-    """The DataFrame of the records to replay, in queue order."""
+    """The DataFrame of the records to replay (unordered; see the module docstring)."""
     from mqlog.spark_connector import register
 
+    check_filter(where)
     register(spark)
     options = {"path": source, **range_options(start, end)}
     if topics:
@@ -97,9 +136,72 @@ def select(spark: Any, source: str, start: str | None = None, end: str | None = 
                     per_queue.setdefault(topic, {})[str(queue_id)] = number
                 options[name] = _json(per_queue)
     frame = spark.read.format("mqlog").options(**options).load()
-    if where:
-        frame = frame.where(where)
-    return frame.orderBy("topic", "queue_id", "offset")
+    return frame.where(where) if where else frame
+
+
+# Words of Spark SQL that may stand alone in a condition without being columns.
+_KEYWORDS = frozenset((
+    "and", "or", "not", "in", "is", "null", "true", "false", "like", "ilike", "rlike",
+    "regexp", "between", "escape", "case", "when", "then", "else", "end", "cast",
+    "try_cast", "as", "distinct", "interval", "exists", "any", "some", "all", "div", "xor",
+    "similar", "to", "from", "for", "position", "year", "years", "month", "months", "week",
+    "weeks", "day", "days", "hour", "hours", "minute", "minutes", "second", "seconds",
+    "millisecond", "milliseconds", "microsecond", "microseconds", "timestamp",
+    "timestamp_ntz", "timestamp_ltz", "date", "string", "binary", "boolean", "int",
+    "integer", "bigint", "smallint", "tinyint", "long", "short", "byte", "float", "double",
+    "real", "decimal", "dec", "numeric", "char", "varchar", "array", "map", "struct",
+    "nulls", "first", "last", "asc", "desc", "over", "partition", "by", "order", "rows",
+    "range", "unbounded", "preceding", "following", "current", "row", "collate", "unknown",
+    "current_date", "current_timestamp", "current_user", "current_timezone", "localtimestamp",
+))
+_TOKEN = re.compile(r"""'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|`((?:[^`]|``)*)`|"""
+                    r"""([A-Za-z_][A-Za-z0-9_]*)|(\d[\w.]*)|(->)|(\S)""")
+
+
+def check_filter(where: str | None) -> None:
+    """Refuse a condition that names something that is not a column (InvalidArgument),
+    before any Spark work: every bare or `quoted` name must be a column, a function
+    (followed by ``(``), a keyword, a lambda variable (before ``->``) or a field after a
+    dot. What this cannot tell is left to Spark's analysis."""
+    if not where or not where.strip():
+        if where is not None:
+            raise InvalidArgument("--filter is empty; give a Spark SQL condition such as "
+                                  "\"queue_id = 1 AND offset >= 100\"")
+        return
+    from mqlog.spark_connector.schema import COLUMNS, SCHEMA_DDL
+
+    tokens = [(match.group(1), match.group(2), match.group(4), match.group(5))
+              for match in _TOKEN.finditer(where)]
+    lambdas = {token[0] or token[1] for token, following
+               in zip(tokens, tokens[1:], strict=False) if following[2] and (token[0] or token[1])}
+    known = {name.lower() for name in (*COLUMNS, *lambdas, *_lambda_lists(tokens))}
+    for index, (quoted, word, _arrow, _other) in enumerate(tokens):
+        name = quoted if quoted is not None else word
+        if name is None:
+            continue
+        before = tokens[index - 1][3] if index else None
+        after = tokens[index + 1][3] if index + 1 < len(tokens) else None
+        if before == "." or (quoted is None and (after == "(" or name.lower() in _KEYWORDS)):
+            continue
+        if name.lower() in known:  # (Spark's names are not case-sensitive by default)
+            continue
+        raise InvalidArgument(f"--filter names {name!r}, which is not a column of the "
+                              f"mqlog source; its columns are {SCHEMA_DDL}")
+
+
+def _lambda_lists(tokens: list[tuple[Any, ...]]) -> set[str]:
+    """Names in ``(x, y) -> ...``: the parenthesised list just before an arrow."""
+    found: set[str] = set()
+    for index, (_quoted, _word, arrow, _other) in enumerate(tokens):
+        if not arrow or index == 0 or tokens[index - 1][3] != ")":
+            continue
+        at = index - 2
+        while at >= 0 and tokens[at][3] != "(":
+            name = tokens[at][0] or tokens[at][1]
+            if name:
+                found.add(name)
+            at -= 1
+    return found
 
 
 def _json(value: Any) -> str:
@@ -109,9 +211,18 @@ def _json(value: Any) -> str:
 
 
 def to_parquet(frame: Any, out: str) -> int:
-    """Write the selection to Parquet at ``out`` (replacing it); the number of rows."""
-    frame.write.mode("overwrite").parquet(out)
-    return int(frame.count())
+    """Write the selection to Parquet at ``out`` (replacing it), each file in queue order,
+    without the producer's tag in ``properties``; the number of rows written."""
+    from pyspark.sql import functions as F
+
+    properties = F.col("properties")
+    tagged = properties["producer_id"].isNotNull() & \
+        properties["sequence"].rlike("^-?[0-9]+$")
+    kept = F.map_filter(properties, lambda key, _value: ~key.isin(*IDEMPOTENCE_PROPERTIES))
+    frame = frame.withColumn("properties", F.when(tagged, kept).otherwise(properties))
+    frame.sortWithinPartitions("topic", "queue_id", "offset").write.mode("overwrite") \
+        .parquet(out)
+    return int(frame.sparkSession.read.parquet(out).count())
 
 
 def to_store(frame: Any, source: str, destination: str) -> ReplayResult:
@@ -120,7 +231,7 @@ def to_store(frame: Any, source: str, destination: str) -> ReplayResult:
         raise InvalidArgument("replay cannot write into the store it reads; give another "
                               "destination directory")
     result = ReplayResult()
-    keys = frame.select("topic", "queue_id", "offset").toLocalIterator()
+    keys = frame.select("topic", "queue_id", "offset").toArrow()
     with mqlog.open(source, read_only=True) as origin, mqlog.open(destination) as target:
         done: dict[tuple[str, int], int] = {}
         for topic, queue_id, offsets in _runs(keys):
@@ -148,7 +259,7 @@ def _batches(records: Iterator[Any]) -> Iterator[list[Any]]:
     shared: tuple[Any, ...] | None = None
     size = 0
     for record in records:
-        fields = (record.key, record.tags, _packed(record.properties))
+        fields = (record.key, record.tags, _packed(user_properties(record.properties)))
         if batch and (fields != shared or record.offset != batch[-1].offset + 1 or
                       len(batch) >= BATCH_RECORDS or size + len(record.body) > BATCH_BYTES):
             yield batch
@@ -170,7 +281,8 @@ def _put(target: Any, topic: str, queue_id: int, batch: list[Any]) -> None:
     """One put_batch of ``batch`` (see ``_batches``), marked as the module docstring says."""
     first = batch[0]
     at = target.max_offset(topic, queue_id)  # the driver is the destination's only writer
-    properties = {**first.properties, REPLAY_PROPERTY: first.offset, REPLAY_FIRST_PROPERTY: at}
+    properties = {**user_properties(first.properties), REPLAY_PROPERTY: str(first.offset),
+                  REPLAY_FIRST_PROPERTY: str(at)}
     written = target.put_batch(topic, [record.body for record in batch], queue_id,
                                key=first.key, tags=first.tags, properties=properties,
                                born_timestamp=[record.born_timestamp for record in batch])
@@ -183,22 +295,28 @@ def _same_dir(one: str, two: str) -> bool:
     return os.path.realpath(one) == os.path.realpath(two)
 
 
-def _runs(rows: Iterator[Any]) -> Iterator[tuple[str, int, list[int]]]:
-    """Rows sorted by queue and offset, grouped into (topic, queue, offsets) runs of at
-    most _READ_COUNT offsets."""
-    current: tuple[str, int] | None = None
-    offsets: list[int] = []
-    for row in rows:
-        queue = (row[0], row[1])
-        if (queue != current or len(offsets) >= _READ_COUNT) and offsets:
-            assert current is not None
-            yield current[0], current[1], offsets
-            offsets = []
-        current = queue
-        offsets.append(row[2])
-    if offsets:
-        assert current is not None
-        yield current[0], current[1], offsets
+def _runs(keys: Any) -> Iterator[tuple[str, int, list[int]]]:
+    """An Arrow table of (topic, queue_id, offset), in any order, as (topic, queue,
+    offsets) runs in queue order, at most _READ_COUNT offsets each."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    if keys.num_rows == 0:
+        return
+    topics = pc.dictionary_encode(keys.column("topic")).combine_chunks()
+    names = topics.dictionary.to_pylist()
+    rank = np.argsort(np.argsort(np.asarray(names, dtype=object)))  # name order
+    topic_rank = rank[topics.indices.to_numpy(zero_copy_only=False)]
+    queue = keys.column("queue_id").to_numpy().astype(np.int64)
+    offset = keys.column("offset").to_numpy().astype(np.int64)
+    order = np.lexsort((offset, queue, topic_rank))
+    topic_rank, queue, offset = topic_rank[order], queue[order], offset[order]
+    by_rank = [names[index] for index in np.argsort(rank)]
+    change = np.flatnonzero((np.diff(topic_rank) != 0) | (np.diff(queue) != 0)) + 1
+    for low, high in zip([0, *change.tolist()], [*change.tolist(), len(order)], strict=True):
+        for first in range(low, high, _READ_COUNT):
+            yield (by_rank[int(topic_rank[low])], int(queue[low]),
+                   offset[first:min(high, first + _READ_COUNT)].tolist())
 
 
 def _replayed_up_to(target: Any, topic: str, queue_id: int) -> int:
