@@ -63,7 +63,8 @@ except errors.DiskFull:
 for (topic, queue_id), bodies in acked.items():  # reads work on a full disk
     got = store.get(topic, queue_id, 0, len(bodies) + 1, 64 << 20)
     assert [record.body for record in got] == bodies, (topic, queue_id)
-os.unlink(filler)  # space returns: writes resume
+os.unlink(filler)  # space returns (ext4 frees it at its next commit): writes resume
+os.sync()
 store.put("t0", b"after", queue_id=0)
 acked[("t0", 0)].append(b"after")
 store.flush()
@@ -176,8 +177,11 @@ def test_a_full_disk_is_a_typed_error_never_a_sigbus(small_fs, impl, preallocate
     blocks before it goes through a mapping: DiskFull, reads keep working, nothing acked
     is lost, and writes resume once space returns."""
     root, filler = small_fs
+    # The window ahead is capped below the room given back: on a disk of a few MiB the
+    # default (64 MiB) would take every freed byte for blocks ahead at once.
     settings = {"segment_preallocate": preallocate, "filler_bytes": filler,
-                "checkpoint_interval_ms": 5, "index_interval_ms": 1}
+                "checkpoint_interval_ms": 5, "index_interval_ms": 1,
+                "segment_prepare_ahead_bytes_max": filler // 4}
     out = _run_child(FULL_DISK_CHILD, str(root), impl, json.dumps(settings))
     assert out.startswith("ok"), out
 
