@@ -25,8 +25,8 @@ a closed store (it takes the store's lock) and does exactly this:
    that fills a segment's tail. Missing segment files are created, short ones extended,
    long ones cut to fit (their extra bytes saved too).
 4. Derived files are dropped so that the next open rebuilds them from the mended log:
-   the checkpoint and the queue manifest (every consume queue is rebuilt); the key
-   index compares every candidate record with the key asked, so a filler never answers.
+   the checkpoint, the queue manifest (every consume queue is rebuilt) and the key-index
+   files (an entry could point into a mended range, where no record starts any more).
 
 Offsets lost at the very end of a queue (no record of that queue survived after them)
 leave no trace in the log: the queue simply ends earlier, and the report says so when
@@ -413,8 +413,12 @@ def _queue_tails(root: Path, last_offsets: dict[tuple[str, int], tuple[int, int]
 
 
 def _drop_derived(root: Path) -> None:
-    """The checkpoint and queue manifest go: the next open rescans and rebuilds."""
+    """The checkpoint, queue manifest and key-index files go: the next open rescans the
+    log and rebuilds them (an index entry may point into a mended range, where no record
+    starts any more)."""
     for name in ("checkpoint", "queues"):
         (root / name).unlink(missing_ok=True)
+    for _, path in numbered_files(root / "index"):
+        path.unlink()
     (root / "abort").touch()  # recovery, not a clean open
     fsync_directory(root)
