@@ -43,7 +43,7 @@ def session(app: str, master: str | None, verbose: bool = True) -> Any:
         builder = builder.master(master)
     elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit
         builder = builder.master("local[*]")
-    if verbose:
+    if verbose or SparkSession.getActiveSession() is not None:  # no JVM to start: no log
         spark = builder.getOrCreate()
     else:
         with _jvm_log():
