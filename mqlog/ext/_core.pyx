@@ -47,8 +47,12 @@ What differs from the twin
   mapping also takes, so the mapping cannot go away. Readers copy a record (or
   read_raw's answer) out of the mapping with the GIL held, then check the CRC of their
   private copy with it released, so no reader ever holds an export that would make
-  the engine's unmap fail. Only scan_segment (recovery) holds an export of its own
-  while it calls the engine back.
+  the engine's unmap fail; and they read nothing from a mapping (nor a Segment or
+  QueueFile struct) after letting the GIL go, since a truncate, reset or retention
+  may have unmapped and freed it meanwhile: they look everything up again, and the
+  generation count (see the twin) tells them whether the log changed under them.
+  Only scan_segment (recovery) holds an export of its own while it calls the engine
+  back.
 * CRC32C uses SSE4.2's crc32 instruction when the CPU has it (chosen at import; the
   extension is not built with -march=native) and slicing-by-8 tables otherwise
   (crc32c.h). The record layout lives in layout.h; at import this module checks that
@@ -109,6 +113,7 @@ from mqlog.errors import (
     MessageTooLarge,
     OffsetOutOfRange,
     ReplicaDataRejected,
+    StoreClosed,
 )
 from mqlog.results import PUT_OK, BatchPutResult, PutResult
 
@@ -256,6 +261,10 @@ cdef enum Problem:
     RECORD_FIELDS
     RECORD_POSITION
     RECORD_CRC
+    # what a read of a consume-queue entry's record met besides _check_record's problems
+    RECORD_PAST_END  # the entry's size runs past its segment's end
+    RECORD_BEFORE_LOG  # the entry's position lies before the first segment
+    RECORD_IDENTITY  # an intact record, of another queue or offset
 
 try:  # the same bytes as msgpack.packb, faster for properties' usual types
     from mqlog.ext._wire import packb as _fast_packb
@@ -990,6 +999,14 @@ cdef class LogCore:
     cdef _Queue _put_queue
     cdef object _timestamp_object
     cdef int64_t _timestamp_value
+    # Readers keep no raw pointer into a mapping across a GIL release. Every method that
+    # unmaps, frees or zeroes (truncate, trim_front, detach, drop_queues, release) makes
+    # the generation odd while it works and even again when done: a reader that let the
+    # GIL go, or whose record failed a check, compares it with the one it started with,
+    # and if the log changed under it answers as if it had read after the change (a
+    # typed "gone" error, never CorruptRecord for a healthy record dropped).
+    cdef uint64_t _generation
+    cdef bint _released  # release() ran: every read is StoreClosed
 
     def __cinit__(self, *args, **kwargs):
         self._lock = PyThread_allocate_lock()
@@ -1038,6 +1055,33 @@ cdef class LogCore:
         self._lock_owner = 0
         PyThread_release_lock(self._lock)
 
+    # --- changes readers must notice (see _generation) -------------------------------
+
+    cdef inline void _begin_change(self) noexcept:
+        self._generation += 1 if self._generation % 2 == 0 else 2
+
+    cdef inline void _end_change(self) noexcept:
+        self._generation += 1 if self._generation % 2 else 2
+
+    cdef inline bint _changed(self, uint64_t generation) noexcept:
+        """Whether the log may have changed since a reader saw ``generation``."""
+        return generation % 2 == 1 or self._generation != generation
+
+    cdef object _closed_error(self):
+        if isinstance(self._fence, StoreClosed):
+            return self._fence
+        return StoreClosed("the store was closed; open it again")
+
+    cdef int _check_released(self) except -1:
+        if self._released:
+            raise self._closed_error()
+        return 0
+
+    @property
+    def generation(self):
+        """Odd while a truncation, trim or release is under way; moves with each."""
+        return self._generation
+
     # --- set-up by the engine ---------------------------------------------------------
 
     def attach_segment(self, base, buffer):
@@ -1069,9 +1113,11 @@ cdef class LogCore:
         cdef uint64_t start
         _clamp_u64(position, &start)  # bisect_left semantics: below 0 drops everything
         self._acquire()
+        self._begin_change()
         try:
             return self._detach_from(start)
         finally:
+            self._end_change()
             self._release()
 
     cdef list _detach_from(self, uint64_t position):
@@ -1123,20 +1169,26 @@ cdef class LogCore:
             self._release()
 
     def release(self):
-        """Let go of every mapping (the engine is about to unmap them)."""
+        """Let go of every mapping (the engine is about to unmap them); every later
+        read raises StoreClosed."""
         self._acquire()
+        self._begin_change()
         try:
+            self._released = True
             self._drop_segments(0)
             self._drop_all_queues()
         finally:
+            self._end_change()
             self._release()
 
     def drop_queues(self):
         """Forget every queue (recovery is about to rebuild them from the log)."""
         self._acquire()
+        self._begin_change()
         try:
             self._drop_all_queues()
         finally:
+            self._end_change()
             self._release()
 
     cdef int _drop_all_queues(self) except -1:
@@ -1557,10 +1609,16 @@ cdef class LogCore:
         """Records of one queue from ``offset`` on, in order, up to the committed position.
 
         At least one record is returned when one is visible, even if it is larger than
-        ``max_bytes``, so a consumer always makes progress (Kafka's rule).
+        ``max_bytes``, so a consumer always makes progress (Kafka's rule). A truncation,
+        reset or retention that takes records away during the read ends the answer
+        before them; a store closed meanwhile raises StoreClosed. Each record must be
+        the one its consume-queue entry names (topic, queue, offset): an entry that
+        points elsewhere is a ConsumeQueueMismatch.
         """
-        cdef _Queue queue = self._find_queue(topic, queue_id)
+        cdef _Queue queue
         cdef uint64_t start, stop, count
+        self._check_released()
+        queue = self._find_queue(topic, queue_id)
         self._check_read_offset(queue, topic, queue_id, offset, &start)
         if _clamp_u64(max_count, &count) < 0 or queue is None:
             return []  # max_count <= 0 (or no queue) asks for nothing
@@ -1587,10 +1645,12 @@ cdef class LogCore:
         ``scan_count_max`` entries are examined, so the answer may be empty while the
         next offset moves on: a consumer always makes progress.
         """
-        cdef _Queue queue = self._find_queue(topic, queue_id)
+        cdef _Queue queue
         cdef uint64_t hashes[TAG_HASHES_MAX]
         cdef Py_ssize_t hash_count = len(tag_hashes), index
         cdef uint64_t start, count, scan, stop
+        self._check_released()
+        queue = self._find_queue(topic, queue_id)
         self._check_read_offset(queue, topic, queue_id, offset, &start)
         if hash_count > TAG_HASHES_MAX:
             raise InvalidArgument(f"a tag filter may name at most {TAG_HASHES_MAX} tags")
@@ -1606,18 +1666,20 @@ cdef class LogCore:
     cdef tuple _pull(self, _Queue queue, uint64_t index, uint64_t stop, uint64_t count,
                      int64_t max_bytes, const uint64_t *hashes, Py_ssize_t hash_count):
         cdef list records = []
-        cdef uint64_t position, committed = self.committed_position, total = 0
+        cdef uint64_t position, total = 0, generation = self._generation
         cdef uint32_t size
         cdef const char *entry
+        cdef Record record
         while index < stop and <uint64_t>len(records) < count:
             # Checked every time: a large record is read with the GIL released, and
-            # meanwhile a truncation or retention may move the queue's ends.
-            if index < queue.min_offset or index >= queue.next_offset:
+            # meanwhile a truncation, retention or close may change the queue.
+            if self._moved_on(generation) or index < queue.min_offset or \
+                    index >= queue.next_offset:
                 break
             entry = queue.entry(index)
             position = mq_u64(entry + MQ_CQ_AT_POSITION)
             size = mq_u32(entry + MQ_CQ_AT_SIZE)
-            if position > committed or size > committed - position:
+            if not self._visible(queue, index, position, size, generation):
                 break
             if hash_count and not _has_hash(hashes, hash_count,
                                             mq_u64(entry + MQ_CQ_AT_HASH)):
@@ -1625,7 +1687,10 @@ cdef class LogCore:
                 continue
             if records and <int64_t>(total + size) > max_bytes:
                 break
-            records.append(self._read_at(position, size))
+            record = self._read_entry(queue, index, position, size, generation)
+            if record is None:
+                break
+            records.append(record)
             total += size
             index += 1
         return records, index
@@ -1633,15 +1698,17 @@ cdef class LogCore:
     cdef list _read_queue(self, _Queue queue, uint64_t start, uint64_t stop,
                           int64_t max_bytes):
         cdef list records = []
-        cdef uint64_t index, position, committed = self.committed_position, total = 0
+        cdef uint64_t index, position, total = 0, generation = self._generation
         cdef uint32_t size
         cdef Py_ssize_t file_index = -1
         cdef QueueFile *file
         cdef const char *entry
+        cdef Record record
         for index in range(start, stop):
             # Checked every time: a large record is read with the GIL released, and
-            # meanwhile a truncation or retention may move the queue's ends.
-            if index >= queue.next_offset or index < queue.min_offset:
+            # meanwhile a truncation, retention or close may change the queue.
+            if self._moved_on(generation) or index >= queue.next_offset or \
+                    index < queue.min_offset:
                 break
             if file_index < 0 or file_index >= queue.file_count or \
                     index - queue.files[file_index].base >= queue.entries_per_file:
@@ -1650,18 +1717,120 @@ cdef class LogCore:
             entry = file.data + (index - file.base) * MQ_CQ_ENTRY_SIZE
             position = mq_u64(entry + MQ_CQ_AT_POSITION)
             size = mq_u32(entry + MQ_CQ_AT_SIZE)
-            if position > committed or size > committed - position or \
+            if not self._visible(queue, index, position, size, generation) or \
                     (records and <int64_t>(total + size) > max_bytes):
                 break
-            records.append(self._read_at(position, size))
+            record = self._read_entry(queue, index, position, size, generation)
+            if record is None:
+                break
+            records.append(record)
             total += size
         return records
+
+    cdef inline bint _moved_on(self, uint64_t generation) except -1:
+        """Whether a change completed since ``generation`` (StoreClosed if a release)."""
+        if self._generation == generation:
+            return False
+        self._check_released()
+        return True
+
+    cdef inline bint _visible(self, _Queue queue, uint64_t offset, uint64_t position,
+                              uint32_t size, uint64_t generation) except -1:
+        """Whether the record an entry points to is committed. An entry pointing past
+        the written position is garbage, not a record yet to come: waiting would never
+        show it (the consumer would be stuck below max_offset), so it is an error."""
+        cdef uint64_t committed = self.committed_position
+        if position <= committed and size <= committed - position:
+            return True
+        if position > self.written_position and not self._changed(generation):
+            _entry_mismatch(queue, offset, position, size,
+                            f"past the end of the log ({self.written_position})")
+        return False
+
+    cdef Record _read_entry(self, _Queue queue, uint64_t offset, uint64_t position,
+                            uint32_t size, uint64_t generation):
+        """The record of a consume-queue entry, or None if the log changed under the read
+        (the record went away: the answer ends before it)."""
+        cdef int problem
+        cdef bytes raw = self._copy_record(position, size, &problem)
+        if problem == RECORD_OK:
+            if _is_queue_record(PyBytes_AS_STRING(raw), queue, offset):
+                return _new_record(raw)
+            problem = RECORD_IDENTITY
+        if self._changed(generation):
+            self._check_released()
+            return None
+        self._refuse_entry(queue, offset, position, size, problem, raw)
+
+    cdef bytes _copy_record(self, uint64_t position, uint32_t size, int *problem):
+        """A private copy of the ``size`` bytes at ``position`` and what _check_record
+        says of it (``problem``; None and a problem if they are not in one segment).
+
+        Copied with the GIL held (the mapping cannot go away meanwhile), checked on the
+        copy, without the GIL if it is large: a reader never holds an export that would
+        make the engine's unmap fail, nor a pointer into a mapping that it may unmap."""
+        cdef Segment *segment
+        cdef uint64_t offset
+        cdef bytes raw
+        if self._segment_count == 0 or position < self._segments[0].base:
+            problem[0] = RECORD_BEFORE_LOG
+            return None
+        segment = self._locate(position)
+        offset = position - segment.base
+        if size > segment.size or offset > segment.size - size:
+            problem[0] = RECORD_PAST_END
+            return None
+        raw = PyBytes_FromStringAndSize(segment.data + offset, size)
+        problem[0] = _check_copy(PyBytes_AS_STRING(raw), size, position,
+                                 self.verify_crc_on_read)
+        return raw
+
+    cdef int _refuse_entry(self, _Queue queue, uint64_t offset, uint64_t position,
+                           uint32_t size, int problem, bytes raw) except -1:
+        """Raise what a failed read of an entry's record means. If the log holds an
+        intact record at the entry's position that is not the one named (another
+        queue's, another offset's, another size), the entry is wrong:
+        ConsumeQueueMismatch. Else the bytes there are damaged: CorruptRecord."""
+        cdef Segment *segment
+        cdef const char *p
+        cdef mq_header header
+        if problem == RECORD_BEFORE_LOG:
+            _entry_mismatch(queue, offset, position, size, "before the log's first segment")
+        if problem == RECORD_IDENTITY or self._intact_at(position):
+            segment = self._locate(position)
+            p = segment.data + (position - segment.base)
+            mq_read_header(p, &header)
+            topic = PyUnicode_DecodeUTF8(p + MQ_HEADER_SIZE, header.topic_size, "replace")
+            _entry_mismatch(queue, offset, position, size,
+                            f"which holds the record of {topic!r}/{header.queue_id} offset "
+                            f"{header.queue_offset} ({header.size} bytes)")
+        if problem == RECORD_PAST_END:
+            raise CorruptRecord(position, f"size {size} runs past the segment's end")
+        raise CorruptRecord(position, _problem_text(problem, PyBytes_AS_STRING(raw)))
+
+    cdef bint _intact_at(self, uint64_t position) except -1:
+        """Whether an intact record (its own size, position and CRC32C) starts at
+        ``position`` (GIL held throughout: an error path only)."""
+        cdef Segment *segment
+        cdef uint64_t offset
+        cdef uint32_t size
+        if self._segment_count == 0 or position < self._segments[0].base:
+            return False
+        segment = self._locate(position)
+        offset = position - segment.base
+        if offset > segment.size or segment.size - offset < MQ_HEADER_SIZE:
+            return False
+        size = mq_u32(segment.data + offset + MQ_AT_SIZE)
+        return size <= segment.size - offset and \
+            _check_record(segment.data + offset, size, position, True) == RECORD_OK
 
     def read_record(self, position):
         """The record that starts at ``position``; it must be below the committed position."""
         cdef Segment *segment
-        cdef uint64_t start, offset
+        cdef uint64_t start, offset, generation = self._generation
         cdef uint32_t size
+        cdef int problem
+        self._check_released()
         if not PyLong_Check(position) or _clamp_u64(position, &start) != 0 or \
                 start >= self.committed_position:
             raise InvalidPosition(
@@ -1677,7 +1846,13 @@ cdef class LogCore:
             raise InvalidPosition(f"position {position} is not the start of a record")
         if size > self.committed_position - start:
             raise InvalidPosition(f"the record at {position} is not committed yet")
-        return self._read_at(start, size)
+        raw = self._copy_record(start, size, &problem)
+        if problem == RECORD_OK:
+            return _new_record(raw)
+        if self._changed(generation):
+            self._check_released()
+            raise _gone(start, self.written_position)
+        raise CorruptRecord(start, _problem_text(problem, PyBytes_AS_STRING(raw)))
 
     cdef Segment *_locate(self, uint64_t position) except NULL:
         """The last segment starting at or before ``position`` (bisect_right - 1)."""
@@ -1700,31 +1875,14 @@ cdef class LogCore:
         self._locate_hint = low - 1
         return self._segments[low - 1]
 
-    cdef Record _read_at(self, uint64_t position, uint32_t size):
-        cdef Segment *segment = self._locate(position)
-        cdef uint64_t offset = position - segment.base
-        cdef bytes raw
-        cdef char *copy
-        cdef int problem
-        if size > segment.size or offset > segment.size - size:
-            raise CorruptRecord(position, f"size {size} runs past the segment's end")
-        # Copied with the GIL held (the mapping cannot go away meanwhile), checked on the
-        # copy, without the GIL if it is large: a reader never holds an export that
-        # would make the engine's unmap fail.
-        raw = PyBytes_FromStringAndSize(segment.data + offset, size)
-        copy = PyBytes_AS_STRING(raw)
-        problem = _check_copy(copy, size, position, self.verify_crc_on_read)
-        if problem:
-            raise CorruptRecord(position, _problem_text(problem, copy))
-        return _new_record(raw)
-
     # --- what replication needs -------------------------------------------------------
 
     def read_raw(self, position, max_bytes):
         """Whole records from ``position`` up to the written position, never crossing a
         segment (a blank record ends the answer); at least one record if any."""
-        cdef uint64_t start
+        cdef uint64_t start, generation = self._generation
         cdef Segment *segment
+        self._check_released()
         if position == self.written_position:
             return b""
         if _clamp_u64(position, &start) != 0 or start >= self.written_position:
@@ -1732,8 +1890,53 @@ cdef class LogCore:
             raise InvalidPosition(f"position {position} is outside the log [{first}, "
                                   f"{self.written_position}]")
         segment = self._locate(start)
-        return _read_raw(segment, start - segment.base, self.written_position,
-                         _clamp_i64(max_bytes))
+        return self._read_raw(segment, start - segment.base, _clamp_i64(max_bytes),
+                              generation)
+
+    cdef bytes _read_raw(self, Segment *segment, uint64_t offset, int64_t max_bytes,
+                         uint64_t generation):
+        """read_raw over one segment from ``offset``: the twin's loop in passes, so that
+        the CRCs (most of the work) run on the answer's private copy with the GIL
+        released. Everything this needs from the mapping is read first: while the GIL is
+        let go a truncation, reset or retention may unmap the segment and free
+        ``segment`` (issue 14: that was a SIGSEGV)."""
+        cdef RawWalk walk
+        cdef uint64_t base = segment.base, written = self.written_position
+        cdef uint64_t limit = min(segment.size, written - base) if written > base else 0
+        cdef uint64_t bad, records_size
+        cdef bint next_bad = False
+        cdef bytes answer
+        cdef const char *copy
+        cdef str walk_text = None
+        _walk_raw(segment.data, segment.size, base, offset, limit, max_bytes, &walk)
+        answer = PyBytes_FromStringAndSize(segment.data + offset, walk.end - offset)
+        if walk.next_size:
+            next_bad = _check_record(segment.data + walk.next_offset, walk.next_size,
+                                     base + walk.next_offset, True) != RECORD_OK
+        if walk.problem:
+            walk_text = _problem_text(walk.problem, segment.data + walk.problem_offset)
+        segment = NULL  # from here on: the private copy and the locals above only
+        copy = PyBytes_AS_STRING(answer)
+        records_size = walk.records_end - offset
+        if records_size < GIL_FREE_BYTES:
+            bad = _first_bad_crc(copy, records_size)
+        else:
+            with nogil:
+                bad = _first_bad_crc(copy, records_size)
+        if (bad < records_size or next_bad or walk.problem) and self._changed(generation):
+            self._check_released()
+            raise _gone(base + offset, self.written_position)
+        # The twin checks record after record, the CRC last: report what it meets first.
+        if bad < records_size:
+            _raw_problem(RECORD_CRC, _problem_text(RECORD_CRC, copy + bad),
+                         base + offset + bad, bad == 0)
+        if next_bad:
+            _raw_problem(RECORD_CRC, _problem_text(RECORD_CRC, NULL),
+                         base + walk.next_offset, False)
+        if walk.problem:
+            _raw_problem(walk.problem, walk_text, base + walk.problem_offset,
+                         walk.problem_offset == offset)
+        return answer
 
     def append_raw(self, position, data):
         """Append records copied from another replica at the same position.
@@ -1907,27 +2110,33 @@ cdef class LogCore:
         runs before the write lock is released, so the engine can delete those files
         before any writer could want a new file of the same name.
         """
-        cdef uint64_t start
+        cdef uint64_t start, old_end
         self._acquire()
+        self._begin_change()
         try:
             if _clamp_u64(position, &start) != 0 or start > self.written_position:
                 raise InvalidPosition(f"cannot truncate to {position}: the log ends at "
                                       f"{self.written_position}")
             self.check_boundary(position)
-            self._zero_tail(start)
-            # A segment that starts exactly at ``position`` stays, empty.
-            dropped_segments = self._detach_from(start + 1)
+            # Readers first lose sight of what goes (ends, entries, segments), all with
+            # the GIL held; only then is the dead tail zeroed, maybe with the GIL
+            # released: no reader can be reading it by then.
+            old_end = self.written_position
+            self.committed_position = min(self.committed_position, start)
+            self.written_position = start
+            self._ready_end = 0
             dropped_files = []
             for queue in self._all_queues():
                 dropped_files.extend(self._truncate_queue(<_Queue>queue, start))
+            # A segment that starts exactly at ``position`` stays, empty.
+            dropped_segments = self._detach_from(start + 1)
             self.epoch_starts = [(e, p) for e, p in self.epoch_starts if p < position]
-            self.written_position = start
-            self._ready_end = 0
-            self.committed_position = min(self.committed_position, start)
+            self._zero_tail(start, old_end)
             if on_dropped is not None:
                 on_dropped(dropped_segments, dropped_files)
             return dropped_segments, dropped_files
         finally:
+            self._end_change()
             self._release()
 
     def trim_front(self, log_start, on_dropped=None):
@@ -1943,6 +2152,7 @@ cdef class LogCore:
         cdef uint64_t start
         cdef Py_ssize_t index = 0, moved
         self._acquire()
+        self._begin_change()
         try:
             _clamp_u64(log_start, &start)
             while index < self._segment_count and self._segments[index].base < start:
@@ -1968,6 +2178,7 @@ cdef class LogCore:
                 on_dropped(dropped_segments, dropped_files)
             return dropped_segments, dropped_files
         finally:
+            self._end_change()
             self._release()
 
     cdef list _trim_queue(self, _Queue queue, uint64_t log_start):
@@ -2085,7 +2296,9 @@ cdef class LogCore:
                 mq_u64(segment.data + offset + MQ_AT_POSITION) != start:
             raise InvalidPosition(f"position {position} is not a record boundary")
 
-    cdef void _zero_tail(self, uint64_t position) noexcept:
+    cdef void _zero_tail(self, uint64_t position, uint64_t old_end) noexcept:
+        """Zero ``[position, old_end)`` in the segments still attached (the write lock
+        keeps them mapped while _zero lets the GIL go)."""
         cdef Py_ssize_t index
         cdef Segment *segment
         cdef uint64_t start, end
@@ -2094,8 +2307,8 @@ cdef class LogCore:
             if segment.base > position:
                 break
             start = position - segment.base
-            end = (min(self.written_position - segment.base, segment.size)
-                   if self.written_position > segment.base else 0)
+            end = (min(old_end - segment.base, segment.size)
+                   if old_end > segment.base else 0)
             if start < end:
                 _zero(segment.data + start, end - start)
 
@@ -2278,43 +2491,13 @@ cdef struct RawWalk:
     uint32_t next_size  # ... and its size (0: none)
 
 
-cdef bytes _read_raw(Segment *segment, uint64_t offset, uint64_t written,
-                     int64_t max_bytes):
-    """read_raw over one segment from ``offset``: the twin's loop in passes, so that the
-    CRCs (most of the work) run on the answer's private copy with the GIL released."""
-    cdef RawWalk walk
-    cdef uint64_t limit = min(segment.size, written - segment.base) \
-        if written > segment.base else 0
-    cdef uint64_t bad
-    cdef bytes answer
-    cdef const char *copy
-    _walk_raw(segment.data, segment.size, segment.base, offset, limit, max_bytes, &walk)
-    answer = PyBytes_FromStringAndSize(segment.data + offset, walk.end - offset)
-    copy = PyBytes_AS_STRING(answer)
-    if walk.records_end - offset < GIL_FREE_BYTES:
-        bad = _first_bad_crc(copy, walk.records_end - offset)
-    else:
-        with nogil:
-            bad = _first_bad_crc(copy, walk.records_end - offset)
-    # The twin checks record after record, the CRC last: report what it meets first.
-    if bad < walk.records_end - offset:
-        _raw_problem(RECORD_CRC, copy + bad, segment.base + offset + bad, bad == 0)
-    if walk.next_size and _check_record(segment.data + walk.next_offset, walk.next_size,
-                                        segment.base + walk.next_offset, True):
-        _raw_problem(RECORD_CRC, NULL, segment.base + walk.next_offset, False)
-    if walk.problem:
-        _raw_problem(walk.problem, segment.data + walk.problem_offset,
-                     segment.base + walk.problem_offset, walk.problem_offset == offset)
-    return answer
-
-
 cdef void _walk_raw(const char *data, uint64_t segment_size, uint64_t base,
                     uint64_t offset, uint64_t limit, int64_t max_bytes,
                     RawWalk *walk) noexcept:
     """The twin's read_raw loop, every check but the CRC."""
     cdef uint64_t end = offset, size
     walk.problem = RECORD_OK
-    walk.next_size = 0
+    walk.problem_offset = walk.next_offset = walk.next_size = 0
     while end < limit:
         if segment_size - end < MQ_BLANK_SIZE_MIN:  # (the twin's unpack_from fails)
             walk.problem, walk.problem_offset = RECORD_SHORT, end
@@ -2347,8 +2530,39 @@ cdef uint64_t _first_bad_crc(const char *records, uint64_t size) noexcept nogil:
     return size
 
 
-cdef int _raw_problem(int problem, const char *record, uint64_t at, bint first) except -1:
-    text = _problem_text(problem, record)
+cdef int _raw_problem(int problem, str text, uint64_t at, bint first) except -1:
     if first and problem != RECORD_CRC:  # (only its CRC failing: a damaged record)
         raise InvalidPosition(f"position {at} is not the start of a record ({text})")
     raise CorruptRecord(at, text)
+
+
+cdef inline bint _is_queue_record(const char *p, _Queue queue, uint64_t offset) noexcept:
+    """Whether the intact record ``p`` is the one ``queue``'s entry for ``offset`` names."""
+    cdef mq_header header
+    mq_read_header(p, &header)
+    return header.queue_id == queue.queue_id and header.queue_offset == offset and \
+        not header.attributes & MQ_ATTR_CONTROL and \
+        header.topic_size == PyBytes_GET_SIZE(queue.topic_bytes) and \
+        memcmp(p + MQ_HEADER_SIZE, PyBytes_AS_STRING(queue.topic_bytes),
+               header.topic_size) == 0
+
+
+cdef int _entry_mismatch(_Queue queue, uint64_t offset, uint64_t position, uint32_t size,
+                         str why) except -1:
+    raise ConsumeQueueMismatch(_mismatch_text(queue.topic, queue.queue_id, offset, position,
+                                              size, why))
+
+
+def _mismatch_text(topic, queue_id, offset, position, size, why):
+    return (f"consume queue {topic!r}/{queue_id}: the entry of offset {offset} points at "
+            f"position {position} (size {size}), {why}; the queue is damaged, not the log: "
+            "close the store, move its consumequeue/ directory away and open it again to "
+            "rebuild every queue from the commit log")
+
+
+def _gone(position, written_position):
+    """What a read gets when a truncation, reset, or retention took its position away
+    while it was reading (never a CorruptRecord: those records were healthy)."""
+    return InvalidPosition(f"position {position} went away while it was read (the log was "
+                           f"truncated, reset or trimmed meanwhile; it now ends at "
+                           f"{written_position}): read again from a valid position")

@@ -28,7 +28,16 @@ the engine's business.
 
 Readers take no lock: they read a queue's end offset and the committed position, which
 the writer publishes only after the bytes they cover are in place, and they check every
-record's size, magic, position and CRC32C before handing it out.
+record's size, magic, position and CRC32C before handing it out, and that it is the
+record its consume-queue entry names (topic, queue, offset: else ConsumeQueueMismatch).
+
+Changes that take bytes away (truncate, trim_front, detach_segments_from, drop_queues,
+release) first hide what goes (the written and committed positions, the queues' ends),
+then drop or zero it, and mark their work in a generation count (odd while under way).
+A reader whose read fails compares the count with the one it started with: if the log
+changed meanwhile the failure is the change, not damage, and the reader answers as if
+it had read after it (a get ends before the records that went, read_raw/read_record
+raise InvalidPosition, a released core raises StoreClosed), never CorruptRecord.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ from mqlog.errors import (
     MessageTooLarge,
     OffsetOutOfRange,
     ReplicaDataRejected,
+    StoreClosed,
 )
 from mqlog.results import PUT_OK, BatchPutResult, PutResult
 
@@ -291,6 +301,40 @@ class LogCore:
         self.last_store_timestamp = 0
         self.last_keyed_end = 0  # just past the last keyed record put (the indexer's hint)
         self._fence: BaseException | None = None
+        # Every method that unmaps, frees or zeroes (truncate, trim_front, detach,
+        # drop_queues, release) makes the generation odd while it works and even again
+        # when done: a reader whose record failed a check, or that met a closed mapping,
+        # compares it with the one it started with, and if the log changed under it
+        # answers as if it had read after the change (a typed "gone" error, never a
+        # CorruptRecord for a healthy record that was dropped).
+        self._generation = 0
+        self._released = False  # release() ran: every read is StoreClosed
+
+    # --- changes readers must notice (see _generation) ---------------------------------
+
+    def _begin_change(self) -> None:
+        self._generation += 1 if self._generation % 2 == 0 else 2
+
+    def _end_change(self) -> None:
+        self._generation += 1 if self._generation % 2 else 2
+
+    def _changed(self, generation: int) -> bool:
+        """Whether the log may have changed since a reader saw ``generation``."""
+        return generation % 2 == 1 or self._generation != generation
+
+    def _closed_error(self) -> BaseException:
+        if isinstance(self._fence, StoreClosed):
+            return self._fence
+        return StoreClosed("the store was closed; open it again")
+
+    def _check_released(self) -> None:
+        if self._released:
+            raise self._closed_error()
+
+    @property
+    def generation(self) -> int:
+        """Odd while a truncation, trim or release is under way; moves with each."""
+        return self._generation
 
     # --- set-up by the engine -----------------------------------------------------------
 
@@ -305,6 +349,14 @@ class LogCore:
 
     def detach_segments_from(self, position: int) -> list[int]:
         """Forget every segment starting at or after ``position``; return their bases."""
+        with self._lock:
+            self._begin_change()
+            try:
+                return self._detach_from(position)
+            finally:
+                self._end_change()
+
+    def _detach_from(self, position: int) -> list[int]:
         index = bisect_left(self._bases, position)
         dropped = self._bases[index:]
         del self._segments[index:], self._bases[index:]
@@ -335,15 +387,23 @@ class LogCore:
             return [(topic, qid) for topic, queues in self._queues.items() for qid in queues]
 
     def release(self) -> None:
-        """Let go of every mapping (the engine is about to unmap them)."""
-        self._segments.clear()
-        self._bases.clear()
-        self._ready_end = 0
-        self._queues.clear()
+        """Let go of every mapping (the engine is about to unmap them); every later
+        read raises StoreClosed."""
+        with self._lock:
+            self._begin_change()
+            self._released = True
+            self._segments.clear()
+            self._bases.clear()
+            self._ready_end = 0
+            self._queues.clear()
+            self._end_change()
 
     def drop_queues(self) -> None:
         """Forget every queue (recovery is about to rebuild them from the log)."""
-        self._queues.clear()
+        with self._lock:
+            self._begin_change()
+            self._queues.clear()
+            self._end_change()
 
     def committed_end_offset(self, topic: str, queue_id: int) -> int:
         """One past the last offset of the queue whose record is committed."""
@@ -566,19 +626,32 @@ class LogCore:
         """Records of one queue from ``offset`` on, in order, up to the committed position.
 
         At least one record is returned when one is visible, even if it is larger than
-        ``max_bytes``, so a consumer always makes progress (Kafka's rule).
+        ``max_bytes``, so a consumer always makes progress (Kafka's rule). A truncation,
+        reset or retention that takes records away during the read ends the answer
+        before them; a store closed meanwhile raises StoreClosed. Each record must be
+        the one its consume-queue entry names (topic, queue, offset): an entry that
+        points elsewhere is a ConsumeQueueMismatch.
         """
+        generation = self._generation  # (first: a release after it changes it)
+        self._check_released()
         queue = self._readable_queue(topic, queue_id, offset)
         records: list[Record] = []
         total = 0
-        committed = self.committed_position
         for index in range(offset, min(queue.next_offset, offset + max_count)):
-            if index < queue.min_offset:
-                break  # retention moved the queue's start past this reader
-            position, size, _hash = queue.entry(index)
-            if position + size > committed or (records and total + size > max_bytes):
+            # Checked every time: a truncation, retention or close may change the queue.
+            if self._moved_on(generation) or not queue.min_offset <= index < queue.next_offset:
                 break
-            records.append(self._read_at(position, size))
+            entry = self._entry(queue, index, generation)
+            if entry is None:
+                break
+            position, size, _hash = entry
+            if not self._visible(queue, index, position, size, generation) or \
+                    (records and total + size > max_bytes):
+                break
+            record = self._read_entry(queue, index, position, size, generation)
+            if record is None:
+                break
+            records.append(record)
             total += size
         return records
 
@@ -591,21 +664,30 @@ class LogCore:
         ``scan_count_max`` entries are examined, so the answer may be empty while the
         next offset moves on: a consumer always makes progress.
         """
+        generation = self._generation  # (first: a release after it changes it)
+        self._check_released()
         queue = self._readable_queue(topic, queue_id, offset)
         records: list[Record] = []
         total = 0
-        committed = self.committed_position
         index, stop = offset, min(queue.next_offset, offset + max(scan_count_max, 0))
-        while index < stop and len(records) < max_count and index >= queue.min_offset:
-            position, size, hash_value = queue.entry(index)
-            if position + size > committed:
+        while index < stop and len(records) < max_count:
+            if self._moved_on(generation) or not queue.min_offset <= index < queue.next_offset:
+                break
+            entry = self._entry(queue, index, generation)
+            if entry is None:
+                break
+            position, size, hash_value = entry
+            if not self._visible(queue, index, position, size, generation):
                 break
             if tag_hashes and hash_value not in tag_hashes:
                 index += 1
                 continue
             if records and total + size > max_bytes:
                 break
-            records.append(self._read_at(position, size))
+            record = self._read_entry(queue, index, position, size, generation)
+            if record is None:
+                break
+            records.append(record)
             total += size
             index += 1
         return records, index
@@ -622,8 +704,114 @@ class LogCore:
                 min_offset=queue.min_offset, max_offset=queue.next_offset)
         return queue
 
+    def _moved_on(self, generation: int) -> bool:
+        """Whether a change completed since ``generation`` (StoreClosed if a release)."""
+        if self._generation == generation:
+            return False
+        self._check_released()
+        return True
+
+    def _entry(self, queue: _Queue, offset: int,
+               generation: int) -> tuple[int, int, int] | None:
+        """The entry of ``offset``; None if its file went away under the read."""
+        try:
+            return queue.entry(offset)
+        except _GONE_ERRORS:
+            if not self._changed(generation):
+                raise
+            self._check_released()
+            return None
+
+    def _visible(self, queue: _Queue, offset: int, position: int, size: int,
+                 generation: int) -> bool:
+        """Whether the record an entry points to is committed. An entry pointing past
+        the written position is garbage, not a record yet to come: waiting would never
+        show it (the consumer would be stuck below max_offset), so it is an error."""
+        if position + size <= self.committed_position:
+            return True
+        if position > self.written_position and not self._changed(generation):
+            raise ConsumeQueueMismatch(_mismatch_text(
+                queue.topic, queue.queue_id, offset, position, size,
+                f"past the end of the log ({self.written_position})"))
+        return False
+
+    def _read_entry(self, queue: _Queue, offset: int, position: int, size: int,
+                    generation: int) -> Record | None:
+        """The record of a consume-queue entry, or None if the log changed under the read
+        (the record went away: the answer ends before it)."""
+        try:
+            raw, problem = self._copy_record(position, size)
+        except _GONE_ERRORS:
+            if not self._changed(generation):
+                raise
+            raw, problem = None, _PAST_END
+        if raw is not None and not problem:
+            if _is_queue_record(raw, queue, offset):
+                return Record(raw)
+            problem = _IDENTITY
+        if self._changed(generation):
+            self._check_released()
+            return None
+        self._refuse_entry(queue, offset, position, size, problem)
+        return None  # (never reached: _refuse_entry raises)
+
+    def _copy_record(self, position: int, size: int) -> tuple[bytes | None, str]:
+        """A private copy of the ``size`` bytes at ``position`` and what _check_record
+        says of it (None and a problem if they are not in one segment)."""
+        if not self._bases or position < self._bases[0]:
+            return None, _BEFORE_LOG
+        segment, offset = self._locate(position)
+        if offset + size > segment.size:
+            return None, _PAST_END
+        raw = bytes(segment.buffer[offset:offset + size])
+        return raw, _check_record(raw, position, self.verify_crc_on_read)
+
+    def _refuse_entry(self, queue: _Queue, offset: int, position: int, size: int,
+                      problem: str) -> None:
+        """Raise what a failed read of an entry's record means. If the log holds an
+        intact record at the entry's position that is not the one named (another
+        queue's, another offset's, another size), the entry is wrong:
+        ConsumeQueueMismatch. Else the bytes there are damaged: CorruptRecord."""
+        if problem == _BEFORE_LOG:
+            raise ConsumeQueueMismatch(_mismatch_text(
+                queue.topic, queue.queue_id, offset, position, size,
+                "before the log's first segment"))
+        if problem == _IDENTITY or self._intact_at(position):
+            segment, at = self._locate(position)
+            header = HEADER.unpack_from(segment.buffer, at)
+            topic = bytes(segment.buffer[at + HEADER_SIZE:at + HEADER_SIZE + header[4]])
+            raise ConsumeQueueMismatch(_mismatch_text(
+                queue.topic, queue.queue_id, offset, position, size,
+                f"which holds the record of {topic.decode(errors='replace')!r}/{header[5]} "
+                f"offset {header[8]} ({header[0]} bytes)"))
+        if problem == _PAST_END:
+            raise CorruptRecord(position, f"size {size} runs past the segment's end")
+        raise CorruptRecord(position, problem)
+
+    def _intact_at(self, position: int) -> bool:
+        """Whether an intact record (its own size, position and CRC32C) starts there."""
+        if not self._bases or position < self._bases[0]:
+            return False
+        segment, offset = self._locate(position)
+        if segment.size - offset < HEADER_SIZE:
+            return False
+        size = BLANK.unpack_from(segment.buffer, offset)[0]
+        return offset + size <= segment.size and not _check_record(
+            bytes(segment.buffer[offset:offset + size]), position, True)
+
     def read_record(self, position: int) -> Record:
         """The record that starts at ``position``; it must be below the committed position."""
+        generation = self._generation  # (first: a release after it changes it)
+        self._check_released()
+        try:
+            return self._read_record(position)
+        except (*_GONE_ERRORS, CorruptRecord):
+            if not self._changed(generation):
+                raise
+            self._check_released()
+            raise _gone(position, self.written_position) from None
+
+    def _read_record(self, position: int) -> Record:
         if not isinstance(position, int) or position < 0 or position >= self.committed_position:
             raise InvalidPosition(
                 f"position {position} is not below the committed position "
@@ -636,7 +824,10 @@ class LogCore:
             raise InvalidPosition(f"position {position} is not the start of a record")
         if position + size > self.committed_position:
             raise InvalidPosition(f"the record at {position} is not committed yet")
-        return self._read_at(position, size)
+        raw, problem = self._copy_record(position, size)
+        if problem:
+            raise CorruptRecord(position, problem)
+        return Record(raw)  # type: ignore[arg-type]
 
     def _locate(self, position: int) -> tuple[_Segment, int]:
         index = bisect_right(self._bases, position) - 1
@@ -645,23 +836,26 @@ class LogCore:
         segment = self._segments[index]
         return segment, position - segment.base
 
-    def _read_at(self, position: int, size: int) -> Record:
-        segment, offset = self._locate(position)
-        if offset + size > segment.size:
-            raise CorruptRecord(position, f"size {size} runs past the segment's end")
-        raw = bytes(segment.buffer[offset:offset + size])
-        problem = _check_record(raw, position, self.verify_crc_on_read)
-        if problem:
-            raise CorruptRecord(position, problem)
-        if HEADER.unpack_from(raw)[0] != size:
-            raise CorruptRecord(position, "size differs from its consume-queue entry")
-        return Record(raw)
-
     # --- what replication needs -------------------------------------------------------
 
     def read_raw(self, position: int, max_bytes: int) -> bytes:
         """Whole records from ``position`` up to the written position, never crossing a
         segment (a blank record ends the answer); at least one record if any."""
+        generation = self._generation  # (first: a release after it changes it)
+        self._check_released()
+        try:
+            answer = self._read_raw(position, max_bytes)
+        except (*_GONE_ERRORS, CorruptRecord):
+            if not self._changed(generation):
+                raise
+            self._check_released()
+            raise _gone(position, self.written_position) from None
+        if answer and self._changed(generation):  # (its bytes may mix before and after)
+            self._check_released()
+            raise _gone(position, self.written_position)
+        return answer
+
+    def _read_raw(self, position: int, max_bytes: int) -> bytes:
         if position == self.written_position:
             return b""
         if not 0 <= position < self.written_position:
@@ -809,18 +1003,29 @@ class LogCore:
                 raise InvalidPosition(f"cannot truncate to {position}: the log ends at "
                                       f"{self.written_position}")
             self.check_boundary(position)
-            self._zero_tail(position)
-            # A segment that starts exactly at ``position`` stays, empty.
-            dropped_segments = self.detach_segments_from(position + 1)
-            dropped_files = [item for queue in self._all_queues()
-                             for item in self._truncate_queue(queue, position)]
-            self.epoch_starts = [(e, p) for e, p in self.epoch_starts if p < position]
-            self.written_position = position
-            self._ready_end = 0
-            self.committed_position = min(self.committed_position, position)
-            if on_dropped is not None:
-                on_dropped(dropped_segments, dropped_files)
-            return dropped_segments, dropped_files
+            self._begin_change()
+            try:
+                return self._truncate(position, on_dropped)
+            finally:
+                self._end_change()
+
+    def _truncate(self, position: int, on_dropped: Callable[[list, list], None] | None
+                  ) -> tuple[list[int], list[tuple[str, int, int]]]:
+        # Readers first lose sight of what goes (ends, entries, segments); only then is
+        # the dead tail zeroed.
+        old_end = self.written_position
+        self.committed_position = min(self.committed_position, position)
+        self.written_position = position
+        self._ready_end = 0
+        dropped_files = [item for queue in self._all_queues()
+                         for item in self._truncate_queue(queue, position)]
+        # A segment that starts exactly at ``position`` stays, empty.
+        dropped_segments = self._detach_from(position + 1)
+        self.epoch_starts = [(e, p) for e, p in self.epoch_starts if p < position]
+        self._zero_tail(position, old_end)
+        if on_dropped is not None:
+            on_dropped(dropped_segments, dropped_files)
+        return dropped_segments, dropped_files
 
     def trim_front(self, log_start: int, on_dropped: Callable[[list, list], None] | None = None
                    ) -> tuple[list[int], list[tuple[str, int, int]]]:
@@ -837,15 +1042,23 @@ class LogCore:
                 raise InvalidPosition(f"cannot trim the log to {log_start}: it must be the "
                                       "base of a segment at or below the committed position "
                                       f"{self.committed_position}")
-            dropped_files = [item for queue in self._all_queues()
-                             for item in self._trim_queue(queue, log_start)]
-            index = self._bases.index(log_start)
-            dropped_segments = self._bases[:index]
-            del self._segments[:index], self._bases[:index]
-            self.epoch_starts = _epochs_from(self.epoch_starts, log_start)
-            if on_dropped is not None:
-                on_dropped(dropped_segments, dropped_files)
-            return dropped_segments, dropped_files
+            self._begin_change()
+            try:
+                return self._trim_front(log_start, on_dropped)
+            finally:
+                self._end_change()
+
+    def _trim_front(self, log_start: int, on_dropped: Callable[[list, list], None] | None
+                    ) -> tuple[list[int], list[tuple[str, int, int]]]:
+        dropped_files = [item for queue in self._all_queues()
+                         for item in self._trim_queue(queue, log_start)]
+        index = self._bases.index(log_start)
+        dropped_segments = self._bases[:index]
+        del self._segments[:index], self._bases[:index]
+        self.epoch_starts = _epochs_from(self.epoch_starts, log_start)
+        if on_dropped is not None:
+            on_dropped(dropped_segments, dropped_files)
+        return dropped_segments, dropped_files
 
     def _trim_queue(self, queue: _Queue, log_start: int) -> list[tuple[str, int, int]]:
         low = queue.min_offset = queue.first_at(log_start)
@@ -872,12 +1085,12 @@ class LogCore:
                 HEADER.unpack_from(segment.buffer, offset)[9] != position:
             raise InvalidPosition(f"position {position} is not a record boundary")
 
-    def _zero_tail(self, position: int) -> None:
+    def _zero_tail(self, position: int, old_end: int) -> None:
         for segment in self._segments:
             if segment.base > position:
                 break
             start = position - segment.base
-            end = min(self.written_position - segment.base, segment.size)
+            end = min(old_end - segment.base, segment.size)
             if start < end:
                 _zero(segment.buffer, start, end)
 
@@ -1104,3 +1317,34 @@ def _zero(buffer: Any, start: int, end: int) -> None:
         buffer[start:start + chunk] = _ZERO_CHUNK[:chunk]
         start += chunk
 
+
+
+_GONE_ERRORS = (ValueError, IndexError, AssertionError, struct.error)  # a mapping went away
+# what a read of a consume-queue entry's record met besides _check_record's problems
+_PAST_END = "past the segment's end"  # the entry's size runs past its segment's end
+_BEFORE_LOG = "before the log"  # the entry's position lies before the first segment
+_IDENTITY = "another record"  # an intact record, of another queue or offset
+
+
+def _is_queue_record(raw: bytes, queue: _Queue, offset: int) -> bool:
+    """Whether the intact record ``raw`` is the one ``queue``'s entry for ``offset`` names."""
+    header = HEADER.unpack_from(raw)
+    return header[5] == queue.queue_id and header[8] == offset and \
+        not header[3] & ATTR_CONTROL and \
+        raw[HEADER_SIZE:HEADER_SIZE + header[4]] == queue.topic_bytes
+
+
+def _mismatch_text(topic: str, queue_id: int, offset: int, position: int, size: int,
+                   why: str) -> str:
+    return (f"consume queue {topic!r}/{queue_id}: the entry of offset {offset} points at "
+            f"position {position} (size {size}), {why}; the queue is damaged, not the log: "
+            "close the store, move its consumequeue/ directory away and open it again to "
+            "rebuild every queue from the commit log")
+
+
+def _gone(position: int, written_position: int) -> InvalidPosition:
+    """What a read gets when a truncation, reset, or retention took its position away
+    while it was reading (never a CorruptRecord: those records were healthy)."""
+    return InvalidPosition(f"position {position} went away while it was read (the log was "
+                           f"truncated, reset or trimmed meanwhile; it now ends at "
+                           f"{written_position}): read again from a valid position")

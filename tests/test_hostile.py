@@ -1,0 +1,171 @@
+"""Hostile cases (issue 14): what a careless caller, a racing thread, a damaged file or a
+full disk does to a store, on both log cores. Each test's docstring names the finding
+it guards (issue 14, item N); each failed before its fix.
+
+Races run in a subprocess (``_run_child``) so that a segfault fails the test instead of
+killing pytest; their rounds are counted, not timed, and every reader checks each answer
+it gets, so the test can fail on a quiet machine and on a loaded one alike.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+import pytest
+
+import mqlog
+from mqlog import errors
+from tests.conftest import SMALL
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# --- races: readers beside truncate, reset, retention and close --------------------------
+
+RACE_RECORD_BYTES = 70 * 1024  # above the cores' GIL_FREE_BYTES: CRCs run without the GIL
+RACE_SEGMENT_BYTES = 256 * 1024  # three records fill a segment
+RACE_ROUNDS = {"truncate": 800, "reset": 250, "retention": 400, "close": 50}
+
+
+def _race_store(path: Path, impl: str, **overrides: object) -> mqlog.Store:
+    settings = {**SMALL, "segment_size_bytes": RACE_SEGMENT_BYTES,
+                "message_size_bytes_max": 128 * 1024, **overrides}
+    return mqlog.open(path, implementation=impl, **settings)
+
+
+class _Readers:
+    """Threads that read what ``target`` names, again and again, and note every answer
+    that is wrong: an untyped error, a CorruptRecord, or a record that is not the one
+    asked for. ``allowed`` are the typed errors a read beside the change may get."""
+
+    def __init__(self, allowed: tuple[type[BaseException], ...], count: int = 2) -> None:
+        self.allowed = allowed
+        self.store: mqlog.Store | None = None
+        self.target: tuple[int, int, int] | None = None  # (position, offset, count)
+        self.failures: list[str] = []
+        self.reads = 0
+        self._stopping = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(count)]
+
+    def __enter__(self) -> _Readers:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopping.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _run(self, which: int) -> None:
+        while not self._stopping.is_set() and len(self.failures) < 5:
+            store, target = self.store, self.target
+            if store is None or target is None:
+                continue
+            try:
+                self._read(store, target, which)
+            except self.allowed:
+                pass
+            except BaseException as error:  # noqa: BLE001 (every other error is a finding)
+                self.failures.append(f"{type(error).__name__}: {error}\n"
+                                     f"{traceback.format_exc(limit=-4)}")
+            self.reads += 1
+
+    def _read(self, store: mqlog.Store, target: tuple[int, int, int], which: int) -> None:
+        position, offset, count = target
+        if which % 2 == 0:
+            raw = store.read_raw(position, 1)  # one record (and a blank), then the next
+            if raw:  # (b"": the log ends there now)
+                assert int.from_bytes(raw[:4], "little") == RACE_RECORD_BYTES + 73, raw[:80]
+            store.read_record(position)
+        else:
+            for record in store.get("t", 0, offset, count, 1 << 24):
+                assert (record.topic, record.queue_id, record.offset) == ("t", 0, offset)
+                assert record.body == _body(offset), f"record of offset {offset} differs"
+                offset += 1
+
+
+def _body(offset: int) -> bytes:
+    return offset.to_bytes(8, "little") * (RACE_RECORD_BYTES // 8)
+
+
+def _race(directory: str, impl: str, mode: str, rounds: int) -> None:
+    """The child's work: ``rounds`` of five puts, then the change ``mode`` names, with
+    readers reading those records all along."""
+    path = Path(directory)
+    sys.setswitchinterval(1e-5)  # switch threads often: more interleavings per round
+    allowed: tuple[type[BaseException], ...] = (errors.InvalidPosition,
+                                                errors.OffsetOutOfRange)
+    if mode == "close":
+        allowed += (errors.StoreClosed,)
+    overrides = {"retention_bytes": 2 * RACE_SEGMENT_BYTES} if mode == "retention" else {}
+    store = _race_store(path / "store", impl, **overrides)
+    with _Readers(allowed) as readers:
+        readers.store = store
+        for round_index in range(rounds):
+            start = store.written_position
+            first = store.max_offset("t", 0)
+            # Three records fill a segment: the fourth and fifth open the next one, which
+            # a truncation to ``start`` unmaps while a reader may be checking the fifth.
+            results = [store.put("t", _body(first + i)) for i in range(5)]
+            readers.target = (results[3].position, first, 5)
+            if mode == "truncate":
+                store.truncate(start)
+            elif mode == "reset":
+                store.reset(store.written_position + 8, [])
+            elif mode == "retention":
+                store.apply_retention()
+            else:
+                store.close()
+                store = _race_store(path / f"store{round_index % 2}", impl)
+                readers.store = store
+        readers.target = None
+    store.close()
+    print(f"{mode}: {rounds} rounds, {readers.reads} reads")
+    assert not readers.failures, readers.failures
+
+
+def _run_child(function: str, *arguments: object, timeout_s: float = 600) -> str:
+    """Run ``tests.test_hostile.<function>(*arguments)`` in a fresh interpreter; fail
+    the test with its output if it dies (a signal) or fails."""
+    code = f"from tests.test_hostile import {function}; {function}(*{arguments!r})"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout_s, check=False)
+    if done.returncode != 0:
+        how = f"signal {-done.returncode}" if done.returncode < 0 else \
+            f"exit {done.returncode}"
+        pytest.fail(f"{function}{arguments} died ({how}):\n{done.stdout}\n{done.stderr}")
+    return done.stdout
+
+
+@pytest.fixture
+def fast_path(tmp_path):
+    """A directory on tmpfs when there is one (a truncation fsyncs its checkpoint: on a
+    disk that is most of a race round's time), else tmp_path."""
+    if not os.access("/dev/shm", os.W_OK):
+        yield tmp_path
+        return
+    path = Path(tempfile.mkdtemp(prefix="mqlog-hostile-", dir="/dev/shm"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode", ["truncate", "reset", "retention", "close"])
+def test_reads_beside_a_change_that_unmaps_never_crash(fast_path, impl, mode):
+    """Issue 14, items 1 and 9: read_raw kept a raw segment pointer across its GIL-free
+    CRC pass while truncate unmapped the segment (SIGSEGV, C core); close() during reads
+    gave AssertionError (C) or ``ValueError: mmap closed`` (twin) instead of StoreClosed;
+    readers beside a truncation saw ``CorruptRecord ... run recovery`` for healthy records
+    being dropped. Readers (read_raw, read_record, get) run beside truncate, reset,
+    retention or close for hundreds of rounds: only typed "gone" errors are allowed, and
+    every record returned must be the one asked for."""
+    output = _run_child("_race", str(fast_path), impl, mode, RACE_ROUNDS[mode])
+    assert f"{mode}: {RACE_ROUNDS[mode]} rounds" in output
