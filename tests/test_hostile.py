@@ -169,3 +169,57 @@ def test_reads_beside_a_change_that_unmaps_never_crash(fast_path, impl, mode):
     every record returned must be the one asked for."""
     output = _run_child("_race", str(fast_path), impl, mode, RACE_ROUNDS[mode])
     assert f"{mode}: {RACE_ROUNDS[mode]} rounds" in output
+
+
+# --- damaged consume-queue entries ---------------------------------------------------------
+
+
+def _queue_file(store: mqlog.Store, topic: str, queue_id: int) -> Path:
+    return store.paths.queue_dir(topic, queue_id) / f"{0:020d}"
+
+
+def _set_entry_position(store: mqlog.Store, offset: int, position: int) -> None:
+    """Overwrite the position of entry ``offset`` of queue t/0 (the file is mapped shared:
+    the store sees the change at once)."""
+    with open(_queue_file(store, "t", 0), "r+b") as file:
+        file.seek(offset * 20)
+        file.write(position.to_bytes(8, "little"))
+
+
+def test_an_entry_pointing_at_another_record_is_a_mismatch_not_a_wrong_record(open_store):
+    """Issue 14, item 4: reads checked a record's CRC and position but never that its
+    topic, queue and offset are the ones the consume-queue entry claimed: with entry 10
+    pointing at record 11, offset 10 was never delivered while 11 came twice."""
+    store = open_store()
+    results = [store.put("t", bytes([i]) * 10) for i in range(20)]
+    store.put("u", b"other" * 4)  # a larger record than those of "t"
+    _set_entry_position(store, 10, results[11].position)
+    with pytest.raises(errors.ConsumeQueueMismatch, match="entry of offset 10 points at"):
+        store.get("t", 0, 0, 32)
+    with pytest.raises(errors.ConsumeQueueMismatch, match="'t'/0 offset 11"):
+        store.get("t", 0, 10, 1)
+    assert [r.offset for r in store.get("t", 0, 0, 10)] == list(range(10))  # before: fine
+    assert [r.offset for r in store.get("t", 0, 11, 32)] == list(range(11, 20))
+    _set_entry_position(store, 10, results[-1].position + results[-1].size)  # "u"'s record
+    with pytest.raises(errors.ConsumeQueueMismatch, match="'u'/0 offset 0"):
+        store.get("t", 0, 10, 1)
+
+
+def test_a_garbage_entry_past_the_log_end_is_a_mismatch_not_an_empty_answer(open_store):
+    """Issue 14, item 4: a garbage entry past the committed position made ``get`` return
+    [] below max_offset, so the consumer was stuck forever; it is a ConsumeQueueMismatch
+    (with pull too). A size that runs past the segment over an intact record is one as
+    well."""
+    store = open_store()
+    results = [store.put("t", bytes([i]) * 10) for i in range(20)]
+    _set_entry_position(store, 10, 1 << 40)
+    for read in (lambda: store.get("t", 0, 10, 5), lambda: store.pull("t", 0, 10, 5)):
+        with pytest.raises(errors.ConsumeQueueMismatch, match="past the end of the log"):
+            read()
+    _set_entry_position(store, 10, results[10].position)
+    assert store.get("t", 0, 10, 1)[0].offset == 10
+    with open(_queue_file(store, "t", 0), "r+b") as file:  # the size of entry 10
+        file.seek(10 * 20 + 8)
+        file.write((results[10].size + 8).to_bytes(4, "little"))
+    with pytest.raises(errors.ConsumeQueueMismatch, match=f"size {results[10].size + 8}"):
+        store.get("t", 0, 10, 1)

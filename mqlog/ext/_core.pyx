@@ -1736,15 +1736,18 @@ cdef class LogCore:
 
     cdef inline bint _visible(self, _Queue queue, uint64_t offset, uint64_t position,
                               uint32_t size, uint64_t generation) except -1:
-        """Whether the record an entry points to is committed. An entry pointing past
-        the written position is garbage, not a record yet to come: waiting would never
-        show it (the consumer would be stuck below max_offset), so it is an error."""
-        cdef uint64_t committed = self.committed_position
+        """Whether the record an entry points to is committed. An entry whose record
+        would end past the written position is garbage, not a record yet to come:
+        waiting would never show it (the consumer would be stuck below max_offset), so
+        it is an error."""
+        cdef uint64_t committed = self.committed_position, written = self.written_position
         if position <= committed and size <= committed - position:
             return True
-        if position > self.written_position and not self._changed(generation):
+        if (position > written or size > written - position) and \
+                not (offset + 1 == queue.next_offset and position == written) and \
+                not self._changed(generation):  # (the twin publishes the entry first)
             _entry_mismatch(queue, offset, position, size,
-                            f"past the end of the log ({self.written_position})")
+                            f"past the end of the log ({written})")
         return False
 
     cdef Record _read_entry(self, _Queue queue, uint64_t offset, uint64_t position,

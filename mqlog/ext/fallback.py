@@ -724,15 +724,19 @@ class LogCore:
 
     def _visible(self, queue: _Queue, offset: int, position: int, size: int,
                  generation: int) -> bool:
-        """Whether the record an entry points to is committed. An entry pointing past
-        the written position is garbage, not a record yet to come: waiting would never
-        show it (the consumer would be stuck below max_offset), so it is an error."""
+        """Whether the record an entry points to is committed. An entry whose record
+        would end past the written position is garbage, not a record yet to come:
+        waiting would never show it (the consumer would be stuck below max_offset), so
+        it is an error."""
         if position + size <= self.committed_position:
             return True
-        if position > self.written_position and not self._changed(generation):
+        written = self.written_position
+        if position + size > written and \
+                not (offset + 1 == queue.next_offset and position == written) and \
+                not self._changed(generation):  # (_append publishes the entry first)
             raise ConsumeQueueMismatch(_mismatch_text(
                 queue.topic, queue.queue_id, offset, position, size,
-                f"past the end of the log ({self.written_position})"))
+                f"past the end of the log ({written})"))
         return False
 
     def _read_entry(self, queue: _Queue, offset: int, position: int, size: int,
