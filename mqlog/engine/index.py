@@ -91,17 +91,44 @@ class IndexFile:
 
     def chain(self, value: int, begin: int) -> Iterator[tuple[int, int]]:
         """(position, store timestamp) of the entries with hash ``value``, newest first,
-        down to the first one older than ``begin``."""
+        down to the first one older than ``begin``.
+
+        A chain is trusted only as far as it holds together: every link points to an
+        earlier entry (so a walk ends after at most ``entry_count`` steps, never spins),
+        in the same bucket, at an earlier position inside this file's range, no newer
+        than the entry before it. Anything else raises IndexDamaged (the file is
+        rebuilt): flipped bits never make a lookup hang or silently miss a record."""
         buffer = self.mapped.buffer
         entries_at = _HEADER_SIZE + 4 * self.slot_count
-        number = _SLOT.unpack_from(buffer, _HEADER_SIZE + 4 * (value % self.slot_count))[0]
-        while 0 < number <= self.entry_count:
-            key_hash, position, timestamp, number = _ENTRY.unpack_from(
+        bucket = value % self.slot_count
+        number = _SLOT.unpack_from(buffer, _HEADER_SIZE + 4 * bucket)[0]
+        if number > self.entry_count:
+            raise IndexDamaged(self, f"slot {bucket} names entry {number} of "
+                                     f"{self.entry_count}")
+        newer_position, newer_timestamp = self.end_position, _TIME_MAX
+        while number:
+            key_hash, position, timestamp, link = _ENTRY.unpack_from(
                 buffer, entries_at + (number - 1) * _ENTRY_SIZE)
+            if link >= number or key_hash % self.slot_count != bucket or \
+                    not self.first_position <= position < newer_position or \
+                    timestamp > newer_timestamp:
+                raise IndexDamaged(self, f"entry {number} (hash {key_hash:#x}, position "
+                                         f"{position}, link {link}) does not belong in the "
+                                         f"chain of slot {bucket}")
             if timestamp < begin:
                 return
             if key_hash == value:
                 yield position, timestamp
+            number, newer_position, newer_timestamp = link, position, timestamp
+
+
+class IndexDamaged(Exception):
+    """An index file whose entries do not hold together (or name no record): the key
+    index rebuilds it from the log (``KeyIndex.rebuild_from``); never seen by callers."""
+
+    def __init__(self, index: IndexFile, reason: str) -> None:
+        super().__init__(f"index file {index.mapped.path} is damaged: {reason}")
+        self.first_position = index.first_position
 
 
 class KeyIndex:
@@ -115,6 +142,7 @@ class KeyIndex:
         self._module = core_module
         self._config = config
         self._files: list[IndexFile] = []
+        self._rebuilt = 0
 
     # --- opening ---------------------------------------------------------------------
 
@@ -217,7 +245,8 @@ class KeyIndex:
 
     def positions(self, topic: str, key: str, begin: int, end: int) -> Iterator[int]:
         """Positions of records that may have this key in [begin, end], newest first:
-        the hash matches; the caller compares the records themselves."""
+        the hash matches; the caller compares the records themselves. Raises
+        IndexDamaged (see ``IndexFile.chain``): call ``rebuild_from`` and ask again."""
         value = self._module.key_hash(topic, key, self._config.index_key_hash_bits)
         for index in reversed(self._files):
             if index.entry_count == 0 or index.min_timestamp > end:
@@ -241,6 +270,21 @@ class KeyIndex:
         while self._files and self._files[-1].end_position > position:
             self._files.pop().mapped.remove()
 
+    def damaged_at(self, position: int, reason: str) -> IndexDamaged:
+        """IndexDamaged for the file whose entry names ``position``, which holds no
+        record (``reason``)."""
+        holder = next((index for index in reversed(self._files)
+                       if index.first_position <= position), self._files[0])
+        return IndexDamaged(holder, f"an entry names position {position}: {reason}")
+
+    def rebuild_from(self, first_position: int) -> None:
+        """Rebuild the file that starts at ``first_position`` and every later one from
+        the log (lock held): a lookup found it damaged."""
+        while self._files and self._files[-1].first_position >= first_position:
+            self._files.pop().mapped.remove()
+        self._rebuilt += 1
+        self.catch_up()
+
     def close(self) -> None:
         """Seal the last file and unmap everything (lock held)."""
         if self._files and not self._files[-1].full:
@@ -252,6 +296,11 @@ class KeyIndex:
         for index in self._files:
             index.mapped.close()
         self._files.clear()
+
+    @property
+    def rebuilt_count(self) -> int:
+        """Damaged index files rebuilt since open (IndexDamaged met by lookups)."""
+        return self._rebuilt
 
     @property
     def file_count(self) -> int:

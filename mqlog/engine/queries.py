@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from mqlog.errors import InvalidArgument
+from mqlog.engine.index import IndexDamaged
+from mqlog.errors import CorruptStore, InvalidArgument, InvalidPosition
 
 if TYPE_CHECKING:
     from mqlog.engine.store import Store
 
 TIME_MIN, TIME_MAX = -(1 << 63), (1 << 63) - 1
+QUERY_REBUILDS_MAX = 2  # damaged index files rebuilt in one query before giving up
 
 
 def parse_subscription(expression: str | None, tags_max: int) -> frozenset[str] | None:
@@ -92,20 +94,42 @@ def query_by_time(store: Store, topic: str, begin_ms: int, end_ms: int,
 
 def query_by_key(store: Store, topic: str, key: str, begin_ms: int, end_ms: int,
                  max_count: int) -> list:
-    """Records of ``topic`` whose key is ``key``, newest first (see the module docstring)."""
-    found: list = []
+    """Records of ``topic`` whose key is ``key``, newest first (see the module docstring).
+
+    A damaged index file (a chain that does not hold together, an entry that names no
+    record) is rebuilt from the log and the lookup runs again: a flipped bit never makes
+    a query hang or silently miss a record."""
     index = store.key_index
     with index.lock:
         index.catch_up()
-        log_start = store.first_segment_base()
-        for position in index.positions(topic, key, begin_ms, end_ms):
-            if position < log_start:
-                break  # newest first: every later candidate was deleted too
+        for _attempt in range(QUERY_REBUILDS_MAX):
+            try:
+                return _lookup(store, topic, key, begin_ms, end_ms, max_count)
+            except IndexDamaged as damage:
+                index.rebuild_from(damage.first_position)
+        try:
+            return _lookup(store, topic, key, begin_ms, end_ms, max_count)
+        except IndexDamaged as damage:
+            raise CorruptStore(f"{damage} (still, after rebuilding it from the log): the "
+                               "disk or memory may be failing") from None
+
+
+def _lookup(store: Store, topic: str, key: str, begin_ms: int, end_ms: int,
+            max_count: int) -> list:
+    found: list = []
+    index = store.key_index
+    log_start = store.first_segment_base()
+    for position in index.positions(topic, key, begin_ms, end_ms):
+        if position < log_start:
+            break  # newest first: every later candidate was deleted too
+        try:
             record = store.core.read_record(position)
-            if record.topic == topic and record.key == key:
-                found.append(record)
-                if len(found) == max_count:
-                    break
+        except InvalidPosition as error:  # (a damaged record there is a CorruptRecord)
+            raise index.damaged_at(position, str(error)) from None
+        if record.topic == topic and record.key == key:
+            found.append(record)
+            if len(found) == max_count:
+                break
     return found
 
 
