@@ -279,3 +279,61 @@ def test_a_damaged_index_chain_never_hangs_nor_misses(fast_path, impl, how):
     would still hide that record: only a CRC over the entries could tell.)"""
     assert "ok" in _run_child("_damage_index_chain", str(fast_path), impl, how,
                               timeout_s=120)
+
+
+# --- consumer offsets ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("topic, queue_id", [("a b", 0), ("", 0), ("a\nb", 0), ("t", "x"),
+                                             ("t", -1), ("t", True), (None, 0),
+                                             ("\ud800", 0), ("t", 1 << 40)])
+def test_commit_offset_validates_topic_and_queue_like_put(open_store, tmp_path, topic,
+                                                          queue_id):
+    """Issue 14, item 6: commit_offset validated neither topic nor queue id; ``"a b"``,
+    ``""``, ``"a\\nb"`` or queue id ``"x"`` went into the offsets file and every later
+    open, read-only too, raised CorruptStore. Now they are refused as put refuses them,
+    and nothing is written."""
+    store = open_store()
+    store.put("t", b"x")
+    store.commit_offset("g", "t", 0, 1)
+    with pytest.raises(errors.InvalidArgument):
+        store.commit_offset("g", topic, queue_id, 0)
+    with pytest.raises(errors.InvalidArgument):
+        store.commit_offsets("g", {(topic, queue_id): 0})
+    store.close()
+    again = open_store()
+    assert again.committed_offset("g", "t", 0) == 1
+    again.close()
+    with mqlog.open(tmp_path / "store", read_only=True) as snapshot:
+        assert snapshot.committed_offset("g", "t", 0) == 1
+
+
+def test_a_damaged_offsets_file_does_not_brick_the_store(open_store, tmp_path):
+    """Issue 14, item 6: a damaged consumer_offsets file (here one an older version
+    wrote with a bad topic name) made every open raise CorruptStore. The store opens,
+    reads and writes; only the calls that need the offsets raise CorruptStore, saying
+    what to do, and nothing silently resets them."""
+    from mqlog.engine import checkpoint as cp
+
+    store = open_store()
+    store.put("t", b"x")
+    store.commit_offset("g", "t", 0, 1)
+    store.close()
+    path = tmp_path / "store" / "consumer_offsets"
+    cp.write_offsets(path, {("g", "a b", 0): 1, ("g", "t", 0): 1})
+    damaged = path.read_bytes()
+    store = open_store()
+    assert [r.body for r in store.get("t")] == [b"x"]
+    store.put("t", b"y")
+    for call in (lambda: store.committed_offset("g", "t", 0), lambda: store.groups(),
+                 lambda: store.commit_offset("g", "t", 0, 2), lambda: store.lag("g")):
+        with pytest.raises(errors.CorruptStore, match="move it away"):
+            call()
+    store.close()
+    assert path.read_bytes() == damaged  # never overwritten
+    with mqlog.open(tmp_path / "store", read_only=True) as snapshot:
+        assert len(snapshot.get("t")) == 2
+    path.unlink()
+    store = open_store()
+    store.commit_offset("g", "t", 0, 2)
+    assert store.committed_offset("g", "t", 0) == 2

@@ -417,6 +417,13 @@ class Store:
     def commit_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> None:
         """``commit_offset`` for many queues at once, in one atomic write."""
         self._check_writable()
+        if not isinstance(offsets, dict):
+            raise InvalidArgument(f"offsets must be a dict {{(topic, queue id): offset}}, "
+                                  f"got {type(offsets).__name__}")
+        for key in offsets:
+            if not isinstance(key, tuple) or len(key) != 2:
+                raise InvalidArgument(f"offsets keys must be (topic, queue id), got {key!r}")
+            self._check_queue_argument(*key)  # as put does: the offsets file holds them
         for (topic, queue_id), offset in offsets.items():
             high = self.max_offset(topic, queue_id)
             if not isinstance(offset, int) or isinstance(offset, bool) or \
@@ -796,6 +803,14 @@ class Store:
         if start < end:
             mapped.write_at(start, bytes(end - start))
         return base + end // cq.ENTRY_SIZE
+
+    def _check_queue_argument(self, topic: Any, queue_id: Any) -> None:
+        """A (topic, queue id) from a caller, checked as put checks it."""
+        if not isinstance(topic, str):
+            raise InvalidTopic(f"topic must be str, got {type(topic).__name__}")
+        if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
+            raise InvalidQueueId(f"queue_id must be a non-negative int, got {queue_id!r}")
+        self._validate_queue(topic, queue_id)
 
     def _validate_queue(self, topic: str, queue_id: int) -> None:
         if not topic or len(topic) > self.config.topic_length_max:
