@@ -337,3 +337,40 @@ def test_a_damaged_offsets_file_does_not_brick_the_store(open_store, tmp_path):
     store = open_store()
     store.commit_offset("g", "t", 0, 2)
     assert store.committed_offset("g", "t", 0) == 2
+
+
+# --- the maintenance thread ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("failure", [AssertionError("indexer raced truncate"),
+                                     OSError(5, "Input/output error")])
+def test_maintenance_survives_any_failure_and_retention_keeps_running(open_store, failure):
+    """Issue 14, item 7: the maintenance thread died silently on anything but an
+    MqlogError (an AssertionError from an indexer racing truncate, an EIO sealing an
+    index file), and retention never ran again. The indexer fails on every pass here:
+    retention still runs and trims the log, the failure shows as maintenance_error, and
+    the thread lives on."""
+    store = open_store(index_interval_ms=5, retention_check_interval_ms=10,
+                       retention_bytes=SMALL["segment_size_bytes"])
+    retained = threading.Event()
+
+    def failing_catch_up() -> None:
+        raise failure
+
+    def retention(now_ms: int | None = None) -> object:
+        report = apply_retention(now_ms)
+        if report.segments_deleted:
+            retained.set()
+        return report
+
+    store.key_index.catch_up = failing_catch_up  # type: ignore[method-assign]
+    apply_retention, store.apply_retention = store.apply_retention, retention
+    for index in range(40):
+        store.put("t", bytes(4000), key=f"k{index}")
+    store.flush()
+    try:
+        assert retained.wait(60), "retention never ran beside a failing indexer"
+        assert store.maintenance_error is failure and store._maintenance.alive
+        assert store.min_offset("t") > 0
+    finally:
+        del store.key_index.catch_up  # (close() runs the indexer once more)

@@ -1,21 +1,28 @@
 """The store's background chores, on one thread: the indexer and retention.
 
 Every ``index_interval_ms`` the key index catches up with the committed position; every
-``retention_check_interval_ms`` a retention pass runs. A chore that fails (a damaged
-record met by the indexer) is remembered in ``error`` and retried next time; the
-same failure reaches a caller directly when a query runs the indexer itself.
+``retention_check_interval_ms`` a retention pass runs. The two chores fail apart: a
+failing indexer (a damaged record, an EIO sealing an index file, an assertion racing a
+truncation) never stops retention, and the reverse. A failure of any kind — not only
+an MqlogError — is remembered in ``error`` (the Store shows it as
+``maintenance_error``), counted in ``failure_count`` and logged on the ``mqlog``
+logger (once while it repeats); the chore is retried next time, and the thread never dies of it (issue 14:
+it used to, silently, and retention never ran again). The same failure reaches a
+caller directly when a query runs the indexer itself.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
-
-from mqlog.errors import MqlogError
 
 if TYPE_CHECKING:
     from mqlog.engine.store import Store
+
+_log = logging.getLogger("mqlog")
 
 
 class Maintenance:
@@ -24,7 +31,8 @@ class Maintenance:
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mqlog-maintenance",
                                         daemon=True)
-        self.error: MqlogError | None = None
+        self.error: BaseException | None = None  # the last chore's failure, if it failed
+        self.failure_count = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -34,18 +42,40 @@ class Maintenance:
         if self._thread.is_alive():
             self._thread.join()
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         config = self._store.config
         next_retention = time.monotonic() + config.retention_check_interval_ms / 1000
         while not self._stopping.wait(config.index_interval_ms / 1000):
-            try:
-                index = self._store.key_index
-                with index.lock:
-                    index.catch_up()
-                if time.monotonic() >= next_retention:
-                    next_retention = time.monotonic() + \
-                        config.retention_check_interval_ms / 1000
-                    self._store.apply_retention()
+            indexed = self._chore("indexer", self._index)
+            if time.monotonic() >= next_retention:
+                next_retention = time.monotonic() + \
+                    config.retention_check_interval_ms / 1000
+                if self._chore("retention", self._store.apply_retention) and indexed:
+                    self.error = None
+            elif indexed:
                 self.error = None
-            except MqlogError as error:
-                self.error = error
+
+    def _index(self) -> None:
+        index = self._store.key_index
+        with index.lock:
+            index.catch_up()
+
+    def _chore(self, name: str, chore: Callable[[], object]) -> bool:
+        """Run one chore; a failure is remembered and logged, never raised."""
+        try:
+            chore()
+            return True
+        except Exception as error:  # noqa: BLE001 (the thread must outlive any failure)
+            if self._stopping.is_set():
+                return False  # (closing: the store's files may be going away)
+            news = repr(error) != repr(self.error)  # (a failure on every pass: log it once)
+            self.error = error
+            self.failure_count += 1
+            if news:
+                _log.warning("mqlog %s failed (retried in the next pass): %r", name, error,
+                             exc_info=error)
+            return False

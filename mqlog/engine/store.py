@@ -519,6 +519,12 @@ class Store:
         self._flusher.flush_now()
 
     @property
+    def maintenance_error(self) -> BaseException | None:
+        """What the last pass of the background chores (indexer, retention) failed with,
+        if it failed; they keep running and retry (maintenance.py). None when read-only."""
+        return None if self.read_only else self._maintenance.error
+
+    @property
     def written_position(self) -> int:
         return self.core.written_position
 
