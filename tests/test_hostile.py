@@ -374,3 +374,34 @@ def test_maintenance_survives_any_failure_and_retention_keeps_running(open_store
         assert store.min_offset("t") > 0
     finally:
         del store.key_index.catch_up  # (close() runs the indexer once more)
+
+
+# --- durability of names --------------------------------------------------------------------
+
+
+def test_a_new_segment_name_is_durable_before_a_record_in_it_is_acked(open_store,
+                                                                      monkeypatch):
+    """Issue 14, item 5: a new segment is made as ``*.tmp`` and renamed, and commitlog/
+    was never fsynced, while recovery deletes ``*.tmp`` leftovers: after a power loss the
+    acked records of a new segment could vanish with its name. A sync put into a new
+    segment returns only after commitlog/ was fsynced (after the segment was made)."""
+    from mqlog.engine import store as store_module
+
+    synced: list[Path] = []
+    real = store_module.fsync_directory
+
+    def recording(directory: Path) -> None:
+        synced.append(Path(directory))
+        real(directory)
+
+    monkeypatch.setattr(store_module, "fsync_directory", recording)
+    store = open_store(flush_mode="sync")
+    rolled = 0
+    while rolled < 3:
+        bases = len(store.core.segment_bases())
+        del synced[:]
+        result = store.put("t", bytes(3000))
+        if len(store.core.segment_bases()) > bases and \
+                result.position >= store.core.segment_bases()[-1]:
+            rolled += 1
+            assert store.paths.commitlog in synced, "acked before commitlog/ was synced"

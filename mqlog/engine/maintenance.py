@@ -3,10 +3,10 @@
 Every ``index_interval_ms`` the key index catches up with the committed position; every
 ``retention_check_interval_ms`` a retention pass runs. The two chores fail apart: a
 failing indexer (a damaged record, an EIO sealing an index file, an assertion racing a
-truncation) never stops retention, and the reverse. A failure of any kind — not only
-an MqlogError — is remembered in ``error`` (the Store shows it as
-``maintenance_error``), counted in ``failure_count`` and logged on the ``mqlog``
-logger (once while it repeats); the chore is retried next time, and the thread never dies of it (issue 14:
+truncation) never stops retention, and the reverse. A failure of any kind, not only an
+MqlogError, is remembered in ``error`` (the Store shows it as ``maintenance_error``),
+counted in ``failure_count`` and logged on the ``mqlog`` logger (once while it
+repeats); the chore is retried next time, and the thread never dies of it (issue 14:
 it used to, silently, and retention never ran again). The same failure reaches a
 caller directly when a query runs the indexer itself.
 """

@@ -149,6 +149,7 @@ class Store:
         self._queue_flushed: dict[tuple[str, int], int] = {}
         self._epochs_saved: list[tuple[int, int]] = []
         self._queues_saved: list[tuple[str, int, int]] | None = None
+        self._names_unsynced: set[int] = set()  # segments made since commitlog/ was synced
         self._retired: list[MappedFile] = []  # deleted by retention, unmapped next pass
         self._clock_ms = clock_ms
         self._closed = False
@@ -763,6 +764,7 @@ class Store:
     def _new_segment(self, base: int) -> None:
         mapped = self._allocator.take(base)
         self._segments[base] = mapped
+        self._names_unsynced.add(base)  # _sync_log syncs commitlog/ before acking in it
         self.core.attach_segment(base, mapped.buffer)
 
     def _prepare_segment(self, base: int, end: int) -> int:
@@ -916,6 +918,13 @@ class Store:
         for base, mapped in list(self._segments.items()):
             if base < end and start < base + mapped.size:
                 mapped.sync(max(start, base) - base, min(end, base + mapped.size) - base)
+        # Durability covers names too (DESIGN §4): a segment made (renamed from *.tmp)
+        # since the last sync of commitlog/ has its entry synced before any record in
+        # it counts as flushed; recovery deletes *.tmp, and a lost name loses records.
+        named = [base for base in list(self._names_unsynced) if base < end]
+        if named:
+            fsync_directory(self.paths.commitlog)
+            self._names_unsynced.difference_update(named)
 
     def _sync_all_queues(self) -> None:
         per_file = self.config.consume_queue_entries_per_file
