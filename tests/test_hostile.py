@@ -405,3 +405,23 @@ def test_a_new_segment_name_is_durable_before_a_record_in_it_is_acked(open_store
                 result.position >= store.core.segment_bases()[-1]:
             rolled += 1
             assert store.paths.commitlog in synced, "acked before commitlog/ was synced"
+
+
+# --- bad arguments ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("properties", [{"a": {1: 2}}, {"a": [{"b": {(1,): 3}}]},
+                                        {"a": ({"ok": {b"k": 1}},)}])
+def test_nested_property_keys_must_be_str(open_store, properties):
+    """Issue 14, item 10: nested property keys were not checked: ``{"a": {1: 2}}`` was
+    stored and could never be read back (msgpack reads only str keys). It is refused,
+    by put and put_batch, and nothing is stored; str keys at any depth are fine."""
+    store = open_store()
+    for call in (lambda: store.put("t", b"x", properties=properties),
+                 lambda: store.put_batch("t", [b"x"], properties=properties)):
+        with pytest.raises(errors.InvalidArgument, match="nested dicts"):
+            call()
+    assert store.written_position == 0
+    nested = {"a": {"b": [1, {"c": 2}]}, "d": [[{"e": None}]]}
+    store.put("t", b"x", properties=nested)
+    assert store.get("t")[0].properties == nested

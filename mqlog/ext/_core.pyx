@@ -200,6 +200,7 @@ BLANK = struct.Struct("<II")
 CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
 CQ_ENTRY_SIZE = CQ_ENTRY.size
 ATTR_CONTROL = 0x0001  # reserved: control records (no consume-queue entry)
+_PROPERTIES_DEPTH_MAX = 512  # containers checked for non-str keys this deep (msgpack: 511)
 INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")  # the key-index file (docs/FORMAT.md)
 INDEX_HEADER_SIZE = INDEX_HEADER.size
 INDEX_MAGIC = int.from_bytes(b"MQI\x01", "little")
@@ -848,6 +849,8 @@ cdef object _pack_properties(object properties):
     for key in properties:
         if not isinstance(key, str):
             raise InvalidArgument("properties keys must be str")  # msgpack reads back only str keys
+    if _nested_key_problem(properties):
+        raise InvalidArgument("properties keys must be str, in nested dicts too")
     try:
         return _packb(properties)
     except (TypeError, ValueError, OverflowError) as error:
@@ -2569,3 +2572,21 @@ def _gone(position, written_position):
     return InvalidPosition(f"position {position} went away while it was read (the log was "
                            f"truncated, reset or trimmed meanwhile; it now ends at "
                            f"{written_position}): read again from a valid position")
+
+
+def _nested_key_problem(properties):
+    """Whether a dict inside a properties value has a key that is not a str (msgpack
+    reads back only str keys: such a record could be stored and never read)."""
+    stack = [(value, 1) for value in properties.values()
+             if isinstance(value, (dict, list, tuple))]
+    while stack:
+        value, depth = stack.pop()
+        if depth > _PROPERTIES_DEPTH_MAX:
+            continue  # (msgpack refuses to pack it anyway)
+        if isinstance(value, dict):
+            if not all(isinstance(key, str) for key in value):
+                return True
+            value = value.values()
+        stack.extend((item, depth + 1) for item in value
+                     if isinstance(item, (dict, list, tuple)))
+    return False

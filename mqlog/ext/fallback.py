@@ -82,6 +82,7 @@ BLANK = struct.Struct("<II")
 CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
 CQ_ENTRY_SIZE = CQ_ENTRY.size
 ATTR_CONTROL = 0x0001  # reserved: control records (no consume-queue entry)
+_PROPERTIES_DEPTH_MAX = 512  # containers checked for non-str keys this deep (msgpack: 511)
 _ZERO_CHUNK = bytes(1 << 20)
 
 assert HEADER_SIZE == 72 and CQ_ENTRY_SIZE == 20
@@ -1309,6 +1310,8 @@ def _pack_properties(properties: Any) -> bytes:
                               f"{type(properties).__name__}")
     if not all(isinstance(key, str) for key in properties):
         raise InvalidArgument("properties keys must be str")  # msgpack reads back only str keys
+    if _nested_key_problem(properties):
+        raise InvalidArgument("properties keys must be str, in nested dicts too")
     try:
         return msgpack.packb(properties)
     except (TypeError, ValueError, OverflowError) as error:
@@ -1352,3 +1355,21 @@ def _gone(position: int, written_position: int) -> InvalidPosition:
     return InvalidPosition(f"position {position} went away while it was read (the log was "
                            f"truncated, reset or trimmed meanwhile; it now ends at "
                            f"{written_position}): read again from a valid position")
+
+
+def _nested_key_problem(properties: dict) -> bool:
+    """Whether a dict inside a properties value has a key that is not a str (msgpack
+    reads back only str keys: such a record could be stored and never read)."""
+    stack: list[tuple[Any, int]] = [(value, 1) for value in properties.values()
+             if isinstance(value, (dict, list, tuple))]
+    while stack:
+        value, depth = stack.pop()
+        if depth > _PROPERTIES_DEPTH_MAX:
+            continue  # (msgpack refuses to pack it anyway)
+        if isinstance(value, dict):
+            if not all(isinstance(key, str) for key in value):
+                return True
+            value = value.values()
+        stack.extend((item, depth + 1) for item in value
+                     if isinstance(item, (dict, list, tuple)))
+    return False
