@@ -425,3 +425,35 @@ def test_nested_property_keys_must_be_str(open_store, properties):
     nested = {"a": {"b": [1, {"c": 2}]}, "d": [[{"e": None}]]}
     store.put("t", b"x", properties=nested)
     assert store.get("t")[0].properties == nested
+
+
+@pytest.mark.parametrize("call", [
+    lambda s: s.put("t\ud800", b"x"), lambda s: s.put("t", b"x", key="k\udfff"),
+    lambda s: s.put("t", b"x", tags="\ud800"), lambda s: s.put_batch("\udc00", [b"x"]),
+    lambda s: s.get("t", max_count=1.5), lambda s: s.get("t", max_count="5"),
+    lambda s: s.get("t", max_count=None), lambda s: s.get("t", max_count=True),
+    lambda s: s.get("t", max_bytes=2.0), lambda s: s.get("t", queue_id=[]),
+    lambda s: s.pull("t", queue_id="0"), lambda s: s.get(None), lambda s: s.pull(b"t"),
+    lambda s: s.apply_retention("x"), lambda s: s.apply_retention(True),
+    lambda s: s.put("t", b"x", tags="a||b"), lambda s: s.put("t", b"x", tags=" a "),
+    lambda s: s.put("t", b"x", tags="*"), lambda s: s.put_batch("t", [b"x"], tags="a\n"),
+    lambda s: s.put_batch("t", [b"x"] * 9),
+], ids=["topic surrogate", "key surrogate", "tags surrogate", "batch topic surrogate",
+        "max_count float", "max_count str", "max_count None", "max_count True",
+        "max_bytes float", "queue_id list", "pull queue_id str", "get topic None",
+        "pull topic bytes", "retention str", "retention bool", "tags a||b",
+        "tags spaces", "tags star", "tags newline", "batch over batch_count_max"])
+def test_bad_arguments_get_a_typed_error_and_store_nothing(open_store, call):
+    """Issue 14, item 13: lone surrogates in topic/key raised UnicodeEncodeError;
+    ``get(max_count=1.5|"5"|None)`` raised TypeError and ``True`` was accepted;
+    ``get(queue_id=[])`` and ``apply_retention("x")`` raised TypeError;
+    ``batch_count_max`` was never enforced; tags ``"a||b"`` or ``" a "`` were stored
+    but could never be selected; ``get(None, ...)`` differed between the cores. Each is
+    an InvalidArgument now (both cores, the same), and nothing is stored."""
+    store = open_store(batch_count_max=8)
+    store.put("t", b"kept", tags="a")
+    written = store.written_position
+    with pytest.raises(errors.InvalidArgument):
+        call(store)
+    assert store.written_position == written
+    assert [r.body for r in store.get("t", tags="a")] == [b"kept"]

@@ -174,6 +174,7 @@ class Store:
             message_size_bytes_max=self.config.message_size_bytes_max,
             key_size_bytes_max=self.config.key_size_bytes_max,
             tags_size_bytes_max=self.config.tags_size_bytes_max,
+            batch_count_max=self.config.batch_count_max,
             new_segment=_refuse, new_queue_file=_refuse,
             verify_crc_on_read=self.config.verify_crc_on_read, read_only=True)
         self.core.fence(self._read_only_error())
@@ -206,6 +207,7 @@ class Store:
             message_size_bytes_max=config.message_size_bytes_max,
             key_size_bytes_max=config.key_size_bytes_max,
             tags_size_bytes_max=config.tags_size_bytes_max,
+            batch_count_max=config.batch_count_max,
             new_segment=self._new_segment, new_queue_file=self._new_queue_file,
             clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read,
             prepare_queue=self._prepare_queue, prepare_segment=self._prepare_segment)
@@ -347,14 +349,14 @@ class Store:
         """
         if tags is not None:
             return self.pull(topic, queue_id, offset, max_count, max_bytes, tags).records
-        self._check_read(offset, max_count, max_bytes)
+        self._check_read(topic, queue_id, offset, max_count, max_bytes)
         return self.core.get(topic, queue_id, offset, max_count, max_bytes)
 
     def pull(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
              max_bytes: int = 1 << 20, tags: str | None = None) -> PullResult:
         """``get`` for consumers: the records (filtered by ``tags``, as ``get``) and the
         offset to pull from next, which moves past filtered-out records too."""
-        self._check_read(offset, max_count, max_bytes)
+        self._check_read(topic, queue_id, offset, max_count, max_bytes)
         names = queries.parse_subscription(tags, self.config.subscription_tags_max)
         hashes = () if names is None else tuple(self.core_module.tag_hash(name)
                                                 for name in names)
@@ -365,8 +367,15 @@ class Store:
         return PullResult(records, next_offset, self.min_offset(topic, queue_id),
                           self.max_offset(topic, queue_id))
 
-    def _check_read(self, offset: Any, max_count: Any, max_bytes: Any) -> None:
+    def _check_read(self, topic: Any, queue_id: Any, offset: Any, max_count: Any,
+                    max_bytes: Any) -> None:
         self._check_open()
+        if not isinstance(topic, str):  # (both cores would answer, each its own way)
+            raise InvalidArgument(f"topic must be str, got {type(topic).__name__}")
+        for name, value in (("queue_id", queue_id), ("max_count", max_count),
+                            ("max_bytes", max_bytes)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise InvalidArgument(f"{name} must be an int, got {value!r}")
         if not 1 <= max_count <= self.config.read_count_max:
             raise InvalidArgument(f"max_count must be in 1..{self.config.read_count_max}")
         if not 1 <= max_bytes <= self.config.read_size_bytes_max:
@@ -461,6 +470,9 @@ class Store:
         Runs by itself every ``retention_check_interval_ms``; ``now_ms`` replaces the
         clock (the store's ``clock_ms``, else the wall clock)."""
         self._check_writable()
+        if now_ms is not None and (not isinstance(now_ms, int) or isinstance(now_ms, bool)):
+            raise InvalidArgument(f"now_ms must be an int (milliseconds) or None, got "
+                                  f"{now_ms!r}")
         if now_ms is None:
             now_ms = self._clock_ms() if self._clock_ms is not None else _now_ms()
         retired, self._retired = self._retired, []

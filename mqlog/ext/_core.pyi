@@ -88,6 +88,7 @@ class LogCore:
     message_size_bytes_max: int
     key_size_bytes_max: int
     tags_size_bytes_max: int
+    batch_count_max: int
     verify_crc_on_read: bool
     written_position: int
     committed_position: int
@@ -105,7 +106,8 @@ class LogCore:
                  clock_ms: Callable[[], int] | None = None,
                  verify_crc_on_read: bool = True, read_only: bool = False,
                  prepare_queue: Callable[[str, int, int], int] | None = None,
-                 prepare_segment: Callable[[int, int], int] | None = None) -> None: ...
+                 prepare_segment: Callable[[int, int], int] | None = None,
+                 batch_count_max: int = -1) -> None: ...
     # --- set-up by the engine
     def attach_segment(self, base: int, buffer: Any) -> None: ...
     def detach_segments_from(self, position: int) -> list[int]: ...

@@ -827,7 +827,10 @@ cdef int _text_field(const char **data, Py_ssize_t *size, str name, object value
         return 0
     if not PyUnicode_Check(value):
         raise InvalidArgument(f"{name} must be str or None, got {type(value).__name__}")
-    data[0] = PyUnicode_AsUTF8AndSize(value, size)  # cached in the str: no copy
+    try:
+        data[0] = PyUnicode_AsUTF8AndSize(value, size)  # cached in the str: no copy
+    except UnicodeEncodeError:
+        raise _text_error(name, value) from None
     if size[0] > size_max:
         raise MessageTooLarge(f"{name} of {size[0]} bytes exceeds {name}_size_bytes_max="
                               f"{size_max}")
@@ -965,6 +968,7 @@ cdef class LogCore:
     cdef public long long message_size_bytes_max
     cdef public long long key_size_bytes_max
     cdef public long long tags_size_bytes_max
+    cdef public long long batch_count_max  # bodies per put_batch (-1: no limit)
     cdef public bint verify_crc_on_read
     cdef public unsigned long long written_position
     cdef public unsigned long long committed_position
@@ -1022,12 +1026,13 @@ cdef class LogCore:
     def __init__(self, *, segment_size_bytes, message_size_bytes_max, key_size_bytes_max,
                  tags_size_bytes_max, new_segment, new_queue_file, clock_ms=None,
                  verify_crc_on_read=True, read_only=False, prepare_queue=None,
-                 prepare_segment=None):
+                 prepare_segment=None, batch_count_max=-1):
         self.read_only = read_only
         self.segment_size_bytes = segment_size_bytes
         self.message_size_bytes_max = message_size_bytes_max
         self.key_size_bytes_max = key_size_bytes_max
         self.tags_size_bytes_max = tags_size_bytes_max
+        self.batch_count_max = batch_count_max
         self._new_segment = new_segment
         self._new_queue_file = new_queue_file
         self._prepare_queue = prepare_queue
@@ -1310,6 +1315,9 @@ cdef class LogCore:
         items = _bodies_as_bytes(bodies)
         if not items:
             raise InvalidArgument("put_batch needs at least one body")
+        if 0 <= self.batch_count_max < len(items):
+            raise InvalidArgument(f"put_batch got {len(items)} bodies; at most "
+                                  f"batch_count_max={self.batch_count_max}: split the batch")
         if borns is not None:
             _check_borns(borns, len(items))
         self._check_sizes(&fields, items)
@@ -1364,6 +1372,8 @@ cdef class LogCore:
         _check_queue_id(fields, queue_id)
         _text_field(&fields.key, &fields.key_size, "key", key, self.key_size_bytes_max)
         _text_field(&fields.tags, &fields.tags_size, "tags", tags, self.tags_size_bytes_max)
+        if fields.tags_size:
+            _check_tags(tags)
         packed = _pack_properties(properties)
         if packed is None:
             fields.properties = NULL
@@ -1372,7 +1382,10 @@ cdef class LogCore:
             fields.properties = PyBytes_AS_STRING(packed)
             fields.properties_size = PyBytes_GET_SIZE(packed)
         _check_born(fields, born_timestamp)
-        fields.topic = PyUnicode_AsUTF8AndSize(topic, &fields.topic_size)
+        try:
+            fields.topic = PyUnicode_AsUTF8AndSize(topic, &fields.topic_size)
+        except UnicodeEncodeError:
+            raise _text_error("topic", topic) from None
         fields.tag_hash = mq_fnv1a64(<const unsigned char *>fields.tags, fields.tags_size)
         fields.fixed_size = (MQ_HEADER_SIZE + fields.topic_size + fields.key_size
                              + fields.tags_size + fields.properties_size)
@@ -2590,3 +2603,17 @@ def _nested_key_problem(properties):
         stack.extend((item, depth + 1) for item in value
                      if isinstance(item, (dict, list, tuple)))
     return False
+
+
+def _text_error(name, value):
+    """InvalidArgument for a str that UTF-8 cannot encode (a lone surrogate)."""
+    return InvalidArgument(f"{name} {value!r} is not valid Unicode text (a lone surrogate "
+                           "cannot be stored as UTF-8)")
+
+
+def _check_tags(tags):
+    """Refuse tags that no subscription could ever select (queries.parse_subscription
+    splits on '||', strips each name, and reads '*' as every record)."""
+    if "||" in tags or tags != tags.strip() or tags == "*":
+        raise InvalidArgument(f"tags {tags!r} could never be selected by a subscription: "
+                              "store tags without '||', surrounding spaces or a lone '*'")

@@ -269,7 +269,8 @@ class LogCore:
                  clock_ms: Callable[[], int] | None = None,
                  verify_crc_on_read: bool = True, read_only: bool = False,
                  prepare_queue: Callable[[str, int, int], int] | None = None,
-                 prepare_segment: Callable[[int, int], int] | None = None) -> None:
+                 prepare_segment: Callable[[int, int], int] | None = None,
+                 batch_count_max: int = -1) -> None:
         # read_only: the engine maps files read-only and fences writes; the C core then
         # asks for plain buffers instead of writable ones.
         self.read_only = read_only
@@ -277,6 +278,7 @@ class LogCore:
         self.message_size_bytes_max = message_size_bytes_max
         self.key_size_bytes_max = key_size_bytes_max
         self.tags_size_bytes_max = tags_size_bytes_max
+        self.batch_count_max = batch_count_max  # bodies per put_batch (-1: no limit)
         self._new_segment = new_segment
         self._new_queue_file = new_queue_file
         # prepare_queue(topic, queue id, offset) -> offset: the engine backs the pages of
@@ -473,6 +475,9 @@ class LogCore:
             raise InvalidArgument("bodies must be an iterable of bytes-like objects") from None
         if not bodies:
             raise InvalidArgument("put_batch needs at least one body")
+        if 0 <= self.batch_count_max < len(bodies):
+            raise InvalidArgument(f"put_batch got {len(bodies)} bodies; at most "
+                                  f"batch_count_max={self.batch_count_max}: split the batch")
         if borns is not None:
             _check_borns(borns, len(bodies))
         sizes = [self._record_size(fields, len(body)) for body in bodies]
@@ -503,6 +508,8 @@ class LogCore:
             raise InvalidArgument(f"queue_id must be a non-negative int, got {queue_id!r}")
         key_bytes = _text_field("key", key, self.key_size_bytes_max)
         tags_bytes = _text_field("tags", tags, self.tags_size_bytes_max)
+        if tags_bytes:
+            _check_tags(tags)
         props_bytes = _pack_properties(properties)
         if born_timestamp is not None and (not isinstance(born_timestamp, int)
                                            or isinstance(born_timestamp, bool)):
@@ -510,7 +517,11 @@ class LogCore:
         if born_timestamp is not None and not -(1 << 63) <= born_timestamp < (1 << 63):
             raise InvalidArgument(
                 "born_timestamp must fit in a signed 64-bit integer (milliseconds)")
-        return (topic.encode(), key_bytes, tags_bytes, props_bytes, born_timestamp,
+        try:
+            topic_bytes = topic.encode()
+        except UnicodeEncodeError:
+            raise _text_error("topic", topic) from None
+        return (topic_bytes, key_bytes, tags_bytes, props_bytes, born_timestamp,
                 tag_hash(tags_bytes))
 
     def _record_size(self, fields: tuple, body_size: int) -> int:
@@ -1295,7 +1306,10 @@ def _text_field(name: str, value: Any, size_max: int) -> bytes:
         return b""
     if not isinstance(value, str):
         raise InvalidArgument(f"{name} must be str or None, got {type(value).__name__}")
-    data = value.encode()
+    try:
+        data = value.encode()
+    except UnicodeEncodeError:
+        raise _text_error(name, value) from None
     if len(data) > size_max:
         raise MessageTooLarge(f"{name} of {len(data)} bytes exceeds {name}_size_bytes_max="
                               f"{size_max}")
@@ -1373,3 +1387,17 @@ def _nested_key_problem(properties: dict) -> bool:
         stack.extend((item, depth + 1) for item in value
                      if isinstance(item, (dict, list, tuple)))
     return False
+
+
+def _text_error(name: str, value: str) -> InvalidArgument:
+    """InvalidArgument for a str that UTF-8 cannot encode (a lone surrogate)."""
+    return InvalidArgument(f"{name} {value!r} is not valid Unicode text (a lone surrogate "
+                           "cannot be stored as UTF-8)")
+
+
+def _check_tags(tags: str) -> None:
+    """Refuse tags that no subscription could ever select (queries.parse_subscription
+    splits on '||', strips each name, and reads '*' as every record)."""
+    if "||" in tags or tags != tags.strip() or tags == "*":
+        raise InvalidArgument(f"tags {tags!r} could never be selected by a subscription: "
+                              "store tags without '||', surrounding spaces or a lone '*'")
