@@ -244,8 +244,9 @@ def test_consumer_offsets_persist_and_give_lag(open_store, tmp_path):
     again.close()
     offsets_file = tmp_path / "store" / "consumer_offsets"
     offsets_file.write_text(offsets_file.read_text().replace("10", "11"))
+    damaged = open_store()  # the store opens (issue 14 item 6); the offsets are refused
     with pytest.raises(errors.CorruptStore, match="consumer_offsets"):
-        open_store()
+        damaged.committed_offset("billing", "orders", 0)
 
 
 # --- retention -------------------------------------------------------------------------
