@@ -385,16 +385,14 @@ def test_a_new_segment_name_is_durable_before_a_record_in_it_is_acked(open_store
     was never fsynced, while recovery deletes ``*.tmp`` leftovers: after a power loss the
     acked records of a new segment could vanish with its name. A sync put into a new
     segment returns only after commitlog/ was fsynced (after the segment was made)."""
-    from mqlog.engine import store as store_module
+    synced: list[int] = []
+    real = os.fsync
 
-    synced: list[Path] = []
-    real = store_module.fsync_directory
+    def recording(fd: int) -> None:
+        synced.append(fd)
+        real(fd)
 
-    def recording(directory: Path) -> None:
-        synced.append(Path(directory))
-        real(directory)
-
-    monkeypatch.setattr(store_module, "fsync_directory", recording)
+    monkeypatch.setattr(os, "fsync", recording)
     store = open_store(flush_mode="sync")
     rolled = 0
     while rolled < 3:
@@ -404,7 +402,7 @@ def test_a_new_segment_name_is_durable_before_a_record_in_it_is_acked(open_store
         if len(store.core.segment_bases()) > bases and \
                 result.position >= store.core.segment_bases()[-1]:
             rolled += 1
-            assert store.paths.commitlog in synced, "acked before commitlog/ was synced"
+            assert store._commitlog_fd in synced, "acked before commitlog/ was synced"
 
 
 # --- bad arguments ------------------------------------------------------------------------

@@ -150,6 +150,7 @@ class Store:
         self._epochs_saved: list[tuple[int, int]] = []
         self._queues_saved: list[tuple[str, int, int]] | None = None
         self._names_unsynced: set[int] = set()  # segments made since commitlog/ was synced
+        self._commitlog_fd = -1  # commitlog/, open for _sync_log's fsync (writable stores)
         self._retired: list[MappedFile] = []  # deleted by retention, unmapped next pass
         self._clock_ms = clock_ms
         self._closed = False
@@ -194,6 +195,7 @@ class Store:
     def _open(self, clock_ms: Any) -> None:
         config, paths = self.config, self.paths
         paths.commitlog.mkdir(exist_ok=True)
+        self._commitlog_fd = os.open(paths.commitlog, os.O_RDONLY | os.O_DIRECTORY)
         paths.consumequeue.mkdir(exist_ok=True)
         cp.check_meta(paths.meta)
         self._allocator = SegmentAllocator(
@@ -754,6 +756,9 @@ class Store:
             raise StoreClosed(f"store {self.paths.root} is closed; open it again")
 
     def _release_files(self) -> None:
+        if self._commitlog_fd >= 0:
+            os.close(self._commitlog_fd)
+            self._commitlog_fd = -1
         if hasattr(self, "_allocator"):
             self._allocator.close()
         if hasattr(self, "key_index"):
@@ -935,7 +940,7 @@ class Store:
         # it counts as flushed; recovery deletes *.tmp, and a lost name loses records.
         named = [base for base in list(self._names_unsynced) if base < end]
         if named:
-            fsync_directory(self.paths.commitlog)
+            os.fsync(self._commitlog_fd)  # (held open: EMFILE cannot stop a flush)
             self._names_unsynced.difference_update(named)
 
     def _sync_all_queues(self) -> None:
