@@ -59,6 +59,9 @@ class StoreConfig:
     flush_thorough_interval_ms: int = 10_000  # async: flush whatever is dirty this often
     flush_sync_timeout_ms: int = 5_000  # sync: past this a put reports FLUSH_DISK_TIMEOUT
     checkpoint_interval_ms: int = 1_000
+    # False: no flush or maintenance thread; the owner flushes (``flush``) and runs the
+    # chores (``run_chores``) itself, on its own clock (a deterministic simulator).
+    background_threads: bool = True
     # --- readers ------------------------------------------------------------------
     committed_follows: CommitMode = "auto"  # auto: written (async) or flushed (sync)
     verify_crc_on_read: bool = True

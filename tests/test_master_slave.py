@@ -1,10 +1,13 @@
 """The master-slave core, driven by datadriven scripts (tests/data/master_slave/*.txt)
 over real stores: each node is an mqlog.Store in a temporary directory and a
-MasterSlaveCore; a test network holds the messages between them until a script
-delivers or drops them."""
+MasterSlaveCore, run by the one driver (mqlog/replication/driver.py) that nodes and the
+simulator run; a test network holds the messages between them until a script delivers
+or drops them, and ``process`` prints the driver's own description of what it did
+(as tests/test_raft.py does: one description for every layer)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ import mqlog
 from mqlog.config import ReplicationConfig
 from mqlog.errors import MqlogError
 from mqlog.replication import messages as wire_messages
-from mqlog.replication.core import Ready
+from mqlog.replication.driver import Driver, describe_message
 from mqlog.replication.master_slave import MasterSlaveCore
 from mqlog.replication.messages import Message
 from mqlog.replication.wire import Frame, FrameDecoder
@@ -22,11 +25,37 @@ from tests.conftest import SMALL
 
 SCRIPTS = sorted((Path(__file__).parent / "data" / "master_slave").glob("*.txt"))
 # Retention runs only when a script says ``retain``.
-STORE_SETTINGS = dict(SMALL, retention_ms=-1, retention_bytes=0,
-                      retention_check_interval_ms=3_600_000)
+STORE_SETTINGS = dict(SMALL, retention_ms=-1, retention_bytes=0, background_threads=False,
+                      segment_prepare_ahead=False, segment_preallocate=False, retention_check_interval_ms=3_600_000)
 TICK_SETTINGS = dict(heartbeat_ticks=3, slave_timeout_ticks=10, sync_timeout_ticks=6,
                      retransmit_ticks=4, append_bytes_max=600, inflight_bytes_max=1200,
                      frame_size_bytes_max=8192)
+
+
+class _ScriptIo:
+    """The driver's world in a script: the test network, a flush done at once."""
+
+    def __init__(self, interaction: Interaction, name: str) -> None:
+        self._interaction, self._name = interaction, name
+
+    def send(self, messages: list[Message]) -> None:
+        self._interaction.network += messages
+
+    def save_hard_state(self, state: object) -> None:
+        raise AssertionError("a master-slave core has no hard state")
+
+    def start_flush(self, done: Callable[[bool], None]) -> None:
+        self._interaction.stores[self._name].flush()
+        done(True)
+
+    def answer(self, request: object, status: object) -> None:
+        pass  # the driver's description prints it
+
+    def note(self, event: str) -> None:
+        pass  # likewise
+
+    def failed(self, error: BaseException) -> None:
+        self._interaction.drivers[self._name].described.append(f"stopped: {error!r}")
 
 
 class Interaction:
@@ -36,6 +65,7 @@ class Interaction:
         self.root, self.impl = root, impl
         self.stores: dict[str, mqlog.Store] = {}
         self.cores: dict[str, MasterSlaveCore] = {}
+        self.drivers: dict[str, Driver] = {}
         self.configs: dict[str, ReplicationConfig] = {}
         self.network: list[Message] = []
         self.proposals = 0
@@ -68,16 +98,18 @@ class Interaction:
         self.stores[name] = mqlog.open(self.root / name, implementation=self.impl,
                                        **STORE_SETTINGS)
         self.cores[name] = MasterSlaveCore(self.configs[name], self.stores[name])
+        self.drivers[name] = Driver(self.stores[name], self.cores[name], _ScriptIo(self, name),
+                                    describe=True)
 
     def do_put(self, args: list[str], kwargs: dict[str, str]) -> str:
         name, lines = args[0], []
-        self.cores[name].check_master()  # as a node does before it stores a client's write
+        driver = self.drivers[name]
+        driver.check_writable()  # as a node does before it stores a client's write
         for _ in range(int(kwargs.get("count", 1))):
-            result = self.stores[name].put("t", b"x" * int(kwargs.get("size", 100)))
+            stored = driver.write("t", [b"x" * int(kwargs.get("size", 100))])
             self.proposals += 1
-            self.cores[name].propose(f"p{self.proposals}", result.end_position)
-            lines.append(f"p{self.proposals}: stored [{result.position}, "
-                         f"{result.end_position})")
+            driver.propose(f"p{self.proposals}", stored.end)
+            lines.append(f"p{self.proposals}: stored [{stored.position}, {stored.end})")
         return "\n".join(lines)
 
     def do_tick(self, args: list[str], kwargs: dict[str, str]) -> str:
@@ -95,7 +127,7 @@ class Interaction:
         self.network = [m for m in self.network if m not in wanted]
         lines = []
         for message in wanted:
-            lines.append(f"{_describe(message)}")
+            lines.append(f"{describe_message(message)}")
             if message.dst in self.cores:
                 self.cores[message.dst].step(_through_the_wire(message))
         return "\n".join(lines)
@@ -103,7 +135,7 @@ class Interaction:
     def do_drop(self, args: list[str], kwargs: dict[str, str]) -> str:
         dropped = [m for m in self.network if not args or m.dst in args]
         self.network = [m for m in self.network if m not in dropped]
-        return "\n".join(f"dropped {_describe(m)}" for m in dropped)
+        return "\n".join(f"dropped {describe_message(m)}" for m in dropped)
 
     def do_duplicate(self, args: list[str], kwargs: dict[str, str]) -> str:
         self.network += list(self.network)
@@ -169,34 +201,10 @@ class Interaction:
     def _flush_ready(self, names: list[str]) -> str:
         lines = []
         for name in names:
-            core = self.cores[name]
-            ready = core.ready()
-            if ready:
-                lines += [f"{name}: {line}" for line in self._apply(name, ready)]
-            core.advance(ready)
+            driver = self.drivers[name]
+            driver.run()
+            lines += [f"{name}: {line}" for line in driver.described]
         return "\n".join(lines)
-
-    def _apply(self, name: str, ready: Ready) -> list[str]:
-        store, lines = self.stores[name], []
-        if ready.reset_log is not None:
-            store.reset(*ready.reset_log)
-            lines.append(f"reset log to {ready.reset_log[0]} epochs {ready.reset_log[1]}")
-        if ready.truncate_to is not None:
-            store.truncate(ready.truncate_to)
-            lines.append(f"truncate to {ready.truncate_to}")
-        for position, data in ready.appends:
-            store.append_raw(position, data)
-            lines.append(f"append [{position}, {position + len(data)})")
-        if ready.set_epoch is not None:
-            store.set_epoch(ready.set_epoch)
-            lines.append(f"set epoch {ready.set_epoch}")
-        if ready.must_sync:
-            store.flush()
-            lines.append("sync")
-        self.network += ready.messages + ready.messages_after_persist
-        lines += [f"resolved {request} {status.value}" for request, status in ready.resolved]
-        lines += [f"event: {event}" for event in ready.events]
-        return lines
 
 
 def _through_the_wire(message: Message) -> Message:
@@ -205,16 +213,6 @@ def _through_the_wire(message: Message) -> Message:
     frame = decoder.next_frame()
     assert isinstance(frame, Frame) and decoder.buffered_size == 0
     return wire_messages.decode(frame)
-
-
-def _describe(message: Message) -> str:
-    fields = {key: value for key, value in vars(message).items()
-              if key not in ("src", "dst", "payload", "cluster_id")}
-    text = " ".join(f"{key}={value}" for key, value in fields.items())
-    payload = getattr(message, "payload", None)
-    if payload is not None:
-        text += f" bytes={len(payload)}"
-    return f"{message.src}->{message.dst} {message.kind} {text}"
 
 
 def _image(store: mqlog.Store, start: int, end: int) -> bytes:

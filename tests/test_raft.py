@@ -3,10 +3,12 @@ each node is an mqlog.Store in a temporary directory and a RaftCore with its own
 RNG; a test network holds the messages between them (each one through the real wire
 codec) until a script delivers or drops them.
 
-The driver here is the simulator's (mqlog/sim/raft.py ``_carry_out``): a Ready is
-carried out in its order, the hard state is "synced" the moment it is saved, and a
-store is durable up to where a Ready last asked to sync it — so ``crash`` cuts a store
-back to exactly that, as a power loss would.
+Each node runs the one driver (mqlog/replication/driver.py) that nodes and the simulator
+run, over an Io that queues messages on the test network, "syncs" the hard state the
+moment it is saved and flushes the store at once when asked; what a ``process`` prints
+is the driver's own description of what it did. Stores have no background threads, so
+a store is durable exactly up to where a Ready last asked to sync it — and ``crash``
+cuts it back to that, as a power loss would.
 
 Commands (nodes are named; ``[...]`` is optional):
 
@@ -49,19 +51,17 @@ from typing import Any
 import pytest
 
 import mqlog
-from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
+from mqlog.config import ReplicationConfig
 from mqlog.errors import MqlogError
 from mqlog.ext.fallback import ATTR_CONTROL, BLANK_MAGIC, HEADER
 from mqlog.replication import messages as wire_messages
 from mqlog.replication.core import Ready
+from mqlog.replication.driver import Driver, describe_hard_state, describe_message
 from mqlog.replication.messages import (
-    Entries,
     EntriesReply,
     LogReset,
     Message,
-    TimeoutNow,
     Vote,
-    VoteReply,
 )
 from mqlog.replication.raft import RaftCore
 from mqlog.replication.raft.core import LEADER
@@ -76,26 +76,38 @@ TICK_SETTINGS = dict(election_timeout_ticks=10, heartbeat_ticks=2, retransmit_ti
 # Retention runs only when a script says ``retain`` (and then lets go of every segment it
 # may: below the commit and the flush).
 STORE_SETTINGS = dict(SMALL, committed_follows="external", flush_interval_ms=3_600_000,
-                      retention_ms=-1, retention_bytes=0,
-                      retention_check_interval_ms=3_600_000)
+                      retention_ms=-1, retention_bytes=0, background_threads=False,
+                      segment_prepare_ahead=False, segment_preallocate=False, retention_check_interval_ms=3_600_000)
 MEMBERSHIP_MAGIC = b"MQCFG1"  # a membership change's control record body starts so
 _STATE_CHANGES = ("save hard state", "reset log", "truncate", "set epoch", "append no-op",
                   "commit to", "resolved", "event")
 
 
-class _DurableView:
-    """A node's store as its core sees it: flushed means what the driver synced (the
-    store's own flush thread may run ahead; a crash keeps only what a Ready synced)."""
+class _ScriptIo:
+    """The driver's world in a script: the test network, a hard state saved (and synced)
+    in memory, a flush done at once."""
 
     def __init__(self, interaction: Interaction, name: str) -> None:
         self._interaction, self._name = interaction, name
 
-    def __getattr__(self, attribute: str):
-        return getattr(self._interaction.stores[self._name], attribute)
+    def send(self, messages: list[Message]) -> None:
+        self._interaction.network += messages
 
-    @property
-    def flushed_position(self) -> int:
-        return self._interaction.durable[self._name]
+    def save_hard_state(self, state: Any) -> None:
+        self._interaction.hard_states[self._name] = state
+
+    def start_flush(self, done: Any) -> None:
+        self._interaction.stores[self._name].flush()
+        done(True)
+
+    def answer(self, request: Any, status: Any) -> None:
+        pass  # the driver's description prints it
+
+    def note(self, event: str) -> None:
+        pass  # likewise
+
+    def failed(self, error: BaseException) -> None:
+        self._interaction.drivers[self._name].described.append(f"stopped: {error!r}")
 
 
 class Interaction:
@@ -105,9 +117,9 @@ class Interaction:
         self.root, self.impl, self.test_break = root, impl, test_break
         self.stores: dict[str, mqlog.Store] = {}
         self.cores: dict[str, RaftCore] = {}
+        self.drivers: dict[str, Driver] = {}
         self.configs: dict[str, ReplicationConfig] = {}
         self.hard_states: dict[str, Any] = {}  # saved (synced) by a Ready; None: never
-        self.durable: dict[str, int] = {}  # the store is durable up to here
         self.starts: dict[str, int] = {}  # how often each node started (seeds its RNG)
         self.network: list[Message] = []
         self.cut: set[str] = set()  # a partition: these nodes on one side, the rest
@@ -145,24 +157,25 @@ class Interaction:
     def _start(self, name: str) -> None:
         self.stores[name] = mqlog.open(self.root / name, implementation=self.impl,
                                        clock_ms=lambda: 1_000, **STORE_SETTINGS)
-        self.durable[name] = self.stores[name].written_position
         self.starts[name] = self.starts.get(name, 0) + 1
         saved = self.hard_states[name]
-        self.cores[name] = RaftCore(self.configs[name], _DurableView(self, name),
+        self.cores[name] = RaftCore(self.configs[name], self.stores[name],
                                     rng=random.Random(f"{name}/{self.starts[name]}"),
                                     test_break=self.test_break,
                                     **({} if saved is None else {"hard_state": saved}))
+        self.drivers[name] = Driver(self.stores[name], self.cores[name], _ScriptIo(self, name),
+                                    describe=True)
 
     def do_crash(self, args: list[str], kwargs: dict[str, str]) -> str:
         """A power loss: what no Ready synced is gone, and so is the core's memory."""
         lines = []
         for name in args:
-            store, durable = self.stores.pop(name), self.durable[name]
-            written = store.written_position
+            store = self.stores.pop(name)
+            durable, written = store.flushed_position, store.written_position
             if written > durable:
                 store.truncate(durable)
             store.close()
-            del self.cores[name]
+            del self.cores[name], self.drivers[name]
             lost = f"lost [{durable}, {written})" if written > durable else "lost nothing"
             lines.append(f"{name}: crashed, {lost}; hard state {_hard(self.hard_states[name])}")
         return "\n".join(lines)
@@ -206,15 +219,14 @@ class Interaction:
 
     def do_put(self, args: list[str], kwargs: dict[str, str]) -> str:
         name, lines = args[0], []
-        core, store = self.cores[name], self.stores[name]
+        driver = self.drivers[name]
         count, first = int(kwargs.get("count", 1)), self.proposals + 1
         for _ in range(count):
-            core.check_master()  # as a node does before it stores a client's write
-            result = store.put("t", b"x" * int(kwargs.get("size", 100)))
+            driver.check_writable()  # as a node does before it stores a client's write
+            stored = driver.write("t", [b"x" * int(kwargs.get("size", 100))])
             self.proposals += 1
-            core.propose(f"p{self.proposals}", result.end_position)
-            lines.append(f"p{self.proposals}: stored [{result.position}, "
-                         f"{result.end_position})")
+            driver.propose(f"p{self.proposals}", stored.end)
+            lines.append(f"p{self.proposals}: stored [{stored.position}, {stored.end})")
         if count > 10:  # in short: the first, the last
             lines = [f"p{first}..p{self.proposals}: stored [{lines[0].split('[')[1][:-1]}"
                      f" ... {lines[-1].split('[')[1]}"]
@@ -225,22 +237,19 @@ class Interaction:
         return ""
 
     def do_membership(self, args: list[str], kwargs: dict[str, str]) -> str:
-        """An operator's change of configuration, carried out as a node's driver does
-        (mqlog/replication/node.py ``_change_membership``): the leader checks it, the driver
-        appends its control record and tells the core where it is, then proposes its end
-        (the proposal resolves once the change commits)."""
+        """An operator's change of configuration, carried out by the driver as on a node:
+        the leader checks it, the driver appends its control record and tells the core
+        where it is, then proposes its end (resolved once the change commits)."""
         name = args[0]
-        core, store = self.cores[name], self.stores[name]
-        membership, body = core.membership_record(tuple(_names(kwargs["voters"])),
-                                                  tuple(_names(kwargs.get("learners", ""))), {})
-        end = store.append_control(body)
-        core.membership_stored(membership, end, len(body))
+        store = self.stores[name]
+        end, size = self.drivers[name].change_membership(
+            f"p{self.proposals + 1}", tuple(_names(kwargs["voters"])),
+            tuple(_names(kwargs.get("learners", ""))), {})
         self.proposals += 1
-        core.propose(f"p{self.proposals}", end)
         # The record's start as the store has it (a blank may pad the segment before it).
         start = next(position for position, size, *_ in _records(store)
                      if position + size == end)
-        assert start == end - RECORD_HEADER_SIZE - len(body), (start, end, len(body))
+        assert start == end - size, (start, end, size)
         return f"p{self.proposals}: stored membership [{start}, {end})"
 
     # --- the network -------------------------------------------------------------------
@@ -259,11 +268,11 @@ class Interaction:
         lines = []
         for message in wanted:
             if message.dst not in self.cores:
-                lines.append(f"dropped {_describe(message)} ({message.dst} is down)")
+                lines.append(f"dropped {describe_message(message)} ({message.dst} is down)")
             elif (message.src in self.cut) != (message.dst in self.cut):
-                lines.append(f"dropped {_describe(message)} (partitioned)")
+                lines.append(f"dropped {describe_message(message)} (partitioned)")
             else:
-                lines.append(_describe(message))
+                lines.append(describe_message(message))
                 config = self.configs[message.dst]
                 self.cores[message.dst].step(_through_the_wire(message, config))
         return "\n".join(lines)
@@ -271,7 +280,7 @@ class Interaction:
     def do_drop(self, args: list[str], kwargs: dict[str, str]) -> str:
         dropped = self._selected(args, kwargs)
         self.network = [message for message in self.network if message not in dropped]
-        return "\n".join(f"dropped {_describe(message)}" for message in dropped)
+        return "\n".join(f"dropped {describe_message(message)}" for message in dropped)
 
     def do_stabilize(self, args: list[str], kwargs: dict[str, str]) -> str:
         lines = []
@@ -315,7 +324,7 @@ class Interaction:
             core, store = self.cores[name], self.stores[name]
             lines.append(f"{name}: {core.role} term={core.term} vote={core.vote or '-'} "
                          f"leader={core.leader or '-'} commit={core.commit} "
-                         f"written={store.written_position} durable={self.durable[name]}")
+                         f"written={store.written_position} durable={store.flushed_position}")
             for peer, progress in sorted(core.peers.items()):
                 state = " probing" if progress.probing else ""
                 lines.append(f"  {peer}: match={progress.match} next={progress.next}{state}")
@@ -379,60 +388,10 @@ class Interaction:
     def _flush_ready(self, names: list[str]) -> str:
         lines = []
         for name in names:
-            core = self.cores[name]
-            ready = core.ready()
-            if ready:
-                lines += [f"{name}: {line}" for line in self._apply(name, ready)]
-            core.advance(ready)
+            driver = self.drivers[name]
+            driver.run()
+            lines += [f"{name}: {line}" for line in driver.described]
         return "\n".join(lines)
-
-    def _apply(self, name: str, ready: Ready) -> list[str]:
-        """The driver order (mqlog/sim/raft.py ``_carry_out``)."""
-        store, lines = self.stores[name], []
-        if ready.hard_state is not None:
-            self.hard_states[name] = ready.hard_state
-            lines.append(f"save hard state {_hard(ready.hard_state)}")
-        if ready.reset_log is not None:
-            store.reset(*ready.reset_log)
-            self.durable[name] = ready.reset_log[0]
-            lines.append(f"reset log to {ready.reset_log[0]} epochs {ready.reset_log[1]}")
-        if ready.truncate_to is not None:
-            store.truncate(ready.truncate_to)
-            self.durable[name] = min(self.durable[name], ready.truncate_to)
-            lines.append(f"truncate to {ready.truncate_to}")
-        for position, data in ready.appends:
-            store.append_raw(position, data)
-            lines.append(f"append [{position}, {position + len(data)})")
-        if ready.set_epoch is not None:
-            store.set_epoch(ready.set_epoch)
-            lines.append(f"set epoch {ready.set_epoch}")
-        if ready.append_noop:
-            start = store.written_position
-            lines.append(f"append no-op [{start}, {store.append_control()})")
-        if ready.must_sync:
-            store.flush()
-            self.durable[name] = store.written_position
-            lines.append(f"sync to {store.written_position}")
-        if ready.commit_to is not None:
-            store.set_committed_position(ready.commit_to)
-            lines.append(f"commit to {ready.commit_to}")
-        for label, sent in (("send", ready.messages),
-                            ("send after persist", ready.messages_after_persist)):
-            if sent:
-                self.network += sent
-                lines.append(f"{label}: {_summary(sent)}")
-        lines += [f"resolved {request} {status.value}" for request, status in ready.resolved]
-        lines += [f"event: {event}" for event in ready.events]
-        return lines
-
-
-def _summary(messages: list[Message]) -> str:
-    """"entries->n2 x3, vote->n3": kind and destination, counted, in order of appearance."""
-    counts: dict[str, int] = {}
-    for message in messages:
-        key = f"{message.kind}->{message.dst}"
-        counts[key] = counts.get(key, 0) + 1
-    return ", ".join(key + (f" x{count}" if count > 1 else "") for key, count in counts.items())
 
 
 def _names(text: str) -> list[str]:
@@ -440,16 +399,7 @@ def _names(text: str) -> list[str]:
 
 
 def _hard(state: Any) -> str:
-    """term=T vote=V (and the membership changes the log holds, if any)."""
-    if state is None:
-        return "term=0 vote=-"
-    if isinstance(state, tuple):
-        return f"term={state[0]} vote={state[1] or '-'}"
-    text = f"term={state.term} vote={state.vote or '-'}"
-    for change in getattr(state, "memberships", ()):
-        text += f" membership@{change.position}={','.join(change.voters)}"
-        text += f"+{','.join(change.learners)}" if change.learners else ""
-    return text
+    return "term=0 vote=-" if state is None else describe_hard_state(state)
 
 
 def _votes(ready: Ready) -> list[Vote]:
@@ -467,35 +417,6 @@ def _through_the_wire(message: Message, config: ReplicationConfig) -> Message:
     decoded = wire_messages.decode(frame)
     assert decoded == message
     return decoded
-
-
-def _flag(value: bool) -> str:
-    return "true" if value else "false"
-
-
-def _describe(message: Message) -> str:
-    head = f"{message.src}->{message.dst} {message.kind} term={message.epoch}"
-    if isinstance(message, Vote):
-        tail = (f" position={message.position} last_epoch={message.last_epoch} "
-                f"pre_vote={_flag(message.pre_vote)}")
-        return head + tail + (" transfer=true" if message.transfer else "")
-    if isinstance(message, VoteReply):
-        return head + f" granted={_flag(message.granted)} pre_vote={_flag(message.pre_vote)}"
-    if isinstance(message, Entries):
-        epoch = f" epoch={message.entries_epoch}" if message.entries_epoch >= 0 else ""
-        changes = " with membership changes" if getattr(message, "memberships", b"") else ""
-        return head + (f" prev=({message.prev_position},{message.prev_epoch}){epoch} "
-                       f"bytes={len(message.payload)} commit={message.commit}{changes}")
-    if isinstance(message, EntriesReply):
-        if message.success:
-            return head + f" ok match={message.match}"
-        return head + f" refused hint=({message.hint_position},{message.hint_epoch})"
-    if isinstance(message, LogReset):
-        changes = " with membership changes" if message.memberships else ""
-        return head + (f" start=({message.position},{message.last_epoch}) epoch_start="
-                       f"{message.last_epoch_start} commit={message.commit}{changes}")
-    assert isinstance(message, TimeoutNow)
-    return head
 
 
 def _image(store: mqlog.Store, start: int | None = None) -> bytes:

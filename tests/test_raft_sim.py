@@ -47,7 +47,7 @@ def test_the_seeds_exercise_failover_and_retries():
 def test_the_seeds_exercise_retention_and_log_resets():
     """Some fixed seeds run retention while a follower is away long enough to need a
     LogReset (and every checker holds across the moved log starts)."""
-    results = [run_seed(seed) for seed in (17, 18, 21)]
+    results = [run_seed(seed) for seed in (2, 25, 31)]
     assert sum(result.log_starts > 0 for result in results) >= 2
     assert sum(result.resets for result in results) > 0
 

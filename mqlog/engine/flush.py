@@ -54,6 +54,7 @@ class FlushService:
                  on_flushed: Callable[[int], None], on_failure: Callable[[FlushFailed], None],
                  flushed_position: int) -> None:
         self._config = config
+        self._threaded = config.background_threads  # False: flushes run in the caller
         self._written = written
         self._sync_log = sync_log
         self._checkpoint = checkpoint
@@ -74,10 +75,14 @@ class FlushService:
         self._thread = threading.Thread(target=self._run, name="mqlog-flush", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
+        if self._threaded:
+            self._thread.start()
 
     def stop(self) -> None:
         """Flush what is written, checkpoint, and end the thread."""
+        if not self._threaded:
+            self._flush_inline(checkpoint=True)
+            return
         with self._lock:
             self._stopping = True
             self._work.notify_all()
@@ -88,6 +93,8 @@ class FlushService:
     def wait_flushed(self, end_position: int, timeout_ms: int | None = None) -> bool:
         """Block until the log is durable up to ``end_position``; False at the deadline."""
         timeout = self._config.flush_sync_timeout_ms if timeout_ms is None else timeout_ms
+        if not self._threaded and not self._settled(end_position):
+            self._flush_inline(checkpoint=False)
         waiter = threading.Lock()
         waiter.acquire()
         with self._lock:
@@ -102,6 +109,8 @@ class FlushService:
 
     async def wait_flushed_async(self, end_position: int) -> bool:
         """``wait_flushed`` for an asyncio task, resolved by the loop's _LoopWaiters."""
+        if not self._threaded and not self._settled(end_position):
+            self._flush_inline(checkpoint=False)
         if self._settled(end_position):
             return True
         import asyncio  # here: an embedded store that never awaits does not load it
@@ -151,6 +160,8 @@ class FlushService:
 
     def flush_now(self) -> None:
         """Flush everything written so far from the caller's thread."""
+        if not self._threaded:
+            return self._flush_inline(checkpoint=False)
         target = self._written()
         self.request()
         if not self.wait_flushed(target, timeout_ms=max(self._config.flush_sync_timeout_ms,
@@ -217,6 +228,19 @@ class FlushService:
             if typed is error:
                 raise
             self.checkpoint_error = typed  # type: ignore[assignment]
+
+    def _flush_inline(self, checkpoint: bool) -> None:
+        """Without a thread: flush (and checkpoint) now, from the caller."""
+        if self.error is not None:
+            raise self.error
+        try:
+            with self._io_lock:
+                flushed = self._flush_log()
+                if checkpoint:
+                    self._write_checkpoint(flushed)
+        except OSError as error:
+            self._fail(error)
+            raise self.error from None  # type: ignore[misc]
 
     def _due(self, sync_mode: bool, thorough: bool) -> bool:
         dirty = self._written() - self.flushed_position

@@ -9,6 +9,8 @@ counted in ``failure_count`` and logged on the ``mqlog`` logger (once while it
 repeats); the chore is retried next time, and the thread never dies of it (issue 14:
 it used to, silently, and retention never ran again). The same failure reaches a
 caller directly when a query runs the indexer itself.
+
+With ``background_threads = False`` there is no thread: the owner calls ``run_once``.
 """
 
 from __future__ import annotations
@@ -79,3 +81,10 @@ class Maintenance:
                 _log.warning("mqlog %s failed (retried in the next pass): %r", name, error,
                              exc_info=error)
             return False
+
+    def run_once(self, retention: bool) -> None:
+        """One round from the owner (``background_threads = False``): the indexer, and
+        retention if asked; failures as on the thread."""
+        indexed = self._chore("indexer", self._index)
+        if (not retention or self._chore("retention", self._store.apply_retention)) and indexed:
+            self.error = None

@@ -239,7 +239,8 @@ class Store:
             on_failure=self._on_flush_failure, flushed_position=end)
         self._flusher.start()
         self._maintenance = Maintenance(self)
-        self._maintenance.start()
+        if config.background_threads:
+            self._maintenance.start()
         self._allocator.start(end)
         if config.flush_mode == "async":
             self.put = self.core.put  # type: ignore[method-assign]  # one C call
@@ -527,6 +528,13 @@ class Store:
     def queues(self) -> list[tuple[str, int]]:
         """Every (topic, queue id) with a consume queue, sorted."""
         return sorted(self.core.queue_ids())
+
+    def run_chores(self) -> None:
+        """What the maintenance thread does every ``index_interval_ms`` (the indexer) now,
+        from the caller: for ``background_threads = False`` (retention runs when the
+        caller calls ``apply_retention``)."""
+        self._check_writable()
+        self._maintenance.run_once(retention=False)
 
     def flush(self) -> None:
         """Make everything written so far durable before returning."""

@@ -6,7 +6,7 @@ message that arrives, ``propose(...)`` after the engine stored a write, then tak
 ``ready()``, carries it out in order — save the hard state (Raft's term and vote, synced),
 reset, truncate, append, set the epoch, append a no-op control record if asked, sync if asked,
 set the committed position, send ``messages``, send ``messages_after_persist`` — and
-calls ``advance(ready)``.
+calls ``advance(ready)``. One driver does that for every layer: driver.py.
 
 A core reads its own store through ``LogView`` (reading is deterministic and cheap, as
 etcd raft reads its Storage); it never writes to it: every change to the log is in a
@@ -73,19 +73,3 @@ def epoch_ending_at(epoch_starts: list[tuple[int, int]], position: int) -> tuple
     LogReset tells a replica that starts its log over there ((-1, -1): none)."""
     before = [(epoch, start) for epoch, start in epoch_starts if start < position]
     return before[-1] if before else (-1, -1)
-
-
-def apply_to_log(ready: Ready, store: Any) -> None:
-    """Carry out a Ready's changes to the log, in their order: reset, truncate, append,
-    set the epoch, append the no-op. (Saving the hard state comes before, syncing after:
-    each driver does those its own way.)"""
-    if ready.reset_log is not None:
-        store.reset(*ready.reset_log)
-    if ready.truncate_to is not None:
-        store.truncate(ready.truncate_to)
-    for position, data in ready.appends:
-        store.append_raw(position, data)
-    if ready.set_epoch is not None:
-        store.set_epoch(ready.set_epoch)
-    if ready.append_noop:
-        store.append_control()

@@ -1,10 +1,12 @@
 """A replicated node: one store, one replication core, and the asyncio driver between
 them and the network (``mqlog node --config node.toml``).
 
-The driver is the one loop DESIGN §5 asks for: every ``tick_ms`` it ticks the core;
-every message a peer sends is stepped into it; after each, the core's Ready is carried
-out in order — truncate, append (the store checks every record), set the epoch, flush
-if asked, send, resolve the clients waiting on their writes — and advanced.
+The node is the asyncio ``Io`` of the one driver (driver.py, DESIGN §5.1): every
+``tick_ms`` it ticks the core; every message a peer sends is stepped in; once the loop
+iteration's events are all in (every frame read together), the driver carries out the
+core's Ready and asks this node to send, flush (on the store's flush thread: the loop
+goes on meanwhile) and answer. A Ready that cannot be carried out stops the node loudly
+(exit status 1): a restart runs the engine's recovery.
 
 Connections. A node listens on one TCP address (127.0.0.1 in tests) for peers and
 clients alike; the first frame of a connection says which it is. To send to a peer a
@@ -46,8 +48,8 @@ from mqlog import errors
 from mqlog.config import ReplicationConfig, StoreConfig
 from mqlog.engine.store import open as open_store
 from mqlog.replication import core_for, hardstate, messages
-from mqlog.replication.core import apply_to_log
-from mqlog.replication.idempotence import ProducerTable, Stored, producer_properties
+from mqlog.replication.driver import Driver
+from mqlog.replication.idempotence import Stored
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
 
@@ -136,13 +138,14 @@ class Node:
             else config.store
         self.store = open_store(config.data_dir, store_config)
         try:
-            self.core = self._new_core()
+            core = self._new_core()
         except BaseException:
             self.store.close()
             raise
-        self.producers = ProducerTable(config.replication.idempotence_sequences_max)
-        self._led_term = -1  # the term the producer table was rebuilt for
-        self._truncations = 0  # acks waiting for a flush are void once this moves
+        self.driver = Driver(self.store, core, self,
+                             window_bytes=config.replication.idempotence_window_bytes,
+                             sequences_max=config.replication.idempotence_sequences_max)
+        self.failure: BaseException | None = None
         self.peers = dict(config.peers)  # node id -> address; membership changes add more
         self._learn_addresses()
         self._waiting: dict[Any, asyncio.Future[PutStatus]] = {}
@@ -153,6 +156,10 @@ class Node:
         self._requests = 0
         self._stopping = asyncio.Event()
         self._server: asyncio.Server | None = None
+
+    @property
+    def core(self) -> Any:
+        return self.driver.core
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         host, port = split_address(self.config.listen)
@@ -172,7 +179,12 @@ class Node:
                 writer.close()
             for future in self._waiting.values():
                 future.cancel()
-            self.store.close()
+            try:
+                self.store.close()
+            except errors.MqlogError as error:
+                if self.failure is None:
+                    raise
+                print(f"[{self.node_id}] closing the failed store: {error}", flush=True)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -193,7 +205,7 @@ class Node:
         interval = self.config.replication.tick_ms / 1000
         while True:
             await asyncio.sleep(interval)
-            self.core.tick()
+            self.driver.tick()
             self._schedule()
 
     async def _register_forever(self) -> None:
@@ -214,36 +226,47 @@ class Node:
         that writes and acks that arrive together are sent together."""
         if not self._scheduled:
             self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._carry_out)
+            asyncio.get_running_loop().call_soon(self._run_driver)
 
-    def _carry_out(self) -> None:
+    def _run_driver(self) -> None:
         self._scheduled = False
-        ready = self.core.ready()
-        store = self.store
-        if ready.hard_state is not None:
-            hardstate.save(self.config.data_dir, ready.hard_state)
-            self._learn_addresses()
-        apply_to_log(ready, store)
-        if ready.truncate_to is not None or ready.reset_log is not None:
-            self._truncations += 1
-        if ready.commit_to is not None:
-            store.set_committed_position(min(ready.commit_to, store.written_position))
-        self._send_all(ready.messages)
-        if ready.must_sync:  # the loop goes on while the flush thread syncs
-            self._spawn(self._send_when_flushed(ready.messages_after_persist,
-                                                self._truncations))
-        else:
-            self._send_all(ready.messages_after_persist)
-        for event in ready.events:
-            print(f"[{self.node_id}] {event}", flush=True)
-        self.core.advance(ready)
-        if self.core.is_master and self._led_term != self.core.epoch:
-            self._led_term = self.core.epoch  # a new leader: whose writes are in its log?
-            self.producers.rebuild(store, self.config.replication.idempotence_window_bytes)
-        for request, status in ready.resolved:
-            future = self._waiting.pop(request, None)
-            if future is not None and not future.done():
-                future.set_result(status)
+        self.driver.run()
+
+    # --- the driver's Io ------------------------------------------------------------------
+
+    def send(self, outgoing: list[messages.Message]) -> None:
+        self._send_all(outgoing)
+
+    def save_hard_state(self, state: Any) -> None:
+        hardstate.save(self.config.data_dir, state)
+        self._learn_addresses()
+
+    def start_flush(self, done: Any) -> None:
+        self._spawn(self._flush(done))
+
+    async def _flush(self, done: Any) -> None:
+        try:
+            await self.store.flush_async()
+        except (errors.FlushFailed, errors.StoreFailed, errors.StoreClosed) as error:
+            print(f"[{self.node_id}] a flush failed: {error}", flush=True)
+            done(False)
+            return
+        done(True)
+        self._schedule()  # a leader's own flush may let it commit
+
+    def answer(self, request: Any, status: PutStatus) -> None:
+        future = self._waiting.pop(request, None)
+        if future is not None and not future.done():
+            future.set_result(status)
+
+    def note(self, event: str) -> None:
+        print(f"[{self.node_id}] {event}", flush=True)
+
+    def failed(self, error: BaseException) -> None:
+        """A Ready could not be carried out: stop loudly; a restart runs recovery."""
+        print(f"[{self.node_id}] FATAL: stopping: {error!r}", flush=True)
+        self.failure = error
+        self.stop()
 
     def _learn_addresses(self) -> None:
         """Addresses named by the group's membership changes (a node added later)."""
@@ -251,20 +274,6 @@ class Node:
             for name, address in membership.addresses.items():
                 if name != self.node_id:
                     self.peers.setdefault(name, address)
-
-    async def _send_when_flushed(self, after: list[messages.Message],
-                                 truncations: int) -> None:
-        """Send what had to wait for the log's flush (a follower's acks). If the log was
-        truncated since (``truncations`` moved), they may speak of bytes that are gone:
-        drop them (the leader asks again)."""
-        try:
-            await self.store.flush_async()
-        except (errors.FlushFailed, errors.StoreFailed, errors.StoreClosed) as error:
-            print(f"[{self.node_id}] a flush failed; acks withheld: {error}", flush=True)
-            return
-        if truncations == self._truncations:
-            self._send_all(after)
-        self._schedule()  # a leader's own flush may let it commit
 
     def _send_all(self, outgoing: list[messages.Message]) -> None:
         """Send messages in order, one socket write per peer (a write is a system call)."""
@@ -302,7 +311,7 @@ class Node:
                 while isinstance(frame := decoder.next_frame(), Frame):
                     kind = frame.header.get("kind")
                     if kind in _REPLICATION_KINDS:
-                        self.core.step(messages.decode(frame))
+                        self.driver.step(messages.decode(frame))
                         self._schedule()
                     elif kind == "produce":  # answered together with the others read here
                         produces.append(frame)
@@ -341,7 +350,7 @@ class Node:
         shape of pebble's commit pipeline) — each with its own status or error."""
         answers, stored = [], []
         try:
-            self.core.check_master()  # (once: nothing below can make it step down)
+            self.driver.check_writable()  # (once: nothing below can make it step down)
         except errors.MqlogError as error:
             answers = [(frame, self._error_header(error)) for frame in frames]
             frames = []
@@ -394,14 +403,24 @@ class Node:
 
     def _propose(self, end: int) -> asyncio.Future[PutStatus]:
         """Propose everything up to ``end``; the future has the layer's verdict."""
-        self.core.check_master()  # (it may have stepped down since the writes were stored)
-        self._requests += 1
-        request = (self.node_id, self._requests)
-        future = asyncio.get_running_loop().create_future()
-        self._waiting[request] = future
-        self.core.propose(request, end)
+        self.driver.check_writable()  # (it may have stepped down since they were stored)
+        request = self._new_request()
+        future = self._waiting[request]
+        try:
+            self.driver.propose(request, end)
+        except BaseException:
+            self._waiting.pop(request)
+            raise
         self._schedule()
         return future
+
+    def _new_request(self) -> tuple[str, int]:
+        """A request id, and the future its answer resolves."""
+        self._requests += 1
+        request = (self.node_id, self._requests)
+        self._waiting[request] = asyncio.get_running_loop().create_future()
+        return request
+
 
     async def _request(self, kind: Any, frame: Frame) -> tuple[dict[str, Any], bytes]:
         if kind == "fetch":
@@ -433,23 +452,9 @@ class Node:
         if acks != "replicated" and acks != "master":
             raise errors.InvalidArgument(f"acks must be 'replicated' or 'master', got {acks!r}")
         producer = _producer_tag(header)
-        properties = None
-        if producer is not None:
-            found = self.producers.lookup(*producer)
-            if found is not None:
-                return found, acks
-            properties = producer_properties(*producer)
-        topic: Any = header.get("topic")  # the store checks every field's type
-        queue_id, key, tags = header.get("queue_id", 0), header.get("key"), header.get("tags")
-        if len(bodies) == 1:
-            one = self.store.put_nowait(topic, bodies[0], queue_id, key, tags, properties)
-            stored = Stored(one.position, one.position + one.size, one.offset, 1)
-        else:
-            many = self.store.put_nowait(topic, bodies, queue_id, key, tags, properties)
-            stored = Stored(many.position, many.end_position, many.offset, many.count)
-        if producer is not None:
-            self.producers.note(*producer, stored)
-        return stored, acks
+        # (the store checks every field's type)
+        return self.driver.write(header.get("topic"), bodies, header.get("queue_id", 0),
+                                 header.get("key"), header.get("tags"), producer), acks
 
     def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
         if not self.core.is_master and not self.config.slave_read_enable:
@@ -485,10 +490,8 @@ class Node:
             raise errors.InvalidArgument(f"follow needs a master named in [node.peers], got "
                                          f"{master!r}")
         self.core.follow(master)
-        for future in self._waiting.values():  # stored here, fate on the new master unknown
-            if not future.done():
-                future.set_result(PutStatus.FLUSH_SLAVE_TIMEOUT)
-        self._waiting.clear()
+        # (what waited here was stored here; its fate on the new master is unknown)
+        self.driver.abandon_waiting()
         self._schedule()
         return {"kind": "following", "master": master}
 
@@ -512,12 +515,15 @@ class Node:
                     isinstance(value, str) for value in addresses.values()):
             raise errors.InvalidArgument("membership needs a Raft group, voters and learners "
                                          "as lists of node ids, addresses as {id: host:port}")
-        membership, body = self.core.membership_record(tuple(voters), tuple(learners),
-                                                       addresses)
-        end = self.store.append_control(body)
-        self.core.membership_stored(membership, end, len(body))
-        status = await self._propose(end)  # (proposed at once: it may commit, and this
-        # leader step down because of it, before anything awaited here would return)
+        request = self._new_request()
+        try:  # (proposed at once: it may commit, and this leader step down because of it,
+            # before anything awaited here would return)
+            self.driver.change_membership(request, tuple(voters), tuple(learners), addresses)
+        except BaseException:
+            self._waiting.pop(request)
+            raise
+        self._schedule()
+        status = await self._waiting[request]
         return {"kind": "membership", "status": status.value, "voters": list(voters),
                 "learners": list(learners)}
 
@@ -571,6 +577,8 @@ def run_node(config: NodeConfig) -> None:
     node = Node(config)
     run_until_signalled(node, lambda: f"[{node.node_id}] {node.core.role} serving on "
                                       f"{config.listen}")
+    if node.failure is not None:
+        raise SystemExit(1)
 
 
 def run_until_signalled(server: Any, banner: Any) -> None:

@@ -3,17 +3,20 @@ master-slave twin and the VOPR idea behind both).
 
 A seed decides the options (3 or 5 voters, pre-vote and check-quorum on or off, the
 follower ack rule, how lossy, slow and partitioned the network is, how often nodes
-crash) and every choice at every tick. Nodes are real stores with Raft cores; the
-simulator is their driver and their disk: a store is durable up to where the simulator
-last flushed it (a leader's writes at once, as with sync flush; whatever a Ready asks to
-sync), the hard state is durable once saved, and a crash cuts the store back to its
-durable end. Written acks ("follower_ack = written") promise nothing against a crash,
-so those seeds do not crash nodes; they pause them instead, which loses nothing.
+crash) and every choice at every tick. Nodes are real stores with Raft cores, run by
+the one driver (mqlog/replication/driver.py) over a simulated network and disk
+(sim/node.py): every message that arrived in a tick is stepped before the node's one
+Ready of the tick; flushes complete some ticks later; the hard state is durable once
+saved; a crash is a power loss (unflushed bytes lost, now and then a torn last write)
+followed by the engine's real recovery. Written acks ("follower_ack = written") promise
+nothing against a crash, so those seeds do not crash nodes; they pause them instead,
+which loses nothing.
 
-The client is one idempotent producer: each write gets the next sequence; it is sent to
-a node that claims leadership and retried, with the same sequence, whenever its outcome
-is unknown (timeout, step-down, a crashed leader). The leader looks the sequence up in
-its producer table (idempotence.py), rebuilt from its log when it gains leadership.
+The client is one idempotent producer: each write gets the next sequence; it is sent,
+at any moment of a tick, to a node that claims leadership (which refuses it until its
+term has started) and retried, with the same sequence, whenever its outcome is unknown
+(timeout, step-down, a crashed leader). The leader looks the sequence up in its
+producer table (idempotence.py), rebuilt from its log when its term starts.
 
 Checkers (a list of violations; empty is a pass):
 * at most one leader per term;
@@ -25,8 +28,9 @@ Checkers (a list of violations; empty is a pass):
 * no acknowledged write lost, and no write stored twice by the client's retries;
 * a leader removed from the voters steps down once that commits (an operator changes
   the membership now and then: a spare learner is promoted, a voter demoted);
-* liveness: with the network healed and every node up, a leader commits every write
-  the client still waits on and all logs end up byte-identical.
+* liveness (VOPR's rule): with the network healed and all but a minority up (one node
+  may stay down), a leader commits every write the client still waits on and the logs
+  of the nodes up end up byte-identical.
 """
 
 from __future__ import annotations
@@ -40,26 +44,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mqlog
 from mqlog.config import ReplicationConfig
 from mqlog.errors import MqlogError
-from mqlog.replication.core import apply_to_log
-from mqlog.replication.hardstate import HardState
-from mqlog.replication.idempotence import ProducerTable, Stored, producer_properties
+from mqlog.replication.idempotence import Stored
 from mqlog.replication.raft import RaftCore
 from mqlog.replication.raft.core import LEADER
 from mqlog.results import PutStatus
 from mqlog.sim.network import NetworkOptions, SimNetwork
-from mqlog.sim.swarm import STORE_SETTINGS, DurableView, SeedResult
+from mqlog.sim.node import SimReplica
+from mqlog.sim.swarm import STORE_SETTINGS, SeedResult
 
 # Retention lets a segment go only when the operator runs it (then all it may).
 RAFT_STORE_SETTINGS: dict[str, Any] = dict(
-    STORE_SETTINGS, retention_bytes=0, retention_check_interval_ms=3_600_000)
+    STORE_SETTINGS, retention_bytes=0, retention_check_interval_ms=3_600_000,
+    committed_follows="external")
 BODY_PADDING = b"." * 1500  # writes fill several segments, for retention to let go
 CORE_SETTINGS: dict[str, Any] = dict(
     heartbeat_ticks=3, election_timeout_ticks=15, sync_timeout_ticks=80, retransmit_ticks=10,
     append_bytes_max=4096, inflight_bytes_max=16384, frame_size_bytes_max=64 * 1024)
 PRODUCER = "sim-producer"
+RAFT_CORE_BREAKS = ("commit_old_term", "vote_twice")
 _RECORD = struct.Struct("<III4xIIQQQ")  # size magic crc (attrs topic) queue body epoch offset pos
 _RECORD_MAGIC = int.from_bytes(b"MQR\x01", "little")
 
@@ -78,6 +82,8 @@ class RaftOptions:
     membership_probability: float  # an operator changes the voters (a spare learner joins)
     retention_probability: float  # a node's retention lets its committed front go
     restart_probability: float  # per tick, of a crashed node (low: long outages)
+    flush_delay_ticks_max: int  # a flush completes 0..this many ticks after it began
+    stay_down: int  # nodes left down through the liveness phase (a minority)
     safety_ticks: int = 500
     liveness_ticks: int = 2000
 
@@ -95,45 +101,26 @@ class RaftOptions:
                    partition_probability=rng.choice([0.0, 0.01, 0.03, 0.08]),
                    membership_probability=rng.choice([0.0, 0.0, 0.02]),
                    retention_probability=rng.choice([0.0, 0.01, 0.05]),
-                   restart_probability=rng.choice([0.05, 0.05, 0.01]))
+                   restart_probability=rng.choice([0.05, 0.05, 0.01]),
+                   flush_delay_ticks_max=rng.choice([0, 1, 3]),
+                   stay_down=rng.choice([0, 0, 1]))
 
 
 @dataclass
-class RaftSimNode:
-    name: str
-    path: Path
-    config: ReplicationConfig
-    clock: list[int]
-    rng: random.Random
-    test_break: str = ""
-    store: Any = None
-    core: Any = None
-    hard_state: HardState = field(default_factory=HardState)  # durable once a Ready saves it
-    durable: int = 0
-    up: bool = False
-    paused: bool = False
-    led_term: int = -1  # the term whose producer table is built
+class RaftSimNode(SimReplica):
+    config: ReplicationConfig = field(default_factory=ReplicationConfig)
+    core_rng: random.Random = field(default_factory=random.Random)
     checked: int = 0  # its log agrees with the committed prefix up to here
-    table: ProducerTable = field(default_factory=lambda: ProducerTable(1 << 16))
+    led_term: int = -1  # the term whose leader completeness was checked
+    commit_seen: int = 0
 
-    def start(self) -> None:
-        self.store = mqlog.open(self.path, clock_ms=lambda: self.clock[0],
-                                committed_follows="external", **RAFT_STORE_SETTINGS)
-        self.durable = self.store.written_position
-        self.core = RaftCore(self.config, DurableView(self), rng=random.Random(
-            self.rng.randrange(1 << 62)), hard_state=self.hard_state,
-            test_break=self.test_break)
-        self.up, self.led_term = True, -1
-        self.checked = min(self.checked, self.durable)
-
-    def crash(self) -> None:
-        self.store.truncate(self.durable)  # what a power loss takes
-        self.store.close()
-        self.up = self.paused = False
-
-    def flush(self) -> None:
-        self.store.flush()
-        self.durable = self.store.written_position
+    def new_core(self) -> Any:
+        self.led_term = -1
+        self.checked = min(self.checked, self.store.written_position)
+        self.commit_seen = 0
+        return RaftCore(self.config, self.store, rng=random.Random(
+            self.core_rng.randrange(1 << 62)), hard_state=self.hard_state,
+            test_break=self.test_break if self.test_break in RAFT_CORE_BREAKS else "")
 
 
 @dataclass
@@ -176,9 +163,11 @@ class RaftSwarm:
         spares = 1 if self.options.membership_probability else 0
         names = tuple(f"n{index}" for index in range(self.options.voters + spares))
         voters, learners = names[:self.options.voters], names[self.options.voters:]
-        self.nodes = {name: RaftSimNode(name, root / name,
-                                        self._config(name, voters, learners), self.clock,
-                                        self.rng, test_break) for name in names}
+        self.nodes = {name: RaftSimNode(
+            name, root / name, self, RAFT_STORE_SETTINGS, random.Random(self.rng.random()),
+            self.options.flush_delay_ticks_max, test_break,
+            config=self._config(name, voters, learners), core_rng=self.rng)
+            for name in names}
         self.leaders_by_term: dict[int, set[str]] = {}
         self.committed = bytearray()  # the longest committed prefix any node showed
         self.writes: dict[int, Write] = {}  # sequence -> a write not yet acknowledged
@@ -220,22 +209,34 @@ class RaftSwarm:
         return self.result
 
     def _step_all(self, new_writes: bool) -> None:
+        """One tick: each running node ticks, steps every message that arrived, takes
+        the client's writes (whenever they come), sees its due flushes complete, and
+        then its driver carries out one Ready."""
         self.clock[0] += 1
         self.network.now = self.clock[0]
         if new_writes and self.rng.random() < self.options.put_probability:
             self.sequence += 1
             self.writes[self.sequence] = Write(
                 self.sequence, f"{self.result.seed}/{self.sequence}".encode() + BODY_PADDING)
-        self._send_writes()
         for node in self._running():
-            node.core.tick()
-            self._carry_out(node)
-        for message in self.network.due():
+            node.driver.tick()
+        arrived = self.network.due()
+        writes_at = self.rng.randrange(len(arrived) + 1)  # the client's moment
+        for index, message in enumerate(arrived):
+            if index == writes_at:
+                self._send_writes()
             node = self.nodes[message.dst]
             if node.up and not node.paused:
                 self.result.trace.append(f"{self.clock[0]} {message!r}")
-                node.core.step(message)
-                self._carry_out(node)
+                node.driver.step(message)
+        if writes_at == len(arrived):
+            self._send_writes()
+        for node in self._running():
+            node.complete_flushes()
+            self._run_driver(node)
+        if self.clock[0] % 20 == 0:
+            for node in self._running():
+                node.chores()
 
     # --- the client --------------------------------------------------------------------
 
@@ -248,27 +249,25 @@ class RaftSwarm:
                 self._submit(self.rng.choice(leaders), write)
 
     def _submit(self, node: RaftSimNode, write: Write) -> None:
-        if node.led_term != node.core.term:
-            return  # its no-op is not in yet: a real leader would answer NotLeader
+        try:
+            node.driver.check_writable()  # a leader whose term has not started refuses
+        except MqlogError:
+            return
         request = f"s{write.sequence}@{node.name}.{self.clock[0]}"
-        found = node.table.lookup(PRODUCER, write.sequence)
-        if found is None:
-            result = node.store.put("t", write.body,
-                                    properties=producer_properties(PRODUCER, write.sequence))
-            node.flush()
-            found = Stored(result.position, result.end_position, result.offset, 1)
-            node.table.note(PRODUCER, write.sequence, found)
-        else:
+        if node.driver.producers.lookup(PRODUCER, write.sequence) is not None:
             self.result.deduplicated += 1
+        try:
+            found = node.driver.write("t", [write.body], producer=(PRODUCER, write.sequence))
+        except AssertionError as error:  # what a client would never hear about
+            raise AssertionError(f"{node.name} failed a write it accepted: {error!r}") from None
         if write.node:
             self.result.retried += 1
         write.request, write.node = request, node.name
         self.requests[request] = write.sequence
         self.result.trace.append(f"{self.clock[0]} {node.name}: {request} at {found.position}")
-        node.core.propose(request, found.end)
-        self._carry_out(node)
+        node.driver.propose(request, found.end)
 
-    def _resolved(self, node: RaftSimNode, request: str, status: PutStatus) -> None:
+    def answered(self, node: RaftSimNode, request: str, status: PutStatus) -> None:
         self.result.trace.append(f"{self.clock[0]} {node.name}: {request} {status.value}")
         if request not in self.requests:
             return  # an operator's membership change
@@ -278,10 +277,18 @@ class RaftSwarm:
             return  # an answer to a request the client gave up on
         write.request = ""
         if status is PutStatus.PUT_OK:
-            stored = node.table.lookup(PRODUCER, sequence)
+            stored = node.driver.producers.lookup(PRODUCER, sequence)
             assert stored is not None
             self.acked[sequence], self.acked_bodies[sequence] = stored, write.body
             del self.writes[sequence]
+
+    def trace(self, text: str) -> None:
+        self.result.trace.append(f"{self.clock[0]} {text}")
+        if "started its log over" in text:  # (the core's event for a LogReset done)
+            self.result.resets += 1
+
+    def violation(self, text: str) -> None:
+        self.result.violations.append(f"tick {self.clock[0]}: {text}")
 
     def _forget_requests_on(self, node: RaftSimNode) -> None:
         """The node crashed: its clients' connections dropped, outcomes unknown."""
@@ -289,41 +296,23 @@ class RaftSwarm:
             if write.node == node.name:
                 write.request = ""
 
-    # --- the driver -------------------------------------------------------------------
+    # --- after each Ready: the checkers that look at one node ------------------------
 
-    def _carry_out(self, node: RaftSimNode) -> None:
-        ready = node.core.ready()
-        store = node.store
-        if ready.hard_state is not None:
-            node.hard_state = ready.hard_state
-        try:
-            apply_to_log(ready, store)
-            if ready.reset_log is not None:  # (a reset is synced when it is done)
-                node.durable = ready.reset_log[0]
-                self.result.resets += 1
-            if ready.truncate_to is not None:
-                node.durable = min(node.durable, ready.truncate_to)
-            if ready.must_sync:
-                node.flush()
-            if ready.commit_to is not None:
-                store.set_committed_position(ready.commit_to)
-                self._check_commit(node, ready.commit_to)
-        except MqlogError as error:
-            self.result.violations.append(f"tick {self.clock[0]}: {node.name} could not "
-                                          f"carry out its Ready: {error}")
-        for message in ready.messages + ready.messages_after_persist:
-            self.network.send(message)
-        self.result.trace += [f"{self.clock[0]} {node.name}: {event}" for event in ready.events]
-        node.core.advance(ready)
+    def _run_driver(self, node: RaftSimNode) -> None:
+        node.driver.run()
+        if node.driver.failure is not None:
+            return
         node.core.invariants()
-        if node.core.role == LEADER and node.led_term != node.core.term:
+        commit = node.store.committed_position
+        if commit > node.commit_seen:
+            node.commit_seen = commit
+            self._check_commit(node, commit)
+        if node.driver.serving and node.led_term != node.core.term:
             self._new_leader(node)
         if node.core.role == LEADER and node.name not in node.core.voters and \
                 node.core.membership.position < node.core.commit:
             self.result.violations.append(f"tick {self.clock[0]}: {node.name} still leads "
                                           "after its removal from the voters committed")
-        for request, status in ready.resolved:
-            self._resolved(node, request, status)
 
     def _new_leader(self, node: RaftSimNode) -> None:
         node.led_term = node.core.term
@@ -331,7 +320,6 @@ class RaftSwarm:
         if len(self.leaders_by_term[node.core.term]) > 1:
             self.result.violations.append(f"term {node.core.term} had leaders "
                                           f"{sorted(self.leaders_by_term[node.core.term])}")
-        node.table.rebuild(node.store, 1 << 40)
         start = node.store.first_segment_base()  # (retention let the rest go)
         if _read(node.store, start, len(self.committed)) != bytes(self.committed[start:]):
             self.result.violations.append(
@@ -344,8 +332,9 @@ class RaftSwarm:
         rng, options = self.rng, self.options
         for node in self.nodes.values():
             if node.up and rng.random() < options.crash_probability:
-                self.result.trace.append(f"{self.clock[0]} crash {node.name}")
-                node.crash()
+                durable, kept = node.crash()
+                self.result.trace.append(f"{self.clock[0]} crash {node.name}: flushed "
+                                         f"{durable}, kept {kept}")
                 self._forget_requests_on(node)
             elif node.up and rng.random() < options.pause_probability:
                 node.paused = not node.paused  # SIGSTOP, SIGCONT: nothing is lost
@@ -374,8 +363,7 @@ class RaftSwarm:
     def _change_membership(self) -> None:
         """An operator promotes a learner to voter, or demotes a voter to learner (never
         below three voters), through whichever node leads now."""
-        leaders = [node for node in self._running() if node.core.role == LEADER
-                   and node.led_term == node.core.term]
+        leaders = [node for node in self._running() if node.driver.serving]
         if not leaders:
             return
         leader = self.rng.choice(leaders)
@@ -388,20 +376,20 @@ class RaftSwarm:
         else:
             return
         try:
-            membership, body = leader.core.membership_record(tuple(voters), tuple(learners), {})
+            leader.driver.change_membership(f"membership{self.result.membership_changes + 1}",
+                                            tuple(voters), tuple(learners), {})
         except MqlogError as error:
             self.result.trace.append(f"{self.clock[0]} {leader.name}: change refused: {error}")
             return
-        end = leader.store.append_control(body)
-        leader.flush()
-        leader.core.membership_stored(membership, end, len(body))
         self.result.membership_changes += 1
-        leader.core.propose(f"membership{self.result.membership_changes}", end)
-        self._carry_out(leader)
 
     def _restart(self, node: RaftSimNode) -> None:
-        self.result.trace.append(f"{self.clock[0]} restart {node.name}")
         node.start()
+        self.result.trace.append(f"{self.clock[0]} restart {node.name}: recovered to "
+                                 f"{node.store.written_position}")
+        if node.store.recovery_report.clean:
+            self.result.violations.append(f"tick {self.clock[0]}: {node.name} came back "
+                                          "from a crash through a clean open")
 
     def _running(self) -> list[RaftSimNode]:
         return [node for node in self.nodes.values() if node.up and not node.paused]
@@ -409,11 +397,19 @@ class RaftSwarm:
     # --- liveness and the checkers ------------------------------------------------------
 
     def _liveness(self) -> None:
+        """Heal the network, stop the faults, restart every node but ``stay_down`` of them
+        (VOPR's rule: a minority may stay away); the rest must converge."""
         self.network.options = NetworkOptions()
         self.network.heal()
+        down = self.rng.sample(sorted(self.nodes), self.options.stay_down)
         for node in self.nodes.values():
             node.paused = False
-            if not node.up:
+            if node.name in down:
+                if node.up:
+                    node.crash()
+                    self._forget_requests_on(node)
+                self.result.trace.append(f"{self.clock[0]} {node.name} stays down")
+            elif not node.up:
                 self._restart(node)
         for _ in range(self.options.liveness_ticks):
             self._step_all(new_writes=False)
@@ -421,12 +417,13 @@ class RaftSwarm:
                 return
         self.result.violations.append(
             f"did not converge in {self.options.liveness_ticks} ticks: "
-            f"{ {n.name: (n.core.role, n.core.term, n.store.written_position, n.core.commit) for n in self.nodes.values()} }, "  # noqa: E501
+            f"{ {n.name: (n.core.role, n.core.term, n.store.written_position, n.core.commit) for n in self._running()} }, "  # noqa: E501
             f"{len(self.writes)} writes waiting")
 
     def _converged(self) -> bool:
-        ends = {(node.store.written_position, node.core.commit) for node in self.nodes.values()}
-        leaders = [node for node in self.nodes.values() if node.core.role == LEADER]
+        up = self._running()
+        ends = {(node.store.written_position, node.core.commit) for node in up}
+        leaders = [node for node in up if node.core.role == LEADER]
         return (len(ends) == 1 and not self.writes and len(leaders) == 1
                 and leaders[0].core.commit == leaders[0].store.written_position)
 
@@ -456,13 +453,14 @@ class RaftSwarm:
                                                   f"{problem}")
 
     def _check_end(self) -> None:
-        common = max(node.store.first_segment_base() for node in self.nodes.values())
-        images = {name: hashlib.sha256(_read(node.store, common, node.store.written_position))
-                  .digest() for name, node in self.nodes.items()}
+        up = self._running()
+        common = max(node.store.first_segment_base() for node in up)
+        images = {node.name: hashlib.sha256(_read(node.store, common,
+                                                  node.store.written_position)).digest()
+                  for node in up}
         if len(set(images.values())) != 1:
             self.result.violations.append(f"logs differ after convergence (from {common})")
-        leader = next((node for node in self.nodes.values() if node.core.role == LEADER),
-                      next(iter(self.nodes.values())))
+        leader = next((node for node in up if node.core.role == LEADER), up[0])
         log_start = leader.store.first_segment_base()
         for sequence, stored in sorted(self.acked.items()):
             body = self.acked_bodies[sequence]

@@ -3,17 +3,17 @@
 A seed decides everything: the options (master role, slaves needed, how lossy and slow
 the network is, how often nodes crash, whether an operator promotes a slave when the
 master is gone) and every choice at every tick. Nodes are real mqlog stores with
-master-slave cores; the simulator is their driver. Time is a tick counter, the stores'
-clock is that counter, and the network is ``network.SimNetwork``.
-
-Disk. A node's store is durable up to the last time the simulator flushed it (the
-master is flushed before each write is proposed, as with sync flush; slaves now and
-then). A crash cuts the store back to that point — the bytes a power loss would take —
-then closes it; a restart opens it again with a fresh core.
+master-slave cores run by the one driver (mqlog/replication/driver.py) over a simulated
+network and disk (sim/node.py, shared with the Raft simulator: several messages per
+Ready, flushes that complete later, crashes that lose unflushed bytes and recover for
+real). Time is a tick counter, the stores' clock is that counter, and the network is
+``network.SimNetwork``. The master flushes each write before proposing it (sync flush);
+slaves flush when their core asks and now and then.
 
 Phases. In the safety phase faults happen; then the liveness phase heals the network,
-restarts every node, stops all faults and must converge: every node's log identical
-to the master's, nothing in flight, no write waiting.
+restarts every node but maybe one slave (VOPR's rule: it may stay down), stops all
+faults and must converge: every running node's log identical to the master's, nothing
+in flight, no write waiting.
 
 Checkers (a list of violations; empty is a pass):
 * sync promise: when a SYNC_MASTER resolves PUT_OK, ``in_sync_slaves_min`` slaves hold
@@ -37,18 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mqlog
 from mqlog.config import ReplicationConfig
 from mqlog.errors import MqlogError
-from mqlog.replication.core import apply_to_log
 from mqlog.replication.master_slave import MasterSlaveCore
 from mqlog.results import PutStatus
 from mqlog.sim.network import NetworkOptions, SimNetwork
+from mqlog.sim.node import SimReplica
 
 STORE_SETTINGS: dict[str, Any] = dict(
     segment_size_bytes=64 * 1024, message_size_bytes_max=16 * 1024,
     consume_queue_entries_per_file=64, index_slots_per_file=64, index_entries_per_file=512,
-    flush_interval_ms=3_600_000, retention_ms=-1)
+    flush_interval_ms=3_600_000, retention_ms=-1, background_threads=False,
+    segment_prepare_ahead=False, segment_preallocate=False)
+MS_CORE_BREAKS = ("ack_early", "skip_truncate")
 CORE_SETTINGS: dict[str, Any] = dict(
     heartbeat_ticks=5, slave_timeout_ticks=30, sync_timeout_ticks=60, retransmit_ticks=10,
     append_bytes_max=4096, inflight_bytes_max=16384, frame_size_bytes_max=64 * 1024)
@@ -66,6 +67,8 @@ class Options:
     partition_probability: float
     flush_probability: float
     promote: bool
+    flush_delay_ticks_max: int
+    stay_down: bool  # a slave stays down through the liveness phase
     safety_ticks: int = 400
     liveness_ticks: int = 800
 
@@ -79,33 +82,27 @@ class Options:
                    put_probability=rng.choice([0.2, 0.6]),
                    crash_probability=rng.choice([0.0, 0.003, 0.01]),
                    restart_probability=0.05, partition_probability=rng.choice([0.0, 0.01]),
-                   flush_probability=0.05, promote=rng.random() < 0.5)
+                   flush_probability=0.05, promote=rng.random() < 0.5,
+                   flush_delay_ticks_max=rng.choice([0, 1, 3]),
+                   stay_down=rng.random() < 0.3)
 
 
 @dataclass
-class SimNode:
-    name: str
-    path: Path
-    config: ReplicationConfig
-    clock: list[int]
-    test_break: str = ""
-    store: Any = None
-    core: Any = None
-    durable: int = 0  # the store is durable up to here (the simulator flushed it)
+class SimNode(SimReplica):
+    config: ReplicationConfig = field(default_factory=ReplicationConfig)
     freshness_when_down: tuple[int, int] = (-1, 0)  # (last record's epoch, end) at the crash
-    up: bool = False
+    durable_when_down: int = 0
 
-    def start(self) -> None:
-        self.store = mqlog.open(self.path, clock_ms=lambda: self.clock[0], **STORE_SETTINGS)
-        self.durable = self.store.written_position
-        self.core = MasterSlaveCore(self.config, DurableView(self), test_break=self.test_break)
-        self.up = True
+    def new_core(self) -> Any:
+        return MasterSlaveCore(self.config, self.store, test_break=self.test_break
+                               if self.test_break in MS_CORE_BREAKS else "")
 
-    def crash(self) -> None:
-        self.store.truncate(self.durable)  # what a power loss takes
-        self.freshness_when_down = self.freshness()
-        self.store.close()
-        self.up = False
+    def power_loss(self) -> tuple[int, int]:
+        durable = self.store.flushed_position
+        epoch = self.store.epoch_at(durable)
+        self.freshness_when_down = (-1 if epoch is None else epoch, durable)
+        self.durable_when_down = durable
+        return self.crash()
 
     def freshness(self) -> tuple[int, int]:
         """(epoch of the last record, end of the log): how up to date the log is."""
@@ -114,25 +111,6 @@ class SimNode:
         end = self.store.written_position
         epoch = self.store.epoch_at(end)
         return (-1 if epoch is None else epoch, end)
-
-    def flush(self) -> None:
-        self.store.flush()
-        self.durable = self.store.written_position
-
-
-class DurableView:
-    """A node's store as its core sees it, with the simulator's notion of flushed (the
-    node has ``store`` and ``durable``; the Raft simulator's nodes use it too)."""
-
-    def __init__(self, node: Any) -> None:
-        self._node = node
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._node.store, name)
-
-    @property
-    def flushed_position(self) -> int:
-        return self._node.durable
 
 
 @dataclass
@@ -189,8 +167,10 @@ class Swarm:
         self.pending: dict[str, Acked] = {}
         self.down_since: dict[str, int] = {}
         self.promoted = False
-        self.nodes = {name: SimNode(name, root / name, self._config(name), self.clock,
-                                    test_break) for name in ("n0", "n1", "n2")}
+        self.nodes = {name: SimNode(name, root / name, self, STORE_SETTINGS,
+                                    random.Random(self.rng.random()),
+                                    self.options.flush_delay_ticks_max, test_break,
+                                    config=self._config(name)) for name in ("n0", "n1", "n2")}
         for node in self.nodes.values():
             node.start()
         self.puts = 0
@@ -224,73 +204,72 @@ class Swarm:
     def _step_all(self) -> None:
         self.clock[0] += 1
         self.network.now = self.clock[0]
+        for node in self._up_nodes():
+            node.driver.tick()
+        arrived = self.network.due()
+        put_at = self.rng.randrange(len(arrived) + 1)  # the client's moment
+        for index, message in enumerate(arrived):
+            if index == put_at:
+                self._maybe_put()
+            node = self.nodes[message.dst]
+            if node.up:
+                self.result.trace.append(f"{self.clock[0]} {message!r}")
+                node.driver.step(message)
+        if put_at == len(arrived):
+            self._maybe_put()
+        for node in self._up_nodes():
+            node.complete_flushes()
+            self._run_driver(node)
+        self._check_masters()
+
+    def _maybe_put(self) -> None:
         master = self.nodes[self.master]
         if master.up and master.core.status()["accepts_writes"] and \
                 self.rng.random() < self.options.put_probability:
             self._put(master)
-        for node in self._up_nodes():
-            node.core.tick()
-            self._carry_out(node)
-        for message in self.network.due():
-            node = self.nodes[message.dst]
-            if node.up:
-                self.result.trace.append(f"{self.clock[0]} {message!r}")
-                node.core.step(message)
-                self._carry_out(node)
-        self._check_masters()
 
     def _put(self, master: SimNode) -> None:
+        try:
+            master.driver.check_writable()
+        except MqlogError:
+            return
         self.puts += 1
         request, body = f"w{self.puts}", f"{self.result.seed}/{self.puts}".encode() * 3
-        result = master.store.put("t", body)
-        master.flush()
-        self.pending[request] = Acked(result.position, result.end_position, body,
-                                      master.core.epoch)
-        master.core.propose(request, result.end_position)
-        self._carry_out(master)
+        stored = master.driver.write("t", [body])
+        master.flush_now()
+        self.pending[request] = Acked(stored.position, stored.end, body, master.core.epoch)
+        master.driver.propose(request, stored.end)
 
-    def _carry_out(self, node: SimNode) -> None:
-        ready = node.core.ready()
-        store = node.store
-        before = store.written_position
-        try:
-            apply_to_log(ready, store)  # (reset, truncate, append, set the epoch)
-            if ready.reset_log is not None:  # (a reset is synced when it is done)
-                node.durable = ready.reset_log[0]
-            if ready.truncate_to is not None:
-                node.durable = min(node.durable, ready.truncate_to)
-        except MqlogError as error:
-            self.result.violations.append(f"tick {self.clock[0]}: {node.name} could not "
-                                          f"carry out its Ready: {error}")
-        floor = before if ready.truncate_to is None else min(before, ready.truncate_to)
-        if store.written_position < floor:
+    def _run_driver(self, node: SimNode) -> None:
+        store, driver = node.store, node.driver
+        before, truncations = store.written_position, driver.truncations
+        driver.run()
+        if store.written_position < before and driver.truncations == truncations:
             self.result.violations.append(f"tick {self.clock[0]}: {node.name}'s log went back "
                                           f"from {before} to {store.written_position} "
                                           "without a truncation")
-        if ready.must_sync:
-            node.flush()
-        for message in ready.messages + ready.messages_after_persist:
-            self.network.send(message)
-        for request, status in ready.resolved:
-            self._resolved(node, request, status)
-        self.result.trace += [f"{self.clock[0]} {node.name}: {event}" for event in ready.events]
-        node.core.advance(ready)
 
-    def _resolved(self, node: SimNode, request: str, status: PutStatus) -> None:
+    def answered(self, node: SimNode, request: str, status: PutStatus) -> None:
         self.result.trace.append(f"{self.clock[0]} {node.name}: {request} {status.value}")
-        acked = self.pending.pop(request)
-        if status is not PutStatus.PUT_OK:
+        acked = self.pending.pop(request, None)
+        if acked is None or status is not PutStatus.PUT_OK:
             return
         self.acked[request] = acked
         if node.core.role == "SYNC_MASTER" and self.options.slave_ack == "flushed":
             # An ack of a written (not flushed) position is RocketMQ's promise: in a
             # slave's memory, which a power loss may take; only flushed acks are checked.
             holders = [other for other in self.nodes.values() if other is not node and (
-                _holds(other, acked) if other.up else other.durable >= acked.end)]
+                _holds(other, acked) if other.up else other.durable_when_down >= acked.end)]
             if len(holders) < self.options.in_sync_slaves_min:
                 self.result.violations.append(
                     f"tick {self.clock[0]}: {request} acked PUT_OK by a SYNC_MASTER but only "
                     f"{len(holders)} slaves hold it (need {self.options.in_sync_slaves_min})")
+
+    def trace(self, text: str) -> None:
+        self.result.trace.append(f"{self.clock[0]} {text}")
+
+    def violation(self, text: str) -> None:
+        self.result.violations.append(f"tick {self.clock[0]}: {text}")
 
     # --- faults -----------------------------------------------------------------------
 
@@ -298,8 +277,9 @@ class Swarm:
         rng, options = self.rng, self.options
         for node in self.nodes.values():
             if node.up and rng.random() < options.crash_probability:
-                self.result.trace.append(f"{self.clock[0]} crash {node.name}")
-                node.crash()
+                durable, kept = node.power_loss()
+                self.result.trace.append(f"{self.clock[0]} crash {node.name}: flushed "
+                                         f"{durable}, kept {kept}")
                 if node.name == self.master:
                     self.pending.clear()  # their clients saw the connection drop: no ack
                 self.down_since[node.name] = self.clock[0]
@@ -307,7 +287,7 @@ class Swarm:
                     not (options.promote and node.name == self.master):
                 self._restart(node)  # (a dead master waits for the operator's promotion)
             elif node.up and rng.random() < options.flush_probability:
-                node.flush()
+                node.flush_now()
         if rng.random() < options.partition_probability:
             a, b = rng.sample(sorted(self.nodes), 2)
             self.network.partition(a, b)
@@ -317,9 +297,10 @@ class Swarm:
         self._maybe_promote()
 
     def _restart(self, node: SimNode) -> None:
-        self.result.trace.append(f"{self.clock[0]} restart {node.name}")
         node.config = self._config(node.name)
         node.start()
+        self.result.trace.append(f"{self.clock[0]} restart {node.name}: recovered to "
+                                 f"{node.store.written_position}")
         self.down_since.pop(node.name, None)
 
     def _maybe_promote(self) -> None:
@@ -343,20 +324,26 @@ class Swarm:
                             tuple(name for name in sorted(self.nodes) if name != chosen.name),
                             epoch=epoch)
         chosen.config = self._config(chosen.name)
-        self._carry_out(chosen)
+        self._run_driver(chosen)
         for node in self._up_nodes():
             if node is not chosen:  # the operator points the other slaves at it
                 node.config = self._config(node.name)
-                node.core = MasterSlaveCore(node.config, DurableView(node),
-                                            test_break=node.test_break)
+                node.core = node.new_core()
+                node.driver.replace_core(node.core)
 
     # --- liveness and the checkers ------------------------------------------------------
 
     def _liveness(self) -> None:
         self.network.options = NetworkOptions()
         self.network.heal()
+        slaves = sorted(name for name in self.nodes if name != self.master)
+        down = self.rng.choice(slaves) if self.options.stay_down else ""
         for node in self.nodes.values():
-            if not node.up:
+            if node.name == down:
+                if node.up:
+                    node.power_loss()
+                self.result.trace.append(f"{self.clock[0]} {node.name} stays down")
+            elif not node.up:
                 self._restart(node)
         for _ in range(self.options.liveness_ticks):
             self._step_all()
@@ -364,16 +351,16 @@ class Swarm:
                 return
         self.result.violations.append(
             f"did not converge in {self.options.liveness_ticks} ticks: written positions "
-            f"{ {n.name: n.store.written_position for n in self.nodes.values()} }, "
+            f"{ {n.name: n.store.written_position for n in self._up_nodes()} }, "
             f"{self.network.in_flight} messages in flight, {len(self.pending)} writes waiting")
 
     def _converged(self) -> bool:
-        ends = {node.store.written_position for node in self.nodes.values()}
+        ends = {node.store.written_position for node in self._up_nodes()}
         return len(ends) == 1 and not self.pending and self.network.in_flight == 0
 
     def _check_end(self) -> None:
         master = self.nodes[self.master]
-        images = {name: _image(node.store) for name, node in self.nodes.items()}
+        images = {node.name: _image(node.store) for node in self._up_nodes()}
         if len(set(images.values())) != 1:
             self.result.violations.append("logs differ after convergence")
         # What a promotion may lose by design: an ASYNC_MASTER's acks, and a SYNC_MASTER's

@@ -670,7 +670,10 @@ class RaftCore:
         commit = min(entries.commit, end)
         if commit > self.commit:
             self.commit = self._ready.commit_to = commit
-        if self.config.follower_ack == "flushed" and self._ready.appends:
+        # (Bytes written but still being flushed — an Entries repeating them — need the
+        # flush too before their ack goes.)
+        if self.config.follower_ack == "flushed" and (self._ready.appends or
+                                                      self.log.flushed_position < end):
             self._ready.must_sync = True
         outbox = self._ready.messages_after_persist if self._ready.must_sync else \
             self._ready.messages
