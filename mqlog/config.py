@@ -192,6 +192,9 @@ class ReplicationConfig:
     inflight_bytes_max: int = 8 * MiB  # sent but unacknowledged, per slave
     slave_gap_bytes_max: int = 256 * MiB  # a slave further behind is not in sync
     frame_size_bytes_max: int = 16 * MiB
+    # Bytes queued toward one peer that is slow to read; past this, messages to it are
+    # dropped (the cores resend what a peer lacks) instead of growing memory.
+    peer_send_bytes_max: int = 32 * MiB
     # Raft (layer = "raft"); heartbeat_ticks, sync_timeout_ticks, retransmit_ticks,
     # append_bytes_max and inflight_bytes_max above apply to it too.
     voters: tuple[str, ...] = ()  # the group's voting members, this node included
@@ -207,7 +210,7 @@ class ReplicationConfig:
         _require_positive(self, "in_sync_slaves_min", "tick_ms", "heartbeat_ticks",
                           "slave_timeout_ticks", "sync_timeout_ticks", "retransmit_ticks",
                           "append_bytes_max", "inflight_bytes_max", "slave_gap_bytes_max",
-                          "frame_size_bytes_max")
+                          "frame_size_bytes_max", "peer_send_bytes_max")
         if self.layer == "raft":
             return self._validate_raft()
         if self.layer != "master_slave":

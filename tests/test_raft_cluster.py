@@ -269,3 +269,30 @@ def test_a_follower_behind_the_leaders_retention_starts_over(tmp_path: Path):
             data = ours.read_raw(position, 1 << 20)
             assert theirs.read_raw(position, 1 << 20) == data, f"they differ at {position}"
             position += len(data)
+
+
+def test_a_follower_that_stops_reading_costs_the_leader_bounded_memory(tmp_path):
+    """Issue 13, finding 5: a follower that stops reading (SIGSTOP) made its leader resend
+    its whole in-flight window every retransmit, into an unbounded send buffer. Now at
+    most ``peer_send_bytes_max`` is queued toward it (plus the one batch that found it
+    empty); the rest is dropped and counted, and the follower catches up once resumed."""
+    limit, window = 1 << 20, 512 * 1024
+    settings = (f"election_timeout_ticks = 30\nheartbeat_ticks = 5\nretransmit_ticks = 3\n"
+                f"peer_send_bytes_max = {limit}\ninflight_bytes_max = {window}\n"
+                f"append_bytes_max = {64 * 1024}")
+    with LocalRaftCluster(tmp_path / "raft", node_settings=settings) as cluster:
+        leader = cluster.wait_leader()
+        stopped = next(name for name in cluster.names if name != leader)
+        cluster.pause(stopped)
+        try:
+            with mqlog.Client(cluster.address(leader), timeout_s=30) as client:
+                for _ in range(40):
+                    status = client.produce_batch("t", [b"x" * 10_000] * 10).status
+                    assert status is PutStatus.PUT_OK
+            wait_until(lambda: cluster.metadata(leader)["send_dropped"].get(stopped, 0) > 0,
+                       "the leader to drop messages toward the stopped follower", 60)
+            queued = cluster.metadata(leader)["send_queued"].get(stopped, 0)
+            assert queued <= limit + window + 64 * 1024, queued
+        finally:
+            cluster.resume(stopped)
+        cluster.wait_converged()

@@ -1,5 +1,6 @@
-"""The Raft simulator in the default run: fixed seeds, fresh seeds, determinism, and broken
-cores that the checkers must catch (``python -m mqlog.sim --layer raft --seed N``)."""
+"""The Raft simulator in the default run: fixed seeds, fresh seeds, determinism, what the
+seeds reach (``python -m mqlog.sim --layer raft --seed N``); tests/test_sim.py proves
+every ``--break`` switch is caught."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def test_the_seeds_exercise_failover_and_retries():
 def test_the_seeds_exercise_retention_and_log_resets():
     """Some fixed seeds run retention while a follower is away long enough to need a
     LogReset (and every checker holds across the moved log starts)."""
-    results = [run_seed(seed) for seed in (2, 25, 31)]
+    results = [run_seed(seed) for seed in (2, 18, 21)]
     assert sum(result.log_starts > 0 for result in results) >= 2
     assert sum(result.resets for result in results) > 0
 
@@ -55,11 +56,3 @@ def test_the_seeds_exercise_retention_and_log_resets():
 def test_the_same_seed_gives_the_same_trace():
     seed = random.Random(11).randrange(1 << 31)
     assert run_seed(seed).digest == run_seed(seed).digest
-
-
-def test_a_core_that_votes_twice_is_caught():
-    """Granting a second vote in one term lets two candidates win it."""
-    caught = [seed for seed in FIXED_SEEDS[:10]
-              if any("had leaders" in violation
-                     for violation in run_seed(seed, test_break="vote_twice").violations)]
-    assert caught, "a core that votes twice per term passed every checker"

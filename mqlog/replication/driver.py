@@ -38,11 +38,12 @@ refuses everything after (StoreFailed). It never retries the same Ready.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from mqlog.config import RECORD_HEADER_SIZE
-from mqlog.errors import MqlogError, NotLeader, StoreFailed
+from mqlog.errors import NotLeader, StoreFailed
 from mqlog.replication.core import Ready
 from mqlog.replication.idempotence import ProducerTable, Stored, producer_properties
 from mqlog.replication.messages import (
@@ -55,6 +56,8 @@ from mqlog.replication.messages import (
     VoteReply,
 )
 from mqlog.results import PutStatus
+
+TEST_BREAKS = ("serve_early", "ack_before_flush", "vote_not_saved", "term_not_saved")
 
 
 class Io(Protocol):
@@ -87,8 +90,10 @@ class Driver:
                  sequences_max: int = 1024, describe: bool = False,
                  test_break: str = "") -> None:
         # test_break: a deliberately broken driver, so the simulator can show its checkers
-        # catch it ("serve_early": take writes before the term started; "ack_early":
-        # send what waits for a flush without waiting).
+        # catch it (one of TEST_BREAKS: "serve_early": take writes before the term
+        # started; "ack_before_flush": send what waits for a flush without waiting;
+        # "vote_not_saved": save a vote for another node as no vote; "term_not_saved":
+        # save nothing of a candidate's new term and self-vote). Others are ignored.
         self._test_break = test_break
         self.store, self.core, self.io = store, core, io
         self.producers = ProducerTable(sequences_max)
@@ -185,7 +190,7 @@ class Driver:
             self._running = True
             try:
                 self._carry_out(ready)
-            except (MqlogError, OSError) as error:
+            except Exception as error:  # whatever it was, memory and disk now disagree
                 self._fail(error)
                 return True
             finally:
@@ -199,13 +204,13 @@ class Driver:
     def _carry_out(self, ready: Ready) -> None:
         store, lines = self.store, self.described if self.describe else None
         if ready.hard_state is not None:
-            self.io.save_hard_state(ready.hard_state)
+            self._save_hard_state(ready.hard_state)
             if lines is not None:
                 lines.append(f"save hard state {describe_hard_state(ready.hard_state)}")
         if ready.reset_log is not None or ready.truncate_to is not None:
             self.truncations += 1
         self._change_log(ready, lines)
-        held = ready.must_sync and self._test_break != "ack_early"
+        held = ready.must_sync and self._test_break != "ack_before_flush"
         if ready.must_sync:
             if lines is not None:
                 lines.append(f"sync to {store.written_position}")
@@ -225,6 +230,13 @@ class Driver:
             lines += [f"event: {event}" for event in ready.events]
         for event in ready.events:
             self.io.note(event)
+
+    def _save_hard_state(self, state: Any) -> None:
+        if self._test_break == "term_not_saved" and state.vote == self.core.node_id:
+            return
+        if self._test_break == "vote_not_saved" and state.vote not in ("", self.core.node_id):
+            state = dataclasses.replace(state, vote="")
+        self.io.save_hard_state(state)
 
     def _change_log(self, ready: Ready, lines: list[str] | None) -> None:
         """Reset, truncate, append, set the epoch, append the no-op: in this order."""

@@ -150,6 +150,7 @@ class Node:
         self._learn_addresses()
         self._waiting: dict[Any, asyncio.Future[PutStatus]] = {}
         self._outbound: dict[str, asyncio.StreamWriter] = {}
+        self.dropped_sends: dict[str, int] = {}  # messages a slow peer's buffer refused
         self._connecting: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._scheduled = False
@@ -276,14 +277,23 @@ class Node:
                     self.peers.setdefault(name, address)
 
     def _send_all(self, outgoing: list[messages.Message]) -> None:
-        """Send messages in order, one socket write per peer (a write is a system call)."""
+        """Send messages in order, one socket write per peer (a write is a system call).
+        A peer that does not read what was sent (stopped, slow, or a stranger that only
+        accepts) gets nothing more once ``peer_send_bytes_max`` is queued toward it: the
+        messages are dropped and counted, and the cores resend what it still lacks."""
         by_peer: dict[str, list[messages.Message]] = {}
         for message in outgoing:
             by_peer.setdefault(message.dst, []).append(message)
+        limit = self.config.replication.peer_send_bytes_max
         for peer, batch in by_peer.items():
             writer = self._outbound.get(peer)
             if writer is not None and not writer.is_closing():
-                writer.write(b"".join(map(messages.encode, batch)))
+                queued = writer.transport.get_write_buffer_size()
+                data = b"".join(map(messages.encode, batch))
+                if queued and queued + len(data) > limit:
+                    self.dropped_sends[peer] = self.dropped_sends.get(peer, 0) + len(batch)
+                    continue
+                writer.write(data)
             elif peer not in self._connecting and peer in self.peers:
                 self._connecting.add(peer)  # what else it had to say is lost: cores resend
                 asyncio.get_running_loop().create_task(self._connect(batch[0]))
@@ -528,8 +538,11 @@ class Node:
                 "learners": list(learners)}
 
     def metadata(self) -> dict[str, Any]:
+        queued = {peer: writer.transport.get_write_buffer_size()
+                  for peer, writer in self._outbound.items() if not writer.is_closing()}
         return {"kind": "metadata", "node_id": self.node_id, "epoch": self.core.epoch,
                 "log_start": self.store.first_segment_base(), "peers": dict(self.peers),
+                "send_queued": queued, "send_dropped": dict(self.dropped_sends),
                 **self.core.status()}
 
 

@@ -10,6 +10,9 @@ import argparse
 import random
 import sys
 
+from mqlog.replication import driver
+from mqlog.replication.master_slave import core as ms_core
+from mqlog.replication.raft import core as raft_core
 from mqlog.sim import raft, swarm
 
 
@@ -18,10 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layer", choices=["master_slave", "raft"], default="master_slave")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--count", type=int, default=1)
-    parser.add_argument("--break", dest="test_break", default="",
-                        choices=["", "ack_early", "skip_truncate", "commit_old_term",
-                                 "vote_twice"],
-                        help="run a deliberately broken core (the checkers must catch it)")
+    breaks = sorted({*driver.TEST_BREAKS, *raft_core.TEST_BREAKS, *ms_core.TEST_BREAKS})
+    parser.add_argument("--break", dest="test_break", default="", choices=["", *breaks],
+                        help="run a deliberately broken driver or core (the checkers must "
+                             "catch it)")
     parser.add_argument("--verbose", action="store_true", help="print each violation")
     args = parser.parse_args(argv)
     first = args.seed if args.seed is not None else random.randrange(1 << 31)

@@ -52,6 +52,8 @@ class SimReplica:
     up: bool = False
     paused: bool = False
     incarnation: int = 0  # a flush completion of an earlier life is void
+    durable_when_down: int = 0  # its log's flushed end when it crashed
+    saved_hard_state: bool = False  # the driver saved one since the simulator last looked
     flushes: list[tuple[int, int, Callable[[bool], None]]] = field(default_factory=list)
 
     def start(self) -> None:
@@ -71,10 +73,12 @@ class SimReplica:
 
     def send(self, messages: list[Message]) -> None:
         for message in messages:
+            self.sim.observe(message)
             self.sim.network.send(message)
 
     def save_hard_state(self, state: Any) -> None:
         self.hard_state = state
+        self.saved_hard_state = True
 
     def start_flush(self, done: Callable[[bool], None]) -> None:
         due = self.sim.clock[0] + self.rng.randint(0, self.flush_delay_ticks_max)
@@ -114,6 +118,7 @@ class SimReplica:
     def crash(self, tear: bool = True) -> tuple[int, int]:
         """A power loss; returns (flushed end, end kept on disk)."""
         lost = power_off(self.store, self.rng if tear else None)
+        self.durable_when_down = lost[0]
         self.up = self.paused = False
         self.flushes = []
         return lost

@@ -47,7 +47,9 @@ from typing import Any
 from mqlog.config import ReplicationConfig
 from mqlog.errors import MqlogError
 from mqlog.replication.idempotence import Stored
+from mqlog.replication.messages import Vote, VoteReply
 from mqlog.replication.raft import RaftCore
+from mqlog.replication.raft import core as raft_core
 from mqlog.replication.raft.core import LEADER
 from mqlog.results import PutStatus
 from mqlog.sim.network import NetworkOptions, SimNetwork
@@ -63,7 +65,7 @@ CORE_SETTINGS: dict[str, Any] = dict(
     heartbeat_ticks=3, election_timeout_ticks=15, sync_timeout_ticks=80, retransmit_ticks=10,
     append_bytes_max=4096, inflight_bytes_max=16384, frame_size_bytes_max=64 * 1024)
 PRODUCER = "sim-producer"
-RAFT_CORE_BREAKS = ("commit_old_term", "vote_twice")
+RAFT_CORE_BREAKS = raft_core.TEST_BREAKS
 _RECORD = struct.Struct("<III4xIIQQQ")  # size magic crc (attrs topic) queue body epoch offset pos
 _RECORD_MAGIC = int.from_bytes(b"MQR\x01", "little")
 
@@ -84,6 +86,8 @@ class RaftOptions:
     restart_probability: float  # per tick, of a crashed node (low: long outages)
     flush_delay_ticks_max: int  # a flush completes 0..this many ticks after it began
     stay_down: int  # nodes left down through the liveness phase (a minority)
+    outage_probability: float  # per tick: a power loss takes every node at once
+    vote_crash_probability: float  # a node crashes right after it saved a hard state
     safety_ticks: int = 500
     liveness_ticks: int = 2000
 
@@ -103,7 +107,11 @@ class RaftOptions:
                    retention_probability=rng.choice([0.0, 0.01, 0.05]),
                    restart_probability=rng.choice([0.05, 0.05, 0.01]),
                    flush_delay_ticks_max=rng.choice([0, 1, 3]),
-                   stay_down=rng.choice([0, 0, 1]))
+                   stay_down=rng.choice([0, 0, 1]),
+                   outage_probability=rng.choice([0.0, 0.002, 0.005])
+                   if follower_ack == "flushed" else 0.0,
+                   vote_crash_probability=rng.choice([0.0, 0.0, 0.3])
+                   if follower_ack == "flushed" else 0.0)
 
 
 @dataclass
@@ -175,6 +183,9 @@ class RaftSwarm:
         self.acked_bodies: dict[int, bytes] = {}
         self.requests: dict[str, int] = {}  # request id -> sequence
         self.sequence = 0
+        self.back_soon: set[str] = set()  # crashed just after saving a hard state
+        self.faulty = True  # the safety phase (faults on)
+        self.votes: dict[tuple[str, int], str] = {}  # (voter, term) -> its candidate
         for node in self.nodes.values():
             node.start()
 
@@ -287,6 +298,21 @@ class RaftSwarm:
         if "started its log over" in text:  # (the core's event for a LogReset done)
             self.result.resets += 1
 
+    def observe(self, message: Any) -> None:
+        """Every message a node sends: a node votes once per term, whatever crashes in
+        between (a candidate's Vote is its vote for itself; a granted VoteReply, for
+        the node it answers)."""
+        if isinstance(message, Vote) and not message.pre_vote:
+            voter, candidate, term = message.src, message.src, message.epoch
+        elif isinstance(message, VoteReply) and message.granted and not message.pre_vote:
+            voter, candidate, term = message.src, message.dst, message.epoch
+        else:
+            return
+        earlier = self.votes.setdefault((voter, term), candidate)
+        if earlier != candidate:
+            self.result.violations.append(f"tick {self.clock[0]}: {voter} voted for both "
+                                          f"{earlier} and {candidate} in term {term}")
+
     def violation(self, text: str) -> None:
         self.result.violations.append(f"tick {self.clock[0]}: {text}")
 
@@ -299,12 +325,23 @@ class RaftSwarm:
     # --- after each Ready: the checkers that look at one node ------------------------
 
     def _run_driver(self, node: RaftSimNode) -> None:
+        node.saved_hard_state = False
         node.driver.run()
         if node.driver.failure is not None:
+            return
+        if node.saved_hard_state and self.faulty and \
+                self.rng.random() < self.options.vote_crash_probability:
+            durable, kept = node.crash()  # just after a vote or a new term: back at once
+            self.result.trace.append(f"{self.clock[0]} crash {node.name} after saving "
+                                     f"{node.hard_state}: flushed {durable}, kept {kept}")
+            self._forget_requests_on(node)
+            self.back_soon.add(node.name)
             return
         node.core.invariants()
         commit = node.store.committed_position
         if commit > node.commit_seen:
+            if node.core.role == LEADER:
+                self._check_quorum_holds(node, commit)
             node.commit_seen = commit
             self._check_commit(node, commit)
         if node.driver.serving and node.led_term != node.core.term:
@@ -330,6 +367,16 @@ class RaftSwarm:
 
     def _faults(self) -> None:
         rng, options = self.rng, self.options
+        for name in sorted(self.back_soon):
+            if not self.nodes[name].up:
+                self._restart(self.nodes[name])
+        self.back_soon.clear()
+        if rng.random() < options.outage_probability:
+            self.result.trace.append(f"{self.clock[0]} outage: every node loses its power")
+            for node in self.nodes.values():
+                if node.up:
+                    node.crash()
+                    self._forget_requests_on(node)
         for node in self.nodes.values():
             if node.up and rng.random() < options.crash_probability:
                 durable, kept = node.crash()
@@ -401,6 +448,7 @@ class RaftSwarm:
         (VOPR's rule: a minority may stay away); the rest must converge."""
         self.network.options = NetworkOptions()
         self.network.heal()
+        self.faulty = False
         down = self.rng.sample(sorted(self.nodes), self.options.stay_down)
         for node in self.nodes.values():
             node.paused = False
@@ -426,6 +474,28 @@ class RaftSwarm:
         leaders = [node for node in up if node.core.role == LEADER]
         return (len(ends) == 1 and not self.writes and len(leaders) == 1
                 and leaders[0].core.commit == leaders[0].store.written_position)
+
+    def _check_quorum_holds(self, leader: RaftSimNode, commit: int) -> None:
+        """A leader commits ``commit`` only while a majority of its voters hold the log up
+        to there as its follower_ack promises: flushed (or, for written acks, written),
+        with the record ending there in the same epoch as the leader's."""
+        flushed = self.options.follower_ack == "flushed"
+        epoch = leader.store.epoch_at(commit)
+        holders = []
+        for name in leader.core.voters:
+            node = self.nodes[name]
+            if not node.up:
+                if flushed and node.durable_when_down >= commit:
+                    holders.append(name)  # (its log as it was: what the crash kept)
+                continue
+            end = node.store.flushed_position if flushed else node.store.written_position
+            if end >= commit and node.store.epoch_at(commit) == epoch:
+                holders.append(name)
+        if len(holders) < leader.core.quorum:
+            self.result.violations.append(
+                f"tick {self.clock[0]}: {leader.name} committed {commit} in term "
+                f"{leader.core.term} but only {holders} hold it "
+                f"({'flushed' if flushed else 'written'}; a majority is {leader.core.quorum})")
 
     def _check_commit(self, node: RaftSimNode, commit: int) -> None:
         """The node's log from what was checked to ``commit`` must equal the committed

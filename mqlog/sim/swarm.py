@@ -40,6 +40,7 @@ from typing import Any
 from mqlog.config import ReplicationConfig
 from mqlog.errors import MqlogError
 from mqlog.replication.master_slave import MasterSlaveCore
+from mqlog.replication.master_slave import core as ms_core
 from mqlog.results import PutStatus
 from mqlog.sim.network import NetworkOptions, SimNetwork
 from mqlog.sim.node import SimReplica
@@ -49,7 +50,7 @@ STORE_SETTINGS: dict[str, Any] = dict(
     consume_queue_entries_per_file=64, index_slots_per_file=64, index_entries_per_file=512,
     flush_interval_ms=3_600_000, retention_ms=-1, background_threads=False,
     segment_prepare_ahead=False, segment_preallocate=False)
-MS_CORE_BREAKS = ("ack_early", "skip_truncate")
+MS_CORE_BREAKS = ms_core.TEST_BREAKS
 CORE_SETTINGS: dict[str, Any] = dict(
     heartbeat_ticks=5, slave_timeout_ticks=30, sync_timeout_ticks=60, retransmit_ticks=10,
     append_bytes_max=4096, inflight_bytes_max=16384, frame_size_bytes_max=64 * 1024)
@@ -91,7 +92,6 @@ class Options:
 class SimNode(SimReplica):
     config: ReplicationConfig = field(default_factory=ReplicationConfig)
     freshness_when_down: tuple[int, int] = (-1, 0)  # (last record's epoch, end) at the crash
-    durable_when_down: int = 0
 
     def new_core(self) -> Any:
         return MasterSlaveCore(self.config, self.store, test_break=self.test_break
@@ -101,7 +101,6 @@ class SimNode(SimReplica):
         durable = self.store.flushed_position
         epoch = self.store.epoch_at(durable)
         self.freshness_when_down = (-1 if epoch is None else epoch, durable)
-        self.durable_when_down = durable
         return self.crash()
 
     def freshness(self) -> tuple[int, int]:
@@ -259,7 +258,8 @@ class Swarm:
             # An ack of a written (not flushed) position is RocketMQ's promise: in a
             # slave's memory, which a power loss may take; only flushed acks are checked.
             holders = [other for other in self.nodes.values() if other is not node and (
-                _holds(other, acked) if other.up else other.durable_when_down >= acked.end)]
+                _holds(other, acked) and other.store.flushed_position >= acked.end
+                if other.up else other.durable_when_down >= acked.end)]
             if len(holders) < self.options.in_sync_slaves_min:
                 self.result.violations.append(
                     f"tick {self.clock[0]}: {request} acked PUT_OK by a SYNC_MASTER but only "
@@ -267,6 +267,9 @@ class Swarm:
 
     def trace(self, text: str) -> None:
         self.result.trace.append(f"{self.clock[0]} {text}")
+
+    def observe(self, message: Any) -> None:
+        pass  # (the Raft simulator checks its votes here)
 
     def violation(self, text: str) -> None:
         self.result.violations.append(f"tick {self.clock[0]}: {text}")

@@ -70,6 +70,8 @@ from mqlog.replication.hardstate import RoleState
 from mqlog.replication.messages import Append, Hello, LogReset, Message, Report, Truncate
 from mqlog.results import PutStatus
 
+TEST_BREAKS = ("ack_early", "skip_truncate", "ack_on_timeout")
+
 
 @dataclass
 class SlaveProgress:
@@ -95,10 +97,11 @@ class MasterSlaveCore:
 
     def __init__(self, config: ReplicationConfig, log: LogView, *,
                  hard_state: RoleState | None = None, test_break: str = "") -> None:
-        assert test_break in ("", "ack_early", "skip_truncate")
+        assert test_break in ("", *TEST_BREAKS)
         # test_break: a deliberately broken core, so tests can show the simulator's
         # checkers catch it ("ack_early": a SYNC_MASTER acks before any slave has the
-        # write; "skip_truncate": a diverged slave is streamed to as if it agreed).
+        # write; "skip_truncate": a diverged slave is streamed to as if it agreed;
+        # "ack_on_timeout": a SYNC_MASTER answers PUT_OK when its slaves time out).
         self._test_break = test_break
         self.config = config.validate()
         if hard_state is not None:  # what an operator made of it last wins over the file
@@ -333,7 +336,8 @@ class MasterSlaveCore:
     def _expire_proposals(self) -> None:
         while self._waiting and self._waiting[0].deadline_tick <= self.tick_count:
             self._ready.resolved.append((self._waiting.popleft().request_id,
-                                         PutStatus.FLUSH_SLAVE_TIMEOUT))
+                                         PutStatus.PUT_OK if self._test_break ==
+                                         "ack_on_timeout" else PutStatus.FLUSH_SLAVE_TIMEOUT))
 
     def _pump(self) -> None:
         """Send each matched slave what it lacks, within the in-flight window."""

@@ -82,6 +82,8 @@ from mqlog.replication.messages import (
 )
 from mqlog.results import PutStatus
 
+TEST_BREAKS = ("commit_old_term", "vote_twice", "truncate_stale", "short_quorum",
+               "merge_acks")
 FOLLOWER, PRE_CANDIDATE, CANDIDATE, LEADER, LEARNER = (
     "FOLLOWER", "PRE_CANDIDATE", "CANDIDATE", "LEADER", "LEARNER")
 
@@ -112,10 +114,13 @@ class RaftCore:
                  rng: random.Random | None = None, hard_state: HardState | None = None,
                  test_break: str = "") -> None:
         assert config.layer == "raft"
-        assert test_break in ("", "commit_old_term", "vote_twice")
+        assert test_break in ("", *TEST_BREAKS)
         # test_break: a deliberately broken core, so tests can show the checkers catch it
         # ("commit_old_term": commit by counting replicas alone, without §5.4.2's rule;
-        # "vote_twice": grant every vote request, forgetting the vote already cast).
+        # "vote_twice": grant every vote request, forgetting the vote already cast;
+        # "truncate_stale": a follower cuts its log at the end of every stale Entries;
+        # "short_quorum": commit what one fewer than a majority holds; "merge_acks": a
+        # follower merges its acks whatever leader and term they answer).
         self._test_break = test_break
         self.config = config.validate()
         self.log = log
@@ -545,7 +550,8 @@ class RaftCore:
         own = self.log.flushed_position if self.config.follower_ack == "flushed" else self._end
         matches = sorted([min(own, self._end) if name == self.node_id else
                           self.peers[name].match for name in self.voters], reverse=True)
-        candidate = matches[self.quorum - 1]
+        candidate = matches[self.quorum - 1 - (self._test_break == "short_quorum"
+                                               and self.quorum > 1)]
         term_start = self._term_start()
         current_term = term_start is not None and candidate > term_start  # §5.4.2
         if candidate > self.commit and (current_term or self._test_break == "commit_old_term"):
@@ -679,10 +685,11 @@ class RaftCore:
             self._ready.messages
         # Only the highest ack to this leader in this term needs to go; an ack answers
         # one leader in one term, and never speaks for another (whose log may differ).
-        acks = [message.match for message in outbox if _same_ack(message, entries.src,
-                                                                 self.term)]
+        merge_all = self._test_break == "merge_acks"
+        acks = [message.match for message in outbox
+                if _same_ack(message, entries.src, self.term, merge_all)]
         outbox[:] = [message for message in outbox
-                     if not _same_ack(message, entries.src, self.term)]
+                     if not _same_ack(message, entries.src, self.term, merge_all)]
         outbox.append(self._stamp(EntriesReply(self.node_id, entries.src, self.term, True,
                                                max([end, *acks]), 0, 0)))
 
@@ -737,6 +744,9 @@ class RaftCore:
         if self._end > position and self._epoch_from(position) == epoch:
             have = min(self._end, self._epoch_range_end(position))
         if have >= end:
+            if self._test_break == "truncate_stale" and end < self._end:
+                self._truncate(end)
+                self.commit = min(self.commit, end)
             return
         if have < self._end:
             assert have >= self.commit, f"would truncate committed bytes at {have}"
@@ -826,10 +836,11 @@ class RaftCore:
         return dataclasses.replace(message, cluster_id=cluster_id) if cluster_id else message
 
 
-def _same_ack(message: Message, leader: str, term: int) -> TypeGuard[EntriesReply]:
+def _same_ack(message: Message, leader: str, term: int,
+              any_leader: bool = False) -> TypeGuard[EntriesReply]:
     """A successful ack to ``leader`` in ``term`` (acks to it merge; no others do)."""
     return isinstance(message, EntriesReply) and message.success and \
-        message.dst == leader and message.epoch == term
+        (any_leader or (message.dst == leader and message.epoch == term))
 
 
 def _reset_members(reset: LogReset) -> set[str]:

@@ -1,0 +1,210 @@
+"""The driver (mqlog/replication/driver.py) on its own: what it must never do whatever the
+core asks — take writes before a term started, ack bytes before their flush completed,
+retry a Ready that failed — with real stores and cores and an Io whose flushes complete
+only when a test says so."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+import mqlog
+from mqlog.config import ReplicationConfig
+from mqlog.errors import NotLeader, StoreFailed
+from mqlog.replication.driver import Driver
+from mqlog.replication.messages import Entries, EntriesReply, Message, Vote, VoteReply
+from mqlog.replication.raft import RaftCore
+from mqlog.results import PutStatus
+from tests.conftest import SMALL
+
+STORE = dict(SMALL, committed_follows="external", background_threads=False,
+             segment_prepare_ahead=False, flush_interval_ms=3_600_000)
+RAFT = dict(layer="raft", voters=("n1", "n2", "n3"), election_timeout_ticks=10,
+            heartbeat_ticks=2, retransmit_ticks=4, sync_timeout_ticks=20,
+            append_bytes_max=600, inflight_bytes_max=1200, frame_size_bytes_max=8192,
+            pre_vote=False, check_quorum=False)
+
+
+class HeldIo:
+    """Sends into a list; flushes wait in a list until ``complete_flushes``."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.sent: list[Message] = []
+        self.flushes: list[Any] = []
+        self.answers: list[tuple[Any, PutStatus]] = []
+        self.failures: list[BaseException] = []
+        self.hard_state: Any = None
+
+    def send(self, messages: list[Message]) -> None:
+        self.sent += messages
+
+    def save_hard_state(self, state: Any) -> None:
+        self.hard_state = state
+
+    def start_flush(self, done: Any) -> None:
+        self.flushes.append(done)
+
+    def complete_flushes(self) -> None:
+        flushes, self.flushes = self.flushes, []
+        self.store.flush()
+        for done in flushes:
+            done(True)
+
+    def answer(self, request: Any, status: PutStatus) -> None:
+        self.answers.append((request, status))
+
+    def note(self, event: str) -> None:
+        pass
+
+    def failed(self, error: BaseException) -> None:
+        self.failures.append(error)
+
+
+def _replica(tmp_path, impl, name: str) -> tuple[Any, RaftCore, Driver, HeldIo]:
+    store = mqlog.open(tmp_path / name, implementation=impl, clock_ms=lambda: 1_000, **STORE)
+    core = RaftCore(ReplicationConfig(node_id=name, **RAFT), store,  # type: ignore[arg-type]
+                    rng=random.Random(name))
+    io = HeldIo(store)
+    return store, core, Driver(store, core, io), io
+
+
+def _elect(driver: Driver, io: HeldIo) -> None:
+    """n1 campaigns and steps both granted votes; its Ready is not carried out yet."""
+    core = driver.core
+    for _ in range(40):
+        driver.tick()
+        if core.role == "CANDIDATE":
+            break
+    driver.run()
+    io.complete_flushes()
+    votes = [message for message in io.sent if isinstance(message, Vote)]
+    assert votes, "n1 did not campaign"
+    for voter in ("n2", "n3"):
+        driver.step(VoteReply(voter, "n1", core.term, True, False))
+    assert core.is_master
+
+
+def test_a_new_leader_refuses_writes_until_its_term_started(tmp_path, impl):
+    """Finding 1: the role flips inside step(); the epoch, the no-op and the producer
+    table come with the next Ready. A write in between must get NotLeader — before the
+    fix it was stored under the previous epoch."""
+    store, core, driver, io = _replica(tmp_path, impl, "n1")
+    try:
+        store.put("t", b"old")  # a record of an earlier epoch, as a follower holds
+        _elect(driver, io)
+        with pytest.raises(NotLeader, match="has not started it yet"):
+            driver.check_writable()
+        assert not driver.serving
+        driver.run()  # the epoch, the no-op: the term starts
+        driver.check_writable()
+        stored = driver.write("t", [b"new"], producer=("p", 1))
+        assert store.epoch_at(stored.end) == core.term
+        assert driver.producers.lookup("p", 1) == stored
+    finally:
+        store.close()
+
+
+def test_a_follower_acks_repeated_unflushed_bytes_only_after_the_flush(tmp_path, impl):
+    """Finding 2: an Entries that repeats bytes written but still being flushed asked for
+    no sync, so its ack went out at once."""
+    store, core, driver, io = _replica(tmp_path, impl, "n2")
+    try:
+        leader_store = mqlog.open(tmp_path / "leader", implementation=impl,
+                                  clock_ms=lambda: 1_000, **STORE)
+        leader_store.set_epoch(1)
+        end = leader_store.put("t", b"x" * 100).end_position
+        payload = leader_store.read_raw(0, end)
+        leader_store.close()
+        entries = Entries("n1", "n2", 1, 0, -1, 1, 0, b"", payload)
+        driver.step(entries)
+        driver.run()
+        assert store.written_position == end and store.flushed_position < end
+        assert not [message for message in io.sent if isinstance(message, EntriesReply)]
+        driver.step(entries)  # a retransmit, while the first flush is still running
+        driver.run()
+        assert not [message for message in io.sent if isinstance(message, EntriesReply)], \
+            "acked bytes that are not flushed"
+        io.complete_flushes()
+        acks = [message for message in io.sent if isinstance(message, EntriesReply)]
+        assert acks and all(ack.match == end for ack in acks)
+        assert store.flushed_position == end
+    finally:
+        store.close()
+
+
+class _RefusingStore:
+    """A store whose appends fail (a disk that went bad, a bug in the core)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.appends = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def append_raw(self, position: int, data: bytes) -> int:
+        self.appends += 1
+        raise OSError(5, f"Input/output error at {position}")
+
+
+def test_a_ready_that_fails_stops_the_replica_once_and_loudly(tmp_path, impl):
+    """Finding 6: a failed Ready was never advanced and re-raised forever. Now the replica
+    stops: the Io hears it once, waiting requests get an answer, nothing runs again and
+    writes are refused (StoreFailed: restart the node, recovery runs)."""
+    store, core, driver, io = _replica(tmp_path, impl, "n2")
+    refusing = _RefusingStore(store)
+    driver.store = refusing
+    try:
+        driver.step(Entries("n1", "n2", 1, 0, -1, 1, 0, b"", b"garbage" * 20))
+        driver.run()
+        assert len(io.failures) == 1 and isinstance(io.failures[0], OSError)
+        for _ in range(5):
+            driver.tick()
+            driver.step(Entries("n1", "n2", 1, 0, -1, 1, 0, b"", b"garbage" * 20))
+            assert not driver.run()
+        assert refusing.appends == 1 and len(io.failures) == 1
+        with pytest.raises(StoreFailed, match="restart the node"):
+            driver.check_writable()
+    finally:
+        store.close()
+
+
+def _payload(tmp_path, impl, name: str, epoch: int, count: int) -> bytes:
+    """The raw records a leader of ``epoch`` would send: ``count`` puts from position 0."""
+    store = mqlog.open(tmp_path / name, implementation=impl, clock_ms=lambda: 1_000, **STORE)
+    try:
+        store.set_epoch(epoch)
+        for index in range(count):
+            store.put("t", bytes([index]) * 100)
+        return store.read_raw(0, store.written_position)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("test_break", ["", "merge_acks"])
+def test_acks_to_two_leaders_in_one_ready_never_merge(tmp_path, impl, test_break):
+    """Finding 3, as a driver meets it: a follower steps an old leader's Entries and then
+    a new leader's (which truncate what the old one sent) before one Ready. The ack to
+    the new leader must speak of the new leader's bytes only; the "merge_acks" switch
+    (a core that merges every ack) must fail this check."""
+    old, new = _payload(tmp_path, impl, "old", 1, 3), _payload(tmp_path, impl, "new", 2, 1)
+    store, core, driver, io = _replica(tmp_path, impl, "n2")
+    core = RaftCore(core.config, store, rng=random.Random(2), test_break=test_break)
+    driver = Driver(store, core, io)
+    try:
+        driver.step(Entries("n1", "n2", 1, 0, -1, 1, 0, b"", old))
+        driver.step(Entries("n3", "n2", 2, 0, -1, 2, 0, b"", new))
+        driver.run()
+        io.complete_flushes()
+        to_new = [message.match for message in io.sent
+                  if isinstance(message, EntriesReply) and message.dst == "n3"]
+        merged = to_new != [len(new)]
+        assert merged == (test_break == "merge_acks"), (to_new, len(new), len(old))
+        if merged:
+            print(f"--break merge_acks caught: the ack to n3 said {to_new}, its log "
+                  f"ends at {len(new)}")
+    finally:
+        store.close()
