@@ -53,6 +53,7 @@ class SimReplica:
     paused: bool = False
     incarnation: int = 0  # a flush completion of an earlier life is void
     durable_when_down: int = 0  # its log's flushed end when it crashed
+    written_when_down: int = 0  # and its written end
     saved_hard_state: bool = False  # the driver saved one since the simulator last looked
     flushes: list[tuple[int, int, Callable[[bool], None]]] = field(default_factory=list)
 
@@ -117,6 +118,7 @@ class SimReplica:
 
     def crash(self, tear: bool = True) -> tuple[int, int]:
         """A power loss; returns (flushed end, end kept on disk)."""
+        self.written_when_down = self.store.written_position
         lost = power_off(self.store, self.rng if tear else None)
         self.durable_when_down = lost[0]
         self.up = self.paused = False

@@ -484,9 +484,10 @@ class RaftSwarm:
         holders = []
         for name in leader.core.voters:
             node = self.nodes[name]
-            if not node.up:
-                if flushed and node.durable_when_down >= commit:
-                    holders.append(name)  # (its log as it was: what the crash kept)
+            if not node.up:  # what it held when it went down (written acks promise
+                # nothing against a crash: what it had written then counts)
+                if (node.durable_when_down if flushed else node.written_when_down) >= commit:
+                    holders.append(name)
                 continue
             end = node.store.flushed_position if flushed else node.store.written_position
             if end >= commit and node.store.epoch_at(commit) == epoch:
