@@ -26,7 +26,8 @@ from tests.conftest import SMALL
 SCRIPTS = sorted((Path(__file__).parent / "data" / "master_slave").glob("*.txt"))
 # Retention runs only when a script says ``retain``.
 STORE_SETTINGS = dict(SMALL, retention_ms=-1, retention_bytes=0, background_threads=False,
-                      segment_prepare_ahead=False, segment_preallocate=False, retention_check_interval_ms=3_600_000)
+                      segment_prepare_ahead=False, segment_preallocate=False,
+                      retention_check_interval_ms=3_600_000)
 TICK_SETTINGS = dict(heartbeat_ticks=3, slave_timeout_ticks=10, sync_timeout_ticks=6,
                      retransmit_ticks=4, append_bytes_max=600, inflight_bytes_max=1200,
                      frame_size_bytes_max=8192)

@@ -77,7 +77,8 @@ TICK_SETTINGS = dict(election_timeout_ticks=10, heartbeat_ticks=2, retransmit_ti
 # may: below the commit and the flush).
 STORE_SETTINGS = dict(SMALL, committed_follows="external", flush_interval_ms=3_600_000,
                       retention_ms=-1, retention_bytes=0, background_threads=False,
-                      segment_prepare_ahead=False, segment_preallocate=False, retention_check_interval_ms=3_600_000)
+                      segment_prepare_ahead=False, segment_preallocate=False,
+                      retention_check_interval_ms=3_600_000)
 MEMBERSHIP_MAGIC = b"MQCFG1"  # a membership change's control record body starts so
 _STATE_CHANGES = ("save hard state", "reset log", "truncate", "set epoch", "append no-op",
                   "commit to", "resolved", "event")
