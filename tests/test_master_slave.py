@@ -43,7 +43,7 @@ class _ScriptIo:
         self._interaction.network += messages
 
     def save_hard_state(self, state: object) -> None:
-        raise AssertionError("a master-slave core has no hard state")
+        self._interaction.role_states[self._name] = state  # (a restart here reconfigures)
 
     def start_flush(self, done: Callable[[bool], None]) -> None:
         self._interaction.stores[self._name].flush()
@@ -67,6 +67,7 @@ class Interaction:
         self.stores: dict[str, mqlog.Store] = {}
         self.cores: dict[str, MasterSlaveCore] = {}
         self.drivers: dict[str, Driver] = {}
+        self.role_states: dict[str, object] = {}  # saved by a Ready (promote, follow)
         self.configs: dict[str, ReplicationConfig] = {}
         self.network: list[Message] = []
         self.proposals = 0

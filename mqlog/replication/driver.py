@@ -232,9 +232,10 @@ class Driver:
             self.io.note(event)
 
     def _save_hard_state(self, state: Any) -> None:
-        if self._test_break == "term_not_saved" and state.vote == self.core.node_id:
+        vote = getattr(state, "vote", "")
+        if self._test_break == "term_not_saved" and vote == self.core.node_id:
             return
-        if self._test_break == "vote_not_saved" and state.vote not in ("", self.core.node_id):
+        if self._test_break == "vote_not_saved" and vote not in ("", self.core.node_id):
             state = dataclasses.replace(state, vote="")
         self.io.save_hard_state(state)
 
@@ -324,7 +325,11 @@ class Driver:
 
 
 def describe_hard_state(state: Any) -> str:
-    """term=T vote=V (and the membership changes the log holds, if any)."""
+    """Raft's: term=T vote=V (and the membership changes the log holds, if any); another
+    layer's: its fields, name=value."""
+    if not hasattr(state, "term"):
+        return " ".join(f"{item.name}={getattr(state, item.name)}"
+                        for item in dataclasses.fields(state))
     text = f"term={state.term} vote={state.vote or '-'}"
     for change in getattr(state, "memberships", ()):
         text += f" membership@{change.position}={','.join(change.voters)}"
