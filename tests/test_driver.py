@@ -213,3 +213,20 @@ def test_acks_to_two_leaders_in_one_ready_never_merge(tmp_path, impl, test_break
                   f"ends at {first}")
     finally:
         store.close()
+
+
+def test_a_master_whose_store_has_its_epoch_takes_writes_from_the_start(tmp_path, impl):
+    """A master-slave master started over a store already in its epoch has nothing to
+    start: it takes writes after its first Ready, empty (a node runs one before it
+    listens, so a fresh node's first produce is taken)."""
+    from mqlog.replication.master_slave import MasterSlaveCore
+
+    store = mqlog.open(tmp_path / "m", implementation=impl, **dict(STORE, committed_follows="auto"))
+    try:
+        core = MasterSlaveCore(ReplicationConfig(node_id="m", role="ASYNC_MASTER"), store)
+        driver = Driver(store, core, HeldIo(store))
+        driver.run()
+        driver.check_writable()
+        assert driver.serving
+    finally:
+        store.close()

@@ -166,6 +166,7 @@ class Node:
         host, port = split_address(self.config.listen)
         self._server = await asyncio.start_server(self._connection, host, port,
                                                   limit=_READ_SIZE_BYTES)
+        self.driver.run()  # a master already in its store's epoch takes writes at once
         ticker = asyncio.create_task(self._tick_forever())
         registering = asyncio.create_task(self._register_forever())
         if ready is not None:
