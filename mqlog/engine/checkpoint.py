@@ -24,7 +24,7 @@ from pathlib import Path
 from crc32c import crc32c
 
 from mqlog import format as fmt
-from mqlog.engine.files import fsync_directory
+from mqlog.engine.files import fsync_directory, typed_errors
 from mqlog.errors import CorruptStore
 
 FORMAT_VERSION = 1
@@ -40,11 +40,17 @@ class Checkpoint:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` by ``data``, durably; a full disk is DiskFull and the old file
+    stays whole (the half-written temporary goes)."""
     temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
+    try:
+        with typed_errors(f"cannot write {path}"), open(temporary, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
     os.replace(temporary, path)
     fsync_directory(path.parent)
 
