@@ -50,7 +50,9 @@ def _small_store(path: str, count: int, rng: random.Random) -> None:
                       properties={"n": str(index)} if index % 5 == 0 else None)
 
 
-def _big_store(path: str, count: int, rng: random.Random) -> None:
+def big_store(path: str, count: int, rng: random.Random) -> None:
+    """``count`` random 100-byte bodies in topic ``bench``, 4 queues, in batches
+    (also benchmarks/test_spark.py's store)."""
     blob = rng.randbytes(count * BODY_SIZE)
     batch, queues = 10_000, 4
     with mqlog.open(path, segment_size_bytes=BIG_SEGMENT_BYTES) as store:
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     _small_store(replay_source, REPLAY_RECORDS, rng)
     big: list[str] = []
     if args.big:
-        big = _replicas(root, "big", args.big, _big_store, 2, rng,
+        big = _replicas(root, "big", args.big, big_store, 2, rng,
                         segment_size_bytes=BIG_SEGMENT_BYTES)
     print(f"stores written in {time.perf_counter() - started:.1f} s under {root}")
 

@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-import mqlog
+from benchmarks.spark_jobs import big_store
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
 
@@ -62,16 +62,7 @@ def spark():
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("spark-bench")
     store, rng = root / "store", random.Random(20240601)
-    blob = rng.randbytes(RECORDS * BODY_SIZE)
-    batch = 10_000
-    with mqlog.open(store, segment_size_bytes=256 << 20) as writer:
-        for first in range(0, RECORDS, batch * QUEUES):
-            for queue_id in range(QUEUES):
-                low = first + queue_id * batch
-                high = min(RECORDS, low + batch)
-                if low < high:
-                    writer.put_batch("bench", [blob[i * BODY_SIZE:(i + 1) * BODY_SIZE]
-                                               for i in range(low, high)], queue_id)
+    big_store(str(store), RECORDS, rng)
     return store, root / "bench.parquet"
 
 
