@@ -187,3 +187,18 @@ class TooManyOpenFiles(MqlogError):
     The call that needed one changed nothing and the store stays usable. Raise the limit
     (``ulimit -n``), or use fewer queues (each consume-queue file is one mapping).
     """
+
+
+# --- the cluster's metadata (the controller) ---------------------------------------------
+
+
+class InvalidMetadataRecord(MqlogError):
+    """Bytes in the controller's log (or from a peer) that are not a metadata record this
+    version can read: damaged, or written by a newer mqlog. Nothing was applied; upgrade
+    this controller, or restore its directory from a healthy controller's."""
+
+
+class MetadataChangeRefused(InvalidArgument):
+    """A metadata change that does not follow from the cluster's current state (an unknown
+    broker or topic, a topic that exists, a stale broker or partition epoch): nothing was
+    changed. Describe the cluster again (`mqlog topics describe`) and retry from there."""
