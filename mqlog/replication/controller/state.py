@@ -259,6 +259,6 @@ def _restore(state: ClusterMetadata, record: Snapshot) -> ClusterMetadata:
     return restored
 
 
-_APPLY = {RegisterBroker: _register, FenceBroker: _fencing(True),
-          UnfenceBroker: _fencing(False), CreateTopic: _create, DeleteTopic: _delete,
-          PartitionChange: _change, Snapshot: _restore}
+_APPLY: dict[type, Callable[[ClusterMetadata, Any], ClusterMetadata]] = {
+    RegisterBroker: _register, FenceBroker: _fencing(True), UnfenceBroker: _fencing(False),
+    CreateTopic: _create, DeleteTopic: _delete, PartitionChange: _change, Snapshot: _restore}
