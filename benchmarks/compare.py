@@ -15,6 +15,10 @@ Rows (100-byte bodies):
 * get in batches of 1000, touching each body — baseline: an LMDB cursor over the same
 * sync flush, 256 concurrent producers (threads; and asyncio tasks) — baseline: 4 KiB
   append + fdatasync per record from one thread (what a durable write costs alone)
+* durable put_batch of 1000 (``flush_mode="sync"``) — baselines: a buffered file with
+  ``fdatasync`` per batch, and LMDB ``sync=True`` (a row each, same mqlog figures)
+* sync-flush tail latency: p99.9 ack latency of 16 and 64 asyncio tasks awaiting
+  ``put_async`` — baseline: p99.9 of a lone 4 KiB append + ``fdatasync`` (lower is better)
 * recovery scan after a crash — reported in GB/s of log, baseline: reading the same
   segment files with read()
 
@@ -53,6 +57,8 @@ BODY = b"m" * 100
 @dataclass
 class Sizes:
     records: int = 1_000_000
+    durable_records: int = 200_000
+    latency_tasks: tuple[int, ...] = (16, 64)
     producers: int = 256
     per_producer: int = 200
     scan_bytes: int = 512 << 20
@@ -60,8 +66,8 @@ class Sizes:
     segment_size_bytes: int = 1 << 30
 
 
-QUICK = Sizes(records=20_000, producers=16, per_producer=20, scan_bytes=8 << 20, rounds=2,
-              segment_size_bytes=16 << 20)
+QUICK = Sizes(records=20_000, durable_records=5_000, producers=16, per_producer=20,
+              scan_bytes=8 << 20, rounds=2, segment_size_bytes=16 << 20)
 
 
 @dataclass
@@ -73,6 +79,7 @@ class Row:
     values: list[float] = field(default_factory=list)
     baselines: list[float] = field(default_factory=list)
     note: str = ""
+    fmt: Callable[[float], str] = field(default=lambda value: _fmt(value))
 
     def add(self, value: float, baseline: float) -> None:
         self.values.append(value)
@@ -82,8 +89,9 @@ class Row:
         ratios = [v / b for v, b in zip(self.values, self.baselines, strict=True) if b]
         median, ratio = statistics.median(self.values), statistics.median(ratios)
         met = "yes" if self.target_check(median, ratio) else "**no**"
-        return [self.name, _fmt(min(self.values)), _fmt(median), _fmt(max(self.values)),
-                _fmt(statistics.median(self.baselines)), f"{ratio:.2f}x", self.target, met]
+        fmt = self.fmt
+        return [self.name, fmt(min(self.values)), fmt(median), fmt(max(self.values)),
+                fmt(statistics.median(self.baselines)), f"{ratio:.2f}x", self.target, met]
 
 
 def _fmt(value: float) -> str:
@@ -200,6 +208,40 @@ def mqlog_recovery(root: Path, sizes: Sizes) -> tuple[float, float]:
     return scan, min(total, end) / (time.perf_counter() - started) / 1e9
 
 
+def durable_batches(work: Path, sizes: Sizes) -> dict[str, float]:
+    """rec/s of put_batch of 1000 made durable per batch: mqlog (sync flush), a buffered
+    file (fdatasync per batch) and LMDB (sync=True), one after the other."""
+    from benchmarks import peers
+
+    figures = {}
+    for name, cls in (("mqlog", peers.MqlogPeer), ("file", peers.FilePeer),
+                      ("lmdb", peers.LmdbPeer)):
+        if cls.missing():
+            continue
+        peer = cls.open(work / name, True)
+        try:
+            figures[name] = sweeps.write_batches(peer, sizes.durable_records, BODY)[1]
+        finally:
+            peer.close()
+            shutil.rmtree(work / name, ignore_errors=True)
+    return figures
+
+
+def tail_latency(work: Path, sizes: Sizes) -> tuple[dict[int, float], float]:
+    """p99.9 ack latency (s) of put_async under sync flush per task count, and the
+    p99.9 of a lone 4 KiB append + fdatasync."""
+    sweep = sweeps.SweepSizes(latency_acks=max(64, sizes.producers * 16),
+                              segment_size_bytes=sizes.segment_size_bytes)
+    floor, _rate = sweeps.fdatasync_latency(work / "fsync", max(200, sweep.latency_acks // 2))
+    found = {}
+    for tasks in sizes.latency_tasks:
+        latencies, _acked = sweeps.mqlog_latency(work / "latency", tasks, sweep)
+        found[tasks] = sweeps.percentile(latencies, 0.999)
+    shutil.rmtree(work / "fsync", ignore_errors=True)
+    shutil.rmtree(work / "latency", ignore_errors=True)
+    return found, sweeps.percentile(floor, 0.999)
+
+
 # --- baselines -------------------------------------------------------------------------
 
 def file_append(root: Path, sizes: Sizes) -> float:
@@ -293,6 +335,19 @@ def _rows() -> dict[str, Row]:
         "sync_asyncio": Row("sync put_async, 256 asyncio tasks", "acked rec/s",
                             ">= 100 k acked rec/s", lambda value, ratio: value >= 1e5,
                             note="baseline: 4 KiB write + fdatasync per record"),
+        "durable_file": Row("durable put_batch of 1000 (sync flush)", "rec/s",
+                            ">= 1.0x buffered file + fdatasync",
+                            lambda value, ratio: ratio >= 1.0,
+                            note="baseline: buffered file, flush() + fdatasync per batch"),
+        "durable_lmdb": Row("durable put_batch of 1000 (sync flush)", "rec/s",
+                            ">= 1.2x LMDB sync=True", lambda value, ratio: ratio >= 1.2,
+                            note="baseline: LMDB sync=True, one transaction per batch"),
+        **{f"latency_{tasks}": Row(
+            f"sync-flush p99.9, {tasks} asyncio tasks", "ms", "< 5x lone fdatasync p99.9",
+            lambda value, ratio: ratio < 5,
+            note="baseline: p99.9 of one thread's 4 KiB append + fdatasync (a lower "
+                 "ratio is better)", fmt=lambda value: f"{value:.2f} ms")
+            for tasks in (16, 64)},
     }
 
 
@@ -311,6 +366,14 @@ def run(sizes: Sizes, work: Path) -> tuple[dict[str, Row], list[str]]:
             rate, records_per_fsync = measure(work / "m", sizes)
             rows[name].add(rate, fdatasync_each(work / "b", sizes))
             per_fsync[name].append(records_per_fsync)
+        durable = durable_batches(work, sizes)
+        if "file" in durable:
+            rows["durable_file"].add(durable["mqlog"], durable["file"])
+        if "lmdb" in durable:
+            rows["durable_lmdb"].add(durable["mqlog"], durable["lmdb"])
+        latencies, floor = tail_latency(work, sizes)
+        for tasks, latency in latencies.items():
+            rows[f"latency_{tasks}"].add(latency * 1e3, floor * 1e3)
         scans.append(mqlog_recovery(work / "m", sizes))
     for name, values in per_fsync.items():
         extra.append(f"{rows[name].name}: {statistics.median(values):.0f} records per fsync "
@@ -341,9 +404,9 @@ def render(rows: dict[str, Row], extra: list[str], sizes: Sizes) -> str:
             "met"]
     lines = [f"Machine: {machine()}. {sizes.rounds} rounds, interleaved; 100-byte bodies.",
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows.values()]
+    lines += ["| " + " | ".join(row.cells()) + " |" for row in rows.values() if row.values]
     lines.append("")
-    lines += [f"* {row.name}: {row.note}" for row in rows.values()]
+    lines += [f"* {row.name}: {row.note}" for row in rows.values() if row.values]
     lines += [f"* {text}" for text in extra]
     return "\n".join(lines)
 

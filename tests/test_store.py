@@ -361,17 +361,24 @@ def test_asyncio_producers_share_group_commits(open_store):
 
 
 def test_sync_flush_timeout_reports_flush_disk_timeout(open_store):
+    """A writer waiting behind a group commit that does not finish by its deadline gets
+    FLUSH_DISK_TIMEOUT; here another writer's thread leads the sync, and it is stuck."""
     store = open_store(flush_mode="sync", flush_sync_timeout_ms=1)
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
     original = store._flusher._sync_log
 
     def slow_sync(start: int, end: int) -> None:
+        entered.set()
         release.wait(10)
         original(start, end)
 
     store._flusher._sync_log = slow_sync
-    result = store.put("t", b"x")
+    leader = threading.Thread(target=store.put, args=("t", b"first"))
+    leader.start()
+    assert entered.wait(10)
+    result = store.put("t", b"x")  # waits behind the stuck sync, past its deadline
     release.set()
+    leader.join()
     assert result.status is PutStatus.FLUSH_DISK_TIMEOUT
     store.flush()
     assert store.flushed_position >= result.end_position

@@ -1,27 +1,31 @@
-"""The flush service: one thread that makes the commit log durable, and checkpoints.
+"""The flush service: the log's syncs (group commit), interval flushes, and checkpoints.
 
 Two modes, as in RocketMQ:
 
-* ``sync`` is group commit. A thread that must wait calls ``wait_flushed(end)`` and
-  joins a heap of waiters ordered by end position; an asyncio task awaits
-  ``wait_flushed_async(end)`` and joins its loop's deque (puts on one loop happen in
-  order, so the deque is already sorted, and the loop asks for a flush once per
-  iteration, not once per put). The thread takes the whole written range at that
-  moment, syncs it with one msync per segment it touches, publishes the new flushed
-  position and releases exactly the waiters it covers: each thread's own lock, and one
-  ``call_soon_threadsafe`` per event loop that resolves a prefix of its deque.
-  Writers that arrive during a sync are covered by the next one, so one fsync
-  acknowledges everything queued since the previous one. A waiter whose deadline
-  passes gets False (the store reports FLUSH_DISK_TIMEOUT, never a silent success).
+* ``sync`` is group commit. A writer thread that must wait calls ``wait_flushed(end)``.
+  If nobody is syncing, it leads: it syncs everything written at that moment itself,
+  with one msync per segment touched (GIL released), publishes the new flushed
+  position, releases the waiters that sync covers (each waits on its own lock) and
+  hands the lead to the first waiter it does not cover, whose own thread syncs next.
+  If someone is syncing, it joins a heap of waiters ordered by end position. So a lone
+  writer's durable put costs its own msync and no thread hand-off (as a buffered file's
+  write + fdatasync does), and many writers share each sync: writers that arrive during
+  one are covered by the next. An asyncio task awaits ``wait_flushed_async(end)`` and
+  joins its loop's deque (puts on one loop happen in order, so the deque is already
+  sorted, and the loop asks the flush thread for a sync once per iteration, not once
+  per put); the flush thread completes a prefix of each loop's deque with one
+  ``call_soon_threadsafe``. A waiter whose deadline passes gets False (the store
+  reports FLUSH_DISK_TIMEOUT, never a silent success).
 * ``async`` flushes every ``flush_interval_ms``, early once ``flush_pages_min`` pages
   are dirty, and whatever is dirty every ``flush_thorough_interval_ms``.
 
-Either way, every ``checkpoint_interval_ms`` the thread snapshots the written position,
-flushes the log and the consume queues up to it, and then writes the checkpoint. A
-checkpoint that fails for want of disk space or descriptors is only postponed (the log
-is durable; recovery would scan from the previous one): it never fences the store. Each
-flush-and-checkpoint cycle holds the I/O lock; ``paused()`` takes it, so a truncation
-never lands between a checkpoint's snapshot and its write.
+Either way, every ``checkpoint_interval_ms`` a checkpoint thread syncs the log, then the
+consume queues up to where they are, and writes the checkpoint: on its own thread, so
+that its fsyncs never stall a sync waiter. One log sync runs at a time (``_sync_lock``)
+and one checkpoint (``_checkpoint_lock``); ``paused()`` takes both, so a truncation
+never lands between a checkpoint's snapshot and its write. A checkpoint that fails for
+want of disk space or descriptors is only postponed (the log is durable; recovery would
+scan from the previous one): it never fences the store.
 
 A failed sync is never swallowed: the error is kept, every waiter raises FlushFailed,
 and the store is fenced (StoreFailed) until it is reopened and recovery finds out what
@@ -35,7 +39,8 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from mqlog.config import PAGE_SIZE, StoreConfig
@@ -62,7 +67,9 @@ class FlushService:
         self._on_failure = on_failure
         self._lock = threading.Lock()
         self._work = threading.Condition(self._lock)  # the thread waits here
-        self._io_lock = threading.Lock()  # held by the thread while it syncs or checkpoints
+        self._sync_lock = threading.Lock()  # one log sync at a time: a leader's or the thread's
+        self._checkpoint_lock = threading.Lock()  # held through a checkpoint
+        self._leader: Any = None  # the waiting thread's lock whose thread syncs for all
         self._requested = flushed_position
         self._waiters: list[tuple[int, int, Any]] = []  # (end, tie-break, lock or future)
         self._tie = itertools.count()
@@ -73,13 +80,17 @@ class FlushService:
         self.checkpoint_error: DiskFull | TooManyOpenFiles | None = None  # the last one
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="mqlog-flush", daemon=True)
+        self._checkpoints_end = threading.Event()
+        self._checkpointer = threading.Thread(target=self._run_checkpoints,
+                                              name="mqlog-checkpoint", daemon=True)
 
     def start(self) -> None:
         if self._threaded:
             self._thread.start()
+            self._checkpointer.start()
 
     def stop(self) -> None:
-        """Flush what is written, checkpoint, and end the thread."""
+        """Flush what is written, checkpoint, and end the threads."""
         if not self._threaded:
             self._flush_inline(checkpoint=True)
             return
@@ -87,6 +98,8 @@ class FlushService:
             self._stopping = True
             self._work.notify_all()
         self._thread.join()
+        self._checkpoints_end.set()
+        self._checkpointer.join()
 
     # --- writers -----------------------------------------------------------------------
 
@@ -100,12 +113,36 @@ class FlushService:
         with self._lock:
             if self._settled(end_position):
                 return True
-            self._enqueue(end_position, waiter)
-        if not waiter.acquire(timeout=timeout / 1000):
+            if self._leader is None:  # nobody is syncing: this thread does, for all
+                self._leader = waiter
+            else:
+                heapq.heappush(self._waiters, (end_position, next(self._tie), waiter))
+        if self._leader is not waiter and not waiter.acquire(timeout=timeout / 1000):
             with self._lock:
-                if self.flushed_position < end_position:
+                if self._leader is not waiter and self.flushed_position < end_position:
                     return self._raise_error_or(False)
-        return self._raise_error_or(True)
+        if self._leader is waiter:  # first, or handed the lead by the one before
+            self._lead()
+        return self._raise_error_or(self.flushed_position >= end_position)
+
+    def _lead(self) -> None:
+        """Sync everything written so far from this (a waiting writer's) thread, release
+        the waiters it covers, and hand the lead to the first one it does not cover."""
+        try:
+            with self._sync_lock:
+                self._flush_log()
+        except OSError as error:
+            self._fail(error)
+        finally:
+            with self._lock:
+                self._leader = None
+                while self._waiters and self.error is None:
+                    end, _tie, waiter = heapq.heappop(self._waiters)
+                    if end > self.flushed_position:
+                        self._leader = waiter
+                    waiter.release()
+                    if self._leader is not None:
+                        break
 
     async def wait_flushed_async(self, end_position: int) -> bool:
         """``wait_flushed`` for an asyncio task, resolved by the loop's _LoopWaiters."""
@@ -141,12 +178,6 @@ class FlushService:
             raise self.error
         return self.flushed_position >= end_position
 
-    def _enqueue(self, end_position: int, waiter: Any) -> None:
-        heapq.heappush(self._waiters, (end_position, next(self._tie), waiter))
-        if end_position > self._requested:
-            self._requested = end_position
-            self._work.notify()
-
     def _raise_error_or(self, value: bool) -> bool:
         if self.error is not None:
             raise self.error
@@ -168,9 +199,11 @@ class FlushService:
                                                         60_000)):
             raise FlushFailed(f"flush to {target} did not finish in time")
 
-    def paused(self) -> threading.Lock:
+    @contextmanager
+    def paused(self) -> Iterator[None]:
         """``with flusher.paused():`` — no flush or checkpoint runs inside the block."""
-        return self._io_lock
+        with self._checkpoint_lock, self._sync_lock:
+            yield
 
     def reset(self, position: int) -> None:
         """After a truncation: nothing beyond ``position`` exists, flushed or not."""
@@ -186,34 +219,49 @@ class FlushService:
     # --- the thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The flush thread: asyncio waiters' syncs (sync mode), interval flushes (async)."""
         config = self._config
         sync_mode = config.flush_mode == "sync"
-        now = time.monotonic()
-        next_checkpoint = now + config.checkpoint_interval_ms / 1000
-        next_thorough = now + config.flush_thorough_interval_ms / 1000
+        next_thorough = time.monotonic() + config.flush_thorough_interval_ms / 1000
         while True:
             with self._lock:
                 if not self._stopping and self._requested <= self.flushed_position:
-                    timeout = (next_checkpoint - time.monotonic() if sync_mode
-                               else config.flush_interval_ms / 1000)
-                    self._work.wait(max(0.0, timeout))
+                    self._work.wait(None if sync_mode else config.flush_interval_ms / 1000)
                 stopping = self._stopping
             now = time.monotonic()
             try:
-                with self._io_lock:
-                    if self._due(sync_mode, now >= next_thorough) or stopping:
+                if self._due(sync_mode, now >= next_thorough) or stopping:
+                    with self._sync_lock:
                         self._flush_log()
-                        if now >= next_thorough:
-                            next_thorough = now + config.flush_thorough_interval_ms / 1000
-                    if now >= next_checkpoint or stopping:
-                        self._write_checkpoint(self._flush_log())
-                        next_checkpoint = (time.monotonic()
-                                           + config.checkpoint_interval_ms / 1000)
+                    if now >= next_thorough:
+                        next_thorough = now + config.flush_thorough_interval_ms / 1000
             except OSError as error:
                 self._fail(error)
                 return
             if stopping:
                 return
+
+    def _run_checkpoints(self) -> None:
+        """The checkpoint thread: off the syncs' path, so that a checkpoint's fsyncs
+        never stall a sync-flush waiter; one more at the end."""
+        interval = self._config.checkpoint_interval_ms / 1000
+        while not self._checkpoints_end.wait(interval):
+            if not self._checkpoint_once():
+                return
+        self._checkpoint_once()
+
+    def _checkpoint_once(self) -> bool:
+        try:
+            with self._checkpoint_lock:
+                if self.error is not None:
+                    return False
+                with self._sync_lock:
+                    position = self._flush_log()
+                self._write_checkpoint(position)
+            return True
+        except OSError as error:
+            self._fail(error)
+            return False
 
     def _write_checkpoint(self, position: int) -> None:
         """Checkpoint; a full disk or no free descriptor only postpones it (the log is
@@ -234,7 +282,7 @@ class FlushService:
         if self.error is not None:
             raise self.error
         try:
-            with self._io_lock:
+            with self.paused():
                 flushed = self._flush_log()
                 if checkpoint:
                     self._write_checkpoint(flushed)
