@@ -36,8 +36,8 @@ class StoreConfig:
     # Segments are sparse files backed with blocks in steps just ahead of the writer
     # (files.py): a store costs what it holds, and a full disk is a DiskFull, not a SIGBUS.
     segment_allocate_step_bytes: int = 1 * MiB
-    # A background thread backs and maps pages ahead of the writer, twice as far as it
-    # wrote since open and at most this far (False below: only the step it needs).
+    # A background thread backs and maps pages ahead of the writer, as far as it writes
+    # in 100 ms and at most this far (segment_preallocate=False: only the step it needs).
     segment_prepare_ahead_bytes_max: int = 64 * MiB
     segment_preallocate: bool = True  # back and map pages ahead on a background thread
     segment_prepare_ahead: bool = True  # make the next segment before the writer needs it

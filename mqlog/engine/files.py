@@ -28,9 +28,11 @@ steps, ahead of whatever writes through its mapping:
   it only backs what may already hold data (``mark_held``: it never changes a byte).
 * The SegmentAllocator (RocketMQ's AllocateMappedFileService, bounded): the writer
   backs the step it needs itself, under the core's write lock, if it is not backed yet;
-  a background thread keeps backing and warming ahead of it, twice as far as the writer
-  went since the store opened, at most ``segment_prepare_ahead_bytes_max``. A store
-  that holds four records costs one step; a sustained writer finds its pages ready.
+  a background thread keeps backing and warming ahead of it, as far as the writer goes
+  in 100 ms at its current rate, at most twice what it wrote since the store opened and
+  at most ``segment_prepare_ahead_bytes_max``. A store that holds four records costs one
+  step, a durable writer (tens of MB/s) a step or two, and a fast sustained writer finds
+  its pages ready.
   When the window passes a segment's end the next segment is created and its first
   step backed, in the background; a segment is created under a temporary name and
   renamed into place, so a crash never leaves a half-made one.
@@ -47,6 +49,7 @@ import mmap
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -59,6 +62,7 @@ NAME_DIGITS = 20
 _NAME = re.compile(r"^\d{20}$")
 _ZEROS = bytes(1 << 20)
 _CHUNK_BYTES = 1 << 20  # the background thread backs this much per hold of a file's lock
+_AHEAD_SECONDS = 0.1  # back what the writer would write in this long, up to the maximum
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 _NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE)
 
@@ -295,6 +299,7 @@ class SegmentAllocator:
         self._running = False
         self._closed = False
         self._start = 0  # the written position at open: how far the writer went since
+        self._last = (0, 0.0)  # (end, time) of the last ensure: the writer's rate
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqlog-alloc")
 
     def start(self, position: int) -> None:
@@ -319,8 +324,7 @@ class SegmentAllocator:
         ready = mapped.prepare_to(_round_up(needed, self._step), self._warm)
         if ready < needed:
             raise AssertionError(f"segment {mapped.path} is closed")
-        ahead = min(self._ahead_max, 2 * max(0, end - self._start))
-        target = _round_up(needed + ahead, self._step)
+        target = _round_up(needed + self._ahead(end), self._step)
         if target > ready:
             with self._lock:
                 if not self._closed:
@@ -331,6 +335,19 @@ class SegmentAllocator:
         if target > mapped.size and self._next_ahead:
             self._prepare_next(base + mapped.size)
         return base + ready
+
+    def _ahead(self, end: int) -> int:
+        """How far ahead of ``end`` to back: what the writer wrote in the last
+        ``_AHEAD_SECONDS`` (a slow or durable writer needs little, a fast one up to the
+        maximum), and never more than twice what it wrote since open (a small store
+        stays small)."""
+        now = time.monotonic()
+        last_end, last_time = self._last
+        self._last = (end, now)
+        if last_time <= 0 or end <= last_end:
+            return 0
+        rate = (end - last_end) / max(now - last_time, 1e-6)
+        return int(min(self._ahead_max, 2 * (end - self._start), rate * _AHEAD_SECONDS))
 
     def _back_ahead(self) -> None:
         """The background thread: back the latest target, a chunk per lock hold."""

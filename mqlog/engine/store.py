@@ -52,18 +52,21 @@ from mqlog.engine.retention import RetentionReport, plan_log_start
 from mqlog.engine.snapshot import open_snapshot
 from mqlog.errors import (
     ConsumeQueueMismatch,
+    DiskFull,
     FlushFailed,
     InvalidArgument,
     InvalidPosition,
     InvalidQueueId,
     InvalidTopic,
     MessageTooLarge,
+    MqlogError,
     ReplicaDataRejected,
     StoreClosed,
     StoreFailed,
     StoreLocked,
     StoreNotFound,
     StoreReadOnly,
+    TooManyOpenFiles,
 )
 from mqlog.results import PullResult, PutResult, PutStatus
 
@@ -732,8 +735,19 @@ class Store:
         self.core.fence(StoreClosed(f"store {self.paths.root} is closed; open it again"))
         self._maintenance.stop()
         self._flusher.stop()
-        failed = self._flusher.error
+        failed: MqlogError | None = self._flusher.error
         if failed is None:
+            try:
+                self._close_cleanly()
+            except (DiskFull, TooManyOpenFiles) as error:
+                failed = error  # the log is durable; the abort marker stays: reopen recovers
+        self._release_files()
+        os.close(self._lock_fd)
+        if failed is not None:
+            raise failed
+
+    def _close_cleanly(self) -> None:
+        with typed_errors(f"cannot close {self.paths.root} cleanly"):
             with self.key_index.lock:
                 self.key_index.catch_up()
                 self.key_index.close()
@@ -744,10 +758,6 @@ class Store:
             cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(end, end, _now_ms()))
             self.paths.abort.unlink(missing_ok=True)
             fsync_directory(self.paths.root)
-        self._release_files()
-        os.close(self._lock_fd)
-        if failed is not None:
-            raise failed
 
     def __enter__(self) -> Store:
         return self
