@@ -244,7 +244,10 @@ class FlushService:
     def _run_checkpoints(self) -> None:
         """The checkpoint thread: off the syncs' path, so that a checkpoint's fsyncs
         never stall a sync-flush waiter; one more at the end."""
-        interval = self._config.checkpoint_interval_ms / 1000
+        config = self._config
+        interval = config.checkpoint_interval_ms / 1000
+        if config.flush_mode != "sync":  # a checkpoint flushes the log: no more often
+            interval = max(interval, config.flush_interval_ms / 1000)
         while not self._checkpoints_end.wait(interval):
             if not self._checkpoint_once():
                 return
