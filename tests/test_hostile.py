@@ -17,12 +17,15 @@ import tempfile
 import threading
 import traceback
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import mqlog
-from mqlog import errors
-from tests.conftest import SMALL
+from mqlog import errors, ext
+from tests.conftest import IMPLEMENTATIONS, SMALL
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -455,3 +458,131 @@ def test_bad_arguments_get_a_typed_error_and_store_nothing(open_store, call):
         call(store)
     assert store.written_position == written
     assert [r.body for r in store.get("t", tags="a")] == [b"kept"]
+
+
+# --- the twin: the same bad call, the same answer ---------------------------------------------
+
+TWIN_SEGMENT_BYTES = 4096
+TWIN_ENTRIES_PER_FILE = 16
+twin_only = pytest.mark.skipif(len(IMPLEMENTATIONS) < 2, reason="the C core is not built")
+
+
+def _bare_core(implementation: str) -> tuple[Any, list[bytearray]]:
+    """A log core over bytearrays (and them, segments and queue files in the order
+    made), with the engine's callbacks reduced to attaching them."""
+    core_module = ext.load(implementation)
+    buffers: list[bytearray] = []  # (kept alive while attached)
+    clock = iter(range(1_000, 1 << 40))
+
+    def new_segment(base: int) -> None:
+        buffers.append(bytearray(TWIN_SEGMENT_BYTES))
+        core.attach_segment(base, buffers[-1])
+
+    def new_queue_file(topic: str, queue_id: int, base_offset: int) -> None:
+        if core.queue_offsets(topic, queue_id) is None:
+            core.add_queue(topic, queue_id, base_offset, base_offset, TWIN_ENTRIES_PER_FILE)
+            base_offset -= base_offset % TWIN_ENTRIES_PER_FILE
+        buffers.append(bytearray(TWIN_ENTRIES_PER_FILE * 20))
+        core.attach_queue_file(topic, queue_id, base_offset, buffers[-1])
+
+    core = core_module.LogCore(
+        segment_size_bytes=TWIN_SEGMENT_BYTES, message_size_bytes_max=1024,
+        key_size_bytes_max=64, tags_size_bytes_max=64, new_segment=new_segment,
+        new_queue_file=new_queue_file, clock_ms=lambda: next(clock), batch_count_max=8)
+    return core, buffers
+
+
+def _outcome(call: Any) -> Any:
+    try:
+        result = call()
+    except Exception as error:  # noqa: BLE001 (the error is the answer compared)
+        return type(error), str(error)
+    if isinstance(result, list):
+        return [bytes(record.raw) for record in result]
+    if hasattr(result, "raw"):
+        return bytes(result.raw)
+    if hasattr(result, "stop_reason"):
+        return result.end_offset, result.record_count, result.stop_reason
+    return result
+
+
+def _both(call: Any, cores: tuple[Any, Any]) -> None:
+    c_answer, twin_answer = (_outcome(lambda core=core: call(core)) for core in cores)
+    assert c_answer == twin_answer
+
+
+def _twins_with_records(count: int) -> tuple[Any, Any]:
+    (c_core, c_buffers), (twin, twin_buffers) = _bare_core("cython"), _bare_core("python")
+    cores = (c_core, twin)
+    for core in cores:
+        for index in range(count):
+            core.put(f"t{index % 2}", bytes([index]) * (index * 7 % 90), index % 3,
+                     f"k{index}" if index % 2 else None, "tag" if index % 3 else None)
+    for core, buffers in ((c_core, c_buffers), (twin, twin_buffers)):
+        _SEGMENT_0[id(core)] = next(b for b in buffers if len(b) == TWIN_SEGMENT_BYTES)
+    return cores
+
+
+_SEGMENT_0: dict[int, bytearray] = {}  # id(core) -> its first segment's bytes
+
+
+TWIN_SETTINGS = settings(max_examples=150, deadline=None,
+                         suppress_health_check=[HealthCheck.too_slow])
+HASHABLE = st.one_of(st.none(), st.booleans(), st.integers(-3, 1 << 65), st.floats(),
+                     st.text(max_size=6), st.binary(max_size=6))
+ANYTHING = st.one_of(HASHABLE, st.lists(st.integers(), max_size=2))
+
+
+@twin_only
+@TWIN_SETTINGS
+@given(data=st.binary(max_size=400), at=st.sampled_from([0, 72, 4096, -1, "end"]),
+       prefix=st.booleans())
+def test_twin_append_raw_garbage(data, at, prefix):
+    """Issue 14 (Build): the same garbage handed to ``append_raw`` of both cores gets the
+    same answer, (type(e), str(e)) of the error included; a valid record's bytes with
+    garbage after them too."""
+    cores = _twins_with_records(5)
+    head = cores[1].read_raw(0, 1 << 20)[:200] if prefix else b""
+    for core in cores:
+        core.truncate(0)
+    position = cores[0].written_position if at == "end" else at
+    _both(lambda core: core.append_raw(position, head + data), cores)
+    _both(lambda core: core.read_raw(0, 1 << 20), cores)
+
+
+@twin_only
+@TWIN_SETTINGS
+@given(flips=st.lists(st.tuples(st.integers(0, 1500), st.integers(0, 7)), min_size=1,
+                      max_size=3),
+       position=st.integers(0, 1600), max_bytes=st.integers(-1, 2000))
+def test_twin_damaged_log_reads_and_scans(flips, position, max_bytes):
+    """Issue 14 (Build): flipped bits in a segment, then read_raw, read_record, get and
+    scan_segment from anywhere: both cores answer alike."""
+    cores = _twins_with_records(20)
+    for buffer in (_SEGMENT_0.pop(id(core)) for core in cores):
+        for at, bit in flips:
+            buffer[at] ^= 1 << bit
+    _both(lambda core: core.read_raw(position, max_bytes), cores)
+    _both(lambda core: core.read_record(position), cores)
+    _both(lambda core: core.get("t0", 0, 0, 50, 1 << 20), cores)
+    _both(lambda core: core.scan_segment(0, position % 1600, False), cores)
+
+
+@twin_only
+@TWIN_SETTINGS
+@given(topic=st.one_of(ANYTHING, st.sampled_from(["t", "t\ud800", ""])),
+       queue_id=st.one_of(ANYTHING, st.integers(0, 3)),
+       key=st.one_of(ANYTHING, st.sampled_from(["k", "a||b", "\udfff"])),
+       tags=st.one_of(ANYTHING, st.sampled_from(["x", " x", "a||b", "*"])),
+       properties=st.one_of(ANYTHING, st.dictionaries(HASHABLE, ANYTHING, max_size=2)),
+       body=st.one_of(ANYTHING, st.binary(max_size=20)), count=ANYTHING, offset=ANYTHING)
+def test_twin_bad_put_and_get_arguments(topic, queue_id, key, tags, properties, body,
+                                        count, offset):
+    """Issue 14 (Build): bad put, put_batch and get arguments get the same answer from
+    both cores."""
+    cores = _twins_with_records(3)
+    _both(lambda core: core.put(topic, body, queue_id, key, tags, properties), cores)
+    _both(lambda core: core.put_batch(topic, [body] * 2, queue_id, key, tags, properties),
+          cores)
+    _both(lambda core: core.get(topic, queue_id, offset, count, 1 << 20), cores)
+    _both(lambda core: core.written_position, cores)

@@ -1634,6 +1634,7 @@ cdef class LogCore:
         cdef _Queue queue
         cdef uint64_t start, stop, count
         self._check_released()
+        _check_read_arguments(topic, queue_id, offset, max_count, max_bytes)
         queue = self._find_queue(topic, queue_id)
         self._check_read_offset(queue, topic, queue_id, offset, &start)
         if _clamp_u64(max_count, &count) < 0 or queue is None:
@@ -1666,6 +1667,7 @@ cdef class LogCore:
         cdef Py_ssize_t hash_count = len(tag_hashes), index
         cdef uint64_t start, count, scan, stop
         self._check_released()
+        _check_read_arguments(topic, queue_id, offset, max_count, max_bytes)
         queue = self._find_queue(topic, queue_id)
         self._check_read_offset(queue, topic, queue_id, offset, &start)
         if hash_count > TAG_HASHES_MAX:
@@ -2617,3 +2619,13 @@ def _check_tags(tags):
     if "||" in tags or tags != tags.strip() or tags == "*":
         raise InvalidArgument(f"tags {tags!r} could never be selected by a subscription: "
                               "store tags without '||', surrounding spaces or a lone '*'")
+
+
+def _check_read_arguments(topic, queue_id, offset, max_count, max_bytes):
+    """get's and pull's arguments: a str topic and ints (both cores say the same)."""
+    if not isinstance(topic, str):
+        raise InvalidArgument(f"topic must be str, got {type(topic).__name__}")
+    for name, value in (("queue_id", queue_id), ("offset", offset),
+                        ("max_count", max_count), ("max_bytes", max_bytes)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be an int, got {value!r}")

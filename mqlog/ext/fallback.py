@@ -646,6 +646,7 @@ class LogCore:
         """
         generation = self._generation  # (first: a release after it changes it)
         self._check_released()
+        _check_read_arguments(topic, queue_id, offset, max_count, max_bytes)
         queue = self._readable_queue(topic, queue_id, offset)
         records: list[Record] = []
         total = 0
@@ -678,6 +679,7 @@ class LogCore:
         """
         generation = self._generation  # (first: a release after it changes it)
         self._check_released()
+        _check_read_arguments(topic, queue_id, offset, max_count, max_bytes)
         queue = self._readable_queue(topic, queue_id, offset)
         records: list[Record] = []
         total = 0
@@ -1401,3 +1403,14 @@ def _check_tags(tags: str) -> None:
     if "||" in tags or tags != tags.strip() or tags == "*":
         raise InvalidArgument(f"tags {tags!r} could never be selected by a subscription: "
                               "store tags without '||', surrounding spaces or a lone '*'")
+
+
+def _check_read_arguments(topic: Any, queue_id: Any, offset: Any, max_count: Any,
+                          max_bytes: Any) -> None:
+    """get's and pull's arguments: a str topic and ints (both cores say the same)."""
+    if not isinstance(topic, str):
+        raise InvalidArgument(f"topic must be str, got {type(topic).__name__}")
+    for name, value in (("queue_id", queue_id), ("offset", offset),
+                        ("max_count", max_count), ("max_bytes", max_bytes)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be an int, got {value!r}")
