@@ -119,11 +119,22 @@ class FlushService:
                 heapq.heappush(self._waiters, (end_position, next(self._tie), waiter))
         if self._leader is not waiter and not waiter.acquire(timeout=timeout / 1000):
             with self._lock:
-                if self._leader is not waiter and self.flushed_position < end_position:
-                    return self._raise_error_or(False)
+                if self._leader is not waiter:
+                    self._forget(waiter)  # else the lead could be handed to a gone thread
+                    if self.flushed_position < end_position:
+                        return self._raise_error_or(False)
         if self._leader is waiter:  # first, or handed the lead by the one before
             self._lead()
         return self._raise_error_or(self.flushed_position >= end_position)
+
+    def _forget(self, waiter: Any) -> None:
+        """Take a waiter that gave up out of the heap (called with the lock held)."""
+        for index, entry in enumerate(self._waiters):
+            if entry[2] is waiter:
+                self._waiters[index] = self._waiters[-1]
+                self._waiters.pop()
+                heapq.heapify(self._waiters)
+                return
 
     def _lead(self) -> None:
         """Sync everything written so far from this (a waiting writer's) thread, release
