@@ -429,12 +429,14 @@ def bench_compare(args: tuple[str, ...]) -> int:
 @click.option("--config", "config_file", required=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The node's TOML file: [node] (id, listen, data_dir, layer; role, master, "
-              "slaves for master_slave; voters, learners for raft; peers) and [store].")
+              "slaves for master_slave; voters, learners for raft; peers), [store], and "
+              "[groups.NAME] tables for a broker hosting several groups.")
 def node(config_file: Path) -> None:
-    """Run a replicated node: serve its replica group and clients until SIGTERM."""
-    from mqlog.replication.node import NodeConfig, run_node
+    """Run a broker: serve its replica groups and clients until SIGTERM (docs/CLUSTER.md)."""
+    from mqlog.config import BrokerConfig
+    from mqlog.replication.broker import run_broker
 
-    run_node(NodeConfig.load(config_file))
+    run_broker(BrokerConfig.load(config_file))
 
 
 @cli.command()

@@ -24,8 +24,9 @@ from mqlog.results import PutResult, PutStatus
 
 class Client:
     def __init__(self, address: str, timeout_s: float = 30.0,
-                 frame_size_bytes_max: int = 64 << 20) -> None:
+                 frame_size_bytes_max: int = 64 << 20, group: str | None = None) -> None:
         self.address = address
+        self.group = group  # the broker's replica group every request names (None: default)
         host, port = split_address(address)
         try:
             self._socket = socket.create_connection((host, port), timeout=timeout_s)
@@ -116,6 +117,8 @@ class Client:
         error comes back raised as its mqlog.errors class."""
         self._next_id += 1
         header["id"] = self._next_id
+        if self.group is not None:
+            header.setdefault("group", self.group)
         try:
             self._socket.sendall(encode_frame(header, payload))
             frame = self._receive()

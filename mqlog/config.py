@@ -275,3 +275,325 @@ def load(path: str | Path) -> StoreConfig:
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [store] must be a table")
     return StoreConfig().replace(**table)
+
+
+# --- node (broker) configs: ``mqlog node --config node.toml`` ------------------------------
+#
+# A node.toml has a ``[node]`` table (the broker: id, listen, data_dir, peers...), an optional
+# ``[store]`` table (every group's store settings) and optional ``[groups.NAME]`` tables (the
+# replica groups the broker hosts, each with replication keys and its own ``store`` table).
+# Without ``[groups]``, the replication keys of ``[node]`` describe its one group (the
+# single-group node of before, whose store is data_dir itself). docs/CLUSTER.md lists the keys.
+
+DEFAULT_GROUP = "default"  # the one group of a config without [groups]
+PROCESS_ROLES = ("broker", "controller")
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One replica group a broker hosts: its name, its core's configuration, where its
+    members (other brokers) listen, and its store. ``replication.node_id`` is the hosting
+    broker's id (a broker replaces it with its own when it opens the group)."""
+
+    name: str
+    replication: ReplicationConfig
+    addresses: dict[str, str] = dataclasses.field(default_factory=dict)  # member -> host:port
+    store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
+    store_dir: Path | None = None  # None: the broker's data_dir / name
+    # (topic, queue_id) this group serves: a client request naming no group goes by these
+    partitions: tuple[tuple[str, int], ...] = ()
+    slave_read_enable: bool = False
+    registry_group: str = ""  # the group's name in route registries ("": name)
+    topics: dict[str, int] = dataclasses.field(default_factory=dict)  # registered topics
+    group_name_length_max: int = 200  # a directory name, with room for suffixes
+
+    @classmethod
+    def raft(cls, name: str, voters: dict[str, str], *, learners: dict[str, str] | None = None,
+             store: StoreConfig | None = None, partitions: tuple[tuple[str, int], ...] = (),
+             **replication: Any) -> GroupSpec:
+        """A Raft group over the brokers in ``voters`` (broker id -> host:port); what the
+        controller hands a broker ("host partition P with voters A, B, C")."""
+        learners = dict(learners or {})
+        config = ReplicationConfig(layer="raft", node_id=next(iter(voters), ""),
+                                   voters=tuple(voters), learners=tuple(learners),
+                                   **replication)
+        return cls(name, config, {**voters, **learners}, store or StoreConfig(),
+                   partitions=tuple(partitions)).validate()
+
+    @property
+    def members(self) -> tuple[str, ...]:
+        """Every broker holding a replica of this group, this one included."""
+        replication = self.replication
+        if replication.layer == "raft":
+            return replication.voters + replication.learners
+        names = (replication.node_id, replication.master, *replication.slaves)
+        return tuple(name for name in dict.fromkeys(names) if name)
+
+    def for_broker(self, broker_id: str) -> GroupSpec:
+        """This spec as broker ``broker_id`` hosts it."""
+        return dataclasses.replace(
+            self, replication=self.replication.replace(node_id=broker_id)).validate()
+
+    def validate(self) -> GroupSpec:
+        name = self.name
+        if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or \
+                "\0" in name or len(name) > self.group_name_length_max:
+            raise ConfigError(f"group name {name!r} must be a non-empty directory name of at "
+                              f"most {self.group_name_length_max} characters, without '/'")
+        self.replication.validate()
+        for member, address in self.addresses.items():
+            if not isinstance(member, str) or not isinstance(address, str) or \
+                    not _is_address(address):
+                raise ConfigError(f"group {name!r}: member {member!r} needs an address "
+                                  f"host:port, got {address!r}")
+        for item in self.partitions:
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                    and type(item[1]) is int and item[1] >= 0):
+                raise ConfigError(f"group {name!r}: partitions must be [topic, queue_id] "
+                                  f"pairs, got {item!r}")
+        return self
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """One broker process: where it listens, where its groups' stores live, the brokers it
+    talks to, and the groups it hosts from the start (more come and go at runtime)."""
+
+    broker_id: str
+    listen: str
+    data_dir: Path
+    peers: dict[str, str] = dataclasses.field(default_factory=dict)  # broker id -> host:port
+    cluster_id: str = ""  # a peer connection from another cluster is refused
+    process_roles: tuple[str, ...] = ("broker",)  # Kafka's process.roles
+    default_group: str = ""  # a request or message naming no group goes here ("": refused)
+    groups: tuple[GroupSpec, ...] = ()
+    registries: tuple[str, ...] = ()  # route registries ("host:port"), master-slave's
+    register_interval_ms: int = 1_000
+    frame_size_bytes_max: int = 16 * MiB  # any frame a connection accepts
+    # Bytes queued toward one peer broker slow to read; past this its messages are dropped
+    # (counted; the cores resend what a peer lacks) instead of growing memory.
+    peer_send_bytes_max: int = 32 * MiB
+    groups_max: int = 4_096  # replica groups one broker hosts
+    controller: dict[str, Any] = dataclasses.field(default_factory=dict)  # [controller]
+    source: str = "<config>"  # where it was read from (errors name it)
+
+    def group_dir(self, spec: GroupSpec) -> Path:
+        return spec.store_dir if spec.store_dir is not None else self.data_dir / spec.name
+
+    def validate(self) -> BrokerConfig:
+        where = f"{self.source}: [node]"
+        if not isinstance(self.broker_id, str) or not self.broker_id:
+            raise ConfigError(f"{where} id must be a non-empty string")
+        for name, address in ((self.broker_id, self.listen), *self.peers.items()):
+            if not isinstance(address, str) or not _is_address(address):
+                raise ConfigError(f"{where} the address of {name!r} must be host:port, got "
+                                  f"{address!r}")
+        if not self.process_roles or not set(self.process_roles) <= set(PROCESS_ROLES):
+            raise ConfigError(f"{where} process_roles must be 'broker', 'controller' or "
+                              f"'broker,controller', got {','.join(self.process_roles)!r}")
+        _require_positive(self, "register_interval_ms", "frame_size_bytes_max",
+                          "peer_send_bytes_max", "groups_max")
+        if len(self.groups) > self.groups_max:
+            raise ConfigError(f"{where} {len(self.groups)} groups exceed groups_max="
+                              f"{self.groups_max}")
+        names = [spec.name for spec in self.groups]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"{self.source}: a group name appears twice: {names}")
+        if self.default_group and self.default_group not in names:
+            raise ConfigError(f"{where} default_group {self.default_group!r} is not one of "
+                              f"the groups {names}")
+        for spec in self.groups:
+            self._check_members(spec)
+        return self
+
+    def _check_members(self, spec: GroupSpec) -> None:
+        if spec.replication.node_id != self.broker_id:
+            raise ConfigError(f"{self.source}: group {spec.name!r} is this broker's "
+                              f"({self.broker_id!r}) replica, not {spec.replication.node_id!r}")
+        for member in spec.members:
+            if member != self.broker_id and member not in self.peers and \
+                    member not in spec.addresses:
+                raise ConfigError(f"{self.source}: group {spec.name!r} names {member!r}, "
+                                  "which is not in [node.peers]; add its host:port there")
+
+    @classmethod
+    def load(cls, path: str | Path) -> BrokerConfig:
+        """From a TOML file (see the comment above GroupSpec and docs/CLUSTER.md)."""
+        source = str(path)
+        try:
+            document = tomllib.loads(Path(path).read_text())
+        except OSError as error:
+            raise ConfigError(f"cannot read node config {source}: {error.strerror}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"{source}: not valid TOML: {error}") from None
+        return _broker_from_document(document, source)
+
+
+def _is_address(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isdigit() and 0 < int(port) < 65536
+
+
+# [node] keys of the broker itself, with their kinds (see _check_kinds)
+_BROKER_KEYS = {"id": "str", "listen": "str", "data_dir": "str", "peers": "addresses",
+                "cluster_id": "str", "process_roles": "roles", "default_group": "str",
+                "registries": "strs", "register_interval_ms": "int",
+                "frame_size_bytes_max": "int", "peer_send_bytes_max": "int",
+                "groups_max": "int"}
+# keys of a group (in [node] without [groups], else in [groups.NAME]; there [node] holds
+# defaults for every group)
+_GROUP_KEYS = {"slave_read_enable": "bool", "group": "str", "topics": "counts",
+               "partitions": "partitions", "store_dir": "str"}
+_TOP_TABLES = ("node", "store", "groups", "controller")
+
+
+def _replication_kinds() -> dict[str, str]:
+    kinds = {}
+    for item in dataclasses.fields(ReplicationConfig):
+        kind = str(item.type)
+        kinds[item.name] = ("strs" if "tuple" in kind else "int" if kind == "int" else
+                            "bool" if kind == "bool" else "str")
+    del kinds["node_id"]  # it is [node] id
+    return kinds
+
+
+def _unknown(key: str, known: Any, where: str) -> ConfigError:
+    import difflib
+
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else \
+        f"; known keys: {', '.join(sorted(known))}"
+    source, _, table = where.rpartition(": ")
+    return ConfigError(f"{source + ': ' if source else ''}unknown key {key!r} in {table}{hint}")
+
+
+_KIND_TEXT = {"str": "a string", "int": "an integer", "bool": "true or false",
+              "strs": "a list of strings", "addresses": "a table of id = \"host:port\"",
+              "roles": "'broker', 'controller' or 'broker,controller'",
+              "counts": "a table of topic = queue count",
+              "partitions": "a list of [topic, queue_id] pairs"}
+
+
+def _kind_ok(kind: str, value: Any) -> bool:
+    def is_int(item: Any) -> bool:
+        return type(item) is int
+
+    if kind in ("str", "roles"):
+        return isinstance(value, str)
+    if kind == "int":
+        return is_int(value)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "strs":
+        return isinstance(value, list) and all(isinstance(item, str) for item in value)
+    if kind == "addresses":
+        return isinstance(value, dict) and all(isinstance(item, str) for item in value.values())
+    if kind == "counts":
+        return isinstance(value, dict) and all(is_int(item) for item in value.values())
+    return isinstance(value, list) and all(  # partitions
+        isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) and
+        is_int(item[1]) for item in value)
+
+
+def _check_kinds(table: Any, kinds: dict[str, str], where: str) -> dict[str, Any]:
+    """``table`` with every key known and every value of its kind, or a ConfigError."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    for key, value in table.items():
+        if key not in kinds:
+            raise _unknown(key, kinds, where)
+        if not _kind_ok(kinds[key], value):
+            raise ConfigError(f"{where} {key} must be {_KIND_TEXT[kinds[key]]}, got {value!r}")
+    return dict(table)
+
+
+def _store_from(table: Any, base: StoreConfig, where: str) -> StoreConfig:
+    known = {item.name: "any" for item in dataclasses.fields(StoreConfig)}
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    for key in table:
+        if key not in known:
+            raise _unknown(key, known, where)
+    try:
+        return base.replace(**table)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None
+
+
+def _broker_from_document(document: dict[str, Any], source: str) -> BrokerConfig:
+    """Validate a node.toml as a whole: every table, key and type, then the values."""
+    for key in document:
+        if key not in _TOP_TABLES:
+            raise _unknown(key, dict.fromkeys(_TOP_TABLES), f"{source} (top-level tables)")
+    replication_kinds = _replication_kinds()
+    grouped = "groups" in document
+    node_kinds = {**_BROKER_KEYS, **replication_kinds,
+                  **({} if grouped else _GROUP_KEYS)}
+    node = _check_kinds(document.get("node", {}), node_kinds, f"{source}: [node]")
+    for key in ("id", "listen", "data_dir"):
+        if key not in node:
+            raise ConfigError(f"{source}: [node] needs {key!r}")
+    store = _store_from(document.get("store", {}), StoreConfig(), f"{source}: [store]")
+    broker = {key: node.pop(key) for key in list(node) if key in _BROKER_KEYS}
+    broker_id = broker.pop("id")
+    replication = {key: node.pop(key) for key in list(node) if key in replication_kinds}
+    if grouped:
+        tables = document["groups"]
+        if not isinstance(tables, dict) or not tables:
+            raise ConfigError(f"{source}: [groups] must hold at least one [groups.NAME] table")
+        specs = tuple(_group_from(name, table, replication, store, broker_id, source)
+                      for name, table in tables.items())
+    else:  # the single-group node of before: its store is data_dir itself
+        node["store_dir"] = broker["data_dir"]
+        node["group"] = node.get("group", "") or broker_id  # its name in route registries
+        specs = (_group_spec(DEFAULT_GROUP, node, replication, store, broker_id,
+                             f"{source}: [node]"),)
+        broker.setdefault("default_group", DEFAULT_GROUP)
+        broker.setdefault("cluster_id", specs[0].replication.cluster_id)
+    roles = tuple(role.strip() for role in broker.pop("process_roles", "broker").split(","))
+    for key in ("frame_size_bytes_max", "peer_send_bytes_max"):  # the group's are the default
+        if key in replication:
+            broker.setdefault(key, replication[key])
+    peers = dict(broker.get("peers", {}))
+    specs = tuple(dataclasses.replace(spec, addresses={
+        **({name: peers[name] for name in spec.members if name in peers and name != broker_id}
+           if grouped else peers), **spec.addresses}) for spec in specs)
+    controller = document.get("controller", {})
+    if not isinstance(controller, dict):
+        raise ConfigError(f"{source}: [controller] must be a table")
+    config = BrokerConfig(broker_id, broker.pop("listen"), Path(broker.pop("data_dir")),
+                          dict(broker.pop("peers", {})), process_roles=roles, groups=specs,
+                          registries=tuple(broker.pop("registries", ())), controller=controller,
+                          source=source, **broker)
+    return config.validate()
+
+
+def _group_from(name: str, table: Any, defaults: dict[str, Any], store: StoreConfig,
+                broker_id: str, source: str) -> GroupSpec:
+    where = f"{source}: [groups.{name}]"
+    kinds = {**_replication_kinds(), **_GROUP_KEYS, "store": "table"}
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where} must be a table")
+    store_table = table.get("store", {})
+    table = _check_kinds({key: value for key, value in table.items() if key != "store"},
+                         {key: kind for key, kind in kinds.items() if kind != "table"}, where)
+    group_store = _store_from(store_table, store, f"{where}.store")
+    own = {key: table.pop(key) for key in list(table) if key not in _GROUP_KEYS}
+    return _group_spec(name, table, {**defaults, **own}, group_store, broker_id, where)
+
+
+def _group_spec(name: str, group: dict[str, Any], replication: dict[str, Any],
+                store: StoreConfig, broker_id: str, where: str) -> GroupSpec:
+    fields: dict[str, Any] = {key: tuple(value) if isinstance(value, list) else value
+                              for key, value in replication.items()}
+    try:
+        config = ReplicationConfig(node_id=broker_id, **fields).validate()
+        return GroupSpec(
+            name, config, store=store,
+            store_dir=Path(group["store_dir"]) if "store_dir" in group else None,
+            partitions=tuple((topic, queue) for topic, queue in group.get("partitions", ())),
+            slave_read_enable=group.get("slave_read_enable", False),
+            registry_group=group.get("group", ""), topics=dict(group.get("topics", {}))
+        ).validate()
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None

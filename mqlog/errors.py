@@ -160,6 +160,12 @@ class PromotionRefused(InvalidArgument):
     Promote the node the message names instead, or pass --force knowing what is lost."""
 
 
+class UnknownGroup(InvalidArgument):
+    """The broker hosts no replica group of that name (or none serves that topic and
+    queue, and it has no default group): name a group it hosts (``mqlog cluster status``
+    or a ``broker_metadata`` request lists them), or ask the broker that hosts it."""
+
+
 class NodeUnavailable(MqlogError, ConnectionError):
     """A node could not be reached, or the connection to it broke: the request's outcome
     is unknown; retry it (on another node if this one is down)."""

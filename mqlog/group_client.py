@@ -35,7 +35,7 @@ _RETRIED = (PutStatus.FLUSH_SLAVE_TIMEOUT, PutStatus.FLUSH_DISK_TIMEOUT,
 class GroupClient:
     def __init__(self, addresses: list[str], *, producer_id: str | None = None,
                  retry_timeout_s: float = 15.0, retry_backoff_ms: int = 50,
-                 timeout_s: float = 5.0) -> None:
+                 timeout_s: float = 5.0, group: str | None = None) -> None:
         if not addresses:
             raise errors.InvalidArgument("a GroupClient needs the address of at least one node")
         self.addresses = list(addresses)
@@ -43,6 +43,7 @@ class GroupClient:
         self.retry_timeout_s = retry_timeout_s
         self.retry_backoff_ms = retry_backoff_ms
         self.timeout_s = timeout_s
+        self.group = group  # the replica group on each broker (None: the default group)
         self.sequence = 0  # the last sequence used
         self.retries = 0  # requests sent again (for figures and tests)
         self._client: Client | None = None
@@ -94,7 +95,7 @@ class GroupClient:
         while self._client is None:
             address = self.addresses[self._turn % len(self.addresses)]
             try:
-                self._client = Client(address, timeout_s=self.timeout_s)
+                self._client = Client(address, timeout_s=self.timeout_s, group=self.group)
             except errors.NodeUnavailable:
                 self._turn += 1
                 time.sleep(self.retry_backoff_ms / 1000)  # a back-off, not a synchronisation

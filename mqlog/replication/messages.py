@@ -148,9 +148,12 @@ _FIELD_TYPES = {cls: {item.name: _TYPES[str(item.type)] for item in dataclasses.
                 for cls in KINDS.values()}  # message class -> {field: exact type}
 
 
-def encode(message: Message) -> bytes:
-    """The frame that carries ``message``."""
+def encode(message: Message, group: str = "") -> bytes:
+    """The frame that carries ``message``; ``group`` names the replica group it is for
+    (a broker's header key ``group``; left out, the receiving broker's default group)."""
     header: dict[str, Any] = {"kind": message.kind}
+    if group:
+        header["group"] = group
     payload = b""
     for item in dataclasses.fields(message):
         if item.name == "payload":
@@ -163,6 +166,8 @@ def encode(message: Message) -> bytes:
 def decode(frame: Frame) -> Message:
     """The message a frame carries; RemoteProtocolError if it is not a valid one."""
     header = dict(frame.header)
+    if type(header.pop("group", "")) is not str:  # the broker's routing, not the core's
+        raise RemoteProtocolError("a message's group must be a string")
     cls = KINDS.get(header.pop("kind", None))  # type: ignore[arg-type]
     if cls is None:
         raise RemoteProtocolError(f"unknown message kind {frame.header.get('kind')!r}")

@@ -1,20 +1,19 @@
-"""A replicated node: one store, one replication core, and the asyncio driver between
-them and the network (``mqlog node --config node.toml``).
+"""One replica group's member on a broker: its store, its replication core, and the
+asyncio ``Io`` of the one driver between them and the network.
 
-The node is the asyncio ``Io`` of the one driver (driver.py, DESIGN §5.1): every
-``tick_ms`` it ticks the core; every message a peer sends is stepped in; once the loop
-iteration's events are all in (every frame read together), the driver carries out the
-core's Ready and asks this node to send, flush (on the store's flush thread: the loop
-goes on meanwhile) and answer. A Ready that cannot be carried out stops the node loudly
-(exit status 1): a restart runs the engine's recovery.
+A broker (broker.py; ``mqlog node --config node.toml``) hosts one or more of these, one
+per replica group, and carries their messages over its connections; a node of the
+single-group configs of before is a broker hosting one group. A ``Node`` here is the
+per-group part: every ``tick_ms`` it ticks the core; every message a peer broker sent
+for its group is stepped in; once the loop iteration's events are all in (every frame
+read together), the driver carries out the core's Ready and asks this node to send
+(through the broker's one connection per peer), flush (on the store's flush thread: the
+loop goes on meanwhile) and answer. A Ready that cannot be carried out stops the broker
+loudly (exit status 1): a restart runs the engine's recovery.
 
-Connections. A node listens on one TCP address (127.0.0.1 in tests) for peers and
-clients alike; the first frame of a connection says which it is. To send to a peer a
-node opens its own connection, lazily, and drops it on any error: messages then lost
-are the core's business (it retransmits, or says Hello again). Frames are checked by
-the wire codec; a peer or client that sends garbage is disconnected.
-
-Clients (``mqlog.Client``) send requests, one frame each, and get one response frame:
+Clients (``mqlog.Client``) send requests, one frame each, and get one response frame;
+a request's ``group`` names the group (none: by its topic and queue, else the broker's
+default group; see broker.py):
 
 * ``produce`` {topic, queue_id, key, tags, sizes} + payload (the bodies, back to back;
   ``sizes`` lists their sizes) → {status, position, offset, count} once the role's rule is met
@@ -39,13 +38,11 @@ import asyncio
 import contextlib
 import itertools
 import random
-import tomllib
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from mqlog import errors
-from mqlog.config import ReplicationConfig, StoreConfig
+from mqlog.config import GroupSpec
 from mqlog.engine.store import open as open_store
 from mqlog.replication import core_for, hardstate, messages
 from mqlog.replication.driver import Driver
@@ -53,56 +50,8 @@ from mqlog.replication.idempotence import Stored
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
 
-_REPLICATION_KINDS = frozenset(messages.KINDS)
-_READ_SIZE_BYTES = 1 << 20  # per read from a connection: requests read together go together
-
-
-@dataclass(frozen=True)
-class NodeConfig:
-    """A node's place: its address, its data directory, its peers' addresses."""
-
-    listen: str
-    data_dir: Path
-    peers: dict[str, str] = field(default_factory=dict)  # node id -> "host:port"
-    slave_read_enable: bool = False
-    group: str = ""  # the replica group's name in the route registry
-    registries: tuple[str, ...] = ()  # route registries to register with ("host:port")
-    topics: dict[str, int] = field(default_factory=dict)  # topic -> queues it serves
-    register_interval_ms: int = 1_000
-    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
-    store: StoreConfig = field(default_factory=StoreConfig)
-
-    @classmethod
-    def load(cls, path: str | Path) -> NodeConfig:
-        """From a TOML file: ``[node]`` (id, listen, data_dir, role, master, slaves,
-        in_sync_slaves_min, ..., and ``[node.peers]``) and ``[store]``."""
-        try:
-            document = tomllib.loads(Path(path).read_text())
-        except (OSError, tomllib.TOMLDecodeError) as error:
-            raise errors.ConfigError(f"cannot read node config {path}: {error}") from None
-        table = dict(document.get("node", {}))
-        try:
-            listen, data_dir = table.pop("listen"), Path(table.pop("data_dir"))
-        except KeyError as missing:
-            raise errors.ConfigError(f"{path}: [node] needs {missing}") from None
-        peers = dict(table.pop("peers", {}))
-        slave_read = bool(table.pop("slave_read_enable", False))
-        routing = dict(group=str(table.pop("group", "")),
-                       registries=tuple(table.pop("registries", ())),
-                       topics={str(k): int(v) for k, v in table.pop("topics", {}).items()},
-                       register_interval_ms=int(table.pop("register_interval_ms", 1_000)))
-        if "id" in table:
-            table["node_id"] = table.pop("id")
-        for name in ("slaves", "voters", "learners"):
-            if name in table:
-                table[name] = tuple(table[name])
-        try:
-            replication = ReplicationConfig(**table).validate()
-        except TypeError as error:
-            raise errors.ConfigError(f"{path}: [node]: {error}") from None
-        store = StoreConfig().replace(**document.get("store", {}))
-        return cls(listen, data_dir, peers, slave_read, replication=replication, store=store,
-                   **routing)  # type: ignore[arg-type]
+if TYPE_CHECKING:
+    from mqlog.replication.broker import Broker
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -128,83 +77,95 @@ def unpack_bodies(payload: bytes, sizes: Any) -> list[bytes]:
 
 
 class Node:
-    """One running node; ``await node.serve()`` until ``node.stop()``."""
+    """One replica group's member on a broker: ``start()`` once the broker's loop runs,
+    ``close()`` when the group is dropped or the broker stops."""
 
-    def __init__(self, config: NodeConfig) -> None:
-        self.config = config
-        self.node_id = config.replication.node_id
-        self.raft = config.replication.layer == "raft"
-        store_config = config.store.replace(committed_follows="external") if self.raft \
-            else config.store
-        self.store = open_store(config.data_dir, store_config)
+    def __init__(self, spec: GroupSpec, broker: Broker) -> None:
+        self.spec, self.broker, self.name = spec, broker, spec.name
+        self.node_id = spec.replication.node_id
+        self.replication = spec.replication
+        self.raft = spec.replication.layer == "raft"
+        self.store_dir = broker.config.group_dir(spec)
+        store_config = spec.store.replace(committed_follows="external") if self.raft \
+            else spec.store
+        self.store = open_store(self.store_dir, store_config)
         try:
             core = self._new_core()
         except BaseException:
             self.store.close()
             raise
         self.driver = Driver(self.store, core, self,
-                             window_bytes=config.replication.idempotence_window_bytes,
-                             sequences_max=config.replication.idempotence_sequences_max)
+                             window_bytes=spec.replication.idempotence_window_bytes,
+                             sequences_max=spec.replication.idempotence_sequences_max)
         self.failure: BaseException | None = None
-        self.peers = dict(config.peers)  # node id -> address; membership changes add more
         self._learn_addresses()
         self._waiting: dict[Any, asyncio.Future[PutStatus]] = {}
-        self._outbound: dict[str, asyncio.StreamWriter] = {}
-        self.dropped_sends: dict[str, int] = {}  # messages a slow peer's buffer refused
-        self._connecting: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._scheduled = False
         self._requests = 0
-        self._stopping = asyncio.Event()
-        self._server: asyncio.Server | None = None
+        self._committed = self.store.committed_position
+        self._commit_callbacks: list[Callable[[int], None]] = []
+        self.closed = False
 
     @property
     def core(self) -> Any:
         return self.driver.core
 
-    async def serve(self, ready: asyncio.Event | None = None) -> None:
-        host, port = split_address(self.config.listen)
-        self._server = await asyncio.start_server(self._connection, host, port,
-                                                  limit=_READ_SIZE_BYTES)
-        self.driver.run()  # a master already in its store's epoch takes writes at once
-        ticker = asyncio.create_task(self._tick_forever())
-        registering = asyncio.create_task(self._register_forever())
-        if ready is not None:
-            ready.set()
-        try:
-            await self._stopping.wait()
-        finally:
-            ticker.cancel()
-            registering.cancel()
-            self._server.close()
-            for writer in self._outbound.values():
-                writer.close()
-            for future in self._waiting.values():
-                future.cancel()
-            try:
-                self.store.close()
-            except errors.MqlogError as error:
-                if self.failure is None:
-                    raise
-                print(f"[{self.node_id}] closing the failed store: {error}", flush=True)
+    @property
+    def peers(self) -> dict[str, str]:
+        """Where this group's other members listen: its spec's, and members added by a
+        membership change since (the broker's address book knows where)."""
+        book = self.broker.peers
+        peers = {name: book.get(name, address) for name, address in self.spec.addresses.items()}
+        for name in (*getattr(self.core, "voters", ()), *getattr(self.core, "learners", ())):
+            if name != self.node_id and name in book:
+                peers.setdefault(name, book[name])
+        return peers
 
-    def stop(self) -> None:
-        self._stopping.set()
+    def start(self) -> None:
+        """Run the driver once (a master already in its store's epoch takes writes at
+        once), then tick, and register with the route registries if any."""
+        self.driver.run()
+        self._spawn(self._tick_forever())
+        if self.broker.config.registries:
+            self._spawn(self._register_forever())
+
+    def close(self) -> None:
+        """Stop ticking; what waits gets FLUSH_SLAVE_TIMEOUT (its fate is unknown); close
+        the store (a closing broker, or a dropped group)."""
+        if self.closed:
+            return
+        self.closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        self.driver.abandon_waiting()
+        for future in self._waiting.values():
+            future.cancel()
+        try:
+            self.store.close()
+        except errors.MqlogError as error:
+            if self.failure is None:
+                raise
+            print(f"[{self.node_id}/{self.name}] closing the failed store: {error}", flush=True)
+
+    def on_commit(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(committed_position)`` after each driver run that moved it."""
+        self._commit_callbacks.append(callback)
 
     def _new_core(self) -> Any:
-        replication = self.config.replication
+        replication = self.spec.replication
         if replication.layer != "raft":  # the role an operator gave it last wins
             return core_for(replication, self.store,
-                            hard_state=hardstate.load_role(self.config.data_dir))
+                            hard_state=hardstate.load_role(self.store_dir))
         # Unseeded on purpose: a real node's election jitter must differ from its peers'
         # (the simulator and the datadriven tests pass seeded generators).
         return core_for(replication, self.store, rng=random.Random(),
-                        hard_state=hardstate.load(self.config.data_dir))
+                        hard_state=hardstate.load(self.store_dir))
 
     # --- the driver loop ----------------------------------------------------------------
 
     async def _tick_forever(self) -> None:
-        interval = self.config.replication.tick_ms / 1000
+        interval = self.replication.tick_ms / 1000
         while True:
             await asyncio.sleep(interval)
             self.driver.tick()
@@ -212,12 +173,12 @@ class Node:
 
     async def _register_forever(self) -> None:
         """Tell each route registry who this node is, now and every interval."""
-        config = self.config
-        while config.registries:
-            header = {"kind": "register", "group": config.group or self.node_id,
+        config = self.broker.config
+        while True:
+            header = {"kind": "register", "group": self.spec.registry_group or self.name,
                       "node_id": self.node_id, "role": self.core.role,
                       "epoch": self.core.epoch, "address": config.listen,
-                      "topics": config.topics}
+                      "topics": self.spec.topics}
             for address in config.registries:
                 with contextlib.suppress(OSError, asyncio.TimeoutError):
                     await asyncio.wait_for(_request_once(address, header), timeout=5)
@@ -226,21 +187,28 @@ class Node:
     def _schedule(self) -> None:
         """Carry out the core's Ready once this loop iteration's events are all in, so
         that writes and acks that arrive together are sent together."""
-        if not self._scheduled:
+        if not self._scheduled and not self.closed:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._run_driver)
 
     def _run_driver(self) -> None:
         self._scheduled = False
+        if self.closed:
+            return
         self.driver.run()
+        committed = self.store.committed_position
+        if committed != self._committed:
+            self._committed = committed
+            for callback in self._commit_callbacks:
+                callback(committed)
 
     # --- the driver's Io ------------------------------------------------------------------
 
     def send(self, outgoing: list[messages.Message]) -> None:
-        self._send_all(outgoing)
+        self.broker.send(self.name, outgoing)
 
     def save_hard_state(self, state: Any) -> None:
-        hardstate.save(self.config.data_dir, state)
+        hardstate.save(self.store_dir, state)
         self._learn_addresses()
 
     def start_flush(self, done: Any) -> None:
@@ -250,7 +218,7 @@ class Node:
         try:
             await self.store.flush_async()
         except (errors.FlushFailed, errors.StoreFailed, errors.StoreClosed) as error:
-            print(f"[{self.node_id}] a flush failed: {error}", flush=True)
+            print(f"[{self.node_id}/{self.name}] a flush failed: {error}", flush=True)
             done(False)
             return
         done(True)
@@ -262,78 +230,23 @@ class Node:
             future.set_result(status)
 
     def note(self, event: str) -> None:
-        print(f"[{self.node_id}] {event}", flush=True)
+        print(f"[{self.node_id}/{self.name}] {event}", flush=True)
 
     def failed(self, error: BaseException) -> None:
-        """A Ready could not be carried out: stop loudly; a restart runs recovery."""
-        print(f"[{self.node_id}] FATAL: stopping: {error!r}", flush=True)
+        """A Ready could not be carried out: stop the broker loudly; a restart runs
+        recovery (of every group: they share the process)."""
+        print(f"[{self.node_id}/{self.name}] FATAL: stopping: {error!r}", flush=True)
         self.failure = error
-        self.stop()
+        self.broker.failed(error)
 
     def _learn_addresses(self) -> None:
         """Addresses named by the group's membership changes (a node added later)."""
         for membership in getattr(self.core, "memberships", ()):
             for name, address in membership.addresses.items():
                 if name != self.node_id:
-                    self.peers.setdefault(name, address)
+                    self.broker.learn_address(name, address)
 
-    def _send_all(self, outgoing: list[messages.Message]) -> None:
-        """Send messages in order, one socket write per peer (a write is a system call).
-        A peer that does not read what was sent (stopped, slow, or a stranger that only
-        accepts) gets nothing more once ``peer_send_bytes_max`` is queued toward it: the
-        messages are dropped and counted, and the cores resend what it still lacks."""
-        by_peer: dict[str, list[messages.Message]] = {}
-        for message in outgoing:
-            by_peer.setdefault(message.dst, []).append(message)
-        limit = self.config.replication.peer_send_bytes_max
-        for peer, batch in by_peer.items():
-            writer = self._outbound.get(peer)
-            if writer is not None and not writer.is_closing():
-                queued = writer.transport.get_write_buffer_size()
-                data = b"".join(map(messages.encode, batch))
-                if queued and queued + len(data) > limit:
-                    self.dropped_sends[peer] = self.dropped_sends.get(peer, 0) + len(batch)
-                    continue
-                writer.write(data)
-            elif peer not in self._connecting and peer in self.peers:
-                self._connecting.add(peer)  # what else it had to say is lost: cores resend
-                asyncio.get_running_loop().create_task(self._connect(batch[0]))
-
-    async def _connect(self, first: messages.Message) -> None:
-        try:
-            host, port = split_address(self.peers[first.dst])
-            _reader, writer = await asyncio.open_connection(host, port)
-            self._outbound[first.dst] = writer
-            writer.write(messages.encode(first))
-        except OSError:
-            pass  # down: the core will try again (retransmit, Hello)
-        finally:
-            self._connecting.discard(first.dst)
-
-    # --- connections --------------------------------------------------------------------
-
-    async def _connection(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        decoder = FrameDecoder(self.config.replication.frame_size_bytes_max)
-        try:
-            while data := await reader.read(_READ_SIZE_BYTES):
-                decoder.feed(data)
-                produces = []
-                while isinstance(frame := decoder.next_frame(), Frame):
-                    kind = frame.header.get("kind")
-                    if kind in _REPLICATION_KINDS:
-                        self.driver.step(messages.decode(frame))
-                        self._schedule()
-                    elif kind == "produce":  # answered together with the others read here
-                        produces.append(frame)
-                    else:  # a client's request: answered when done, in any order
-                        self._spawn(self._answer(frame, writer))
-                if produces:
-                    self._spawn(self._answer_produces(produces, writer))
-        except (errors.RemoteProtocolError, ConnectionError) as error:
-            print(f"[{self.node_id}] dropped a connection: {error}", flush=True)
-        finally:
-            writer.close()
+    # --- requests -----------------------------------------------------------------------
 
     def _spawn(self, coroutine: Any) -> None:
         self._tasks.add(task := asyncio.create_task(coroutine))
@@ -352,7 +265,7 @@ class Node:
                                   "message": str(error)}
         if isinstance(error, errors.NotLeader) and error.leader:
             header["leader"] = error.leader
-            header["leader_address"] = self.peers.get(error.leader)
+            header["leader_address"] = self.broker.peers.get(error.leader)
         return header
 
     async def _answer_produces(self, frames: list[Frame], writer: asyncio.StreamWriter) -> None:
@@ -468,7 +381,7 @@ class Node:
                                  header.get("key"), header.get("tags"), producer), acks
 
     def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
-        if not self.core.is_master and not self.config.slave_read_enable:
+        if not self.core.is_master and not self.spec.slave_read_enable:
             raise errors.NotMaster(f"node {self.node_id} is a slave and slave_read_enable "
                                    "is off; fetch from the master")
         header = frame.header
@@ -483,7 +396,7 @@ class Node:
         """Operator command: this slave becomes master of ``slaves`` in a new epoch."""
         role, slaves = header.get("role", "SYNC_MASTER"), tuple(header.get("slaves", ()))
         if role not in ("ASYNC_MASTER", "SYNC_MASTER") or not all(
-                isinstance(name, str) and name in self.config.peers for name in slaves):
+                isinstance(name, str) and name in self.peers for name in slaves):
             raise errors.InvalidArgument("promote needs role ASYNC_MASTER or SYNC_MASTER and "
                                          "slaves named in this node's [node.peers]")
         epoch = header.get("epoch", 0)
@@ -497,7 +410,7 @@ class Node:
         """Operator command: this node becomes a slave of ``master`` (after a promotion
         elsewhere); a fresh core says Hello and is truncated if it diverged."""
         master = header.get("master")
-        if master not in self.config.peers or master == self.node_id:
+        if master not in self.peers or master == self.node_id:
             raise errors.InvalidArgument(f"follow needs a master named in [node.peers], got "
                                          f"{master!r}")
         self.core.follow(master)
@@ -539,11 +452,11 @@ class Node:
                 "learners": list(learners)}
 
     def metadata(self) -> dict[str, Any]:
-        queued = {peer: writer.transport.get_write_buffer_size()
-                  for peer, writer in self._outbound.items() if not writer.is_closing()}
-        return {"kind": "metadata", "node_id": self.node_id, "epoch": self.core.epoch,
-                "log_start": self.store.first_segment_base(), "peers": dict(self.peers),
-                "send_queued": queued, "send_dropped": dict(self.dropped_sends),
+        peers = self.peers
+        queued, dropped = self.broker.send_counters(peers)
+        return {"kind": "metadata", "node_id": self.node_id, "group": self.name,
+                "epoch": self.core.epoch, "log_start": self.store.first_segment_base(),
+                "peers": peers, "send_queued": queued, "send_dropped": dropped,
                 **self.core.status()}
 
 
@@ -584,15 +497,6 @@ async def _request_once(address: str, header: dict[str, Any]) -> Frame:
         return frame
     finally:
         writer.close()
-
-
-def run_node(config: NodeConfig) -> None:
-    """Serve until SIGTERM or SIGINT; used by ``mqlog node``."""
-    node = Node(config)
-    run_until_signalled(node, lambda: f"[{node.node_id}] {node.core.role} serving on "
-                                      f"{config.listen}")
-    if node.failure is not None:
-        raise SystemExit(1)
 
 
 def run_until_signalled(server: Any, banner: Any) -> None:

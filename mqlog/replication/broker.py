@@ -1,0 +1,459 @@
+"""A broker: one process, one asyncio loop, hosting one or more replica groups
+(``mqlog node --config node.toml``; DESIGN §5.2).
+
+Groups. Each hosted group is a ``Node`` (node.py): its own store directory
+(``data_dir/GROUP/``; the one group of a single-group config keeps ``data_dir`` itself),
+its own core and its own Driver (driver.py, the one executor of a Ready). The broker owns
+what they share: the listening socket, the connections, the address book of the other
+brokers. Groups come from the config at start and come and go at runtime through
+``ensure_group(GroupSpec)`` and ``drop_group(name)`` (the controller's commands).
+
+Peer connections. Exactly one TCP connection joins two brokers, whatever the number of
+groups they share, and carries every group's messages both ways. A broker dials a peer
+when it has something to send and no connection to it; its first frame is ``peer_hello``
+{broker_id, cluster_id}, answered by the acceptor's own ``peer_hello``. The acceptor
+refuses (closes, counts) a hello from another cluster, from itself, or from a broker it
+knows nothing of (not in its address book nor in any hosted group). When both brokers
+dialed at once, both keep the connection dialed by the smaller broker id and close the
+other: each side decides alone and they agree. Each replication frame names its group
+(header key ``group``; missing: the broker's ``default_group``, which is how a single-group
+broker's frames look, byte for byte as before). A message for a group this broker does not
+host, or whose sender is not the broker at the other end, is dropped and counted (a group
+may be created or dropped on one side first: the cores resend). Garbage — a bad frame, a
+malformed message, a client request on a peer connection — closes that one connection;
+the other peers and every group go on. A connection that breaks is dropped; the next
+message to that peer dials again (what was lost meanwhile the cores resend). Bytes
+queued toward a peer slow to read are bounded by ``peer_send_bytes_max``: past it,
+messages to that peer are dropped and counted.
+
+Clients. Any other connection is a client's: a request (one frame) names its group with
+the header key ``group``; without one it goes to the group serving its (topic, queue_id)
+(``GroupSpec.partitions``), else to the default group, else UnknownGroup. Produce requests
+read together for one group are answered together (node.py). ``broker_metadata`` answers
+the broker's own facts: its groups and their roles, its peer connections and counters.
+Kinds registered with ``add_service`` (the controller's requests) go to their handler.
+
+Failure. A group whose Ready cannot be carried out stops the whole broker loudly (exit
+status 1): the groups share a process, and a restart runs the engine's recovery on each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import shutil
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mqlog import errors
+from mqlog.config import BrokerConfig, GroupSpec
+from mqlog.replication import messages
+from mqlog.replication.node import Node, run_until_signalled, split_address
+from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
+
+__all__ = ["Broker", "GroupSpec", "run_broker"]
+
+PEER_HELLO = "peer_hello"
+_REPLICATION_KINDS = frozenset(messages.KINDS)
+_READ_SIZE_BYTES = 1 << 20  # per read from a connection: requests read together go together
+_DIAL_TIMEOUT_S = 5.0  # a peer that does not accept within this is down for now
+
+Handler = Callable[[dict[str, Any], bytes], Awaitable[tuple[dict[str, Any], bytes]]]
+
+
+@dataclass
+class PeerLink:
+    """The one connection to a peer broker, and who dialed it."""
+
+    peer: str
+    dialer: str
+    writer: asyncio.StreamWriter
+    confirmed: bool  # the acceptor's peer_hello came back (always, on the acceptor's side)
+
+
+@dataclass
+class PeerCounters:
+    """What happened on the connections to one peer broker (``broker_metadata``)."""
+
+    dialed: int = 0  # connections this broker opened to it
+    accepted: int = 0  # connections it opened that this broker accepted
+    duplicates_closed: int = 0  # a second connection of the pair, closed
+    protocol_errors: int = 0  # connections closed because it sent garbage
+    dropped_messages: int = 0  # messages its full send buffer refused
+    misaddressed: int = 0  # messages for no hosted group, or not from it
+
+
+class Broker:
+    """One running broker; ``await broker.serve()`` until ``broker.stop()``."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.broker_id = config.broker_id
+        self.peers = {name: address for name, address in config.peers.items()
+                      if name != config.broker_id}  # broker id -> host:port
+        self.groups: dict[str, Node] = {}
+        self.routes: dict[tuple[str, int], str] = {}  # (topic, queue_id) -> group
+        self.services: dict[str, Handler] = {}
+        self.failure: BaseException | None = None
+        self.counters: dict[str, PeerCounters] = {}
+        self.refused = 0  # peer_hello refused: another cluster, or a stranger
+        self._links: dict[str, PeerLink] = {}
+        self._dialing: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = asyncio.Event()
+        self._running = False
+        try:
+            for spec in config.groups:
+                self._open(spec)
+        except BaseException:
+            for node in self.groups.values():
+                node.close()
+            raise
+
+    # --- groups ------------------------------------------------------------------------
+
+    def ensure_group(self, spec: GroupSpec) -> Node:
+        """Host ``spec``'s group (opening its store: recovery runs) unless it is hosted
+        already with an equal spec; call on the broker's loop."""
+        spec = spec.for_broker(self.broker_id)
+        existing = self.groups.get(spec.name)
+        if existing is not None:
+            if existing.spec == spec:
+                return existing
+            raise errors.InvalidArgument(
+                f"group {spec.name!r} is hosted here with another spec; drop_group it first "
+                "(a Raft group's members change through a membership change)")
+        if len(self.groups) >= self.config.groups_max:
+            raise errors.InvalidArgument(f"broker {self.broker_id} hosts groups_max="
+                                         f"{self.config.groups_max} groups already")
+        for partition in spec.partitions:
+            if self.routes.get(partition, spec.name) != spec.name:
+                raise errors.InvalidArgument(
+                    f"{partition} is served by group {self.routes[partition]!r} already")
+        node = self._open(spec)
+        if self._running:
+            node.start()
+        return node
+
+    def drop_group(self, name: str, delete_data: bool = False) -> None:
+        """Stop hosting group ``name``: what waits on it is answered FLUSH_SLAVE_TIMEOUT
+        (its fate is unknown), its store is closed, and deleted if ``delete_data``."""
+        node = self.groups.pop(name, None)
+        if node is None:
+            raise errors.UnknownGroup(f"broker {self.broker_id} hosts no group {name!r}")
+        self.routes = {key: group for key, group in self.routes.items() if group != name}
+        node.close()
+        if delete_data:
+            shutil.rmtree(node.store_dir, ignore_errors=True)
+
+    def add_service(self, kinds: tuple[str, ...], handler: Handler) -> None:
+        """Client requests of these kinds go to ``handler(header, payload)``, whose answer
+        (header, payload) goes back; an mqlog error it raises goes back typed."""
+        for kind in kinds:
+            if kind in _REPLICATION_KINDS or kind in (PEER_HELLO, "broker_metadata"):
+                raise errors.InvalidArgument(f"{kind!r} is the broker's own request kind")
+            self.services[kind] = handler
+
+    def _open(self, spec: GroupSpec) -> Node:
+        spec = spec.for_broker(self.broker_id)
+        node = Node(spec, self)
+        self.groups[spec.name] = node
+        for partition in spec.partitions:
+            self.routes[partition] = spec.name
+        for name, address in spec.addresses.items():
+            self.learn_address(name, address)
+        return node
+
+    def learn_address(self, name: str, address: str) -> None:
+        if name != self.broker_id:
+            self.peers.setdefault(name, address)
+
+    # --- running -------------------------------------------------------------------------
+
+    async def serve(self, ready: asyncio.Event | None = None) -> None:
+        host, port = split_address(self.config.listen)
+        server = await asyncio.start_server(self._accepted, host, port, limit=_READ_SIZE_BYTES)
+        self._running = True
+        for node in list(self.groups.values()):
+            node.start()
+        if ready is not None:
+            ready.set()
+        try:
+            await self._stopping.wait()
+        finally:
+            self._running = False
+            server.close()
+            for link in self._links.values():
+                link.writer.close()
+            for task in list(self._tasks):
+                task.cancel()
+            for node in self.groups.values():
+                node.close()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def failed(self, error: BaseException) -> None:
+        """A group could not carry out a Ready: the broker stops (exit status 1)."""
+        self.failure = error
+        self.stop()
+
+    def banner(self) -> str:
+        """The line printed once it listens (scripts and tests wait for "serving on")."""
+        if list(self.groups) == [self.config.default_group]:  # a single-group node
+            role = self.groups[self.config.default_group].core.role
+            return f"[{self.broker_id}] {role} serving on {self.config.listen}"
+        return (f"[{self.broker_id}] broker serving on {self.config.listen}, groups: "
+                f"{', '.join(sorted(self.groups)) or '-'}")
+
+    def _spawn(self, coroutine: Any) -> None:
+        self._tasks.add(task := asyncio.create_task(coroutine))
+        task.add_done_callback(self._tasks.discard)
+
+    # --- sending ---------------------------------------------------------------------------
+
+    def send(self, group: str, outgoing: list[messages.Message]) -> None:
+        """Send a group's messages in order, one socket write per peer (a write is a
+        system call); see the module docstring for what is dropped."""
+        tag = "" if group == self.config.default_group else group
+        by_peer: dict[str, list[bytes]] = {}
+        for message in outgoing:
+            by_peer.setdefault(message.dst, []).append(messages.encode(message, tag))
+        limit = self.config.peer_send_bytes_max
+        for peer, frames in by_peer.items():
+            link = self._links.get(peer)
+            if link is not None and not link.writer.is_closing():
+                queued = link.writer.transport.get_write_buffer_size()
+                data = b"".join(frames)
+                if queued and queued + len(data) > limit:
+                    self._counters(peer).dropped_messages += len(frames)
+                    continue
+                link.writer.write(data)
+            elif peer not in self._dialing and peer in self.peers:
+                self._dialing.add(peer)  # what else it had to say is lost: cores resend
+                self._spawn(self._dial(peer, frames[0]))
+
+    def send_counters(self, peers: Any) -> tuple[dict[str, int], dict[str, int]]:
+        """Bytes queued toward each of ``peers``, and messages dropped for them."""
+        queued = {peer: link.writer.transport.get_write_buffer_size()
+                  for peer, link in self._links.items()
+                  if peer in peers and not link.writer.is_closing()}
+        dropped = {peer: counters.dropped_messages for peer, counters in self.counters.items()
+                   if peer in peers and counters.dropped_messages}
+        return queued, dropped
+
+    def _counters(self, peer: str) -> PeerCounters:
+        counters = self.counters.get(peer)
+        if counters is None:
+            counters = self.counters[peer] = PeerCounters()
+        return counters
+
+    def _hello(self) -> bytes:
+        return encode_frame({"kind": PEER_HELLO, "broker_id": self.broker_id,
+                             "cluster_id": self.config.cluster_id})
+
+    async def _dial(self, peer: str, first: bytes) -> None:
+        try:
+            host, port = split_address(self.peers[peer])
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=_READ_SIZE_BYTES), _DIAL_TIMEOUT_S)
+        except (TimeoutError, OSError, errors.ConfigError):
+            return  # down: the core will try again (retransmit, Hello)
+        finally:
+            self._dialing.discard(peer)
+        self._counters(peer).dialed += 1
+        writer.write(self._hello())
+        link = PeerLink(peer, self.broker_id, writer, confirmed=False)
+        if not self._adopt(link):
+            writer.close()
+            return
+        writer.write(first)
+        await self._read(reader, writer, link)
+
+    def _adopt(self, link: PeerLink) -> bool:
+        """Make ``link`` the one connection to its peer, unless the one in place wins: of
+        two, the one dialed by the smaller broker id stays (both sides agree)."""
+        current = self._links.get(link.peer)
+        if current is not None and not current.writer.is_closing():
+            self._counters(link.peer).duplicates_closed += 1
+            preferred = min(self.broker_id, link.peer)
+            if current.dialer == preferred and link.dialer != preferred:
+                return False
+            current.writer.close()
+        self._links[link.peer] = link
+        return True
+
+    # --- receiving -------------------------------------------------------------------------
+
+    async def _accepted(self, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter) -> None:
+        await self._read(reader, writer, None)
+
+    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    link: PeerLink | None) -> None:
+        """Read frames until the connection ends or sends garbage (then it is closed)."""
+        decoder = FrameDecoder(self.config.frame_size_bytes_max)
+        try:
+            while data := await reader.read(_READ_SIZE_BYTES):
+                decoder.feed(data)
+                link = self._frames(decoder, writer, link)
+        except errors.RemoteProtocolError as error:
+            if link is not None:
+                self._counters(link.peer).protocol_errors += 1
+            print(f"[{self.broker_id}] dropped a connection"
+                  f"{f' to {link.peer}' if link else ''}: {error}", flush=True)
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+            if link is not None and self._links.get(link.peer) is link:
+                del self._links[link.peer]
+
+    def _frames(self, decoder: FrameDecoder, writer: asyncio.StreamWriter,
+                link: PeerLink | None) -> PeerLink | None:
+        """Handle every whole frame buffered; the connection's peer link, once known."""
+        produces: dict[str, list[Frame]] = {}
+        while isinstance(frame := decoder.next_frame(), Frame):
+            kind = frame.header.get("kind")
+            if link is not None:  # a peer connection carries replication messages only
+                self._from_peer(link, frame)
+            elif kind == PEER_HELLO:
+                link = self._greeted(frame.header, writer)
+            elif kind in _REPLICATION_KINDS:
+                raise errors.RemoteProtocolError(f"a {kind} message on a connection that did "
+                                                 "not start with peer_hello")
+            elif kind == "produce":  # answered together with the others read here
+                try:
+                    produces.setdefault(self._group_for(frame.header).name, []).append(frame)
+                except errors.MqlogError as error:
+                    self._spawn(self._answer_error(frame, writer, error))
+            else:  # a client's request: answered when done, in any order
+                self._spawn(self._answer(frame, writer))
+        for name, frames in produces.items():
+            node = self.groups[name]
+            node._spawn(node._answer_produces(frames, writer))
+        return link
+
+    def _check_hello(self, header: dict[str, Any]) -> str:
+        """The peer a ``peer_hello`` names, or RemoteProtocolError (counted) if refused."""
+        peer, cluster = header.get("broker_id"), header.get("cluster_id")
+        reason = ""
+        if not isinstance(peer, str) or not peer or peer == self.broker_id:
+            reason = f"a peer_hello names broker {peer!r}"
+        elif cluster != self.config.cluster_id:
+            reason = (f"broker {peer} is of cluster {cluster!r}, this one of "
+                      f"{self.config.cluster_id!r}")
+        elif peer not in self.peers and not any(
+                peer in node.spec.members or peer in node.peers for node in self.groups.values()):
+            reason = f"broker {peer} is not in [node.peers] nor a member of a hosted group"
+        if reason:
+            self.refused += 1
+            raise errors.RemoteProtocolError(f"refused a peer: {reason}")
+        assert isinstance(peer, str)
+        return peer
+
+    def _greeted(self, header: dict[str, Any], writer: asyncio.StreamWriter) -> PeerLink:
+        """A peer dialed this broker: answer its hello; the connection is theirs now."""
+        peer = self._check_hello(header)
+        writer.write(self._hello())
+        self._counters(peer).accepted += 1
+        link = PeerLink(peer, peer, writer, confirmed=True)
+        if not self._adopt(link):
+            writer.close()  # (what it sent meanwhile is still read and stepped)
+        return link
+
+    def _from_peer(self, link: PeerLink, frame: Frame) -> None:
+        header = frame.header
+        if header.get("kind") == PEER_HELLO:  # the acceptor's answer to this broker's dial
+            if link.confirmed or self._check_hello(header) != link.peer:
+                raise errors.RemoteProtocolError(f"{link.peer} answered with a second or "
+                                                 f"another broker's peer_hello: {header}")
+            link.confirmed = True
+            return
+        if header.get("kind") not in _REPLICATION_KINDS:
+            raise errors.RemoteProtocolError(f"peer {link.peer} sent {header.get('kind')!r} "
+                                             "on a peer connection")
+        message = messages.decode(frame)
+        node = self.groups.get(header.get("group", self.config.default_group))
+        if node is None or message.src != link.peer:
+            self._counters(link.peer).misaddressed += 1
+            return
+        node.driver.step(message)
+        node._schedule()
+
+    # --- client requests ---------------------------------------------------------------------
+
+    def _group_for(self, header: dict[str, Any]) -> Node:
+        """The group a client's request is for (see the module docstring)."""
+        name = header.get("group")
+        if name is None:
+            try:
+                key: Any = (header.get("topic"), header.get("queue_id", 0))
+                name = self.routes.get(key, self.config.default_group)
+            except TypeError:  # an unhashable topic: the store refuses it by name
+                name = self.config.default_group
+        node = self.groups.get(name) if isinstance(name, str) else None
+        if node is None:
+            raise errors.UnknownGroup(
+                f"broker {self.broker_id} hosts no group {name!r} (it hosts "
+                f"{', '.join(sorted(self.groups)) or 'none'}); name one in the request")
+        return node
+
+    async def _answer(self, frame: Frame, writer: asyncio.StreamWriter) -> None:
+        kind = frame.header.get("kind")
+        try:
+            if kind == "broker_metadata":
+                header, payload = self.metadata(), b""
+            elif kind in self.services:
+                header, payload = await self.services[kind](dict(frame.header), frame.payload)
+            else:
+                await self._group_for(frame.header)._answer(frame, writer)
+                return
+        except errors.MqlogError as error:
+            await self._answer_error(frame, writer, error)
+            return
+        header["id"] = frame.header.get("id")
+        await _write(writer, encode_frame(header, payload))
+
+    async def _answer_error(self, frame: Frame, writer: asyncio.StreamWriter,
+                            error: errors.MqlogError) -> None:
+        header = {"kind": "error", "error": type(error).__name__, "message": str(error),
+                  "id": frame.header.get("id")}
+        await _write(writer, encode_frame(header))
+
+    def metadata(self) -> dict[str, Any]:
+        """The broker's facts: its groups, its peer connections and their counters."""
+        links = {}
+        for peer, link in self._links.items():
+            if not link.writer.is_closing():
+                local = link.writer.get_extra_info("sockname")
+                remote = link.writer.get_extra_info("peername")
+                links[peer] = {"dialer": link.dialer, "confirmed": link.confirmed,
+                               "local": f"{local[0]}:{local[1]}",
+                               "remote": f"{remote[0]}:{remote[1]}"}
+        groups = {name: {"layer": node.spec.replication.layer, "node_id": node.node_id,
+                         **node.core.status()} for name, node in self.groups.items()}
+        return {"kind": "broker_metadata", "broker_id": self.broker_id,
+                "listen": self.config.listen, "process_roles": list(self.config.process_roles),
+                "default_group": self.config.default_group, "groups": groups,
+                "peers": dict(self.peers), "links": links, "refused": self.refused,
+                "counters": {peer: dataclasses.asdict(counters)
+                             for peer, counters in self.counters.items()}}
+
+
+async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
+    if not writer.is_closing():
+        writer.write(data)
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+
+
+def run_broker(config: BrokerConfig) -> None:
+    """Serve until SIGTERM or SIGINT; used by ``mqlog node``."""
+    broker = Broker(config)
+    run_until_signalled(broker, broker.banner)
+    if broker.failure is not None:
+        raise SystemExit(1)
+
