@@ -341,6 +341,7 @@ class GroupSpec:
             raise ConfigError(f"group name {name!r} must be a non-empty directory name of at "
                               f"most {self.group_name_length_max} characters, without '/'")
         self.replication.validate()
+        self.store.validate()
         for member, address in self.addresses.items():
             if not isinstance(member, str) or not isinstance(address, str) or \
                     not _is_address(address):

@@ -1,0 +1,429 @@
+"""Brokers hosting several replica groups (issue 16, part A).
+
+Real processes on 127.0.0.1: three brokers each hosting three Raft groups over one
+connection per broker pair; a broker SIGKILLed under writes to every group; garbage and
+strangers on a peer connection. In-process: groups added and dropped at runtime through
+``Broker.ensure_group`` / ``drop_group``. As data: node.toml validation and the group name
+on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+import mqlog
+from mqlog import errors
+from mqlog.config import BrokerConfig, GroupSpec, StoreConfig
+from mqlog.replication import messages
+from mqlog.replication.broker import Broker
+from mqlog.replication.local import LocalCluster, LocalRaftCluster, free_ports, wait_until
+from mqlog.replication.local_brokers import LocalBrokers
+from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
+from mqlog.results import PutStatus
+
+SMALL_STORE = 'segment_size_bytes = 67108864\nflush_mode = "sync"'
+
+
+# --- node.toml, as data -----------------------------------------------------------------------
+
+
+def _load(tmp_path: Path, text: str) -> BrokerConfig:
+    path = tmp_path / "node.toml"
+    path.write_text(text)
+    return BrokerConfig.load(path)
+
+
+NODE = '[node]\nid = "b1"\nlisten = "127.0.0.1:7001"\ndata_dir = "d"\n'
+PEERS = '[node.peers]\nb2 = "127.0.0.1:7002"\nb3 = "127.0.0.1:7003"\n'
+
+
+@pytest.mark.parametrize("text, expected", [
+    (NODE + 'layer = "raft"\nvoter = ["b1"]\n',
+     "unknown key 'voter' in [node]; did you mean 'voters'?"),
+    (NODE + 'layer = "raft"\nvoters = ["b1"]\ntick_ms = "10"\n',
+     "[node] tick_ms must be an integer, got '10'"),
+    (NODE + 'layer = "raft"\nvoters = ["b1"]\n[store]\nflush_mod = "sync"\n',
+     "unknown key 'flush_mod' in [store]; did you mean 'flush_mode'?"),
+    (NODE + 'voters = ["b1", "b2"]\n' + PEERS + '[groups.g1]\nlayer = "raft"\nvotrs = []\n',
+     "unknown key 'votrs' in [groups.g1]; did you mean 'voters'?"),
+    (NODE + 'voters = ["b1", "b4"]\n' + PEERS + '[groups.g1]\nlayer = "raft"\n',
+     "group 'g1' names 'b4', which is not in [node.peers]"),
+    (NODE + '[groups.g1]\nlayer = "raft"\nvoters = ["b1"]\npartitions = [["t", -1]]\n',
+     "partitions must be [topic, queue_id] pairs"),
+    (NODE + 'process_roles = "broker,contoller"\nlayer = "raft"\nvoters = ["b1"]\n',
+     "process_roles must be"),
+    (NODE + 'default_group = "g9"\n[groups.g1]\nlayer = "raft"\nvoters = ["b1"]\n',
+     "default_group 'g9' is not one of the groups"),
+    (NODE + '[groups."a/b"]\nlayer = "raft"\nvoters = ["b1"]\n', "must be a non-empty directory"),
+    (NODE + 'role = "BOSS"\n', "role must be"),
+    ('[nodes]\nid = "b1"\n', "unknown key 'nodes' in "),
+])
+def test_node_toml_mistakes_are_named_with_key_and_file(tmp_path, text, expected):
+    with pytest.raises(errors.ConfigError) as raised:
+        _load(tmp_path, text)
+    assert expected in str(raised.value)
+    assert str(tmp_path / "node.toml") in str(raised.value)
+
+
+def test_single_group_configs_load_as_one_default_group_in_data_dir(tmp_path):
+    raft = LocalRaftCluster(tmp_path / "raft")
+    raft.write_configs()
+    config = BrokerConfig.load(tmp_path / "raft" / "n1.toml")
+    (spec,) = config.groups
+    assert (spec.name, config.default_group) == ("default", "default")
+    assert config.group_dir(spec) == tmp_path / "raft" / "n1"  # the store of before
+    assert spec.replication.voters == ("n1", "n2", "n3") and spec.replication.node_id == "n1"
+    assert set(spec.addresses) == {"n2", "n3"}
+    master_slave = LocalCluster(tmp_path / "ms")
+    master_slave.write_configs()
+    config = BrokerConfig.load(tmp_path / "ms" / "s1.toml")
+    assert config.groups[0].replication.role == "SLAVE"
+    assert config.group_dir(config.groups[0]) == tmp_path / "ms" / "s1"
+
+
+def test_groups_get_their_own_directory_store_settings_and_routes(tmp_path):
+    config = _load(tmp_path, NODE + 'voters = ["b1", "b2", "b3"]\ntick_ms = 20\n' + PEERS +
+                   '[store]\nflush_mode = "sync"\n[groups.g1]\nlayer = "raft"\n'
+                   '[groups.g2]\nlayer = "raft"\nvoters = ["b1", "b2"]\n'
+                   'partitions = [["orders", 1]]\n[groups.g2.store]\nflush_mode = "async"\n')
+    g1, g2 = config.groups
+    assert config.group_dir(g2) == Path("d") / "g2"
+    assert (g1.store.flush_mode, g2.store.flush_mode) == ("sync", "async")
+    assert g1.replication.tick_ms == g2.replication.tick_ms == 20  # [node] holds defaults
+    assert g2.replication.voters == ("b1", "b2") and set(g2.addresses) == {"b2"}
+    assert g2.partitions == (("orders", 1),) and config.default_group == ""
+
+
+def test_a_frame_names_its_group_and_the_default_group_is_left_out():
+    vote = messages.Vote("b1", "b2", 3, position=10, last_epoch=2, pre_vote=False,
+                         transfer=False, cluster_id="c")
+    plain, named = messages.encode(vote), messages.encode(vote, "g7")
+    decoder = FrameDecoder(1 << 20)
+    decoder.feed(plain + named + encode_frame({**_header(named), "group": 5}))
+    first, second, third = (decoder.next_frame() for _ in range(3))
+    assert isinstance(first, Frame) and isinstance(second, Frame)
+    assert "group" not in first.header and second.header["group"] == "g7"
+    assert messages.decode(first) == messages.decode(second) == vote
+    assert isinstance(third, Frame)
+    with pytest.raises(errors.RemoteProtocolError):
+        messages.decode(third)
+
+
+def _header(frame: bytes) -> dict:
+    decoder = FrameDecoder(1 << 20)
+    decoder.feed(frame)
+    decoded = decoder.next_frame()
+    assert isinstance(decoded, Frame)
+    return dict(decoded.header)
+
+
+# --- groups at runtime, in-process ----------------------------------------------------------
+
+
+class BrokerThread:
+    """A Broker serving on its own loop in a thread; ``call(fn)`` runs fn on that loop."""
+
+    def __init__(self, config: BrokerConfig) -> None:
+        self.broker = Broker(config)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="broker", daemon=True)
+        self.ready = threading.Event()
+
+    def _run(self) -> None:
+        async def main() -> None:
+            ready = asyncio.Event()
+            serving = asyncio.create_task(self.broker.serve(ready))
+            await ready.wait()
+            self.ready.set()
+            await serving
+
+        self.loop.run_until_complete(main())
+
+    def call(self, function, *args, **kwargs):
+        async def run():
+            return function(*args, **kwargs)
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout=30)
+
+    def __enter__(self) -> BrokerThread:
+        self.thread.start()
+        assert self.ready.wait(timeout=30)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.loop.call_soon_threadsafe(self.broker.stop)
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+        self.loop.close()
+
+
+def _one_voter(name: str, address: str, partitions=()) -> GroupSpec:
+    store = StoreConfig(segment_size_bytes=16 << 20, flush_mode="sync")
+    return GroupSpec.raft(name, {"b1": address}, store=store, partitions=partitions,
+                          election_timeout_ticks=3, heartbeat_ticks=1)
+
+
+def _produce_when_leader(client: mqlog.Client, topic: str, body: bytes, queue_id: int = 0):
+    result = None
+
+    def stored() -> bool:
+        nonlocal result
+        try:
+            result = client.produce(topic, body, queue_id)
+        except errors.NotMaster:  # (NotLeader) the one voter has not elected itself yet
+            return False
+        return True
+
+    wait_until(stored, f"a leader to store {body!r}", 30)
+    return result
+
+
+def test_groups_are_added_and_dropped_at_runtime(tmp_path):
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1", cluster_id="c").validate()
+    with BrokerThread(config) as running:
+        broker = running.broker
+        spec = _one_voter("p0", address, partitions=(("orders", 0),))
+        node = running.call(broker.ensure_group, spec)
+        assert running.call(broker.ensure_group, spec) is node  # equal spec: nothing to do
+        with mqlog.Client(address) as client:  # routed by (topic, queue_id)
+            first = _produce_when_leader(client, "orders", b"one")
+            assert first.status is PutStatus.PUT_OK
+            with pytest.raises(errors.UnknownGroup, match="hosts no group None|hosts no group"):
+                client.produce("orders", b"x", queue_id=5)  # no group serves it, no default
+        with pytest.raises(errors.InvalidArgument, match="another spec"):
+            running.call(broker.ensure_group, _one_voter("p0", address))
+        with pytest.raises(errors.InvalidArgument, match="served by group 'p0'"):
+            running.call(broker.ensure_group, _one_voter("p1", address, (("orders", 0),)))
+        running.call(broker.drop_group, "p0")
+        with mqlog.Client(address, group="p0") as client, \
+                pytest.raises(errors.UnknownGroup):
+            client.produce("orders", b"two")
+        assert (tmp_path / "b1" / "p0").is_dir()  # dropped, not deleted
+        running.call(broker.ensure_group, spec)  # back: its store recovers
+        with mqlog.Client(address, group="p0") as client:
+            second = _produce_when_leader(client, "orders", b"two")
+            assert second.position > first.position
+            assert [r.body for r in client.fetch("orders", 0, 0)] == [b"one", b"two"]
+        running.call(broker.drop_group, "p0", delete_data=True)
+        assert not (tmp_path / "b1" / "p0").exists()
+        with pytest.raises(errors.UnknownGroup):
+            running.call(broker.drop_group, "p0")
+
+
+def test_a_service_answers_its_kinds_and_errors_come_back_typed(tmp_path):
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1").validate()
+    with BrokerThread(config) as running:
+        async def echo(header, payload):
+            if header.get("fail"):
+                raise errors.InvalidArgument("told to fail")
+            return {"kind": "echoed", "value": header["value"]}, payload[::-1]
+
+        running.call(running.broker.add_service, ("echo",), echo)
+        with pytest.raises(errors.InvalidArgument):
+            running.call(running.broker.add_service, ("vote",), echo)
+        with mqlog.Client(address) as client:
+            assert client.call({"kind": "echo", "value": 7}, b"abc") == \
+                ({"kind": "echoed", "value": 7, "id": 1}, b"cba")
+            with pytest.raises(errors.InvalidArgument, match="told to fail"):
+                client.call({"kind": "echo", "fail": True})
+            facts = client.call({"kind": "broker_metadata"})[0]
+            assert facts["broker_id"] == "b1" and facts["groups"] == {}
+
+
+# --- real processes --------------------------------------------------------------------------
+
+
+class GroupWriter(threading.Thread):
+    """Writes "<group>-<i>" one after another to one group, noting each acknowledged write."""
+
+    def __init__(self, addresses: list[str], group: str) -> None:
+        super().__init__(name=f"writer-{group}", daemon=True)
+        self.addresses, self.group = addresses, group
+        self.acked: list[bytes] = []
+        self.failures: list[str] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        with mqlog.GroupClient(self.addresses, group=self.group, retry_timeout_s=30,
+                               timeout_s=5) as client:
+            index = 0
+            while not self.halt.is_set():
+                body = f"{self.group}-{index}".encode()
+                try:
+                    result = client.produce(f"{self.group}-topic", body)
+                except errors.MqlogError as error:
+                    self.failures.append(f"{body!r}: {error!r}")
+                    return
+                if result.status is PutStatus.PUT_OK:
+                    self.acked.append(body)
+                index += 1
+
+    def wait_for_more(self, count: int) -> None:
+        target = len(self.acked) + count
+        wait_until(lambda: len(self.acked) >= target or bool(self.failures),
+                   f"{count} more writes to {self.group}")
+        assert not self.failures, self.failures
+
+    def finish(self) -> None:
+        self.halt.set()
+        self.join(timeout=60)
+        assert not self.is_alive(), f"the writer of {self.group} did not stop"
+        assert not self.failures, self.failures
+
+
+def _bodies(path: Path, topic: str) -> list[bytes]:
+    bodies, offset = [], 0
+    with mqlog.open(path, read_only=True, segment_size_bytes=64 << 20) as store:
+        while records := store.get(topic, 0, offset, 4096, 1 << 24):
+            bodies += [record.body for record in records]
+            offset = records[-1].offset + 1
+    return bodies
+
+
+def _image(path: Path) -> bytes:
+    with mqlog.open(path, read_only=True, segment_size_bytes=64 << 20) as store:
+        return store.read_raw(store.first_segment_base(), store.written_position)
+
+
+def _links(brokers: LocalBrokers) -> dict[str, dict]:
+    return {name: brokers.broker_metadata(name)["links"] for name in brokers.processes}
+
+
+def assert_one_connection_per_pair(brokers: LocalBrokers, leaders: dict[str, str]) -> None:
+    """Each pair of running brokers shares at most one connection, the same socket pair
+    seen from both ends (not one each way); a group's leader has one to every other
+    broker (connections are opened on the first message: two followers may have none)."""
+    running = sorted(brokers.processes)
+
+    def settled() -> bool:
+        links = _links(brokers)
+        return all((b in links[a]) == (a in links[b]) for a in running for b in running
+                   if a != b) and all(link["confirmed"] for name in running
+                                      for link in links[name].values()) and \
+            all(set(links[leader]) == set(running) - {leader} for leader in leaders.values()
+                if leader in running)
+
+    wait_until(settled, "one confirmed connection per broker pair")
+    links = _links(brokers)
+    for a in running:
+        for b in running:
+            if a < b and b in links[a]:
+                assert links[a][b]["local"] == links[b][a]["remote"], (a, b, links)
+                assert links[a][b]["remote"] == links[b][a]["local"], (a, b, links)
+                assert links[a][b]["dialer"] == links[b][a]["dialer"]
+
+
+def test_three_brokers_three_raft_groups_survive_a_sigkill(tmp_path):
+    """Every group keeps taking writes while a broker leading some of them is SIGKILLed;
+    nothing acknowledged is lost or stored twice; after its restart every group's logs
+    are byte-identical on the three brokers; every pair shares one connection."""
+    with LocalBrokers(tmp_path / "brokers", store_settings=SMALL_STORE) as brokers:
+        leaders = brokers.wait_leaders()
+        assert_one_connection_per_pair(brokers, leaders)
+        writers = [GroupWriter(brokers.addresses, group) for group in brokers.groups]
+        for writer in writers:
+            writer.start()
+        try:
+            for writer in writers:
+                writer.wait_for_more(20)
+            victim = leaders["g1"]
+            brokers.kill(victim)
+            for writer in writers:  # every group, including those the victim led
+                writer.wait_for_more(20)
+            brokers.start(victim)
+            for writer in writers:
+                writer.wait_for_more(10)
+        finally:
+            for writer in writers:
+                writer.finish()
+        brokers.wait_converged()
+        assert_one_connection_per_pair(brokers, brokers.wait_leaders())
+        facts = brokers.broker_metadata(victim)
+        assert set(facts["groups"]) == set(brokers.groups)
+    for writer in writers:
+        group, topic = writer.group, f"{writer.group}-topic"
+        images = {_image(tmp_path / "brokers" / name / group) for name in brokers.names}
+        assert len(images) == 1, f"{group}'s logs differ"
+        stored = _bodies(tmp_path / "brokers" / "b1" / group, topic)
+        assert len(stored) == len(set(stored)), f"{group}: a write stored twice"
+        missing = set(writer.acked) - set(stored)
+        assert not missing, f"{group}: acknowledged writes lost: {sorted(missing)[:5]}"
+
+
+def _send(sock: socket.socket, header: dict, payload: bytes = b"") -> None:
+    sock.sendall(encode_frame(header, payload))
+
+
+def _receive(sock: socket.socket) -> Frame:
+    decoder = FrameDecoder(1 << 20)
+    while not isinstance(frame := decoder.next_frame(), Frame):
+        data = sock.recv(1 << 16)
+        assert data, "the broker closed the connection"
+        decoder.feed(data)
+    return frame
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    sock.settimeout(30)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_garbage_or_a_stranger_on_a_peer_connection_closes_only_that_connection(tmp_path):
+    with LocalBrokers(tmp_path / "brokers", group_count=1, store_settings=SMALL_STORE) as brokers:
+        leaders = brokers.wait_leaders()
+        brokers.kill("b3")  # the test speaks for b3 now
+        leaders = brokers.wait_leaders()
+        assert_one_connection_per_pair(brokers, leaders)
+        before = _links(brokers)["b1"]["b2"]
+        host, port = brokers.address("b1").split(":")
+        hello = {"kind": "peer_hello", "broker_id": "b3", "cluster_id": "local"}
+        for refused in ({**hello, "cluster_id": "other"}, {**hello, "broker_id": "b9"},
+                        {**hello, "broker_id": "b1"}):
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                _send(sock, refused)
+                assert _closed_by_peer(sock)
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            _send(sock, {"kind": "vote", "src": "b3", "dst": "b1", "epoch": 0})  # no hello
+            assert _closed_by_peer(sock)
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            _send(sock, hello)
+            answer = _receive(sock)
+            assert answer.header == {**hello, "broker_id": "b1"}
+            sock.sendall(b"\x10\x00\x00\x00" + b"garbage!" * 2)  # a bad CRC
+            assert _closed_by_peer(sock)
+        facts = brokers.broker_metadata("b1")
+        assert facts["refused"] == 3
+        assert facts["counters"]["b3"]["protocol_errors"] == 1
+        assert facts["links"]["b2"] == before  # the other peer's connection never moved
+        with mqlog.GroupClient(brokers.addresses[:2], group="g1", timeout_s=5) as client:
+            assert client.produce("g1-topic", b"after").status is PutStatus.PUT_OK
+
+
+def test_a_message_for_a_group_not_hosted_is_counted_not_fatal(tmp_path):
+    with LocalBrokers(tmp_path / "brokers", group_count=1, store_settings=SMALL_STORE) as brokers:
+        brokers.wait_leaders()
+        brokers.kill("b3")
+        host, port = brokers.address("b1").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            _send(sock, {"kind": "peer_hello", "broker_id": "b3", "cluster_id": "local"})
+            _receive(sock)
+            vote = messages.Vote("b3", "b1", 0, position=0, last_epoch=-1, pre_vote=True,
+                                 transfer=False)
+            sock.sendall(messages.encode(vote, "g404") + messages.encode(
+                messages.Vote("b2", "b1", 0, position=0, last_epoch=-1, pre_vote=True,
+                              transfer=False), "g1"))  # not from the broker at the other end
+            wait_until(lambda: brokers.broker_metadata("b1")["counters"]["b3"]
+                       ["misaddressed"] == 2, "two misaddressed messages counted")
+            assert "b3" in brokers.broker_metadata("b1")["links"]  # still connected
