@@ -237,6 +237,43 @@ def test_a_service_answers_its_kinds_and_errors_come_back_typed(tmp_path):
             assert facts["broker_id"] == "b1" and facts["groups"] == {}
 
 
+def test_two_brokers_dialing_each_other_at_once_keep_one_connection(tmp_path):
+    """Both send first, in the same loop iteration: both dial, both accept, and each
+    decides alone to keep the connection the smaller id dialed; they agree."""
+    ports = free_ports(2)
+    address = {"a": f"127.0.0.1:{ports[0]}", "b": f"127.0.0.1:{ports[1]}"}
+
+    async def main() -> tuple[dict, dict, Broker, Broker]:
+        one, two = (Broker(BrokerConfig(name, address[name], tmp_path / name,
+                                        {other: address[other]}).validate())
+                    for name, other in (("a", "b"), ("b", "a")))
+        ready = [asyncio.Event(), asyncio.Event()]
+        tasks = [asyncio.create_task(broker.serve(event))
+                 for broker, event in zip((one, two), ready, strict=True)]
+        for event in ready:
+            await event.wait()
+        for broker, src, dst in ((one, "a", "b"), (two, "b", "a")):  # the same iteration
+            broker.send("gx", [messages.Vote(src, dst, 0, position=0, last_epoch=-1,
+                                             pre_vote=True, transfer=False)])
+        for _ in range(2000):  # loop turns, not time: each lets the sockets move
+            facts = one.metadata()["links"], two.metadata()["links"]
+            if "b" in facts[0] and "a" in facts[1] and facts[0]["b"]["confirmed"] and \
+                    facts[1]["a"]["confirmed"] and facts[0]["b"]["local"] == \
+                    facts[1]["a"]["remote"]:
+                break
+            await asyncio.sleep(0.005)
+        one.stop()
+        two.stop()
+        await asyncio.gather(*tasks)
+        return facts[0], facts[1], one, two
+
+    links_a, links_b, one, two = asyncio.run(main())
+    assert links_a["b"]["local"] == links_b["a"]["remote"], (links_a, links_b)
+    assert links_a["b"]["dialer"] == links_b["a"]["dialer"] == "a"
+    assert one.counters["b"].dialed == two.counters["a"].dialed == 1  # both did dial
+    assert one.counters["b"].duplicates_closed == two.counters["a"].duplicates_closed == 1
+
+
 # --- real processes --------------------------------------------------------------------------
 
 

@@ -178,6 +178,8 @@ class Broker:
         self._running = True
         for node in list(self.groups.values()):
             node.start()
+        if "controller" in self.config.process_roles:
+            _host_controller(self)
         if ready is not None:
             ready.set()
         try:
@@ -189,8 +191,18 @@ class Broker:
                 link.writer.close()
             for task in list(self._tasks):
                 task.cancel()
-            for node in self.groups.values():
+            self._close_groups()
+
+    def _close_groups(self) -> None:
+        """Close every group, even past one whose store fails to close (raised after)."""
+        failure: BaseException | None = None
+        for node in self.groups.values():
+            try:
                 node.close()
+            except Exception as error:  # noqa: BLE001 (the others must close too)
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
     def stop(self) -> None:
         self._stopping.set()
@@ -441,6 +453,21 @@ class Broker:
                 "peers": dict(self.peers), "links": links, "refused": self.refused,
                 "counters": {peer: dataclasses.asdict(counters)
                              for peer, counters in self.counters.items()}}
+
+
+def _host_controller(broker: Broker) -> None:
+    """A broker with the controller role hosts the controller's Raft group and its
+    requests: mqlog.replication.controller's ``host_controller(broker)`` does both (it
+    reads ``broker.config.controller``, the ``[controller]`` table)."""
+    import importlib
+
+    try:
+        module = importlib.import_module("mqlog.replication.controller")
+        host = module.host_controller
+    except (ImportError, AttributeError):
+        raise errors.ConfigError(f"{broker.config.source}: process_roles names 'controller', "
+                                 "but this mqlog has no controller to host") from None
+    host(broker)
 
 
 async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:

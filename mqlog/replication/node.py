@@ -105,6 +105,8 @@ class Node:
         self._requests = 0
         self._committed = self.store.committed_position
         self._commit_callbacks: list[Callable[[int], None]] = []
+        self._run_callbacks: list[Callable[[], None]] = []
+        self._tick_callbacks: list[Callable[[], None]] = []
         self.closed = False
 
     @property
@@ -152,6 +154,15 @@ class Node:
         """Call ``callback(committed_position)`` after each driver run that moved it."""
         self._commit_callbacks.append(callback)
 
+    def on_run(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every driver run (a service hosted on the group, such
+        as the controller, learns of commits and lost leaderships there)."""
+        self._run_callbacks.append(callback)
+
+    def on_tick(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after every tick of the group's core."""
+        self._tick_callbacks.append(callback)
+
     def _new_core(self) -> Any:
         replication = self.spec.replication
         if replication.layer != "raft":  # the role an operator gave it last wins
@@ -169,6 +180,8 @@ class Node:
         while True:
             await asyncio.sleep(interval)
             self.driver.tick()
+            for callback in self._tick_callbacks:
+                callback()
             self._schedule()
 
     async def _register_forever(self) -> None:
@@ -191,6 +204,10 @@ class Node:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._run_driver)
 
+    def schedule(self) -> None:
+        """Carry out the core's Ready soon (after a proposal made from outside the node)."""
+        self._schedule()
+
     def _run_driver(self) -> None:
         self._scheduled = False
         if self.closed:
@@ -199,8 +216,10 @@ class Node:
         committed = self.store.committed_position
         if committed != self._committed:
             self._committed = committed
-            for callback in self._commit_callbacks:
-                callback(committed)
+            for commit_callback in self._commit_callbacks:
+                commit_callback(committed)
+        for callback in self._run_callbacks:
+            callback()
 
     # --- the driver's Io ------------------------------------------------------------------
 
