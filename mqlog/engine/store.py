@@ -24,6 +24,7 @@ import fcntl
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -481,12 +482,29 @@ class Store:
                                   f"{now_ms!r}")
         if now_ms is None:
             now_ms = self._clock_ms() if self._clock_ms is not None else _now_ms()
+        return self._trim_to(lambda: plan_log_start(self, now_ms))
+
+    def trim_front(self, position: int) -> RetentionReport:
+        """Delete the segments wholly before ``position``, never past what is committed and
+        flushed: a state machine whose snapshot covers the log up to there (the
+        controller's) needs nothing before it."""
+        self._check_writable()
+        if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+            raise InvalidArgument(f"position must be a non-negative int, got {position!r}")
+
+        def plan() -> int:
+            limit = min(position, self.committed_position, self.flushed_position)
+            bases = [base for base in self.core.segment_bases() if base <= limit]
+            return max(bases[-1] if bases else 0, self.first_segment_base())
+        return self._trim_to(plan)
+
+    def _trim_to(self, plan: Callable[[], int]) -> RetentionReport:
         retired, self._retired = self._retired, []
         for mapped in retired:
             mapped.close()
         with self._flusher.paused(), self.key_index.lock:
             before = self.first_segment_base()
-            start = plan_log_start(self, now_ms)
+            start = plan()
             if start == before:
                 return RetentionReport(before)
             dropped, _files = self.core.trim_front(start, self._delete_front)

@@ -1,4 +1,4 @@
-"""``python -m mqlog.sim --layer master_slave|raft --seed N [--count K] [--break NAME]``
+"""``python -m mqlog.sim --layer master_slave|raft|controller --seed N [--count K] [--break NAME]``
 
 Runs seeds N, N+1, ... N+K-1 (a random N when none is given, printed so a failure is a
 one-line reproduction) and prints one verdict line per seed; exits 1 if any failed.
@@ -9,19 +9,23 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+from typing import Any
 
 from mqlog.replication import driver
+from mqlog.replication.controller import service as controller_service
 from mqlog.replication.master_slave import core as ms_core
 from mqlog.replication.raft import core as raft_core
-from mqlog.sim import raft, swarm
+from mqlog.sim import controller, raft, swarm
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mqlog.sim", description=__doc__)
-    parser.add_argument("--layer", choices=["master_slave", "raft"], default="master_slave")
+    parser.add_argument("--layer", choices=["master_slave", "raft", "controller"],
+                        default="master_slave")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--count", type=int, default=1)
-    breaks = sorted({*driver.TEST_BREAKS, *raft_core.TEST_BREAKS, *ms_core.TEST_BREAKS})
+    breaks = sorted({*driver.TEST_BREAKS, *raft_core.TEST_BREAKS, *ms_core.TEST_BREAKS,
+                     *controller_service.TEST_BREAKS})
     parser.add_argument("--break", dest="test_break", default="", choices=["", *breaks],
                         help="run a deliberately broken driver or core (the checkers must "
                              "catch it)")
@@ -29,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     first = args.seed if args.seed is not None else random.randrange(1 << 31)
     failed = 0
-    run_seed = raft.run_seed if args.layer == "raft" else swarm.run_seed
+    run_seeds: dict[str, Any] = {"raft": raft.run_seed, "controller": controller.run_seed}
+    run_seed = run_seeds.get(args.layer, swarm.run_seed)
     for seed in range(first, first + args.count):
         result = run_seed(seed, args.test_break)
         print(result.summary(), flush=True)

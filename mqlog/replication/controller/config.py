@@ -1,0 +1,72 @@
+"""``ControllerConfig``: the controller's limits and timeouts (the ``[controller]`` table of
+a node config), validated as a whole; a misspelt key gets a suggestion, not a TypeError.
+
+Time is in the controller group's ticks where the service counts it (a session is
+measured by the controller leader's ticks, ``tick_ms`` each), in milliseconds in the
+file, as Kafka names them (``broker_session_timeout_ms``, ``broker_heartbeat_interval_ms``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from mqlog.errors import ConfigError
+
+CONTROLLER_GROUP = "__controller"  # the controller's Raft group (and store directory)
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    voters: dict[str, str] = field(default_factory=dict)  # controller id -> host:port
+    broker_session_timeout_ms: int = 9_000  # Kafka's default: fenced after this silence
+    broker_heartbeat_interval_ms: int = 2_000  # Kafka's default: brokers heartbeat this often
+    auto_failover: bool = False  # promote an in-sync slave when a master-slave master goes
+    partitions_max: int = 1_024  # per topic
+    replication_factor_max: int = 7
+    topics_max: int = 10_000
+    brokers_max: int = 1_024
+    snapshot_interval_bytes: int = 1 << 20  # log written since the last snapshot -> one more
+    pull_bytes_max: int = 1 << 20  # metadata log bytes one metadata_since answer carries
+    requests_waiting_max: int = 1_024  # proposals waiting for their commit
+
+    def validate(self) -> ControllerConfig:
+        for item in dataclasses.fields(self):
+            value = getattr(self, item.name)
+            if item.type == "int" and (not isinstance(value, int) or isinstance(value, bool)
+                                       or value < 1):
+                raise ConfigError(f"[controller] {item.name} must be a positive integer, got "
+                                  f"{value!r}")
+        if not isinstance(self.auto_failover, bool):
+            raise ConfigError(f"[controller] auto_failover must be true or false, got "
+                              f"{self.auto_failover!r}")
+        if not isinstance(self.voters, dict) or not all(
+                isinstance(key, str) and isinstance(value, str) and ":" in value
+                for key, value in self.voters.items()):
+            raise ConfigError("[controller] voters must map each controller id to its "
+                              "host:port, e.g. voters = {c1 = \"127.0.0.1:7001\"}")
+        if self.voters and len(self.voters) not in (1, 3, 5):
+            raise ConfigError(f"[controller] has {len(self.voters)} voters: use 3 or 5 (1 "
+                              "for a test), an odd count, so a majority survives failures")
+        if self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms:
+            raise ConfigError("[controller] broker_session_timeout_ms must be at least twice "
+                              "broker_heartbeat_interval_ms, or one late heartbeat fences")
+        return self
+
+    def session_ticks(self, tick_ms: int) -> int:
+        """The session timeout in ticks of ``tick_ms`` (at least one)."""
+        return max(1, -(-self.broker_session_timeout_ms // tick_ms))
+
+    @classmethod
+    def from_table(cls, table: dict[str, Any]) -> ControllerConfig:
+        """Build from a TOML table; unknown keys are ConfigErrors with a suggestion."""
+        names = [item.name for item in dataclasses.fields(cls)]
+        for key in table:
+            if key not in names:
+                close = difflib.get_close_matches(key, names, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else \
+                    f"; the keys are {', '.join(names)}"
+                raise ConfigError(f"unknown key {key!r} in [controller]{hint}")
+        return cls(**table).validate()

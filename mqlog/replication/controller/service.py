@@ -1,0 +1,422 @@
+"""The controller service: one controller replica's metadata, over its Raft replica.
+
+The controller quorum is a Raft group of mqlog's own (the Raft core, run by the one
+driver, over an ordinary store: DESIGN §5.2). Its records are metadata records
+(records.py) on topic ``__cluster_metadata``. This class owns no I/O: its host (a broker
+with role "controller", or the simulator) runs the group's driver and calls, on the
+loop's thread only:
+
+* ``after_run()`` after every driver run: it folds the newly committed records into
+  ``committed`` (a ``ClusterMetadata``: state.py) and answers the requests whose records
+  are now folded (or fails them if this controller stopped leading: their fate is then
+  unknown, as any Raft proposal's);
+* ``tick()`` every tick: the leader fences a broker whose last heartbeat is older than
+  ``broker_session_timeout_ms`` (counted in the leader's own ticks: no clock is
+  compared across machines; a new leader gives every broker a fresh session, as Kafka's
+  does), and writes a snapshot every ``snapshot_interval_bytes`` of log;
+* the requests (``register_broker``, ``heartbeat``, ``create_topic``, ``delete_topic``)
+  on the leader: checked against ``working`` — the committed state plus this leader's own
+  records still in flight — turned into records, written through the driver and proposed;
+  they return a ``Proposal`` whose answer is final once ``wait`` calls back with True;
+* the reads (``describe``, ``metadata_since``) on any controller: what it has folded.
+
+Serving. A new leader serves requests only once it has folded its log up to where its
+term began (every record of earlier terms is committed by then, and ``working`` starts
+from a state that includes them): Kafka's controller does the same before it acts.
+
+Rebuilt on start, trimmed after a snapshot. A ``Snapshot`` record holds the whole state;
+folding may begin at one. On start (and whenever a Raft LogReset started this replica's
+log over past what it had folded) the controller folds from the log's start if the log was
+never trimmed, else from the first snapshot record in it. Once a snapshot record is
+folded, the log's segments wholly before the one that holds it are deleted
+(``Store.trim_front``), so the log always starts at or before a snapshot; a follower that
+the leader's trimmed log left behind gets the log from its start (Raft's LogReset) and so
+the snapshot with it.
+
+Skipped records. The leader proposes only records that apply, so a committed record that
+does not decode or does not apply means a bug: every controller skips it alike (the
+fold stays deterministic), counts it in ``skipped`` and says so through ``note``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from mqlog.errors import (
+    InvalidArgument,
+    InvalidMetadataRecord,
+    MessageTooLarge,
+    MetadataChangeRefused,
+    NodeUnavailable,
+    NotLeader,
+)
+from mqlog.format import BLANK, BLANK_MAGIC, RECORD_HEADER, RECORD_HEADER_SIZE, RecordHeader
+from mqlog.replication.controller import records
+from mqlog.replication.controller.config import ControllerConfig
+from mqlog.replication.controller.decisions import assign_replicas, fence_changes
+from mqlog.replication.controller.records import (
+    LAYERS,
+    METADATA_TOPIC,
+    CreateTopic,
+    DeleteTopic,
+    FenceBroker,
+    Record,
+    RegisterBroker,
+    Snapshot,
+    UnfenceBroker,
+)
+from mqlog.replication.controller.state import ClusterMetadata
+
+# Deliberately broken controllers, so the simulator shows its checkers catch them:
+# "stale_working": a new leader checks requests against the state it had before it folded
+# its log (records that do not apply reach the log); "keep_leaders": fencing a broker
+# leaves its leaderships where they were.
+TEST_BREAKS = ("stale_working", "keep_leaders")
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A request's answer, final once the log is folded up to ``end`` (None: at once)."""
+
+    end: int | None
+    answer: dict[str, Any]
+
+
+@dataclass
+class _Waiter:
+    end: int
+    term: int
+    done: Callable[[bool], None]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    start: int
+    end: int
+    control: bool
+    topic: str
+    tags: str
+    body: bytes
+
+
+class Controller:
+    """One controller replica's metadata service; see the module docstring."""
+
+    def __init__(self, config: ControllerConfig, store: Any, driver: Any, *, tick_ms: int,
+                 rng: random.Random, note: Callable[[str], None] = lambda text: None,
+                 test_break: str = "") -> None:
+        self._test_break = test_break if test_break in TEST_BREAKS else ""
+        self.config = config.validate()
+        self.store, self.driver, self.rng, self.note = store, driver, rng, note
+        self.session_ticks = config.session_ticks(tick_ms)
+        self.committed = ClusterMetadata()
+        self.working = self.committed
+        self.applied_to = 0  # the committed log is folded up to here
+        self.fold_start = 0  # where this replica's fold began (a snapshot after a trim)
+        self.skipped = 0
+        self.ticks = 0
+        self._pending: list[tuple[int, Record]] = []  # this leader's records in flight
+        self._waiters: list[_Waiter] = []
+        self._lead_term = -1  # the term this controller leads (and has begun), else -1
+        self._lead_from = 0  # it serves once its fold reached here (its term's start)
+        self._sessions: dict[str, int] = {}  # broker -> leader tick of its last heartbeat
+        self._reported: dict[tuple[str, int], dict[str, tuple[int, int]]] = {}
+        self._snapshot_end = 0  # where the newest snapshot record in the log ends
+        self._proposals = 0
+        self._snapshot_folded: int | None = None  # a snapshot record folded: trim before it
+        self.rebuilding = False  # the log was trimmed: nothing folds before its first snapshot
+        self._rebuild()
+
+    # --- driven by the host --------------------------------------------------------------
+
+    def after_run(self) -> None:
+        """After every driver run: follow leadership, fold what committed, answer."""
+        core = self.driver.core
+        leading = bool(self.driver.serving)
+        if leading and self._lead_term != core.term:
+            self._lose_lead()
+            self._lead_term, self._lead_from = core.term, self.store.written_position
+            self._sessions = {name: self.ticks for name in self.committed.brokers}
+            self.note(f"controller {core.node_id} leads term {core.term}")
+        elif not leading and self._lead_term != -1:
+            self._lose_lead()
+        before = self.applied_to
+        self._refresh()
+        if (self.applied_to != before or not self._pending) and \
+                self._test_break != "stale_working":
+            self._pending = [item for item in self._pending if item[0] > self.applied_to]
+            self._recompute_working()
+        ready = [waiter for waiter in self._waiters if waiter.end <= self.applied_to]
+        self._waiters = [waiter for waiter in self._waiters if waiter.end > self.applied_to]
+        for waiter in ready:
+            waiter.done(True)
+
+    def tick(self) -> None:
+        self.ticks += 1
+        if not self.serving:
+            return
+        for name in self.working.live_brokers():
+            heard = self._sessions.setdefault(name, self.ticks)
+            if self.ticks - heard > self.session_ticks:
+                self.note(f"broker {name} missed its session: fenced")
+                self._fence(name)
+        if self.store.written_position - self._snapshot_end > self.config.snapshot_interval_bytes:
+            try:
+                self._propose([self.working.snapshot()])
+            except MessageTooLarge as error:  # the log keeps growing, untrimmed, until
+                # the state shrinks or the limit grows: say so, and retry an interval later
+                self._snapshot_end = self.store.written_position
+                self.note(f"the controller's snapshot does not fit one record ({error}): its "
+                          "log is not trimmed; raise message_size_bytes_max of its store")
+
+    def wait(self, proposal: Proposal, done: Callable[[bool], None]) -> None:
+        """Call ``done(True)`` once ``proposal`` is folded, ``done(False)`` if this
+        controller stops leading first (the outcome is then unknown: retry)."""
+        if proposal.end is None or proposal.end <= self.applied_to:
+            done(True)
+            return
+        self._waiters.append(_Waiter(proposal.end, self._lead_term, done))
+
+    def stop(self) -> None:
+        """Its replica went away (a crash, a shutdown): what waited has an unknown fate."""
+        self._lose_lead()
+
+    @property
+    def serving(self) -> bool:
+        """Whether this controller leads and takes requests now."""
+        return self._lead_term != -1 and self.applied_to >= self._lead_from and \
+            bool(self.driver.serving)
+
+    # --- requests (the leader) ------------------------------------------------------------
+
+    def register_broker(self, broker_id: str, address: str, rack: str = "") -> Proposal:
+        self._check_serving()
+        known = self.working.brokers.get(broker_id)
+        if known is None and len(self.working.brokers) >= self.config.brokers_max:
+            raise MetadataChangeRefused(f"{len(self.working.brokers)} brokers registered, "
+                                        f"brokers_max={self.config.brokers_max}")
+        epoch = 1 if known is None else known.broker_epoch + 1
+        end = self._propose([RegisterBroker(broker_id, epoch, address, rack)])
+        self._sessions[broker_id] = self.ticks
+        return Proposal(end, {"broker_epoch": epoch})
+
+    def heartbeat(self, broker_id: str, broker_epoch: int,
+                  reports: dict[tuple[str, int], tuple[int, int]] | None = None) -> Proposal:
+        """A broker is alive at ``broker_epoch``; ``reports`` gives (epoch, position) of its
+        replicas' logs, for master-slave failover. A fenced broker is unfenced."""
+        self._check_serving()
+        known = self.working.brokers.get(broker_id)
+        if known is None or known.broker_epoch != broker_epoch:
+            raise MetadataChangeRefused(
+                f"broker {broker_id} heartbeats at broker epoch {broker_epoch}, but "
+                + ("it is not registered" if known is None else
+                   f"its registration is at epoch {known.broker_epoch}")
+                + ": register again")
+        self._sessions[broker_id] = self.ticks
+        for where, report in (reports or {}).items():
+            self._reported.setdefault(where, {})[broker_id] = report
+        end = self._propose([UnfenceBroker(broker_id, broker_epoch)]) if known.fenced else None
+        return Proposal(end, {"fenced": False, "position": self.applied_to})
+
+    def create_topic(self, name: str, partitions: int, replication_factor: int,
+                     layer: str = "raft") -> Proposal:
+        self._check_serving()
+        config = self.config
+        if not isinstance(partitions, int) or not 1 <= partitions <= config.partitions_max:
+            raise InvalidArgument(f"partitions must be 1..{config.partitions_max} "
+                                  f"(partitions_max), got {partitions!r}")
+        if not isinstance(replication_factor, int) or \
+                not 1 <= replication_factor <= config.replication_factor_max:
+            raise InvalidArgument(f"replication factor must be 1.."
+                                  f"{config.replication_factor_max} (replication_factor_max),"
+                                  f" got {replication_factor!r}")
+        if layer not in LAYERS:
+            raise InvalidArgument(f"layer must be one of {', '.join(LAYERS)}, got {layer!r}")
+        if len(self.working.topics) >= config.topics_max:
+            raise MetadataChangeRefused(f"{config.topics_max} topics exist (topics_max)")
+        if name in self.working.topics:
+            raise MetadataChangeRefused(f"topic {name!r} exists already (delete it first)")
+        assignment = assign_replicas(self.working.live_brokers(), partitions,
+                                     replication_factor, self.rng)
+        record = CreateTopic(name, layer, assignment)
+        return Proposal(self._propose([record]), {"assignment": assignment})
+
+    def delete_topic(self, name: str) -> Proposal:
+        self._check_serving()
+        return Proposal(self._propose([DeleteTopic(name)]), {})
+
+    # --- reads (any controller) ------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        """The folded state, as a snapshot body (and where it stands in the log)."""
+        if self.rebuilding:
+            raise NodeUnavailable("this controller is rebuilding its state from its log "
+                                  "(its snapshot is not committed here yet): ask another")
+        return {"snapshot": records.encode(self.committed.snapshot()),
+                "position": self.applied_to, "leader": self.driver.core.leader or None}
+
+    def metadata_since(self, position: int) -> dict[str, Any]:
+        """The committed records after ``position`` (at most ``pull_bytes_max`` of log), or
+        a snapshot when ``position`` lies before what this controller folded."""
+        if not isinstance(position, int) or isinstance(position, bool) or position < 0:
+            raise InvalidArgument(f"position must be a non-negative int, got {position!r}")
+        if position > self.applied_to or self.rebuilding:  # (behind the one asked before)
+            return {"records": [], "position": position}
+        if position < max(self.fold_start, self.store.first_segment_base()):  # (trimmed)
+            return {**self.describe(), "records": []}
+        found: list[list[Any]] = []
+        stop = position
+        for entry in self._entries(position, self.applied_to):
+            if entry.end - position > self.config.pull_bytes_max and found:
+                break
+            stop = entry.end
+            if not entry.control and entry.topic == METADATA_TOPIC:
+                found.append([entry.end, entry.body])
+        return {"records": found, "position": stop}
+
+    # --- inside: proposing ---------------------------------------------------------------
+
+    def _check_serving(self) -> None:
+        if self.serving:
+            return
+        core = self.driver.core
+        leader = core.leader if core.leader != core.node_id else None
+        raise NotLeader(f"controller {core.node_id} does not lead the controller quorum now"
+                        + (f"; ask {leader}" if leader else "; retry soon"), leader=leader,
+                        leader_address=self.config.voters.get(leader or ""))
+
+    def _propose(self, items: list[Record]) -> int:
+        """Check, write and propose ``items``; return where the last ends."""
+        if len(self._waiters) >= self.config.requests_waiting_max:
+            raise NodeUnavailable(f"{len(self._waiters)} controller requests wait for their "
+                                  "commit (requests_waiting_max): retry soon")
+        working = self.working
+        for item in items:
+            working = working.apply(item)  # (raises before anything is written)
+        self.driver.check_writable()
+        end = self.store.written_position
+        for item in items:
+            stored = self.driver.write(METADATA_TOPIC, [records.encode(item)],
+                                       tags=type(item).__name__)
+            self._proposals += 1
+            self.driver.propose(("controller", self._proposals), stored.end)
+            self._pending.append((stored.end, item))
+            if isinstance(item, Snapshot):
+                self._snapshot_end = stored.end
+            end = stored.end
+        self.working = working
+        return end
+
+    def _fence(self, broker_id: str) -> None:
+        info = self.working.brokers[broker_id]
+        fence = FenceBroker(broker_id, info.broker_epoch)
+        after = self.working.apply(fence)
+        changes = fence_changes(after, broker_id, self.config.auto_failover, self._reported)
+        if self._test_break == "keep_leaders":
+            changes = []
+        self._propose([fence, *changes])
+
+    def _lose_lead(self) -> None:
+        """This controller stopped leading: what it proposed may or may not commit."""
+        self._lead_term = -1
+        self._pending = []
+        self.working = self.committed
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.done(False)
+
+    def _recompute_working(self) -> None:
+        working = self.committed
+        for _end, item in self._pending:
+            try:
+                working = working.apply(item)
+            except MetadataChangeRefused:
+                continue
+        self.working = working
+
+    # --- inside: folding the committed log ---------------------------------------------------
+
+    def _rebuild(self) -> None:
+        """Fold from the log's start, or from its first snapshot if it was trimmed."""
+        self.committed, self.working = ClusterMetadata(), ClusterMetadata()
+        base = self.store.first_segment_base()
+        self.applied_to = self.fold_start = base
+        self._snapshot_end = base
+        self.rebuilding = base > 0
+        self._refresh()
+
+    def _refresh(self) -> None:
+        end = self.store.committed_position
+        if self.applied_to < self.store.first_segment_base():
+            self._rebuild()  # (a LogReset started the log over past the fold: restart)
+            return
+        if end <= self.applied_to:
+            return
+        for entry in self._entries(self.applied_to, end):
+            if self.rebuilding and entry.tags != "Snapshot":
+                self.applied_to = self.fold_start = entry.end  # (before the first snapshot)
+                continue
+            self.rebuilding = False
+            self._fold(entry)
+            self.applied_to = entry.end
+        self._maybe_trim()
+
+    def _fold(self, entry: _Entry) -> None:
+        if entry.control:
+            return
+        try:
+            if entry.topic != METADATA_TOPIC:
+                raise InvalidMetadataRecord(f"a record of topic {entry.topic!r}")
+            record = records.decode(entry.body)
+            self.committed = self.committed.apply(record, entry.end)
+        except (InvalidMetadataRecord, MetadataChangeRefused) as error:
+            self.skipped += 1
+            self.note(f"controller skipped the committed record [{entry.start}, "
+                      f"{entry.end}): {error}")
+            return
+        if isinstance(record, Snapshot):
+            self._snapshot_end = max(self._snapshot_end, entry.end)
+            self._snapshot_folded = entry.start
+
+    def _maybe_trim(self) -> None:
+        """Delete the segments wholly before the newest folded snapshot."""
+        folded = self._snapshot_folded
+        if folded is None or self.store.read_only:
+            return
+        self._snapshot_folded = None
+        if folded > self.store.first_segment_base():
+            self.store.trim_front(folded)
+
+    def _entries(self, start: int, end: int) -> Iterator[_Entry]:
+        """The records in [start, end) of the log, in order (blanks skipped)."""
+        position = start
+        while position < end:
+            data = self.store.read_raw(position, self.config.pull_bytes_max)
+            if not data:
+                return
+            offset = 0
+            while offset < len(data) and position + offset < end:
+                size, magic = BLANK.unpack_from(data, offset)
+                if magic == BLANK_MAGIC:
+                    offset += size
+                    continue
+                entry = _entry(data, offset, position + offset)
+                if entry.end > end:
+                    return
+                yield entry
+                offset += size
+            position += offset
+
+
+def _entry(data: bytes, offset: int, start: int) -> _Entry:
+    header = RecordHeader._make(RECORD_HEADER.unpack_from(data, offset))
+    at = offset + RECORD_HEADER_SIZE
+    topic = data[at:at + header.topic_size].decode("utf-8", "replace")
+    at += header.topic_size + header.key_size
+    tags = data[at:at + header.tags_size].decode("utf-8", "replace")
+    at += header.tags_size + header.properties_size
+    return _Entry(start, start + header.size, header.control, topic, tags,
+                  bytes(data[at:at + header.body_size]))

@@ -1,0 +1,300 @@
+"""The controller service over a real store, a real Raft core and the one driver (a
+one-voter group, so every step is deterministic): requests, sessions and fencing, the
+fold rebuilt on start, snapshots and the trimmed log, garbage in the log, bad requests.
+The quorum under faults is the simulator's (tests/test_controller_sim.py)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mqlog
+from mqlog.config import ReplicationConfig
+from mqlog.errors import (
+    ConfigError,
+    InvalidArgument,
+    MetadataChangeRefused,
+    NotLeader,
+)
+from mqlog.replication.controller import records
+from mqlog.replication.controller.config import ControllerConfig
+from mqlog.replication.controller.records import METADATA_TOPIC
+from mqlog.replication.controller.service import Controller
+from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.replication.driver import Driver
+from mqlog.replication.raft import RaftCore
+from mqlog.sim.controller import STORE_SETTINGS
+
+
+class OneNode:
+    """A one-voter controller group: the Io flushes at once; ``step`` is one tick."""
+
+    def __init__(self, path: Path, hard_state: Any = None, **config: Any) -> None:
+        self.path, self.config = path, config
+        self.store = mqlog.open(path, **STORE_SETTINGS)
+        self.hard_state = hard_state
+        self.notes: list[str] = []
+        core = RaftCore(ReplicationConfig(layer="raft", node_id="c0", voters=("c0",),
+                                          election_timeout_ticks=3, heartbeat_ticks=1),
+                        self.store, rng=random.Random(1), hard_state=hard_state)
+        self.driver = Driver(self.store, core, self)
+        settings = dict(voters={"c0": "127.0.0.1:1"}, broker_session_timeout_ms=200,
+                        broker_heartbeat_interval_ms=50)
+        self.controller = Controller(ControllerConfig(**{**settings, **config}), self.store,
+                                     self.driver, tick_ms=10, rng=random.Random(2),
+                                     note=self.notes.append)
+
+    # the driver's Io
+    def send(self, messages: list) -> None:
+        assert not messages
+
+    def save_hard_state(self, state: Any) -> None:
+        self.hard_state = state
+
+    def start_flush(self, done: Any) -> None:
+        self.store.flush()
+        done(True)
+
+    def answer(self, request: Any, status: Any) -> None:
+        pass
+
+    def note(self, event: str) -> None:
+        self.notes.append(event)
+
+    def failed(self, error: BaseException) -> None:
+        raise error
+
+    def step(self, ticks: int = 1) -> None:
+        for _ in range(ticks):
+            self.driver.tick()
+            self.controller.tick()
+            for _ in range(2):
+                self.driver.run()
+                self.controller.after_run()
+
+    def lead(self) -> Controller:
+        for _ in range(20):
+            if self.controller.serving:
+                return self.controller
+            self.step()
+        raise AssertionError("a one-voter group did not elect itself")
+
+    def call(self, proposal: Any) -> dict:
+        answered: list[bool] = []
+        self.controller.wait(proposal, answered.append)
+        self.step()
+        assert answered == [True]
+        return proposal.answer
+
+    def reopen(self) -> OneNode:
+        self.controller.stop()
+        self.store.close()
+        again = OneNode(self.path, self.hard_state, **self.config)
+        self.store = again.store  # (so the fixture closes it)
+        return again
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Any:
+    """make(**controller_config) -> OneNode."""
+    opened: list[OneNode] = []
+
+    def _make(**config: Any) -> OneNode:
+        one = OneNode(tmp_path / "c0", **config)
+        opened.append(one)
+        return one
+    yield _make
+    for one in opened:
+        if not one.store._closed:
+            one.store.close()
+
+
+def _cluster(node: OneNode, brokers: int = 3) -> dict[str, int]:
+    controller = node.lead()
+    epochs = {}
+    for index in range(brokers):
+        name = f"b{index}"
+        epochs[name] = node.call(controller.register_broker(name, f"h:{index}"))["broker_epoch"]
+        node.call(controller.heartbeat(name, epochs[name]))
+    return epochs
+
+
+def test_requests_fold_into_the_state(make: Any) -> None:
+    one = make()
+    epochs = _cluster(one)
+    controller = one.controller
+    answer = one.call(controller.create_topic("orders", 6, 3, "raft"))
+    assert len(answer["assignment"]) == 6
+    state = controller.committed
+    assert sorted(state.brokers) == ["b0", "b1", "b2"] and not any(
+        info.fenced for info in state.brokers.values())
+    assert [part.replicas for part in state.topics["orders"].partitions] == \
+        [tuple(replicas) for replicas in answer["assignment"]]
+    assert epochs == {"b0": 1, "b1": 1, "b2": 1}
+    one.call(controller.delete_topic("orders"))
+    assert "orders" not in controller.committed.topics
+
+
+def test_bad_requests_get_typed_errors_and_change_nothing(make: Any) -> None:
+    one = make()
+    epochs = _cluster(one, 2)
+    controller = one.controller
+    before = controller.committed
+    for partitions in (0, -1, "3", 10_000):
+        with pytest.raises(InvalidArgument, match="partitions"):
+            controller.create_topic("t", partitions, 1)
+    with pytest.raises(InvalidArgument, match="replication factor"):
+        controller.create_topic("t", 1, 0)
+    with pytest.raises(InvalidArgument, match="layer"):
+        controller.create_topic("t", 1, 1, "paxos")
+    with pytest.raises(MetadataChangeRefused, match="2 are live"):
+        controller.create_topic("t", 1, 3)
+    with pytest.raises(MetadataChangeRefused, match="not a valid name"):
+        controller.create_topic("../etc", 1, 1)
+    with pytest.raises(MetadataChangeRefused, match="register again"):
+        controller.heartbeat("b0", epochs["b0"] + 1)
+    with pytest.raises(MetadataChangeRefused, match="register again"):
+        controller.heartbeat("nobody", 1)
+    with pytest.raises(MetadataChangeRefused, match="no topic"):
+        controller.delete_topic("t")
+    with pytest.raises(InvalidArgument, match="position"):
+        controller.metadata_since(-1)
+    one.step(2)
+    assert controller.committed == before
+
+
+def test_not_leader_before_the_election(tmp_path: Path) -> None:
+    one = OneNode(tmp_path / "c0")
+    try:
+        with pytest.raises(NotLeader, match="does not lead"):
+            one.controller.register_broker("b0", "h:0")
+    finally:
+        one.store.close()
+
+
+def test_a_silent_broker_is_fenced_and_its_leaderships_move(make: Any) -> None:
+    one = make()
+    epochs = _cluster(one)
+    controller = one.controller
+    one.call(controller.create_topic("i", 3, 3, "isr"))
+    led_by_b0 = [index for index, part in enumerate(controller.committed.topics["i"].partitions)
+                 if part.leader == "b0"]
+    assert led_by_b0
+    for _ in range(controller.session_ticks + 5):  # b1 and b2 keep heartbeating
+        for name in ("b1", "b2"):
+            controller.heartbeat(name, epochs[name])
+        one.step()
+    state = controller.committed
+    assert state.brokers["b0"].fenced and not state.brokers["b1"].fenced
+    for index in led_by_b0:
+        part = state.topics["i"].partitions[index]
+        assert part.leader in ("b1", "b2") and "b0" not in part.isr
+        assert part.leader_epoch == 1 and part.partition_epoch == 1
+    assert any("b0 missed its session" in line for line in one.notes)
+    one.call(controller.heartbeat("b0", epochs["b0"]))  # back within its registration
+    assert not controller.committed.brokers["b0"].fenced
+
+
+def test_the_state_is_rebuilt_on_start(make: Any) -> None:
+    one = make()
+    _cluster(one)
+    one.call(one.controller.create_topic("t", 4, 2, "isr"))
+    before = one.controller.committed
+    again = one.reopen()
+    assert again.controller.committed == ClusterMetadata()  # nothing is committed yet
+    again.lead()
+    assert again.controller.committed == before
+
+
+def test_snapshots_trim_the_log_and_a_restart_starts_from_one(make: Any) -> None:
+    one = make(snapshot_interval_bytes=2048, broker_session_timeout_ms=10**9)
+    _cluster(one)
+    controller = one.controller
+    for index in range(400):
+        one.call(controller.create_topic(f"t{index}", 1, 1, "raft"))
+        if index % 2:
+            one.call(controller.delete_topic(f"t{index - 1}"))
+        one.step()
+        if one.store.first_segment_base() > 0:
+            break
+    assert one.store.first_segment_base() > 0, "the log was never trimmed"
+    before = controller.committed
+    answer = controller.metadata_since(0)  # before the log's start: a snapshot
+    view = ClusterMetadata().apply(records.decode(answer["snapshot"]), answer["position"])
+    for end, body in answer["records"]:
+        view = view.apply(records.decode(body), end)
+    assert view == before
+    again = one.reopen()
+    assert again.controller.rebuilding
+    again.lead()
+    assert not again.controller.rebuilding and again.controller.committed == before
+
+
+def test_garbage_in_the_log_is_skipped_alike_and_said(make: Any) -> None:
+    one = make()
+    _cluster(one, 1)
+    controller = one.controller
+    before = controller.committed
+    stored = one.driver.write(METADATA_TOPIC, [b"\xc1garbage"], tags="Nonsense")
+    one.driver.propose(("test", 1), stored.end)
+    refused = records.encode(records.RegisterBroker("b0", 1, "h:0"))  # (a stale epoch)
+    stored = one.driver.write(METADATA_TOPIC, [refused], tags="RegisterBroker")
+    one.driver.propose(("test", 2), stored.end)
+    one.step(2)
+    assert controller.skipped == 2 and controller.applied_to >= stored.end
+    assert controller.committed.brokers == before.brokers
+    assert any("skipped the committed record" in line for line in one.notes)
+
+
+def test_metadata_since_pages_by_bytes(make: Any) -> None:
+    one = make(pull_bytes_max=600)
+    _cluster(one)
+    controller = one.controller
+    position, view, pages = 0, ClusterMetadata(), 0
+    while position < controller.applied_to:
+        answer = controller.metadata_since(position)
+        for end, body in answer["records"]:
+            view = view.apply(records.decode(body), end)
+        assert answer["position"] > position
+        position, pages = answer["position"], pages + 1
+    assert view == controller.committed and pages > 1
+
+
+def test_controller_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'voters'"):
+        ControllerConfig.from_table({"voter": {}})
+    with pytest.raises(ConfigError, match="3 or 5"):
+        ControllerConfig.from_table({"voters": {"a": "h:1", "b": "h:2"}})
+    with pytest.raises(ConfigError, match="host:port"):
+        ControllerConfig.from_table({"voters": {"a": 1}})
+    with pytest.raises(ConfigError, match="twice"):
+        ControllerConfig.from_table({"broker_session_timeout_ms": 100,
+                                     "broker_heartbeat_interval_ms": 80})
+    with pytest.raises(ConfigError, match="positive"):
+        ControllerConfig.from_table({"partitions_max": 0})
+    with pytest.raises(ConfigError, match="true or false"):
+        ControllerConfig.from_table({"auto_failover": "yes"})
+    assert ControllerConfig.from_table({"auto_failover": True}).session_ticks(10) == 900
+
+
+def test_trim_front_deletes_whole_segments_before_what_is_committed(open_store) -> None:
+    """Store.trim_front (the controller trims its log behind a snapshot with it)."""
+    store = open_store(committed_follows="external")
+    for index in range(200):
+        store.put("t", b"%04d" % index + b"." * 1000)
+    store.flush()
+    end = store.written_position
+    assert store.trim_front(end).log_start == 0  # nothing is committed yet
+    store.set_committed_position(end)
+    report = store.trim_front(end - 1)
+    assert 0 < report.log_start == store.first_segment_base() <= end - 1
+    assert report.bytes_deleted == report.log_start
+    first = store.min_offset("t")
+    assert first > 0 and store.get("t", 0, first, 1)[0].body.startswith(b"%04d" % first)
+    assert store.trim_front(0).log_start == report.log_start  # never backwards
+    for bad in (-1, "1", True):
+        with pytest.raises(InvalidArgument, match="position"):
+            store.trim_front(bad)
