@@ -298,3 +298,21 @@ def test_trim_front_deletes_whole_segments_before_what_is_committed(open_store) 
     for bad in (-1, "1", True):
         with pytest.raises(InvalidArgument, match="position"):
             store.trim_front(bad)
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: c.register_broker(7, "h:1"), lambda c: c.register_broker("b9", None),
+    lambda c: c.heartbeat("b0", "1"), lambda c: c.heartbeat("b0", -1),
+    lambda c: c.heartbeat("b0", 1, reports=[1]),
+    lambda c: c.heartbeat("b0", 1, reports={("t", "0"): (1, 2)}),
+    lambda c: c.heartbeat("b0", 1, reports={("t", 0): (1,)}),
+    lambda c: c.create_topic(b"t", 1, 1), lambda c: c.create_topic("t", 1, 1, None),
+    lambda c: c.delete_topic(3), lambda c: c.metadata_since("0")])
+def test_garbage_arguments_from_a_peer_are_typed_errors(make: Any, call: Any) -> None:
+    one = make()
+    _cluster(one, 1)
+    before = one.controller.committed
+    with pytest.raises(InvalidArgument):
+        call(one.controller)
+    one.step()
+    assert one.controller.committed == before

@@ -193,6 +193,7 @@ class Controller:
     # --- requests (the leader) ------------------------------------------------------------
 
     def register_broker(self, broker_id: str, address: str, rack: str = "") -> Proposal:
+        _check_text(broker_id=broker_id, address=address, rack=rack)
         self._check_serving()
         known = self.working.brokers.get(broker_id)
         if known is None and len(self.working.brokers) >= self.config.brokers_max:
@@ -207,6 +208,9 @@ class Controller:
                   reports: dict[tuple[str, int], tuple[int, int]] | None = None) -> Proposal:
         """A broker is alive at ``broker_epoch``; ``reports`` gives (epoch, position) of its
         replicas' logs, for master-slave failover. A fenced broker is unfenced."""
+        _check_text(broker_id=broker_id)
+        _check_int("broker_epoch", broker_epoch)
+        reports = _check_reports(reports)
         self._check_serving()
         known = self.working.brokers.get(broker_id)
         if known is None or known.broker_epoch != broker_epoch:
@@ -223,6 +227,7 @@ class Controller:
 
     def create_topic(self, name: str, partitions: int, replication_factor: int,
                      layer: str = "raft") -> Proposal:
+        _check_text(name=name, layer=layer)
         self._check_serving()
         config = self.config
         if not isinstance(partitions, int) or not 1 <= partitions <= config.partitions_max:
@@ -245,6 +250,7 @@ class Controller:
         return Proposal(self._propose([record]), {"assignment": assignment})
 
     def delete_topic(self, name: str) -> Proposal:
+        _check_text(name=name)
         self._check_serving()
         return Proposal(self._propose([DeleteTopic(name)]), {})
 
@@ -298,16 +304,16 @@ class Controller:
             working = working.apply(item)  # (raises before anything is written)
         self.driver.check_writable()
         end = self.store.written_position
-        for item in items:
+        for item in items:  # (a failed write, DiskFull say, leaves the earlier ones proposed)
             stored = self.driver.write(METADATA_TOPIC, [records.encode(item)],
                                        tags=type(item).__name__)
             self._proposals += 1
             self.driver.propose(("controller", self._proposals), stored.end)
             self._pending.append((stored.end, item))
+            self.working = self.working.apply(item)
             if isinstance(item, Snapshot):
                 self._snapshot_end = stored.end
             end = stored.end
-        self.working = working
         return end
 
     def _fence(self, broker_id: str) -> None:
@@ -409,6 +415,38 @@ class Controller:
                 yield entry
                 offset += size
             position += offset
+
+
+def _check_text(**values: Any) -> None:
+    for name, value in values.items():
+        if not isinstance(value, str):
+            raise InvalidArgument(f"{name} must be a str, got {type(value).__name__}")
+
+
+def _check_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 63:
+        raise InvalidArgument(f"{name} must be a non-negative int, got {value!r}")
+
+
+def _check_reports(reports: Any) -> dict[tuple[str, int], tuple[int, int]]:
+    """A heartbeat's reports: {(topic, partition): (epoch, position)} (lists accepted:
+    msgpack has no tuples)."""
+    if reports is None:
+        return {}
+    if not isinstance(reports, dict):
+        raise InvalidArgument(f"reports must be a map, got {type(reports).__name__}")
+    checked = {}
+    for where, report in reports.items():
+        if not (isinstance(where, tuple | list) and len(where) == 2
+                and isinstance(where[0], str) and isinstance(report, tuple | list)
+                and len(report) == 2):
+            raise InvalidArgument(f"a report is (topic, partition): (epoch, position), got "
+                                  f"{where!r}: {report!r}")
+        for name, value in (("partition", where[1]), ("epoch", report[0]),
+                            ("position", report[1])):
+            _check_int(name, value)
+        checked[(where[0], where[1])] = (report[0], report[1])
+    return checked
 
 
 def _entry(data: bytes, offset: int, start: int) -> _Entry:
