@@ -46,7 +46,7 @@ from typing import IO, Any
 import click
 
 import mqlog
-from mqlog import cli_repair
+from mqlog import cli_repair, cli_topics
 from mqlog.config import StoreConfig
 from mqlog.config import load as load_config
 from mqlog.engine import queries
@@ -1077,6 +1077,8 @@ def _rows_table(title: str, rows: list[dict[str, Any]]) -> Any:
 
 _register_spark_jobs()
 cli.add_command(cli_repair.repair)
+cli.add_command(cli_topics.topics)
+cli.add_command(cli_topics.brokers)
 
 
 if __name__ == "__main__":
