@@ -1,0 +1,142 @@
+"""``mqlog topics create|list|describe|delete`` and ``mqlog brokers``: the cluster's
+metadata, asked of the controller quorum (Kafka's kafka-topics.sh and kafka-metadata).
+
+Each command takes ``--bootstrap HOST:PORT[,HOST:PORT...]``: any controller (a process
+with role "controller" or "broker,controller"). Reads (list, describe, brokers) are
+answered by the first that answers, from what it has folded; changes go to the leader:
+a controller that does not lead answers NotLeader naming the leader's address, and the
+command follows it (at most ``_REDIRECTS_MAX`` times). A change is answered once its
+record is committed and folded on the leader; an answer lost on the way ("outcome
+unknown") is an error that says to look with ``describe`` before retrying.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from mqlog import errors
+from mqlog.client import Client
+from mqlog.replication.controller import records
+from mqlog.replication.controller.records import LAYERS, Snapshot
+from mqlog.replication.controller.state import ClusterMetadata, describe_topic
+
+_REDIRECTS_MAX = 5
+
+
+def _addresses(bootstrap: str) -> list[str]:
+    found = [item.strip() for item in bootstrap.split(",") if item.strip()]
+    if not found:
+        raise click.UsageError("--bootstrap needs at least one HOST:PORT")
+    return found
+
+
+def _ask(bootstrap: str, header: dict[str, Any], *, leader: bool,
+         timeout_s: float) -> dict[str, Any]:
+    """One request, to the first controller that answers (to the leader, if ``leader``)."""
+    failures, queue = [], _addresses(bootstrap)
+    for _ in range(len(queue) + _REDIRECTS_MAX):
+        if not queue:
+            break
+        address = queue.pop(0)
+        try:
+            with Client(address, timeout_s=timeout_s) as client:
+                return client.call(dict(header))[0]
+        except errors.NotLeader as error:
+            failures.append(f"{address}: {error}")
+            if leader and error.leader_address and error.leader_address not in queue:
+                queue.insert(0, error.leader_address)
+        except (errors.NodeUnavailable, errors.RemoteError) as error:
+            failures.append(f"{address}: {error}")
+    raise errors.NodeUnavailable("no controller could answer: " + "; ".join(failures))
+
+
+def _state(answer: dict[str, Any]) -> ClusterMetadata:
+    snapshot = records.decode(answer["snapshot"])
+    assert isinstance(snapshot, Snapshot)
+    return ClusterMetadata().apply(snapshot, answer["position"])
+
+
+bootstrap_option = click.option(
+    "--bootstrap", "-b", required=True, metavar="HOST:PORT[,...]",
+    help="Controllers to ask (any of them; changes are sent on to the leader).")
+timeout_option = click.option("--timeout-s", type=click.FloatRange(min=0.1), default=10.0,
+                              show_default=True, help="Give up on a controller after this.")
+
+
+@click.group()
+def topics() -> None:
+    """Create, list, describe and delete the cluster's topics."""
+
+
+@topics.command()
+@click.argument("name")
+@click.option("--partitions", type=click.IntRange(min=1), required=True)
+@click.option("--replication-factor", type=click.IntRange(min=1), required=True)
+@click.option("--layer", type=click.Choice(LAYERS), default="raft", show_default=True,
+              help="How each partition is replicated.")
+@bootstrap_option
+@timeout_option
+def create(name: str, partitions: int, replication_factor: int, layer: str, bootstrap: str,
+           timeout_s: float) -> None:
+    """Create topic NAME: its replicas are placed as Kafka places them."""
+    answer = _ask(bootstrap, {"kind": "create_topic", "name": name, "partitions": partitions,
+                              "replication_factor": replication_factor, "layer": layer},
+                  leader=True, timeout_s=timeout_s)
+    click.echo(f"created topic {name}: {partitions} partitions x {replication_factor} "
+               f"replicas ({layer})")
+    for index, replicas in enumerate(answer.get("assignment", ())):
+        click.echo(f"  {index}: {','.join(replicas)}")
+
+
+@topics.command()
+@click.argument("name")
+@bootstrap_option
+@timeout_option
+def delete(name: str, bootstrap: str, timeout_s: float) -> None:
+    """Delete topic NAME from the cluster's metadata."""
+    _ask(bootstrap, {"kind": "delete_topic", "name": name}, leader=True, timeout_s=timeout_s)
+    click.echo(f"deleted topic {name}")
+
+
+@topics.command(name="list")
+@bootstrap_option
+@timeout_option
+def list_topics(bootstrap: str, timeout_s: float) -> None:
+    """The topics, one a line: name, layer, partitions."""
+    state = _state(_ask(bootstrap, {"kind": "describe_cluster"}, leader=False,
+                        timeout_s=timeout_s))
+    for name in sorted(state.topics):
+        topic = state.topics[name]
+        click.echo(f"{name}\t{topic.layer}\t{len(topic.partitions)}")
+
+
+@topics.command()
+@click.argument("names", nargs=-1)
+@bootstrap_option
+@timeout_option
+def describe(names: tuple[str, ...], bootstrap: str, timeout_s: float) -> None:
+    """Partitions of NAMES (all topics if none): leader, epochs, replicas, ISR, ELR."""
+    state = _state(_ask(bootstrap, {"kind": "describe_cluster"}, leader=False,
+                        timeout_s=timeout_s))
+    missing = [name for name in names if name not in state.topics]
+    if missing:
+        raise errors.InvalidArgument(f"no topic {', '.join(missing)} (`mqlog topics list` "
+                                     "shows the topics there are)")
+    for name in names or sorted(state.topics):
+        for line in describe_topic(state.topics[name]):
+            click.echo(line[2:])
+
+
+@click.command()
+@bootstrap_option
+@timeout_option
+def brokers(bootstrap: str, timeout_s: float) -> None:
+    """The registered brokers: id, broker epoch, address, state (live or fenced)."""
+    state = _state(_ask(bootstrap, {"kind": "describe_cluster"}, leader=False,
+                        timeout_s=timeout_s))
+    for name in sorted(state.brokers):
+        info = state.brokers[name]
+        click.echo(f"{name}\tepoch={info.broker_epoch}\t{info.address}\t"
+                   + ("fenced" if info.fenced else "live"))
