@@ -50,6 +50,7 @@ from mqlog.errors import (
     InvalidMetadataRecord,
     MessageTooLarge,
     MetadataChangeRefused,
+    MqlogError,
     NodeUnavailable,
     NotLeader,
 )
@@ -158,19 +159,26 @@ class Controller:
         self.ticks += 1
         if not self.serving:
             return
-        for name in self.working.live_brokers():
-            heard = self._sessions.setdefault(name, self.ticks)
-            if self.ticks - heard > self.session_ticks:
-                self.note(f"broker {name} missed its session: fenced")
-                self._fence(name)
-        if self.store.written_position - self._snapshot_end > self.config.snapshot_interval_bytes:
-            try:
-                self._propose([self.working.snapshot()])
-            except MessageTooLarge as error:  # the log keeps growing, untrimmed, until
-                # the state shrinks or the limit grows: say so, and retry an interval later
-                self._snapshot_end = self.store.written_position
-                self.note(f"the controller's snapshot does not fit one record ({error}): its "
-                          "log is not trimmed; raise message_size_bytes_max of its store")
+        try:
+            for name in self.working.live_brokers():
+                heard = self._sessions.setdefault(name, self.ticks)
+                if self.ticks - heard > self.session_ticks:
+                    self.note(f"broker {name} missed its session: fenced")
+                    self._fence(name)
+            if self.store.written_position - self._snapshot_end > \
+                    self.config.snapshot_interval_bytes:
+                self._snapshot()
+        except MqlogError as error:  # (a full disk, say: the next tick tries again)
+            self.note(f"controller tick: {error}")
+
+    def _snapshot(self) -> None:
+        try:
+            self._propose([self.working.snapshot()])
+        except MessageTooLarge as error:  # the log keeps growing, untrimmed, until the
+            # state shrinks or the limit grows: say so, and retry an interval later
+            self._snapshot_end = self.store.written_position
+            self.note(f"the controller's snapshot does not fit one record ({error}): its "
+                      "log is not trimmed; raise message_size_bytes_max of its store")
 
     def wait(self, proposal: Proposal, done: Callable[[bool], None]) -> None:
         """Call ``done(True)`` once ``proposal`` is folded, ``done(False)`` if this
