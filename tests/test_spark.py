@@ -485,6 +485,52 @@ def test_reconcile_finds_exactly_the_injected_differences(spark, tmp_path, rng):
     assert summary[(str(copies["long"]), "orders", 1)]["extra"] == 7
 
 
+def test_reconcile_on_the_driver_and_by_shuffles_give_the_same_answer(spark, tmp_path,
+                                                                       rng):
+    """The same damaged replicas (short, longer, diverged, a flipped CRC, control records)
+    compared on the driver and by shuffles: the same findings, counts, summary and
+    schema; the driver's way runs no Spark job."""
+    from mqlog.spark_connector.reconcile import reconcile
+
+    reference, copies, rows, _cut, _extra = _replicas(tmp_path, rng)
+    _flip_crc(copies["long"], sorted(row[3] for row in rows)[10])
+    _flip_crc(reference, sorted(row[3] for row in rows)[20])
+    raft_reference, raft_copy = _raft_like(tmp_path / "raft")
+    moved = [tmp_path / "moved-a", tmp_path / "moved-b"]  # the key moved into the tags
+    for path, (key, tags) in zip(moved, ((None, "k"), ("k", None)), strict=True):
+        with mqlog.open(path, clock_ms=lambda: 1_000, **SMALL) as store:
+            for body in (b"one", b"two"):
+                store.put("orders", body, 0, key=key, tags=tags, born_timestamp=7)
+    cases = [[str(reference), *map(str, copies.values())], [str(raft_reference),
+             str(raft_copy)], list(map(str, moved))]
+    context = spark.sparkContext
+    for paths in cases:
+        answers = []
+        for way, limit in (("driver", 1 << 30), ("shuffled", 0)):
+            context.setJobGroup(f"reconcile-{way}-{len(paths)}", way)
+            found = reconcile(spark, paths, driver_bytes_max=limit)
+            jobs = context.statusTracker().getJobIdsForGroup(f"reconcile-{way}-{len(paths)}")
+            answers.append((sorted(tuple(row) for row in found.findings.collect()),
+                            found.counts, found.summary_rows(),
+                            found.findings.schema.simpleString()))
+            if way == "driver":
+                assert jobs == [], jobs
+        assert answers[0] == answers[1]
+        assert answers[0][0], "the damage was found"
+    assert answers[0][1] == {("log", "divergent"): 2}
+    context.setJobGroup("after", "after")
+
+
+def test_reconcile_refuses_a_bad_driver_limit(spark, tmp_path, rng):
+    from mqlog.errors import InvalidArgument
+    from mqlog.spark_connector.reconcile import reconcile
+
+    path = _fill(tmp_path / "a", rng, count=10)
+    for bad in (-1, True, 1.5, "1"):
+        with pytest.raises(InvalidArgument, match="driver_bytes_max"):
+            reconcile(spark, [str(path), str(path) + "/"], driver_bytes_max=bad)
+
+
 def _replayed(path):
     """What a replay wrote, as (topic, queue, source offset, key, tags, born timestamp,
     properties without replay's, body), in destination order."""

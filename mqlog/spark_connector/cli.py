@@ -158,11 +158,14 @@ _VERBOSE = click.option("--verbose", is_flag=True, default=False,
                 type=click.Path(exists=True, file_okay=False))
 @click.option("--out", type=click.Path(), default=None,
               help="Write every finding to this Parquet directory.")
+@click.option("--driver-bytes-max", type=click.IntRange(min=0), default=None,
+              help="Compare on the driver when the replicas hold at most this many bytes "
+                   "of records together (default 16 MiB; 0: always by Spark shuffles).")
 @_MASTER
 @_VERBOSE
 @_errors
-def reconcile(directories: tuple[str, ...], out: str | None, master: str | None,
-              verbose: bool) -> None:
+def reconcile(directories: tuple[str, ...], out: str | None, driver_bytes_max: int | None,
+              master: str | None, verbose: bool) -> None:
     """Compare replica copies of a store (the first is the reference): missing, extra,
     divergent and corrupt records per queue, and the common prefix."""
     from mqlog.spark_connector.reconcile import format_counts, format_summary
@@ -173,7 +176,8 @@ def reconcile(directories: tuple[str, ...], out: str | None, master: str | None,
     spark = session("mqlog reconcile", master, verbose)
     with Progress(spark, not verbose) as progress:
         progress.show(f"reconcile: reading and comparing {len(directories)} replicas")
-        found = run(spark, list(directories))
+        found = run(spark, list(directories), *(() if driver_bytes_max is None
+                                                 else (driver_bytes_max,)))
         if out:
             progress.show(f"reconcile: writing the findings to {out}")
             found.findings.write.mode("overwrite").parquet(out)

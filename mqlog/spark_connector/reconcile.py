@@ -17,6 +17,16 @@ with it twice:
   the body: this finds the same messages even where the logs' byte positions differ.
   Control records belong to no queue and are left out.
 
+Replicas that hold little together (``driver_bytes_max``, ``DRIVER_BYTES_MAX`` by default:
+bytes of records, as the planner counts them) are compared on the driver instead, with
+no Spark job: the source's own planner and reader (the code every task runs) read them
+in commit-log mode there, and the comparisons below run in Python (``_DriverComparison``)
+by the same rules, on the exact field values where the shuffles compare their 64-bit
+hashes, so both ways give the same findings, counts and summary (a test damages
+replicas and compares them). The source is not even registered; the findings and
+summary DataFrames are built from Arrow (local relations) when first asked for. Larger
+replicas take the shuffles.
+
 Each comparison is one shuffle: the rows are grouped by their key with one column per
 replica (a pivot), ``stage_tasks`` partitions (the task slots, more only for large
 data). A key only the reference has is ``missing`` from the replica, one only the
@@ -33,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from mqlog.errors import InvalidArgument
@@ -43,15 +52,32 @@ REPORT_COLUMNS = ("level", "kind", "replica", "reference", "topic", "queue_id", 
 KINDS = ("missing", "extra", "divergent", "corrupt")
 
 
-@dataclass
 class Reconciliation:
-    """What ``reconcile`` found: the findings (a cached DataFrame), their counts per
-    (level, kind), and the per-queue summary (a DataFrame, and its rows)."""
+    """What ``reconcile`` found: the findings (a DataFrame, cached when Spark computed
+    them; built from Arrow on first use when the driver did), their counts per (level,
+    kind), and the per-queue summary (a DataFrame, and its rows)."""
 
-    findings: Any
-    counts: dict[tuple[str, str], int]
-    summary: Any
-    rows: list[dict]
+    def __init__(self, spark: Any, findings: Any, counts: dict[tuple[str, str], int],
+                 rows: list[dict]) -> None:
+        self.spark = spark
+        self._findings = findings  # a DataFrame, or a pyarrow Table (the driver's)
+        self._summary: Any = None
+        self.counts = counts
+        self.rows = rows
+
+    @property
+    def findings(self) -> Any:
+        import pyarrow as pa
+
+        if isinstance(self._findings, pa.Table):
+            self._findings = self.spark.createDataFrame(self._findings)
+        return self._findings
+
+    @property
+    def summary(self) -> Any:
+        if self._summary is None:
+            self._summary = _summary_frame(self.spark, self.rows)
+        return self._summary
 
     def summary_rows(self) -> list[dict]:
         return list(self.rows)
@@ -61,19 +87,43 @@ class Reconciliation:
                    if level is None or at == level)
 
 
-def reconcile(spark: Any, paths: Sequence[str]) -> Reconciliation:
-    """Compare the stores at ``paths`` (the first is the reference); see the docstring."""
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
+# Replicas holding at most this many bytes of records together are compared on the driver
+# (one scan); about 100 bytes of Python objects per record come back for every 100-byte
+# record or more, so this bounds the driver's extra memory near this figure.
+DRIVER_BYTES_MAX = 16 << 20
 
+
+
+def reconcile(spark: Any, paths: Sequence[str],
+              driver_bytes_max: int = DRIVER_BYTES_MAX) -> Reconciliation:
+    """Compare the stores at ``paths`` (the first is the reference); see the docstring.
+    ``driver_bytes_max``: compare on the driver when the replicas hold at most this many
+    bytes of records together (0: always shuffle)."""
     from mqlog.spark_connector import register
-    from mqlog.spark_connector.planner import held_bytes, stage_tasks
+    from mqlog.spark_connector.planner import held_bytes
 
     paths = list(paths)
     if len(paths) < 2 or len(set(paths)) != len(paths):
         raise InvalidArgument("reconcile needs at least two distinct store directories")
+    if isinstance(driver_bytes_max, bool) or not isinstance(driver_bytes_max, int) \
+            or driver_bytes_max < 0:
+        raise InvalidArgument(f"driver_bytes_max must be an int >= 0 (bytes), not "
+                              f"{driver_bytes_max!r}")
+    held = held_bytes(paths)
+    if held <= driver_bytes_max:
+        return _reconcile_on_driver(spark, paths)
     register(spark)
-    partitions = stage_tasks(held_bytes(paths), spark.sparkContext.defaultParallelism)
+    return _reconcile_shuffled(spark, paths, held)
+
+
+def _reconcile_shuffled(spark: Any, paths: list[str], held: int) -> Reconciliation:
+    """The comparisons as Spark shuffles, one per level (large replicas)."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    from mqlog.spark_connector.planner import stage_tasks
+
+    partitions = stage_tasks(held, spark.sparkContext.defaultParallelism)
     hashed = _hashed(spark, paths).persist(StorageLevel.MEMORY_AND_DISK)
     good = hashed.filter("crc_ok")
     corrupt = hashed.filter(~F.col("crc_ok")).select(
@@ -92,10 +142,128 @@ def reconcile(spark: Any, paths: Sequence[str]) -> Reconciliation:
         for group in groups:
             key = (group["level"], group["kind"])
             counts[key] = counts.get(key, 0) + int(group["count"])
-        rows = _summary(good, groups, paths)
+        ends = {(row["topic"], row["queue_id"]): int(row["queue_end"]) for row in
+                good.filter(F.col("topic") != "").groupBy("topic", "queue_id")
+                .agg((F.max("offset") + 1).alias("queue_end")).collect()}
+        rows = _summary(ends, groups, paths)
     hashed.unpersist()
-    summary = spark.createDataFrame(rows, _SUMMARY_DDL)
-    return Reconciliation(findings, counts, summary, rows)
+    return Reconciliation(spark, findings, counts, rows)
+
+
+def _reconcile_on_driver(spark: Any, paths: list[str]) -> Reconciliation:
+    """The comparisons in Python over every replica's records, read on the driver with
+    the source's own planner and reader (small replicas: no Spark job)."""
+    import pyarrow as pa
+
+    compared = _DriverComparison(paths, _driver_rows(paths))
+    columns: list[Any] = list(zip(*compared.findings, strict=True)) or \
+        [[] for _ in REPORT_COLUMNS]
+    findings = pa.table(columns, schema=_findings_arrow())
+    rows = _summary(compared.ends, compared.groups(), paths)
+    return Reconciliation(spark, findings, compared.counts(), rows)
+
+
+def _driver_rows(paths: list[str]) -> list[tuple]:
+    """Every record of every replica in commit-log mode, as ``_HASHED`` tuples whose
+    ``content`` is the tuple of the fields ``_hashed`` hashes, compared exactly."""
+    from mqlog.spark_connector import options
+    from mqlog.spark_connector.datasource import read_partition
+    from mqlog.spark_connector.planner import plan
+
+    wanted = options.parse({"paths": ",".join(paths), "mode": "commitlog"}, slots=1)
+    rows: list[tuple] = []
+    for partition in plan(wanted):
+        for batch in read_partition(partition, wanted):
+            got = {name: batch.column(name).to_pylist() for name in batch.schema.names}
+            content = zip(*(got[name] for name in _CONTENT), strict=True)
+            rows.extend(zip(*(got[name] for name in _HASHED[:7]), content, got["body"],
+                            strict=True))
+    return rows
+
+
+_HASHED = ("replica", "topic", "queue_id", "offset", "position", "epoch", "crc_ok",
+           "content", "body_hash")
+_CONTENT = ("topic", "queue_id", "offset", "epoch", "timestamp", "born_timestamp", "key",
+            "tags", "properties", "body")
+
+
+class _DriverComparison:
+    """``_compare``'s and the corrupt rows' rules in Python, over rows in ``_HASHED``
+    order: the findings as tuples in ``REPORT_COLUMNS`` order, their groups and counts,
+    and each queue's end (its highest offset among good records, plus 1)."""
+
+    def __init__(self, paths: list[str], rows: list[tuple]) -> None:
+        self.paths = paths
+        number = {path: index for index, path in enumerate(paths)}
+        self.findings: list[tuple] = []
+        self.ends: dict[tuple[str, int], int] = {}
+        logs: dict[tuple, list] = {}
+        queues: dict[tuple, list] = {}
+        for row in rows:
+            replica, topic, queue_id, offset, position, epoch, crc_ok = row[:7]
+            if not crc_ok:
+                self.findings.append(("log", "corrupt", replica, paths[0], topic, queue_id,
+                                      offset, position, epoch, None))
+                continue
+            index = number.get(replica)
+            if index is None:
+                continue
+            _first(logs, (position,), index, len(paths), (row[7], *row[1:6]))
+            if topic:  # (Spark's topic != "" is not true for a null either)
+                _first(queues, (topic, queue_id, offset), index, len(paths),
+                       (row[8], *row[1:6]))
+                end = self.ends.get((topic, queue_id), 0)
+                self.ends[(topic, queue_id)] = max(end, offset + 1)
+        self._compare(logs, "log")
+        self._compare(queues, "queue")
+
+    def _compare(self, grouped: dict[tuple, list], level: str) -> None:
+        for slots in grouped.values():
+            reference = slots[0]
+            for number in range(1, len(self.paths)):
+                theirs = slots[number]
+                if theirs is None and reference is None:
+                    continue
+                kind = "missing" if theirs is None else "extra" if reference is None \
+                    else "divergent" if theirs[0] != reference[0] else None
+                if kind is None:
+                    continue
+                record = reference if theirs is None else theirs
+                self.findings.append((level, kind, self.paths[number], self.paths[0],
+                                      *record[1:], None if reference is None else
+                                      reference[5]))
+
+    def groups(self) -> list[dict]:
+        """The findings counted per (level, kind, replica, topic, queue_id), each with
+        the first offset (what the shuffled job's aggregate gives)."""
+        found: dict[tuple, dict] = {}
+        for finding in self.findings:
+            level, kind, replica, _reference, topic, queue_id, offset = finding[:7]
+            group = found.setdefault((level, kind, replica, topic, queue_id), {
+                "level": level, "kind": kind, "replica": replica, "topic": topic,
+                "queue_id": queue_id, "count": 0, "first": None})
+            group["count"] += 1
+            if offset is not None:
+                group["first"] = offset if group["first"] is None else \
+                    min(group["first"], offset)
+        return list(found.values())
+
+    def counts(self) -> dict[tuple[str, str], int]:
+        counted: dict[tuple[str, str], int] = {}
+        for finding in self.findings:
+            counted[finding[:2]] = counted.get(finding[:2], 0) + 1
+        return counted
+
+
+def _first(grouped: dict[tuple, list], key: tuple, index: int, replicas: int,
+           record: tuple) -> None:
+    """``record`` (digest, topic, queue_id, offset, position, epoch) in its replica's
+    slot under ``key``, unless that slot holds one already (``first`` in the pivot)."""
+    slots = grouped.get(key)
+    if slots is None:
+        slots = grouped[key] = [None] * replicas
+    if slots[index] is None:
+        slots[index] = record
 
 
 @contextlib.contextmanager
@@ -120,7 +288,11 @@ def _hashed(spark: Any, paths: list[str]) -> Any:
     return records.select(
         "replica", "topic", "queue_id", "offset", "position", "epoch", "crc_ok",
         F.xxhash64("topic", "queue_id", "offset", "epoch", "timestamp", "born_timestamp",
-                   "key", "tags", F.to_json("properties"), "body").alias("content"),
+                   "key", "tags", F.to_json("properties"), "body",
+                   # a null adds nothing to the hash: say which fields are null, or a
+                   # key moved into the tags would hash the same
+                   *(F.isnull(name) for name in ("key", "tags", "properties")))
+        .alias("content"),
         F.xxhash64("body").alias("body_hash"))
 
 
@@ -156,20 +328,34 @@ def _compare(rows: Any, paths: list[str], keys: list[str], digest: str, level: s
             .select("finding.*").filter(F.col("kind").isNotNull()))
 
 
-_SUMMARY_DDL = ("replica STRING, topic STRING, queue_id INT, missing BIGINT, extra BIGINT, "
-                "divergent BIGINT, corrupt BIGINT, common_prefix BIGINT, queue_end BIGINT")
+def _findings_arrow() -> Any:
+    import pyarrow as pa
+
+    kinds = {"queue_id": pa.int32(), "offset": pa.int64(), "position": pa.int64(),
+             "epoch": pa.int64(), "reference_epoch": pa.int64()}
+    return pa.schema([pa.field(name, kinds.get(name, pa.string())) for name in REPORT_COLUMNS])
 
 
-def _summary(good: Any, groups: list[Any], paths: list[str]) -> list[dict]:
+_SUMMARY_COLUMNS = ("replica", "topic", "queue_id", *KINDS, "common_prefix", "queue_end")
+
+
+def _summary_frame(spark: Any, rows: list[dict]) -> Any:
+    """The summary rows as a DataFrame (from Arrow: a local relation, no job)."""
+    import pyarrow as pa
+
+    kinds = {"replica": pa.string(), "topic": pa.string(), "queue_id": pa.int32()}
+    arrow = pa.schema([pa.field(name, kinds.get(name, pa.int64()))
+                       for name in _SUMMARY_COLUMNS])
+    return spark.createDataFrame(pa.Table.from_pylist(rows, schema=arrow))
+
+
+def _summary(ends: dict[tuple[str, int], int], groups: list[Any],
+             paths: list[str]) -> list[dict]:
     """Per (replica, topic, queue_id) of the replicas compared: counts of each kind (queue
     level, and corrupt records), and the common prefix; see the module docstring.
-    ``groups``: the findings counted per (level, kind, replica, topic, queue_id), with
-    the first offset of each."""
-    from pyspark.sql import functions as F
-
-    ends = {(row["topic"], row["queue_id"]): int(row["queue_end"]) for row in
-            good.filter(F.col("topic") != "").groupBy("topic", "queue_id")
-            .agg((F.max("offset") + 1).alias("queue_end")).collect()}
+    ``ends``: each queue's end among the good records of all replicas; ``groups``: the
+    findings counted per (level, kind, replica, topic, queue_id), with the first offset
+    of each."""
     counted: dict[tuple[str, str, int], dict[str, Any]] = {}
     for group in groups:
         if group["level"] != "queue" and group["kind"] != "corrupt":
