@@ -803,6 +803,47 @@ def test_replay_leaves_out_the_producer_tag_and_marks_records_with_strings(spark
     assert {tuple(sorted(row.properties)) for row in written} == {("x",), ()}
 
 
+def test_queue_mode_cuts_by_bytes_not_record_counts(tmp_path, rng):
+    """Skewed record sizes: two queues of 1,000 small records, two of 1,000 ~4 KiB
+    records, one of a single record. Packed into fewer partitions than queues, each
+    holds an equal share of the bytes within one record (by record count they would be
+    ~25x apart); ``minPartitions`` halves the heaviest queues, not the small ones;
+    every record is in exactly one partition; maxRecordsPerPartition still caps each."""
+    from mqlog.spark_connector import options, planner
+
+    path = tmp_path / "store"
+    sizes = {}
+    with mqlog.open(path, **SMALL) as store:
+        for index in range(1000):
+            for queue_id, size in ((0, 10), (1, 4000), (2, 10), (3, 4000)):
+                sizes[(queue_id, index)] = store.put("orders", rng.randbytes(size),
+                                                     queue_id).size
+        sizes[(9, 0)] = store.put("orders", b"x", 9).size
+    biggest = max(sizes.values())
+
+    def plan(slots, **given):
+        parts = planner.plan(options.parse({"path": str(path), **given}, slots=slots))
+        ranges = [list(p.ranges) if isinstance(p, options.QueueRanges) else [p]
+                  for p in parts]
+        held = [sum(sizes[(r.queue_id, o)] for r in rs for o in range(r.start, r.end))
+                for rs in ranges]
+        covered = sorted((r.queue_id, o) for rs in ranges for r in rs
+                         for o in range(r.start, r.end))
+        assert covered == sorted(sizes)
+        return ranges, held
+
+    for slots in (2, 3, 4):
+        ranges, held = plan(slots)
+        assert len(ranges) == slots
+        assert max(held) - min(held) <= biggest, (slots, held)
+    ranges, held = plan(1, minPartitions="8")
+    assert len(ranges) == 8
+    whole = [r.queue_id for rs in ranges for r in rs if r.count == 1000 or r.queue_id == 9]
+    assert sorted(whole) == [0, 2, 9], "the small queues are not the ones cut"
+    ranges, _held = plan(2, maxRecordsPerPartition="300")
+    assert all(sum(r.count for r in rs) <= 300 for rs in ranges)
+
+
 def test_the_planner_cuts_by_what_stores_hold(tmp_path, rng):
     """Default-config stores (segments allocated at their full size) of a few thousand
     records are one task however many replicas; a large store is cut evenly; no plan

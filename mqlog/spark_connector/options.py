@@ -23,20 +23,23 @@ Offsets and times are resolved to offset ranges while planning, on the driver, s
 ``read()`` needs nothing but the partition.
 
 Cutting (``split``) gives every range at most ``maxRecordsPerPartition`` records and
-makes at least ``minPartitions`` pieces. Packing (``pack``) then joins pieces when
-there are more of them than the session has task slots (``slots``: its default
+makes at least ``minPartitions`` pieces (halving the heaviest). Packing (``pack``) then
+joins pieces when there are more of them than the session has task slots (``slots``: its default
 parallelism, which ``register`` records): a task costs a Python worker round trip and
 every wave of tasks beyond the first costs one more, so 4 queues of 250,000 records
 on 2 cores are read as 2 partitions of 500,000 (``QueueRanges``: several queue ranges
-read one after the other), cut evenly so that the cores finish together.
+read one after the other), cut evenly so that the cores finish together. "Evenly" is by
+weight: the planner weighs records by their bytes (``Weights``; planner.py), so a
+queue of 10 KiB records is cut where a queue of 100-byte records would not be.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pyspark.sql.datasource import InputPartition
 
@@ -258,20 +261,45 @@ def resolve(spec: Any, topic: str, queue_id: int, low: int, high: int, default: 
 Piece = TypeVar("Piece", QueueRange, SegmentRange)
 
 
-def split(ranges: Sequence[Piece], per_partition: int | None,
-          min_partitions: int) -> list[Piece]:
-    """Cut ranges into pieces of at most ``per_partition`` (None: no cap), then keep
-    halving the largest piece until there are ``min_partitions`` (or none can be cut)."""
+class Weights(Protocol):
+    """What a queue range weighs, for cutting work into equal shares (the planner's
+    ``QueueBytes``: bytes, from the consume-queue entries' sizes)."""
+
+    def size(self, piece: QueueRange) -> int:
+        """The weight of ``piece``'s records."""
+
+    def advance(self, piece: QueueRange, start: int, weight: int) -> int:
+        """The first offset ``o`` in (start, piece.end] such that records [start, o)
+        weigh at least ``weight`` (piece.end when the rest weighs less)."""
+
+
+class RecordWeights:
+    """Every record weighs 1 (ranges that are not queue ranges, or no sizes known)."""
+
+    def size(self, piece: Any) -> int:
+        return int(piece.count)
+
+    def advance(self, piece: Any, start: int, weight: int) -> int:
+        return int(min(piece.end, start + max(weight, 1)))
+
+
+def split(ranges: Sequence[Piece], per_partition: int | None, min_partitions: int,
+          weights: Weights | None = None) -> list[Piece]:
+    """Cut ranges into pieces of at most ``per_partition`` records (None: no cap), then
+    keep halving the heaviest piece (by ``weights``: records, unless given) until there
+    are ``min_partitions`` (or none can be cut)."""
+    weigh: Any = weights or RecordWeights()
     pieces: list[Piece] = []
     for part in ranges:
         step = per_partition or max(part.count, 1)
         pieces.extend(replace(part, start=start, end=min(part.end, start + step))
                       for start in range(part.start, part.end, step))
     while len(pieces) < min_partitions:
-        largest = max(pieces, key=lambda piece: piece.count, default=None)
+        largest = max(pieces, key=weigh.size, default=None)
         if largest is None or largest.count < 2:
             break
-        middle = largest.start + largest.count // 2
+        middle = weigh.advance(largest, largest.start, weigh.size(largest) // 2)
+        middle = min(max(middle, largest.start + 1), largest.end - 1)
         index = pieces.index(largest)
         pieces[index:index + 1] = [replace(largest, end=middle),
                                    replace(largest, start=middle)]
@@ -279,32 +307,53 @@ def split(ranges: Sequence[Piece], per_partition: int | None,
 
 
 def pack(pieces: Sequence[QueueRange], slots: int | None, per_partition: int,
-         min_partitions: int) -> list[QueueRange | QueueRanges]:
+         min_partitions: int, weights: Weights | None = None) -> list[QueueRange | QueueRanges]:
     """Join ``split``'s pieces into fewer partitions when there are more pieces than
     ``slots``: as many partitions as the slots, ``min_partitions`` and
-    ``per_partition`` ask for, each the next equal share of the pieces' records in
-    order (a share may end inside a piece and the next one start there). Unchanged
-    when ``slots`` is unknown or the pieces already fit."""
-    total = sum(piece.count for piece in pieces)
-    if slots is None or len(pieces) <= slots or total == 0:
+    ``per_partition`` ask for, each the next equal share of the pieces' weight (by
+    ``weights``: records, unless given) in order (a share may end inside a piece and
+    the next one start there; it ends at the record that fills it), and never more than
+    ``per_partition`` records. Unchanged when ``slots`` is unknown or the pieces already
+    fit."""
+    weigh: Any = weights or RecordWeights()
+    records = sum(piece.count for piece in pieces)
+    if slots is None or len(pieces) <= slots or records == 0:
         return list(pieces)
-    wanted = max(slots, min_partitions, -(-total // per_partition))
+    wanted = max(slots, min_partitions, -(-records // per_partition))
     if wanted >= len(pieces):
         return list(pieces)
-    share = -(-total // wanted)  # <= per_partition, as wanted >= total / per_partition
+    share = sum(weigh.size(piece) for piece in pieces) / wanted
     packed: list[QueueRange | QueueRanges] = []
     current: list[QueueRange] = []
-    room = share
+    taken_weight, records_room = 0, per_partition
     for piece in pieces:
         start = piece.start
         while start < piece.end:
-            end = min(piece.end, start + room)
-            current.append(replace(piece, start=start, end=end))
-            room -= end - start
+            room = share * (len(packed) + 1) - taken_weight  # the next cut's target
+            end, close = _cut(weigh, piece, start, room)
+            end = min(end, start + records_room)
+            taken = replace(piece, start=start, end=end)
+            current.append(taken)
+            taken_weight += weigh.size(taken)
+            records_room -= end - start
             start = end
-            if room == 0:
+            if close or records_room == 0 or taken_weight >= share * (len(packed) + 1):
                 packed.append(current[0] if len(current) == 1 else QueueRanges(tuple(current)))
-                current, room = [], share
+                current, records_room = [], per_partition
     if current:
         packed.append(current[0] if len(current) == 1 else QueueRanges(tuple(current)))
     return packed
+
+
+def _cut(weigh: Any, piece: QueueRange, start: int, room: float) -> tuple[int, bool]:
+    """Where a partition with ``room`` left ends in ``piece`` from ``start``: at the
+    record boundary nearest the room's end (so shares are even to half a record, and
+    the error does not add up over partitions), and whether it ends there."""
+    end = weigh.advance(piece, start, max(1, math.ceil(room)))
+    over = weigh.size(replace(piece, start=start, end=end))
+    if over < room:  # the piece ends first
+        return end, False
+    if end - 1 > start and room - weigh.size(replace(piece, start=start, end=end - 1)) \
+            < over - room:
+        return end - 1, True
+    return end, True

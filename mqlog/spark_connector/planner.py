@@ -6,7 +6,10 @@ starting/ending timestamps (through ``Store.offset_for_timestamp``, exact becaus
 timestamps never decrease) and the pushed offset and timestamp bounds leave; empty
 ranges are dropped, the rest cut by ``options.split`` and, when there are more pieces
 than the session has task slots, packed into fewer partitions by ``options.pack``
-(several small queues read by one task).
+(several small queues read by one task). Both cut by bytes, not record counts
+(``QueueBytes``: the sizes the consume-queue entries carry, summed), so a queue of large
+records and one of small ones give tasks of equal work; ``maxRecordsPerPartition``
+still caps each partition's records.
 
 Commit-log mode cuts by what the stores hold, never by the files' allocated size (an
 engine may preallocate a 1 GiB segment for a few records). Each segment file of each
@@ -54,18 +57,70 @@ def plan(options: ReadOptions) -> list[QueueRange | QueueRanges] | \
     if options.mode == "commitlog":
         return plan_segments(options)
     ranges: list[QueueRange] = []
+    weights = QueueBytes()
     for path, replica in _wanted_paths(options):
         with open_store(path) as store:
-            ranges.extend(queue_ranges(store, options, path, replica))
-    return pack_queue_ranges(ranges, options)
+            found = queue_ranges(store, options, path, replica)
+            for part in found:
+                weights.add(store, part)
+            ranges.extend(found)
+    return pack_queue_ranges(ranges, options, weights)
 
 
-def pack_queue_ranges(ranges: list[QueueRange],
-                      options: ReadOptions) -> list[QueueRange | QueueRanges]:
-    """``ranges`` cut by ``split`` and packed by ``pack`` (options.py)."""
-    pieces = split(ranges, options.records_per_partition, options.min_partitions)
+def pack_queue_ranges(ranges: list[QueueRange], options: ReadOptions,
+                      weights: QueueBytes | None = None) -> list[QueueRange | QueueRanges]:
+    """``ranges`` cut by ``split`` and packed by ``pack`` (options.py), by the bytes
+    ``weights`` knows (records, without it)."""
+    pieces = split(ranges, options.records_per_partition, options.min_partitions, weights)
     return pack(pieces, options.slots, options.records_per_partition,
-                options.min_partitions)
+                options.min_partitions, weights)
+
+
+class QueueBytes:
+    """The bytes of queue ranges' records, from their consume-queue entries' sizes (a
+    running sum per range, so any piece's bytes and any cut are a lookup)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[tuple[str, str, int], tuple[int, np.ndarray]] = {}
+
+    def add(self, store: Store, part: QueueRange) -> None:
+        """Read the sizes of ``part``'s records (the store is open)."""
+        sizes = _entry_sizes(store, part.topic, part.queue_id, part.start, part.end)
+        sums = np.zeros(len(sizes) + 1, np.int64)
+        np.cumsum(sizes, out=sums[1:])
+        self.sums[(part.path, part.topic, part.queue_id)] = (part.start, sums)
+
+    def size(self, piece: QueueRange) -> int:
+        first, sums = self.sums[(piece.path, piece.topic, piece.queue_id)]
+        return int(sums[piece.end - first] - sums[piece.start - first])
+
+    def advance(self, piece: QueueRange, start: int, weight: int) -> int:
+        first, sums = self.sums[(piece.path, piece.topic, piece.queue_id)]
+        wanted = sums[start - first] + max(weight, 1)
+        found = first + int(np.searchsorted(sums, wanted, "left"))
+        return min(max(found, start + 1), piece.end)
+
+
+def _entry_sizes(store: Store, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:
+    """The sizes of offsets [start, end) of a queue, from its consume-queue files; an
+    offset no file holds (a damaged or missing file: the read will say so) counts as
+    the mean of the others, so it still weighs like a record."""
+    from mqlog.spark_connector.layout import CQ_ENTRY
+
+    sizes = np.full(end - start, -1, np.int64)
+    directory = store.paths.queue_dir(topic, queue_id)
+    for name in os.listdir(directory):
+        if not name.isdigit():
+            continue
+        base = int(name)
+        count = os.path.getsize(directory / name) // CQ_ENTRY.itemsize
+        first, last = max(start, base), min(end, base + count)
+        if first < last:
+            entries = np.memmap(directory / name, CQ_ENTRY, "r", shape=(count,))
+            sizes[first - start:last - start] = entries["size"][first - base:last - base]
+    known = sizes[sizes >= 0]
+    sizes[sizes < 0] = int(known.mean()) if len(known) else 1
+    return np.maximum(sizes, 1)
 
 
 def _wanted_paths(options: ReadOptions) -> list[tuple[str, str]]:

@@ -106,6 +106,7 @@ class MqlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         ranges = []
+        weights = planner.QueueBytes()
         with planner.open_store(self.path) as store:
             for topic, queues in end.items():
                 for queue, stop in queues.items():
@@ -115,8 +116,10 @@ class MqlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     if first < stop:
                         ranges.append(QueueRange(self.path, self.replica, topic, int(queue),
                                                  first, stop))
+                        weights.add(store, ranges[-1])
         per_partition = self.options.records_per_partition
-        return pack(split(ranges, per_partition, 1), self.options.slots, per_partition, 1)
+        return pack(split(ranges, per_partition, 1, weights), self.options.slots,
+                    per_partition, 1, weights)
 
     def _check_loss(self, topic: str, queue: str, first: int | None, low: int,
                     high: int) -> int:
