@@ -29,6 +29,7 @@ from mqlog.replication.messages import (
     Hello,
     LogReset,
     Report,
+    Truncate,
     Vote,
     VoteReply,
 )
@@ -276,6 +277,41 @@ def test_a_hello_is_no_flushed_ack():
     assert master.ready().resolved == []
     master.step(Report("s1", "m", 0, 500, 500))
     assert master.ready().resolved == [("p1", PutStatus.PUT_OK)]
+
+
+def test_a_report_from_before_the_masters_epoch_acks_nothing():
+    """Seeds 700000798, 700001179, 700001911: a slave's Report of a log it has truncated
+    since (sent in an older epoch, delivered late) must not ack the record the master
+    wrote at the same position; nor may a Report beyond the master's own log."""
+    log = FakeLog(519, ((0, 0), (2, 346)))
+    master = _ms("m", log, slave_ack="flushed", hard_state=RoleState("SYNC_MASTER", 2,
+                                                                     "", ("s1", "s2")))
+    master.step(Hello("s1", "m", 2, 346, 0))
+    master.propose("p4", 519)
+    master.ready()
+    master.step(Report("s1", "m", 1, 519, 519))  # its epoch-1 log, gone since
+    master.step(Report("s1", "m", 2, 600, 600))  # more than the master ever had
+    assert master.ready().resolved == [] and master.status()["slaves"]["s1"] == 0
+    master.step(Report("s1", "m", 2, 519, 519))
+    assert master.ready().resolved == [("p4", PutStatus.PUT_OK)]
+
+
+def test_a_slave_says_nothing_of_a_log_it_was_told_to_truncate():
+    """Reports built before a Truncate was stepped are dropped with it, and a tick before
+    the truncation is carried out sends no heartbeat (nor a Hello) about the old log."""
+    log = FakeLog(519, ((0, 0), (1, 346)))
+    slave = _ms("s1", log, role="SLAVE", slave_timeout_ticks=4, heartbeat_ticks=2)
+    log.carry_out(first := slave.ready())
+    slave.advance(first)
+    slave.tick()
+    slave.tick()  # a heartbeat Report of [.., 519) waits in the Ready
+    slave.step(Truncate("m", "s1", 2, 346, 0))
+    for _ in range(4):
+        slave.tick()  # a heartbeat and a Hello would fall due here
+    ready = slave.ready()
+    sent = ready.messages + ready.messages_after_persist
+    assert ready.truncate_to == 346
+    assert [type(m).__name__ for m in sent] == ["Hello"] and sent[0].position == 346, sent
 
 
 def test_a_restarted_master_takes_writes_only_once_its_slaves_spoke():

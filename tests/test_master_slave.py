@@ -124,8 +124,10 @@ class Interaction:
         return self._flush_ready(args or sorted(self.cores))
 
     def do_deliver(self, args: list[str], kwargs: dict[str, str]) -> str:
-        """Deliver queued messages (to the named nodes only, if any), through the wire."""
-        wanted = [m for m in self.network if not args or m.dst in args]
+        """Deliver queued messages (to the named nodes only, if any; ``kind=K``: only
+        messages of that kind), through the wire."""
+        wanted = [m for m in self.network if (not args or m.dst in args)
+                  and m.kind == kwargs.get("kind", m.kind)]
         self.network = [m for m in self.network if m not in wanted]
         lines = []
         for message in wanted:
@@ -155,7 +157,8 @@ class Interaction:
 
     def do_promote(self, args: list[str], kwargs: dict[str, str]) -> str:
         self.cores[args[0]].promote(kwargs.get("role", "SYNC_MASTER"),
-                                    tuple(filter(None, kwargs.get("slaves", "").split(","))))
+                                    tuple(filter(None, kwargs.get("slaves", "").split(","))),
+                                    epoch=int(kwargs.get("epoch", 0)))
         return self._flush_ready([args[0]])
 
     def do_restart(self, args: list[str], kwargs: dict[str, str]) -> str:

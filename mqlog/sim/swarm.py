@@ -326,8 +326,8 @@ class Swarm:
         chosen.core.promote(self.options.role,
                             tuple(name for name in sorted(self.nodes) if name != chosen.name),
                             epoch=epoch)
-        chosen.config = self._config(chosen.name)
-        self._run_driver(chosen)
+        chosen.config = self._config(chosen.name)  # (its driver runs in the next step:
+        # client writes may come first, and must be refused until the epoch is stamped)
         for node in self._up_nodes():
             if node is not chosen:  # the operator points the other slaves at it
                 node.config = self._config(node.name)

@@ -24,7 +24,11 @@ unacknowledged per slave, and from the last ack again after ``retransmit_ticks``
 without progress. Unflushed bytes are sent too, as in RocketMQ. A SYNC_MASTER sends as
 soon as it has something; an ASYNC_MASTER once per tick, batching (RocketMQ's HA
 service also transfers in rounds). A slave is in sync while it was heard from within
-``slave_timeout_ticks`` and is at most ``slave_gap_bytes_max`` behind.
+``slave_timeout_ticks`` and is at most ``slave_gap_bytes_max`` behind. A Report counts
+only if it was sent in this master's epoch (a slave stamps its messages with the newest
+epoch it has seen): one sent earlier may describe a log the slave has truncated since,
+and would ack records it no longer holds. A slave sends nothing about its log while a
+truncation it was told of is not yet carried out.
 
 Proposals. Before a driver stores a write it asks ``may_accept(acks)``: NotMaster on a
 node that takes no writes now, SLAVE_NOT_AVAILABLE on a SYNC_MASTER with fewer than
@@ -295,7 +299,11 @@ class MasterSlaveCore:
         progress.progress_tick = self.tick_count
 
     def _on_report(self, report: Report, progress: SlaveProgress) -> None:
-        if not progress.matched:
+        """An ack counts only from a slave that has heard of this epoch: one sent before
+        (delayed, or from a connection that is gone) describes a log this master may have
+        told it to truncate since, and would ack records it no longer holds."""
+        if not progress.matched or report.epoch < self.epoch or \
+                report.written > self.log.written_position:
             return
         acked = report.flushed if self.config.slave_ack == "flushed" else report.written
         if acked > progress.acked:
@@ -374,6 +382,9 @@ class MasterSlaveCore:
 
     def _slave_tick(self) -> None:
         config = self.config
+        if self._ready.truncate_to is not None or self._ready.reset_log is not None:
+            return  # the log is about to change: a report or Hello now would describe the
+            # old one (under the new epoch), and the Hello after the change is on its way
         if self.tick_count - self._master_heard_tick >= config.slave_timeout_ticks:
             self._master_heard_tick = self.tick_count
             self._send_hello()  # the master may have restarted: start over
@@ -410,6 +421,7 @@ class MasterSlaveCore:
         if target < self._expected_end:
             self._ready.truncate_to = target
             self._ready.appends.clear()
+            self._drop_pending_reports()  # they speak of bytes past the cut
             self._ready.events.append(f"{self.node_id} truncated [{target}, "
                                       f"{self._expected_end}) that its master does not have")
             self._expected_end = target
@@ -419,6 +431,7 @@ class MasterSlaveCore:
         """Start the log over, empty, at the master's log start; say Hello from there."""
         ready = self._ready
         ready.start_log_over(reset.position, reset.epoch_starts())
+        self._drop_pending_reports()
         ready.events.append(f"{self.node_id} started its log over at {reset.position}, "
                             f"its master {reset.src}'s log start")
         self._expected_end = reset.position
@@ -487,11 +500,14 @@ class MasterSlaveCore:
 
     def _drop_pending_log_changes(self) -> None:
         """A role change drops the appends not yet carried out and the acks of them."""
+        self._ready.appends.clear()
+        self._drop_pending_reports()
+        self._expected_end = self.log.written_position
+
+    def _drop_pending_reports(self) -> None:
         ready = self._ready
-        ready.appends.clear()
         for outbox in (ready.messages, ready.messages_after_persist):
             outbox[:] = [message for message in outbox if not isinstance(message, Report)]
-        self._expected_end = self.log.written_position
 
     def _send(self, message: Message) -> None:
         self._ready.messages.append(self._stamp(message))
