@@ -294,6 +294,13 @@ def test_a_report_from_before_the_masters_epoch_acks_nothing():
     assert master.ready().resolved == [] and master.status()["slaves"]["s1"] == 0
     master.step(Report("s1", "m", 2, 519, 519))
     assert master.ready().resolved == [("p4", PutStatus.PUT_OK)]
+    # A slave matched by a Hello of an older epoch (it needed no truncation) is heard in
+    # that epoch: with nothing to send it, it would never learn the master's.
+    idle = _ms("m", FakeLog(500, ((0, 0), (1, 500))), slave_ack="flushed",
+               hard_state=RoleState("SYNC_MASTER", 1, "", ("s1", "s2")))
+    idle.step(Hello("s1", "m", 0, 500, 0))
+    idle.step(Report("s1", "m", 0, 500, 500))
+    assert idle.status()["slaves"]["s1"] == 500
 
 
 def test_a_slave_says_nothing_of_a_log_it_was_told_to_truncate():

@@ -8,8 +8,8 @@ Slave. On start and after every Truncate it sends ``Hello(position, last_epoch)`
 its log ends and the epoch of the record ending there. Each ``Append`` that starts
 exactly at its end is handed to the driver to append (the store checks every record's
 CRC and position); once appended — and flushed, when ``slave_ack = "flushed"`` — it
-sends ``Report(written, flushed)``. An Append anywhere else is answered with a Report of
-where its log really ends, so the master resends from there. It reports at least every
+sends ``Report(written, flushed)``. An Append anywhere else is dropped: the master
+resends from the last ack after ``retransmit_ticks``. It reports at least every
 ``heartbeat_ticks``, and re-sends Hello when its master has said nothing for
 ``slave_timeout_ticks``. It refuses proposals (NotMaster).
 
@@ -25,10 +25,11 @@ without progress. Unflushed bytes are sent too, as in RocketMQ. A SYNC_MASTER se
 soon as it has something; an ASYNC_MASTER once per tick, batching (RocketMQ's HA
 service also transfers in rounds). A slave is in sync while it was heard from within
 ``slave_timeout_ticks`` and is at most ``slave_gap_bytes_max`` behind. A Report counts
-only if it was sent in this master's epoch (a slave stamps its messages with the newest
-epoch it has seen): one sent earlier may describe a log the slave has truncated since,
-and would ack records it no longer holds. A slave sends nothing about its log while a
-truncation it was told of is not yet carried out.
+only if it is no older than the Hello that matched the slave (a slave stamps its
+messages with the newest epoch it has seen, and a Truncate teaches it this master's):
+one sent before may describe a log the slave has truncated since, and would ack records
+it no longer holds. A slave drops the Reports still pending when it is told to truncate,
+and sends nothing about its log until the truncation is carried out.
 
 Proposals. Before a driver stores a write it asks ``may_accept(acks)``: NotMaster on a
 node that takes no writes now, SLAVE_NOT_AVAILABLE on a SYNC_MASTER with fewer than
@@ -87,6 +88,7 @@ class SlaveProgress:
     sent: int = 0  # the end of what was sent to it
     heard_tick: int = -(1 << 62)
     progress_tick: int = 0  # last tick its ack moved
+    hello_epoch: int = -1  # the epoch of the Hello that matched it: older Reports are stale
 
 
 @dataclass
@@ -291,6 +293,7 @@ class MasterSlaveCore:
                                       f"keeps at most [.., {agreed}) of [.., {hello.position})")
             return
         progress.matched = True
+        progress.hello_epoch = hello.epoch
         progress.sent = progress.written = hello.position
         # A Hello says where the slave's log ends, not what it flushed: with acks that
         # count flushed bytes it counts only once a Report says so.
@@ -299,10 +302,11 @@ class MasterSlaveCore:
         progress.progress_tick = self.tick_count
 
     def _on_report(self, report: Report, progress: SlaveProgress) -> None:
-        """An ack counts only from a slave that has heard of this epoch: one sent before
-        (delayed, or from a connection that is gone) describes a log this master may have
-        told it to truncate since, and would ack records it no longer holds."""
-        if not progress.matched or report.epoch < self.epoch or \
+        """A Report sent before the Hello that matched the slave (in an older epoch: a
+        slave told to truncate learns this master's epoch first) may describe a log it
+        has truncated since, and would ack records it no longer holds: it counts for
+        nothing. Nor does one beyond this log's end."""
+        if not progress.matched or report.epoch < progress.hello_epoch or \
                 report.written > self.log.written_position:
             return
         acked = report.flushed if self.config.slave_ack == "flushed" else report.written
