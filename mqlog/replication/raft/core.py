@@ -48,7 +48,10 @@ a control record and uses it at once, as does every node that appends it, commit
 not; a truncated change is undone. Each node keeps where its log's changes are in its
 hard state. A new voter must first be a learner that has caught up to the commit; the
 next change waits until the last one is committed; a leader removed from the voters
-steps down once its removal commits.
+steps down once its removal commits. A node votes whatever its own configuration says
+(the candidate's decides whether the vote counts: a learner may not know yet that it was
+made a voter), and a voter that a change not yet known committed removes still
+campaigns: the others may still count on it, and its log may be the only freshest one.
 
 Commit. The committed position is the largest position a majority of voters holds
 (the leader's own counted by the same ack rule) that ends a record of the current term.
@@ -189,7 +192,7 @@ class RaftCore:
         self._elapsed += 1
         if self.role == LEADER:
             self._leader_tick()
-        elif self.role != LEARNER and self._elapsed >= self._timeout:
+        elif self._elapsed >= self._timeout and self._electable():
             self._campaign(pre_vote=self.config.pre_vote)
 
     def step(self, message: Message) -> None:
@@ -341,7 +344,7 @@ class RaftCore:
 
     def _campaign(self, *, pre_vote: bool, transfer: bool = False) -> None:
         self._elapsed, self._timeout = 0, self._random_timeout()
-        if self.node_id not in self.voters:
+        if not self._electable():
             return
         if pre_vote:
             self.role = PRE_CANDIDATE
@@ -374,7 +377,12 @@ class RaftCore:
             free = vote.epoch > self.term or (not self.leader and self.vote in ("", vote.src))
         else:
             free = self.vote in ("", vote.src) or self._test_break == "vote_twice"
-        granted = free and fresh and self.node_id in self.voters
+        # Whether this node is a voter in its own newest configuration does not matter
+        # (Raft thesis §4.1, etcd's learners): that configuration may not be committed,
+        # and the candidate's, where this node may still vote, is the one that counts
+        # its reply. Refusing deadlocks a group whose uncommitted change reached only
+        # the node it demotes (seed 900001249). One vote per term still holds.
+        granted = free and fresh
         if granted and not vote.pre_vote:
             self._save_hard_state(self.term, vote.src)
             self._elapsed = 0
@@ -392,7 +400,25 @@ class RaftCore:
             self._become_follower(self.term, "")
 
     def _won(self) -> bool:
-        return sum(self._votes.values()) >= self.quorum
+        """A majority of the voters of this node's newest configuration (its own vote
+        counts only if it is one of them)."""
+        voters = self.voters
+        return sum(granted for name, granted in self._votes.items()
+                   if name in voters) >= self.quorum
+
+    def _electable(self) -> bool:
+        """A voter of its newest configuration campaigns; so does a node that change
+        removes while the change is not known to be committed, if it was a voter before
+        it: the others may not have the change yet and still count on it, and its log,
+        which has the change, may be the freshest (then it alone can win: seed
+        900001249; ScyllaDB's Raft does the same). It wins by the new configuration's
+        voters, leads, and steps down once its removal commits, as a removed leader does."""
+        if self.node_id in self.voters:
+            return True
+        if not self.memberships or self.memberships[-1].position < self.commit:
+            return False
+        previous = self.memberships[-2] if len(self.memberships) > 1 else self.bootstrap
+        return self.node_id in previous.voters
 
     def _on_won(self, pre_vote: bool) -> None:
         if pre_vote:
