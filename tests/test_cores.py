@@ -193,6 +193,20 @@ def test_a_transfer_target_is_checked_against_the_current_voters():
 # --- Raft: group identity (finding 4) ---------------------------------------------------
 
 
+def test_a_stale_log_reset_is_answered_with_the_newer_term():
+    """Seed 920000008: a follower whose term outran its leader's (it campaigned, crashed
+    right after saving the term; the lease keeps its votes unanswered) ignored the
+    leader's LogResets silently, so the leader never learnt the term and the follower
+    never rejoined. Like a stale Entries, a stale LogReset is answered with the term."""
+    follower = _raft("n2", FakeLog(), term=9)
+    follower.step(LogReset("n1", "n2", 8, 4096, 6, 1000, 4096))
+    ready = follower.ready()
+    replies = [m for m in ready.messages + ready.messages_after_persist
+               if isinstance(m, EntriesReply)]
+    assert [(m.dst, m.epoch, m.success) for m in replies] == [("n1", 9, False)]
+    assert ready.reset_log is None and follower.term == 9
+
+
 def test_a_log_reset_from_a_non_member_changes_nothing_and_is_counted():
     log = FakeLog(500, ((1, 0),))
     follower = _raft("n3", log, term=1)
@@ -411,3 +425,4 @@ def test_group_client_retries_a_flush_disk_timeout_with_the_same_sequence():
     listener.close()
     assert result.status is PutStatus.PUT_OK and client.retries == 2
     assert seen == [("p", 1)] * 3
+

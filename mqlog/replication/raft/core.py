@@ -201,9 +201,16 @@ class RaftCore:
         if isinstance(message, Vote):
             self._on_vote(message)
         elif message.epoch < self.term:
-            if isinstance(message, Entries):  # a deposed leader: tell it the term
+            # A deposed leader (or one this node's term outran: it campaigned, crashed,
+            # and leases keep its votes unanswered): tell it the term, whichever way it
+            # tries to replicate, or it never learns it and this node never rejoins
+            # (seed 920000008: LogResets went unanswered forever).
+            if isinstance(message, Entries):
                 self._send(EntriesReply(self.node_id, message.src, self.term, False, 0,
                                         message.prev_position, message.prev_epoch))
+            elif isinstance(message, LogReset):
+                self._send(EntriesReply(self.node_id, message.src, self.term, False, 0,
+                                        message.position, message.last_epoch))
         else:
             if message.epoch > self.term and not (isinstance(message, VoteReply)
                                                    and message.pre_vote and message.granted):
