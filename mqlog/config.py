@@ -40,6 +40,9 @@ class StoreConfig:
     # in 100 ms and at most this far (segment_preallocate=False: only the step it needs).
     segment_prepare_ahead_bytes_max: int = 64 * MiB
     segment_preallocate: bool = True  # back and map pages ahead on a background thread
+    # Nothing backs blocks ahead of need (segments, key-index steps) once fewer bytes than
+    # this would stay free: the room a full disk gives back goes to writes and close().
+    disk_headroom_bytes: int = 4 * MiB
     segment_prepare_ahead: bool = True  # make the next segment before the writer needs it
     message_size_bytes_max: int = 4 * MiB  # whole record, header included
     key_size_bytes_max: int = 1 * KiB
@@ -126,6 +129,9 @@ class StoreConfig:
             if value % PAGE_SIZE or value < (0 if name.endswith("_max") else PAGE_SIZE):
                 raise ConfigError(f"{name}={value} must be a multiple of {PAGE_SIZE}"
                                   + ("" if name.endswith("_max") else " and at least that"))
+        if self.disk_headroom_bytes < 0:
+            raise ConfigError(f"disk_headroom_bytes must be 0 or more, got "
+                              f"{self.disk_headroom_bytes}")
         if self.consume_queue_prefill_bytes <= 0 or self.consume_queue_prefill_bytes % PAGE_SIZE:
             raise ConfigError(f"consume_queue_prefill_bytes must be a positive multiple of "
                               f"{PAGE_SIZE}")

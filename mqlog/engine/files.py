@@ -21,13 +21,24 @@ steps, ahead of whatever writes through its mapping:
   report ENOSPC instead, which becomes DiskFull (errors.py) and changes nothing. So the
   log core asks the engine (``prepare_segment``) before it writes past the backed part
   of a segment, and the consume-queue and key-index writers back their pages first too.
+* The unit is the page, not the byte: a write fault backs the whole page it lands in,
+  so on a file system whose blocks are smaller than a page (ext4 makes 1 KiB blocks on
+  a small disk) a write into the backed first block of a page whose other blocks are
+  holes is a SIGBUS on a full disk too. So ``prepared`` is always a page boundary (or
+  the file's end), and a writer that starts inside a page someone else backed part of
+  (a consume queue's first page after tombstones or a cut) holds that page first.
+* A backing step that meets a full disk gives back what it took before it raises
+  (DiskFull changes nothing, not even the free space), and the background backs ahead
+  only while at least ``headroom`` bytes would stay free: the room a full disk gives
+  back goes to writers and to ``close()``'s files, not to blocks ahead of anyone.
 * A step is backed by writing zeros with ``pwrite``: that allocates the blocks and
   brings the pages into the page cache in one pass (~1-1.5 GB/s here), after which
   MADV_POPULATE_WRITE maps them (~5 GB/s) and the writer takes no page fault at all.
   ``posix_fallocate`` leaves unwritten extents whose first touch runs at ~0.5 GB/s, so
   it only backs what may already hold data (``mark_held``: it never changes a byte).
 * The SegmentAllocator (RocketMQ's AllocateMappedFileService, bounded): the writer
-  backs the step it needs itself, under the core's write lock, if it is not backed yet;
+  backs the step it needs itself, under the core's write lock, if it is not backed yet
+  (only the pages it needs when a step would eat into the headroom);
   a background thread keeps backing and warming ahead of it, as far as the writer goes
   in 100 ms at its current rate, at most twice what it wrote since the store opened and
   at most ``segment_prepare_ahead_bytes_max``. A store that holds four records costs one
@@ -52,9 +63,10 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from mqlog.config import PAGE_SIZE
 from mqlog.errors import DiskFull, MqlogError, TooManyOpenFiles
 from mqlog.ext import libc
 
@@ -116,6 +128,12 @@ def typed_errors(what: str) -> Iterator[None]:
         if typed is error:
             raise
         raise typed from error
+
+
+def room_bytes(directory: Path) -> int:
+    """Bytes still free for an unprivileged writer on ``directory``'s file system."""
+    info = os.statvfs(directory)
+    return info.f_bavail * info.f_frsize
 
 
 def write_zeros(fd: int, start: int, end: int) -> None:
@@ -204,32 +222,38 @@ class MappedFile:
     def mark_held(self, end: int) -> None:
         """Say that the first ``end`` bytes may hold data, and make sure no hole remains
         below it (fallocate, which never changes a byte); the rest is backed on demand."""
-        end = min(end, self.size)
-        with self._lock, typed_errors(f"cannot allocate {self.path}"):
-            if end > 0:
-                fd = os.open(self.path, os.O_RDWR)
-                try:
-                    os.posix_fallocate(fd, 0, end)
-                finally:
-                    os.close(fd)
+        end = min(_round_up(end, PAGE_SIZE), self.size)  # whole pages: see the docstring
+        with self._lock:
+            self._hold(0, end)
             self.prepared = end
+
+    def hold(self, start: int, end: int) -> None:
+        """Make sure no hole remains in [start, end) (fallocate: never changes a byte)."""
+        with self._lock:
+            self._hold(start, min(end, self.size))
+
+    def _hold(self, start: int, end: int) -> None:
+        if end <= start:
+            return
+        with typed_errors(f"cannot allocate [{start}, {end}) of {self.path}"):
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                os.posix_fallocate(fd, start, end - start)
+            finally:
+                os.close(fd)
 
     def prepare_to(self, end: int, warm: bool = False) -> int:
         """Back [prepared, end) with blocks by writing zeros over it (nothing below
-        ``prepared`` is touched), then, with ``warm``, map its pages in; return how far
-        the file is backed. DiskFull or TooManyOpenFiles if it cannot be."""
-        end = min(end, self.size)
+        ``prepared`` is touched; ``end`` goes up to a page boundary), then, with ``warm``,
+        map its pages in; return how far the file is backed. DiskFull or
+        TooManyOpenFiles if it cannot be, with the room it took given back."""
+        end = min(_round_up(end, PAGE_SIZE), self.size)
         with self._lock:
             start = self.prepared
             assert start is not None, f"{self.path}: mark_held first (an opened file)"
             if self._closing or end <= start:
                 return start
-            with typed_errors(f"cannot allocate [{start}, {end}) of {self.path}"):
-                fd = os.open(self.path, os.O_WRONLY)
-                try:
-                    write_zeros(fd, start, end)
-                finally:
-                    os.close(fd)
+            self._back(start, end)
             self.prepared = end
             if warm:
                 try:
@@ -237,6 +261,26 @@ class MappedFile:
                 except OSError:
                     pass  # an older kernel: the writer faults the cached pages in
             return end
+
+    def back(self, start: int, end: int) -> None:
+        """Write zeros over [start, end), which nobody uses yet (a consume queue's next
+        entries): blocks behind them, or DiskFull with the room it took given back."""
+        with self._lock:
+            self._back(start, min(end, self.size))
+
+    def _back(self, start: int, end: int) -> None:
+        with typed_errors(f"cannot allocate [{start}, {end}) of {self.path}"):
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                try:
+                    write_zeros(fd, start, end)
+                except OSError as error:
+                    if error.errno in _NO_ROOM:  # a part may be backed: give it back
+                        with suppress(OSError):
+                            libc.punch_hole(fd, start, end - start)
+                    raise
+            finally:
+                os.close(fd)
 
     def write_at(self, offset: int, data: bytes) -> None:
         """Write ``data`` at ``offset`` with pwrite (allocating its blocks, or DiskFull)."""
@@ -285,8 +329,10 @@ class SegmentAllocator:
     """Creates segments and backs them ahead of the writer; see the module docstring."""
 
     def __init__(self, directory: Path, size: int, *, step_bytes: int,
-                 ahead_bytes_max: int, warm: bool, next_ahead: bool) -> None:
+                 ahead_bytes_max: int, warm: bool, next_ahead: bool,
+                 headroom_bytes: int = 0) -> None:
         self._directory = directory
+        self._headroom = headroom_bytes
         self._size = size
         self._step = step_bytes
         self._ahead_max = ahead_bytes_max
@@ -321,7 +367,10 @@ class SegmentAllocator:
         """Back the segment at ``base`` up to at least ``end`` (a position) now, ask the
         background thread to go further, and return the position it is backed to."""
         needed = end - base
-        ready = mapped.prepare_to(_round_up(needed, self._step), self._warm)
+        want = _round_up(needed, self._step)
+        if want > (mapped.prepared or 0) and not self._has_room(want - (mapped.prepared or 0)):
+            want = needed  # a nearly full disk: the pages this write needs, no step more
+        ready = mapped.prepare_to(want, self._warm)
         if ready < needed:
             raise AssertionError(f"segment {mapped.path} is closed")
         target = _round_up(needed + self._ahead(end), self._step)
@@ -335,6 +384,13 @@ class SegmentAllocator:
         if target > mapped.size and self._next_ahead:
             self._prepare_next(base + mapped.size)
         return base + ready
+
+    def _has_room(self, amount: int) -> bool:
+        """Whether backing ``amount`` more bytes leaves the headroom free."""
+        try:
+            return room_bytes(self._directory) - amount >= self._headroom
+        except OSError:
+            return True  # cannot tell: backing says DiskFull itself if it must
 
     def _ahead(self, end: int) -> int:
         """How far ahead of ``end`` to back: what the writer wrote in the last
@@ -362,8 +418,9 @@ class SegmentAllocator:
             try:
                 while not self._closed and generation == self._generation:
                     before = mapped.prepared or 0
-                    if before >= target or mapped.prepare_to(
-                            min(target, before + _CHUNK_BYTES), self._warm) <= before:
+                    chunk_end = min(target, before + _CHUNK_BYTES)
+                    if before >= target or not self._has_room(chunk_end - before) or \
+                            mapped.prepare_to(chunk_end, self._warm) <= before:
                         break
             except (MqlogError, OSError):
                 pass  # the writer meets the same error, typed, when it needs the room
@@ -376,7 +433,8 @@ class SegmentAllocator:
     def _create_ahead(self, base: int) -> MappedFile:
         mapped = MappedFile.create(self._directory / file_name(base), self._size)
         try:
-            mapped.prepare_to(self._step, self._warm)
+            if self._has_room(self._step):  # else the writer backs it when it gets there
+                mapped.prepare_to(self._step, self._warm)
         except (MqlogError, OSError):
             pass  # backed when the writer gets there, or DiskFull then
         return mapped

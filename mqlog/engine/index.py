@@ -45,7 +45,8 @@ from typing import Any
 from crc32c import crc32c
 
 from mqlog.config import RECORD_HEADER_SIZE, StoreConfig
-from mqlog.engine.files import MappedFile, file_name, numbered_files
+from mqlog.engine.files import MappedFile, file_name, numbered_files, room_bytes
+from mqlog.errors import DiskFull
 
 _HEADER = struct.Struct("<IIIIIIQQqqII")  # docs/FORMAT.md; the cores share the layout
 _HEADER_SIZE = 64
@@ -209,7 +210,30 @@ class KeyIndex:
         count = min(batch, records_max, index.entry_count_max - index.entry_count)
         step = self._config.index_allocate_step_bytes
         end = entries_at + _ENTRY_SIZE * (index.entry_count + count)
-        index.mapped.prepare_to(-(-end // step) * step)
+        backed = index.mapped.prepared or 0
+        if end > backed:
+            want = -(-end // step) * step
+            if not self._leaves_headroom(want - backed):
+                want = end  # a nearly full disk: no step more than these entries need
+            self._check_headroom(want - backed)
+            index.mapped.prepare_to(want)
+
+    def _leaves_headroom(self, amount: int) -> bool:
+        try:
+            return room_bytes(self.directory) - amount >= self._config.disk_headroom_bytes
+        except OSError:
+            return True  # cannot tell: backing says DiskFull itself if it must
+
+    def _check_headroom(self, amount: int) -> None:
+        """DiskFull rather than take the room a full disk keeps for writers and close():
+        the index is derived data, rebuilt from the log once there is room again."""
+        if not self._leaves_headroom(amount):
+            raise DiskFull(
+                f"the key index needs {amount} more bytes and the file system of "
+                f"{self.directory} is nearly full (disk_headroom_bytes="
+                f"{self._config.disk_headroom_bytes} stay free for writes); nothing stored "
+                "was lost and reads still work; free space (or let retention delete old "
+                "segments) and retry")
 
     def _current(self, target: int) -> IndexFile | None:
         """The file new entries go to, started if there is none or the last is full."""
@@ -230,6 +254,7 @@ class KeyIndex:
         config = self._config
         slots, entries = config.index_slots_per_file, config.index_entries_per_file
         size = _HEADER_SIZE + 4 * slots + _ENTRY_SIZE * entries
+        self._check_headroom(_HEADER_SIZE + 4 * slots)
         mapped = MappedFile.create(self.directory / file_name(first_position), size)
         try:  # the slots are written anywhere: back them all (entries: _back_entries)
             mapped.prepare_to(_HEADER_SIZE + 4 * slots)

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 from mqlog.engine import checkpoint as cp
+from mqlog.engine.files import typed_errors
 from mqlog.errors import CorruptStore, InvalidArgument
 
 _GROUP_CHARS = re.compile(r"^[A-Za-z0-9._%|-]+$")
@@ -53,7 +54,10 @@ class ConsumerOffsets:
             updated = dict(self._offsets)
             for (topic, queue_id), offset in entries.items():
                 updated[(group, topic, queue_id)] = offset
-            cp.write_offsets(self._path, updated)
+            # DiskFull or TooManyOpenFiles (not a raw OSError) from any step of the write,
+            # the rename and the directory's fsync included; the old file stays whole.
+            with typed_errors(f"cannot commit {group}'s offsets"):
+                cp.write_offsets(self._path, updated)
             self._offsets = updated
 
     def get(self, group: str, topic: str, queue_id: int) -> int | None:

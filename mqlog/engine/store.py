@@ -207,7 +207,8 @@ class Store:
             step_bytes=config.segment_allocate_step_bytes,
             ahead_bytes_max=(config.segment_prepare_ahead_bytes_max
                              if config.segment_preallocate else 0),
-            warm=config.segment_preallocate, next_ahead=config.segment_prepare_ahead)
+            warm=config.segment_preallocate, next_ahead=config.segment_prepare_ahead,
+            headroom_bytes=config.disk_headroom_bytes)
         self.core = self.core_module.LogCore(
             segment_size_bytes=config.segment_size_bytes,
             message_size_bytes_max=config.message_size_bytes_max,
@@ -752,6 +753,7 @@ class Store:
             return
         self.core.fence(StoreClosed(f"store {self.paths.root} is closed; open it again"))
         self._maintenance.stop()
+        self._allocator.close()  # nothing backs blocks ahead while close needs room
         self._flusher.stop()
         failed: MqlogError | None = self._flusher.error
         if failed is None:
@@ -767,8 +769,11 @@ class Store:
     def _close_cleanly(self) -> None:
         with typed_errors(f"cannot close {self.paths.root} cleanly"):
             with self.key_index.lock:
-                self.key_index.catch_up()
-                self.key_index.close()
+                try:
+                    self.key_index.catch_up()
+                    self.key_index.close()
+                except (DiskFull, TooManyOpenFiles):
+                    self.key_index.close_unsealed()  # derived data: the next open rebuilds
             end = self.core.written_position
             self._sync_all_queues()
             self._save_epochs()
@@ -859,10 +864,17 @@ class Store:
         write lock, once every ``consume_queue_prefill_bytes`` of entries."""
         mapped = self._queue_files[(topic, queue_id)][-1]
         base = int(mapped.path.name)
-        start = -(-(offset - base) * cq.ENTRY_SIZE // PAGE_SIZE) * PAGE_SIZE
+        at = (offset - base) * cq.ENTRY_SIZE
+        page, start = at // PAGE_SIZE * PAGE_SIZE, -(-at // PAGE_SIZE) * PAGE_SIZE
+        # Entries before ``at`` may share its page (tombstones, a cut: files.py), and that
+        # page may be partly a hole: hold it, or the entry's write fault is a SIGBUS.
+        mapped.hold(page, start)
         end = min(mapped.size, start + self.config.consume_queue_prefill_bytes)
-        if start < end:
-            mapped.write_at(start, bytes(end - start))
+        try:
+            mapped.back(start, end)
+        except DiskFull:
+            end = min(mapped.size, start + PAGE_SIZE)  # a nearly full disk: one page
+            mapped.back(start, end)
         return base + end // cq.ENTRY_SIZE
 
     def _check_queue_argument(self, topic: Any, queue_id: Any) -> None:
