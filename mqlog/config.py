@@ -380,6 +380,8 @@ class BrokerConfig:
     # Bytes queued toward one peer broker slow to read; past this its messages are dropped
     # (counted; the cores resend what a peer lacks) instead of growing memory.
     peer_send_bytes_max: int = 32 * MiB
+    # A peer is dialed at most once per interval (down, or refusing this broker).
+    peer_redial_interval_ms: int = 100
     groups_max: int = 4_096  # replica groups one broker hosts
     controller: dict[str, Any] = dataclasses.field(default_factory=dict)  # [controller]
     source: str = "<config>"  # where it was read from (errors name it)
@@ -399,7 +401,7 @@ class BrokerConfig:
             raise ConfigError(f"{where} process_roles must be 'broker', 'controller' or "
                               f"'broker,controller', got {','.join(self.process_roles)!r}")
         _require_positive(self, "register_interval_ms", "frame_size_bytes_max",
-                          "peer_send_bytes_max", "groups_max")
+                          "peer_send_bytes_max", "peer_redial_interval_ms", "groups_max")
         if len(self.groups) > self.groups_max:
             raise ConfigError(f"{where} {len(self.groups)} groups exceed groups_max="
                               f"{self.groups_max}")
@@ -446,7 +448,7 @@ _BROKER_KEYS = {"id": "str", "listen": "str", "data_dir": "str", "peers": "addre
                 "cluster_id": "str", "process_roles": "roles", "default_group": "str",
                 "registries": "strs", "register_interval_ms": "int",
                 "frame_size_bytes_max": "int", "peer_send_bytes_max": "int",
-                "groups_max": "int"}
+                "peer_redial_interval_ms": "int", "groups_max": "int"}
 # keys of a group (in [node] without [groups], else in [groups.NAME]; there [node] holds
 # defaults for every group)
 _GROUP_KEYS = {"slave_read_enable": "bool", "group": "str", "topics": "counts",

@@ -274,6 +274,39 @@ def test_two_brokers_dialing_each_other_at_once_keep_one_connection(tmp_path):
     assert one.counters["b"].duplicates_closed == two.counters["a"].duplicates_closed == 1
 
 
+def test_a_broker_refused_by_its_peer_redials_at_most_once_per_interval(tmp_path):
+    """b is of another cluster and refuses a's hello: a goes on sending (every 5 ms here,
+    a tick of every group in real life) but dials at most once per peer_redial_interval_ms."""
+    ports = free_ports(2)
+    address = {"a": f"127.0.0.1:{ports[0]}", "b": f"127.0.0.1:{ports[1]}"}
+    turns = 100
+
+    async def main() -> tuple[Broker, Broker, float]:
+        one = Broker(BrokerConfig("a", address["a"], tmp_path / "a", {"b": address["b"]},
+                                  cluster_id="x", peer_redial_interval_ms=100).validate())
+        two = Broker(BrokerConfig("b", address["b"], tmp_path / "b", {"a": address["a"]},
+                                  cluster_id="y").validate())
+        ready = [asyncio.Event(), asyncio.Event()]
+        tasks = [asyncio.create_task(broker.serve(event))
+                 for broker, event in zip((one, two), ready, strict=True)]
+        for event in ready:
+            await event.wait()
+        started = asyncio.get_running_loop().time()
+        for _ in range(turns):
+            one.send("gx", [messages.Vote("a", "b", 0, position=0, last_epoch=-1,
+                                          pre_vote=True, transfer=False)])
+            await asyncio.sleep(0.005)  # a stand-in for the ticks between sends
+        elapsed = asyncio.get_running_loop().time() - started
+        one.stop()
+        two.stop()
+        await asyncio.gather(*tasks)
+        return one, two, elapsed
+
+    one, two, elapsed = asyncio.run(main())
+    assert two.refused >= 1 and "b" not in one.metadata()["links"]
+    assert 1 <= one.counters["b"].dialed <= elapsed / 0.1 + 1, (one.counters, elapsed)
+
+
 # --- real processes --------------------------------------------------------------------------
 
 

@@ -22,7 +22,8 @@ host, or whose sender is not the broker at the other end, is dropped and counted
 may be created or dropped on one side first: the cores resend). Garbage — a bad frame, a
 malformed message, a client request on a peer connection — closes that one connection;
 the other peers and every group go on. A connection that breaks is dropped; the next
-message to that peer dials again (what was lost meanwhile the cores resend). Bytes
+message to that peer dials again, at most once per ``peer_redial_interval_ms`` (what was
+lost meanwhile the cores resend). Bytes
 queued toward a peer slow to read are bounded by ``peer_send_bytes_max``: past it,
 messages to that peer are dropped and counted.
 
@@ -101,6 +102,7 @@ class Broker:
         self.refused = 0  # peer_hello refused: another cluster, or a stranger
         self._links: dict[str, PeerLink] = {}
         self._dialing: set[str] = set()
+        self._dial_after: dict[str, float] = {}  # peer -> loop time its next dial may start
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._running = False
@@ -243,7 +245,11 @@ class Broker:
                     self._counters(peer).dropped_messages += len(frames)
                     continue
                 link.writer.write(data)
-            elif peer not in self._dialing and peer in self.peers:
+            elif peer not in self._dialing and peer in self.peers and \
+                    (now := asyncio.get_running_loop().time()) >= self._dial_after.get(peer, 0):
+                # At most one dial per interval: a peer that is down or refuses this one
+                # (another cluster) is not dialed on every tick of every group.
+                self._dial_after[peer] = now + self.config.peer_redial_interval_ms / 1000
                 self._dialing.add(peer)  # what else it had to say is lost: cores resend
                 self._spawn(self._dial(peer, frames[0]))
 
