@@ -451,8 +451,19 @@ def registry(listen: str, node_timeout_ms: int) -> None:
 
 
 @cli.group()
-def cluster() -> None:
+@click.option("--group", default=None,
+              help="The replica group, on brokers hosting several (docs/CLUSTER.md); "
+              "default: the broker's default group.")
+@click.pass_context
+def cluster(ctx: click.Context, group: str | None) -> None:
     """Replicated nodes, seen from outside."""
+    ctx.meta["mqlog.group"] = group
+
+
+def _group_client(address: str, timeout_s: float = 30.0) -> mqlog.Client:
+    """A client of ADDRESS for the group ``mqlog cluster --group`` named."""
+    return mqlog.Client(address, timeout_s=timeout_s,
+                        group=click.get_current_context().meta.get("mqlog.group"))
 
 
 @cluster.command("promote")
@@ -475,7 +486,7 @@ def cluster_promote(address: str, role: str, slaves: str, epoch: int, force: boo
     hold the last acknowledged records, and the one to promote is the one ahead."""
     from mqlog.replication.master_slave.core import promotion_risks
 
-    with mqlog.Client(address) as client:
+    with _group_client(address) as client:
         facts = client.metadata()
         others, unreachable = _peer_facts(facts.get("peers", {}))
         for name in unreachable:
@@ -496,7 +507,7 @@ def _peer_facts(peers: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]
     found, unreachable = [], []
     for name, peer_address in sorted(peers.items()):
         try:
-            with mqlog.Client(peer_address, timeout_s=5) as peer:
+            with _group_client(peer_address, timeout_s=5) as peer:
                 found.append(peer.metadata())
         except MqlogError:
             unreachable.append(name)
@@ -508,7 +519,7 @@ def _peer_facts(peers: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]
 @click.option("--master", required=True, help="Node id of the new master.")
 def cluster_follow(address: str, master: str) -> None:
     """Make the node at ADDRESS a slave of MASTER (it is truncated if it diverged)."""
-    with mqlog.Client(address) as client:
+    with _group_client(address) as client:
         client.follow(master)
     click.echo(f"{address}: now a slave of {master}")
 
@@ -518,7 +529,7 @@ def cluster_follow(address: str, master: str) -> None:
 @click.option("--to", "target", required=True, help="Node id of the voter to lead next.")
 def cluster_transfer(address: str, target: str) -> None:
     """Make the Raft leader at ADDRESS hand leadership to TARGET (it catches up first)."""
-    with mqlog.Client(address) as client:
+    with _group_client(address) as client:
         answer = client.transfer(target)
     click.echo(f"{address}: handing leadership to {answer['target']} (term {answer['term']})")
 
@@ -539,7 +550,7 @@ def cluster_membership(address: str, voters: str, learners: str,
         if not name or not node_address:
             raise click.BadParameter(f"{item!r} is not ID=HOST:PORT", param_hint="--node-address")
         where[name] = node_address
-    with mqlog.Client(address) as client:
+    with _group_client(address) as client:
         answer = client.change_membership(_ids(voters), _ids(learners), where)
     click.echo(f"{address}: voters {answer['voters']}, learners {answer['learners']}: "
                f"{answer['status']}")
@@ -561,7 +572,7 @@ def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
     rows = []
     for address in addresses:
         try:
-            with mqlog.Client(address, timeout_s=5) as client:
+            with _group_client(address, timeout_s=5) as client:
                 facts = client.metadata()
             acked = facts.get("slaves", facts.get("match", {}))
             rows.append({"address": address, "node": facts["node_id"], "role": facts["role"],

@@ -210,6 +210,16 @@ def test_groups_are_added_and_dropped_at_runtime(tmp_path):
             second = _produce_when_leader(client, "orders", b"two")
             assert second.position > first.position
             assert [r.body for r in client.fetch("orders", 0, 0)] == [b"one", b"two"]
+        from click.testing import CliRunner
+
+        from mqlog.cli import cli
+
+        shown = CliRunner().invoke(cli, ["cluster", "--group", "p0", "status", "--json",
+                                         address])
+        assert shown.exit_code == 0, shown.output
+        assert '"role": "LEADER"' in shown.output
+        shown = CliRunner().invoke(cli, ["cluster", "--group", "p9", "status", address])
+        assert "UnknownGroup" in shown.output or "hosts no group" in shown.output
         running.call(broker.drop_group, "p0", delete_data=True)
         assert not (tmp_path / "b1" / "p0").exists()
         with pytest.raises(errors.UnknownGroup):
@@ -262,6 +272,11 @@ def test_two_brokers_dialing_each_other_at_once_keep_one_connection(tmp_path):
                     facts[1]["a"]["remote"]:
                 break
             await asyncio.sleep(0.005)
+        link = one._links["b"]
+        one.set_address("b", address["b"])  # the same: nothing happens
+        assert one._links["b"] is link
+        one.set_address("b", "127.0.0.1:1")  # moved: the connection to the old one goes
+        assert "b" not in one._links and link.writer.is_closing()
         one.stop()
         two.stop()
         await asyncio.gather(*tasks)

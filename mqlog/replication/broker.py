@@ -181,7 +181,9 @@ class Broker:
         for node in list(self.groups.values()):
             node.start()
         if "controller" in self.config.process_roles:
-            _host_controller(self)
+            _controller_hook(self, "host_controller")
+        if "broker" in self.config.process_roles and "voters" in self.config.controller:
+            _controller_hook(self, "join_cluster")
         if ready is not None:
             ready.set()
         try:
@@ -222,9 +224,27 @@ class Broker:
         return (f"[{self.broker_id}] broker serving on {self.config.listen}, groups: "
                 f"{', '.join(sorted(self.groups)) or '-'}")
 
-    def _spawn(self, coroutine: Any) -> None:
+    def spawn(self, coroutine: Any) -> None:
+        """Run ``coroutine`` as a task of the broker: cancelled when the broker stops."""
         self._tasks.add(task := asyncio.create_task(coroutine))
         task.add_done_callback(self._tasks.discard)
+
+    _spawn = spawn
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set once the broker is asked to stop."""
+        return self._stopping
+
+    def set_address(self, name: str, address: str) -> None:
+        """Broker ``name`` listens at ``address`` now (it registered anew, elsewhere): the
+        connection to its old address, if any, is closed; the next message dials anew."""
+        if name == self.broker_id or self.peers.get(name) == address:
+            return
+        self.peers[name] = address
+        link = self._links.pop(name, None)
+        if link is not None:
+            link.writer.close()
 
     # --- sending ---------------------------------------------------------------------------
 
@@ -461,19 +481,20 @@ class Broker:
                              for peer, counters in self.counters.items()}}
 
 
-def _host_controller(broker: Broker) -> None:
-    """A broker with the controller role hosts the controller's Raft group and its
-    requests: mqlog.replication.controller's ``host_controller(broker)`` does both (it
-    reads ``broker.config.controller``, the ``[controller]`` table)."""
+def _controller_hook(broker: Broker, name: str) -> None:
+    """mqlog.replication.controller's ``host_controller(broker)`` (a broker with the
+    controller role hosts the controller's Raft group and its requests) or
+    ``join_cluster(broker)`` (a broker that knows the controller quorum, ``[controller]
+    voters``, registers, heartbeats, and hosts the groups the controller assigns it).
+    Both read ``broker.config.controller``, the ``[controller]`` table."""
     import importlib
 
     try:
-        module = importlib.import_module("mqlog.replication.controller")
-        host = module.host_controller
+        hook = getattr(importlib.import_module("mqlog.replication.controller"), name)
     except (ImportError, AttributeError):
-        raise errors.ConfigError(f"{broker.config.source}: process_roles names 'controller', "
-                                 "but this mqlog has no controller to host") from None
-    host(broker)
+        raise errors.ConfigError(f"{broker.config.source}: process_roles and [controller] ask "
+                                 f"for the controller's {name}, which this mqlog lacks") from None
+    hook(broker)
 
 
 async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
