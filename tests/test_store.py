@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -385,6 +387,54 @@ def test_sync_flush_timeout_reports_flush_disk_timeout(open_store):
     # The writer that gave up left the queue: the lead is never handed to its thread,
     # so the next durable writer leads its own sync instead of waiting for a gone one.
     assert store.put("t", b"after").status is PutStatus.PUT_OK
+
+
+def test_durable_writers_that_give_up_never_stall_the_others(open_store):
+    """Group commit wakes the writers a sync covers one after another (each woken thread
+    wakes the next); a writer that gives up at its deadline leaves whichever queue it is
+    in, and one woken right at its deadline wakes the next in its place. 32 threads,
+    syncs that stall at random (seeded), deadlines of 2 ms: every thread ends and every
+    answer is PUT_OK or FLUSH_DISK_TIMEOUT; then nobody waits for a deadline any more."""
+    seed = int(os.environ.get("MQLOG_TEST_SEED", "1414"))
+    rng = random.Random(seed)
+    stalls = iter([rng.random() < 0.3 for _ in range(1 << 16)] + [False] * (1 << 20))
+    store = open_store(flush_mode="sync", flush_sync_timeout_ms=2)
+    original = store._flusher._sync_log
+
+    def stalling_sync(start: int, end: int) -> None:
+        if next(stalls):
+            time.sleep(0.003)  # a slow disk (a fault injected, not a synchronisation)
+        original(start, end)
+
+    store._flusher._sync_log = stalling_sync
+    answers: list[PutStatus] = []
+
+    def produce(worker: int) -> None:
+        for index in range(40):
+            answers.append(store.put("t", f"{worker}-{index}".encode(), queue_id=worker).status)
+
+    threads = [threading.Thread(target=produce, args=(w,)) for w in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads), f"stalled (seed {seed})"
+    assert len(answers) == 32 * 40 and set(answers) <= {PutStatus.PUT_OK,
+                                                        PutStatus.FLUSH_DISK_TIMEOUT}
+    store._flusher._sync_log = original
+    store.flush()
+    assert store.flushed_position == store.written_position
+    # Then deadlines of a minute: a chain of wake-ups left broken by the giving up above
+    # would keep covered writers waiting for theirs.
+    store._flusher._config = dataclasses.replace(store.config, flush_sync_timeout_ms=60_000)
+    answers.clear()
+    threads = [threading.Thread(target=produce, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), f"a broken chain (seed {seed})"
+    assert answers == [PutStatus.PUT_OK] * (8 * 40), f"seed {seed}"
 
 
 def test_async_put_past_its_deadline_reports_flush_disk_timeout(open_store):

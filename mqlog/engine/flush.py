@@ -5,12 +5,18 @@ Two modes, as in RocketMQ:
 * ``sync`` is group commit. A writer thread that must wait calls ``wait_flushed(end)``.
   If nobody is syncing, it leads: it syncs everything written at that moment itself,
   with one msync per segment touched (GIL released), publishes the new flushed
-  position, releases the waiters that sync covers (each waits on its own lock) and
+  position, wakes the waiters that sync covers (each waits on its own lock) and
   hands the lead to the first waiter it does not cover, whose own thread syncs next.
   If someone is syncing, it joins a heap of waiters ordered by end position. So a lone
   writer's durable put costs its own msync and no thread hand-off (as a buffered file's
   write + fdatasync does), and many writers share each sync: writers that arrive during
-  one are covered by the next. An asyncio task awaits ``wait_flushed_async(end)`` and
+  one are covered by the next.
+  Covered waiters are woken in a chain: the leader wakes the first, and each woken
+  thread wakes the next before it returns. Woken all at once, hundreds of threads
+  would queue for the GIL, each sleeping twice (on its lock, then on the GIL); in a
+  chain one or two are runnable at a time. A waiter that gives up at its deadline
+  leaves the heap or the chain (and wakes the next if it was woken meanwhile).
+  An asyncio task awaits ``wait_flushed_async(end)`` and
   joins its loop's deque (puts on one loop happen in order, so the deque is already
   sorted, and the loop asks the flush thread for a sync once per iteration, not once
   per put); the flush thread completes a prefix of each loop's deque with one
@@ -72,6 +78,8 @@ class FlushService:
         self._leader: Any = None  # the waiting thread's lock whose thread syncs for all
         self._requested = flushed_position
         self._waiters: list[tuple[int, int, Any]] = []  # (end, tie-break, lock or future)
+        # Covered waiters not woken yet: each woken one wakes the next (see _pass_on).
+        self._ready: deque[Any] = deque()
         self._tie = itertools.count()
         self._loops: dict[Any, _LoopWaiters] = {}  # asyncio waiters, per event loop
         self.flushed_position = flushed_position
@@ -117,24 +125,43 @@ class FlushService:
                 self._leader = waiter
             else:
                 heapq.heappush(self._waiters, (end_position, next(self._tie), waiter))
-        if self._leader is not waiter and not waiter.acquire(timeout=timeout / 1000):
-            with self._lock:
+        if self._leader is not waiter:
+            if waiter.acquire(timeout=timeout / 1000):
                 if self._leader is not waiter:
-                    self._forget(waiter)  # else the lead could be handed to a gone thread
-                    if self.flushed_position < end_position:
-                        return self._raise_error_or(False)
+                    self._pass_on()  # covered, woken by the one before: wake the next
+            else:
+                with self._lock:  # the deadline: leave the queues, unless woken meanwhile
+                    woken = self._leader is waiter or not self._forget(waiter)
+                if woken and self._leader is not waiter:
+                    self._pass_on()
+                elif not woken and self.flushed_position < end_position:
+                    return self._raise_error_or(False)
         if self._leader is waiter:  # first, or handed the lead by the one before
             self._lead()
         return self._raise_error_or(self.flushed_position >= end_position)
 
-    def _forget(self, waiter: Any) -> None:
-        """Take a waiter that gave up out of the heap (called with the lock held)."""
+    def _forget(self, waiter: Any) -> bool:
+        """Take a waiter that gave up out of the heap or the covered queue (called with
+        the lock held); False if it is in neither: it was woken."""
         for index, entry in enumerate(self._waiters):
             if entry[2] is waiter:
                 self._waiters[index] = self._waiters[-1]
                 self._waiters.pop()
                 heapq.heapify(self._waiters)
-                return
+                return True
+        try:
+            self._ready.remove(waiter)
+            return True
+        except ValueError:
+            return False
+
+    def _pass_on(self) -> None:
+        """Wake the next covered waiter. Waking them one by one, each from the thread
+        woken before, keeps one or two of them runnable at a time: woken all at once,
+        hundreds of threads would queue for the GIL and each would sleep twice."""
+        with self._lock:
+            if self._ready:
+                self._ready.popleft().release()
 
     def _lead(self) -> None:
         """Sync everything written so far from this (a waiting writer's) thread, release
@@ -326,9 +353,17 @@ class FlushService:
         return max(target, start)
 
     def _release_waiters(self, covered: Callable[[int], bool]) -> None:
-        """Wake the waiters ``covered`` says are done (called with the lock held)."""
+        """Wake the waiters ``covered`` says are done (called with the lock held): the
+        first thread now, the others in a chain (``_pass_on``) unless one runs already,
+        every asyncio loop with one call."""
+        chain_running = bool(self._ready)
         while self._waiters and covered(self._waiters[0][0]):
-            heapq.heappop(self._waiters)[2].release()
+            self._ready.append(heapq.heappop(self._waiters)[2])
+        if self.error is not None:  # a failure: everyone now, each raises it
+            while self._ready:
+                self._ready.popleft().release()
+        elif self._ready and not chain_running:
+            self._ready.popleft().release()
         flushed = self.flushed_position if self.error is None else None
         for waiters in self._loops.values():
             if waiters.pending:
