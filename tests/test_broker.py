@@ -226,6 +226,27 @@ def test_groups_are_added_and_dropped_at_runtime(tmp_path):
             running.call(broker.drop_group, "p0")
 
 
+def test_a_group_opened_on_a_thread_takes_writes_and_a_second_open_is_refused(tmp_path):
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1").validate()
+    with BrokerThread(config) as running:
+        broker = running.broker
+
+        async def open_twice():
+            first = asyncio.ensure_future(broker.ensure_group_async(_one_voter("q", address)))
+            await asyncio.sleep(0)  # the first is on its thread now
+            with pytest.raises(errors.InvalidArgument, match="being opened already"):
+                await broker.ensure_group_async(_one_voter("q", address))
+            node = await first
+            assert await broker.ensure_group_async(_one_voter("q", address)) is node
+            return node
+
+        node = asyncio.run_coroutine_threadsafe(open_twice(), running.loop).result(30)
+        assert broker.groups == {"q": node}
+        with mqlog.Client(address, group="q") as client:
+            assert _produce_when_leader(client, "t", b"x").status is PutStatus.PUT_OK
+
+
 def test_a_service_answers_its_kinds_and_errors_come_back_typed(tmp_path):
     address = f"127.0.0.1:{free_ports(1)[0]}"
     config = BrokerConfig("b1", address, tmp_path / "b1").validate()

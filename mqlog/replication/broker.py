@@ -102,6 +102,7 @@ class Broker:
         self.refused = 0  # peer_hello refused: another cluster, or a stranger
         self._links: dict[str, PeerLink] = {}
         self._dialing: set[str] = set()
+        self._opening: set[str] = set()  # groups whose stores open on a thread now
         self._dial_after: dict[str, float] = {}  # peer -> loop time its next dial may start
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
@@ -117,9 +118,38 @@ class Broker:
     # --- groups ------------------------------------------------------------------------
 
     def ensure_group(self, spec: GroupSpec) -> Node:
-        """Host ``spec``'s group (opening its store: recovery runs) unless it is hosted
-        already with an equal spec; call on the broker's loop."""
+        """Host ``spec``'s group (opening its store: recovery runs, on the loop) unless it
+        is hosted already with an equal spec; call on the broker's loop. A store that may
+        take long to recover: ``ensure_group_async``."""
         spec = spec.for_broker(self.broker_id)
+        existing = self._check_new(spec)
+        if existing is not None:
+            return existing
+        return self._started(self._register(Node(spec, self)))
+
+    async def ensure_group_async(self, spec: GroupSpec) -> Node:
+        """``ensure_group`` with the store opened (and recovered) on a thread: the loop,
+        and every other group's ticks and messages, go on meanwhile."""
+        spec = spec.for_broker(self.broker_id)
+        existing = self._check_new(spec)
+        if existing is not None:
+            return existing
+        if spec.name in self._opening:
+            raise errors.InvalidArgument(f"group {spec.name!r} is being opened already")
+        self._opening.add(spec.name)
+        try:
+            node = await asyncio.get_running_loop().run_in_executor(None, Node, spec, self)
+        finally:
+            self._opening.discard(spec.name)
+        try:
+            self._check_new(spec)  # (nothing else may have taken its name or partitions)
+        except errors.MqlogError:
+            node.close()
+            raise
+        return self._started(self._register(node))
+
+    def _check_new(self, spec: GroupSpec) -> Node | None:
+        """The group already hosted with this spec, None if it may be added, else raise."""
         existing = self.groups.get(spec.name)
         if existing is not None:
             if existing.spec == spec:
@@ -127,14 +157,16 @@ class Broker:
             raise errors.InvalidArgument(
                 f"group {spec.name!r} is hosted here with another spec; drop_group it first "
                 "(a Raft group's members change through a membership change)")
-        if len(self.groups) >= self.config.groups_max:
+        if len(self.groups) + len(self._opening) >= self.config.groups_max:
             raise errors.InvalidArgument(f"broker {self.broker_id} hosts groups_max="
                                          f"{self.config.groups_max} groups already")
         for partition in spec.partitions:
             if self.routes.get(partition, spec.name) != spec.name:
                 raise errors.InvalidArgument(
                     f"{partition} is served by group {self.routes[partition]!r} already")
-        node = self._open(spec)
+        return None
+
+    def _started(self, node: Node) -> Node:
         if self._running:
             node.start()
         return node
@@ -159,8 +191,10 @@ class Broker:
             self.services[kind] = handler
 
     def _open(self, spec: GroupSpec) -> Node:
-        spec = spec.for_broker(self.broker_id)
-        node = Node(spec, self)
+        return self._register(Node(spec.for_broker(self.broker_id), self))
+
+    def _register(self, node: Node) -> Node:
+        spec = node.spec
         self.groups[spec.name] = node
         for partition in spec.partitions:
             self.routes[partition] = spec.name
