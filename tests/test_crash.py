@@ -525,6 +525,7 @@ class Expected:
     truncated_at: int | None
     corrupt: frozenset[int]  # positions of kept records that reads must refuse
     refused: bool = False  # damage with intact records after it: CorruptStore, no open
+    torn: bool = False  # a bad record past the checkpoint, intact ones after it: all cut
 
 
 def _expect(image: Image, copy: Path, scan_from: int) -> Expected:
@@ -532,7 +533,10 @@ def _expect(image: Image, copy: Path, scan_from: int) -> Expected:
 
     The scan starts at ``scan_from`` and stops at the first unit (see Image.units) with a
     changed byte: a clean end if its first 8 bytes are now zero, a truncation otherwise.
-    Damaged records before ``scan_from`` are not scanned; reading them must fail."""
+    Damaged records before ``scan_from`` are not scanned; reading them must fail. A bad
+    record with an intact one after it is damage (refused) before the position of the
+    copy's checkpoint, a torn tail (cut there, the intact ones too) at or past it, and
+    damage wherever it lies when the copy has no valid checkpoint."""
     span = image.written + child.BLANK_SIZE_MIN
     changed = _changed_positions(_log_bytes(image.path, span), _log_bytes(copy, span))
 
@@ -548,10 +552,14 @@ def _expect(image: Image, copy: Path, scan_from: int) -> Expected:
             break
     corrupt = frozenset(r.position for r in image.records
                         if r.end <= end and damaged(r.position, r.end))
-    # A bad record (not zeros) with an intact one anywhere after it is mid-log damage.
-    refused = truncated_at is not None and any(
+    # A bad record (not zeros) with an intact one anywhere after it is mid-log damage,
+    # unless it lies past the checkpoint: then it is a torn tail.
+    intact_after = truncated_at is not None and any(
         r.position > truncated_at and not damaged(r.position, r.end) for r in image.records)
-    return Expected(end, truncated_at, corrupt, refused)
+    saved = cp.read_checkpoint(copy / "checkpoint")
+    torn = intact_after and saved is not None and truncated_at is not None and \
+        truncated_at >= saved.log_position
+    return Expected(end, truncated_at, corrupt, intact_after and not torn, torn)
 
 
 def _check_refused(copy: Path, impl: str, expected: Expected, where: str) -> None:
@@ -588,6 +596,7 @@ def _check_recovered_copy(image: Image, copy: Path, impl: str, context: str, *,
             expected.end, expected.truncated_at), where
         if scan_from is not None:
             assert report.scanned_from == scan_from, where
+        assert ("a torn tail" in report.truncation_reason) == expected.torn, where
         assert report.segments_dropped == [base for base in bases if base > expected.end], where
         if not report.clean:
             _check_dead_tail_is_zero(copy, expected.end, where)
@@ -650,6 +659,82 @@ def _torn_tails(tmp_path: Path, impl: str, seed: int, cases: int) -> None:
         _check_recovered_copy(image, copy, impl, f"seed={seed} case={case} cut={cut}",
                               scan_from=image.checkpoint)
         shutil.rmtree(copy)
+
+
+def _unwritten_page(image: Image, low: int, high: int, rng: random.Random) -> int:
+    """A page-aligned position in [low, high) whose page is inside the log, starts no
+    record (zeros there are a bad record, not an end) and has intact records after it."""
+    starts = {record.position for record in image.records}
+    pages = [page for page in range(low - low % 4096 + 4096, high - 4096, 4096)
+             if page not in starts and image.records[-1].position > page + 4096]
+    assert pages, f"test set-up: no page in [{low}, {high})"
+    return rng.choice(pages)
+
+
+def test_an_unwritten_page_past_the_checkpoint_is_a_torn_tail(tmp_path, impl, rng):
+    """A power loss in async mode may leave a page that was never written in the middle
+    of unflushed data, with later pages written (issue 14, part B). Past the checkpoint
+    that is a torn tail: the log is cut at the first record the page touches, the intact
+    records after it too, and the report says so; the store opens and takes writes.
+    Before the checkpoint (found when the epochs file is lost and the scan starts at the
+    first segment) it stays damage: CorruptStore, and no byte changes."""
+    seed = rng.randrange(1 << 32)
+    rng = random.Random(seed)
+    image = _build_image(tmp_path, impl, rng)
+    for case in range(4):
+        copy = tmp_path / f"torn-{case}"
+        _copy_store(image.path, copy)
+        page = _unwritten_page(image, image.checkpoint, image.written, rng)
+        _zero_log(copy, page, page + 4096)
+        expected = _expect(image, copy, image.checkpoint)
+        assert expected.torn and not expected.refused, f"test set-up: {expected}"
+        _check_recovered_copy(image, copy, impl, f"seed={seed} page={page}",
+                              scan_from=image.checkpoint)
+        with mqlog.open(copy, implementation=impl, **IMAGE_CONFIG) as store:
+            assert store.recovery_report.clean  # what the cut left is a whole log
+        shutil.rmtree(copy)
+    copy = tmp_path / "before"
+    _copy_store(image.path, copy)
+    page = _unwritten_page(image, 0, image.checkpoint, rng)
+    _zero_log(copy, page, page + 4096)
+    (copy / "epochs").unlink()
+    expected = _expect(image, copy, 0)
+    assert expected.refused and not expected.torn, f"test set-up: {expected}"
+    _check_refused(copy, impl, expected, f"seed={seed} page={page} before the checkpoint")
+
+
+def test_killed_async_writer_with_an_unwritten_page_recovers_a_prefix(tmp_path, impl, rng):
+    """A real async writer (tests/crash_child.py, no checkpoint after its open) killed
+    part way; then a page of what it wrote is zeroed, as a power loss may leave it. The
+    store opens (before issue 14 part B: CorruptStore), cut at the first record the page
+    touches, every queue a prefix of the seeded stream, and reports a torn tail."""
+    seed = rng.randrange(1 << 32)
+    store_dir = tmp_path / "store"
+    with mqlog.open(store_dir, implementation=impl, **child.config_for(child.TORN_MODE)):
+        pass  # a checkpoint at 0, so everything the child writes lies past it
+    run = _run_child(store_dir, impl, child.TORN_MODE, seed, 0, 1_500, 1_200,
+                     tmp_path / "child.stderr")
+    context = f"seed={seed} impl={impl}"
+    assert not run.errors and run.killed, f"{context}: {run.errors}\n{run.stderr}"
+    acks = sorted(run.acks.values(), key=lambda ack: ack.position)
+    page_rng = random.Random(seed)
+    page = page_rng.choice([p for p in range(4096, acks[-1].position - 8192, 4096)
+                            if p not in {ack.position for ack in acks}])
+    first_cut = min(ack.position for ack in acks if ack.position + ack.size > page)
+    saved = cp.read_checkpoint(store_dir / "checkpoint")
+    assert saved is not None and saved.log_position <= page, f"{context}: set-up {saved}"
+    _zero_log(store_dir, page, page + 4096)
+    store = _open_or_fail(store_dir, impl, context, **child.config_for(child.TORN_MODE))
+    with store:
+        report = store.recovery_report
+        where = f"{context} page={page}: {report}"
+        assert report.end_position == report.truncated_at == first_cut, where
+        assert "a torn tail" in report.truncation_reason, where
+        check = CrashCheck(seed, child.TORN_MODE, 0, 1_500, {}, run, {}, context)
+        for queue in store.queues():
+            check.check_stream(queue, _read_queue(store, *queue, context))
+        kept = [ack for ack in acks if ack.position < first_cut]
+        assert sum(store.max_offset(*queue) for queue in store.queues()) == len(kept), where
 
 
 def test_bit_flips_never_yield_a_corrupt_record(tmp_path, impl, rng):
@@ -805,8 +890,9 @@ def test_lost_consume_queue_files_are_rebuilt(tmp_path, impl, rng, crashed, how)
 # copied while open. Derived files (consume queues, key index, checkpoint, epochs, the
 # queue manifest) never stop an open: the store opens, every record is still found at
 # its offset, and the report names what was rebuilt. The log's own files either lose a
-# tail (cut and reported) or have a hole with records after it (CorruptStore naming it,
-# and not a byte of the log changed). Never an AssertionError, ValueError, struct.error,
+# tail (cut and reported; past the checkpoint, garbage with records after it is such a
+# tail too) or have a hole with records after it (CorruptStore naming it, and not a
+# byte of the log changed). Never an AssertionError, ValueError, struct.error,
 # NotADirectoryError, or a hang. The twin also opens each harmed segment under
 # ``python -O`` (asserts stripped), in a child process with a deadline.
 
@@ -959,8 +1045,17 @@ def _check_harmed_open(path: Path, impl: str, optimized: bool, kind: str, how: s
         after = {p.name: p.read_bytes() for p in (path / "commitlog").iterdir()}
         assert after == before, f"{where}: a refused open changed the log"
         return
-    if kind == "middle segment":  # garbage: recovery refuses it, or (after a clean
-        # close, which scans nothing) reads do
+    if kind == "middle segment" and "(crashed" in where:
+        # garbage past the checkpoint (the crashed image's is where its open put it, at
+        # 0): nothing there was known to be on disk, so it is a torn tail, cut with what
+        # follows it (issue 14 part B); what is left is a prefix of every queue
+        assert "error" not in answer, f"{where}: {answer}"
+        assert answer["truncated_at"] == answer["end"] is not None, f"{where}: {answer}"
+        for queue, records in answer["held"].items():
+            assert records == held[queue][:len(records)], f"{where}: {queue} is not a prefix"
+        return
+    if kind == "middle segment":  # garbage after a clean close (which scans nothing):
+        # reads refuse it
         assert answer.get("error") in ("CorruptStore", "CorruptRecord"), f"{where}: {answer}"
         assert "mqlog repair" in answer["message"], f"{where}: {answer}"
         return

@@ -18,11 +18,18 @@
 
 Damage is told apart from a torn tail (DESIGN §4). Only a tail may be cut: when the scan
 meets a bad record, the rest of that segment and every later one are searched for an
-intact record (magic, sizes, position and CRC32C all right); if one is found, the log is
-damaged in the middle, and the store refuses to open with a CorruptStore that names the
-damaged range and says to run ``mqlog repair`` (engine/repair.py). Zeros where a record
-should start are the end of the data, as ever (a crash part way through a truncation
-leaves exactly that). The segment files are checked the same way before anything is
+intact record (magic, sizes, position and CRC32C all right). If one is found and the bad
+record lies before the last checkpoint's position (``RecoveryReport.tail_from``), the log
+is damaged in the middle, and the store refuses to open with a CorruptStore that names
+the damaged range and says to run ``mqlog repair`` (engine/repair.py). At or past that
+position nothing was known to be on disk: a power loss in async mode may leave a page
+that was never written in the middle of unflushed data, with pages the kernel did write
+after it. That is a torn tail, however intact what follows looks: the log is cut at the
+bad record, and the report says so and where the intact records it cut began. Without a
+trusted checkpoint (``tail_from`` None) any bad record with intact ones after it is
+damage. Zeros where a record should start are the end of the data, as ever (a crash part
+way through a truncation leaves exactly that). The segment files are checked the same
+way before anything is
 mapped: a missing, short, long or tiny segment with data after it is a hole in the log
 (CorruptStore); at the end of the log it is a lost tail, cut and reported. A checkpoint
 that lies past the segment files is not trusted: the log is scanned from the start.
@@ -62,6 +69,9 @@ class RecoveryReport:
     end_position: int = 0  # where the log ends now
     truncated_at: int | None = None  # where a bad record was cut off, if one was
     truncation_reason: str = ""
+    # The last checkpoint's position: a bad record at or past it is a torn tail (cut even
+    # with intact records after it), before it damage (CorruptStore). None: no checkpoint.
+    tail_from: int | None = None
     segments_dropped: list[int] = field(default_factory=list)  # bases of deleted segments
     queues_rebuilt: bool = False
     rebuilt: list[str] = field(default_factory=list)  # derived files rebuilt, and why
@@ -105,6 +115,7 @@ def recover(store: Store) -> RecoveryReport:
     if checkpoint is not None and checkpoint.log_end > files_end:
         claimed_end, checkpoint = checkpoint.log_end, None  # segment files were lost
     clean = checkpoint is not None and not paths.abort.exists() and not dropped
+    tail_from = None if checkpoint is None else checkpoint.log_position
     first_base = store.first_segment_base()
     epochs = read_epochs(paths.epochs)
     # A clean close of a log that holds records always leaves an epochs file; without a
@@ -113,13 +124,14 @@ def recover(store: Store) -> RecoveryReport:
                                           and checkpoint.log_end <= first_base)
     manifest = read_queues(paths.queues)
     if manifest is None and store.core.segment_bases():
-        report = RecoveryReport(clean=False, scanned_from=first_base)
+        report = RecoveryReport(clean=False, scanned_from=first_base, tail_from=tail_from)
         # Without a manifest lost queues would go unnoticed.
         _rebuild(store, report, "the queue manifest is missing or damaged")
     elif checkpoint is not None and clean and epochs_known and \
             _clean_end_plausible(store, checkpoint.log_end):
         end = checkpoint.log_end
-        report = RecoveryReport(clean=True, scanned_from=end, end_position=end)
+        report = RecoveryReport(clean=True, scanned_from=end, end_position=end,
+                                tail_from=tail_from)
         try:
             store.open_queues(scan_from=end, manifest=manifest or {}, exact=True)
             store.restore_epochs(epochs or [], end)
@@ -132,7 +144,7 @@ def recover(store: Store) -> RecoveryReport:
             scan_from = checkpoint.log_position
         if epochs is None and scan_from != first_base:
             scan_from = first_base  # epochs must be re-learned from every record
-        report = RecoveryReport(clean=False, scanned_from=scan_from)
+        report = RecoveryReport(clean=False, scanned_from=scan_from, tail_from=tail_from)
         _scan(store, report, scan_from, epochs or [], manifest or {})
     report.segments_dropped = sorted(set(report.segments_dropped) | set(dropped))
     if store.core.segment_bases():
@@ -274,9 +286,9 @@ def _scan_segments(store: Store, report: RecoveryReport, scan_from: int) -> None
         if result.stop_reason == "blank" and index + 1 < len(bases):
             continue
         if result.stop_reason not in ("blank", "end"):
-            _refuse_mid_log_damage(store, bases[index:], end, result.stop_reason)
             report.truncated_at = end
-            report.truncation_reason = result.stop_reason
+            report.truncation_reason = _bad_record(store, report, bases[index:], end,
+                                                   result.stop_reason)
         if end < base + segment.size:
             segment.zero_from(end - base, store.config.segment_preallocate)
         # Later segments go; only those that held bytes are news (the allocator's
@@ -290,9 +302,27 @@ def _scan_segments(store: Store, report: RecoveryReport, scan_from: int) -> None
     report.end_position = end
 
 
-def _refuse_mid_log_damage(store: Store, bases: list[int], damaged: int, reason: str) -> None:
-    """Raise CorruptStore if an intact record follows the bad one at ``damaged`` (in its
-    segment, from ``bases[0]``, or a later one): that is damage, not a torn tail."""
+def _bad_record(store: Store, report: RecoveryReport, bases: list[int], damaged: int,
+                reason: str) -> str:
+    """Why the log is cut at the bad record at ``damaged``: a torn tail. Raise
+    CorruptStore if it is damage instead: an intact record follows it (in its segment,
+    from ``bases[0]``, or a later one) and it lies before ``report.tail_from``."""
+    intact = _intact_after(store, bases, damaged)
+    if intact is None:
+        return reason
+    if report.tail_from is None or damaged < report.tail_from:
+        raise CorruptStore(
+            f"the commit log of {store.paths.root} is damaged: the record at position "
+            f"{damaged} is bad ({reason}), and intact records follow it from position "
+            f"{intact}, so the damaged range is [{damaged}, {intact}) at least; recovery "
+            f"cuts only a damaged tail. " + repair_advice(store.paths.root))
+    return (f"{reason}; a torn tail: it lies past the last checkpoint (position "
+            f"{report.tail_from}), where a crash may leave unwritten pages, so the records "
+            f"after it, intact ones from position {intact} included, were cut too")
+
+
+def _intact_after(store: Store, bases: list[int], damaged: int) -> int | None:
+    """The position of the first intact record after the bad one at ``damaged``."""
     for base in bases:
         buffer = store.segment_file(base).buffer
         start = damaged - base + 1 if base <= damaged else 0
@@ -300,8 +330,5 @@ def _refuse_mid_log_damage(store: Store, bases: list[int], damaged: int, reason:
             continue  # a segment made ahead of time, never written
         found = fmt.find_intact(buffer, base, start)
         if found is not None:
-            raise CorruptStore(
-                f"the commit log of {store.paths.root} is damaged: the record at position "
-                f"{damaged} is bad ({reason}), and intact records follow it from position "
-                f"{base + found}, so the damaged range is [{damaged}, {base + found}) at "
-                f"least; recovery cuts only a damaged tail. " + repair_advice(store.paths.root))
+            return base + found
+    return None
