@@ -67,24 +67,50 @@ def open_snapshot(store: Store) -> RecoveryReport:
     return report
 
 
+# How often a listing of segments or of a queue's files is taken again when a file in it
+# vanished before it was mapped (retention deleting the oldest ones meanwhile).
+LISTING_ATTEMPTS_MAX = 16
+
+
 def _map_segments(store: Store) -> None:
-    end = None
-    for base, path in numbered_files(store.paths.commitlog):
-        if os.stat(path).st_size < PAGE_SIZE:  # (an empty file cannot even be mapped)
-            raise CorruptStore(f"segment {path} is only {os.stat(path).st_size} bytes; open "
-                               "the store read-write once to recover it")
-        if end is not None and base != end:
-            raise CorruptStore(f"the segments of {store.paths.root} are not contiguous at "
-                               f"{base} (the store changed while it was opened, or a segment "
-                               "is missing, short or long); try again, or open the store "
-                               "read-write once to see what is wrong")
-        try:
-            mapped = MappedFile.open_read_only(path)
-        except FileNotFoundError:
-            continue  # retention deleted it a moment ago
-        store._segments[base] = mapped
-        store.core.attach_segment(base, mapped.buffer)
-        end = base + mapped.size
+    """Map the segment files, all or none of one listing: if one vanishes before it is
+    mapped (retention deleted it, and every older one), the directory is listed again."""
+    for _attempt in range(LISTING_ATTEMPTS_MAX):
+        mapped = _map_listed_segments(store)
+        if mapped is not None:
+            for base, file in mapped:
+                store._segments[base] = file
+                store.core.attach_segment(base, file.buffer)
+            return
+    raise CorruptStore(f"the segments of {store.paths.root} kept vanishing while it was "
+                       f"opened ({LISTING_ATTEMPTS_MAX} listings); try again")
+
+
+def _map_listed_segments(store: Store) -> list[tuple[int, MappedFile]] | None:
+    """The segments of one listing, mapped; None if one vanished first."""
+    mapped: list[tuple[int, MappedFile]] = []
+    try:
+        for base, path in numbered_files(store.paths.commitlog):
+            size = os.stat(path).st_size
+            if size < PAGE_SIZE:  # (an empty file cannot even be mapped)
+                raise CorruptStore(f"segment {path} is only {size} bytes; open the store "
+                                   "read-write once to recover it")
+            if mapped and base != mapped[-1][0] + mapped[-1][1].size:
+                raise CorruptStore(
+                    f"the segments of {store.paths.root} are not contiguous at {base} (the "
+                    "store changed while it was opened, or a segment is missing, short or "
+                    "long); try again, or open the store read-write once to see what is "
+                    "wrong")
+            mapped.append((base, MappedFile.open_read_only(path)))
+    except FileNotFoundError:
+        for _base, file in mapped:
+            file.close()
+        return None
+    except BaseException:
+        for _base, file in mapped:
+            file.close()
+        raise
+    return mapped
 
 
 def _in_last_segment(store: Store, position: int) -> bool:
@@ -121,12 +147,7 @@ def _map_queues(store: Store, end: int) -> None:
 
 def _map_queue(store: Store, key: tuple[str, int], directory: Path, log_start: int,
                end: int) -> None:
-    try:
-        found = cq.checked_files(key, directory)
-    except ConsumeQueueMismatch as mismatch:
-        raise CorruptStore(f"{mismatch}; open the store read-write once to rebuild it") \
-            from None
-    files = [MappedFile.open_read_only(path) for _, path in found]
+    files = _map_queue_files(key, directory)
     while len(files) > 1 and cq.entries_before(files[-1], end) == 0:
         files.pop().close()  # entries a live writer added past the snapshot
     while len(files) > 1 and cq.first_live_entry(files[1], log_start) > 0:
@@ -146,3 +167,28 @@ def _map_queue(store: Store, key: tuple[str, int], directory: Path, log_start: i
     for base, mapped in zip(bases, files, strict=True):
         store.core.attach_queue_file(key[0], key[1], base, mapped.buffer)
     store._queue_files[key] = files
+
+
+def _map_queue_files(key: tuple[str, int], directory: Path) -> list[MappedFile]:
+    """A queue's files, all of one listing, mapped; listed again when one vanishes before
+    it is mapped (retention drops the oldest files of a queue)."""
+    for _attempt in range(LISTING_ATTEMPTS_MAX):
+        files: list[MappedFile] = []
+        try:
+            for _base, path in cq.checked_files(key, directory):
+                files.append(MappedFile.open_read_only(path))
+            return files
+        except FileNotFoundError:
+            for file in files:
+                file.close()
+        except ConsumeQueueMismatch as mismatch:
+            for file in files:
+                file.close()
+            raise CorruptStore(f"{mismatch}; open the store read-write once to rebuild "
+                               "it") from None
+        except BaseException:
+            for file in files:
+                file.close()
+            raise
+    raise CorruptStore(f"the files of consume queue {key} kept vanishing while the store "
+                       f"was opened ({LISTING_ATTEMPTS_MAX} listings); try again")
