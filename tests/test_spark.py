@@ -701,6 +701,7 @@ def test_cli_reconcile_and_replay(spark, tmp_path, rng):
     from click.testing import CliRunner
 
     from mqlog.spark_connector.cli import reconcile, replay
+    from mqlog.spark_connector.reconcile import REPORT_COLUMNS
 
     source = _fill(tmp_path / "a", rng, count=60)
     shutil.copytree(source, tmp_path / "b")
@@ -709,6 +710,8 @@ def test_cli_reconcile_and_replay(spark, tmp_path, rng):
                                      "--out", str(tmp_path / "report.parquet")])
     assert same.exit_code == 0, same.output
     assert "0 finding(s)" in same.output and "common_prefix" in same.output
+    findings = spark.read.parquet(str(tmp_path / "report.parquet"))
+    assert findings.count() == 0 and tuple(findings.columns) == REPORT_COLUMNS
     refused = runner.invoke(replay, [str(source), "--from", "0"])
     assert refused.exit_code == 1
     assert refused.output.strip().startswith("mqlog: error: give exactly one of")
@@ -725,6 +728,41 @@ def test_cli_reconcile_and_replay(spark, tmp_path, rng):
         line = refused.stderr.strip()
         assert "\n" not in line and line.startswith("mqlog: error: ") and said in line, line
     assert not (tmp_path / "bad").exists()
+
+
+def test_cli_reconcile_of_small_replicas_starts_no_spark(spark, tmp_path, rng,
+                                                         monkeypatch):
+    """Small replicas are compared in the command's own process: no Spark session is
+    built (session() would fail the test), the findings Parquet is what Spark writes for
+    the same replicas with --driver-bytes-max 0, and reconcile() without a session
+    refuses replicas over the limit with a typed error."""
+    from click.testing import CliRunner
+
+    from mqlog.errors import InvalidArgument
+    from mqlog.spark_connector import cli
+    from mqlog.spark_connector.reconcile import reconcile
+
+    reference, copies, *_rest = _replicas(tmp_path, rng)
+    paths = [str(reference), str(copies["short"]), str(copies["diverged"])]
+    runner = CliRunner()
+    shuffled = runner.invoke(cli.reconcile, [*paths, "--driver-bytes-max", "0", "--out",
+                                             str(tmp_path / "shuffled.parquet")])
+    assert shuffled.exit_code == 2, shuffled.output
+
+    def no_session(*args, **kwargs):
+        raise AssertionError("a Spark session was built")
+
+    monkeypatch.setattr(cli, "session", no_session)
+    driver = runner.invoke(cli.reconcile, [*paths, "--out", str(tmp_path / "driver.parquet")])
+    assert driver.exit_code == 2, driver.output
+    assert driver.output == shuffled.output.replace("shuffled.parquet", "driver.parquet")
+
+    def rows(name):
+        return sorted(tuple(row) for row in spark.read.parquet(str(tmp_path / name)).collect())
+
+    assert rows("driver.parquet") == rows("shuffled.parquet") != []
+    with pytest.raises(InvalidArgument, match="needs a Spark session"):
+        reconcile(None, paths, driver_bytes_max=0)
 
 
 def test_the_filter_check_refuses_unknown_names_only():

@@ -1,6 +1,8 @@
 """``mqlog reconcile`` and ``mqlog replay``: the Spark jobs as click commands.
 
-Both build their Spark session with ``session()``: ``local[*]`` unless ``--master`` says
+``reconcile`` of replicas small enough to compare on the driver (reconcile.py) starts no
+session at all, unless ``--master`` or spark-submit asks for Spark. Otherwise both
+build their Spark session with ``session()``: ``local[*]`` unless ``--master`` says
 otherwise, and, under ``spark-submit`` (which starts the Python driver itself), whatever
 master spark-submit was given — so the same command runs unchanged on a cluster
 (``spark-submit --master spark://host:7077 mqlog/spark_connector/job.py reconcile ...``).
@@ -167,20 +169,29 @@ _VERBOSE = click.option("--verbose", is_flag=True, default=False,
 def reconcile(directories: tuple[str, ...], out: str | None, driver_bytes_max: int | None,
               master: str | None, verbose: bool) -> None:
     """Compare replica copies of a store (the first is the reference): missing, extra,
-    divergent and corrupt records per queue, and the common prefix."""
-    from mqlog.spark_connector.reconcile import format_counts, format_summary
+    divergent and corrupt records per queue, and the common prefix. Replicas holding at
+    most --driver-bytes-max are compared in this process, with no Spark session (unless
+    --master or spark-submit asks for Spark)."""
+    from mqlog.spark_connector.planner import held_bytes
+    from mqlog.spark_connector.reconcile import DRIVER_BYTES_MAX, format_counts, format_summary
     from mqlog.spark_connector.reconcile import reconcile as run
 
     if len(directories) < 2:
         raise InvalidArgument("reconcile needs at least two store directories")
-    spark = session("mqlog reconcile", master, verbose)
-    with Progress(spark, not verbose) as progress:
-        progress.show(f"reconcile: reading and comparing {len(directories)} replicas")
-        found = run(spark, list(directories), *(() if driver_bytes_max is None
-                                                 else (driver_bytes_max,)))
+    limit = DRIVER_BYTES_MAX if driver_bytes_max is None else driver_bytes_max
+    if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ and \
+            held_bytes(list(directories)) <= limit:  # compared on the driver: no session
+        found = run(None, list(directories), limit)
         if out:
-            progress.show(f"reconcile: writing the findings to {out}")
-            found.findings.write.mode("overwrite").parquet(out)
+            found.write_parquet(out)
+    else:
+        spark = session("mqlog reconcile", master, verbose)
+        with Progress(spark, not verbose) as progress:
+            progress.show(f"reconcile: reading and comparing {len(directories)} replicas")
+            found = run(spark, list(directories), limit)
+            if out:
+                progress.show(f"reconcile: writing the findings to {out}")
+                found.write_parquet(out)
     click.echo(format_summary(found.summary_rows()))
     click.echo(format_counts(found))
     if out:

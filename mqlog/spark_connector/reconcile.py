@@ -42,6 +42,8 @@ replica and the reference disagree (the queue's end when they never do).
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -70,8 +72,30 @@ class Reconciliation:
         import pyarrow as pa
 
         if isinstance(self._findings, pa.Table):
+            if self.spark is None:
+                raise InvalidArgument("the findings were computed without a Spark session: "
+                                      "use write_parquet, or pass a session to reconcile")
             self._findings = self.spark.createDataFrame(self._findings)
         return self._findings
+
+    def write_parquet(self, out: str) -> None:
+        """Write the findings to the Parquet directory ``out`` (replaced if it exists):
+        with Spark when it computed them, else from the driver's Arrow table (one file,
+        ``part-00000.parquet``, and ``_SUCCESS``, as Spark leaves them)."""
+        import pyarrow as pa
+
+        if not isinstance(self._findings, pa.Table):
+            self._findings.write.mode("overwrite").parquet(out)
+            return
+        import pyarrow.parquet as pq
+
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        elif os.path.lexists(out):
+            os.remove(out)
+        os.makedirs(out)
+        pq.write_table(self._findings, os.path.join(out, "part-00000.parquet"))
+        open(os.path.join(out, "_SUCCESS"), "wb").close()
 
     @property
     def summary(self) -> Any:
@@ -98,7 +122,9 @@ def reconcile(spark: Any, paths: Sequence[str],
               driver_bytes_max: int = DRIVER_BYTES_MAX) -> Reconciliation:
     """Compare the stores at ``paths`` (the first is the reference); see the docstring.
     ``driver_bytes_max``: compare on the driver when the replicas hold at most this many
-    bytes of records together (0: always shuffle)."""
+    bytes of records together (0: always shuffle). ``spark`` may be None for replicas
+    that small (the command starts no session for them); the findings and summary
+    DataFrames then need one, the rows, counts and ``write_parquet`` do not."""
     from mqlog.spark_connector import register
     from mqlog.spark_connector.planner import held_bytes
 
@@ -112,6 +138,10 @@ def reconcile(spark: Any, paths: Sequence[str],
     held = held_bytes(paths)
     if held <= driver_bytes_max:
         return _reconcile_on_driver(spark, paths)
+    if spark is None:
+        raise InvalidArgument(f"the replicas hold {held} bytes of records, more than "
+                              f"driver_bytes_max={driver_bytes_max}: comparing them needs a "
+                              "Spark session")
     register(spark)
     return _reconcile_shuffled(spark, paths, held)
 
