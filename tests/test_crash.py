@@ -662,11 +662,13 @@ def _torn_tails(tmp_path: Path, impl: str, seed: int, cases: int) -> None:
 
 
 def _unwritten_page(image: Image, low: int, high: int, rng: random.Random) -> int:
-    """A page-aligned position in [low, high) whose page is inside the log, starts no
-    record (zeros there are a bad record, not an end) and has intact records after it."""
+    """A page-aligned position in [low, high) whose page holds record bytes (not only a
+    blank's zeros), starts no record (zeros there are a bad record, not an end) and has
+    intact records after it."""
     starts = {record.position for record in image.records}
     pages = [page for page in range(low - low % 4096 + 4096, high - 4096, 4096)
-             if page not in starts and image.records[-1].position > page + 4096]
+             if page not in starts and image.records[-1].position > page + 4096
+             and any(r.position < page + 4096 and r.end > page for r in image.records)]
     assert pages, f"test set-up: no page in [{low}, {high})"
     return rng.choice(pages)
 
@@ -719,7 +721,9 @@ def test_killed_async_writer_with_an_unwritten_page_recovers_a_prefix(tmp_path, 
     acks = sorted(run.acks.values(), key=lambda ack: ack.position)
     page_rng = random.Random(seed)
     page = page_rng.choice([p for p in range(4096, acks[-1].position - 8192, 4096)
-                            if p not in {ack.position for ack in acks}])
+                            if p not in {ack.position for ack in acks} and any(
+                                a.position < p + 4096 and a.position + a.size > p
+                                for a in acks)])  # record bytes, not a blank's zeros
     first_cut = min(ack.position for ack in acks if ack.position + ack.size > page)
     saved = cp.read_checkpoint(store_dir / "checkpoint")
     assert saved is not None and saved.log_position <= page, f"{context}: set-up {saved}"
