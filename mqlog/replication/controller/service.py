@@ -193,6 +193,15 @@ class Controller:
         self._lose_lead()
 
     @property
+    def caught_up(self) -> bool:
+        """Whether its fold is worth reading: it leads, or follows a known leader (which
+        told it the commit), and is not rebuilding. (A restarted controller knows nothing
+        committed until a leader tells it.)"""
+        core = self.driver.core
+        return not self.rebuilding and (self.serving or bool(core.leader)
+                                        and core.leader != core.node_id)
+
+    @property
     def serving(self) -> bool:
         """Whether this controller leads and takes requests now."""
         return self._lead_term != -1 and self.applied_to >= self._lead_from and \
@@ -266,9 +275,10 @@ class Controller:
 
     def describe(self) -> dict[str, Any]:
         """The folded state, as a snapshot body (and where it stands in the log)."""
-        if self.rebuilding:
-            raise NodeUnavailable("this controller is rebuilding its state from its log "
-                                  "(its snapshot is not committed here yet): ask another")
+        if not self.caught_up:
+            raise NodeUnavailable(f"controller {self.driver.core.node_id} may be behind (it "
+                                  "knows no leader yet, or is rebuilding its state from its "
+                                  "log): ask another, or retry soon")
         return {"snapshot": records.encode(self.committed.snapshot()),
                 "position": self.applied_to, "leader": self.driver.core.leader or None}
 
@@ -277,7 +287,7 @@ class Controller:
         a snapshot when ``position`` lies before what this controller folded."""
         if not isinstance(position, int) or isinstance(position, bool) or position < 0:
             raise InvalidArgument(f"position must be a non-negative int, got {position!r}")
-        if position > self.applied_to or self.rebuilding:  # (behind the one asked before)
+        if position > self.applied_to or not self.caught_up:  # (behind: nothing to give)
             return {"records": [], "position": position}
         if position < max(self.fold_start, self.store.first_segment_base()):  # (trimmed)
             return {**self.describe(), "records": []}
