@@ -7,15 +7,16 @@ table, whose ids are broker ids) through ``broker.ensure_group``, puts a ``Contr
 every tick, and serves its requests (``register_broker``, ``broker_heartbeat``,
 ``create_topic``, ``delete_topic``, ``describe_cluster``, ``metadata_since``). A change
 is answered once its record is committed and folded on the leader; if the leader loses
-its leadership (or ``request_timeout_ms`` passes) first, the answer is NodeUnavailable:
+its leadership (or ``broker_session_timeout_ms`` passes) first, the answer is NodeUnavailable:
 the outcome is unknown.
 
 ``join_cluster(broker)`` runs in a broker (role "broker", alone or combined) that knows
-the controller quorum (the ``[controller] voters`` table): the broker's agent registers (a new broker epoch per process
-life), heartbeats every ``broker_heartbeat_interval_ms``, pulls the committed metadata
-since the position it has (records, or a snapshot when it is too far behind), and hosts
-the Raft group of every ``raft``-layer partition the metadata assigns to it (group
-``TOPIC-PARTITION``, serving (topic, partition)); a deleted topic's groups are dropped.
+the controller quorum (the ``[controller] voters`` table): the broker's agent registers
+(a new broker epoch per process life), heartbeats every ``broker_heartbeat_interval_ms``,
+pulls the committed metadata since the position it has (records, or a snapshot when it
+is too far behind), and hosts the Raft group of every ``raft``-layer partition the
+metadata assigns to it (group ``TOPIC-PARTITION``, serving (topic, partition)); a deleted
+topic's groups are dropped.
 Clients ask any broker ``cluster_metadata`` (the agent's view: topics, partitions,
 replicas, brokers and their addresses) and route by partition.
 """
