@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import mqlog
@@ -526,7 +526,7 @@ def _twins_with_records(count: int) -> tuple[Any, Any]:
 _SEGMENT_0: dict[int, bytearray] = {}  # id(core) -> its first segment's bytes
 
 
-TWIN_SETTINGS = settings(max_examples=150, deadline=None,
+TWIN_SETTINGS = settings(max_examples=150, deadline=None, derandomize=True,
                          suppress_health_check=[HealthCheck.too_slow])
 HASHABLE = st.one_of(st.none(), st.booleans(), st.integers(-3, 1 << 65), st.floats(),
                      st.text(max_size=6), st.binary(max_size=6))
@@ -576,6 +576,10 @@ def test_twin_damaged_log_reads_and_scans(flips, position, max_bytes):
        tags=st.one_of(ANYTHING, st.sampled_from(["x", " x", "a||b", "*"])),
        properties=st.one_of(ANYTHING, st.dictionaries(HASHABLE, ANYTHING, max_size=2)),
        body=st.one_of(ANYTHING, st.binary(max_size=20)), count=ANYTHING, offset=ANYTHING)
+# A get of a topic that cannot be encoded: [] from the C core, UnicodeEncodeError from the
+# twin (found by a run of this test; derandomized since, so this example stays checked).
+@example(topic="t\ud800", queue_id=0, key=None, tags=None, properties=None, body=None,
+         count=0, offset=0)
 def test_twin_bad_put_and_get_arguments(topic, queue_id, key, tags, properties, body,
                                         count, offset):
     """Issue 14 (Build): bad put, put_batch and get arguments get the same answer from

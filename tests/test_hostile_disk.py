@@ -338,6 +338,29 @@ def test_a_writer_is_backed_a_bounded_window_ahead(tmp_path, impl):
         assert written <= held <= written + ahead + 2 * step, (written, held)
 
 
+def test_nothing_is_backed_ahead_into_the_headroom(tmp_path, impl):
+    """Blocks backed ahead of need (the segment window, the next segment, key-index
+    steps) never take the last disk_headroom_bytes of the file system, so the room a
+    full disk gives back goes to writes and close(). A headroom larger than any disk's
+    free space: the writer backs only the pages it writes, the key index says DiskFull
+    (naming the setting) instead of growing, and writes, reads and close go on."""
+    path = tmp_path / "s"
+    with mqlog.open(path, implementation=impl, segment_size_bytes=64 * MiB,
+                    disk_headroom_bytes=1 << 60) as store:
+        bodies = [b"b" * 1000] * 100
+        while store.written_position < 4 * MiB:
+            store.put_batch("t", bodies, key="k")
+        written = store.written_position
+        held = (store.paths.commitlog / "00000000000000000000").stat().st_blocks * 512
+        assert written <= held <= written + 256 * 1024, (written, held)
+        with pytest.raises(errors.DiskFull, match="disk_headroom_bytes"):
+            store.query("t", "k")
+        assert len(store.get("t", 0, 0, 10)) == 10
+    with mqlog.open(path, implementation=impl, segment_size_bytes=64 * MiB) as store:
+        assert store.written_position == written
+        assert store.query("t", "k")  # room enough again: the index is built
+
+
 class _Refuse:
     """A prepare_segment that backs ``room`` bytes of each segment, then is full."""
 

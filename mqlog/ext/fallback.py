@@ -709,8 +709,8 @@ class LogCore:
     def _readable_queue(self, topic: str, queue_id: int, offset: int) -> _Queue:
         """The queue (an empty one if it was never written), once ``offset`` is checked."""
         queue = self._queues.get(topic, {}).get(queue_id)
-        if queue is None:
-            queue = _Queue(topic, 0, 0, 0)
+        if queue is None:  # (named "": a topic that cannot be encoded is no error here,
+            queue = _Queue("", 0, 0, 0)  # as in the C core: no such queue, no records)
         if not queue.min_offset <= offset <= queue.next_offset:
             raise OffsetOutOfRange(
                 f"offset {offset} is outside [{queue.min_offset}, {queue.next_offset}] of "
