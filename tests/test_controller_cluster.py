@@ -207,7 +207,13 @@ def test_raft_topics_over_three_brokers(cluster: Cluster) -> None:
 
     cluster.stop()  # everything, then everything again: the same metadata
     cluster.start()
-    wait_until(lambda: "later" in _state(controllers).topics, "the metadata, folded again", 60)
-    again = _state(controllers)
+    seen: list[ClusterMetadata] = []  # one answer, checked and kept: controllers fold at
+    # their own pace, so two asks may reach two controllers at different positions
+
+    def folded_again() -> bool:
+        seen[:] = [_state(controllers)]
+        return "later" in seen[0].topics
+    wait_until(folded_again, "the metadata, folded again", 60)
+    again = seen[0]
     assert again.topics == {**before.topics, "later": again.topics["later"]}
     assert set(again.brokers) == set(BROKERS)
