@@ -17,6 +17,11 @@ _fixed = functools.lru_cache(maxsize=None)(controller.run_seed)  # (each fixed s
 run_seed = controller.run_seed
 
 FIXED_SEEDS = list(range(1, 21))
+# Seeds that once failed, with what they found (each a one-line reproduction).
+REGRESSION_SEEDS = {
+    838014212: "a leader died between a fence and its partition changes: ISR led by fenced",
+    1229826923: "the same, after snapshots and trims",
+}
 FRESH_SEED_COUNT = int(os.environ.get("MQLOG_SIM_SEEDS", 5))
 # (break, a fixed seed that catches it): found with `python -m mqlog.sim --layer controller
 # --break NAME --count 30`
@@ -33,6 +38,12 @@ def test_fixed_seeds_pass_every_checker(seed):
     result = _fixed(seed)
     assert not result.violations, _verdict(result)
     assert result.registrations > 0
+
+
+@pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
+def test_regression_seeds_pass_every_checker(seed):
+    result = run_seed(seed)
+    assert not result.violations, f"{REGRESSION_SEEDS[seed]}\n{_verdict(result)}"
 
 
 def test_fresh_seeds_pass_every_checker(rng):

@@ -165,6 +165,7 @@ class Controller:
                 if self.ticks - heard > self.session_ticks:
                     self.note(f"broker {name} missed its session: fenced")
                     self._fence(name)
+            self._finish_fences()
             if self.store.written_position - self._snapshot_end > \
                     self.config.snapshot_interval_bytes:
                 self._snapshot()
@@ -342,6 +343,22 @@ class Controller:
         if self._test_break == "keep_leaders":
             changes = []
         self._propose([fence, *changes])
+
+    def _finish_fences(self) -> None:
+        """Make the changes a fence calls for that are not in the log: a fence and its
+        partition changes are separate records, and a leader that failed (or met a full
+        disk) between them left a committed fence whose partitions a fenced broker still
+        leads. fence_changes is empty once they are made, so this costs a scan."""
+        if self._test_break == "keep_leaders":
+            return
+        for name, info in sorted(self.working.brokers.items()):
+            if info.fenced:
+                changes = fence_changes(self.working, name, self.config.auto_failover,
+                                        self._reported)
+                if changes:
+                    self.note(f"fenced broker {name}: {len(changes)} partition changes "
+                              "were missing from the log; proposing them")
+                    self._propose(list(changes))
 
     def _lose_lead(self) -> None:
         """This controller stopped leading: what it proposed may or may not commit."""
