@@ -58,7 +58,7 @@ class StoreConfig:
     # --- flush --------------------------------------------------------------------
     flush_mode: FlushMode = "async"
     flush_interval_ms: int = 500
-    flush_pages_min: int = 4  # async: flush early once this many pages are dirty
+    flush_pages_min: int = 4  # async: an interval flush waits for this many dirty pages
     flush_thorough_interval_ms: int = 10_000  # async: flush whatever is dirty this often
     flush_sync_timeout_ms: int = 5_000  # sync: past this a put reports FLUSH_DISK_TIMEOUT
     checkpoint_interval_ms: int = 1_000

@@ -22,8 +22,10 @@ Two modes, as in RocketMQ:
   per put); the flush thread completes a prefix of each loop's deque with one
   ``call_soon_threadsafe``. A waiter whose deadline passes gets False (the store
   reports FLUSH_DISK_TIMEOUT, never a silent success).
-* ``async`` flushes every ``flush_interval_ms``, early once ``flush_pages_min`` pages
-  are dirty, and whatever is dirty every ``flush_thorough_interval_ms``.
+* ``async`` looks every ``flush_interval_ms`` and syncs once ``flush_pages_min`` pages
+  are dirty (RocketMQ's flushLeastPages); less than that waits for the next checkpoint
+  (below: at most ``max(checkpoint_interval_ms, flush_interval_ms)``) or
+  ``flush_thorough_interval_ms``, whichever comes first.
 
 Either way, every ``checkpoint_interval_ms`` a checkpoint thread syncs the log, then the
 consume queues up to where they are, and writes the checkpoint: on its own thread, so
