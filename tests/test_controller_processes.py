@@ -1,0 +1,352 @@
+"""The cluster of tests/test_controller_cluster.py as real `mqlog node` processes on
+127.0.0.1, killed with SIGKILL rather than stopped: three processes in Kafka's combined
+mode (each a broker and a controller voter), a topic of 6 partitions x RF 3 as Raft
+groups, and writers producing by key through GroupClient the whole time.
+
+* a broker that leads some partitions but not the controller is SIGKILLed: its
+  leaderships move to the two left, every partition takes writes again, the controller
+  fences it; restarted, it registers again and is unfenced;
+* the controller leader is SIGKILLed: another takes over (a topic is created through it)
+  with the metadata of before;
+* every process is SIGKILLed at once and restarted: the same metadata;
+
+and every acknowledged write is read back from its partition's leader, after the kills
+and again after the restart (a Raft ack means a majority stored it: no kill loses it).
+Writers retry a write whose outcome is unknown with the same producer sequence, so a
+write never acknowledged may still be stored: only acked writes are required."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from subprocess import Popen
+from typing import Any
+
+import pytest
+
+from mqlog import errors
+from mqlog.client import Client
+from mqlog.group_client import GroupClient
+from mqlog.partitioner import partition_for_key
+from mqlog.replication.controller import records
+from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.replication.local import NodeProcesses, free_ports, wait_until
+from mqlog.results import PutStatus
+
+NAMES = ("b1", "b2", "b3")
+PARTITIONS = 6
+SESSION_MS = 1_500  # broker_session_timeout_ms: short, so fencing is seen soon
+DEADLINE_S = 60.0  # for any one condition (a loaded machine is slow, not wrong)
+
+
+@dataclass
+class Combined(NodeProcesses):
+    """Three `mqlog node` processes, each process_roles = "broker,controller"."""
+
+    root: Path
+    ports: dict[str, int] = field(default_factory=dict)
+    processes: dict[str, Popen] = field(default_factory=dict)
+
+    def address(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def addresses(self, names: tuple[str, ...] | list[str] = NAMES) -> list[str]:
+        return [self.address(name) for name in names]
+
+    def write_configs(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.ports = dict(zip(NAMES, free_ports(len(NAMES)), strict=True))
+        peers = "\n".join(f'{name} = "{self.address(name)}"' for name in NAMES)
+        voters = ", ".join(f'{name} = "{self.address(name)}"' for name in NAMES)
+        for name in NAMES:
+            (self.root / f"{name}.toml").write_text(
+                f'[node]\nid = "{name}"\nlisten = "{self.address(name)}"\n'
+                f'data_dir = "{self.root / name}"\nprocess_roles = "broker,controller"\n'
+                f"[node.peers]\n{peers}\n[controller]\nvoters = {{{voters}}}\n"
+                f"broker_session_timeout_ms = {SESSION_MS}\n"
+                f"broker_heartbeat_interval_ms = {SESSION_MS // 5}\n")
+
+    def kill_all(self) -> None:
+        for name in list(self.processes):
+            self.kill(name)
+
+    def groups(self, name: str) -> dict[str, Any]:
+        with Client(self.address(name), timeout_s=5) as client:
+            return client.call({"kind": "broker_metadata"})[0]["groups"]
+
+    def partition_leaders(self) -> dict[int, str]:
+        """Partition -> the broker leading its newest term, among those that answer."""
+        found: dict[int, tuple[int, str]] = {}
+        for name in self.processes:
+            try:
+                groups = self.groups(name)
+            except errors.MqlogError:
+                continue
+            for partition in range(PARTITIONS):
+                status = groups.get(f"orders-{partition}")
+                if status and status["role"] == "LEADER" and \
+                        status["term"] > found.get(partition, (-1, ""))[0]:
+                    found[partition] = (status["term"], name)
+        return {partition: name for partition, (_, name) in found.items()}
+
+
+def _describe(addresses: list[str]) -> dict[str, Any] | None:
+    """describe_cluster from the first controller that can answer it (None: none can)."""
+    for address in addresses:
+        try:
+            with Client(address, timeout_s=5) as client:
+                return client.call({"kind": "describe_cluster"})[0]
+        except (errors.NodeUnavailable, errors.NotMaster):
+            continue
+    return None
+
+
+def _state(addresses: list[str]) -> ClusterMetadata:
+    answers: list[dict[str, Any]] = []
+
+    def answered() -> bool:
+        found = _describe(addresses)
+        if found is not None:
+            answers.append(found)
+        return found is not None
+    wait_until(answered, "a controller describing the cluster", DEADLINE_S)
+    return ClusterMetadata().apply(records.decode(answers[0]["snapshot"]),
+                                   answers[0]["position"])
+
+
+def _controller_leader(addresses: list[str]) -> str | None:
+    answer = _describe(addresses)
+    return answer.get("leader") if answer else None
+
+
+def _wait_controller_leader(addresses: list[str]) -> str:
+    chief: list[str] = []
+
+    def led() -> bool:
+        found = _controller_leader(addresses)
+        if found:
+            chief.append(found)
+        return bool(found)
+    wait_until(led, "a controller leader", DEADLINE_S)
+    return chief[-1]
+
+
+def _change(addresses: list[str], header: dict[str, Any]) -> dict[str, Any]:
+    """A metadata change, sent on to the leader (waiting out an election)."""
+    queue, answers = list(addresses), []
+
+    def attempt() -> bool:
+        address = queue.pop(0)
+        queue.append(address)
+        try:
+            with Client(address, timeout_s=10) as client:
+                answers.append(client.call(dict(header))[0])
+                return True
+        except errors.NotLeader as error:
+            if error.leader_address:
+                queue.insert(0, error.leader_address)
+        except errors.NodeUnavailable:
+            pass
+        return False
+    wait_until(attempt, f"the controller leader answering {header['kind']}", DEADLINE_S)
+    return answers[0]
+
+
+class Writer(threading.Thread):
+    """Produces key-<n>-<i> to partition_for_key(key) through one GroupClient per
+    partition, until told to finish; keeps what was acknowledged."""
+
+    def __init__(self, cluster: Combined, label: str) -> None:
+        super().__init__(name=f"writer-{label}", daemon=True)
+        self.cluster, self.label = cluster, label
+        self.acked: list[tuple[int, bytes]] = []
+        self.failures: list[str] = []
+        self.done = threading.Event()
+        self.progress = threading.Condition()
+
+    def run(self) -> None:
+        clients = {p: GroupClient(self.cluster.addresses(), group=f"orders-{p}",
+                                  retry_timeout_s=DEADLINE_S) for p in range(PARTITIONS)}
+        try:
+            index = 0
+            while not self.done.is_set():
+                key = f"key-{self.label}-{index}"
+                partition = partition_for_key(key, PARTITIONS)
+                try:
+                    result = clients[partition].produce("orders", key.encode(), partition, key)
+                except errors.MqlogError as error:
+                    self.failures.append(f"{key}: {error}")
+                else:
+                    if result.status is PutStatus.PUT_OK:
+                        with self.progress:
+                            self.acked.append((partition, key.encode()))
+                            self.progress.notify_all()
+                    else:
+                        self.failures.append(f"{key}: {result.status}")
+                index += 1
+        finally:
+            for client in clients.values():
+                client.close()
+
+    def wait_for_more(self, count: int) -> None:
+        with self.progress:
+            target = len(self.acked) + count
+            if not self.progress.wait_for(lambda: len(self.acked) >= target or
+                                          not self.is_alive(), DEADLINE_S):
+                raise TimeoutError(f"{self.name}: {count} more acks not within "
+                                   f"{DEADLINE_S} s; failures: {self.failures[-3:]}")
+        assert len(self.acked) >= target, f"{self.name} died: {self.failures[-3:]}"
+
+    def per_partition(self) -> list[int]:
+        with self.progress:
+            return [sum(1 for p, _ in self.acked if p == partition)
+                    for partition in range(PARTITIONS)]
+
+    def finish(self) -> None:
+        self.done.set()
+        self.join(timeout=DEADLINE_S * 2)
+        assert not self.is_alive()
+
+
+def _every_partition_writes(writers: list[Writer]) -> None:
+    """Wait until every partition took a new acknowledged write (from now)."""
+    def counts() -> list[int]:
+        tallies = [writer.per_partition() for writer in writers]
+        return [sum(tally[p] for tally in tallies) for p in range(PARTITIONS)]
+    start = counts()
+
+    def grew() -> bool:
+        assert all(writer.is_alive() for writer in writers), "a writer died"
+        return all(now > then for now, then in zip(counts(), start, strict=True))
+    wait_until(grew, "a new acknowledged write on every partition", DEADLINE_S)
+
+
+def _read_partition(cluster: Combined, partition: int) -> list[bytes] | None:
+    """Every body of a partition, from its leader (None: no leader answers yet)."""
+    leader = cluster.partition_leaders().get(partition)
+    if leader is None:
+        return None
+    bodies: list[bytes] = []
+    try:
+        with Client(cluster.address(leader), timeout_s=10) as client:
+            while batch := client.fetch("orders", partition, len(bodies), 256):
+                bodies.extend(record.body for record in batch)
+    except (errors.NotMaster, errors.NodeUnavailable, errors.UnknownGroup):
+        return None
+    return bodies
+
+
+def _assert_acked_present(cluster: Combined, acked: list[tuple[int, bytes]]) -> None:
+    missing: dict[int, set[bytes]] = {}
+
+    def every_ack_read() -> bool:
+        missing.clear()
+        for partition in range(PARTITIONS):
+            wanted = {body for p, body in acked if p == partition}
+            bodies = _read_partition(cluster, partition)
+            if bodies is None:
+                missing[partition] = wanted
+            elif wanted - set(bodies):
+                missing[partition] = wanted - set(bodies)
+        return not missing
+    try:
+        wait_until(every_ack_read, f"{len(acked)} acknowledged writes read back", DEADLINE_S)
+    except TimeoutError:
+        pytest.fail(f"acknowledged writes not read back: "
+                    f"{ {p: sorted(b)[:5] for p, b in missing.items()} }")
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, impl: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The three processes, on the log core ``impl`` (MQLOG_PUREPYTHON is inherited)."""
+    if impl == "python":
+        monkeypatch.setenv("MQLOG_PUREPYTHON", "1")
+    else:
+        monkeypatch.delenv("MQLOG_PUREPYTHON", raising=False)
+    running = Combined(tmp_path)
+    running.write_configs()
+    try:
+        for name in NAMES:
+            running.start(name)
+        yield running
+    finally:
+        running.stop_all()
+
+
+def test_sigkilled_broker_and_controller_leader_lose_no_acked_write(cluster: Combined) -> None:
+    everyone = cluster.addresses()
+    wait_until(lambda: len(_state(everyone).live_brokers()) == 3, "three live brokers",
+               DEADLINE_S)
+    answer = _change(everyone, {"kind": "create_topic", "name": "orders",
+                                "partitions": PARTITIONS, "replication_factor": 3,
+                                "layer": "raft"})
+    assert len(answer["assignment"]) == PARTITIONS
+    wait_until(lambda: len(cluster.partition_leaders()) == PARTITIONS, "6 partition leaders",
+               DEADLINE_S)
+    created = _state(everyone)
+    writers = [Writer(cluster, label) for label in ("a", "b")]
+    for writer in writers:
+        writer.start()
+    try:
+        for writer in writers:
+            writer.wait_for_more(30)
+        _kill_a_partition_leader(cluster, writers)
+        _kill_the_controller_leader(cluster, writers, created)
+    finally:
+        for writer in writers:
+            writer.finish()
+    acked = [item for writer in writers for item in writer.acked]
+    assert not [f for writer in writers for f in writer.failures], "writes stopped"
+    _assert_acked_present(cluster, acked)
+
+    before = _state(everyone)
+    cluster.kill_all()  # everything at once, then everything again
+    for name in NAMES:
+        cluster.start(name)
+    wait_until(lambda: (_state(everyone).position >= before.position),
+               "the metadata folded again", DEADLINE_S)
+    again = _state(everyone)
+    assert again.topics == before.topics
+    assert sorted(again.brokers) == sorted(before.brokers) == list(NAMES)
+    assert again.topics["orders"] == created.topics["orders"]
+    _assert_acked_present(cluster, acked)
+
+
+def _kill_a_partition_leader(cluster: Combined, writers: list[Writer]) -> None:
+    """SIGKILL a broker leading partitions (not the controller leader), then restart it."""
+    chief = _wait_controller_leader(cluster.addresses())
+    leaders = cluster.partition_leaders()
+    victim = max((name for name in NAMES if name != chief),
+                 key=lambda name: list(leaders.values()).count(name))
+    if victim not in leaders.values():  # it must lead something for leaderships to move
+        with Client(cluster.address(leaders[0]), timeout_s=10, group="orders-0") as client:
+            client.transfer(victim)
+        wait_until(lambda: cluster.partition_leaders().get(0) == victim,
+                   f"{victim} leading partition 0", DEADLINE_S)
+        leaders = cluster.partition_leaders()
+    led = sorted(p for p, name in leaders.items() if name == victim)
+    print(f"SIGKILL {victim}, leader of partitions {led} (controller leader: {chief})")
+    cluster.kill(victim)
+    alive = cluster.addresses([name for name in NAMES if name != victim])
+    wait_until(lambda: len(cluster.partition_leaders()) == PARTITIONS,
+               f"partitions {led} led again without {victim}", DEADLINE_S)
+    _every_partition_writes(writers)  # writes continue, to every partition
+    wait_until(lambda: _state(alive).brokers[victim].fenced, f"{victim} fenced", DEADLINE_S)
+    cluster.start(victim)  # back: a new broker epoch, unfenced
+    wait_until(lambda: not _state(alive).brokers[victim].fenced, f"{victim} back",
+               DEADLINE_S)
+
+
+def _kill_the_controller_leader(cluster: Combined, writers: list[Writer],
+                                created: ClusterMetadata) -> None:
+    """SIGKILL the controller leader: another takes over with the metadata intact."""
+    chief = _wait_controller_leader(cluster.addresses())
+    cluster.kill(chief)
+    alive = cluster.addresses([name for name in NAMES if name != chief])
+    _change(alive, {"kind": "create_topic", "name": "later", "partitions": 1,
+                    "replication_factor": 1, "layer": "raft"})
+    assert _wait_controller_leader(alive) != chief
+    assert _state(alive).topics["orders"] == created.topics["orders"]
+    _every_partition_writes(writers)
+    cluster.start(chief)
