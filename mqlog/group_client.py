@@ -5,6 +5,9 @@ knowing its leader, and without storing a write twice when a retry follows a fai
   its address) when the node knows it: the client goes there; when no leader is known
   (an election is under way) it tries the next node after ``retry_backoff_ms``.
   A master-slave node that is not (or not yet) a master answers NotMaster: the next.
+  A broker that hosts no such group (yet: a restarted broker hosts a cluster's groups only
+  once it has pulled the metadata) answers UnknownGroup: the next; only when every node
+  in a row says so is it the caller's mistake, raised as UnknownGroup.
 * A write whose outcome is unknown — the connection broke, the node stepped down, the
   majority did not answer in time (FLUSH_SLAVE_TIMEOUT), the node's disk did not flush
   in time (FLUSH_DISK_TIMEOUT: the record is stored and may still commit) — or that was
@@ -68,9 +71,11 @@ class GroupClient:
     def _until_decided(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
         deadline = time.monotonic() + self.retry_timeout_s
         failures: list[str] = []
+        unknown = 0  # nodes in a row that host no such group
         while True:
             try:
                 answer = self._client_now().call(dict(header), payload)[0]
+                unknown = 0
                 status = PutStatus(answer["status"])
                 if status not in _RETRIED:
                     return answer
@@ -78,8 +83,15 @@ class GroupClient:
                 if status is PutStatus.SLAVE_NOT_AVAILABLE:  # slaves must catch up first
                     time.sleep(self.retry_backoff_ms / 1000)  # a back-off, not a sync
             except errors.NotMaster as error:  # (NotLeader too, which may name the leader)
+                unknown = 0
                 failures.append(f"{self._client_address()}: not the leader")
                 self._move_to(getattr(error, "leader_address", None))
+            except errors.UnknownGroup as error:
+                unknown += 1
+                if unknown >= len(self.addresses):
+                    raise
+                failures.append(f"{self._client_address()}: {error}")
+                self._move_to(None)
             except errors.NodeUnavailable as error:
                 failures.append(str(error))
                 self._move_to(None)
