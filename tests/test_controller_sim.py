@@ -21,6 +21,8 @@ FIXED_SEEDS = list(range(1, 21))
 REGRESSION_SEEDS = {
     838014212: "a leader died between a fence and its partition changes: ISR led by fenced",
     1229826923: "the same, after snapshots and trims",
+    3000243: "the simulated broker took its previous life's registration answer: two "
+             "registrations in flight, every heartbeat one broker epoch behind, forever",
 }
 FRESH_SEED_COUNT = int(os.environ.get("MQLOG_SIM_SEEDS", 5))
 # (break, a fixed seed that catches it): found with `python -m mqlog.sim --layer controller
@@ -44,21 +46,6 @@ def test_fixed_seeds_pass_every_checker(seed):
 def test_regression_seeds_pass_every_checker(seed):
     result = run_seed(seed)
     assert not result.violations, f"{REGRESSION_SEEDS[seed]}\n{_verdict(result)}"
-
-
-# Open bugs, each a failing seed kept in sight (strict: fixing it makes this test fail,
-# then the seed moves to REGRESSION_SEEDS). Issue 16's note has what is known.
-KNOWN_FAILING_SEEDS = {
-    3000243: "liveness: broker b3 re-registers forever, each heartbeat refused one broker "
-             "epoch behind the leader's (754 times); c0 never catches up",
-}
-
-
-@pytest.mark.parametrize("seed", sorted(KNOWN_FAILING_SEEDS))
-@pytest.mark.xfail(strict=True, reason="an open controller bug (KNOWN_FAILING_SEEDS)")
-def test_known_failing_seeds_still_fail(seed):
-    result = run_seed(seed)
-    assert not result.violations, f"{KNOWN_FAILING_SEEDS[seed]}\n{_verdict(result)}"
 
 
 def test_fresh_seeds_pass_every_checker(rng):

@@ -106,6 +106,7 @@ class SimBroker:
     alive: bool = True
     epoch: int | None = None  # its registration, once acknowledged
     busy: bool = False  # a registration in flight
+    life: int = 0  # bumped when it dies: an answer to an earlier life never reaches it
     next_heartbeat: int = 0
     view: ClusterMetadata = field(default_factory=ClusterMetadata)
     position: int = 0  # how far its view has folded the controllers' log
@@ -237,8 +238,11 @@ class ControllerSwarm:
         now = self.clock[0]
         if broker.epoch is None and not broker.busy:
             broker.busy = True
+            life = broker.life
 
             def registered(ok: bool, proposal: Proposal | None) -> None:
+                if broker.life != life:  # (its process is gone: so is the connection)
+                    return
                 broker.busy = False
                 if ok and proposal is not None and broker.alive:
                     broker.epoch = proposal.answer["broker_epoch"]
@@ -313,6 +317,7 @@ class ControllerSwarm:
         for broker in self.brokers.values():
             if broker.alive and rng.random() < options.death_probability:
                 broker.alive, broker.epoch, broker.busy = False, None, False
+                broker.life += 1
                 broker.died_at = self.clock[0]
                 self.trace(f"broker {broker.name} dies")
             elif not broker.alive and rng.random() < options.return_probability:
