@@ -32,6 +32,7 @@ position in its header. Where no candidate is verified the range stays whole.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
@@ -105,19 +106,9 @@ def _entry_sizes(store: Store, topic: str, queue_id: int, start: int, end: int) 
     """The sizes of offsets [start, end) of a queue, from its consume-queue files; an
     offset no file holds (a damaged or missing file: the read will say so) counts as
     the mean of the others, so it still weighs like a record."""
-    from mqlog.spark_connector.layout import CQ_ENTRY
-
     sizes = np.full(end - start, -1, np.int64)
-    directory = store.paths.queue_dir(topic, queue_id)
-    for name in os.listdir(directory):
-        if not name.isdigit():
-            continue
-        base = int(name)
-        count = os.path.getsize(directory / name) // CQ_ENTRY.itemsize
-        first, last = max(start, base), min(end, base + count)
-        if first < last:
-            entries = np.memmap(directory / name, CQ_ENTRY, "r", shape=(count,))
-            sizes[first - start:last - start] = entries["size"][first - base:last - base]
+    for first, entries in _queue_entries(store, topic, queue_id, start, end):
+        sizes[first - start:first - start + len(entries)] = entries["size"]
     known = sizes[sizes >= 0]
     sizes[sizes < 0] = int(known.mean()) if len(known) else 1
     return np.maximum(sizes, 1)
@@ -312,22 +303,30 @@ def _partition(pieces: list[SegmentRange]) -> SegmentRange | SegmentRanges:
 def _queue_positions(store: Store) -> list[np.ndarray]:
     """The positions of every queue's entries that the snapshot vouches for, one array
     per consume-queue file (memory-mapped: only what a search touches is read)."""
-    from mqlog.spark_connector.layout import CQ_ENTRY
-
-    found = []
+    found: list[np.ndarray] = []
     for topic, queue_id in store.queues():
         low, high = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id)
-        directory = store.paths.queue_dir(topic, queue_id)
-        for name in os.listdir(directory):
-            if not name.isdigit():
-                continue
-            base = int(name)
-            count = os.path.getsize(directory / name) // CQ_ENTRY.itemsize
-            first, last = max(low, base), min(high, base + count)
-            if first < last:
-                entries = np.memmap(directory / name, CQ_ENTRY, "r", shape=(count,))
-                found.append(entries["position"][first - base:last - base])
+        found.extend(entries["position"]
+                     for _first, entries in _queue_entries(store, topic, queue_id, low, high))
     return found
+
+
+def _queue_entries(store: Store, topic: str, queue_id: int, start: int,
+                   end: int) -> Iterator[tuple[int, np.ndarray]]:
+    """(first offset, its entries) for each consume-queue file's share of offsets
+    [start, end), memory-mapped."""
+    from mqlog.spark_connector.layout import CQ_ENTRY
+
+    directory = store.paths.queue_dir(topic, queue_id)
+    for name in os.listdir(directory):
+        if not name.isdigit():
+            continue
+        base = int(name)
+        count = os.path.getsize(directory / name) // CQ_ENTRY.itemsize
+        first, last = max(start, base), min(end, base + count)
+        if first < last:
+            entries = np.memmap(directory / name, CQ_ENTRY, "r", shape=(count,))
+            yield first, entries[first - base:last - base]
 
 
 def _record_start(store: Store, entries: list[np.ndarray], want: int, end: int) -> int | None:
