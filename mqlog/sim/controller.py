@@ -8,11 +8,16 @@ records, and is rebuilt from its log on every restart. Snapshots are written eve
 KiB and the logs trimmed behind them, so restarts begin at a snapshot and a follower
 left behind gets a LogReset.
 
-Brokers are clients: each registers with whichever controller claims to lead, heartbeats
-every ``heartbeat_ticks``, and pulls ``metadata_since`` its position from a random
-controller, folding what comes back (records or a snapshot) into its own view. A broker
-may die (it goes silent) and come back (it registers again, with a new broker epoch). An
-operator creates and deletes topics now and then.
+Brokers run the real agent (replication/controller/host.py ``BrokerAgent``, the code
+``join_cluster`` runs in a broker process), each life over its own ``SimAgentIo``: its
+requests reach the controllers through ``dispatch`` (the broker service's own code),
+answers come back in a later broker phase of a tick, its timers run on the ticks, and
+its hosting goes to a ``SimGroupHost`` that records what it was asked to host. So the
+agent registers, heartbeats every ``heartbeat_ticks``, pulls ``metadata_since`` and folds
+exactly as a broker process does. A broker may die (its life's IO closes: no answer or
+timer of that life reaches anything again) and come back (a new life: a new agent, which
+registers again, with a new broker epoch). An operator creates and deletes topics now
+and then.
 
 Checkers (a list of violations; empty is a pass):
 * agreement: every controller that folded its log to position P holds the same state
@@ -23,12 +28,15 @@ Checkers (a list of violations; empty is a pass):
 * fencing: no ISR-layer partition is led by a fenced broker once the cluster settled;
 * liveness: with faults off and a majority of controllers up, a leader serves; every live
   broker ends registered and unfenced, every dead one fenced; every broker's pulled view
-  equals the controllers' state, and every controller up holds that same state.
+  equals the controllers' state and it hosts exactly the Raft partitions that state
+  assigns it; every controller up holds that same state;
+* an agent's note of a malformed answer (the controllers are real: never garbage).
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import random
 import shutil
 import tempfile
@@ -38,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from mqlog.config import ReplicationConfig
-from mqlog.errors import MqlogError
-from mqlog.replication.controller import records
+from mqlog.errors import InvalidArgument, MqlogError, NodeUnavailable
 from mqlog.replication.controller.config import ControllerConfig
+from mqlog.replication.controller.host import Answer, BrokerAgent, dispatch
 from mqlog.replication.controller.service import Controller, Proposal
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.sim.network import NetworkOptions, SimNetwork
@@ -98,19 +106,100 @@ class ControllerSimNode(RaftSimNode):
                                      test_break=self.test_break)
 
 
+class SimAgentIo:
+    """The simulator's AgentIo for one process life of one broker: a request reaches the
+    controller it names at once (through ``dispatch``, the broker's own service code), and
+    its answer comes back in a later broker phase — a change's once its record is folded,
+    or NodeUnavailable once the leader loses its lead or ``session_ticks`` pass (the
+    broker service's timeout); a controller that is down refuses the connection. Timers
+    run on the simulator's ticks. Once the life ends (``closed``), nothing reaches it."""
+
+    def __init__(self, sim: ControllerSwarm, name: str) -> None:
+        self.sim, self.name = sim, name
+        self.closed = False
+
+    def request(self, address: str, header: dict[str, Any], done: Answer) -> None:
+        sim = self.sim
+        node = sim.by_address.get(address)
+        if node is None or not node.up or node.paused:
+            self._deliver(header, done, None, NodeUnavailable(f"cannot reach {address}"))
+            return
+        try:
+            outcome = dispatch(node.controller, header)
+        except MqlogError as error:
+            self._deliver(header, done, None, error)
+            return
+        if not isinstance(outcome, Proposal):
+            self._deliver(header, done, outcome, None)
+            return
+        settled = [False]
+        proposal = outcome
+
+        def finish(ok: bool) -> None:
+            if settled[0]:
+                return
+            settled[0] = True
+            if ok:
+                self._deliver(header, done, proposal.answer, None)
+            else:
+                self._deliver(header, done, None, NodeUnavailable(
+                    "the controller lost its leadership (or took too long) before the change "
+                    "committed: its outcome is unknown"))
+        node.controller.wait(proposal, finish)
+        sim.later(sim.options.session_ticks, self, lambda: finish(False))
+
+    def _deliver(self, header: dict[str, Any], done: Answer, answer: dict[str, Any] | None,
+                 error: MqlogError | None) -> None:
+        def deliver() -> None:
+            if answer is not None and header["kind"] == "register_broker":
+                self.sim.result.registrations += 1
+            if answer is not None and "snapshot" in answer:
+                self.sim.result.snapshots_pulled += 1
+            done(answer, error)
+        self.sim.later(0, self, deliver)
+
+    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> None:
+        self.sim.later(max(1, -(-delay_ms // TICK_MS)), self, callback)
+
+    def note(self, text: str) -> None:
+        self.sim.trace(f"{self.name}: {text}")
+        if "malformed" in text:  # (real controllers: never garbage)
+            self.sim.violation(f"{self.name}: {text}")
+
+
+class SimGroupHost:
+    """The simulator's GroupHost: it records what the agent asked it to host (a spec
+    unlike the one hosted under the same name is refused, as the broker refuses it)."""
+
+    def __init__(self, name: str) -> None:
+        self.broker_id, self.address = name, f"{name}.sim:9092"
+        self.groups: dict[str, Any] = {}
+
+    def ensure_group(self, spec: Any) -> None:
+        if self.groups.get(spec.name, spec) != spec:
+            raise InvalidArgument(f"group {spec.name} is hosted with another spec")
+        self.groups[spec.name] = spec
+
+    def drop_group(self, name: str) -> None:
+        self.groups.pop(name, None)
+
+    def reports(self) -> list[list[Any]]:
+        return []
+
+
 @dataclass
-class SimBroker:
-    """A broker as the controllers see it (a client of theirs)."""
+class BrokerSlot:
+    """A broker process: the real BrokerAgent of its current life (None while dead)."""
 
     name: str
-    alive: bool = True
-    epoch: int | None = None  # its registration, once acknowledged
-    busy: bool = False  # a registration in flight
-    life: int = 0  # bumped when it dies: an answer to an earlier life never reaches it
-    next_heartbeat: int = 0
-    view: ClusterMetadata = field(default_factory=ClusterMetadata)
-    position: int = 0  # how far its view has folded the controllers' log
+    agent: BrokerAgent | None = None
+    io: SimAgentIo | None = None
+    host: SimGroupHost | None = None
     died_at: int = -1
+
+    @property
+    def alive(self) -> bool:
+        return self.agent is not None
 
 
 @dataclass
@@ -152,7 +241,11 @@ class ControllerSwarm:
             config=ReplicationConfig(layer="raft", node_id=name, voters=names,
                                      cluster_id="controller", **CORE_SETTINGS),
             core_rng=self.rng, controller_config=config) for name in names}
-        self.brokers = {f"b{index}": SimBroker(f"b{index}")
+        self.by_address = {f"sim:{name}": node for name, node in self.nodes.items()}
+        self.timers: list[tuple[int, int, SimAgentIo, Callable[[], None]]] = []
+        self.timer_count = 0
+        self.agent_config = config
+        self.brokers = {f"b{index}": BrokerSlot(f"b{index}")
                         for index in range(self.options.brokers)}
         self.digests: dict[int, str] = {}  # position -> state digest (agreement)
         self.created: set[str] = set()  # acknowledged creates
@@ -163,6 +256,8 @@ class ControllerSwarm:
         self.terms: set[int] = set()
         for node in self.nodes.values():
             node.start()
+        for broker in self.brokers.values():
+            self._begin_life(broker)
 
     # --- the run ---------------------------------------------------------------------
 
@@ -195,9 +290,7 @@ class ControllerSwarm:
         for node in running:
             node.complete_flushes()
             self._run(node)
-        for broker in self.brokers.values():
-            if broker.alive:
-                self._broker_step(broker)
+        self._brokers_run()
         if self.faulty and self.rng.random() < self.options.operator_probability:
             self._operator()
         for node in self._running():  # (what the brokers and the operator proposed)
@@ -234,47 +327,30 @@ class ControllerSwarm:
             return
         leader.controller.wait(proposal, lambda ok: done(ok, proposal))
 
-    def _broker_step(self, broker: SimBroker) -> None:
-        now = self.clock[0]
-        if broker.epoch is None and not broker.busy:
-            broker.busy = True
-            life = broker.life
+    def _begin_life(self, broker: BrokerSlot) -> None:
+        """A broker process starts: a new agent, host and IO (nothing of its last life)."""
+        broker.io, broker.host = SimAgentIo(self, broker.name), SimGroupHost(broker.name)
+        broker.agent = BrokerAgent(broker.host, self.agent_config, broker.io,
+                                   rng=random.Random(self.rng.random()))
+        broker.io.call_later(0, broker.agent.start)
 
-            def registered(ok: bool, proposal: Proposal | None) -> None:
-                if broker.life != life:  # (its process is gone: so is the connection)
-                    return
-                broker.busy = False
-                if ok and proposal is not None and broker.alive:
-                    broker.epoch = proposal.answer["broker_epoch"]
-                    broker.next_heartbeat = now
-                    self.result.registrations += 1
-            self._call(lambda c: c.register_broker(broker.name, f"sim:{broker.name}"),
-                       registered)
-        elif broker.epoch is not None and now >= broker.next_heartbeat:
-            broker.next_heartbeat = now + self.options.heartbeat_ticks
-            leader = self._leader()
-            if leader is not None:
-                try:
-                    leader.controller.heartbeat(broker.name, broker.epoch)
-                except MqlogError as error:
-                    self.trace(f"{broker.name} heartbeat: {error}")
-                    if "register again" in str(error):
-                        broker.epoch = None
-        if now % 3 == 0:
-            self._pull(broker)
+    def _end_life(self, broker: BrokerSlot) -> None:
+        assert broker.io is not None
+        broker.io.closed = True  # (its connections and timers die with the process)
+        broker.agent = broker.io = broker.host = None
+        broker.died_at = self.clock[0]
 
-    def _pull(self, broker: SimBroker) -> None:
-        running = self._running()
-        if not running:
-            return
-        answer = self.rng.choice(running).controller.metadata_since(broker.position)
-        if "snapshot" in answer:
-            snapshot = records.decode(answer["snapshot"])
-            broker.view = ClusterMetadata().apply(snapshot, answer["position"])
-            self.result.snapshots_pulled += 1
-        for end, body in answer["records"]:
-            broker.view = broker.view.apply(records.decode(body), end)
-        broker.position = answer["position"]
+    def later(self, ticks: int, io: SimAgentIo, callback: Callable[[], None]) -> None:
+        """Call ``callback`` in the broker phase ``ticks`` from now (unless ``io`` closed)."""
+        self.timer_count += 1
+        heapq.heappush(self.timers, (self.clock[0] + ticks, self.timer_count, io, callback))
+
+    def _brokers_run(self) -> None:
+        """The brokers' phase of a tick: answers and timers due by now, in order."""
+        while self.timers and self.timers[0][0] <= self.clock[0]:
+            _due, _count, io, callback = heapq.heappop(self.timers)
+            if not io.closed:
+                callback()
 
     def _operator(self) -> None:
         live = sorted(self.created - self.deleted - self.unsure)
@@ -316,12 +392,10 @@ class ControllerSwarm:
                            f"{node.store.written_position})")
         for broker in self.brokers.values():
             if broker.alive and rng.random() < options.death_probability:
-                broker.alive, broker.epoch, broker.busy = False, None, False
-                broker.life += 1
-                broker.died_at = self.clock[0]
+                self._end_life(broker)
                 self.trace(f"broker {broker.name} dies")
             elif not broker.alive and rng.random() < options.return_probability:
-                broker.alive = True
+                self._begin_life(broker)
                 self.trace(f"broker {broker.name} comes back")
         if rng.random() < options.partition_probability:
             names = sorted(self.nodes)
@@ -385,16 +459,22 @@ class ControllerSwarm:
                 return f"{node.name} folded to {node.controller.applied_to}"
         for broker in self.brokers.values():
             info = state.brokers.get(broker.name)
-            if broker.alive and (broker.epoch is None or info is None or info.fenced
-                                 or info.broker_epoch != broker.epoch):
+            agent = broker.agent
+            if agent is None:
+                if info is not None and not info.fenced:
+                    return f"dead broker {broker.name} is not fenced"
+                continue
+            if agent.epoch is None or info is None or info.fenced or \
+                    info.broker_epoch != agent.epoch:
                 return f"live broker {broker.name} is not registered and unfenced"
-            if not broker.alive and info is not None and not info.fenced:
-                return f"dead broker {broker.name} is not fenced"
             # (by content: a view begun from a snapshot is positioned where the answer's
             # fold ended, which may be past the last record, at a leader's no-op)
-            if broker.alive and (broker.view.brokers, broker.view.topics) != \
-                    (state.brokers, state.topics):
-                return f"broker {broker.name}'s view is at {broker.position}"
+            if (agent.view.brokers, agent.view.topics) != (state.brokers, state.topics):
+                return f"broker {broker.name}'s view is at {agent.position}"
+            assert broker.host is not None
+            if set(broker.host.groups) != _assigned(state, broker.name):
+                return (f"broker {broker.name} hosts {sorted(broker.host.groups)}, not what "
+                        f"the state assigns it: {sorted(_assigned(state, broker.name))}")
         return ""
 
     def _check_final(self) -> None:
@@ -425,6 +505,12 @@ class ControllerSwarm:
 
     def answered(self, node: Any, request: Any, status: Any) -> None:
         pass  # (the controller answers from its fold, not from the core's verdicts)
+
+
+def _assigned(state: ClusterMetadata, broker: str) -> set[str]:
+    """The groups ``state`` has ``broker`` host: one per Raft partition it replicates."""
+    return {f"{topic.name}-{index}" for topic in state.topics.values() if topic.layer == "raft"
+            for index, part in enumerate(topic.partitions) if broker in part.replicas}
 
 
 def run_seed(seed: int, test_break: str = "") -> ControllerSimResult:

@@ -5,20 +5,33 @@ hosts the controller's Raft group (``__controller``, voters = the ``[controller]
 table, whose ids are broker ids) through ``broker.ensure_group``, puts a ``Controller``
 (service.py) over that group's store and driver, calls it after every driver run and
 every tick, and serves its requests (``register_broker``, ``broker_heartbeat``,
-``create_topic``, ``delete_topic``, ``describe_cluster``, ``metadata_since``). A change
-is answered once its record is committed and folded on the leader; if the leader loses
-its leadership (or ``broker_session_timeout_ms`` passes) first, the answer is NodeUnavailable:
-the outcome is unknown.
+``create_topic``, ``delete_topic``, ``describe_cluster``, ``metadata_since``) through
+``dispatch``. A change is answered once its record is committed and folded on the leader;
+if the leader loses its leadership (or ``broker_session_timeout_ms`` passes) first, the
+answer is NodeUnavailable: the outcome is unknown.
 
 ``join_cluster(broker)`` runs in a broker (role "broker", alone or combined) that knows
-the controller quorum (the ``[controller] voters`` table): the broker's agent registers
-(a new broker epoch per process life), heartbeats every ``broker_heartbeat_interval_ms``,
-pulls the committed metadata since the position it has (records, or a snapshot when it
-is too far behind), and hosts the Raft group of every ``raft``-layer partition the
-metadata assigns to it (group ``TOPIC-PARTITION``, serving (topic, partition)); a deleted
-topic's groups are dropped.
+the controller quorum (the ``[controller] voters`` table): the broker's ``BrokerAgent``
+registers (a new broker epoch per process life), heartbeats every
+``broker_heartbeat_interval_ms``, pulls the committed metadata since the position it has
+(records, or a snapshot when it is too far behind), and hosts the Raft group of every
+``raft``-layer partition the metadata assigns to it (group ``TOPIC-PARTITION``, serving
+(topic, partition)); a deleted topic's groups are dropped.
 Clients ask any broker ``cluster_metadata`` (the agent's view: topics, partitions,
 replicas, brokers and their addresses) and route by partition.
+
+One agent, driven by real or simulated IO. ``BrokerAgent`` does no IO of its own, as the
+replication Driver does none: it asks an ``AgentIo`` to send a request to a controller
+and call back with the answer (never from inside ``request``), and to call it back after
+a delay (its only timer), and it hosts groups through a ``GroupHost``. A round is one
+chain of requests, one at a time (register if it has no epoch, heartbeat, pull), then
+the fold, the hosting, and a timer for the next round; an error ends the round early
+(and a refused heartbeat that says "register again" drops the epoch). ``join_cluster``
+gives it ``SocketIo`` (requests over TCP on a thread, timers on the broker's loop,
+cancelled when the broker stops) and ``BrokerGroups`` (the broker's ensure_group and
+drop_group); the simulator (mqlog/sim/controller.py) gives it a simulated IO and a host
+that records what it was asked to host. A process life is one agent: a new life starts a
+new agent, which never sees the answers of the previous one.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from mqlog import errors
 from mqlog.client import Client
@@ -39,6 +52,10 @@ KINDS = ("register_broker", "broker_heartbeat", "create_topic", "delete_topic",
          "describe_cluster", "metadata_since")
 _STORE: dict[str, Any] = dict(segment_size_bytes=64 << 20, message_size_bytes_max=8 << 20,
               flush_mode="sync")
+CALL_TIMEOUT_S = 5.0  # a controller that has not answered a request by then is skipped
+MALFORMED = "the round ends; the next one asks again (check the controllers' versions)"
+
+Answer = Callable[[dict[str, Any] | None, errors.MqlogError | None], None]
 
 
 def _reports_from(value: Any) -> dict[Any, Any]:
@@ -55,6 +72,30 @@ def _reports_from(value: Any) -> dict[Any, Any]:
 
 def _config(broker: Any) -> ControllerConfig:
     return ControllerConfig.from_table(dict(getattr(broker.config, "controller", {}) or {}))
+
+
+def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] | Proposal:
+    """A controller request: a read's answer at once, or a change's Proposal (answered once
+    it is folded: ``controller.wait``). Bad arguments raise typed errors (a missing one is
+    None, refused typed). Used by the broker's service and by the simulator alike."""
+    arg: Callable[..., Any] = header.get
+    kind = arg("kind")
+    if kind == "describe_cluster":
+        return controller.describe()
+    if kind == "metadata_since":
+        return controller.metadata_since(arg("position"))
+    if kind == "register_broker":
+        return controller.register_broker(arg("broker_id"), arg("address"), arg("rack", ""))
+    if kind == "broker_heartbeat":
+        return controller.heartbeat(arg("broker_id"), arg("broker_epoch"),
+                                    _reports_from(arg("reports")))
+    if kind == "create_topic":
+        return controller.create_topic(arg("name"), arg("partitions"),
+                                       arg("replication_factor"), arg("layer", "raft"))
+    if kind == "delete_topic":
+        return controller.delete_topic(arg("name"))
+    raise errors.InvalidArgument(f"unknown controller request kind {kind!r}; the kinds are "
+                                 f"{', '.join(KINDS)}")
 
 
 def host_controller(broker: Any) -> Controller:
@@ -92,26 +133,10 @@ def host_controller(broker: Any) -> Controller:
         return proposal.answer
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
-        arg: Callable[..., Any] = header.get  # (a missing argument is None: refused typed)
-        kind = arg("kind")
-        if kind == "describe_cluster":
-            return controller.describe(), b""
-        if kind == "metadata_since":
-            return controller.metadata_since(arg("position")), b""
-        if kind == "register_broker":
-            proposal = controller.register_broker(arg("broker_id"),
-                                                  arg("address"), arg("rack", ""))
-        elif kind == "broker_heartbeat":
-            reports = _reports_from(arg("reports"))
-            proposal = controller.heartbeat(arg("broker_id"),
-                                            arg("broker_epoch"), reports)
-        elif kind == "create_topic":
-            proposal = controller.create_topic(arg("name"), arg("partitions"),
-                                               arg("replication_factor"),
-                                               arg("layer", "raft"))
-        else:
-            proposal = controller.delete_topic(arg("name"))
-        return await settled(proposal), b""
+        outcome = dispatch(controller, header)
+        if isinstance(outcome, Proposal):
+            return await settled(outcome), b""
+        return outcome, b""
 
     broker.add_service(KINDS, handle)
     return controller
@@ -120,41 +145,90 @@ def host_controller(broker: Any) -> Controller:
 # --- a broker's side: register, heartbeat, pull, host what is assigned -----------------------
 
 
-class BrokerAgent:
-    """One broker's membership in the cluster (see the module docstring)."""
+class AgentIo(Protocol):
+    """What a BrokerAgent asks of the world (real sockets and timers, or the simulator's)."""
 
-    def __init__(self, broker: Any, config: ControllerConfig) -> None:
-        self.broker, self.config = broker, config
+    def request(self, address: str, header: dict[str, Any], done: Answer) -> None:
+        """Send ``header`` to the controller at ``address``; later (never from inside this
+        call) ``done(answer, None)`` or ``done(None, error)`` with a typed MqlogError."""
+
+    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` once ``delay_ms`` have passed."""
+
+    def note(self, text: str) -> None:
+        """Tell an operator (a log line)."""
+
+
+class GroupHost(Protocol):
+    """The groups a BrokerAgent hosts: the broker's, or the simulator's record of them."""
+
+    broker_id: str
+    address: str  # where this broker listens (registered with the controller)
+
+    def ensure_group(self, spec: Any) -> None:
+        """Host ``spec``'s group (idempotent); InvalidArgument if it cannot."""
+
+    def drop_group(self, name: str) -> None:
+        """Stop hosting group ``name``."""
+
+    def reports(self) -> list[list[Any]]:
+        """[topic, partition, epoch, written position] of each partition group hosted."""
+
+
+class BrokerAgent:
+    """One broker's membership in the cluster, for one process life (see the module
+    docstring)."""
+
+    def __init__(self, host: GroupHost, config: ControllerConfig, io: AgentIo,
+                 rng: random.Random | None = None) -> None:
+        self.host, self.config, self.io = host, config, io
+        self.rng = rng if rng is not None else random.Random()
         self.view = ClusterMetadata()
         self.position = 0
         self.epoch: int | None = None
         self.hosted: set[str] = set()  # groups this agent opened
+        self.rounds = 0  # rounds finished (with or without an error)
         self._leader: str | None = None  # the address that last answered a change
         self._addresses = list(config.voters.values())
 
-    async def run(self) -> None:
-        interval = self.config.broker_heartbeat_interval_ms / 1000
-        while True:
-            try:
-                await self.round()
-            except errors.MqlogError as error:
-                print(f"broker {self.broker.broker_id}: cluster: {error}", flush=True)
-                if "register again" in str(error):
-                    self.epoch = None
-            await asyncio.sleep(interval)
+    def start(self) -> None:
+        """Begin the first round now; each round schedules the next."""
+        self._round()
 
-    async def round(self) -> None:
-        broker = self.broker
+    # --- one round: register?, heartbeat, pull, fold, host --------------------------------
+
+    def _round(self) -> None:
         if self.epoch is None:
-            answer = await self._ask({"kind": "register_broker", "broker_id": broker.broker_id,
-                                      "address": broker.config.listen}, leader=True)
-            self.epoch = answer["broker_epoch"]
-        await self._ask({"kind": "broker_heartbeat", "broker_id": broker.broker_id,
-                         "broker_epoch": self.epoch, "reports": self._reports()}, leader=True)
-        answer = await self._ask({"kind": "metadata_since", "position": self.position},
-                                 leader=False)
+            self._ask({"kind": "register_broker", "broker_id": self.host.broker_id,
+                       "address": self.host.address}, True, self._registered)
+        else:
+            self._heartbeat()
+
+    def _registered(self, answer: dict[str, Any]) -> None:
+        self.epoch = answer["broker_epoch"]
+        self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        self._ask({"kind": "broker_heartbeat", "broker_id": self.host.broker_id,
+                   "broker_epoch": self.epoch, "reports": self.host.reports()}, True,
+                  lambda _answer: self._pull())
+
+    def _pull(self) -> None:
+        self._ask({"kind": "metadata_since", "position": self.position}, False,
+                  self._pulled)
+
+    def _pulled(self, answer: dict[str, Any]) -> None:
         self.fold(answer)
         self.host_assigned()
+        self._end_round(None)
+
+    def _end_round(self, error: errors.MqlogError | None) -> None:
+        if error is not None:
+            self.io.note(f"broker {self.host.broker_id}: cluster: {error}")
+            if "register again" in str(error):
+                self.epoch = None
+        self.rounds += 1
+        self.io.call_later(self.config.broker_heartbeat_interval_ms, self._round)
 
     def fold(self, answer: dict[str, Any]) -> None:
         if "snapshot" in answer:
@@ -164,74 +238,151 @@ class BrokerAgent:
             self.view = self.view.apply(records.decode(body), end)
         self.position = answer["position"]
 
-    def host_assigned(self) -> None:
-        """ensure_group each Raft partition assigned here; drop those no longer assigned."""
+    def assigned(self) -> dict[str, Any]:
+        """group name -> GroupSpec of each Raft partition the view assigns here."""
         from mqlog.config import GroupSpec
 
-        broker, wanted = self.broker, {}
+        wanted = {}
         for topic in self.view.topics.values():
             if topic.layer != "raft":
                 continue
             for index, part in enumerate(topic.partitions):
-                if broker.broker_id in part.replicas:
-                    voters = {name: self.view.brokers[name].address for name in part.replicas}
-                    wanted[f"{topic.name}-{index}"] = GroupSpec.raft(
-                        f"{topic.name}-{index}", voters, partitions=((topic.name, index),))
+                if self.host.broker_id not in part.replicas:
+                    continue
+                name = f"{topic.name}-{index}"
+                voters = {member: self.view.brokers[member].address
+                          for member in part.replicas}
+                try:
+                    wanted[name] = GroupSpec.raft(name, voters,
+                                                  partitions=((topic.name, index),))
+                except errors.ConfigError as error:  # (say, a replica registered a bad
+                    # address: the other partitions are still hosted)
+                    self.io.note(f"broker {self.host.broker_id}: cannot host {name}: {error}")
+        return wanted
+
+    def host_assigned(self) -> None:
+        """ensure_group each Raft partition assigned here; drop those no longer assigned."""
+        wanted = self.assigned()
         for name, spec in wanted.items():
             try:
-                broker.ensure_group(spec)
+                self.host.ensure_group(spec)
             except errors.InvalidArgument as error:  # (a replica moved: not handled yet)
-                print(f"broker {broker.broker_id}: cannot host {name}: {error}", flush=True)
+                self.io.note(f"broker {self.host.broker_id}: cannot host {name}: {error}")
                 continue
             self.hosted.add(name)
         for name in sorted(self.hosted - set(wanted)):
-            broker.drop_group(name)
+            self.host.drop_group(name)
             self.hosted.discard(name)
 
-    def _reports(self) -> list[list[Any]]:
-        """(topic, partition, epoch, written position) of each group this broker hosts."""
+    # --- asking the controllers: the leader first, then each in a random order -----------
+
+    def _ask(self, header: dict[str, Any], leader: bool,
+             then: Callable[[dict[str, Any]], None]) -> None:
+        order = ([self._leader] if leader and self._leader else []) + \
+            self.rng.sample(self._addresses, len(self._addresses))
+        self._try(header, leader, then, order, [])
+
+    def _try(self, header: dict[str, Any], leader: bool,
+             then: Callable[[dict[str, Any]], None], order: list[str],
+             failures: list[str]) -> None:
+        if not order:
+            self._end_round(errors.NodeUnavailable("no controller answered: "
+                                                   + "; ".join(failures)))
+            return
+        address = order[0]
+
+        def answered(answer: dict[str, Any] | None, error: errors.MqlogError | None) -> None:
+            if isinstance(error, errors.NotLeader) and error.leader_address:
+                self._leader = error.leader_address
+            if isinstance(error, (errors.NotLeader, errors.NodeUnavailable,
+                                  errors.RemoteError)):
+                failures.append(f"{address}: {error}")
+                self._try(header, leader, then, order[1:], failures)
+                return
+            if error is not None or answer is None:
+                self._end_round(error)
+                return
+            if leader:
+                self._leader = address
+            try:
+                then(answer)
+            except errors.MqlogError as failure:  # (a fold or a hosting that failed)
+                self._end_round(failure)
+            except (KeyError, TypeError, ValueError, AttributeError) as bad:
+                self._end_round(errors.RemoteProtocolError(
+                    f"{address} answered {header['kind']} with a malformed answer "
+                    f"({bad!r}): {MALFORMED}"))
+
+        self.io.request(address, header, answered)
+
+    def describe(self) -> dict[str, Any]:
+        return {"snapshot": records.encode(self.view.snapshot()), "position": self.position}
+
+
+# --- the real world: sockets, the broker's loop, the broker's groups -------------------------
+
+
+class SocketIo:
+    """An AgentIo over TCP (each request on a thread) and the broker's loop (timers are
+    broker tasks: cancelled, with the requests in flight, when the broker stops)."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+
+    def request(self, address: str, header: dict[str, Any], done: Answer) -> None:
+        async def call() -> None:
+            try:
+                answer = await asyncio.to_thread(_call, address, header)
+            except errors.MqlogError as error:
+                done(None, error)
+                return
+            done(answer, None)
+        self.broker.spawn(call())
+
+    def call_later(self, delay_ms: int, callback: Callable[[], None]) -> None:
+        async def later() -> None:
+            await asyncio.sleep(delay_ms / 1000)
+            callback()
+        self.broker.spawn(later())
+
+    def note(self, text: str) -> None:
+        print(text, flush=True)
+
+
+class BrokerGroups:
+    """A GroupHost over a real broker's groups."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.broker_id: str = broker.broker_id
+        self.address: str = broker.config.listen
+
+    def ensure_group(self, spec: Any) -> None:
+        self.broker.ensure_group(spec)
+
+    def drop_group(self, name: str) -> None:
+        self.broker.drop_group(name)
+
+    def reports(self) -> list[list[Any]]:
         found = []
         for node in self.broker.groups.values():
             for topic, partition in node.spec.partitions:
                 found.append([topic, partition, node.store.epoch, node.store.written_position])
         return found
 
-    async def _ask(self, header: dict[str, Any], *, leader: bool) -> dict[str, Any]:
-        order = ([self._leader] if leader and self._leader else []) + \
-            random.sample(self._addresses, len(self._addresses))
-        failures = []
-        for address in order:
-            try:
-                answer = await asyncio.to_thread(_call, address, header)
-            except errors.NotLeader as error:
-                failures.append(f"{address}: {error}")
-                if error.leader_address:
-                    self._leader = error.leader_address
-                continue
-            except (errors.NodeUnavailable, errors.RemoteError) as error:
-                failures.append(f"{address}: {error}")
-                continue
-            if leader:
-                self._leader = address
-            return answer
-        raise errors.NodeUnavailable("no controller answered: " + "; ".join(failures))
-
-    def describe(self) -> dict[str, Any]:
-        return {"snapshot": records.encode(self.view.snapshot()), "position": self.position}
-
 
 def _call(address: str, header: dict[str, Any]) -> dict[str, Any]:
-    with Client(address, timeout_s=5.0) as client:
+    with Client(address, timeout_s=CALL_TIMEOUT_S) as client:
         return client.call(dict(header))[0]
 
 
 def join_cluster(broker: Any) -> BrokerAgent:
     """Start ``broker``'s agent (see the module docstring); call on its loop."""
-    agent = BrokerAgent(broker, _config(broker))
+    agent = BrokerAgent(BrokerGroups(broker), _config(broker), SocketIo(broker))
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         return agent.describe(), b""
 
     broker.add_service(("cluster_metadata",), handle)
-    broker.spawn(agent.run())  # (cancelled when the broker stops)
+    agent.start()
     return agent
