@@ -25,7 +25,9 @@ Rows (100-byte bodies):
 After those rows come the comparison sweeps of ``benchmarks/sweeps.py`` (peers, message
 size, queue count, sync-flush latency), each with its own baseline from the same rounds.
 The whole report goes to stdout and to ``<out>/results.md``; each sweep draws
-``<out>/<sweep>.png``. ``--only rows,peers,...`` runs a subset.
+``<out>/<sweep>.png``. ``--only rows,peers,...`` runs a subset, and a subset (or a
+``--quick`` run) writes ``<out>/results-<parts>[-quick].md`` instead, so a partial run
+never overwrites the full sweep's page.
 
     python -m benchmarks.compare --out docs/bench     # everything (the default out)
 """
@@ -478,8 +480,18 @@ def plot(section: sweeps.Section, out: Path) -> list[str]:
     return [f"![{section.title}]({path.name})", ""]
 
 
+def results_name(args: argparse.Namespace) -> str:
+    """``results.md`` for a full run of every part; a subset or a quick run gets a page
+    of its own (``results-rows.md``, ``results-rows-peers-quick.md``)."""
+    if set(args.only) == set(PARTS) and not args.quick:
+        return "results.md"
+    parts = [part for part in PARTS if part in args.only]
+    return "results-" + "-".join(parts + (["quick"] if args.quick else [])) + ".md"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`mqlog bench compare`: print the report and write it to ``<out>/results.md``."""
+    """`mqlog bench compare`: print the report and write it to ``<out>/results.md`` (a
+    subset or a quick run: see ``results_name``)."""
     args = parse(argv)
     work = Path(tempfile.mkdtemp(prefix="mqlog-compare-", dir=os.environ.get("MQLOG_BENCH_DIR")))
     try:
@@ -488,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     print(text)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.md").write_text(text + "\n")
+    (args.out / results_name(args)).write_text(text + "\n")
     return 0
 
 

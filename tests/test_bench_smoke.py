@@ -21,7 +21,7 @@ def quick_run(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MQLOG_BENCH_DIR", str(work))
         assert compare.main(["--quick", "--out", str(out)]) == 0
-    return work, out, (out / "results.md").read_text()
+    return work, out, (out / "results-rows-peers-sizes-queues-latency-quick.md").read_text()
 
 
 def test_compare_quick_prints_every_row(quick_run):
@@ -65,6 +65,20 @@ def test_a_missing_peer_is_skipped_with_one_line(tmp_path, monkeypatch, capsys):
                      "is not installed (pip install '.[bench]')"]
     assert any("LMDB: skipped" in line for line in section.lines)
     assert not any(line.startswith("| LMDB |") for line in section.lines)
+
+
+def test_a_partial_run_never_overwrites_the_full_page(tmp_path, monkeypatch):
+    """Issue 14: ``--only rows`` overwrote docs/bench/results.md's full sweep with the
+    rows alone. A subset or a quick run writes a page of its own."""
+    monkeypatch.setattr(compare, "report", lambda args, work: f"report of {args.only}")
+    (tmp_path / "results.md").write_text("the full sweep\n")
+    assert compare.main(["--only", "rows", "--out", str(tmp_path)]) == 0
+    assert compare.main(["--only", "latency,rows", "--quick", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "results.md").read_text() == "the full sweep\n"
+    assert (tmp_path / "results-rows.md").read_text() == "report of ['rows']\n"
+    assert (tmp_path / "results-rows-latency-quick.md").exists()
+    assert compare.main(["--out", str(tmp_path)]) == 0
+    assert (tmp_path / "results.md").read_text().startswith("report of ['rows', ")
 
 
 def test_main_rejects_an_unknown_part():
