@@ -53,19 +53,31 @@ CQ_ENTRY_SIZE = CQ_ENTRY.size
 CQ_TOMBSTONE_SIZE = 0xFFFF_FFFF  # the size of an entry before a queue's first offset
 CQ_TOMBSTONE = CQ_ENTRY.pack(0xFFFF_FFFF_FFFF_FFFF, CQ_TOMBSTONE_SIZE, 0)
 
-# --- the key index ------------------------------------------------------------------
+# --- the key index (format version 2) ------------------------------------------------
 #  magic u32 | hash_bits u32 | slot_count u32 | entry_count_max u32 | entry_count u32 |
 #  damaged_count u32 | first_position u64 | end_position u64 | min_timestamp i64 |
-#  max_timestamp i64 | reserved u32 | crc32c u32 ; then slots u32[slot_count] ;
-#  then entries: key_hash u64 | position u64 | store_timestamp i64 | prev u32 | reserved u32
+#  max_timestamp i64 | slots_crc32c u32 | crc32c u32 ; then slots u32[slot_count] ;
+#  then entries: key_hash u64 | position u64 | store_timestamp i64 | prev u32 | crc32c u32
+# Version 1 ("MQI" 0x01) had no CRCs in the entries nor over the slots: a flipped bit in an
+# entry's hash hid its record. A file of another version is rebuilt from the log.
 INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")
 INDEX_HEADER_SIZE = INDEX_HEADER.size
 INDEX_END_POSITION_AT = 32
-INDEX_CRC_AT = 60  # the header's CRC32C covers bytes [0, 60)
-INDEX_MAGIC = int.from_bytes(b"MQI\x01", "little")
+INDEX_SLOTS_CRC_AT = 56  # CRC32C of the slot array, written when the file is sealed
+INDEX_CRC_AT = 60  # the header's CRC32C covers bytes [0, 60), slots_crc32c included
+INDEX_MAGIC = int.from_bytes(b"MQI\x02", "little")
 INDEX_SLOT = struct.Struct("<I")
+INDEX_SLOT_SIZE = INDEX_SLOT.size
 INDEX_ENTRY = struct.Struct("<QQqII")
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
+INDEX_ENTRY_CRC_AT = 28  # each entry's CRC32C covers its bytes [0, 28)
+
+
+def index_entry_crc(entry: Any) -> int:
+    """The CRC32C an index entry (32 bytes, or just its first 28) must carry."""
+    with memoryview(entry) as view:
+        return crc32c(view[:INDEX_ENTRY_CRC_AT])
+
 
 # --- the checkpoint (36 bytes) --------------------------------------------------------
 #  magic "MQCP" | version u32 | log_position u64 | log_end u64 | timestamp_ms i64 |

@@ -277,9 +277,9 @@ def test_a_damaged_index_chain_never_hangs_nor_misses(fast_path, impl, how):
     point backwards: two flipped bits in a sealed index file spun forever holding the
     index lock (so the indexer and close() blocked too); garbage entries made queries
     miss records silently. A chain that does not hold together, or an entry that names
-    no record, is rebuilt from the log and the query answers right. (A flipped hash bit
-    is seen when it moves the entry to another bucket, as here; one in the high bits
-    would still hide that record: only a CRC over the entries could tell.)"""
+    no record, is rebuilt from the log and the query answers right. (Since format
+    version 2 each entry's CRC32C catches these first; tests/test_hostile_index.py
+    flips every kind of bit, the high bits of a hash included.)"""
     assert "ok" in _run_child("_damage_index_chain", str(fast_path), impl, how,
                               timeout_s=120)
 

@@ -12,8 +12,12 @@ docs/FORMAT.md ("Key index"). What RocketMQ does not do and this does:
 * every entry carries the full store timestamp, and each file its time range, so a
   query bounded in time skips whole files and stops a chain early (store timestamps
   never decrease, so a chain's timestamps only fall);
+* every entry carries a CRC32C, and a sealed file a CRC32C of its slots: a flipped bit
+  anywhere in an entry (a hash's high bits included, which would keep it in its bucket)
+  or a slot is seen, never a silently missed record;
 * the index is derived data and is never trusted after a crash: the last file is
-  rebuilt from the commit log, and a damaged file is rebuilt, not read.
+  rebuilt from the commit log, and a damaged file (or one of another format version)
+  is rebuilt, not read.
 
 Theory of operation. The write path does not touch the index: like RocketMQ's
 ReputMessageService, an indexer follows the committed position behind the writers —
@@ -47,14 +51,21 @@ from crc32c import crc32c
 from mqlog.config import RECORD_HEADER_SIZE, StoreConfig
 from mqlog.engine.files import MappedFile, file_name, numbered_files, room_bytes
 from mqlog.errors import DiskFull
+from mqlog.format import (
+    INDEX_CRC_AT,
+    INDEX_END_POSITION_AT,
+    INDEX_ENTRY,
+    INDEX_ENTRY_CRC_AT,
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER,
+    INDEX_HEADER_SIZE,
+    INDEX_MAGIC,
+    INDEX_SLOT,
+    INDEX_SLOT_SIZE,
+    INDEX_SLOTS_CRC_AT,
+)
 
-_HEADER = struct.Struct("<IIIIIIQQqqII")  # docs/FORMAT.md; the cores share the layout
-_HEADER_SIZE = 64
-_ENTRY = struct.Struct("<QQqI")  # key hash, position, store timestamp, previous entry
-_ENTRY_SIZE = 32
-_SLOT = struct.Struct("<I")
-_MAGIC = int.from_bytes(b"MQI\x01", "little")
-_CRC_AT = 60
+_END_POSITION = struct.Struct("<Q")
 _TIME_MIN, _TIME_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -65,7 +76,7 @@ class IndexFile:
         self.mapped = mapped
         (self.magic, self.hash_bits, self.slot_count, self.entry_count_max, self.entry_count,
          self.damaged_count, self.first_position, self.end_position, self.min_timestamp,
-         self.max_timestamp, _reserved2, self.crc) = _HEADER.unpack_from(mapped.buffer)
+         self.max_timestamp, self.slots_crc, self.crc) = INDEX_HEADER.unpack_from(mapped.buffer)
 
     def reload(self) -> None:
         self.__init__(self.mapped)  # type: ignore[misc]
@@ -75,41 +86,57 @@ class IndexFile:
         return self.entry_count >= self.entry_count_max
 
     @property
+    def entries_at(self) -> int:
+        return INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * self.slot_count
+
+    @property
     def sealed_crc(self) -> int:
-        return crc32c(bytes(self.mapped.buffer[:_CRC_AT]))
+        """The header's CRC as sealing writes it (over bytes [0, 60), the slots' CRC
+        included)."""
+        with memoryview(self.mapped.buffer) as view:
+            return crc32c(view[:INDEX_CRC_AT])
+
+    @property
+    def computed_slots_crc(self) -> int:
+        with memoryview(self.mapped.buffer) as view:
+            return crc32c(view[INDEX_HEADER_SIZE:self.entries_at])
 
     def seal(self) -> None:
-        """Make the entries durable, then the header that vouches for them."""
-        self.mapped.sync(_HEADER_SIZE, self.mapped.size)
-        _SLOT.pack_into(self.mapped.buffer, _CRC_AT, self.sealed_crc)
-        self.mapped.sync(0, _HEADER_SIZE)
+        """Make the slots and entries durable, then the header that vouches for them."""
+        self.mapped.sync(INDEX_HEADER_SIZE, self.mapped.size)
+        INDEX_SLOT.pack_into(self.mapped.buffer, INDEX_SLOTS_CRC_AT, self.computed_slots_crc)
+        INDEX_SLOT.pack_into(self.mapped.buffer, INDEX_CRC_AT, self.sealed_crc)
+        self.mapped.sync(0, INDEX_HEADER_SIZE)
         self.reload()
 
     def skip_to(self, position: int) -> None:
         """Move the end past records known to hold no key (the log core's hint)."""
-        struct.pack_into("<Q", self.mapped.buffer, 32, position)
+        _END_POSITION.pack_into(self.mapped.buffer, INDEX_END_POSITION_AT, position)
         self.end_position = position
 
     def chain(self, value: int, begin: int) -> Iterator[tuple[int, int]]:
         """(position, store timestamp) of the entries with hash ``value``, newest first,
         down to the first one older than ``begin``.
 
-        A chain is trusted only as far as it holds together: every link points to an
-        earlier entry (so a walk ends after at most ``entry_count`` steps, never spins),
-        in the same bucket, at an earlier position inside this file's range, no newer
-        than the entry before it. Anything else raises IndexDamaged (the file is
-        rebuilt): flipped bits never make a lookup hang or silently miss a record."""
+        A chain is trusted only as far as it holds together: every entry's CRC32C holds
+        and every link points to an earlier entry (so a walk ends after at most
+        ``entry_count`` steps, never spins), in the same bucket, at an earlier position
+        inside this file's range, no newer than the entry before it. Anything else raises
+        IndexDamaged (the file is rebuilt): flipped bits never make a lookup hang or
+        silently miss a record."""
         buffer = self.mapped.buffer
-        entries_at = _HEADER_SIZE + 4 * self.slot_count
+        entries_at = self.entries_at
         bucket = value % self.slot_count
-        number = _SLOT.unpack_from(buffer, _HEADER_SIZE + 4 * bucket)[0]
+        number = INDEX_SLOT.unpack_from(buffer, INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * bucket)[0]
         if number > self.entry_count:
             raise IndexDamaged(self, f"slot {bucket} names entry {number} of "
                                      f"{self.entry_count}")
         newer_position, newer_timestamp = self.end_position, _TIME_MAX
-        while number:
-            key_hash, position, timestamp, link = _ENTRY.unpack_from(
-                buffer, entries_at + (number - 1) * _ENTRY_SIZE)
+        while number:  # (no memoryview held across a yield: close() must unmap)
+            at = entries_at + (number - 1) * INDEX_ENTRY_SIZE
+            key_hash, position, timestamp, link, crc = INDEX_ENTRY.unpack_from(buffer, at)
+            if crc != crc32c(buffer[at:at + INDEX_ENTRY_CRC_AT]):
+                raise IndexDamaged(self, f"entry {number} fails its CRC32C")
             if link >= number or key_hash % self.slot_count != bucket or \
                     not self.first_position <= position < newer_position or \
                     timestamp > newer_timestamp:
@@ -154,7 +181,7 @@ class KeyIndex:
             leftover.unlink()
         found = numbered_files(self.directory)
         for first, path in found:
-            if path.stat().st_size < _HEADER_SIZE:
+            if path.stat().st_size < INDEX_HEADER_SIZE:
                 break  # cut short (an empty file cannot even be mapped): rebuilt
             mapped = MappedFile.open(path)
             index = IndexFile(mapped)
@@ -171,15 +198,19 @@ class KeyIndex:
         self.trim_front(log_start)
 
     def _trustworthy(self, index: IndexFile, first: int, log_end: int) -> bool:
-        expected_size = _HEADER_SIZE + 4 * index.slot_count + _ENTRY_SIZE * index.entry_count_max
+        """A sealed file of this version whose header and slots verify and that agrees
+        with its neighbour and the log (another version, e.g. 1 without entry CRCs, is
+        rebuilt, never misread)."""
+        expected_size = index.entries_at + INDEX_ENTRY_SIZE * index.entry_count_max
         previous = self._files[-1] if self._files else None
-        return (index.mapped.size >= _HEADER_SIZE and index.magic == _MAGIC
+        return (index.mapped.size >= INDEX_HEADER_SIZE and index.magic == INDEX_MAGIC
                 and index.crc == index.sealed_crc and index.mapped.size == expected_size
                 and index.hash_bits == self._config.index_key_hash_bits
                 and index.first_position == first and first <= index.end_position <= log_end
                 and index.entry_count <= index.entry_count_max
                 and (previous is None or (previous.full and
-                                          previous.end_position == first)))
+                                          previous.end_position == first))
+                and index.slots_crc == index.computed_slots_crc)
 
     # --- indexing --------------------------------------------------------------------
 
@@ -203,13 +234,13 @@ class KeyIndex:
     def _back_entries(self, index: IndexFile, target: int, batch: int) -> None:
         """Back the entries the next ``index_keys`` call may write with blocks first (a
         write into a hole of a full disk is a SIGBUS): DiskFull if they cannot be."""
-        entries_at = _HEADER_SIZE + 4 * index.slot_count
+        entries_at = index.entries_at
         if index.mapped.prepared is None:  # opened: it holds data up to its last entry
-            index.mapped.mark_held(entries_at + _ENTRY_SIZE * index.entry_count)
+            index.mapped.mark_held(entries_at + INDEX_ENTRY_SIZE * index.entry_count)
         records_max = (target - index.end_position) // (RECORD_HEADER_SIZE + 1) + 1
         count = min(batch, records_max, index.entry_count_max - index.entry_count)
         step = self._config.index_allocate_step_bytes
-        end = entries_at + _ENTRY_SIZE * (index.entry_count + count)
+        end = entries_at + INDEX_ENTRY_SIZE * (index.entry_count + count)
         backed = index.mapped.prepared or 0
         if end > backed:
             want = -(-end // step) * step
@@ -253,17 +284,18 @@ class KeyIndex:
     def _create(self, first_position: int) -> IndexFile:
         config = self._config
         slots, entries = config.index_slots_per_file, config.index_entries_per_file
-        size = _HEADER_SIZE + 4 * slots + _ENTRY_SIZE * entries
-        self._check_headroom(_HEADER_SIZE + 4 * slots)
+        slots_end = INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * slots
+        size = slots_end + INDEX_ENTRY_SIZE * entries
+        self._check_headroom(slots_end)
         mapped = MappedFile.create(self.directory / file_name(first_position), size)
         try:  # the slots are written anywhere: back them all (entries: _back_entries)
-            mapped.prepare_to(_HEADER_SIZE + 4 * slots)
+            mapped.prepare_to(slots_end)
         except BaseException:
             mapped.remove()
             raise
-        _HEADER.pack_into(mapped.buffer, 0, _MAGIC, config.index_key_hash_bits, slots,
-                          entries, 0, 0, first_position, first_position, _TIME_MAX,
-                          _TIME_MIN, 0, 0)
+        INDEX_HEADER.pack_into(mapped.buffer, 0, INDEX_MAGIC, config.index_key_hash_bits,
+                               slots, entries, 0, 0, first_position, first_position,
+                               _TIME_MAX, _TIME_MIN, 0, 0)
         return IndexFile(mapped)
 
     # --- lookups ---------------------------------------------------------------------

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from mqlog.engine.index import IndexDamaged
@@ -23,6 +24,7 @@ from mqlog.errors import CorruptStore, InvalidArgument, InvalidPosition
 if TYPE_CHECKING:
     from mqlog.engine.store import Store
 
+_log = logging.getLogger("mqlog")
 TIME_MIN, TIME_MAX = -(1 << 63), (1 << 63) - 1
 QUERY_REBUILDS_MAX = 2  # damaged index files rebuilt in one query before giving up
 
@@ -105,7 +107,8 @@ def query_by_key(store: Store, topic: str, key: str, begin_ms: int, end_ms: int,
         for _attempt in range(QUERY_REBUILDS_MAX):
             try:
                 return _lookup(store, topic, key, begin_ms, end_ms, max_count)
-            except IndexDamaged as damage:
+            except IndexDamaged as damage:  # reported: counted, and logged
+                _log.warning("mqlog: %s; rebuilding it from the commit log", damage)
                 index.rebuild_from(damage.first_position)
         try:
             return _lookup(store, topic, key, begin_ms, end_ms, max_count)

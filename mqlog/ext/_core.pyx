@@ -203,7 +203,7 @@ ATTR_CONTROL = 0x0001  # reserved: control records (no consume-queue entry)
 _PROPERTIES_DEPTH_MAX = 512  # containers checked for non-str keys this deep (msgpack: 511)
 INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")  # the key-index file (docs/FORMAT.md)
 INDEX_HEADER_SIZE = INDEX_HEADER.size
-INDEX_MAGIC = int.from_bytes(b"MQI\x01", "little")
+INDEX_MAGIC = int.from_bytes(b"MQI\x02", "little")  # key-index file, version 2
 INDEX_ENTRY = struct.Struct("<QQqII")
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
 
@@ -243,9 +243,11 @@ cdef enum:
     U32_MAX = 0xFFFFFFFF
     # pull(): the most tag hashes a filter may carry (the engine's limit is lower)
     TAG_HASHES_MAX = 256
-    # The key-index file: header, then u32 slots, then 32-byte entries.
+    # The key-index file: header, then u32 slots, then 32-byte entries, each ending in
+    # the CRC32C of its first 28 bytes.
     IX_HEADER_SIZE = 64
     IX_ENTRY_SIZE = 32
+    IX_ENTRY_CRC_AT = 28
     # _header_at's answers
     HEADER_NONE = 0
     HEADER_RECORD = 1
@@ -2279,7 +2281,7 @@ cdef class LogCore:
                 mq_put_u64(entry + 8, position)
                 mq_put_i64(entry + 16, header.store_timestamp)
                 mq_put_u32(entry + 24, mq_u32(slot))
-                mq_put_u32(entry + 28, 0)
+                mq_put_u32(entry + IX_ENTRY_CRC_AT, mq_crc32c(0, entry, IX_ENTRY_CRC_AT))
                 entry_count += 1
                 mq_put_u32(slot, entry_count)
                 low = min(low, header.store_timestamp)

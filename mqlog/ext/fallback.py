@@ -127,13 +127,14 @@ def _key_hash(data: bytes, hash_bits: int) -> int:
 
 # --- the key index file (docs/FORMAT.md) ---------------------------------------------
 #  magic u32 | hash_bits u32 | slot_count u32 | entry_count_max u32 | entry_count u32 |
-#  reserved u32 | first_position u64 | end_position u64 | min_timestamp i64 |
-#  max_timestamp i64 | reserved u32 | crc32c u32 ; then slots u32[slot_count] ;
-#  then entries: key_hash u64 | position u64 | store_timestamp i64 | prev u32 | reserved u32
+#  damaged_count u32 | first_position u64 | end_position u64 | min_timestamp i64 |
+#  max_timestamp i64 | slots_crc32c u32 | crc32c u32 ; then slots u32[slot_count] ;
+#  then entries: key_hash u64 | position u64 | store_timestamp i64 | prev u32 | crc32c u32
 INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")
 INDEX_HEADER_SIZE = INDEX_HEADER.size
-INDEX_MAGIC = int.from_bytes(b"MQI\x01", "little")
+INDEX_MAGIC = int.from_bytes(b"MQI\x02", "little")  # key-index file, version 2
 INDEX_ENTRY = struct.Struct("<QQqII")
+INDEX_ENTRY_CRC_AT = 28  # an entry's CRC32C covers its bytes [0, 28)
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
 INDEX_SLOT = struct.Struct("<I")
 
@@ -1202,9 +1203,10 @@ class LogCore:
                                   topic_and_key[header[4]:], hash_bits)
                 slot_at = INDEX_HEADER_SIZE + 4 * (value % slot_count)
                 entry_count += 1
+                fields = (value, position, header[11], INDEX_SLOT.unpack_from(index, slot_at)[0])
+                crc = crc32c(INDEX_ENTRY.pack(*fields, 0)[:INDEX_ENTRY_CRC_AT])
                 INDEX_ENTRY.pack_into(index, entries_at + (entry_count - 1) * INDEX_ENTRY_SIZE,
-                                      value, position, header[11],
-                                      INDEX_SLOT.unpack_from(index, slot_at)[0], 0)
+                                      *fields, crc)
                 INDEX_SLOT.pack_into(index, slot_at, entry_count)
                 low, high = min(low, header[11]), max(high, header[11])
             position += header[0]
