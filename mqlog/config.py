@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from mqlog import format as fmt
 from mqlog.errors import ConfigError
 
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 
-RECORD_HEADER_SIZE = 72  # see docs/FORMAT.md; the core modules assert the same figure
+RECORD_HEADER_SIZE = fmt.RECORD_HEADER_SIZE  # docs/FORMAT.md (a test checks the cores)
 BLANK_SIZE_MIN = 8
 PAGE_SIZE = 4096
 

@@ -12,8 +12,13 @@ Everything here is little-endian and fixed by the store's format version (meta.j
   (attribute bit 1), which ``mqlog repair`` writes;
 * the checkpoint.
 
-The C core (``mqlog.ext._core``) and its twin export the same constants; a test checks
-they agree with this module. Below the layouts, a record checker and a record walker
+Every Python reader of these bytes takes them from here: the pure-Python twin
+(``mqlog.ext.fallback`` re-exports them as the core's API), the engine (index, reader,
+consumequeue, checkpoint, repair, control), the producer table
+(``replication/idempotence.py``) and the config's header size. The C core
+(``mqlog.ext._core``) has its own copy in layout.h and exports the same Python-visible
+constants; ``_core`` checks layout.h against those at import and tests/test_format.py
+checks those against this module. Below the layouts, a record checker and a record walker
 that work on any buffer (a mapped segment, bytes read from a replica): recovery, repair
 and ``mqlog verify`` use them where the core's own scan does not fit.
 """

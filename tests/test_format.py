@@ -19,7 +19,7 @@ SAME = {
     "CQ_ENTRY": "CQ_ENTRY", "CQ_ENTRY_SIZE": "CQ_ENTRY_SIZE",
     "INDEX_HEADER": "INDEX_HEADER", "INDEX_HEADER_SIZE": "INDEX_HEADER_SIZE",
     "INDEX_ENTRY": "INDEX_ENTRY", "INDEX_ENTRY_SIZE": "INDEX_ENTRY_SIZE",
-    "INDEX_MAGIC": "INDEX_MAGIC",
+    "INDEX_MAGIC": "INDEX_MAGIC", "INDEX_ENTRY_CRC_AT": "INDEX_ENTRY_CRC_AT",
 }
 
 
@@ -80,3 +80,42 @@ def test_the_walker_reads_a_segment_as_the_core_does(tmp_path, impl):
     data[position + 80] ^= 1
     damage = [step for step in fmt.walk(data, 0) if step.kind != "record"]
     assert damage[0] == fmt.Step(position, "damage", len(records[position]), None)
+
+
+def test_index_entries_carry_the_crc_format_py_computes(tmp_path, impl):
+    """Both cores write each key-index entry's CRC32C as mqlog/format.py defines it, and a
+    sealed file's slots CRC and header CRC as the engine checks them."""
+    with mqlog.open(tmp_path / "s", implementation=impl, **SMALL) as store:
+        for number in range(100):
+            store.put("t", b"x", key=f"k{number % 7}")
+    data = (tmp_path / "s" / "index" / f"{0:020d}").read_bytes()
+    header = fmt.INDEX_HEADER.unpack_from(data)
+    assert header[0] == fmt.INDEX_MAGIC and header[4] == 100
+    entries_at = fmt.INDEX_HEADER_SIZE + fmt.INDEX_SLOT_SIZE * header[2]
+    for number in range(header[4]):
+        entry = data[entries_at + number * fmt.INDEX_ENTRY_SIZE:][:fmt.INDEX_ENTRY_SIZE]
+        assert fmt.INDEX_ENTRY.unpack(entry)[4] == fmt.index_entry_crc(entry), number
+    assert header[10] == fmt.crc32c(data[fmt.INDEX_HEADER_SIZE:entries_at])
+    assert header[11] == fmt.crc32c(data[:fmt.INDEX_CRC_AT])
+
+
+def test_the_producer_table_reads_tags_through_format_py(tmp_path, impl):
+    """replication/idempotence.py reads record headers with mqlog/format.py's layout: a
+    rebuild finds each tagged record's position, end and queue offset (control records
+    and untagged ones are passed over)."""
+    from mqlog.replication.idempotence import ProducerTable
+
+    with mqlog.open(tmp_path / "s", implementation=impl, **SMALL) as store:
+        stored = {}
+        for number in range(60):
+            properties = {"producer_id": f"p{number % 3}", "sequence": number} \
+                if number % 4 else {"other": "x"}
+            result = store.put("t", b"y" * number, number % 2, properties=properties)
+            if number % 4:
+                stored[(f"p{number % 3}", number)] = (result.position, result.offset)
+        table = ProducerTable(1000)
+        assert table.rebuild(store, 1 << 30) == len(stored)
+        for (producer, sequence), (position, offset) in stored.items():
+            found = table.lookup(producer, sequence)
+            assert found is not None and (found.position, found.offset) == (position, offset)
+            assert found.end == store.read_record(position).end_position

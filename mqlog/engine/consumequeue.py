@@ -70,8 +70,7 @@ def remove_all(root: Path) -> None:
 
 
 def _entry(mapped: MappedFile, index: int) -> tuple[int, int]:
-    position, size = int.from_bytes(mapped.buffer[index * 20:index * 20 + 8], "little"), \
-        int.from_bytes(mapped.buffer[index * 20 + 8:index * 20 + 12], "little")
+    position, size, _tag_hash = fmt.CQ_ENTRY.unpack_from(mapped.buffer, index * ENTRY_SIZE)
     return position, size
 
 

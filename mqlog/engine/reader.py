@@ -41,17 +41,18 @@ from typing import Any, NamedTuple
 from crc32c import crc32c
 
 from mqlog import ext
+from mqlog import format as fmt
 from mqlog.engine.files import numbered_files
 from mqlog.errors import CorruptRecord, InvalidArgument
 
 _core = ext.load()
-_HEADER = _core.HEADER
-_HEADER_SIZE: int = _core.HEADER_SIZE
-_CRC_START: int = _core.CRC_START
-_MAGIC: int = _core.MAGIC
-_BLANK_MAGIC: int = _core.BLANK_MAGIC
-_BLANK = _core.BLANK
-_BLANK_SIZE_MIN: int = _core.BLANK_SIZE_MIN
+_HEADER = fmt.RECORD_HEADER
+_HEADER_SIZE = fmt.RECORD_HEADER_SIZE
+_CRC_START = fmt.CRC_START
+_MAGIC = fmt.RECORD_MAGIC
+_BLANK_MAGIC = fmt.BLANK_MAGIC
+_BLANK = fmt.BLANK
+_BLANK_SIZE_MIN = fmt.BLANK_SIZE_MIN
 _Record = _core.Record
 
 _END = "end"  # zero bytes: the end of the data

@@ -29,6 +29,7 @@ INDEX_HEADER_SIZE: Final[int]
 INDEX_MAGIC: Final[int]
 INDEX_ENTRY: Final[struct.Struct]
 INDEX_ENTRY_SIZE: Final[int]
+INDEX_ENTRY_CRC_AT: Final[int]
 
 def crc32c(data: Any, value: int = 0) -> int: ...
 def tag_hash(tags: str | bytes | None) -> int: ...

@@ -206,6 +206,7 @@ INDEX_HEADER_SIZE = INDEX_HEADER.size
 INDEX_MAGIC = int.from_bytes(b"MQI\x02", "little")  # key-index file, version 2
 INDEX_ENTRY = struct.Struct("<QQqII")
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
+INDEX_ENTRY_CRC_AT = 28  # an entry's CRC32C covers its bytes [0, 28)
 
 # Reasons a scan stops (ScanResult.stop_reason).
 STOP_END = "end"  # zero bytes: the end of the data
@@ -224,7 +225,9 @@ def _check_layout():
              (CQ_ENTRY_SIZE, MQ_CQ_ENTRY_SIZE), (ATTR_CONTROL, MQ_ATTR_CONTROL),
              (HEADER_SIZE, 72), (CQ_ENTRY_SIZE, 20), (BLANK.size, MQ_BLANK_SIZE_MIN),
              (offsets, c_offsets), ([0, 8, 12], [MQ_CQ_AT_POSITION, MQ_CQ_AT_SIZE,
-                                                 MQ_CQ_AT_HASH])]
+                                                 MQ_CQ_AT_HASH]),
+             ([INDEX_HEADER_SIZE, INDEX_ENTRY_SIZE, INDEX_ENTRY_CRC_AT],
+              [IX_HEADER_SIZE, IX_ENTRY_SIZE, IX_ENTRY_CRC_AT])]
     for python_value, c_value in pairs:
         if python_value != c_value:
             raise ImportError(f"mqlog/ext/layout.h disagrees with _core.pyx: {c_value!r} "

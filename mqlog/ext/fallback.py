@@ -52,6 +52,7 @@ from typing import Any
 import msgpack
 from crc32c import crc32c as _crc32c_impl
 
+from mqlog import format as _fmt
 from mqlog.errors import (
     ConsumeQueueMismatch,
     CorruptRecord,
@@ -66,22 +67,20 @@ from mqlog.results import PUT_OK, BatchPutResult, PutResult
 
 IMPLEMENTATION = "python"
 
-# --- the record layout (docs/FORMAT.md) -------------------------------------------------
-#  total_size u32 | magic u32 | crc32c u32 | attributes u16 | topic_size u16 |
-#  queue_id u32 | body_size u32 | epoch u64 | queue_offset u64 | position u64 |
-#  born_timestamp i64 | store_timestamp i64 | key_size u16 | tags_size u16 |
-#  properties_size u32 | topic | key | tags | properties | body
-HEADER = struct.Struct("<IIIHHIIQQQqqHHI")
-HEADER_SIZE = HEADER.size
-CRC_START = 12  # the CRC covers every byte after its own field
-MAGIC = int.from_bytes(b"MQR\x01", "little")  # record, format version 1
+# --- the byte layouts: mqlog/format.py is their one definition (docs/FORMAT.md) ------
+# The record: a 72-byte header (HEADER, in RecordHeader's field order), then topic | key
+# | tags | properties | body; the CRC32C at [8, 12) covers [CRC_START, size).
+HEADER = _fmt.RECORD_HEADER
+HEADER_SIZE = _fmt.RECORD_HEADER_SIZE
+CRC_START = _fmt.CRC_START
+MAGIC = _fmt.RECORD_MAGIC
 _MAGIC_BYTES = MAGIC.to_bytes(4, "little")
-BLANK_MAGIC = int.from_bytes(b"MQB\x01", "little")  # pads a segment's tail
-BLANK_SIZE_MIN = 8
-BLANK = struct.Struct("<II")
-CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
-CQ_ENTRY_SIZE = CQ_ENTRY.size
-ATTR_CONTROL = 0x0001  # reserved: control records (no consume-queue entry)
+BLANK_MAGIC = _fmt.BLANK_MAGIC  # pads a segment's tail
+BLANK_SIZE_MIN = _fmt.BLANK_SIZE_MIN
+BLANK = _fmt.BLANK
+CQ_ENTRY = _fmt.CQ_ENTRY  # position u64, size u32, tag hash u64
+CQ_ENTRY_SIZE = _fmt.CQ_ENTRY_SIZE
+ATTR_CONTROL = _fmt.ATTR_CONTROL  # control records (no consume-queue entry)
 _PROPERTIES_DEPTH_MAX = 512  # containers checked for non-str keys this deep (msgpack: 511)
 _ZERO_CHUNK = bytes(1 << 20)
 
@@ -125,18 +124,15 @@ def _key_hash(data: bytes, hash_bits: int) -> int:
     return value & ((1 << hash_bits) - 1)
 
 
-# --- the key index file (docs/FORMAT.md) ---------------------------------------------
-#  magic u32 | hash_bits u32 | slot_count u32 | entry_count_max u32 | entry_count u32 |
-#  damaged_count u32 | first_position u64 | end_position u64 | min_timestamp i64 |
-#  max_timestamp i64 | slots_crc32c u32 | crc32c u32 ; then slots u32[slot_count] ;
-#  then entries: key_hash u64 | position u64 | store_timestamp i64 | prev u32 | crc32c u32
-INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")
-INDEX_HEADER_SIZE = INDEX_HEADER.size
-INDEX_MAGIC = int.from_bytes(b"MQI\x02", "little")  # key-index file, version 2
-INDEX_ENTRY = struct.Struct("<QQqII")
-INDEX_ENTRY_CRC_AT = 28  # an entry's CRC32C covers its bytes [0, 28)
-INDEX_ENTRY_SIZE = INDEX_ENTRY.size
-INDEX_SLOT = struct.Struct("<I")
+# --- the key-index file (mqlog/format.py, docs/FORMAT.md "Key index"): header, u32
+# slots, then 32-byte entries whose last u32 is the CRC32C of their first 28 bytes
+INDEX_HEADER = _fmt.INDEX_HEADER
+INDEX_HEADER_SIZE = _fmt.INDEX_HEADER_SIZE
+INDEX_MAGIC = _fmt.INDEX_MAGIC  # key-index file, version 2
+INDEX_ENTRY = _fmt.INDEX_ENTRY
+INDEX_ENTRY_CRC_AT = _fmt.INDEX_ENTRY_CRC_AT
+INDEX_ENTRY_SIZE = _fmt.INDEX_ENTRY_SIZE
+INDEX_SLOT = _fmt.INDEX_SLOT
 
 assert INDEX_HEADER_SIZE == 64 and INDEX_ENTRY_SIZE == 32
 

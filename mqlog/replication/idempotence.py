@@ -18,21 +18,14 @@ sequence is refused with OutOfOrderSequence rather than risk storing it twice.
 
 from __future__ import annotations
 
-import struct
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 
+from mqlog import format as fmt
 from mqlog.errors import OutOfOrderSequence
-
-_PREFIX = struct.Struct("<IIIHH")  # size, magic, crc, attributes, topic_size
-_TAIL = struct.Struct("<HHI")  # key_size, tags_size, properties_size (at offset 64)
-_OFFSET = struct.Struct("<Q")  # queue_offset (at offset 32)
-_HEADER_SIZE = 72
-_RECORD_MAGIC = int.from_bytes(b"MQR\x01", "little")
-_CONTROL = 0x0001
 
 
 @dataclass(slots=True)
@@ -103,20 +96,19 @@ class ProducerTable:
 
     def _scan(self, position: int, data: bytes) -> int:
         found, at, view = 0, 0, memoryview(data)
-        while at + _HEADER_SIZE <= len(data):
-            size, magic, _crc, attributes, topic_size = _PREFIX.unpack_from(view, at)
-            if magic != _RECORD_MAGIC:  # a blank record: the segment ends here
+        while at + fmt.RECORD_HEADER_SIZE <= len(data):
+            header = fmt.RecordHeader._make(fmt.RECORD_HEADER.unpack_from(view, at))
+            if header.magic != fmt.RECORD_MAGIC:  # a blank record: the segment ends here
                 break
-            key_size, tags_size, properties_size = _TAIL.unpack_from(view, at + 64)
-            if properties_size and not attributes & _CONTROL:
-                start = at + _HEADER_SIZE + topic_size + key_size + tags_size
-                tag = _producer_tag(view[start:start + properties_size])
+            if header.properties_size and not header.control:
+                start = at + fmt.RECORD_HEADER_SIZE + header.topic_size + header.key_size + \
+                    header.tags_size
+                tag = _producer_tag(view[start:start + header.properties_size])
                 if tag is not None:
-                    (offset,) = _OFFSET.unpack_from(view, at + 32)
-                    self.note(tag[0], tag[1], Stored(position + at, position + at + size,
-                                                     offset, 1))
+                    self.note(tag[0], tag[1], Stored(position + at, position + at + header.size,
+                                                     header.queue_offset, 1))
                     found += 1
-            at += size
+            at += header.size
         return found
 
 
