@@ -13,11 +13,12 @@ groups they share, and carries every group's messages both ways. A broker dials 
 when it has something to send and no connection to it; its first frame is ``peer_hello``
 {broker_id, cluster_id}, answered by the acceptor's own ``peer_hello``. The acceptor
 refuses (closes, counts) a hello from another cluster, from itself, or from a broker it
-knows nothing of (not in its address book nor in any hosted group). When both brokers
-dialed at once, both keep the connection dialed by the smaller broker id and close the
-other: each side decides alone and they agree. Each replication frame names its group
-(header key ``group``; missing: the broker's ``default_group``, which is how a single-group
-broker's frames look, byte for byte as before). A message for a group this broker does not
+knows nothing of (not in its address book nor in any hosted group), and a replication
+frame that comes before any hello. When both brokers dialed at once, both keep the
+connection dialed by the smaller broker id and close the other: each side decides alone
+and they agree. Each replication frame names its group (header key ``group``; missing:
+the broker's ``default_group``, which is how a single-group broker's frames look, byte
+for byte as before). A message for a group this broker does not
 host, or whose sender is not the broker at the other end, is dropped and counted (a group
 may be created or dropped on one side first: the cores resend). Garbage — a bad frame, a
 malformed message, a client request on a peer connection — closes that one connection;
@@ -99,7 +100,7 @@ class Broker:
         self.services: dict[str, Handler] = {}
         self.failure: BaseException | None = None
         self.counters: dict[str, PeerCounters] = {}
-        self.refused = 0  # peer_hello refused: another cluster, or a stranger
+        self.refused = 0  # peers refused: another cluster, a stranger, or no peer_hello
         self._links: dict[str, PeerLink] = {}
         self._dialing: set[str] = set()
         self._opening: set[str] = set()  # groups whose stores open on a thread now
@@ -394,6 +395,7 @@ class Broker:
             elif kind == PEER_HELLO:
                 link = self._greeted(frame.header, writer)
             elif kind in _REPLICATION_KINDS:
+                self.refused += 1  # (a peer that skipped the handshake is refused too)
                 raise errors.RemoteProtocolError(f"a {kind} message on a connection that did "
                                                  "not start with peer_hello")
             elif kind == "produce":  # answered together with the others read here
