@@ -58,6 +58,7 @@ from mqlog.format import BLANK, BLANK_MAGIC, RECORD_HEADER, RECORD_HEADER_SIZE, 
 from mqlog.replication.controller import records
 from mqlog.replication.controller.config import ControllerConfig
 from mqlog.replication.controller.decisions import assign_replicas, fence_changes
+from mqlog.replication.controller.leaders import Key, LeaderTable
 from mqlog.replication.controller.records import (
     LAYERS,
     METADATA_TOPIC,
@@ -125,6 +126,7 @@ class Controller:
         self._lead_from = 0  # it serves once its fold reached here (its term's start)
         self._sessions: dict[str, int] = {}  # broker -> leader tick of its last heartbeat
         self._reported: dict[tuple[str, int], dict[str, tuple[int, int]]] = {}
+        self.leaders = LeaderTable()  # Raft partitions' leaders, as reported (leaders.py)
         self._snapshot_end = 0  # where the newest snapshot record in the log ends
         self._proposals = 0
         self._snapshot_folded: int | None = None  # a snapshot record folded: trim before it
@@ -141,6 +143,7 @@ class Controller:
             self._lose_lead()
             self._lead_term, self._lead_from = core.term, self.store.written_position
             self._sessions = {name: self.ticks for name in self.committed.brokers}
+            self.leaders.token = f"{core.node_id}:{core.term}"  # (brokers get every entry)
             self.note(f"controller {core.node_id} leads term {core.term}")
         elif not leading and self._lead_term != -1:
             self._lose_lead()
@@ -150,6 +153,8 @@ class Controller:
                 self._test_break != "stale_working":
             self._pending = [item for item in self._pending if item[0] > self.applied_to]
             self._recompute_working()
+        if self.applied_to != before:
+            self.leaders.prune(self.committed)
         ready = [waiter for waiter in self._waiters if waiter.end <= self.applied_to]
         self._waiters = [waiter for waiter in self._waiters if waiter.end > self.applied_to]
         for waiter in ready:
@@ -223,12 +228,17 @@ class Controller:
         return Proposal(end, {"broker_epoch": epoch})
 
     def heartbeat(self, broker_id: str, broker_epoch: int,
-                  reports: dict[tuple[str, int], tuple[int, int]] | None = None) -> Proposal:
+                  reports: dict[tuple[str, int], tuple[int, int]] | None = None,
+                  leads: dict[Key, int] | None = None,
+                  seen: tuple[Any, Any] = ("", 0)) -> Proposal:
         """A broker is alive at ``broker_epoch``; ``reports`` gives (epoch, position) of its
-        replicas' logs, for master-slave failover. A fenced broker is unfenced."""
+        replicas' logs, for master-slave failover; ``leads`` the Raft partitions it leads
+        (-> term). A fenced broker is unfenced. The answer carries the reported leaders
+        the broker has not seen (``seen``: the token and seq of its last answer)."""
         _check_text(broker_id=broker_id)
         _check_int("broker_epoch", broker_epoch)
         reports = _check_reports(reports)
+        leads = _check_leads(leads)
         self._check_serving()
         known = self.working.brokers.get(broker_id)
         if known is None or known.broker_epoch != broker_epoch:
@@ -240,8 +250,10 @@ class Controller:
         self._sessions[broker_id] = self.ticks
         for where, report in (reports or {}).items():
             self._reported.setdefault(where, {})[broker_id] = report
+        self.leaders.report(self.working, broker_id, leads)
         end = self._propose([UnfenceBroker(broker_id, broker_epoch)]) if known.fenced else None
-        return Proposal(end, {"fenced": False, "position": self.applied_to})
+        return Proposal(end, {"fenced": False, "position": self.applied_to,
+                              "leaders": self.leaders.changes_since(*seen)})
 
     def create_topic(self, name: str, partitions: int, replication_factor: int,
                      layer: str = "raft") -> Proposal:
@@ -274,14 +286,19 @@ class Controller:
 
     # --- reads (any controller) ------------------------------------------------------------
 
-    def describe(self) -> dict[str, Any]:
-        """The folded state, as a snapshot body (and where it stands in the log)."""
+    def describe(self, require_leader: bool = False) -> dict[str, Any]:
+        """The folded state, as a snapshot body (and where it stands in the log), and the
+        Raft partitions' reported leaders (only the leader's are fresh: ``require_leader``
+        makes any other controller answer NotLeader)."""
+        if require_leader:
+            self._check_serving()
         if not self.caught_up:
             raise NodeUnavailable(f"controller {self.driver.core.node_id} may be behind (it "
                                   "knows no leader yet, or is rebuilding its state from its "
                                   "log): ask another, or retry soon")
         return {"snapshot": records.encode(self.committed.snapshot()),
-                "position": self.applied_to, "leader": self.driver.core.leader or None}
+                "position": self.applied_to, "leader": self.driver.core.leader or None,
+                "leaders": self.leaders.entries()}
 
     def metadata_since(self, position: int) -> dict[str, Any]:
         """The committed records after ``position`` (at most ``pull_bytes_max`` of log), or
@@ -482,6 +499,20 @@ def _check_reports(reports: Any) -> dict[tuple[str, int], tuple[int, int]]:
             _check_int(name, value)
         checked[(where[0], where[1])] = (report[0], report[1])
     return checked
+
+
+def _check_leads(leads: Any) -> dict[Key, int]:
+    """A heartbeat's leads: {(topic, partition): term}."""
+    if leads is None:
+        return {}
+    if not isinstance(leads, dict) or not all(
+            isinstance(key, tuple) and len(key) == 2 and isinstance(key[0], str)
+            for key in leads):
+        raise InvalidArgument(f"leads must map (topic, partition) to a term, got {leads!r}")
+    for (_, partition), term in leads.items():
+        _check_int("partition", partition)
+        _check_int("term", term)
+    return dict(leads)
 
 
 def _entry(data: bytes, offset: int, start: int) -> _Entry:

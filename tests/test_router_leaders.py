@@ -1,0 +1,144 @@
+"""Raft partitions' leaders reported back (mqlog/replication/controller/leaders.py): the
+table's rule (the higher term wins, whatever the order reports arrive in), the
+controller leader's heartbeats taking reports and answering what a broker has not seen,
+the overlay that ``mqlog topics describe`` and ``cluster_metadata`` show, and garbage."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from mqlog.errors import InvalidArgument, NotLeader
+from mqlog.replication.controller.leaders import LeaderTable, leaders_from, leads_from
+from mqlog.replication.controller.records import (
+    CreateTopic,
+    FenceBroker,
+    RegisterBroker,
+    UnfenceBroker,
+)
+from mqlog.replication.controller.state import ClusterMetadata, fold
+from tests.test_controller_service import OneNode, _cluster
+
+
+def _state() -> ClusterMetadata:
+    brokers = ("b1", "b2", "b3")
+    return fold([*(RegisterBroker(name, 1, f"h:{name}") for name in brokers),
+                 *(UnfenceBroker(name, 1) for name in brokers),
+                 CreateTopic("r", "raft", (("b1", "b2", "b3"), ("b2", "b3", "b1"))),
+                 CreateTopic("i", "isr", (("b1", "b2"),))])
+
+
+def test_the_higher_term_wins_in_any_order() -> None:
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    reports = [("r", partition, f"b{rng.randint(1, 3)}", rng.randint(0, 6))
+               for partition in (0, 1) for _ in range(12)]
+    # one leader per term and partition, as Raft gives: the reports are consistent
+    leader_of = {(topic, partition, term): leader for topic, partition, leader, term in reports}
+    reports = [(t, p, leader_of[(t, p, term)], term) for t, p, _, term in reports]
+    expected = {p: max((term, leader) for t, q, leader, term in reports if q == p)
+                for p in (0, 1)}
+    for _ in range(20):
+        rng.shuffle(reports)
+        table = LeaderTable()
+        for report in reports + reports[:5]:  # (a report taken twice changes nothing)
+            table.merge(*report)
+        got = {p: tuple(reversed(table.get("r", p) or ("", -1))) for p in (0, 1)}
+        assert got == expected, f"seed {seed}"
+        assert table.conflicts == 0
+
+
+def test_an_equal_term_naming_another_broker_is_ignored_and_counted() -> None:
+    table = LeaderTable()
+    assert table.merge("r", 0, "b1", 4)
+    assert not table.merge("r", 0, "b2", 4)
+    assert table.get("r", 0) == ("b1", 4) and table.conflicts == 1
+    assert not table.merge("r", 0, "b2", 3)
+    assert table.merge("r", 0, "b2", 5) and table.get("r", 0) == ("b2", 5)
+
+
+def test_reports_of_partitions_a_broker_does_not_replicate_are_ignored() -> None:
+    state, table = _state(), LeaderTable()
+    assert table.report(state, "b1", {("r", 0): 2, ("r", 1): 3, ("i", 0): 9, ("gone", 0): 1,
+                                      ("r", 7): 1}) == 2
+    three = fold([RegisterBroker("b4", 1, "h:4")], state)
+    assert table.report(three, "b4", {("r", 0): 9}) == 0
+    assert table.entries() == [["r", 0, "b1", 2], ["r", 1, "b1", 3]]
+
+
+def test_the_overlay_shows_reported_leaders_and_no_fenced_one() -> None:
+    state, table = _state(), LeaderTable()
+    table.report(state, "b2", {("r", 0): 5})
+    shown = table.overlay(state)
+    assert shown.topics["r"].partitions[0].leader == "b2"
+    assert shown.topics["r"].partitions[0].leader_epoch == 5
+    assert shown.topics["r"].partitions[1] == state.topics["r"].partitions[1]  # unreported
+    assert shown.topics["i"] == state.topics["i"]
+    fenced = state.apply(FenceBroker("b2", 1))
+    gone = table.overlay(fenced).topics["r"].partitions[0]
+    assert (gone.leader, gone.leader_epoch) == ("", 5)
+    assert state.topics["r"].partitions[0].leader == "b1"  # (the state itself is unchanged)
+
+
+def test_changes_since_gives_what_a_broker_lacks() -> None:
+    table = LeaderTable("c1:3")
+    table.merge("r", 0, "b1", 2)
+    first = table.changes_since("", 0)
+    assert first == {"token": "c1:3", "seq": 1, "leaders": [["r", 0, "b1", 2]]}
+    assert table.changes_since("c1:3", 1)["leaders"] == []
+    table.merge("r", 1, "b2", 2)
+    assert table.changes_since("c1:3", 1)["leaders"] == [["r", 1, "b2", 2]]
+    for token, seq in (("c2:4", 2), ("c1:3", 99), ("c1:3", "1"), (None, None)):
+        assert len(table.changes_since(token, seq)["leaders"]) == 2  # another table: all
+    broker = LeaderTable()
+    broker.merge_all(leaders_from(table.changes_since("", 0)["leaders"]))
+    assert broker.entries() == table.entries()
+
+
+@pytest.mark.parametrize("bad", [3, [["r", 0]], [["r", -1, 1]], [[1, 0, 1]], [["r", 0, True]],
+                                 [["r", 0, 1 << 64]]])
+def test_garbage_leads_are_typed(bad: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        leads_from(bad)
+
+
+@pytest.mark.parametrize("bad", [{}, [["r", 0, "b1"]], [["r", 0, 1, 1]], [["r", "0", "b", 1]]])
+def test_garbage_leaders_are_typed(bad: Any) -> None:
+    with pytest.raises(InvalidArgument):
+        leaders_from(bad)
+
+
+def test_heartbeats_report_leaders_to_the_controller_leader(tmp_path: Any) -> None:
+    one = OneNode(tmp_path / "c0")
+    try:
+        epochs = _cluster(one)
+        controller = one.controller
+        one.call(controller.create_topic("r", 2, 3, "raft"))
+        answer = one.call(controller.heartbeat("b1", epochs["b1"], leads={("r", 0): 3}))
+        token = answer["leaders"]["token"]
+        assert answer["leaders"]["leaders"] == [["r", 0, "b1", 3]]
+        seen = (token, answer["leaders"]["seq"])
+        answer = one.call(controller.heartbeat("b2", epochs["b2"], leads={("r", 0): 4},
+                                               seen=seen))
+        assert answer["leaders"]["leaders"] == [["r", 0, "b2", 4]]
+        assert controller.describe()["leaders"] == [["r", 0, "b2", 4]]
+        assert controller.describe(require_leader=True)["leaders"] == [["r", 0, "b2", 4]]
+        with pytest.raises(InvalidArgument):
+            controller.heartbeat("b1", epochs["b1"], leads={("r", 0): -1})
+        with pytest.raises(InvalidArgument):
+            controller.heartbeat("b1", epochs["b1"], leads=[["r", 0, 1]])
+        one.call(controller.delete_topic("r"))
+        assert controller.describe()["leaders"] == []  # a deleted topic's leaders go
+    finally:
+        one.store.close()
+
+
+def test_describe_from_a_controller_that_does_not_lead(tmp_path: Any) -> None:
+    one = OneNode(tmp_path / "c0")
+    try:
+        with pytest.raises(NotLeader):
+            one.controller.describe(require_leader=True)
+    finally:
+        one.store.close()
