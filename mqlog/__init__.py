@@ -24,12 +24,14 @@ from mqlog.results import BatchPutResult, PutResult, PutStatus
 
 if TYPE_CHECKING:
     from mqlog.client import Client
+    from mqlog.cluster_client import ClusterClient, ProducedRecord
     from mqlog.group_client import GroupClient
     from mqlog.routing import Producer, SendResult
 
 # The clients load asyncio and the replication layers: only when first asked for, so an
 # embedded store (DESIGN §2: ``import mqlog`` loads neither) starts in milliseconds.
 _LAZY = {"Client": "mqlog.client", "GroupClient": "mqlog.group_client",
+         "ClusterClient": "mqlog.cluster_client", "ProducedRecord": "mqlog.cluster_client",
          "Producer": "mqlog.routing", "SendResult": "mqlog.routing"}
 
 
@@ -47,9 +49,11 @@ __all__ = [
     "IMPLEMENTATION",
     "BatchPutResult",
     "Client",
+    "ClusterClient",
     "GroupClient",
     "PutResult",
     "Producer",
+    "ProducedRecord",
     "PutStatus",
     "RecoveryReport",
     "SendResult",

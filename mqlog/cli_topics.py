@@ -3,7 +3,9 @@ metadata, asked of the controller quorum (Kafka's kafka-topics.sh and kafka-meta
 
 Each command takes ``--bootstrap HOST:PORT[,HOST:PORT...]``: any controller (a process
 with role "controller" or "broker,controller"). Reads (list, describe, brokers) are
-answered by the first that answers, from what it has folded; changes go to the leader:
+answered by the first that answers, from what it has folded (``describe`` asks the leader
+first: it alone hears the Raft partitions' leaders, which their brokers report in their
+heartbeats; a Raft partition's ``leader_epoch`` is its Raft term); changes go to the leader:
 a controller that does not lead answers NotLeader naming the leader's address, and the
 command follows it (at most ``_REDIRECTS_MAX`` times). A change is answered once its
 record is committed and folded on the leader; an answer lost on the way ("outcome
@@ -18,8 +20,9 @@ import click
 
 from mqlog import errors
 from mqlog.client import Client
-from mqlog.replication.controller import records
-from mqlog.replication.controller.records import LAYERS, Snapshot
+from mqlog.cluster_client import metadata_from
+from mqlog.replication.controller.leaders import LeaderTable
+from mqlog.replication.controller.records import LAYERS
 from mqlog.replication.controller.state import ClusterMetadata, describe_topic
 
 _REDIRECTS_MAX = 5
@@ -53,9 +56,22 @@ def _ask(bootstrap: str, header: dict[str, Any], *, leader: bool,
 
 
 def _state(answer: dict[str, Any]) -> ClusterMetadata:
-    snapshot = records.decode(answer["snapshot"])
-    assert isinstance(snapshot, Snapshot)
-    return ClusterMetadata().apply(snapshot, answer["position"])
+    """The answer's state, with the Raft partitions' reported leaders laid over it."""
+    state, leaders = metadata_from(answer)
+    table = LeaderTable()
+    table.merge_all(leaders)
+    return table.overlay(state)
+
+
+def _described(bootstrap: str, timeout_s: float) -> ClusterMetadata:
+    """The metadata from the controller leader, the one that hears the Raft partitions'
+    leaders reported; from any controller if none leads now (its leaders may be stale)."""
+    try:
+        return _state(_ask(bootstrap, {"kind": "describe_cluster", "require_leader": True},
+                           leader=True, timeout_s=timeout_s))
+    except errors.NodeUnavailable:
+        return _state(_ask(bootstrap, {"kind": "describe_cluster"}, leader=False,
+                           timeout_s=timeout_s))
 
 
 bootstrap_option = click.option(
@@ -118,8 +134,7 @@ def list_topics(bootstrap: str, timeout_s: float) -> None:
 @timeout_option
 def describe(names: tuple[str, ...], bootstrap: str, timeout_s: float) -> None:
     """Partitions of NAMES (all topics if none): leader, epochs, replicas, ISR, ELR."""
-    state = _state(_ask(bootstrap, {"kind": "describe_cluster"}, leader=False,
-                        timeout_s=timeout_s))
+    state = _described(bootstrap, timeout_s)
     missing = [name for name in names if name not in state.topics]
     if missing:
         raise errors.InvalidArgument(f"no topic {', '.join(missing)} (`mqlog topics list` "

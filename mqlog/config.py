@@ -553,6 +553,9 @@ def _broker_from_document(document: dict[str, Any], source: str) -> BrokerConfig
             raise ConfigError(f"{source}: [groups] must hold at least one [groups.NAME] table")
         specs = tuple(_group_from(name, table, replication, store, broker_id, source)
                       for name, table in tables.items())
+    elif "controller" in document:  # a cluster member hosts what the controller assigns
+        _refuse_group_keys(node, replication, source)
+        specs = ()
     else:  # the single-group node of before: its store is data_dir itself
         node["store_dir"] = broker["data_dir"]
         node["group"] = node.get("group", "") or broker_id  # its name in route registries
@@ -576,6 +579,18 @@ def _broker_from_document(document: dict[str, Any], source: str) -> BrokerConfig
                           registries=tuple(broker.pop("registries", ())), controller=controller,
                           source=source, **broker)
     return config.validate()
+
+
+def _refuse_group_keys(node: dict[str, Any], replication: dict[str, Any], source: str) -> None:
+    """A cluster member's config without [groups] describes no group of its own (before,
+    it got a stray ``default`` group whose store was data_dir itself): keys that would
+    describe one are a mistake, said, not ignored."""
+    stray = sorted({*node, *replication})
+    if stray:
+        raise ConfigError(f"{source}: [node] {', '.join(stray)} describe the single group of a "
+                          "config without [groups], but a cluster member (a [controller] "
+                          "table) hosts only the groups the controller assigns it: remove "
+                          "them, or put them in a [groups.NAME] table")
 
 
 def _group_from(name: str, table: Any, defaults: dict[str, Any], store: StoreConfig,

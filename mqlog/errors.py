@@ -204,6 +204,11 @@ class InvalidMetadataRecord(MqlogError):
     this controller, or restore its directory from a healthy controller's."""
 
 
+class UnknownTopic(InvalidArgument):
+    """The cluster's metadata shows no such topic (Kafka's UnknownTopicOrPartition): create
+    it (`mqlog topics create`) or check its name (`mqlog topics list`)."""
+
+
 class MetadataChangeRefused(InvalidArgument):
     """A metadata change that does not follow from the cluster's current state (an unknown
     broker or topic, a topic that exists, a stale broker or partition epoch): nothing was

@@ -31,7 +31,7 @@ from mqlog.client import Client, produce_request
 from mqlog.results import PutResult, PutStatus
 
 # Sent again: the outcome is unknown (stored, maybe committed later), or nothing was stored.
-_RETRIED = (PutStatus.FLUSH_SLAVE_TIMEOUT, PutStatus.FLUSH_DISK_TIMEOUT,
+RETRIED = (PutStatus.FLUSH_SLAVE_TIMEOUT, PutStatus.FLUSH_DISK_TIMEOUT,
             PutStatus.SLAVE_NOT_AVAILABLE)
 
 
@@ -77,7 +77,7 @@ class GroupClient:
                 answer = self._client_now().call(dict(header), payload)[0]
                 unknown = 0
                 status = PutStatus(answer["status"])
-                if status not in _RETRIED:
+                if status not in RETRIED:
                     return answer
                 failures.append(f"{self._client_address()}: {answer['status']}")
                 if status is PutStatus.SLAVE_NOT_AVAILABLE:  # slaves must catch up first

@@ -186,6 +186,9 @@ class SimGroupHost:
     def reports(self) -> list[list[Any]]:
         return []
 
+    def leads(self) -> list[list[Any]]:
+        return []  # (the simulator runs no partition groups)
+
 
 @dataclass
 class BrokerSlot:

@@ -45,6 +45,7 @@ from mqlog import errors
 from mqlog.client import Client
 from mqlog.replication.controller import records
 from mqlog.replication.controller.config import CONTROLLER_GROUP, ControllerConfig
+from mqlog.replication.controller.leaders import LeaderTable, leaders_from, leads_from
 from mqlog.replication.controller.service import Controller, Proposal
 from mqlog.replication.controller.state import ClusterMetadata
 
@@ -70,6 +71,11 @@ def _reports_from(value: Any) -> dict[Any, Any]:
     return {(item[0], item[1]): (item[2], item[3]) for item in value}
 
 
+def _seen(value: Any) -> tuple[Any, Any]:
+    """A heartbeat's ``leaders_seen``: [token, seq] (anything else: seen nothing)."""
+    return (value[0], value[1]) if isinstance(value, list) and len(value) == 2 else ("", 0)
+
+
 def _config(broker: Any) -> ControllerConfig:
     return ControllerConfig.from_table(dict(getattr(broker.config, "controller", {}) or {}))
 
@@ -81,14 +87,15 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
     arg: Callable[..., Any] = header.get
     kind = arg("kind")
     if kind == "describe_cluster":
-        return controller.describe()
+        return controller.describe(bool(arg("require_leader")))
     if kind == "metadata_since":
         return controller.metadata_since(arg("position"))
     if kind == "register_broker":
         return controller.register_broker(arg("broker_id"), arg("address"), arg("rack", ""))
     if kind == "broker_heartbeat":
         return controller.heartbeat(arg("broker_id"), arg("broker_epoch"),
-                                    _reports_from(arg("reports")))
+                                    _reports_from(arg("reports")), leads_from(arg("leads")),
+                                    _seen(arg("leaders_seen")))
     if kind == "create_topic":
         return controller.create_topic(arg("name"), arg("partitions"),
                                        arg("replication_factor"), arg("layer", "raft"))
@@ -174,6 +181,9 @@ class GroupHost(Protocol):
     def reports(self) -> list[list[Any]]:
         """[topic, partition, epoch, written position] of each partition group hosted."""
 
+    def leads(self) -> list[list[Any]]:
+        """[topic, partition, term] of each Raft partition group this broker leads now."""
+
 
 class BrokerAgent:
     """One broker's membership in the cluster, for one process life (see the module
@@ -188,6 +198,8 @@ class BrokerAgent:
         self.epoch: int | None = None
         self.hosted: set[str] = set()  # groups this agent opened
         self.rounds = 0  # rounds finished (with or without an error)
+        self.leaders = LeaderTable()  # Raft partitions' leaders, reported (leaders.py)
+        self._leaders_seen: list[Any] = ["", 0]  # the controller's token, seq last seen
         self._leader: str | None = None  # the address that last answered a change
         self._addresses = list(config.voters.values())
 
@@ -209,9 +221,24 @@ class BrokerAgent:
         self._heartbeat()
 
     def _heartbeat(self) -> None:
+        leads = self.host.leads()
         self._ask({"kind": "broker_heartbeat", "broker_id": self.host.broker_id,
-                   "broker_epoch": self.epoch, "reports": self.host.reports()}, True,
-                  lambda _answer: self._pull())
+                   "broker_epoch": self.epoch, "reports": self.host.reports(),
+                   "leads": leads, "leaders_seen": self._leaders_seen}, True,
+                  lambda answer: self._heartbeaten(answer, leads))
+
+    def _heartbeaten(self, answer: dict[str, Any], leads: list[list[Any]]) -> None:
+        self.took_leaders(answer, leads)
+        self._pull()
+
+    def took_leaders(self, answer: dict[str, Any], leads: list[list[Any]]) -> None:
+        """Merge the heartbeat answer's leaders, and this broker's own (fresher)."""
+        changes = answer.get("leaders")
+        if isinstance(changes, dict):
+            self.leaders.merge_all(leaders_from(changes.get("leaders")))
+            self._leaders_seen = [changes.get("token", ""), changes.get("seq", 0)]
+        for topic, partition, term in leads:
+            self.leaders.merge(topic, partition, self.host.broker_id, term)
 
     def _pull(self) -> None:
         self._ask({"kind": "metadata_since", "position": self.position}, False,
@@ -237,6 +264,7 @@ class BrokerAgent:
         for end, body in answer["records"]:
             self.view = self.view.apply(records.decode(body), end)
         self.position = answer["position"]
+        self.leaders.prune(self.view)
 
     def assigned(self) -> dict[str, Any]:
         """group name -> GroupSpec of each Raft partition the view assigns here."""
@@ -316,7 +344,8 @@ class BrokerAgent:
         self.io.request(address, header, answered)
 
     def describe(self) -> dict[str, Any]:
-        return {"snapshot": records.encode(self.view.snapshot()), "position": self.position}
+        return {"snapshot": records.encode(self.view.snapshot()), "position": self.position,
+                "leaders": self.leaders.entries()}
 
 
 # --- the real world: sockets, the broker's loop, the broker's groups -------------------------
@@ -368,6 +397,15 @@ class BrokerGroups:
         for node in self.broker.groups.values():
             for topic, partition in node.spec.partitions:
                 found.append([topic, partition, node.store.epoch, node.store.written_position])
+        return found
+
+    def leads(self) -> list[list[Any]]:
+        found = []
+        for node in self.broker.groups.values():
+            status = node.core.status()
+            if status.get("layer") == "raft" and status.get("role") == "LEADER":
+                found += [[topic, partition, status["term"]]
+                          for topic, partition in node.spec.partitions]
         return found
 
 

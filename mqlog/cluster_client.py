@@ -1,0 +1,308 @@
+"""``mqlog.ClusterClient``: produce to and fetch from a cluster's topics the way a Kafka
+client does — from a few bootstrap addresses, without knowing where partitions live.
+
+Theory of operation.
+
+* Metadata. Any broker answers ``cluster_metadata``: the cluster's metadata as its agent
+  pulled it from the controller (topics, partitions, replicas, brokers and their
+  addresses), with the Raft partitions' leaders as their brokers reported them
+  (mqlog/replication/controller/leaders.py). The client asks the bootstrap addresses and
+  every broker it has learned of, the first that answers wins, and keeps the answer for
+  ``metadata_max_age_ms`` (Kafka's metadata.max.age.ms) or until a failure says it is
+  stale. Refreshes are at most one per ``retry_backoff_ms`` (Kafka's retry.backoff.ms),
+  so a dead leader costs no storm of metadata requests.
+* Partitioning. With a key, Kafka's murmur2 partitioner (mqlog/partitioner.py), so keys
+  land where a Kafka producer puts them; without one, round-robin per topic; or the
+  caller names the partition.
+* Sending. A partition of a Raft topic is the replica group ``TOPIC-PARTITION``; the
+  write goes to the broker the metadata says leads it, over one connection per broker
+  (each request names its group). NotLeader naming the leader: go there. NotLeader
+  without one, UnknownGroup (a broker that has not pulled the partition yet), a broken
+  connection: refresh the metadata and go to the leader it shows, or — when that is the
+  broker that just failed — the partition's next replica, after ``retry_backoff_ms``
+  (an election takes time). A write whose outcome is unknown (the connection broke, the
+  majority did not answer in time) is sent again with the same producer id and sequence,
+  so the leader that has it answers with its first place instead of storing it twice
+  (idempotence.py; Kafka's idempotent producer: one producer id, a sequence per
+  partition). All of it within ``retry_timeout_s`` (Kafka's delivery.timeout.ms); after
+  it, a typed error: NodeUnavailable (outcome unknown: retrying the same call is safe
+  only through this client, which keeps the sequence), UnknownTopic (the metadata never
+  showed the topic), InvalidArgument (a partition the topic does not have).
+* Reading. ``fetch`` reads a partition from its leader (Raft followers do not serve
+  reads), with the same moving on.
+
+One thread at a time; one request in flight. Use one client per thread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from mqlog import errors
+from mqlog.client import Client, produce_request
+from mqlog.group_client import RETRIED
+from mqlog.partitioner import RoundRobin, choose_partition
+from mqlog.replication.controller import records
+from mqlog.replication.controller.leaders import LeaderTable, leaders_from
+from mqlog.replication.controller.records import Snapshot
+from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.results import PutStatus
+
+
+@dataclass(frozen=True)
+class ProducedRecord:
+    """Where a record went (Kafka's RecordMetadata): its partition and place."""
+
+    topic: str
+    partition: int
+    status: PutStatus
+    position: int
+    offset: int
+
+
+def group_of(topic: str, partition: int) -> str:
+    """The replica group that serves a Raft topic's partition on its brokers."""
+    return f"{topic}-{partition}"
+
+
+def metadata_from(answer: dict[str, Any]) -> tuple[ClusterMetadata, list[Any]]:
+    """A ``cluster_metadata`` (or ``describe_cluster``) answer: the folded state and the
+    reported leaders (``LeaderTable.overlay`` lays them over it)."""
+    try:
+        snapshot = records.decode(answer["snapshot"])
+        position = answer["position"]
+        leaders = leaders_from(answer.get("leaders"))
+    except (KeyError, TypeError, errors.InvalidArgument) as error:
+        raise errors.RemoteProtocolError(f"a malformed metadata answer: {error!r}") from None
+    if not isinstance(snapshot, Snapshot) or not isinstance(position, int):
+        raise errors.RemoteProtocolError("a metadata answer whose snapshot is not a "
+                                         "Snapshot record")
+    return ClusterMetadata().apply(snapshot, position), leaders
+
+
+class ClusterClient:
+    def __init__(self, bootstrap: str | list[str], *, producer_id: str | None = None,
+                 retry_timeout_s: float = 30.0, retry_backoff_ms: int = 100,
+                 metadata_max_age_ms: int = 5_000, timeout_s: float = 5.0) -> None:
+        addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+        self.bootstrap = [item.strip() for item in addresses if item and item.strip()]
+        if not self.bootstrap:
+            raise errors.InvalidArgument("a ClusterClient needs at least one bootstrap "
+                                         "address host:port")
+        for name, value in (("retry_timeout_s", retry_timeout_s), ("timeout_s", timeout_s),
+                            ("retry_backoff_ms", retry_backoff_ms),
+                            ("metadata_max_age_ms", metadata_max_age_ms)):
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise errors.InvalidArgument(f"{name} must be a positive number, got {value!r}")
+        self.producer_id = producer_id or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.retry_timeout_s, self.retry_backoff_ms = retry_timeout_s, retry_backoff_ms
+        self.metadata_max_age_ms, self.timeout_s = metadata_max_age_ms, timeout_s
+        self.retries = 0  # requests sent again (figures, tests)
+        self.refreshes = 0  # metadata fetched
+        self._state: ClusterMetadata | None = None  # the newest folded state seen
+        self._leaders = LeaderTable()  # every reported leader seen, merged by term
+        self._view: ClusterMetadata | None = None  # the state with the leaders over it
+        self._fetched_at = -float("inf")
+        self._sequences: dict[tuple[str, int], int] = {}  # the last sequence per partition
+        self._connections: dict[str, Client] = {}
+        self._round_robin = RoundRobin()
+
+    # --- producing -----------------------------------------------------------------------
+
+    def produce(self, topic: str, body: bytes, key: str | bytes | None = None,
+                partition: int | None = None, tags: str | None = None) -> ProducedRecord:
+        """Store one record once, on its partition's leader; PUT_OK means committed."""
+        return self.produce_batch(topic, [body], key, partition, tags)
+
+    def produce_batch(self, topic: str, bodies: list[bytes], key: str | bytes | None = None,
+                      partition: int | None = None, tags: str | None = None) -> ProducedRecord:
+        """``produce`` for many records of one partition in one request."""
+        deadline = time.monotonic() + self.retry_timeout_s
+        count = self._partition_count(topic, deadline)
+        if partition is None:
+            partition = choose_partition(key, topic, count, self._round_robin)
+        self._check_partition(topic, partition, count)
+        sequence = self._sequences.get((topic, partition), 0) + 1
+        self._sequences[(topic, partition)] = sequence
+        text_key = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+        header, payload = produce_request(topic, bodies, partition, text_key, tags,
+                                          "replicated", (self.producer_id, sequence))
+        answer = self._until_decided(topic, partition, header, payload, deadline,
+                                     f"sequence {sequence}")
+        return ProducedRecord(topic, partition, PutStatus(answer["status"]),
+                              answer["position"], answer["offset"])
+
+    def partitions_for(self, topic: str) -> int:
+        """How many partitions ``topic`` has (UnknownTopic if the metadata never shows it
+        within retry_timeout_s)."""
+        return self._partition_count(topic, time.monotonic() + self.retry_timeout_s)
+
+    # --- reading -------------------------------------------------------------------------
+
+    def fetch(self, topic: str, partition: int, offset: int = 0, max_count: int = 32,
+              max_bytes: int = 1 << 20) -> list:
+        """Records of one partition from ``offset``, read from its leader."""
+        deadline = time.monotonic() + self.retry_timeout_s
+        self._check_partition(topic, partition, self._partition_count(topic, deadline))
+        header = {"kind": "fetch", "topic": topic, "queue_id": partition, "offset": offset,
+                  "max_count": max_count, "max_bytes": max_bytes}
+        found: list[list] = []
+
+        def read(client: Client) -> dict[str, Any]:
+            found.append(client.fetch(topic, partition, offset, max_count, max_bytes))
+            return {"status": PutStatus.PUT_OK.value}
+        self._until_decided(topic, partition, header, b"", deadline, "fetch", read)
+        return found[-1]
+
+    # --- metadata --------------------------------------------------------------------------
+
+    def metadata(self, refresh: bool = False) -> ClusterMetadata:
+        """The cluster's metadata (cached ``metadata_max_age_ms``; ``refresh``: ask now)."""
+        age_ms = (time.monotonic() - self._fetched_at) * 1000
+        if self._view is not None and not refresh and age_ms < self.metadata_max_age_ms:
+            return self._view
+        if self._view is not None and age_ms < self.retry_backoff_ms:
+            return self._view  # (asked a moment ago: no storm while a leader is down)
+        failures = []
+        for address in self._metadata_addresses():
+            try:
+                answer = self._connection(address).call({"kind": "cluster_metadata"})[0]
+                state, leaders = metadata_from(answer)
+            except (errors.NodeUnavailable, errors.RemoteProtocolError,
+                    errors.UnknownGroup, errors.RemoteError) as error:
+                self._drop(address)
+                failures.append(f"{address}: {error}")
+                continue
+            if self._state is None or state.position >= self._state.position:
+                self._state = state  # (a broker further behind is not taken over a newer)
+            self._leaders.merge_all(leaders)
+            self._leaders.prune(self._state)
+            self._view = self._leaders.overlay(self._state)
+            self._fetched_at = time.monotonic()
+            self.refreshes += 1
+            return self._view
+        raise errors.NodeUnavailable("no broker answered cluster_metadata: "
+                                     + "; ".join(failures))
+
+    def _metadata_addresses(self) -> list[str]:
+        known = [info.address for _, info in sorted(self._view.brokers.items())
+                 if not info.fenced] if self._view is not None else []
+        return list(dict.fromkeys([*self._connections, *known, *self.bootstrap]))
+
+    def _partition_count(self, topic: str, deadline: float) -> int:
+        view = self._metadata_until(deadline)
+        while topic not in view.topics:
+            if time.monotonic() >= deadline:
+                raise errors.UnknownTopic(
+                    f"the cluster's metadata shows no topic {topic!r} (asked until "
+                    f"retry_timeout_s={self.retry_timeout_s}): create it with `mqlog topics "
+                    "create`, or check the name with `mqlog topics list`")
+            time.sleep(self.retry_backoff_ms / 1000)  # a back-off: brokers pull metadata
+            view = self._metadata_until(deadline, refresh=True)
+        return len(view.topics[topic].partitions)
+
+    def _metadata_until(self, deadline: float, refresh: bool = False) -> ClusterMetadata:
+        while True:
+            try:
+                return self.metadata(refresh)
+            except errors.NodeUnavailable:
+                if time.monotonic() >= deadline:
+                    raise
+            time.sleep(self.retry_backoff_ms / 1000)  # a back-off: every broker is down
+
+    @staticmethod
+    def _check_partition(topic: str, partition: Any, count: int) -> None:
+        if not isinstance(partition, int) or isinstance(partition, bool) or \
+                not 0 <= partition < count:
+            raise errors.InvalidArgument(f"topic {topic!r} has partitions 0..{count - 1}, not "
+                                         f"{partition!r}")
+
+    # --- one request until a leader decides it --------------------------------------------
+
+    def _until_decided(self, topic: str, partition: int, header: dict[str, Any],
+                       payload: bytes, deadline: float, what: str,
+                       request: Any = None) -> dict[str, Any]:
+        group = group_of(topic, partition)
+        address, failures = self._leader_address(topic, partition, None), []
+        while True:
+            next_address: str | None = address
+            try:
+                if request is not None:
+                    answer = request(self._connection(address, group))
+                else:
+                    answer = self._connection(address, group).call(dict(header), payload)[0]
+                status = PutStatus(answer["status"])
+                if status not in RETRIED:
+                    return answer
+                failures.append(f"{address}: {status.name}")
+                if status is PutStatus.SLAVE_NOT_AVAILABLE:  # replicas must catch up first
+                    time.sleep(self.retry_backoff_ms / 1000)  # a back-off, not a sync
+            except errors.NotMaster as error:  # NotLeader too, which may name the leader
+                failures.append(f"{address}: {error}")
+                named = getattr(error, "leader_address", None)
+                next_address = named or self._leader_address(topic, partition, address)
+            except errors.UnknownGroup as error:  # (not pulled there yet, or deleted)
+                failures.append(f"{address}: {error}")
+                next_address = self._leader_address(topic, partition, address)
+            except errors.NodeUnavailable as error:
+                failures.append(f"{address}: {error}")
+                self._drop(address)
+                next_address = self._leader_address(topic, partition, address)
+            if time.monotonic() >= deadline:
+                raise errors.NodeUnavailable(
+                    f"no leader of {topic!r} partition {partition} decided the request "
+                    f"({what}) within retry_timeout_s={self.retry_timeout_s}; a produce's "
+                    f"outcome is unknown (this client retries it safely, producer "
+                    f"{self.producer_id!r}): " + "; ".join(failures[-3:]))
+            self.retries += 1
+            address = next_address or address
+
+    def _leader_address(self, topic: str, partition: int, failed: str | None) -> str:
+        """Where to send: the leader the metadata shows, refreshed if ``failed`` (the
+        address that just failed) — unless that is the one shown, then the next replica,
+        after a back-off (an election is under way)."""
+        view = self.metadata(refresh=failed is not None)
+        info = view.partition(topic, partition) if topic in view.topics and \
+            partition < len(view.topics[topic].partitions) else None
+        if info is None:  # (deleted meanwhile: a broker says UnknownGroup; keep trying)
+            return failed or self.bootstrap[0]
+        addresses = [view.brokers[name].address for name in info.replicas
+                     if name in view.brokers]
+        leader = view.brokers.get(info.leader)
+        if leader is not None and leader.address != failed:
+            return leader.address
+        if failed is not None:
+            time.sleep(self.retry_backoff_ms / 1000)  # a back-off: an election takes time
+        if failed in addresses:
+            return addresses[(addresses.index(failed) + 1) % len(addresses)]
+        return addresses[0] if addresses else self.bootstrap[0]
+
+    # --- connections --------------------------------------------------------------------------
+
+    def _connection(self, address: str, group: str | None = None) -> Client:
+        """One connection per broker address; ``group`` is named on each request."""
+        client = self._connections.get(address)
+        if client is None:
+            client = self._connections[address] = Client(address, timeout_s=self.timeout_s)
+        client.group = group
+        return client
+
+    def _drop(self, address: str) -> None:
+        client = self._connections.pop(address, None)
+        if client is not None:
+            client.close()
+
+    def close(self) -> None:
+        for client in self._connections.values():
+            client.close()
+        self._connections.clear()
+
+    def __enter__(self) -> ClusterClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

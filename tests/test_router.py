@@ -1,0 +1,133 @@
+"""``mqlog.ClusterClient`` against an in-process cluster (three combined-mode brokers,
+each on its own loop and thread): records produced by key land on the partition Kafka's
+partitioner names and read back from the leaders; a partition's leadership moved (a
+Raft transfer) is reported back — ``cluster_metadata`` and ``mqlog topics describe`` show
+the new leader with its term — while the client, holding the old metadata, follows the
+NotLeader and keeps writing; a topic that does not exist and a partition it does not
+have are typed errors. The SIGKILL scenarios are tests/test_controller_processes.py's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from mqlog import cli_topics, errors
+from mqlog.client import Client
+from mqlog.cluster_client import ClusterClient, metadata_from
+from mqlog.partitioner import partition_for_key
+from mqlog.replication.local import wait_until
+from mqlog.results import PutStatus
+from tests.test_controller_cluster import BROKERS, Cluster, _ask, _configs, _state
+
+PARTITIONS = 6
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Any:
+    running = Cluster(_configs(tmp_path, combined=True))
+    try:
+        running.start()
+        yield running
+    finally:
+        running.stop()
+
+
+def _create(addresses: list[str], name: str, partitions: int, factor: int) -> None:
+    wait_until(lambda: len(_state(addresses).live_brokers()) == 3, "three live brokers", 60)
+    _ask(addresses, {"kind": "create_topic", "name": name, "partitions": partitions,
+                     "replication_factor": factor, "layer": "raft"})
+
+
+def _leaders(cluster: Cluster) -> dict[int, tuple[str, int]]:
+    """Partition -> (the broker leading it, its term), from the brokers' own cores."""
+    found: dict[int, tuple[str, int]] = {}
+    for name, thread in cluster.threads.items():
+        for partition in range(PARTITIONS):
+            node = thread.broker.groups.get(f"orders-{partition}")
+            status = node.core.status() if node is not None else {}
+            if status.get("role") == "LEADER" and \
+                    status["term"] > found.get(partition, ("", -1))[1]:
+                found[partition] = (name, status["term"])
+    return found
+
+
+def _described(bootstrap: str) -> dict[int, tuple[str, int]]:
+    """Partition -> (leader, leader_epoch) as `mqlog topics describe orders` prints them."""
+    result = CliRunner().invoke(cli_topics.topics, ["describe", "orders", "--bootstrap", bootstrap])
+    assert result.exit_code == 0, result.output
+    found = {}
+    for line in result.output.splitlines()[1:]:
+        fields = dict(item.split("=", 1) for item in line.split()[1:])
+        found[int(line.split()[0])] = (fields["leader"], int(fields["leader_epoch"]))
+    return found
+
+
+def test_produce_by_key_read_back_and_a_moved_leader_is_reported(cluster: Cluster) -> None:
+    addresses = [config.listen for config in cluster.configs.values()]
+    bootstrap = ",".join(addresses)
+    _create(addresses, "orders", PARTITIONS, 3)
+    with ClusterClient(addresses[:1], retry_timeout_s=60) as client:
+        keys = [f"key-{index}" for index in range(30)]
+        for key in keys:
+            sent = client.produce("orders", key.encode(), key=key)
+            assert sent.status is PutStatus.PUT_OK
+            assert sent.partition == partition_for_key(key, PARTITIONS)
+        for partition in range(PARTITIONS):
+            bodies = [record.body for record in client.fetch("orders", partition, 0, 100)]
+            assert bodies == [key.encode() for key in keys
+                              if partition_for_key(key, PARTITIONS) == partition]
+        # every leader reported back, with its term, on brokers and controllers alike
+        wait_until(lambda: _described(bootstrap) == _leaders(cluster) and
+                   len(_leaders(cluster)) == PARTITIONS, "describe showing the leaders", 60)
+        with Client(addresses[1], timeout_s=10) as broker:
+            answer = broker.call({"kind": "cluster_metadata"})[0]
+        state, leaders = metadata_from(answer)
+        assert len(leaders) <= PARTITIONS and state.topics["orders"]
+        before = client.metadata()
+        leader, term = _leaders(cluster)[0]
+        target = next(name for name in BROKERS if name != leader)
+        with Client(cluster.configs[leader].listen, timeout_s=10, group="orders-0") as one:
+            one.transfer(target)
+        wait_until(lambda: _leaders(cluster).get(0, ("", 0))[0] == target,
+                   f"{target} leading partition 0", 60)
+        assert client.metadata() is before  # (cached: the client still sends to the old)
+        retries = client.retries
+        sent = client.produce("orders", b"after the move", partition=0)
+        assert sent.status is PutStatus.PUT_OK and client.retries > retries
+        wait_until(lambda: _described(bootstrap)[0] == _leaders(cluster)[0], "describe "
+                   f"showing {target} leading partition 0", 60)
+        assert _described(bootstrap)[0][1] > term
+        with Client(addresses[2], timeout_s=10) as broker:  # a broker's answer, too
+            wait_until(lambda: metadata_from(broker.call({"kind": "cluster_metadata"})[0])[1]
+                       and target == _broker_view(broker), "cluster_metadata showing "
+                       f"{target}", 60)
+
+
+def _broker_view(broker: Client) -> str:
+    state, leaders = metadata_from(broker.call({"kind": "cluster_metadata"})[0])
+    return next((leader for topic, partition, leader, _ in leaders
+                 if (topic, partition) == ("orders", 0)), "")
+
+
+def test_unknown_topics_and_partitions_are_typed(cluster: Cluster) -> None:
+    addresses = [config.listen for config in cluster.configs.values()]
+    _create(addresses, "small", 2, 1)
+    with ClusterClient(addresses, retry_timeout_s=60) as client:
+        wait_until(lambda: "small" in client.metadata(refresh=True).topics, "small", 60)
+        for partition in (2, -1, "0", True):
+            with pytest.raises(errors.InvalidArgument, match="partitions 0..1"):
+                client.produce("small", b"x", partition=partition)
+    with ClusterClient(addresses, retry_timeout_s=0.5) as client, \
+            pytest.raises(errors.UnknownTopic, match="no topic 'nothing'"):
+        client.produce("nothing", b"x")
+    for bad in ([], "", ","):
+        with pytest.raises(errors.InvalidArgument, match="bootstrap"):
+            ClusterClient(bad)
+    with pytest.raises(errors.InvalidArgument, match="retry_timeout_s"):
+        ClusterClient("h:1", retry_timeout_s=0)
+    with ClusterClient(["127.0.0.1:1"], retry_timeout_s=0.3) as client, \
+            pytest.raises(errors.NodeUnavailable, match="no broker answered"):
+        client.produce("small", b"x")
