@@ -1,4 +1,4 @@
-"""``mqlog topics create|list|describe|delete`` and ``mqlog brokers``: the cluster's
+"""``mqlog topics create|list|describe|delete|rebalance`` and ``mqlog brokers``: the cluster's
 metadata, asked of the controller quorum (Kafka's kafka-topics.sh and kafka-metadata).
 
 Each command takes ``--bootstrap HOST:PORT[,HOST:PORT...]``: any controller (a process
@@ -83,7 +83,7 @@ timeout_option = click.option("--timeout-s", type=click.FloatRange(min=0.1), def
 
 @click.group()
 def topics() -> None:
-    """Create, list, describe and delete the cluster's topics."""
+    """Create, list, describe, rebalance and delete the cluster's topics."""
 
 
 @topics.command()
@@ -142,6 +142,69 @@ def describe(names: tuple[str, ...], bootstrap: str, timeout_s: float) -> None:
     for name in names or sorted(state.topics):
         for line in describe_topic(state.topics[name]):
             click.echo(line[2:])
+
+
+@topics.command()
+@click.argument("names", nargs=-1)
+@bootstrap_option
+@timeout_option
+def rebalance(names: tuple[str, ...], bootstrap: str, timeout_s: float) -> None:
+    """Move each Raft partition of NAMES (all topics if none) to its preferred leader.
+
+    Kafka's preferred-leader election: a partition's first replica is its preferred
+    leader (the assignment spreads first replicas over the brokers, so leaders spread
+    too). Each Raft partition whose reported leader is another broker, while the preferred
+    one is live, is asked to hand leadership over (a Raft transfer: the leader catches the
+    target up first, then tells it to campaign; it gives up after an election timeout).
+    """
+    state = _described(bootstrap, timeout_s)
+    missing = [name for name in names if name not in state.topics]
+    if missing:
+        raise errors.InvalidArgument(f"no topic {', '.join(missing)} (`mqlog topics list` "
+                                     "shows the topics there are)")
+    asked = failed = 0
+    for name in names or sorted(state.topics):
+        for index, reason, move in _moves(state, name):
+            if move is None:
+                click.echo(f"{name} {index}: {reason}")
+                continue
+            try:
+                with Client(move[0], timeout_s=timeout_s, group=f"{name}-{index}") as client:
+                    client.transfer(move[1])
+            except errors.MqlogError as error:
+                failed += 1
+                click.echo(f"{name} {index}: {reason}: failed: {error}")
+                continue
+            asked += 1
+            click.echo(f"{name} {index}: {reason}: transferring")
+    click.echo(f"{asked} transfers asked, {failed} failed (`mqlog topics describe` shows the "
+               "leaders once their brokers report them, within a heartbeat interval)")
+    if failed:
+        raise SystemExit(1)
+
+
+def _moves(state: ClusterMetadata, name: str) -> list[tuple[int, str, tuple[str, str] | None]]:
+    """(partition, why, (leader's address, preferred broker) or None: nothing to do)."""
+    topic = state.topics[name]
+    found: list[tuple[int, str, tuple[str, str] | None]] = []
+    for index, part in enumerate(topic.partitions):
+        preferred = part.replicas[0]
+        info = state.brokers.get(preferred)
+        leader = state.brokers.get(part.leader)
+        if topic.layer != "raft":
+            reason = f"layer {topic.layer}: its leaders are the controller's to choose"
+        elif part.leader == preferred:
+            reason = f"led by its preferred leader {preferred}"
+        elif info is None or info.fenced:
+            reason = f"its preferred leader {preferred} is not live"
+        elif leader is None:
+            reason = "no leader is reported now; retry after an election"
+        else:
+            found.append((index, f"{part.leader} -> {preferred}",
+                          (leader.address, preferred)))
+            continue
+        found.append((index, reason, None))
+    return found
 
 
 @click.command()

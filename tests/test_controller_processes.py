@@ -24,6 +24,7 @@ default run's time bounded."""
 from __future__ import annotations
 
 import random
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -294,11 +295,9 @@ def _described(cluster: Processes, without: str = "") -> dict[int, tuple[str, in
     result = CliRunner().invoke(cli_topics.topics, ["describe", "orders", "-b", bootstrap])
     if result.exit_code != 0:
         return {}
-    found = {}
-    for line in result.output.splitlines()[1:]:
-        fields = dict(item.split("=", 1) for item in line.split()[1:])
-        found[int(line.split()[0])] = (fields["leader"], int(fields["leader_epoch"]))
-    return found
+    return {int(found[1]): (found[2], int(found[3])) for found in
+            re.finditer(r"^\s*(\d+) leader=(\S+) leader_epoch=(\d+) ", result.output,
+                        re.MULTILINE)}
 
 
 def _hosts_only_what_is_assigned(cluster: Processes, state: ClusterMetadata) -> None:

@@ -8,6 +8,7 @@ have are typed errors. The SIGKILL scenarios are tests/test_controller_processes
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,16 @@ def _leaders(cluster: Cluster) -> dict[int, tuple[str, int]]:
 
 def _described(bootstrap: str) -> dict[int, tuple[str, int]]:
     """Partition -> (leader, leader_epoch) as `mqlog topics describe orders` prints them."""
-    result = CliRunner().invoke(cli_topics.topics, ["describe", "orders", "--bootstrap", bootstrap])
+    result = CliRunner().invoke(cli_topics.topics, ["describe", "orders", "-b", bootstrap])
     assert result.exit_code == 0, result.output
-    found = {}
-    for line in result.output.splitlines()[1:]:
-        fields = dict(item.split("=", 1) for item in line.split()[1:])
-        found[int(line.split()[0])] = (fields["leader"], int(fields["leader_epoch"]))
-    return found
+    return _partition_lines(result.output)
+
+
+def _partition_lines(output: str) -> dict[int, tuple[str, int]]:
+    """The "P leader=B leader_epoch=E ..." lines of describe's output (the brokers of this
+    process print to the same stdout)."""
+    return {int(found[1]): (found[2], int(found[3])) for found in
+            re.finditer(r"^\s*(\d+) leader=(\S+) leader_epoch=(\d+) ", output, re.MULTILINE)}
 
 
 def test_produce_by_key_read_back_and_a_moved_leader_is_reported(cluster: Cluster) -> None:
@@ -131,3 +135,35 @@ def test_unknown_topics_and_partitions_are_typed(cluster: Cluster) -> None:
     with ClusterClient(["127.0.0.1:1"], retry_timeout_s=0.3) as client, \
             pytest.raises(errors.NodeUnavailable, match="no broker answered"):
         client.produce("small", b"x")
+
+
+def test_rebalance_moves_raft_leaders_to_their_preferred_replicas(cluster: Cluster) -> None:
+    addresses = [config.listen for config in cluster.configs.values()]
+    bootstrap = ",".join(addresses)
+    _create(addresses, "orders", PARTITIONS, 3)
+    wait_until(lambda: len(_leaders(cluster)) == PARTITIONS and
+               _described(bootstrap) == _leaders(cluster), "the leaders reported", 60)
+    preferred = {index: part.replicas[0] for index, part in
+                 enumerate(_state(addresses).topics["orders"].partitions)}
+    if all(_leaders(cluster)[p][0] == preferred[p] for p in preferred):  # (rare: move one)
+        with Client(cluster.configs[preferred[0]].listen, timeout_s=10,
+                    group="orders-0") as one:
+            one.transfer(next(name for name in BROKERS if name != preferred[0]))
+        wait_until(lambda: _described(bootstrap)[0][0] not in ("", preferred[0]),
+                   "partition 0 led elsewhere", 60)
+    off = sorted(p for p in preferred if _described(bootstrap)[p][0] != preferred[p])
+    result = CliRunner().invoke(cli_topics.topics, ["rebalance", "-b", bootstrap])
+    assert result.exit_code == 0, result.output
+    assert f"{len(off)} transfers asked, 0 failed" in result.output
+    for p in off:
+        assert f"orders {p}: " in result.output and f"-> {preferred[p]}: transferring" in \
+            result.output
+    wait_until(lambda: {p: name for p, (name, _) in _leaders(cluster).items()} == preferred,
+               "every partition led by its preferred replica", 60)
+    wait_until(lambda: {p: name for p, (name, _) in _described(bootstrap).items()} ==
+               preferred, "describe showing the preferred leaders", 60)
+    again = CliRunner().invoke(cli_topics.topics, ["rebalance", "orders", "-b", bootstrap])
+    assert again.exit_code == 0 and "0 transfers asked" in again.output
+    assert again.output.count("led by its preferred leader") == PARTITIONS
+    missing = CliRunner().invoke(cli_topics.topics, ["rebalance", "nothing", "-b", bootstrap])
+    assert missing.exit_code != 0 and "no topic nothing" in str(missing.exception)
