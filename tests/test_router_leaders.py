@@ -142,3 +142,54 @@ def test_describe_from_a_controller_that_does_not_lead(tmp_path: Any) -> None:
             one.controller.describe(require_leader=True)
     finally:
         one.store.close()
+
+
+def test_a_retried_registration_of_one_process_life_keeps_its_epoch(tmp_path: Any) -> None:
+    """KIP-631: the same incarnation is answered with the epoch it has, no record; a new
+    life (another incarnation, or none said) gets a new epoch."""
+    one = OneNode(tmp_path / "c0")
+    try:
+        controller = one.lead()
+        first = one.call(controller.register_broker("b1", "h:1", "", "life-1"))
+        end = controller.store.written_position
+        again = one.call(controller.register_broker("b1", "h:1", "", "life-1"))
+        assert again == first and controller.store.written_position == end
+        assert controller.committed.brokers["b1"].incarnation == "life-1"
+        moved = one.call(controller.register_broker("b1", "h:9", "", "life-1"))
+        assert moved["broker_epoch"] == first["broker_epoch"] + 1  # (not a retry: moved)
+        later = one.call(controller.register_broker("b1", "h:9", "", "life-2"))
+        assert later["broker_epoch"] == moved["broker_epoch"] + 1
+        unsaid = one.call(controller.register_broker("b1", "h:9"))
+        assert unsaid["broker_epoch"] == later["broker_epoch"] + 1
+        with pytest.raises(InvalidArgument):
+            controller.register_broker("b1", "h:9", "", None)  # type: ignore[arg-type]
+    finally:
+        one.store.close()
+
+
+def test_a_retry_before_the_registration_commits_waits_for_it(tmp_path: Any) -> None:
+    one = OneNode(tmp_path / "c0")
+    try:
+        controller = one.lead()
+        first = controller.register_broker("b1", "h:1", "", "life-1")
+        retry = controller.register_broker("b1", "h:1", "", "life-1")
+        assert retry.end == first.end is not None and retry.answer == first.answer
+    finally:
+        one.store.close()
+
+
+def test_records_written_before_incarnation_still_decode() -> None:
+    import msgpack
+
+    from mqlog.errors import InvalidMetadataRecord
+    from mqlog.replication.controller import records
+
+    old = msgpack.packb({"v": 1, "type": "RegisterBroker", "broker_id": "b1",
+                         "broker_epoch": 1, "address": "h:1", "rack": ""})
+    assert records.decode(old) == RegisterBroker("b1", 1, "h:1", "", "")
+    without_rack = msgpack.packb({"v": 1, "type": "RegisterBroker", "broker_id": "b1",
+                                  "broker_epoch": 1, "address": "h:1"})
+    with pytest.raises(InvalidMetadataRecord, match="missing \\['rack'\\]"):
+        records.decode(without_rack)
+    record = RegisterBroker("b1", 2, "h:1", "r", "life")
+    assert records.decode(records.encode(record)) == record

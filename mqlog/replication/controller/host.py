@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -91,7 +92,8 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
     if kind == "metadata_since":
         return controller.metadata_since(arg("position"))
     if kind == "register_broker":
-        return controller.register_broker(arg("broker_id"), arg("address"), arg("rack", ""))
+        return controller.register_broker(arg("broker_id"), arg("address"), arg("rack", ""),
+                                          arg("incarnation", ""))
     if kind == "broker_heartbeat":
         return controller.heartbeat(arg("broker_id"), arg("broker_epoch"),
                                     _reports_from(arg("reports")), leads_from(arg("leads")),
@@ -190,8 +192,11 @@ class BrokerAgent:
     docstring)."""
 
     def __init__(self, host: GroupHost, config: ControllerConfig, io: AgentIo,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, incarnation: str = "") -> None:
         self.host, self.config, self.io = host, config, io
+        # this process life's name (KIP-631's incarnation id): a retried registration of
+        # the same life is answered with the epoch it got, not a new one
+        self.incarnation = incarnation or uuid.uuid4().hex
         self.rng = rng if rng is not None else random.Random()
         self.view = ClusterMetadata()
         self.position = 0
@@ -212,7 +217,8 @@ class BrokerAgent:
     def _round(self) -> None:
         if self.epoch is None:
             self._ask({"kind": "register_broker", "broker_id": self.host.broker_id,
-                       "address": self.host.address}, True, self._registered)
+                       "address": self.host.address, "incarnation": self.incarnation}, True,
+                      self._registered)
         else:
             self._heartbeat()
 

@@ -15,6 +15,8 @@ malformed value reach the fold.
 The records (Kafka's names where Kafka has one):
 
 * RegisterBroker — a broker (re)joins with a new, larger broker epoch; it starts fenced.
+  Its ``incarnation`` names the process life (Kafka's incarnation id, KIP-631): the
+  controller answers a retried registration of the same life with the epoch it has.
 * FenceBroker / UnfenceBroker — a broker missed its session (or came back), named with
   the broker epoch the decision was made for: a decision about an older registration is
   stale.
@@ -51,6 +53,7 @@ class BrokerInfo:
     address: str
     rack: str
     fenced: bool
+    incarnation: str = ""  # the process life that registered (KIP-631); "": not said
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class RegisterBroker:
     broker_epoch: int
     address: str
     rack: str = ""
+    incarnation: str = ""  # one per process life: a retried registration is known by it
 
 
 @dataclass(frozen=True)
@@ -135,10 +139,17 @@ def _plain(value: Any) -> Any:
     """Dataclasses to maps, tuples to lists: what msgpack stores."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {item.name: _plain(getattr(value, item.name))
-                for item in dataclasses.fields(value)}
+                for item in dataclasses.fields(value) if not _left_out(item, value)}
     if isinstance(value, tuple):
         return [_plain(item) for item in value]
     return value
+
+
+def _left_out(item: dataclasses.Field, value: Any) -> bool:
+    """A field added after the first version, at its default, is not written: a record
+    that does not use it is byte for byte what an older mqlog wrote (and reads)."""
+    return item.default is not dataclasses.MISSING and item.name not in _FIRST_FIELDS and \
+        getattr(value, item.name) == item.default
 
 
 def encode(record: Record) -> bytes:
@@ -173,11 +184,18 @@ def decode(body: bytes) -> Record:
 
 def _build(cls: type, value: dict[str, Any], where: str) -> Any:
     fields = {item.name: item for item in dataclasses.fields(cls)}
-    if set(value) != set(fields):
-        missing, extra = sorted(set(fields) - set(value)), sorted(set(value) - set(fields))
+    # (a field added later has a default: records written before it lack it)
+    required = {name for name, item in fields.items()
+                if item.default is dataclasses.MISSING or item.name in _FIRST_FIELDS}
+    if not required <= set(value) <= set(fields):
+        missing, extra = sorted(required - set(value)), sorted(set(value) - set(fields))
         raise InvalidMetadataRecord(f"{where}: fields missing {missing}, unexpected {extra}")
     return cls(**{name: _field(fields[name].type, value[name], f"{where}.{name}")
-                  for name in fields})
+                  for name in fields if name in value})
+
+
+# Fields with a default that were there from the first version: still required.
+_FIRST_FIELDS = frozenset({"rack"})
 
 
 _NESTED = {"BrokerInfo": BrokerInfo, "PartitionInfo": PartitionInfo, "TopicInfo": TopicInfo}

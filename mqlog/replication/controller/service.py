@@ -127,6 +127,7 @@ class Controller:
         self._sessions: dict[str, int] = {}  # broker -> leader tick of its last heartbeat
         self._reported: dict[tuple[str, int], dict[str, tuple[int, int]]] = {}
         self.leaders = LeaderTable()  # Raft partitions' leaders, as reported (leaders.py)
+        self._registered_at: dict[str, int] = {}  # broker -> where its registration ends
         self._snapshot_end = 0  # where the newest snapshot record in the log ends
         self._proposals = 0
         self._snapshot_folded: int | None = None  # a snapshot record folded: trim before it
@@ -215,15 +216,25 @@ class Controller:
 
     # --- requests (the leader) ------------------------------------------------------------
 
-    def register_broker(self, broker_id: str, address: str, rack: str = "") -> Proposal:
-        _check_text(broker_id=broker_id, address=address, rack=rack)
+    def register_broker(self, broker_id: str, address: str, rack: str = "",
+                        incarnation: str = "") -> Proposal:
+        """A broker (re)joins: a new broker epoch, unless ``incarnation`` (its process
+        life) is the one registered already — a retry whose answer was lost — which is
+        answered with the epoch it has (KIP-631), no record written."""
+        _check_text(broker_id=broker_id, address=address, rack=rack, incarnation=incarnation)
         self._check_serving()
         known = self.working.brokers.get(broker_id)
+        if known is not None and incarnation and known.incarnation == incarnation and \
+                (known.address, known.rack) == (address, rack):
+            self._sessions[broker_id] = self.ticks
+            return Proposal(self._registered_at.get(broker_id),
+                            {"broker_epoch": known.broker_epoch})
         if known is None and len(self.working.brokers) >= self.config.brokers_max:
             raise MetadataChangeRefused(f"{len(self.working.brokers)} brokers registered, "
                                         f"brokers_max={self.config.brokers_max}")
         epoch = 1 if known is None else known.broker_epoch + 1
-        end = self._propose([RegisterBroker(broker_id, epoch, address, rack)])
+        end = self._propose([RegisterBroker(broker_id, epoch, address, rack, incarnation)])
+        self._registered_at[broker_id] = end
         self._sessions[broker_id] = self.ticks
         return Proposal(end, {"broker_epoch": epoch})
 

@@ -163,7 +163,8 @@ def _register(state: ClusterMetadata, record: RegisterBroker) -> ClusterMetadata
                       f"{record.broker_epoch}, not newer than its last "
                       f"{known.broker_epoch if known else -1}: a stale registration")
     info = BrokerInfo(record.broker_id, record.broker_epoch, record.address, record.rack,
-                      fenced=True)  # fenced until it heartbeats (Kafka's rule)
+                      fenced=True,  # fenced until it heartbeats (Kafka's rule)
+                      incarnation=record.incarnation)
     return replace(state, brokers=_frozen({**state.brokers, record.broker_id: info}))
 
 
