@@ -76,12 +76,11 @@ def metadata_from(answer: dict[str, Any]) -> tuple[ClusterMetadata, list[Any]]:
         snapshot = records.decode(answer["snapshot"])
         position = answer["position"]
         leaders = leaders_from(answer.get("leaders"))
-    except (KeyError, TypeError, errors.InvalidArgument) as error:
+        if not isinstance(snapshot, Snapshot) or not isinstance(position, int):
+            raise TypeError("its snapshot is not a Snapshot record, or its position no int")
+        return ClusterMetadata().apply(snapshot, position), leaders
+    except (KeyError, TypeError, errors.InvalidArgument, errors.InvalidMetadataRecord) as error:
         raise errors.RemoteProtocolError(f"a malformed metadata answer: {error!r}") from None
-    if not isinstance(snapshot, Snapshot) or not isinstance(position, int):
-        raise errors.RemoteProtocolError("a metadata answer whose snapshot is not a "
-                                         "Snapshot record")
-    return ClusterMetadata().apply(snapshot, position), leaders
 
 
 class ClusterClient:

@@ -9,6 +9,8 @@ have are typed errors. The SIGKILL scenarios are tests/test_controller_processes
 from __future__ import annotations
 
 import re
+import socket
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from mqlog.client import Client
 from mqlog.cluster_client import ClusterClient, metadata_from
 from mqlog.partitioner import partition_for_key
 from mqlog.replication.local import wait_until
+from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
 from tests.test_controller_cluster import BROKERS, Cluster, _ask, _configs, _state
 
@@ -167,3 +170,57 @@ def test_rebalance_moves_raft_leaders_to_their_preferred_replicas(cluster: Clust
     assert again.output.count("led by its preferred leader") == PARTITIONS
     missing = CliRunner().invoke(cli_topics.topics, ["rebalance", "nothing", "-b", bootstrap])
     assert missing.exit_code != 0 and "no topic nothing" in str(missing.exception)
+
+
+class _Liar:
+    """A "broker" on 127.0.0.1 that answers every request with ``answer`` (garbage)."""
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.server.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:
+                return
+            with connection:
+                decoder = FrameDecoder(1 << 20)
+                while data := connection.recv(1 << 16):
+                    decoder.feed(data)
+                    while isinstance(frame := decoder.next_frame(), Frame):
+                        connection.sendall(encode_frame(
+                            {**self.answer, "id": frame.header.get("id")}, b""))
+
+    def close(self) -> None:
+        self.server.close()
+
+
+@pytest.mark.parametrize("answer", [
+    {"snapshot": b"\xc1garbage", "position": 1}, {"snapshot": 7}, {"position": 3},
+    {"snapshot": b"", "position": 0, "leaders": [["t", 0, "b1"]]},
+    {"kind": "error", "error": "UnknownGroup", "message": "no such"}])
+def test_garbage_metadata_from_a_broker_is_passed_over_and_typed(answer: Any) -> None:
+    liar = _Liar(answer)
+    try:
+        with ClusterClient([liar.address], retry_timeout_s=0.3) as client, \
+                pytest.raises(errors.NodeUnavailable, match="no broker answered"):
+            client.produce("t", b"x")
+    finally:
+        liar.close()
+
+
+def test_a_liar_beside_a_real_broker_does_not_stop_the_client(cluster: Cluster) -> None:
+    addresses = [config.listen for config in cluster.configs.values()]
+    _create(addresses, "small", 1, 3)
+    liar = _Liar({"snapshot": b"\xc1", "position": 10**9})
+    try:
+        with ClusterClient([liar.address, *addresses], retry_timeout_s=60) as client:
+            assert client.produce("small", b"x").status is PutStatus.PUT_OK
+            assert client.fetch("small", 0)[0].body == b"x"
+    finally:
+        liar.close()
