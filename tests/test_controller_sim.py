@@ -156,6 +156,9 @@ class Host:
     def reports(self):
         return []
 
+    def leads(self):
+        return []
+
 
 CONFIG = ControllerConfig(voters={"c1": "127.0.0.1:7001", "c2": "127.0.0.1:7002",
                                   "c3": "127.0.0.1:7003"}).validate()

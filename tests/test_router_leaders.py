@@ -193,3 +193,39 @@ def test_records_written_before_incarnation_still_decode() -> None:
         records.decode(without_rack)
     record = RegisterBroker("b1", 2, "h:1", "r", "life")
     assert records.decode(records.encode(record)) == record
+
+
+def test_the_agent_reports_its_leads_and_keeps_the_leaders_it_is_told() -> None:
+    from mqlog.replication.controller import host, records
+    from tests.test_controller_sim import CONFIG, Host, ScriptedIo
+
+    class Leading(Host):
+        def leads(self) -> list[list[Any]]:
+            return [["r", 1, 7]]
+
+    told: list[Any] = [{"token": "c1:2", "seq": 4, "leaders": [["r", 0, "b2", 3]]}]
+    sent: list[dict[str, Any]] = []
+
+    def script(address: str, header: dict[str, Any]) -> dict[str, Any]:
+        if header["kind"] == "register_broker":
+            sent.append(header)
+            return {"broker_epoch": 1}
+        if header["kind"] == "broker_heartbeat":
+            sent.append(header)
+            return {"fenced": False, "position": 0, "leaders": told[0]}
+        snapshot = records.encode(_state().snapshot())  # (topic r, replicated on b1)
+        return {"snapshot": snapshot, "position": 100, "records": []}
+    io = ScriptedIo(script)
+    agent = host.BrokerAgent(Leading(), CONFIG, io, rng=random.Random(5))
+    agent.start()
+    io.run_due()
+    assert sent[0]["incarnation"] == agent.incarnation and len(agent.incarnation) == 32
+    assert sent[1]["leads"] == [["r", 1, 7]] and sent[1]["leaders_seen"] == ["", 0]
+    assert agent.leaders.entries() == [["r", 0, "b2", 3], ["r", 1, "b1", 7]]
+    assert agent.describe()["leaders"] == agent.leaders.entries()
+    told[0] = {"token": "c1:2", "seq": 5, "leaders": [["r", 0, "b2"]]}  # garbage
+    io.timers.pop()[1]()
+    io.run_due()
+    assert sent[2]["leaders_seen"] == ["c1:2", 4]
+    assert agent.rounds == 2 and any("leader is [topic" in note for note in io.notes)
+    assert agent.leaders.entries() == [["r", 0, "b2", 3], ["r", 1, "b1", 7]]
