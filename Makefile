@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 SETUP_STAMP := $(VENV)/.mqlog-setup
-EXT_SOURCES := setup.py $(wildcard mqlog/ext/*.pyx mqlog/ext/*.pxd mqlog/ext/*.h)
+EXT_SOURCES := setup.py $(wildcard mqlog/ext/*.pyx mqlog/ext/*.pxi mqlog/ext/*.pxd mqlog/ext/*.h)
 EXT_STAMP := $(VENV)/.mqlog-ext
 
 .PHONY: setup demo test test-fast bench lint clean

@@ -5,6 +5,7 @@ twin (``MQLOG_PUREPYTHON=1`` forces that; ``MQLOG_REQUIRE_EXTENSION=1`` forbids 
 """
 
 import sys
+from pathlib import Path
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -15,8 +16,9 @@ if sys.byteorder != "little":
 extensions = [
     Extension(
         "mqlog.ext._core",
-        sources=["mqlog/ext/_core.pyx"],
-        depends=["mqlog/ext/crc32c.h", "mqlog/ext/layout.h"],
+        sources=["mqlog/ext/_core.pyx"],  # it includes the _*.pxi files beside it
+        depends=["mqlog/ext/crc32c.h", "mqlog/ext/layout.h",
+                 *sorted(str(path) for path in Path("mqlog/ext").glob("_*.pxi"))],
         include_dirs=["mqlog/ext"],
         extra_compile_args=["-O3", "-fno-strict-aliasing", "-Wno-unused-function"],
     ),

@@ -24,6 +24,21 @@ Readers take no lock. They read a queue's next offset and the committed position
 a writer publishes only after the bytes and the consume-queue entry they cover are in
 place, and they check every record's size, magic, position and CRC32C.
 
+Where things are (msgpack-python's way: one module, included files by subject)
+--------------------------------------------------------------------------------
+* ``_layout.pxi``: the externs of layout.h and crc32c.h, the Python-visible layout
+  constants (mqlog/format.py is their definition; tests/test_format.py compares), the
+  import-time check that layout.h agrees, and the compile-time figures;
+* ``_queues.pxi``: mappings held as Py_buffers (Segment, QueueFile), the consume queues
+  (_Queue, _Topic), and the check that a record is the one its entry names;
+* ``_records.pxi``: CRC32C and the hashes, the record check, Record and ScanResult, and
+  the raw walkers over a segment's memory;
+* ``_arguments.pxi``: the arguments of a put or a read, validated;
+* this file: LogCore, in the twin's sections (changes readers must notice, set-up by the
+  engine, the write path, the read path, what replication needs, recovery, the key
+  index; plus the write lock, which the twin does with threading.Lock), then the few
+  helpers only it uses.
+
 What differs from the twin
 --------------------------
 * State lives in C fields: each mapping is held as a ``Py_buffer`` (``PyObject_GetBuffer``,
@@ -116,161 +131,7 @@ from mqlog.errors import (
     StoreClosed,
 )
 from mqlog.results import PUT_OK, BatchPutResult, PutResult
-
-cdef extern from "layout.h" nogil:
-    enum:
-        MQ_HEADER_SIZE
-        MQ_CRC_START
-        MQ_MAGIC
-        MQ_BLANK_MAGIC
-        MQ_BLANK_SIZE_MIN
-        MQ_ATTR_CONTROL
-        MQ_AT_SIZE
-        MQ_AT_MAGIC
-        MQ_AT_CRC
-        MQ_AT_ATTRIBUTES
-        MQ_AT_TOPIC_SIZE
-        MQ_AT_QUEUE_ID
-        MQ_AT_BODY_SIZE
-        MQ_AT_EPOCH
-        MQ_AT_QUEUE_OFFSET
-        MQ_AT_POSITION
-        MQ_AT_BORN
-        MQ_AT_STORE
-        MQ_AT_KEY_SIZE
-        MQ_AT_TAGS_SIZE
-        MQ_AT_PROPERTIES_SIZE
-        MQ_CQ_ENTRY_SIZE
-        MQ_CQ_AT_POSITION
-        MQ_CQ_AT_SIZE
-        MQ_CQ_AT_HASH
-
-    ctypedef struct mq_header:
-        uint32_t size
-        uint32_t magic
-        uint32_t crc
-        uint16_t attributes
-        uint16_t topic_size
-        uint32_t queue_id
-        uint32_t body_size
-        uint64_t epoch
-        uint64_t queue_offset
-        uint64_t position
-        int64_t born_timestamp
-        int64_t store_timestamp
-        uint16_t key_size
-        uint16_t tags_size
-        uint32_t properties_size
-
-    const uint64_t MQ_FNV_OFFSET
-    const uint64_t MQ_FNV_PRIME
-
-    uint32_t mq_u32(const char *p)
-    uint64_t mq_u64(const char *p)
-    int64_t mq_i64(const char *p)
-    void mq_put_i64(char *p, int64_t v)
-    void mq_put_u32(char *p, uint32_t v)
-    void mq_put_u64(char *p, uint64_t v)
-    void mq_read_header(const char *p, mq_header *h)
-    void mq_write_header(char *p, const mq_header *h)
-    uint64_t mq_fields_size(const mq_header *h)
-    void mq_write_cq_entry(char *p, uint64_t position, uint32_t size, uint64_t tag_hash)
-    char *mq_write_record_head(char *record, const mq_header *h, const char *topic,
-                               const char *key, const char *tags, const char *properties)
-    uint64_t mq_fnv1a64(const unsigned char *p, size_t n)
-
-cdef extern from "crc32c.h" nogil:
-    void mq_crc32c_setup()
-    uint32_t mq_crc32c(uint32_t value, const void *data, size_t n)
-    uint32_t mq_crc32c_portable(uint32_t value, const void *data, size_t n)
-    int mq_crc32c_hardware()
-
-mq_crc32c_setup()
-
-IMPLEMENTATION = "cython"
-
-# --- the record layout (docs/FORMAT.md); the C figures come from layout.h ------------
-HEADER = struct.Struct("<IIIHHIIQQQqqHHI")
-HEADER_SIZE = HEADER.size
-CRC_START = 12  # the CRC covers every byte after its own field
-MAGIC = int.from_bytes(b"MQR\x01", "little")  # record, format version 1
-BLANK_MAGIC = int.from_bytes(b"MQB\x01", "little")  # pads a segment's tail
-BLANK_SIZE_MIN = 8
-BLANK = struct.Struct("<II")
-CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
-CQ_ENTRY_SIZE = CQ_ENTRY.size
-ATTR_CONTROL = 0x0001  # reserved: control records (no consume-queue entry)
-_PROPERTIES_DEPTH_MAX = 512  # containers checked for non-str keys this deep (msgpack: 511)
-INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")  # the key-index file (docs/FORMAT.md)
-INDEX_HEADER_SIZE = INDEX_HEADER.size
-INDEX_MAGIC = int.from_bytes(b"MQI\x02", "little")  # key-index file, version 2
-INDEX_ENTRY = struct.Struct("<QQqII")
-INDEX_ENTRY_SIZE = INDEX_ENTRY.size
-INDEX_ENTRY_CRC_AT = 28  # an entry's CRC32C covers its bytes [0, 28)
-
-# Reasons a scan stops (ScanResult.stop_reason).
-STOP_END = "end"  # zero bytes: the end of the data
-STOP_BLANK = "blank"  # a blank record fills the segment's tail
-
-
-def _check_layout():
-    """Refuse to import if layout.h and the Python-visible layout disagree."""
-    offsets = [struct.calcsize("<" + HEADER.format[1:1 + n]) for n in range(15)]
-    c_offsets = [MQ_AT_SIZE, MQ_AT_MAGIC, MQ_AT_CRC, MQ_AT_ATTRIBUTES, MQ_AT_TOPIC_SIZE,
-                 MQ_AT_QUEUE_ID, MQ_AT_BODY_SIZE, MQ_AT_EPOCH, MQ_AT_QUEUE_OFFSET,
-                 MQ_AT_POSITION, MQ_AT_BORN, MQ_AT_STORE, MQ_AT_KEY_SIZE, MQ_AT_TAGS_SIZE,
-                 MQ_AT_PROPERTIES_SIZE]
-    pairs = [(HEADER_SIZE, MQ_HEADER_SIZE), (CRC_START, MQ_CRC_START), (MAGIC, MQ_MAGIC),
-             (BLANK_MAGIC, MQ_BLANK_MAGIC), (BLANK_SIZE_MIN, MQ_BLANK_SIZE_MIN),
-             (CQ_ENTRY_SIZE, MQ_CQ_ENTRY_SIZE), (ATTR_CONTROL, MQ_ATTR_CONTROL),
-             (HEADER_SIZE, 72), (CQ_ENTRY_SIZE, 20), (BLANK.size, MQ_BLANK_SIZE_MIN),
-             (offsets, c_offsets), ([0, 8, 12], [MQ_CQ_AT_POSITION, MQ_CQ_AT_SIZE,
-                                                 MQ_CQ_AT_HASH]),
-             ([INDEX_HEADER_SIZE, INDEX_ENTRY_SIZE, INDEX_ENTRY_CRC_AT],
-              [IX_HEADER_SIZE, IX_ENTRY_SIZE, IX_ENTRY_CRC_AT])]
-    for python_value, c_value in pairs:
-        if python_value != c_value:
-            raise ImportError(f"mqlog/ext/layout.h disagrees with _core.pyx: {c_value!r} "
-                              f"!= {python_value!r}; rebuild the extension")
-
-
-_check_layout()
-
-cdef enum:
-    # Copies and CRCs at least this long run with the GIL released; shorter ones are
-    # cheaper than releasing and re-taking it.
-    GIL_FREE_BYTES = 64 * 1024
-    # Queues with ids below this are also kept in a list indexed by id (put's lookup).
-    QUEUE_LIST_IDS = 4096
-    U16_MAX = 0xFFFF
-    U32_MAX = 0xFFFFFFFF
-    # pull(): the most tag hashes a filter may carry (the engine's limit is lower)
-    TAG_HASHES_MAX = 256
-    # The key-index file: header, then u32 slots, then 32-byte entries, each ending in
-    # the CRC32C of its first 28 bytes.
-    IX_HEADER_SIZE = 64
-    IX_ENTRY_SIZE = 32
-    IX_ENTRY_CRC_AT = 28
-    # _header_at's answers
-    HEADER_NONE = 0
-    HEADER_RECORD = 1
-    HEADER_BLANK = 2
-    # Fields.too_wide: a text field too long for its u16 size (only if limits exceed caps)
-    WIDE_U16 = 2
-
-# Why _check_record refused a record (see _problem_text for the words).
-cdef enum Problem:
-    RECORD_OK = 0
-    RECORD_SHORT
-    RECORD_MAGIC
-    RECORD_SIZE
-    RECORD_FIELDS
-    RECORD_POSITION
-    RECORD_CRC
-    # what a read of a consume-queue entry's record met besides _check_record's problems
-    RECORD_PAST_END  # the entry's size runs past its segment's end
-    RECORD_BEFORE_LOG  # the entry's position lies before the first segment
-    RECORD_IDENTITY  # an intact record, of another queue or offset
+include "_layout.pxi"
 
 try:  # the same bytes as msgpack.packb, faster for properties' usual types
     from mqlog.ext._wire import packb as _fast_packb
@@ -284,683 +145,9 @@ cdef object _BatchPutResult = BatchPutResult
 cdef object _PUT_OK = PUT_OK
 
 
-# --- pure helpers ---------------------------------------------------------------------
-
-def crc32c(data, value=0):
-    """CRC32C (Castagnoli) of a bytes-like object, continuing from ``value``."""
-    return _crc_of(data, value, False)
-
-
-def _crc32c_portable(data, value=0):
-    """crc32c() computed with the table implementation, whatever the CPU (for tests)."""
-    return _crc_of(data, value, True)
-
-
-def _crc32c_backend():
-    """Which CRC32C implementation crc32c() uses on this CPU: "sse4.2" or "table"."""
-    return "sse4.2" if mq_crc32c_hardware() else "table"
-
-
-cdef object _crc_of(object data, object value, bint portable):
-    cdef Py_buffer view
-    cdef uint32_t crc = <uint32_t>PyLong_AsUnsignedLongLongMask(value)  # as the package
-    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
-    try:
-        if portable:
-            crc = mq_crc32c_portable(crc, view.buf, view.len)
-        elif view.len >= GIL_FREE_BYTES:
-            with nogil:
-                crc = mq_crc32c(crc, view.buf, view.len)
-        else:
-            crc = mq_crc32c(crc, view.buf, view.len)
-    finally:
-        PyBuffer_Release(&view)
-    return crc
-
-
-def tag_hash(tags):
-    """The 64-bit FNV-1a hash of a record's tags as stored in its consume-queue entry."""
-    cdef Py_buffer view
-    cdef const char *text
-    cdef Py_ssize_t size
-    cdef uint64_t value
-    if not tags:
-        return 0
-    if PyUnicode_Check(tags):
-        text = PyUnicode_AsUTF8AndSize(tags, &size)
-        return mq_fnv1a64(<const unsigned char *>text, size)
-    try:
-        PyObject_GetBuffer(tags, &view, PyBUF_SIMPLE)
-    except TypeError:
-        return _tag_hash_of_ints(tags)  # the twin accepts any iterable of small ints
-    try:
-        value = mq_fnv1a64(<const unsigned char *>view.buf, view.len)
-    finally:
-        PyBuffer_Release(&view)
-    return value
-
-
-cdef inline uint64_t _fnv_more(uint64_t value, const char *data, size_t size) noexcept nogil:
-    cdef size_t index
-    for index in range(size):
-        value = (value ^ <unsigned char>data[index]) * MQ_FNV_PRIME
-    return value
-
-
-cdef inline uint64_t _key_hash(const char *topic, size_t topic_size, const char *key,
-                               size_t key_size, uint64_t hash_bits) noexcept nogil:
-    cdef char zero = 0
-    cdef uint64_t value = _fnv_more(MQ_FNV_OFFSET, topic, topic_size)
-    value = _fnv_more(_fnv_more(value, &zero, 1), key, key_size)
-    return value & (((<uint64_t>1) << hash_bits) - 1) if hash_bits < 64 else value
-
-
-def key_hash(topic, key, hash_bits=64):
-    """The key index's hash of (topic, key): FNV-1a 64 of ``topic \\0 key``, keeping the
-    low ``hash_bits`` bits (fewer bits force collisions: a test knob)."""
-    cdef bytes topic_bytes = topic.encode(), key_bytes = key.encode()
-    return _key_hash(PyBytes_AS_STRING(topic_bytes), PyBytes_GET_SIZE(topic_bytes),
-                     PyBytes_AS_STRING(key_bytes), PyBytes_GET_SIZE(key_bytes), hash_bits)
-
-
-def _tag_hash_of_ints(tags):
-    value = 0xCBF29CE484222325
-    for byte in tags:
-        value = ((value ^ byte) * 0x100000001B3) & 0xFFFF_FFFF_FFFF_FFFF
-    return value
-
-
-cdef inline int64_t _wall_clock_ms() noexcept nogil:
-    cdef timespec now
-    clock_gettime(CLOCK_REALTIME, &now)  # what time.time_ns() reads
-    return <int64_t>now.tv_sec * 1000 + now.tv_nsec // 1000000
-
-
-cdef extern from *:
-    """
-    /* tuple.__new__(cls, values) for a tuple subclass (PutResult, BatchPutResult): the
-       tuple type's own constructor slot, which is how a NamedTuple's __new__ ends, but
-       without that Python-level __new__ frame or a method lookup per call. */
-    static PyObject *mq_tuple_new(PyObject *cls, PyObject *values)
-    {
-        PyObject *args = PyTuple_Pack(1, values), *result;
-        if (args == NULL)
-            return NULL;
-        result = PyTuple_Type.tp_new((PyTypeObject *)cls, args, NULL);
-        Py_DECREF(args);
-        return result;
-    }
-    """
-    object _make_tuple "mq_tuple_new"(object cls, object values)
-
-
-cdef int _check_record(const char *p, size_t size, uint64_t position,
-                       bint verify_crc) noexcept nogil:
-    """RECORD_OK if ``p[:size]`` is one whole, intact record that belongs at ``position``."""
-    cdef mq_header header
-    if size < MQ_HEADER_SIZE:
-        return RECORD_SHORT
-    mq_read_header(p, &header)
-    if header.magic != MQ_MAGIC:
-        return RECORD_MAGIC
-    if header.size != size:
-        return RECORD_SIZE
-    if MQ_HEADER_SIZE + mq_fields_size(&header) != size:
-        return RECORD_FIELDS
-    if header.position != position:
-        return RECORD_POSITION
-    if verify_crc and mq_crc32c(0, p + MQ_CRC_START, size - MQ_CRC_START) != header.crc:
-        return RECORD_CRC
-    return RECORD_OK
-
-
-cdef str _problem_text(int problem, const char *p):
-    """The twin's words for a problem found by _check_record (p: the record's bytes)."""
-    if problem == RECORD_SHORT:
-        return "shorter than a record header"
-    if problem == RECORD_MAGIC:
-        return f"bad magic {mq_u32(p + MQ_AT_MAGIC):#010x}"
-    if problem == RECORD_SIZE:
-        return f"size {mq_u32(p + MQ_AT_SIZE)} does not match the record"
-    if problem == RECORD_FIELDS:
-        return "field sizes do not add up to the record size"
-    if problem == RECORD_POSITION:
-        return f"record says it belongs at position {mq_u64(p + MQ_AT_POSITION)}"
-    if problem == RECORD_CRC:
-        return "CRC32C mismatch"
-    return ""
-
-
-cdef int _clamp_u64(object value, uint64_t *out) except -2:
-    """Store an int argument as u64; return -1 (stored 0) if negative, 1 (stored the
-    maximum) if above 2**64-1, 0 if exact. Non-integers raise TypeError."""
-    cdef int overflow = 0
-    cdef long long small = PyLong_AsLongLongAndOverflow(value, &overflow)
-    if overflow == 0:
-        out[0] = <uint64_t>small if small >= 0 else 0
-        return 0 if small >= 0 else -1
-    if overflow < 0:
-        out[0] = 0
-        return -1
-    if value > 0xFFFF_FFFF_FFFF_FFFF:
-        out[0] = 0xFFFF_FFFF_FFFF_FFFF
-        return 1
-    out[0] = PyLong_AsUnsignedLongLongMask(value)
-    return 0
-
-
-cdef inline int64_t _clamp_i64(object value) except? -1:
-    """An int argument as i64, saturating (limits such as max_bytes)."""
-    cdef int overflow = 0
-    cdef long long result = PyLong_AsLongLongAndOverflow(value, &overflow)
-    if overflow > 0:
-        return INT64_MAX
-    if overflow < 0:
-        return INT64_MIN
-    return result
-
-
-cdef int _fail(str message) except -1:
-    # Broken invariants between the engine and the core are programmer errors (asserts
-    # in the twin); here they guard raw memory, so they are checked even under -O.
-    raise AssertionError(message)
-
-
-# --- what a caller gets back ----------------------------------------------------------
-
-@cython.final
-@cython.no_gc
-@cython.freelist(4096)
-cdef class Record:
-    """One record read back from the log; variable fields decode when first used."""
-
-    cdef readonly bytes raw
-    cdef readonly unsigned long long position
-    cdef readonly unsigned int size
-    cdef readonly unsigned int attributes
-    cdef readonly unsigned int queue_id
-    cdef readonly unsigned long long epoch
-    cdef readonly unsigned long long offset
-    cdef readonly long long born_timestamp
-    cdef readonly long long store_timestamp
-    # topic, key, tags, properties, body sizes, as the header gives them
-    cdef uint32_t _sizes[5]
-
-    def __init__(self, raw):
-        if not PyBytes_Check(raw):
-            raw = bytes(raw)
-        if PyBytes_GET_SIZE(raw) < MQ_HEADER_SIZE:
-            raise _struct_error(f"unpack_from requires a buffer of at least {HEADER_SIZE} "
-                                f"bytes for unpacking {HEADER_SIZE} bytes at offset 0 "
-                                f"(actual buffer size is {len(raw)})")
-        _fill_record(self, raw)
-
-    cdef bytes _field(self, int index):
-        cdef Py_ssize_t start, end
-        self._span(index, &start, &end)
-        return PyBytes_FromStringAndSize(PyBytes_AS_STRING(self.raw) + start, end - start)
-
-    cdef str _text(self, int index):
-        cdef Py_ssize_t start, end
-        self._span(index, &start, &end)
-        return PyUnicode_DecodeUTF8(PyBytes_AS_STRING(self.raw) + start, end - start, NULL)
-
-    cdef void _span(self, int index, Py_ssize_t *start, Py_ssize_t *end) noexcept:
-        # Slicing semantics: a header whose sizes overrun the bytes yields short fields.
-        cdef Py_ssize_t length = PyBytes_GET_SIZE(self.raw)
-        cdef Py_ssize_t begin = MQ_HEADER_SIZE
-        cdef int i
-        for i in range(index):
-            begin += self._sizes[i]
-        begin = min(begin, length)
-        start[0] = begin
-        end[0] = min(begin + <Py_ssize_t>self._sizes[index], length)
-
-    @property
-    def topic(self):
-        return self._text(0)
-
-    @property
-    def key(self):
-        return self._text(1) if self._sizes[1] else None
-
-    @property
-    def tags(self):
-        return self._text(2) if self._sizes[2] else None
-
-    @property
-    def properties(self):
-        return _unpackb(self._field(3)) if self._sizes[3] else {}
-
-    @property
-    def body(self):
-        return self._field(4)
-
-    @property
-    def end_position(self):
-        return self.position + self.size
-
-    def __eq__(self, other):
-        # Records of the C core and of the twin compare equal when their bytes do.
-        return type(other).__name__ == "Record" and self.raw == other.raw
-
-    def __hash__(self):
-        return hash(self.raw)
-
-    def __reduce__(self):
-        return Record, (self.raw,)
-
-    def __repr__(self):
-        more = "..." if self._sizes[4] > 32 else ""
-        return (f"Record(topic={self.topic!r}, queue_id={self.queue_id}, offset={self.offset}, "
-                f"position={self.position}, epoch={self.epoch}, key={self.key!r}, "
-                f"tags={self.tags!r}, body={self.body[:32]!r}{more})")
-
-
-cdef inline void _fill_record(Record record, bytes raw) noexcept:
-    cdef mq_header header
-    mq_read_header(PyBytes_AS_STRING(raw), &header)
-    record.raw = raw
-    record.position = header.position
-    record.size = header.size
-    record.attributes = header.attributes
-    record.queue_id = header.queue_id
-    record.epoch = header.epoch
-    record.offset = header.queue_offset
-    record.born_timestamp = header.born_timestamp
-    record.store_timestamp = header.store_timestamp
-    record._sizes[0] = header.topic_size
-    record._sizes[1] = header.key_size
-    record._sizes[2] = header.tags_size
-    record._sizes[3] = header.properties_size
-    record._sizes[4] = header.body_size
-
-
-cdef inline Record _new_record(bytes raw):
-    cdef Record record = Record.__new__(Record)
-    _fill_record(record, raw)
-    return record
-
-
-cdef class ScanResult:
-    """Where a recovery scan of one segment stopped, and why."""
-
-    cdef public object end_offset
-    cdef public object record_count
-    cdef public object stop_reason
-    cdef public object last_store_timestamp
-
-    def __init__(self, end_offset, record_count, stop_reason, last_store_timestamp):
-        self.end_offset = end_offset
-        self.record_count = record_count
-        self.stop_reason = stop_reason
-        self.last_store_timestamp = last_store_timestamp
-
-    def __repr__(self):
-        return (f"ScanResult(end_offset={self.end_offset}, record_count={self.record_count}, "
-                f"stop_reason={self.stop_reason!r})")
-
-
-# --- mappings, queues -----------------------------------------------------------------
-
-cdef struct Segment:
-    uint64_t base
-    uint64_t size
-    char *data
-    Py_buffer view  # the export that keeps ``data`` mapped
-
-
-cdef struct QueueFile:
-    uint64_t base  # first offset
-    char *data
-    Py_buffer view
-
-
-cdef int _hold(object buffer, Py_buffer *view, char **data, uint64_t *size,
-               bint writable) except -1:
-    """Export ``buffer`` into ``view``; a read-only core never writes through ``data``."""
-    PyObject_GetBuffer(buffer, view, PyBUF_WRITABLE if writable else PyBUF_SIMPLE)
-    data[0] = <char *>view.buf
-    size[0] = <uint64_t>view.len
-    return 0
-
-
-cdef int _grow(void ***array, Py_ssize_t *capacity, Py_ssize_t count) except -1:
-    """Make room for one more pointer in a PyMem array."""
-    cdef Py_ssize_t wanted
-    cdef void **grown
-    if count < capacity[0]:
-        return 0
-    wanted = max(8, capacity[0] * 2)
-    grown = <void **>PyMem_Realloc(array[0], wanted * sizeof(void *))
-    if grown == NULL:
-        raise MemoryError()
-    array[0] = grown
-    capacity[0] = wanted
-    return 0
-
-
-@cython.final
-@cython.no_gc
-cdef class _Queue:
-    """One (topic, queue id): its offsets and its consume-queue files, in C fields."""
-
-    cdef str topic
-    cdef bytes topic_bytes
-    cdef uint32_t queue_id
-    cdef uint64_t min_offset
-    cdef uint64_t next_offset
-    cdef uint64_t entries_per_file
-    cdef uint64_t ready_end  # entries below this offset have pages behind them
-    cdef QueueFile **files  # ascending, contiguous
-    cdef Py_ssize_t file_count
-    cdef Py_ssize_t file_capacity
-    # files[file_count - 1], where appends go (the hot state of the write path)
-    cdef uint64_t last_base
-    cdef char *last_data
-
-    def __dealloc__(self):
-        self.release_files(0)
-        PyMem_Free(self.files)
-
-    cdef int attach(self, uint64_t base_offset, object buffer, bint writable) except -1:
-        cdef QueueFile *file = <QueueFile *>PyMem_Malloc(sizeof(QueueFile))
-        cdef uint64_t size
-        if file == NULL:
-            raise MemoryError()
-        try:
-            _hold(buffer, &file.view, &file.data, &size, writable)
-        except BaseException:
-            PyMem_Free(file)
-            raise
-        file.base = base_offset
-        try:
-            if size != self.entries_per_file * MQ_CQ_ENTRY_SIZE:
-                _fail(f"a consume-queue file of {size} bytes does not hold "
-                      f"{self.entries_per_file} entries")
-            if self.file_count and base_offset != self.last_base + self.entries_per_file:
-                _fail("consume-queue files must be contiguous")
-            _grow(<void ***>&self.files, &self.file_capacity, self.file_count)
-        except BaseException:
-            PyBuffer_Release(&file.view)
-            PyMem_Free(file)
-            raise
-        self.files[self.file_count] = file
-        self.file_count += 1
-        self.ready_end = 0
-        self.last_base = base_offset
-        self.last_data = file.data
-        return 0
-
-    cdef void release_files(self, Py_ssize_t keep) noexcept:
-        """Release every file after the first ``keep`` (the engine closes them next)."""
-        while self.file_count > keep:
-            self.file_count -= 1
-            PyBuffer_Release(&self.files[self.file_count].view)
-            PyMem_Free(self.files[self.file_count])
-        if self.file_count:
-            self.last_base = self.files[self.file_count - 1].base
-            self.last_data = self.files[self.file_count - 1].data
-        else:
-            self.last_base = 0
-            self.last_data = NULL
-
-    cdef void release_front(self, Py_ssize_t count) noexcept:
-        """Release the first ``count`` files (retention); at least one must remain."""
-        cdef Py_ssize_t index
-        for index in range(count):
-            PyBuffer_Release(&self.files[index].view)
-            PyMem_Free(self.files[index])
-        for index in range(self.file_count - count):
-            self.files[index] = self.files[index + count]
-        self.file_count -= count
-
-    cdef Py_ssize_t file_index(self, uint64_t offset) except -1:
-        """Index of the file holding ``offset``."""
-        cdef uint64_t index
-        if self.file_count == 0 or offset < self.files[0].base:
-            _fail(f"no consume-queue file holds offset {offset}")
-        index = (offset - self.files[0].base) // self.entries_per_file
-        if index >= <uint64_t>self.file_count:
-            _fail(f"no consume-queue file holds offset {offset}")
-        return <Py_ssize_t>index
-
-    cdef uint64_t first_at(self, uint64_t position) except? 0xFFFF_FFFF_FFFF_FFFF:
-        """The first offset whose record starts at or after ``position`` (next_offset if
-        none): a binary search, positions grow with offsets."""
-        cdef uint64_t low = self.min_offset, high = self.next_offset, middle
-        while low < high:
-            middle = low + (high - low) // 2
-            if mq_u64(self.entry(middle) + MQ_CQ_AT_POSITION) < position:
-                low = middle + 1
-            else:
-                high = middle
-        return low
-
-    cdef const char *entry(self, uint64_t offset) except NULL:
-        """The 20 bytes of ``offset``'s entry."""
-        cdef QueueFile *file = self.files[self.file_index(offset)]
-        return file.data + (offset - file.base) * MQ_CQ_ENTRY_SIZE
-
-
-cdef _Queue _new_queue(str topic, uint32_t queue_id, uint64_t min_offset,
-                       uint64_t next_offset, uint64_t entries_per_file):
-    cdef _Queue queue = _Queue.__new__(_Queue)
-    queue.topic = topic
-    queue.topic_bytes = topic.encode()
-    queue.queue_id = queue_id
-    queue.min_offset = min_offset
-    queue.next_offset = next_offset
-    queue.entries_per_file = entries_per_file
-    return queue
-
-
-@cython.final
-@cython.no_gc
-cdef class _Topic:
-    """The queues of one topic: by id in a dict (in the order added, as the twin lists
-    them) and, for small ids, also in a list indexed by id (no hashing on put)."""
-
-    cdef dict queues
-    cdef list by_id
-
-    def __cinit__(self):
-        self.queues = {}
-        self.by_id = []
-
-    cdef inline _Queue find(self, uint64_t queue_id):
-        cdef PyObject *found
-        if queue_id < <uint64_t>len(self.by_id):
-            return <_Queue>self.by_id[queue_id]
-        if queue_id < QUEUE_LIST_IDS:
-            return None
-        found = PyDict_GetItemWithError(self.queues, queue_id)
-        return None if found == NULL else <_Queue>found
-
-    cdef _Queue find_object(self, object queue_id):
-        """The queue with id ``queue_id`` by dict semantics (any object may be asked)."""
-        cdef uint64_t number
-        if PyLong_Check(queue_id):
-            if _clamp_u64(queue_id, &number) != 0 or number > U32_MAX:
-                return None
-            return self.find(number)
-        return self.queues.get(queue_id)
-
-    cdef void add(self, object key, _Queue queue):
-        self.queues[key] = queue
-        if queue.queue_id < QUEUE_LIST_IDS:
-            while len(self.by_id) <= queue.queue_id:
-                self.by_id.append(None)
-            self.by_id[queue.queue_id] = queue
-
-
-# --- the arguments of a put, validated ------------------------------------------------
-
-cdef struct Fields:
-    const char *topic
-    Py_ssize_t topic_size
-    const char *key
-    Py_ssize_t key_size
-    const char *tags
-    Py_ssize_t tags_size
-    const char *properties
-    Py_ssize_t properties_size
-    uint64_t queue_id
-    bint queue_id_fits  # below 2**32: otherwise no queue can exist (the engine refuses it)
-    int64_t born_timestamp
-    bint has_born_timestamp
-    # born_timestamp outside i64 or a text field over 65535 bytes: the twin fails when
-    # it packs the header (struct.error), and so do we, at the same step and in words
-    # of the first field it packs that is out of range (0: none)
-    int too_wide
-    uint64_t tag_hash
-    size_t fixed_size  # header + topic + key + tags + properties
-
-
-cdef struct Body:
-    const char *data
-    Py_ssize_t size
-    Py_buffer view
-    bint held  # view must be released
-
-
-cdef int _text_field(const char **data, Py_ssize_t *size, str name, object value,
-                     long long size_max) except -1:
-    if value is None:
-        data[0] = NULL
-        size[0] = 0
-        return 0
-    if not PyUnicode_Check(value):
-        raise InvalidArgument(f"{name} must be str or None, got {type(value).__name__}")
-    try:
-        data[0] = PyUnicode_AsUTF8AndSize(value, size)  # cached in the str: no copy
-    except UnicodeEncodeError:
-        raise _text_error(name, value) from None
-    if size[0] > size_max:
-        raise MessageTooLarge(f"{name} of {size[0]} bytes exceeds {name}_size_bytes_max="
-                              f"{size_max}")
-    return 0
-
-
-cdef object _pack_properties(object properties):
-    """msgpack bytes of ``properties`` (None: nothing to store)."""
-    if properties is None:
-        return None
-    if PyDict_Check(properties):
-        if PyDict_Size(properties) == 0:
-            return None
-    elif properties == {}:
-        return None
-    else:
-        raise InvalidArgument(f"properties must be a dict or None, got "
-                              f"{type(properties).__name__}")
-    for key in properties:
-        if not isinstance(key, str):
-            raise InvalidArgument("properties keys must be str")  # msgpack reads back only str keys
-    if _nested_key_problem(properties):
-        raise InvalidArgument("properties keys must be str, in nested dicts too")
-    try:
-        return _packb(properties)
-    except (TypeError, ValueError, OverflowError) as error:
-        raise InvalidArgument(f"properties cannot be encoded with msgpack: {error}") from None
-
-
-cdef int _check_born(Fields *fields, object born_timestamp) except -1:
-    cdef int overflow = 0
-    fields.has_born_timestamp = born_timestamp is not None
-    fields.too_wide = 0
-    if born_timestamp is None:
-        return 0
-    if not PyLong_Check(born_timestamp) or PyBool_Check(born_timestamp):
-        raise InvalidArgument("born_timestamp must be an int (milliseconds) or None")
-    fields.born_timestamp = PyLong_AsLongLongAndOverflow(born_timestamp, &overflow)
-    if overflow:
-        raise InvalidArgument("born_timestamp must fit in a signed 64-bit integer (milliseconds)")
-    return 0
-
-
-cdef int _check_borns(list borns, Py_ssize_t count) except -1:
-    """put_batch's born timestamps given one per body: as many, each a signed 64-bit int."""
-    cdef int overflow = 0
-    if len(borns) != count:
-        raise InvalidArgument(f"born_timestamp lists {len(borns)} timestamps for {count} "
-                              "bodies; give one per body")
-    for value in borns:
-        if PyLong_Check(value) and not PyBool_Check(value):
-            PyLong_AsLongLongAndOverflow(value, &overflow)
-        if not PyLong_Check(value) or PyBool_Check(value) or overflow:
-            raise InvalidArgument("a born_timestamp list must hold ints that fit in a "
-                                  f"signed 64-bit integer (milliseconds), got {value!r}")
-    return 0
-
-
-cdef int _check_queue_id(Fields *fields, object queue_id) except -1:
-    cdef uint64_t number = 0
-    if not PyLong_Check(queue_id) or PyBool_Check(queue_id) or \
-            _clamp_u64(queue_id, &number) < 0:
-        raise InvalidArgument(f"queue_id must be a non-negative int, got {queue_id!r}")
-    fields.queue_id = number
-    fields.queue_id_fits = number <= U32_MAX
-    return 0
-
-
-cdef int _acquire_body(Body *body, object value) except -1:
-    body.held = False
-    if PyBytes_Check(value):
-        body.data = PyBytes_AS_STRING(value)
-        body.size = PyBytes_GET_SIZE(value)
-        return 0
-    if PyUnicode_Check(value):
-        raise InvalidArgument("body must be bytes-like, not str; encode it first")
-    try:
-        PyObject_GetBuffer(value, &body.view, PyBUF_C_CONTIGUOUS)
-    except (TypeError, BufferError, ValueError):
-        raise InvalidArgument(f"body must be bytes-like, got {type(value).__name__}") from None
-    # Held until the record is written: a bytearray cannot be resized under the copy.
-    body.held = True
-    body.data = <const char *>body.view.buf
-    body.size = body.view.len
-    return 0
-
-
-cdef bytes _as_bytes(object value):
-    """The twin's _as_bytes: a body as bytes (copied unless it is bytes already)."""
-    cdef Body body
-    if PyBytes_Check(value):
-        return <bytes>value
-    _acquire_body(&body, value)
-    try:
-        return PyBytes_FromStringAndSize(body.data, body.size)
-    finally:
-        PyBuffer_Release(&body.view)
-
-
-cdef void _encode(char *record, mq_header *header, Fields *fields,
-                  const char *body) noexcept:
-    """Write a record (its header says every size) and its CRC32C."""
-    cdef char *cursor = mq_write_record_head(record, header, fields.topic, fields.key,
-                                             fields.tags, fields.properties)
-    cdef size_t crc_size = header.size - MQ_CRC_START
-    if header.body_size >= GIL_FREE_BYTES:
-        with nogil:  # the write lock keeps the mapping; the caller keeps the body
-            memcpy(cursor, body, header.body_size)
-            mq_put_u32(record + MQ_AT_CRC, mq_crc32c(0, record + MQ_CRC_START, crc_size))
-    else:
-        memcpy(cursor, body, header.body_size)
-        mq_put_u32(record + MQ_AT_CRC, mq_crc32c(0, record + MQ_CRC_START, crc_size))
-
-
-cdef tuple _bodies_as_bytes(object bodies):
-    """The twin's ``[_as_bytes(body) for body in bodies]``, as a tuple."""
-    cdef Py_ssize_t index
-    try:
-        items = tuple(bodies)  # a list's items are only copied as references
-    except TypeError:
-        raise InvalidArgument("bodies must be an iterable of bytes-like objects") from None
-    for index in range(len(items)):
-        if not PyBytes_Check(items[index]):
-            return tuple([_as_bytes(body) for body in items])
-    return items
+include "_queues.pxi"
+include "_records.pxi"
+include "_arguments.pxi"
 
 
 # --- the core -------------------------------------------------------------------------
@@ -2217,6 +1404,74 @@ cdef class LogCore:
         queue.release_front(count)
         return dropped
 
+    # --- recovery ---------------------------------------------------------------------
+
+    def scan_segment(self, base, start_offset, dispatch=True):
+        """Check records of an attached segment from ``start_offset`` on, indexing each one.
+
+        Stops at zero bytes ("end"), at a blank record that fills the tail ("blank"), or at
+        the first record whose size, magic, position or CRC is wrong (the reason). Never
+        raises on garbage; raises ConsumeQueueMismatch when the queues cannot take a record.
+        """
+        cdef Py_ssize_t index
+        cdef uint64_t offset
+        cdef Py_buffer view
+        cdef Segment *segment = NULL
+        for index in range(self._segment_count):
+            if self._segments[index].base == base:
+                segment = self._segments[index]
+                break
+        if segment == NULL:
+            raise ValueError(f"{base!r} is not in list")
+        _clamp_u64(start_offset, &offset)
+        # Our own export: callbacks run Python code, and the segment must stay mapped.
+        PyObject_GetBuffer(segment.view.obj, &view, PyBUF_SIMPLE)
+        try:
+            if <char *>view.buf != segment.data or <uint64_t>view.len != segment.size:
+                _fail("a segment's buffer moved")
+            return self._scan(<const char *>view.buf, segment.size, segment.base, offset,
+                              dispatch)
+        finally:
+            PyBuffer_Release(&view)
+
+    cdef ScanResult _scan(self, const char *data, uint64_t segment_size, uint64_t base,
+                          uint64_t offset, bint dispatch):
+        cdef uint64_t count = 0
+        cdef uint32_t size, magic
+        cdef int64_t last_timestamp = 0
+        cdef int problem
+        cdef mq_header header
+        while True:
+            if offset > segment_size or segment_size - offset < MQ_BLANK_SIZE_MIN:
+                return ScanResult(offset, count, "no room for a record header", last_timestamp)
+            size = mq_u32(data + offset + MQ_AT_SIZE)
+            magic = mq_u32(data + offset + MQ_AT_MAGIC)
+            if size == 0 and magic == 0:
+                return ScanResult(offset, count, STOP_END, last_timestamp)
+            if magic == MQ_BLANK_MAGIC:
+                if offset + size == segment_size:
+                    return ScanResult(offset, count, STOP_BLANK, last_timestamp)
+                return ScanResult(offset, count, "blank record of a wrong size", last_timestamp)
+            if size < MQ_HEADER_SIZE or offset + size + MQ_BLANK_SIZE_MIN > segment_size:
+                return ScanResult(offset, count, f"bad size {size}", last_timestamp)
+            if size >= GIL_FREE_BYTES:
+                with nogil:  # the caller holds an export: the mapping stays
+                    problem = _check_record(data + offset, size, base + offset, True)
+            else:
+                problem = _check_record(data + offset, size, base + offset, True)
+            if problem:
+                return ScanResult(offset, count, _problem_text(problem, data + offset),
+                                  last_timestamp)
+            mq_read_header(data + offset, &header)
+            if dispatch:
+                self._dispatch(data + offset, &header)
+                self._note_epoch(header.epoch, header.position)
+            last_timestamp = max(last_timestamp, header.store_timestamp)
+            if header.store_timestamp > self.last_store_timestamp:
+                self.last_store_timestamp = header.store_timestamp
+            offset += size
+            count += 1
+
     # --- the key index ----------------------------------------------------------------
 
     def index_keys(self, index, end, count_max):
@@ -2357,107 +1612,8 @@ cdef class LogCore:
         queue.next_offset = low
         return dropped
 
-    # --- recovery ---------------------------------------------------------------------
 
-    def scan_segment(self, base, start_offset, dispatch=True):
-        """Check records of an attached segment from ``start_offset`` on, indexing each one.
-
-        Stops at zero bytes ("end"), at a blank record that fills the tail ("blank"), or at
-        the first record whose size, magic, position or CRC is wrong (the reason). Never
-        raises on garbage; raises ConsumeQueueMismatch when the queues cannot take a record.
-        """
-        cdef Py_ssize_t index
-        cdef uint64_t offset
-        cdef Py_buffer view
-        cdef Segment *segment = NULL
-        for index in range(self._segment_count):
-            if self._segments[index].base == base:
-                segment = self._segments[index]
-                break
-        if segment == NULL:
-            raise ValueError(f"{base!r} is not in list")
-        _clamp_u64(start_offset, &offset)
-        # Our own export: callbacks run Python code, and the segment must stay mapped.
-        PyObject_GetBuffer(segment.view.obj, &view, PyBUF_SIMPLE)
-        try:
-            if <char *>view.buf != segment.data or <uint64_t>view.len != segment.size:
-                _fail("a segment's buffer moved")
-            return self._scan(<const char *>view.buf, segment.size, segment.base, offset,
-                              dispatch)
-        finally:
-            PyBuffer_Release(&view)
-
-    cdef ScanResult _scan(self, const char *data, uint64_t segment_size, uint64_t base,
-                          uint64_t offset, bint dispatch):
-        cdef uint64_t count = 0
-        cdef uint32_t size, magic
-        cdef int64_t last_timestamp = 0
-        cdef int problem
-        cdef mq_header header
-        while True:
-            if offset > segment_size or segment_size - offset < MQ_BLANK_SIZE_MIN:
-                return ScanResult(offset, count, "no room for a record header", last_timestamp)
-            size = mq_u32(data + offset + MQ_AT_SIZE)
-            magic = mq_u32(data + offset + MQ_AT_MAGIC)
-            if size == 0 and magic == 0:
-                return ScanResult(offset, count, STOP_END, last_timestamp)
-            if magic == MQ_BLANK_MAGIC:
-                if offset + size == segment_size:
-                    return ScanResult(offset, count, STOP_BLANK, last_timestamp)
-                return ScanResult(offset, count, "blank record of a wrong size", last_timestamp)
-            if size < MQ_HEADER_SIZE or offset + size + MQ_BLANK_SIZE_MIN > segment_size:
-                return ScanResult(offset, count, f"bad size {size}", last_timestamp)
-            if size >= GIL_FREE_BYTES:
-                with nogil:  # the caller holds an export: the mapping stays
-                    problem = _check_record(data + offset, size, base + offset, True)
-            else:
-                problem = _check_record(data + offset, size, base + offset, True)
-            if problem:
-                return ScanResult(offset, count, _problem_text(problem, data + offset),
-                                  last_timestamp)
-            mq_read_header(data + offset, &header)
-            if dispatch:
-                self._dispatch(data + offset, &header)
-                self._note_epoch(header.epoch, header.position)
-            last_timestamp = max(last_timestamp, header.store_timestamp)
-            if header.store_timestamp > self.last_store_timestamp:
-                self.last_store_timestamp = header.store_timestamp
-            offset += size
-            count += 1
-
-
-# --- helpers that work on raw memory --------------------------------------------------
-
-cdef int _header_at(Segment *segment, uint64_t offset, mq_header *header) noexcept:
-    """HEADER_RECORD (and the header) if an intact record starts at ``offset`` (its
-    sizes, magic, own position and CRC32C agree); HEADER_BLANK for the blank that ends
-    the segment; else HEADER_NONE."""
-    cdef uint64_t available = segment.size - offset if offset < segment.size else 0
-    if available < MQ_BLANK_SIZE_MIN:
-        return HEADER_NONE
-    if mq_u32(segment.data + offset + MQ_AT_MAGIC) == MQ_BLANK_MAGIC:
-        return HEADER_BLANK if mq_u32(segment.data + offset) == available else HEADER_NONE
-    if available < MQ_HEADER_SIZE:
-        return HEADER_NONE
-    mq_read_header(segment.data + offset, header)
-    if header.magic != MQ_MAGIC or header.size < MQ_HEADER_SIZE or header.size > available \
-            or _check_record(segment.data + offset, header.size, segment.base + offset,
-                             True) != RECORD_OK:
-        return HEADER_NONE
-    return HEADER_RECORD
-
-
-cdef uint64_t _resync(Segment *segment, uint64_t offset, uint64_t stop) noexcept:
-    """The position of the first intact record after a damaged one at ``offset``, in the
-    same segment and before ``stop``; else the segment's end (or ``stop``)."""
-    cdef uint64_t limit = min(segment.size, stop - segment.base), at
-    cdef mq_header header
-    for at in range(offset + 1, limit - 7 if limit >= 8 else 0):
-        if mq_u32(segment.data + at + MQ_AT_MAGIC) == MQ_MAGIC and \
-                _header_at(segment, at, &header) == HEADER_RECORD:
-            return segment.base + at
-    return min(segment.base + segment.size, stop)
-
+# --- helpers of LogCore ---------------------------------------------------------------
 
 cdef inline bint _has_hash(const uint64_t *hashes, Py_ssize_t count,
                            uint64_t value) noexcept:
@@ -2480,157 +1636,9 @@ def _epochs_from(epoch_starts, log_start):
     return kept
 
 
-cdef int _check_copy(const char *copy, uint64_t size, uint64_t position,
-                     bint verify_crc) except -1:
-    """_check_record on a private copy, with the GIL released when it is large."""
-    cdef int problem
-    if size < GIL_FREE_BYTES:
-        return _check_record(copy, size, position, verify_crc)
-    with nogil:
-        problem = _check_record(copy, size, position, verify_crc)
-    return problem
-
-
-cdef int _copy_in(char *target, const char *source, uint64_t size) except -1:
-    if size >= GIL_FREE_BYTES:
-        with nogil:  # the write lock is held: the target stays mapped
-            memcpy(target, source, size)
-    else:
-        memcpy(target, source, size)
-    return 0
-
-
-cdef void _zero(char *target, uint64_t size) noexcept:
-    if size >= GIL_FREE_BYTES:
-        with nogil:  # the write lock is held: the target stays mapped
-            memset(target, 0, size)
-    else:
-        memset(target, 0, size)
-
-
-cdef struct RawWalk:
-    uint64_t end  # where the answer ends
-    uint64_t records_end  # where its last record ends (before a blank record)
-    int problem  # the first record that failed a check other than the CRC: why
-    uint64_t problem_offset  # ... and where
-    uint64_t next_offset  # the record the answer stopped before (max_bytes), if any
-    uint32_t next_size  # ... and its size (0: none)
-
-
-cdef void _walk_raw(const char *data, uint64_t segment_size, uint64_t base,
-                    uint64_t offset, uint64_t limit, int64_t max_bytes,
-                    RawWalk *walk) noexcept:
-    """The twin's read_raw loop, every check but the CRC."""
-    cdef uint64_t end = offset, size
-    walk.problem = RECORD_OK
-    walk.problem_offset = walk.next_offset = walk.next_size = 0
-    while end < limit:
-        if segment_size - end < MQ_BLANK_SIZE_MIN:  # (the twin's unpack_from fails)
-            walk.problem, walk.problem_offset = RECORD_SHORT, end
-            break
-        size = mq_u32(data + end + MQ_AT_SIZE)
-        if mq_u32(data + end + MQ_AT_MAGIC) == MQ_BLANK_MAGIC and end + size == segment_size:
-            walk.records_end, walk.end = end, segment_size
-            return
-        walk.problem = _check_record(data + end, size if end + size <= limit else 0,
-                                     base + end, False)
-        if walk.problem:
-            walk.problem_offset = end
-            break
-        if end > offset and <int64_t>(end + size - offset) > max_bytes:
-            walk.next_offset, walk.next_size = end, <uint32_t>size
-            break
-        end += size
-    walk.records_end = walk.end = end
-
-
-cdef uint64_t _first_bad_crc(const char *records, uint64_t size) noexcept nogil:
-    """Offset of the first record whose CRC32C is wrong in whole records; else size."""
-    cdef uint64_t at = 0, length
-    while at < size:
-        length = mq_u32(records + at + MQ_AT_SIZE)
-        if mq_crc32c(0, records + at + MQ_CRC_START, length - MQ_CRC_START) != \
-                mq_u32(records + at + MQ_AT_CRC):
-            return at
-        at += length
-    return size
-
-
-cdef int _raw_problem(int problem, str text, uint64_t at, bint first) except -1:
-    if first and problem != RECORD_CRC:  # (only its CRC failing: a damaged record)
-        raise InvalidPosition(f"position {at} is not the start of a record ({text})")
-    raise CorruptRecord(at, text)
-
-
-cdef inline bint _is_queue_record(const char *p, _Queue queue, uint64_t offset) noexcept:
-    """Whether the intact record ``p`` is the one ``queue``'s entry for ``offset`` names."""
-    cdef mq_header header
-    mq_read_header(p, &header)
-    return header.queue_id == queue.queue_id and header.queue_offset == offset and \
-        not header.attributes & MQ_ATTR_CONTROL and \
-        header.topic_size == PyBytes_GET_SIZE(queue.topic_bytes) and \
-        memcmp(p + MQ_HEADER_SIZE, PyBytes_AS_STRING(queue.topic_bytes),
-               header.topic_size) == 0
-
-
-cdef int _entry_mismatch(_Queue queue, uint64_t offset, uint64_t position, uint32_t size,
-                         str why) except -1:
-    raise ConsumeQueueMismatch(_mismatch_text(queue.topic, queue.queue_id, offset, position,
-                                              size, why))
-
-
-def _mismatch_text(topic, queue_id, offset, position, size, why):
-    return (f"consume queue {topic!r}/{queue_id}: the entry of offset {offset} points at "
-            f"position {position} (size {size}), {why}; the queue is damaged, not the log: "
-            "close the store, move its consumequeue/ directory away and open it again to "
-            "rebuild every queue from the commit log")
-
-
 def _gone(position, written_position):
     """What a read gets when a truncation, reset, or retention took its position away
     while it was reading (never a CorruptRecord: those records were healthy)."""
     return InvalidPosition(f"position {position} went away while it was read (the log was "
                            f"truncated, reset or trimmed meanwhile; it now ends at "
                            f"{written_position}): read again from a valid position")
-
-
-def _nested_key_problem(properties):
-    """Whether a dict inside a properties value has a key that is not a str (msgpack
-    reads back only str keys: such a record could be stored and never read)."""
-    stack = [(value, 1) for value in properties.values()
-             if isinstance(value, (dict, list, tuple))]
-    while stack:
-        value, depth = stack.pop()
-        if depth > _PROPERTIES_DEPTH_MAX:
-            continue  # (msgpack refuses to pack it anyway)
-        if isinstance(value, dict):
-            if not all(isinstance(key, str) for key in value):
-                return True
-            value = value.values()
-        stack.extend((item, depth + 1) for item in value
-                     if isinstance(item, (dict, list, tuple)))
-    return False
-
-
-def _text_error(name, value):
-    """InvalidArgument for a str that UTF-8 cannot encode (a lone surrogate)."""
-    return InvalidArgument(f"{name} {value!r} is not valid Unicode text (a lone surrogate "
-                           "cannot be stored as UTF-8)")
-
-
-def _check_tags(tags):
-    """Refuse tags that no subscription could ever select (queries.parse_subscription
-    splits on '||', strips each name, and reads '*' as every record)."""
-    if "||" in tags or tags != tags.strip() or tags == "*":
-        raise InvalidArgument(f"tags {tags!r} could never be selected by a subscription: "
-                              "store tags without '||', surrounding spaces or a lone '*'")
-
-
-def _check_read_arguments(topic, queue_id, offset, max_count, max_bytes):
-    """get's and pull's arguments: a str topic and ints (both cores say the same)."""
-    if not isinstance(topic, str):
-        raise InvalidArgument(f"topic must be str, got {type(topic).__name__}")
-    for name, value in (("queue_id", queue_id), ("offset", offset),
-                        ("max_count", max_count), ("max_bytes", max_bytes)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise InvalidArgument(f"{name} must be an int, got {value!r}")

@@ -1,0 +1,435 @@
+# mqlog's C log core, part 3 of 5: records. Pure helpers (CRC32C, the tag and key hashes,
+# the record check and its words), what a caller gets back (Record, ScanResult), and the
+# raw walkers over a segment's memory (recovery, the indexer, read_raw, append_raw).
+# (included by _core.pyx: see its docstring; it shares the module's namespace)
+
+# --- pure helpers ---------------------------------------------------------------------
+
+def crc32c(data, value=0):
+    """CRC32C (Castagnoli) of a bytes-like object, continuing from ``value``."""
+    return _crc_of(data, value, False)
+
+
+def _crc32c_portable(data, value=0):
+    """crc32c() computed with the table implementation, whatever the CPU (for tests)."""
+    return _crc_of(data, value, True)
+
+
+def _crc32c_backend():
+    """Which CRC32C implementation crc32c() uses on this CPU: "sse4.2" or "table"."""
+    return "sse4.2" if mq_crc32c_hardware() else "table"
+
+
+cdef object _crc_of(object data, object value, bint portable):
+    cdef Py_buffer view
+    cdef uint32_t crc = <uint32_t>PyLong_AsUnsignedLongLongMask(value)  # as the package
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        if portable:
+            crc = mq_crc32c_portable(crc, view.buf, view.len)
+        elif view.len >= GIL_FREE_BYTES:
+            with nogil:
+                crc = mq_crc32c(crc, view.buf, view.len)
+        else:
+            crc = mq_crc32c(crc, view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return crc
+
+
+def tag_hash(tags):
+    """The 64-bit FNV-1a hash of a record's tags as stored in its consume-queue entry."""
+    cdef Py_buffer view
+    cdef const char *text
+    cdef Py_ssize_t size
+    cdef uint64_t value
+    if not tags:
+        return 0
+    if PyUnicode_Check(tags):
+        text = PyUnicode_AsUTF8AndSize(tags, &size)
+        return mq_fnv1a64(<const unsigned char *>text, size)
+    try:
+        PyObject_GetBuffer(tags, &view, PyBUF_SIMPLE)
+    except TypeError:
+        return _tag_hash_of_ints(tags)  # the twin accepts any iterable of small ints
+    try:
+        value = mq_fnv1a64(<const unsigned char *>view.buf, view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return value
+
+
+cdef inline uint64_t _fnv_more(uint64_t value, const char *data, size_t size) noexcept nogil:
+    cdef size_t index
+    for index in range(size):
+        value = (value ^ <unsigned char>data[index]) * MQ_FNV_PRIME
+    return value
+
+
+cdef inline uint64_t _key_hash(const char *topic, size_t topic_size, const char *key,
+                               size_t key_size, uint64_t hash_bits) noexcept nogil:
+    cdef char zero = 0
+    cdef uint64_t value = _fnv_more(MQ_FNV_OFFSET, topic, topic_size)
+    value = _fnv_more(_fnv_more(value, &zero, 1), key, key_size)
+    return value & (((<uint64_t>1) << hash_bits) - 1) if hash_bits < 64 else value
+
+
+def key_hash(topic, key, hash_bits=64):
+    """The key index's hash of (topic, key): FNV-1a 64 of ``topic \\0 key``, keeping the
+    low ``hash_bits`` bits (fewer bits force collisions: a test knob)."""
+    cdef bytes topic_bytes = topic.encode(), key_bytes = key.encode()
+    return _key_hash(PyBytes_AS_STRING(topic_bytes), PyBytes_GET_SIZE(topic_bytes),
+                     PyBytes_AS_STRING(key_bytes), PyBytes_GET_SIZE(key_bytes), hash_bits)
+
+
+def _tag_hash_of_ints(tags):
+    value = 0xCBF29CE484222325
+    for byte in tags:
+        value = ((value ^ byte) * 0x100000001B3) & 0xFFFF_FFFF_FFFF_FFFF
+    return value
+
+
+cdef inline int64_t _wall_clock_ms() noexcept nogil:
+    cdef timespec now
+    clock_gettime(CLOCK_REALTIME, &now)  # what time.time_ns() reads
+    return <int64_t>now.tv_sec * 1000 + now.tv_nsec // 1000000
+
+
+cdef extern from *:
+    """
+    /* tuple.__new__(cls, values) for a tuple subclass (PutResult, BatchPutResult): the
+       tuple type's own constructor slot, which is how a NamedTuple's __new__ ends, but
+       without that Python-level __new__ frame or a method lookup per call. */
+    static PyObject *mq_tuple_new(PyObject *cls, PyObject *values)
+    {
+        PyObject *args = PyTuple_Pack(1, values), *result;
+        if (args == NULL)
+            return NULL;
+        result = PyTuple_Type.tp_new((PyTypeObject *)cls, args, NULL);
+        Py_DECREF(args);
+        return result;
+    }
+    """
+    object _make_tuple "mq_tuple_new"(object cls, object values)
+
+
+cdef int _check_record(const char *p, size_t size, uint64_t position,
+                       bint verify_crc) noexcept nogil:
+    """RECORD_OK if ``p[:size]`` is one whole, intact record that belongs at ``position``."""
+    cdef mq_header header
+    if size < MQ_HEADER_SIZE:
+        return RECORD_SHORT
+    mq_read_header(p, &header)
+    if header.magic != MQ_MAGIC:
+        return RECORD_MAGIC
+    if header.size != size:
+        return RECORD_SIZE
+    if MQ_HEADER_SIZE + mq_fields_size(&header) != size:
+        return RECORD_FIELDS
+    if header.position != position:
+        return RECORD_POSITION
+    if verify_crc and mq_crc32c(0, p + MQ_CRC_START, size - MQ_CRC_START) != header.crc:
+        return RECORD_CRC
+    return RECORD_OK
+
+
+cdef str _problem_text(int problem, const char *p):
+    """The twin's words for a problem found by _check_record (p: the record's bytes)."""
+    if problem == RECORD_SHORT:
+        return "shorter than a record header"
+    if problem == RECORD_MAGIC:
+        return f"bad magic {mq_u32(p + MQ_AT_MAGIC):#010x}"
+    if problem == RECORD_SIZE:
+        return f"size {mq_u32(p + MQ_AT_SIZE)} does not match the record"
+    if problem == RECORD_FIELDS:
+        return "field sizes do not add up to the record size"
+    if problem == RECORD_POSITION:
+        return f"record says it belongs at position {mq_u64(p + MQ_AT_POSITION)}"
+    if problem == RECORD_CRC:
+        return "CRC32C mismatch"
+    return ""
+
+
+cdef int _clamp_u64(object value, uint64_t *out) except -2:
+    """Store an int argument as u64; return -1 (stored 0) if negative, 1 (stored the
+    maximum) if above 2**64-1, 0 if exact. Non-integers raise TypeError."""
+    cdef int overflow = 0
+    cdef long long small = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow == 0:
+        out[0] = <uint64_t>small if small >= 0 else 0
+        return 0 if small >= 0 else -1
+    if overflow < 0:
+        out[0] = 0
+        return -1
+    if value > 0xFFFF_FFFF_FFFF_FFFF:
+        out[0] = 0xFFFF_FFFF_FFFF_FFFF
+        return 1
+    out[0] = PyLong_AsUnsignedLongLongMask(value)
+    return 0
+
+
+cdef inline int64_t _clamp_i64(object value) except? -1:
+    """An int argument as i64, saturating (limits such as max_bytes)."""
+    cdef int overflow = 0
+    cdef long long result = PyLong_AsLongLongAndOverflow(value, &overflow)
+    if overflow > 0:
+        return INT64_MAX
+    if overflow < 0:
+        return INT64_MIN
+    return result
+
+
+cdef int _fail(str message) except -1:
+    # Broken invariants between the engine and the core are programmer errors (asserts
+    # in the twin); here they guard raw memory, so they are checked even under -O.
+    raise AssertionError(message)
+
+
+# --- what a caller gets back ----------------------------------------------------------
+
+@cython.final
+@cython.no_gc
+@cython.freelist(4096)
+cdef class Record:
+    """One record read back from the log; variable fields decode when first used."""
+
+    cdef readonly bytes raw
+    cdef readonly unsigned long long position
+    cdef readonly unsigned int size
+    cdef readonly unsigned int attributes
+    cdef readonly unsigned int queue_id
+    cdef readonly unsigned long long epoch
+    cdef readonly unsigned long long offset
+    cdef readonly long long born_timestamp
+    cdef readonly long long store_timestamp
+    # topic, key, tags, properties, body sizes, as the header gives them
+    cdef uint32_t _sizes[5]
+
+    def __init__(self, raw):
+        if not PyBytes_Check(raw):
+            raw = bytes(raw)
+        if PyBytes_GET_SIZE(raw) < MQ_HEADER_SIZE:
+            raise _struct_error(f"unpack_from requires a buffer of at least {HEADER_SIZE} "
+                                f"bytes for unpacking {HEADER_SIZE} bytes at offset 0 "
+                                f"(actual buffer size is {len(raw)})")
+        _fill_record(self, raw)
+
+    cdef bytes _field(self, int index):
+        cdef Py_ssize_t start, end
+        self._span(index, &start, &end)
+        return PyBytes_FromStringAndSize(PyBytes_AS_STRING(self.raw) + start, end - start)
+
+    cdef str _text(self, int index):
+        cdef Py_ssize_t start, end
+        self._span(index, &start, &end)
+        return PyUnicode_DecodeUTF8(PyBytes_AS_STRING(self.raw) + start, end - start, NULL)
+
+    cdef void _span(self, int index, Py_ssize_t *start, Py_ssize_t *end) noexcept:
+        # Slicing semantics: a header whose sizes overrun the bytes yields short fields.
+        cdef Py_ssize_t length = PyBytes_GET_SIZE(self.raw)
+        cdef Py_ssize_t begin = MQ_HEADER_SIZE
+        cdef int i
+        for i in range(index):
+            begin += self._sizes[i]
+        begin = min(begin, length)
+        start[0] = begin
+        end[0] = min(begin + <Py_ssize_t>self._sizes[index], length)
+
+    @property
+    def topic(self):
+        return self._text(0)
+
+    @property
+    def key(self):
+        return self._text(1) if self._sizes[1] else None
+
+    @property
+    def tags(self):
+        return self._text(2) if self._sizes[2] else None
+
+    @property
+    def properties(self):
+        return _unpackb(self._field(3)) if self._sizes[3] else {}
+
+    @property
+    def body(self):
+        return self._field(4)
+
+    @property
+    def end_position(self):
+        return self.position + self.size
+
+    def __eq__(self, other):
+        # Records of the C core and of the twin compare equal when their bytes do.
+        return type(other).__name__ == "Record" and self.raw == other.raw
+
+    def __hash__(self):
+        return hash(self.raw)
+
+    def __reduce__(self):
+        return Record, (self.raw,)
+
+    def __repr__(self):
+        more = "..." if self._sizes[4] > 32 else ""
+        return (f"Record(topic={self.topic!r}, queue_id={self.queue_id}, offset={self.offset}, "
+                f"position={self.position}, epoch={self.epoch}, key={self.key!r}, "
+                f"tags={self.tags!r}, body={self.body[:32]!r}{more})")
+
+
+cdef inline void _fill_record(Record record, bytes raw) noexcept:
+    cdef mq_header header
+    mq_read_header(PyBytes_AS_STRING(raw), &header)
+    record.raw = raw
+    record.position = header.position
+    record.size = header.size
+    record.attributes = header.attributes
+    record.queue_id = header.queue_id
+    record.epoch = header.epoch
+    record.offset = header.queue_offset
+    record.born_timestamp = header.born_timestamp
+    record.store_timestamp = header.store_timestamp
+    record._sizes[0] = header.topic_size
+    record._sizes[1] = header.key_size
+    record._sizes[2] = header.tags_size
+    record._sizes[3] = header.properties_size
+    record._sizes[4] = header.body_size
+
+
+cdef inline Record _new_record(bytes raw):
+    cdef Record record = Record.__new__(Record)
+    _fill_record(record, raw)
+    return record
+
+
+cdef class ScanResult:
+    """Where a recovery scan of one segment stopped, and why."""
+
+    cdef public object end_offset
+    cdef public object record_count
+    cdef public object stop_reason
+    cdef public object last_store_timestamp
+
+    def __init__(self, end_offset, record_count, stop_reason, last_store_timestamp):
+        self.end_offset = end_offset
+        self.record_count = record_count
+        self.stop_reason = stop_reason
+        self.last_store_timestamp = last_store_timestamp
+
+    def __repr__(self):
+        return (f"ScanResult(end_offset={self.end_offset}, record_count={self.record_count}, "
+                f"stop_reason={self.stop_reason!r})")
+
+
+# --- helpers that work on raw memory --------------------------------------------------
+
+cdef int _header_at(Segment *segment, uint64_t offset, mq_header *header) noexcept:
+    """HEADER_RECORD (and the header) if an intact record starts at ``offset`` (its
+    sizes, magic, own position and CRC32C agree); HEADER_BLANK for the blank that ends
+    the segment; else HEADER_NONE."""
+    cdef uint64_t available = segment.size - offset if offset < segment.size else 0
+    if available < MQ_BLANK_SIZE_MIN:
+        return HEADER_NONE
+    if mq_u32(segment.data + offset + MQ_AT_MAGIC) == MQ_BLANK_MAGIC:
+        return HEADER_BLANK if mq_u32(segment.data + offset) == available else HEADER_NONE
+    if available < MQ_HEADER_SIZE:
+        return HEADER_NONE
+    mq_read_header(segment.data + offset, header)
+    if header.magic != MQ_MAGIC or header.size < MQ_HEADER_SIZE or header.size > available \
+            or _check_record(segment.data + offset, header.size, segment.base + offset,
+                             True) != RECORD_OK:
+        return HEADER_NONE
+    return HEADER_RECORD
+
+
+cdef uint64_t _resync(Segment *segment, uint64_t offset, uint64_t stop) noexcept:
+    """The position of the first intact record after a damaged one at ``offset``, in the
+    same segment and before ``stop``; else the segment's end (or ``stop``)."""
+    cdef uint64_t limit = min(segment.size, stop - segment.base), at
+    cdef mq_header header
+    for at in range(offset + 1, limit - 7 if limit >= 8 else 0):
+        if mq_u32(segment.data + at + MQ_AT_MAGIC) == MQ_MAGIC and \
+                _header_at(segment, at, &header) == HEADER_RECORD:
+            return segment.base + at
+    return min(segment.base + segment.size, stop)
+
+
+cdef int _check_copy(const char *copy, uint64_t size, uint64_t position,
+                     bint verify_crc) except -1:
+    """_check_record on a private copy, with the GIL released when it is large."""
+    cdef int problem
+    if size < GIL_FREE_BYTES:
+        return _check_record(copy, size, position, verify_crc)
+    with nogil:
+        problem = _check_record(copy, size, position, verify_crc)
+    return problem
+
+
+cdef int _copy_in(char *target, const char *source, uint64_t size) except -1:
+    if size >= GIL_FREE_BYTES:
+        with nogil:  # the write lock is held: the target stays mapped
+            memcpy(target, source, size)
+    else:
+        memcpy(target, source, size)
+    return 0
+
+
+cdef void _zero(char *target, uint64_t size) noexcept:
+    if size >= GIL_FREE_BYTES:
+        with nogil:  # the write lock is held: the target stays mapped
+            memset(target, 0, size)
+    else:
+        memset(target, 0, size)
+
+
+cdef struct RawWalk:
+    uint64_t end  # where the answer ends
+    uint64_t records_end  # where its last record ends (before a blank record)
+    int problem  # the first record that failed a check other than the CRC: why
+    uint64_t problem_offset  # ... and where
+    uint64_t next_offset  # the record the answer stopped before (max_bytes), if any
+    uint32_t next_size  # ... and its size (0: none)
+
+
+cdef void _walk_raw(const char *data, uint64_t segment_size, uint64_t base,
+                    uint64_t offset, uint64_t limit, int64_t max_bytes,
+                    RawWalk *walk) noexcept:
+    """The twin's read_raw loop, every check but the CRC."""
+    cdef uint64_t end = offset, size
+    walk.problem = RECORD_OK
+    walk.problem_offset = walk.next_offset = walk.next_size = 0
+    while end < limit:
+        if segment_size - end < MQ_BLANK_SIZE_MIN:  # (the twin's unpack_from fails)
+            walk.problem, walk.problem_offset = RECORD_SHORT, end
+            break
+        size = mq_u32(data + end + MQ_AT_SIZE)
+        if mq_u32(data + end + MQ_AT_MAGIC) == MQ_BLANK_MAGIC and end + size == segment_size:
+            walk.records_end, walk.end = end, segment_size
+            return
+        walk.problem = _check_record(data + end, size if end + size <= limit else 0,
+                                     base + end, False)
+        if walk.problem:
+            walk.problem_offset = end
+            break
+        if end > offset and <int64_t>(end + size - offset) > max_bytes:
+            walk.next_offset, walk.next_size = end, <uint32_t>size
+            break
+        end += size
+    walk.records_end = walk.end = end
+
+
+cdef uint64_t _first_bad_crc(const char *records, uint64_t size) noexcept nogil:
+    """Offset of the first record whose CRC32C is wrong in whole records; else size."""
+    cdef uint64_t at = 0, length
+    while at < size:
+        length = mq_u32(records + at + MQ_AT_SIZE)
+        if mq_crc32c(0, records + at + MQ_CRC_START, length - MQ_CRC_START) != \
+                mq_u32(records + at + MQ_AT_CRC):
+            return at
+        at += length
+    return size
+
+
+cdef int _raw_problem(int problem, str text, uint64_t at, bint first) except -1:
+    if first and problem != RECORD_CRC:  # (only its CRC failing: a damaged record)
+        raise InvalidPosition(f"position {at} is not the start of a record ({text})")
+    raise CorruptRecord(at, text)
