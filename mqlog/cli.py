@@ -825,8 +825,7 @@ def _follow(reader: LogReader, position: int, wanted: _Wanted, count_max: int | 
 def _inspect_facts(store: mqlog.Store) -> dict[str, Any]:
     written = store.written_position
     segments = []
-    for base in store.core.segment_bases():
-        size = store.segment_file(base).size
+    for base, size in store.segments():
         segments.append({"file": file_name(base), "base_position": base, "size_bytes": size,
                          "used_bytes": max(0, min(written, base + size) - base)})
     groups = []
@@ -869,13 +868,14 @@ def _stats_facts(store: mqlog.Store) -> dict[str, Any]:
                                                  "records": 0})
         entry["queues"] += 1
         entry["records"] += row["records"]
-    bases = store.core.segment_bases()
+    segments = store.segments()
+    bases = [base for base, _size in segments]
     first = bases[0] if bases else 0
     return {
         "totals": {"records": sum(row["records"] for row in queues), "topics": len(topics),
                    "queues": len(queues), "log_bytes": store.written_position - first,
                    "segments": len(bases),
-                   "segment_bytes": sum(store.segment_file(base).size for base in bases),
+                   "segment_bytes": sum(size for _base, size in segments),
                    "first_position": first, "written_position": store.written_position,
                    "epoch": store.epoch},
         "topics": list(topics.values()),

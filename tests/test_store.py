@@ -612,7 +612,7 @@ def test_read_raw_tells_a_damaged_record_from_a_position_that_is_no_record(open_
     first = store.put("t", b"a" * 100)
     second = store.put("t", b"b" * 100)
     store.put("t", b"c" * 100)
-    mapped = store.segment_file(store.first_segment_base())
+    mapped = store.files.segment_file(store.first_segment_base())
     mapped.buffer[second.position + second.size - 10] ^= 0x01  # a bit of its body
     with pytest.raises(errors.CorruptRecord) as raised:
         store.read_raw(second.position, 1 << 20)

@@ -11,6 +11,8 @@ it used to, silently, and retention never ran again). The same failure reaches a
 caller directly when a query runs the indexer itself.
 
 With ``background_threads = False`` there is no thread: the owner calls ``run_once``.
+It is handed only what its chores need (the config, the key index, and the store's
+retention pass), never the store.
 """
 
 from __future__ import annotations
@@ -22,14 +24,18 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mqlog.engine.store import Store
+    from mqlog.config import StoreConfig
+    from mqlog.engine.index import KeyIndex
 
 _log = logging.getLogger("mqlog")
 
 
 class Maintenance:
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, config: StoreConfig, index: KeyIndex,
+                 retention: Callable[[], object]) -> None:
+        self._config = config
+        self._index_files = index
+        self._retention = retention
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mqlog-maintenance",
                                         daemon=True)
@@ -49,20 +55,20 @@ class Maintenance:
         return self._thread.is_alive()
 
     def _run(self) -> None:
-        config = self._store.config
+        config = self._config
         next_retention = time.monotonic() + config.retention_check_interval_ms / 1000
         while not self._stopping.wait(config.index_interval_ms / 1000):
             indexed = self._chore("indexer", self._index)
             if time.monotonic() >= next_retention:
                 next_retention = time.monotonic() + \
                     config.retention_check_interval_ms / 1000
-                if self._chore("retention", self._store.apply_retention) and indexed:
+                if self._chore("retention", self._retention) and indexed:
                     self.error = None
             elif indexed:
                 self.error = None
 
     def _index(self) -> None:
-        index = self._store.key_index
+        index = self._index_files
         with index.lock:
             index.catch_up()
 
@@ -86,5 +92,5 @@ class Maintenance:
         """One round from the owner (``background_threads = False``): the indexer, and
         retention if asked; failures as on the thread."""
         indexed = self._chore("indexer", self._index)
-        if (not retention or self._chore("retention", self._store.apply_retention)) and indexed:
+        if (not retention or self._chore("retention", self._retention)) and indexed:
             self.error = None

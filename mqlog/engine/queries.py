@@ -22,7 +22,8 @@ from mqlog.engine.index import IndexDamaged
 from mqlog.errors import CorruptStore, InvalidArgument, InvalidPosition
 
 if TYPE_CHECKING:
-    from mqlog.engine.store import Store
+    from mqlog.engine.fileset import FileSet
+    from mqlog.engine.index import KeyIndex
 
 _log = logging.getLogger("mqlog")
 TIME_MIN, TIME_MAX = -(1 << 63), (1 << 63) - 1
@@ -58,12 +59,24 @@ def check_timestamp(name: str, value: Any, default: int) -> int:
     return value
 
 
-def offset_for_timestamp(store: Store, topic: str, queue_id: int, timestamp_ms: int) -> int:
+def _queue_ids(files: FileSet, topic: str) -> list[int]:
+    """The ids of the topic's queues, ascending."""
+    return sorted(queue_id for name, queue_id in files.core.queue_ids() if name == topic)
+
+
+def _offsets(files: FileSet, topic: str, queue_id: int) -> tuple[int, int]:
+    """(min offset, max committed offset) of a queue ((0, 0) for one never written)."""
+    offsets = files.core.queue_offsets(topic, queue_id)
+    return (0 if offsets is None else offsets[0],
+            files.core.committed_end_offset(topic, queue_id))
+
+
+def offset_for_timestamp(files: FileSet, topic: str, queue_id: int, timestamp_ms: int) -> int:
     """The first offset whose store timestamp is at least ``timestamp_ms``; the queue's
     max offset if there is none."""
     timestamp_ms = check_timestamp("timestamp_ms", timestamp_ms, 0)
-    core = store.core
-    low, high = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id)
+    core = files.core
+    low, high = _offsets(files, topic, queue_id)
     while low < high:
         middle = (low + high) // 2
         if core.get(topic, queue_id, middle, 1, 1)[0].store_timestamp < timestamp_ms:
@@ -73,60 +86,56 @@ def offset_for_timestamp(store: Store, topic: str, queue_id: int, timestamp_ms: 
     return low
 
 
-def query_by_time(store: Store, topic: str, begin_ms: int, end_ms: int,
+def query_by_time(files: FileSet, topic: str, begin_ms: int, end_ms: int,
                   max_count: int) -> list:
     """Records of ``topic`` stored in [begin_ms, end_ms], oldest first, at most
     ``max_count`` (the earliest ones)."""
     found = []
-    for name, queue_id in store.queues():
-        if name != topic:
-            continue
-        offset = offset_for_timestamp(store, topic, queue_id, begin_ms)
-        stop = offset_for_timestamp(store, topic, queue_id, end_ms + 1) \
-            if end_ms < TIME_MAX else store.max_offset(topic, queue_id)
+    for queue_id in _queue_ids(files, topic):
+        offset = offset_for_timestamp(files, topic, queue_id, begin_ms)
+        stop = offset_for_timestamp(files, topic, queue_id, end_ms + 1) \
+            if end_ms < TIME_MAX else _offsets(files, topic, queue_id)[1]
         stop = min(stop, offset + max_count)
         while offset < stop:
-            batch = store.core.get(topic, queue_id, offset, stop - offset,
-                                   store.config.read_size_bytes_max)
+            batch = files.core.get(topic, queue_id, offset, stop - offset,
+                                   files.config.read_size_bytes_max)
             found.extend(batch)
             offset += len(batch)
     found.sort(key=lambda record: record.position)
     return found[:max_count]
 
 
-def query_by_key(store: Store, topic: str, key: str, begin_ms: int, end_ms: int,
-                 max_count: int) -> list:
+def query_by_key(files: FileSet, index: KeyIndex, topic: str, key: str, begin_ms: int,
+                 end_ms: int, max_count: int) -> list:
     """Records of ``topic`` whose key is ``key``, newest first (see the module docstring).
 
     A damaged index file (a chain that does not hold together, an entry that names no
     record) is rebuilt from the log and the lookup runs again: a flipped bit never makes
     a query hang or silently miss a record."""
-    index = store.key_index
     with index.lock:
         index.catch_up()
         for _attempt in range(QUERY_REBUILDS_MAX):
             try:
-                return _lookup(store, topic, key, begin_ms, end_ms, max_count)
+                return _lookup(files, index, topic, key, begin_ms, end_ms, max_count)
             except IndexDamaged as damage:  # reported: counted, and logged
                 _log.warning("mqlog: %s; rebuilding it from the commit log", damage)
                 index.rebuild_from(damage.first_position)
         try:
-            return _lookup(store, topic, key, begin_ms, end_ms, max_count)
+            return _lookup(files, index, topic, key, begin_ms, end_ms, max_count)
         except IndexDamaged as damage:
             raise CorruptStore(f"{damage} (still, after rebuilding it from the log): the "
                                "disk or memory may be failing") from None
 
 
-def _lookup(store: Store, topic: str, key: str, begin_ms: int, end_ms: int,
-            max_count: int) -> list:
+def _lookup(files: FileSet, index: KeyIndex, topic: str, key: str, begin_ms: int,
+            end_ms: int, max_count: int) -> list:
     found: list = []
-    index = store.key_index
-    log_start = store.first_segment_base()
+    log_start = files.first_segment_base()
     for position in index.positions(topic, key, begin_ms, end_ms):
         if position < log_start:
             break  # newest first: every later candidate was deleted too
         try:
-            record = store.core.read_record(position)
+            record = files.core.read_record(position)
         except InvalidPosition as error:  # (a damaged record there is a CorruptRecord)
             raise index.damaged_at(position, str(error)) from None
         if record.topic == topic and record.key == key:
@@ -136,17 +145,15 @@ def _lookup(store: Store, topic: str, key: str, begin_ms: int, end_ms: int,
     return found
 
 
-def query_by_scan(store: Store, topic: str, key: str, begin_ms: int, end_ms: int,
+def query_by_scan(files: FileSet, topic: str, key: str, begin_ms: int, end_ms: int,
                   max_count: int) -> list:
     """``query_by_key`` without the index (a read-only store may not bring it up to
     date): reads every record of the topic's queues stored in [begin_ms, end_ms]."""
     found: list = []
-    for name, queue_id in store.queues():
-        if name != topic:
-            continue
-        offset = offset_for_timestamp(store, topic, queue_id, begin_ms)
-        while offset < store.max_offset(topic, queue_id):
-            batch = store.core.get(topic, queue_id, offset, 4096, 1 << 24)
+    for queue_id in _queue_ids(files, topic):
+        offset = offset_for_timestamp(files, topic, queue_id, begin_ms)
+        while offset < _offsets(files, topic, queue_id)[1]:
+            batch = files.core.get(topic, queue_id, offset, 4096, 1 << 24)
             found.extend(record for record in batch if record.key == key
                          and record.store_timestamp <= end_ms)
             offset += len(batch)

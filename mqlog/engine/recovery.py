@@ -55,7 +55,7 @@ from mqlog.engine.files import MappedFile, file_name, numbered_files
 from mqlog.errors import ConsumeQueueMismatch, CorruptStore
 
 if TYPE_CHECKING:
-    from mqlog.engine.store import Store
+    from mqlog.engine.fileset import FileSet
 
 
 @dataclass
@@ -104,40 +104,40 @@ class RecoveryReport:
         return text
 
 
-def recover(store: Store) -> RecoveryReport:
+def recover(files: FileSet) -> RecoveryReport:
     """Bring the store's core to the state on disk; see the module docstring."""
     started = time.perf_counter()
-    paths = store.paths
+    paths = files.paths
     checkpoint = read_checkpoint(paths.checkpoint)
-    dropped = map_segments(store)
-    files_end = _files_end(store)
+    dropped = map_segments(files)
+    files_end = files.files_end()
     claimed_end = None
     if checkpoint is not None and checkpoint.log_end > files_end:
         claimed_end, checkpoint = checkpoint.log_end, None  # segment files were lost
     clean = checkpoint is not None and not paths.abort.exists() and not dropped
     tail_from = None if checkpoint is None else checkpoint.log_position
-    first_base = store.first_segment_base()
+    first_base = files.first_segment_base()
     epochs = read_epochs(paths.epochs)
     # A clean close of a log that holds records always leaves an epochs file; without a
     # readable one the epochs must be re-learned by scanning every record.
     epochs_known = epochs is not None or (checkpoint is not None
                                           and checkpoint.log_end <= first_base)
     manifest = read_queues(paths.queues)
-    if manifest is None and store.core.segment_bases():
+    if manifest is None and files.segment_bases():
         report = RecoveryReport(clean=False, scanned_from=first_base, tail_from=tail_from)
         # Without a manifest lost queues would go unnoticed.
-        _rebuild(store, report, "the queue manifest is missing or damaged")
+        _rebuild(files, report, "the queue manifest is missing or damaged")
     elif checkpoint is not None and clean and epochs_known and \
-            _clean_end_plausible(store, checkpoint.log_end):
+            _clean_end_plausible(files, checkpoint.log_end):
         end = checkpoint.log_end
         report = RecoveryReport(clean=True, scanned_from=end, end_position=end,
                                 tail_from=tail_from)
         try:
-            store.open_queues(scan_from=end, manifest=manifest or {}, exact=True)
-            store.restore_epochs(epochs or [], end)
+            files.open_queues(scan_from=end, manifest=manifest or {}, exact=True)
+            files.restore_epochs(epochs or [], end)
         except ConsumeQueueMismatch as mismatch:
             report.clean = False
-            _rebuild(store, report, str(mismatch))
+            _rebuild(files, report, str(mismatch))
     else:
         scan_from = first_base
         if checkpoint is not None and first_base <= checkpoint.log_position:
@@ -145,9 +145,9 @@ def recover(store: Store) -> RecoveryReport:
         if epochs is None and scan_from != first_base:
             scan_from = first_base  # epochs must be re-learned from every record
         report = RecoveryReport(clean=False, scanned_from=scan_from, tail_from=tail_from)
-        _scan(store, report, scan_from, epochs or [], manifest or {})
+        _scan(files, report, scan_from, epochs or [], manifest or {})
     report.segments_dropped = sorted(set(report.segments_dropped) | set(dropped))
-    if store.core.segment_bases():
+    if files.segment_bases():
         if checkpoint is None:
             report.rebuilt.append("checkpoint missing, damaged or past the segment files: "
                                   f"scanned from {report.scanned_from}")
@@ -158,19 +158,19 @@ def recover(store: Store) -> RecoveryReport:
         report.truncation_reason = (
             f"the segment files end at {files_end} but the checkpoint says the log reached "
             f"{claimed_end}: [{report.end_position}, {claimed_end}) is lost")
-    starts = store.core.epoch_starts
+    starts = files.core.epoch_starts
     if starts:  # a scan may have met records of a newer epoch than the file knew
-        store.core.epoch = max(store.core.epoch, starts[-1][0])
-    store.core.restore(report.end_position)
+        files.core.epoch = max(files.core.epoch, starts[-1][0])
+    files.core.restore(report.end_position)
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
 
 
-def map_segments(store: Store) -> list[int]:
+def map_segments(files: FileSet) -> list[int]:
     """Map the segment files that form the log; return the bases of those that were cut
     off as a lost tail (a hole after which no segment holds data). A hole with data after
     it raises CorruptStore (see the module docstring)."""
-    directory = store.paths.commitlog
+    directory = files.paths.commitlog
     for leftover in directory.glob("*.tmp"):
         leftover.unlink()  # a segment a crash interrupted in the making
     found = [(base, path, path.stat().st_size) for base, path in numbered_files(directory)]
@@ -186,9 +186,9 @@ def map_segments(store: Store) -> list[int]:
             keep = index + 1
         if any(_holds_data(later_path) for _, later_path, _ in found[index + 1:]):
             raise CorruptStore(
-                f"the commit log of {store.paths.root} has a hole: {problem}, and the "
+                f"the commit log of {files.paths.root} has a hole: {problem}, and the "
                 f"segments after it hold records; recovery cuts only a damaged tail. "
-                + repair_advice(store.paths.root))
+                + repair_advice(files.paths.root))
         break
     dropped = []
     for base, path, _size in found[keep:]:
@@ -196,9 +196,7 @@ def map_segments(store: Store) -> list[int]:
             dropped.append(base)
         path.unlink()
     for base, path, _size in found[:keep]:
-        mapped = MappedFile.open(path)
-        store._segments[base] = mapped
-        store.core.attach_segment(base, mapped.buffer)
+        files.attach_segment(base, MappedFile.open(path))
     return dropped
 
 
@@ -231,49 +229,44 @@ def _holds_data(path: object) -> bool:
         return any(file.read(fmt.BLANK_SIZE_MIN))
 
 
-def _files_end(store: Store) -> int:
-    bases = store.core.segment_bases()
-    return bases[-1] + store.segment_file(bases[-1]).size if bases else 0
-
-
-def _clean_end_plausible(store: Store, log_end: int) -> bool:
+def _clean_end_plausible(files: FileSet, log_end: int) -> bool:
     """A clean checkpoint's end must lie in the last segment (or be 0 with none)."""
-    bases = store.core.segment_bases()
+    bases = files.segment_bases()
     if not bases:
         return log_end == 0
-    last = store.segment_file(bases[-1])
+    last = files.segment_file(bases[-1])
     return bases[-1] <= log_end <= bases[-1] + last.size
 
 
-def _scan(store: Store, report: RecoveryReport, scan_from: int,
+def _scan(files: FileSet, report: RecoveryReport, scan_from: int,
           epochs: list[tuple[int, int]], manifest: dict) -> None:
     try:
-        store.open_queues(scan_from=scan_from, manifest=manifest, exact=False)
-        store.restore_epochs(epochs, scan_from)
-        _scan_segments(store, report, scan_from)
+        files.open_queues(scan_from=scan_from, manifest=manifest, exact=False)
+        files.restore_epochs(epochs, scan_from)
+        _scan_segments(files, report, scan_from)
     except ConsumeQueueMismatch as mismatch:
-        _rebuild(store, report, str(mismatch))
+        _rebuild(files, report, str(mismatch))
 
 
-def _rebuild(store: Store, report: RecoveryReport, why: str) -> None:
+def _rebuild(files: FileSet, report: RecoveryReport, why: str) -> None:
     """Drop every consume queue and re-index every record from the first segment."""
     report.rebuilt.append(f"consume queues rebuilt ({why})")
-    first = store.first_segment_base()
-    store.drop_all_queues()
-    store.restore_epochs([], first)
+    first = files.first_segment_base()
+    files.drop_all_queues()
+    files.restore_epochs([], first)
     report.scanned_from = first
     report.records_scanned = report.scanned_bytes = 0
     report.truncated_at, report.truncation_reason = None, ""
     report.queues_rebuilt = True
-    _scan_segments(store, report, first)
+    _scan_segments(files, report, first)
 
 
-def _scan_segments(store: Store, report: RecoveryReport, scan_from: int) -> None:
-    core = store.core
+def _scan_segments(files: FileSet, report: RecoveryReport, scan_from: int) -> None:
+    core = files.core
     bases = core.segment_bases()
     end = scan_from
     for index, base in enumerate(bases):
-        segment = store.segment_file(base)
+        segment = files.segment_file(base)
         if base + segment.size <= scan_from:
             continue
         start = max(scan_from, base) - base
@@ -287,14 +280,14 @@ def _scan_segments(store: Store, report: RecoveryReport, scan_from: int) -> None
             continue
         if result.stop_reason not in ("blank", "end"):
             report.truncated_at = end
-            report.truncation_reason = _bad_record(store, report, bases[index:], end,
+            report.truncation_reason = _bad_record(files, report, bases[index:], end,
                                                    result.stop_reason)
         if end < base + segment.size:
-            segment.zero_from(end - base, store.config.segment_preallocate)
+            segment.zero_from(end - base, files.config.segment_preallocate)
         # Later segments go; only those that held bytes are news (the allocator's
         # prepared-ahead segment is empty).
-        later = [b for b in bases[index + 1:] if store.segment_file(b).buffer[:8] != bytes(8)]
-        store.drop_segments_from(end + 1)
+        later = [b for b in bases[index + 1:] if files.segment_file(b).buffer[:8] != bytes(8)]
+        files.drop_segments_from(end + 1)
         report.segments_dropped = later
         break
     if not bases:
@@ -302,29 +295,29 @@ def _scan_segments(store: Store, report: RecoveryReport, scan_from: int) -> None
     report.end_position = end
 
 
-def _bad_record(store: Store, report: RecoveryReport, bases: list[int], damaged: int,
+def _bad_record(files: FileSet, report: RecoveryReport, bases: list[int], damaged: int,
                 reason: str) -> str:
     """Why the log is cut at the bad record at ``damaged``: a torn tail. Raise
     CorruptStore if it is damage instead: an intact record follows it (in its segment,
     from ``bases[0]``, or a later one) and it lies before ``report.tail_from``."""
-    intact = _intact_after(store, bases, damaged)
+    intact = _intact_after(files, bases, damaged)
     if intact is None:
         return reason
     if report.tail_from is None or damaged < report.tail_from:
         raise CorruptStore(
-            f"the commit log of {store.paths.root} is damaged: the record at position "
+            f"the commit log of {files.paths.root} is damaged: the record at position "
             f"{damaged} is bad ({reason}), and intact records follow it from position "
             f"{intact}, so the damaged range is [{damaged}, {intact}) at least; recovery "
-            f"cuts only a damaged tail. " + repair_advice(store.paths.root))
+            f"cuts only a damaged tail. " + repair_advice(files.paths.root))
     return (f"{reason}; a torn tail: it lies past the last checkpoint (position "
             f"{report.tail_from}), where a crash may leave unwritten pages, so the records "
             f"after it, intact ones from position {intact} included, were cut too")
 
 
-def _intact_after(store: Store, bases: list[int], damaged: int) -> int | None:
+def _intact_after(files: FileSet, bases: list[int], damaged: int) -> int | None:
     """The position of the first intact record after the bad one at ``damaged``."""
     for base in bases:
-        buffer = store.segment_file(base).buffer
+        buffer = files.segment_file(base).buffer
         start = damaged - base + 1 if base <= damaged else 0
         if start == 0 and not any(buffer[:fmt.BLANK_SIZE_MIN]):
             continue  # a segment made ahead of time, never written

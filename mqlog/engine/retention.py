@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mqlog.engine.store import Store
+    from mqlog.engine.fileset import FileSet
 
 
 @dataclass(frozen=True)
@@ -33,26 +33,26 @@ class RetentionReport:
     bytes_deleted: int = 0
 
 
-def plan_log_start(store: Store, now_ms: int) -> int:
-    """Where the log may start after this pass: a segment base (see the docstring)."""
-    bases = store.core.segment_bases()
+def plan_log_start(files: FileSet, now_ms: int, limit: int) -> int:
+    """Where the log may start after this pass: a segment base (see the docstring), at
+    most ``limit`` (what is both committed and flushed)."""
+    bases = files.segment_bases()
     if not bases:
         return 0
-    limit = min(store.committed_position, store.flushed_position)
     start = bases[0]
     for end in bases[1:]:
-        if end > limit or not _expired(store, end, now_ms):
+        if end > limit or not _expired(files, end, now_ms):
             break
         start = end
     return start
 
 
-def _expired(store: Store, end: int, now_ms: int) -> bool:
+def _expired(files: FileSet, end: int, now_ms: int) -> bool:
     """Whether the segment that ends at ``end`` may go."""
-    config = store.config
-    if 0 <= config.retention_bytes <= store.written_position - end:
+    config, core = files.config, files.core
+    if 0 <= config.retention_bytes <= core.written_position - end:
         return True
-    if config.retention_ms >= 0 and end < store.committed_position:
-        newest_possible = store.core.read_record(end).store_timestamp
+    if config.retention_ms >= 0 and end < core.committed_position:
+        newest_possible = core.read_record(end).store_timestamp
         return newest_possible < now_ms - config.retention_ms
     return False

@@ -31,18 +31,18 @@ from mqlog.engine.recovery import RecoveryReport
 from mqlog.errors import ConsumeQueueMismatch, CorruptStore
 
 if TYPE_CHECKING:
-    from mqlog.engine.store import Store
+    from mqlog.engine.fileset import FileSet
 
 
-def open_snapshot(store: Store) -> RecoveryReport:
-    """Map ``store``'s files read-only and find its end; see the module docstring."""
+def open_snapshot(files: FileSet) -> RecoveryReport:
+    """Map the store's files read-only and find its end; see the module docstring."""
     started = time.perf_counter()
-    paths, core = store.paths, store.core
+    paths, core = files.paths, files.core
     checkpoint = cp.read_checkpoint(paths.checkpoint)
-    _map_segments(store)
-    first = store.first_segment_base()
+    _map_segments(files)
+    first = files.first_segment_base()
     clean = checkpoint is not None and not paths.abort.exists() and \
-        _in_last_segment(store, checkpoint.log_end)
+        _in_last_segment(files, checkpoint.log_end)
     if clean:
         assert checkpoint is not None
         report = RecoveryReport(clean=True, scanned_from=checkpoint.log_end,
@@ -52,12 +52,10 @@ def open_snapshot(store: Store) -> RecoveryReport:
         if checkpoint is not None and first <= checkpoint.log_position:
             scan_from = checkpoint.log_position
         report = RecoveryReport(clean=False, scanned_from=scan_from)
-        _find_end(store, report, scan_from)
+        _find_end(files, report, scan_from)
     end = report.end_position
-    for base in core.detach_segments_from(end + 1):
-        store.segment_file(base).close()
-        del store._segments[base]
-    _map_queues(store, end)
+    files.close_segments_from(end + 1)
+    _map_queues(files, end)
     epochs = cp.read_epochs(paths.epochs) or []
     core.epoch_starts = [(epoch, start) for epoch, start in epochs if start < end]
     core.epoch = core.epoch_starts[-1][0] if core.epoch_starts else 0
@@ -72,32 +70,31 @@ def open_snapshot(store: Store) -> RecoveryReport:
 LISTING_ATTEMPTS_MAX = 16
 
 
-def _map_segments(store: Store) -> None:
+def _map_segments(files: FileSet) -> None:
     """Map the segment files, all or none of one listing: if one vanishes before it is
     mapped (retention deleted it, and every older one), the directory is listed again."""
     for _attempt in range(LISTING_ATTEMPTS_MAX):
-        mapped = _map_listed_segments(store)
+        mapped = _map_listed_segments(files)
         if mapped is not None:
             for base, file in mapped:
-                store._segments[base] = file
-                store.core.attach_segment(base, file.buffer)
+                files.attach_segment(base, file)
             return
-    raise CorruptStore(f"the segments of {store.paths.root} kept vanishing while it was "
+    raise CorruptStore(f"the segments of {files.paths.root} kept vanishing while it was "
                        f"opened ({LISTING_ATTEMPTS_MAX} listings); try again")
 
 
-def _map_listed_segments(store: Store) -> list[tuple[int, MappedFile]] | None:
+def _map_listed_segments(files: FileSet) -> list[tuple[int, MappedFile]] | None:
     """The segments of one listing, mapped; None if one vanished first."""
     mapped: list[tuple[int, MappedFile]] = []
     try:
-        for base, path in numbered_files(store.paths.commitlog):
+        for base, path in numbered_files(files.paths.commitlog):
             size = os.stat(path).st_size
             if size < PAGE_SIZE:  # (an empty file cannot even be mapped)
                 raise CorruptStore(f"segment {path} is only {size} bytes; open the store "
                                    "read-write once to recover it")
             if mapped and base != mapped[-1][0] + mapped[-1][1].size:
                 raise CorruptStore(
-                    f"the segments of {store.paths.root} are not contiguous at {base} (the "
+                    f"the segments of {files.paths.root} are not contiguous at {base} (the "
                     "store changed while it was opened, or a segment is missing, short or "
                     "long); try again, or open the store read-write once to see what is "
                     "wrong")
@@ -113,22 +110,22 @@ def _map_listed_segments(store: Store) -> list[tuple[int, MappedFile]] | None:
     return mapped
 
 
-def _in_last_segment(store: Store, position: int) -> bool:
-    bases = store.core.segment_bases()
+def _in_last_segment(files: FileSet, position: int) -> bool:
+    bases = files.segment_bases()
     if not bases:
         return position == 0
-    return bases[-1] <= position <= bases[-1] + store.segment_file(bases[-1]).size
+    return bases[-1] <= position <= bases[-1] + files.segment_file(bases[-1]).size
 
 
-def _find_end(store: Store, report: RecoveryReport, scan_from: int) -> None:
+def _find_end(files: FileSet, report: RecoveryReport, scan_from: int) -> None:
     """Scan (without indexing) from ``scan_from`` to the first record that fails."""
     end = scan_from
-    for base in store.core.segment_bases():
-        size = store.segment_file(base).size
+    for base in files.segment_bases():
+        size = files.segment_file(base).size
         if base + size <= scan_from:
             continue
         start = max(scan_from, base) - base
-        result = store.core.scan_segment(base, start, dispatch=False)
+        result = files.core.scan_segment(base, start, dispatch=False)
         report.records_scanned += result.record_count
         end = base + (size if result.stop_reason == "blank" else result.end_offset)
         report.scanned_bytes += end - base - start
@@ -139,13 +136,13 @@ def _find_end(store: Store, report: RecoveryReport, scan_from: int) -> None:
     report.end_position = end
 
 
-def _map_queues(store: Store, end: int) -> None:
-    log_start = store.first_segment_base()
-    for key, queue_dir in cq.queue_directories(store.paths.consumequeue):
-        _map_queue(store, key, queue_dir, log_start, end)
+def _map_queues(files: FileSet, end: int) -> None:
+    log_start = files.first_segment_base()
+    for key, queue_dir in cq.queue_directories(files.paths.consumequeue):
+        _map_queue(files, key, queue_dir, log_start, end)
 
 
-def _map_queue(store: Store, key: tuple[str, int], directory: Path, log_start: int,
+def _map_queue(file_set: FileSet, key: tuple[str, int], directory: Path, log_start: int,
                end: int) -> None:
     files = _map_queue_files(key, directory)
     while len(files) > 1 and cq.entries_before(files[-1], end) == 0:
@@ -163,10 +160,7 @@ def _map_queue(store: Store, key: tuple[str, int], directory: Path, log_start: i
                            "store read-write once to rebuild it")
     next_offset = bases[-1] + cq.entries_before(files[-1], end)
     min_offset = min(next_offset, bases[0] + cq.first_live_entry(files[0], log_start))
-    store.core.add_queue(key[0], key[1], min_offset, next_offset, per_file)
-    for base, mapped in zip(bases, files, strict=True):
-        store.core.attach_queue_file(key[0], key[1], base, mapped.buffer)
-    store._queue_files[key] = files
+    file_set.attach_queue(key, files, min_offset, next_offset, per_file)
 
 
 def _map_queue_files(key: tuple[str, int], directory: Path) -> list[MappedFile]:

@@ -44,6 +44,7 @@ from mqlog.engine.files import (
     numbered_files,
     typed_errors,
 )
+from mqlog.engine.fileset import FileSet
 from mqlog.engine.flush import FlushService
 from mqlog.engine.index import KeyIndex
 from mqlog.engine.maintenance import Maintenance
@@ -52,7 +53,6 @@ from mqlog.engine.recovery import RecoveryReport, recover
 from mqlog.engine.retention import RetentionReport, plan_log_start
 from mqlog.engine.snapshot import open_snapshot
 from mqlog.errors import (
-    ConsumeQueueMismatch,
     DiskFull,
     FlushFailed,
     InvalidArgument,
@@ -148,10 +148,6 @@ class Store:
         self.paths = StorePaths(path)
         self.core_module: ModuleType = ext.load(implementation)
         self.implementation: str = self.core_module.IMPLEMENTATION
-        self._segments: dict[int, MappedFile] = {}
-        self._queue_files: dict[tuple[str, int], list[MappedFile]] = {}
-        self._queue_flushed: dict[tuple[str, int], int] = {}
-        self._epochs_saved: list[tuple[int, int]] = []
         self._queues_saved: list[tuple[str, int, int]] | None = None
         self._names_unsynced: set[int] = set()  # segments made since commitlog/ was synced
         self._commitlog_fd = -1  # commitlog/, open for _sync_log's fsync (writable stores)
@@ -182,8 +178,9 @@ class Store:
             batch_count_max=self.config.batch_count_max,
             new_segment=_refuse, new_queue_file=_refuse,
             verify_crc_on_read=self.config.verify_crc_on_read, read_only=True)
+        self.files = FileSet(self.paths, self.config, self.core)
         self.core.fence(self._read_only_error())
-        self.recovery_report = open_snapshot(self)
+        self.recovery_report = open_snapshot(self.files)
         self._offsets = ConsumerOffsets(self.paths.consumer_offsets,
                                         self.config.group_name_length_max)
 
@@ -218,12 +215,13 @@ class Store:
             new_segment=self._new_segment, new_queue_file=self._new_queue_file,
             clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read,
             prepare_queue=self._prepare_queue, prepare_segment=self._prepare_segment)
-        self.recovery_report = recover(self)
+        self.files = FileSet(paths, config, self.core)
+        self.recovery_report = recover(self.files)
         end = self.recovery_report.end_position
         self.core.last_keyed_end = end  # what is here already must be indexed
         self.key_index = KeyIndex(paths.index, self.core, self.core_module, config)
         index_files = len(numbered_files(paths.index))
-        self.key_index.open(self.first_segment_base(), end,
+        self.key_index.open(self.files.first_segment_base(), end,
                             crashed=not self.recovery_report.clean)
         self.recovery_report.note_index(index_files, self.key_index.file_count)
         self._offsets = ConsumerOffsets(paths.consumer_offsets, config.group_name_length_max)
@@ -243,7 +241,8 @@ class Store:
             checkpoint=self._checkpoint, on_flushed=self._on_flushed,
             on_failure=self._on_flush_failure, flushed_position=end)
         self._flusher.start()
-        self._maintenance = Maintenance(self)
+        self._maintenance = Maintenance(config, self.key_index,
+                                        lambda: self.apply_retention())
         if config.background_threads:
             self._maintenance.start()
         self._allocator.start(end)
@@ -400,18 +399,19 @@ class Store:
             raise InvalidArgument(f"key must be a non-empty str, got {key!r}")
         if not isinstance(topic, str):
             raise InvalidArgument(f"topic must be a str, got {topic!r}")
-        by_key = queries.query_by_scan if self.read_only else queries.query_by_key
-        return by_key(
-            self, topic, key, queries.check_timestamp("begin_ts", begin_ts, queries.TIME_MIN),
-            queries.check_timestamp("end_ts", end_ts, queries.TIME_MAX),
-            self._check_query_count(max_count))
+        begin = queries.check_timestamp("begin_ts", begin_ts, queries.TIME_MIN)
+        end = queries.check_timestamp("end_ts", end_ts, queries.TIME_MAX)
+        count = self._check_query_count(max_count)
+        if self.read_only:
+            return queries.query_by_scan(self.files, topic, key, begin, end, count)
+        return queries.query_by_key(self.files, self.key_index, topic, key, begin, end, count)
 
     def query_by_time(self, topic: str, begin_ts: int, end_ts: int,
                       max_count: int = 64) -> list:
         """Records of ``topic`` stored in [begin_ts, end_ts] (milliseconds), oldest first."""
         self._check_open()
         return queries.query_by_time(
-            self, topic, queries.check_timestamp("begin_ts", begin_ts, queries.TIME_MIN),
+            self.files, topic, queries.check_timestamp("begin_ts", begin_ts, queries.TIME_MIN),
             queries.check_timestamp("end_ts", end_ts, queries.TIME_MAX),
             self._check_query_count(max_count))
 
@@ -419,7 +419,7 @@ class Store:
         """The first offset of the queue whose store timestamp is at least
         ``timestamp_ms`` (Kafka's offsetsForTimes); the max offset if none is."""
         self._check_open()
-        return queries.offset_for_timestamp(self, topic, queue_id, timestamp_ms)
+        return queries.offset_for_timestamp(self.files, topic, queue_id, timestamp_ms)
 
     def _check_query_count(self, max_count: Any) -> int:
         if not isinstance(max_count, int) or not 1 <= max_count <= self.config.query_count_max:
@@ -483,7 +483,8 @@ class Store:
                                   f"{now_ms!r}")
         if now_ms is None:
             now_ms = self._clock_ms() if self._clock_ms is not None else _now_ms()
-        return self._trim_to(lambda: plan_log_start(self, now_ms))
+        return self._trim_to(lambda: plan_log_start(
+            self.files, now_ms, min(self.committed_position, self.flushed_position)))
 
     def trim_front(self, position: int) -> RetentionReport:
         """Delete the segments wholly before ``position``, never past what is committed and
@@ -520,13 +521,11 @@ class Store:
         until the next pass. Segments go first: a crash between the two leaves queue
         entries of missing records, which opening drops, never records without entries."""
         for base in dropped_segments:
-            mapped = self._segments.pop(base)
+            mapped = self.files.forget_segment(base)
             mapped.path.unlink()
             self._retired.append(mapped)
         for topic, queue_id, base_offset in dropped_files:
-            files = self._queue_files[(topic, queue_id)]
-            victim = next(f for f in files if f.path.name == file_name(base_offset))
-            files.remove(victim)
+            victim = self.files.forget_queue_file(topic, queue_id, base_offset)
             victim.path.unlink()
             self._retired.append(victim)
         fsync_directory(self.paths.commitlog)
@@ -610,7 +609,7 @@ class Store:
         core = self.core
         while True:  # another thread may write first: then place it after that write
             written, bases = core.written_position, core.segment_bases()
-            segment_end = bases[-1] + self._segments[bases[-1]].size if bases else None
+            segment_end = self.files.files_end() if bases else None
             if segment_end is not None and written >= segment_end:
                 segment_end = None
             now = max(self._clock_ms() if self._clock_ms else _now_ms(),
@@ -641,9 +640,7 @@ class Store:
         cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(start, start, _now_ms()))
         self.core.truncate(position, self._delete_dropped)
         self._flusher.reset(position)
-        for key, flushed in self._queue_flushed.items():
-            offsets = self.core.queue_offsets(*key)
-            self._queue_flushed[key] = min(flushed, offsets[1] if offsets else 0)
+        self.files.lower_queue_flushed()
         self._save_epochs()
 
     def reset(self, position: int, epoch_starts: list[tuple[int, int]]) -> None:
@@ -670,10 +667,9 @@ class Store:
             bases = self.core.segment_bases()
             if bases:
                 self._truncate(bases[0])  # queues, key index, epochs: the log is empty
-                for base in self.core.detach_segments_from(bases[0]):
-                    self._segments.pop(base).remove()
+                self.files.drop_segments_from(bases[0])
                 fsync_directory(self.paths.commitlog)
-            self.drop_all_queues()
+            self.files.drop_all_queues()
             self.key_index.trim_front(position)
             self._allocator.discard()
             self.core.restore(position)
@@ -695,12 +691,9 @@ class Store:
         rolls right after must not meet an old file of the same name."""
         self._allocator.discard()
         for base in dropped_segments:
-            self._segments.pop(base).remove()
+            self.files.forget_segment(base).remove()
         for topic, queue_id, base_offset in dropped_files:
-            files = self._queue_files[(topic, queue_id)]
-            victim = next(f for f in files if f.path.name == file_name(base_offset))
-            files.remove(victim)
-            victim.remove()
+            self.files.forget_queue_file(topic, queue_id, base_offset).remove()
 
     @property
     def epoch(self) -> int:
@@ -782,6 +775,17 @@ class Store:
             self.paths.abort.unlink(missing_ok=True)
             fsync_directory(self.paths.root)
 
+    def abandon(self, reason: str) -> None:
+        """Leave the store as a crash or a power loss would: no flush, no checkpoint, no
+        clean close (the simulator's disk model, crash tests). Calls fail with
+        StoreClosed(``reason``); the files are unmapped (written pages stay in the page
+        cache) and the lock is released. Threads are not stopped: use it with
+        ``background_threads = False``, or stop them first."""
+        self.core.fence(StoreClosed(reason))
+        self._closed = True
+        self._release_files()
+        os.close(self._lock_fd)
+
     def __enter__(self) -> Store:
         return self
 
@@ -807,29 +811,23 @@ class Store:
         for mapped in self._retired:
             mapped.close()
         self._retired.clear()
-        if hasattr(self, "core"):
+        if hasattr(self, "files"):
+            self.files.release()
+        elif hasattr(self, "core"):
             self.core.release()
-        for mapped in self._segments.values():
-            mapped.close()
-        for files in self._queue_files.values():
-            for mapped in files:
-                mapped.close()
-        self._segments.clear()
-        self._queue_files.clear()
 
     # --- callbacks from the core (called under its write lock) -------------------------
 
     def _new_segment(self, base: int) -> None:
         mapped = self._allocator.take(base)
-        self._segments[base] = mapped
         self._names_unsynced.add(base)  # _sync_log syncs commitlog/ before acking in it
-        self.core.attach_segment(base, mapped.buffer)
+        self.files.attach_segment(base, mapped)
 
     def _prepare_segment(self, base: int, end: int) -> int:
         """Back the last segment with blocks up to at least position ``end`` (called
         under the core's write lock before it writes past what is backed); DiskFull or
         TooManyOpenFiles if it cannot be, with nothing written."""
-        mapped = self._segments[base]
+        mapped = self.files.segment_file(base)
         if mapped.prepared is None:  # opened, not made here: it holds data up to the end
             mapped.mark_held(self.core.written_position - base)
         return self._allocator.ensure(mapped, base, end)
@@ -837,7 +835,8 @@ class Store:
     def _new_queue_file(self, topic: str, queue_id: int, base_offset: int) -> None:
         key, first = (topic, queue_id), base_offset
         per_file = self.config.consume_queue_entries_per_file
-        if key not in self._queue_files:
+        new = not self.files.has_queue(key)
+        if new:
             self._validate_queue(topic, queue_id)
             with typed_errors(f"cannot create consume queue {topic}/{queue_id}"):
                 self.paths.queue_dir(topic, queue_id).mkdir(parents=True, exist_ok=True)
@@ -845,24 +844,20 @@ class Store:
         path = self.paths.queue_dir(topic, queue_id) / file_name(base_offset)
         mapped = MappedFile.create(path, per_file * cq.ENTRY_SIZE)
         try:
-            if key not in self._queue_files and first > base_offset:
+            if new and first > base_offset:
                 mapped.write_at(0, cq.TOMBSTONE * (first - base_offset))
         except BaseException:
             mapped.remove()
             raise
-        if key not in self._queue_files:  # only now: a failure above leaves no queue
-            self.core.add_queue(topic, queue_id, first, first, per_file)
-            self._queue_files[key] = []
-            self._queue_flushed[key] = first
-        self._queue_files[key].append(mapped)
-        self.core.attach_queue_file(topic, queue_id, base_offset, mapped.buffer)
+        # Only now is a new queue added: a failure above leaves no queue.
+        self.files.add_queue_file(key, base_offset, mapped, first if new else None)
 
     def _prepare_queue(self, topic: str, queue_id: int, offset: int) -> int:
         """Back the next pages of a queue's last file with written (zero) blocks, from the
         first page boundary at or after ``offset``'s entry (the bytes before it are in
         use); return the offset up to which entries are backed. Called under the core's
         write lock, once every ``consume_queue_prefill_bytes`` of entries."""
-        mapped = self._queue_files[(topic, queue_id)][-1]
+        mapped = self.files.last_queue_file((topic, queue_id))
         base = int(mapped.path.name)
         at = (offset - base) * cq.ENTRY_SIZE
         page, start = at // PAGE_SIZE * PAGE_SIZE, -(-at // PAGE_SIZE) * PAGE_SIZE
@@ -896,93 +891,21 @@ class Store:
             raise InvalidQueueId(f"queue_id {queue_id} exceeds queue_id_max="
                                  f"{self.config.queue_id_max}")
 
-    # --- used by recovery ----------------------------------------------------------------
+    # --- the log's extent ---------------------------------------------------------------
 
     def first_segment_base(self) -> int:
-        bases = self.core.segment_bases()
-        return bases[0] if bases else 0
+        """The log's first position (retention moves it forward)."""
+        return self.files.first_segment_base()
 
-    def segment_file(self, base: int) -> MappedFile:
-        return self._segments[base]
-
-    def drop_segments_from(self, position: int) -> list[int]:
-        dropped = self.core.detach_segments_from(position)
-        for base in dropped:
-            self._segments.pop(base).remove()
-        return dropped
-
-    def open_queues(self, scan_from: int, manifest: dict, exact: bool) -> None:
-        """Map every consume queue, keeping only entries of records before ``scan_from``.
-
-        Raises ConsumeQueueMismatch when the files disagree with the queue manifest (a
-        queue or a file is missing; with ``exact``, after a clean close, a queue ends
-        early): recovery then rebuilds every queue from the commit log.
-        """
-        found = set()
-        for key, queue_dir in cq.queue_directories(self.paths.consumequeue):
-            found.add(key)
-            self._open_queue(key, queue_dir, scan_from, manifest.get(key), exact)
-        missing = sorted(set(manifest) - found)
-        if missing:
-            raise ConsumeQueueMismatch(f"consume queue {missing[0]} is missing")
-
-    def _open_queue(self, key: tuple[str, int], directory: Path, scan_from: int,
-                    expected: tuple[int, int] | None, exact: bool) -> None:
-        files: list[MappedFile] = []
-        try:
-            for _, path in cq.checked_files(key, directory):
-                files.append(MappedFile.open(path))
-            kept = cq.trim_files(files, scan_from)
-            log_start = self.first_segment_base()
-            while len(kept) > 1 and cq.first_live_entry(kept[1], log_start) > 0:
-                kept.pop(0).remove()  # retention was cut short: only older entries here
-            if not kept:
-                return
-            per_file = kept[0].size // cq.ENTRY_SIZE or self.config.consume_queue_entries_per_file
-            bases = [int(mapped.path.name) for mapped in kept]
-            if bases != list(range(bases[0], bases[0] + per_file * len(bases), per_file)):
-                raise ConsumeQueueMismatch(f"consume queue {key} has a gap between its files")
-            next_offset = bases[-1] + cq.entries_before(kept[-1], scan_from)
-            min_offset = bases[0] + cq.first_live_entry(kept[0], self.first_segment_base())
-            if expected is not None and (min_offset > expected[0] or
-                                         exact and next_offset != expected[1]):
-                raise ConsumeQueueMismatch(
-                    f"consume queue {key} holds [{min_offset}, {next_offset}), the manifest "
-                    f"says [{expected[0]}, {expected[1]})")
-        except BaseException:
-            for mapped in files:
-                mapped.close()
-            raise
-        self.core.add_queue(key[0], key[1], min_offset, next_offset, per_file)
-        for base, mapped in zip(bases, kept, strict=True):
-            self.core.attach_queue_file(key[0], key[1], base, mapped.buffer)
-        self._queue_files[key] = kept
-        self._queue_flushed[key] = next_offset
-
-    def drop_all_queues(self) -> None:
-        """Delete every consume queue (recovery rebuilds them from the log)."""
-        self.core.drop_queues()  # first: the core must let go of the mappings
-        for files in self._queue_files.values():
-            for mapped in files:
-                mapped.remove()
-        self._queue_files.clear()
-        self._queue_flushed.clear()
-        cq.remove_all(self.paths.consumequeue)
-
-    def restore_epochs(self, epochs: list[tuple[int, int]], scan_from: int) -> None:
-        kept = [(epoch, start) for epoch, start in epochs if start < scan_from]
-        self.core.epoch_starts = kept
-        # The newest epoch the file knows, even one with no record yet (set_epoch saved
-        # it): a node never goes back to an older epoch across a restart.
-        self.core.epoch = max((epoch for epoch, _ in epochs), default=0)
-        self._epochs_saved = list(kept)
+    def segments(self) -> list[tuple[int, int]]:
+        """(base position, size in bytes) of every segment file, ascending."""
+        self._check_open()
+        return self.files.segments()
 
     # --- flushing --------------------------------------------------------------------------
 
     def _sync_log(self, start: int, end: int) -> None:
-        for base, mapped in list(self._segments.items()):
-            if base < end and start < base + mapped.size:
-                mapped.sync(max(start, base) - base, min(end, base + mapped.size) - base)
+        self.files.sync_segments(start, end)
         # Durability covers names too (DESIGN §4): a segment made (renamed from *.tmp)
         # since the last sync of commitlog/ has its entry synced before any record in
         # it counts as flushed; recovery deletes *.tmp, and a lost name loses records.
@@ -992,19 +915,7 @@ class Store:
             self._names_unsynced.difference_update(named)
 
     def _sync_all_queues(self) -> None:
-        per_file = self.config.consume_queue_entries_per_file
-        for key, files in list(self._queue_files.items()):
-            offsets = self.core.queue_offsets(*key)
-            flushed = self._queue_flushed.get(key, 0)
-            if offsets is None or offsets[1] <= flushed:
-                continue
-            for mapped in files:
-                base = int(mapped.path.name)
-                count = mapped.size // cq.ENTRY_SIZE or per_file
-                low, high = max(flushed, base), min(offsets[1], base + count)
-                if low < high:
-                    mapped.sync((low - base) * cq.ENTRY_SIZE, (high - base) * cq.ENTRY_SIZE)
-            self._queue_flushed[key] = offsets[1]
+        self.files.sync_all_queues()
 
     def _checkpoint(self, log_position: int) -> None:
         self._sync_all_queues()
@@ -1021,9 +932,9 @@ class Store:
         current = list(self.core.epoch_starts)
         if self.core.epoch > (current[-1][0] if current else 0):
             current.append((self.core.epoch, self.core.written_position))  # no record yet
-        if current != self._epochs_saved:
+        if current != self.files.epochs_saved:
             cp.write_epochs(self.paths.epochs, current)
-            self._epochs_saved = current
+            self.files.epochs_saved = current
 
     def _save_queues(self, force: bool) -> None:
         """Rewrite the queue manifest when a queue appeared or its minimum moved (or always,

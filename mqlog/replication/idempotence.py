@@ -85,7 +85,7 @@ class ProducerTable:
         how many tagged records were found."""
         self.clear()
         end = store.written_position
-        bases = [base for base in store.core.segment_bases() if base <= max(0, end - window_bytes)]
+        bases = [base for base, _size in store.segments() if base <= max(0, end - window_bytes)]
         position = bases[-1] if bases else store.first_segment_base()
         found = 0
         while position < end:

@@ -18,7 +18,6 @@ real recovery (the abort marker is there, the checkpoint is old).
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +26,6 @@ from typing import Any
 
 import mqlog
 from mqlog.engine.files import file_name
-from mqlog.errors import StoreClosed
 from mqlog.replication.driver import Driver
 from mqlog.replication.messages import Message
 from mqlog.results import PutStatus
@@ -134,11 +132,8 @@ def power_off(store: Any, tear_rng: random.Random | None) -> tuple[int, int]:
     kept = durable
     if tear_rng is not None and written > durable and tear_rng.random() < 0.5:
         kept = durable + tear_rng.randrange(written - durable + 1)
-    segments = [(base, mapped.size) for base, mapped in store._segments.items()]
-    store.core.fence(StoreClosed(f"store {store.paths.root} lost its power"))
-    store._closed = True
-    store._release_files()  # (unmapped: what was written sits in the page cache)
-    os.close(store._lock_fd)
+    segments = store.segments()
+    store.abandon(f"store {store.paths.root} lost its power")  # (the page cache stays)
     for base, size in segments:
         start, end = max(kept, base), min(written, base + size)
         if start < end:

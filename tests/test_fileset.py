@@ -1,0 +1,69 @@
+"""engine/fileset.py: the store's mapped files, and the only door to them.
+
+The helper modules (recovery, snapshot, retention, queries, maintenance) take the file
+set, or less, never the Store; nothing outside the store touches its core or its
+private attributes (pebble's commitEnv). The first test greps the code for it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import mqlog
+from tests.conftest import SMALL
+
+ROOT = Path(__file__).resolve().parent.parent
+OWNERS = {Path("mqlog/engine/store.py"), Path("mqlog/engine/fileset.py")}
+REACHING_IN = re.compile(r"\bstore\.(core\b|_[a-z]\w*)")
+HELPERS = ("recovery", "snapshot", "retention", "queries", "maintenance")
+
+
+def test_nothing_outside_the_store_touches_its_core_or_files():
+    """Issue 14: recovery, snapshot, retention and the CLI reached into
+    ``store._segments`` and ``store.core``; a change to the store's bookkeeping had to
+    be made in six modules. Now only store.py and fileset.py may."""
+    found = []
+    for path in sorted([*ROOT.glob("mqlog/**/*.py"), *ROOT.glob("benchmarks/*.py")]):
+        relative = path.relative_to(ROOT)
+        if relative in OWNERS:
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if REACHING_IN.search(line):
+                found.append(f"{relative}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
+def test_the_helpers_never_see_the_store():
+    """The helper modules import no Store (only the file set and what they need)."""
+    for name in HELPERS:
+        text = (ROOT / "mqlog" / "engine" / f"{name}.py").read_text()
+        assert "engine.store import" not in text, name
+
+
+def test_the_file_set_tracks_segments_and_queues(tmp_path, impl):
+    """Segments and queue files come and go with the core's view of them: rolls,
+    retention, truncation, reset, and a read-only snapshot."""
+    settings = dict(SMALL, retention_bytes=3 * SMALL["segment_size_bytes"])
+    with mqlog.open(tmp_path / "s", implementation=impl, **settings) as store:
+        files = store.files
+        for number in range(400):
+            store.put(f"t{number % 2}", bytes(900), number % 3)
+        assert [base for base, _ in store.segments()] == files.segment_bases()
+        assert len(files.segment_bases()) > 4
+        store.flush()
+        store.apply_retention()
+        assert files.first_segment_base() == store.first_segment_base() > 0
+        assert sorted(p.name for p in (tmp_path / "s" / "commitlog").iterdir()
+                      if not p.name.endswith(".tmp")) >= \
+            [f"{base:020d}" for base in files.segment_bases()]
+        middle = store.get("t0", 0, store.max_offset("t0", 0) - 5, 1)[0].position
+        store.truncate(middle)
+        assert files.files_end() >= store.written_position == middle
+        assert all(base < middle for base in files.segment_bases()[:-1])
+        store.reset(1 << 24, [(store.epoch, 0)])
+        assert files.segment_bases() == [1 << 24] and store.queues() == []
+        store.put("t0", b"after the reset")
+    with mqlog.open(tmp_path / "s", implementation=impl, read_only=True, **settings) as snap:
+        assert snap.files.segment_bases() == [1 << 24]
+        assert [r.body for r in snap.get("t0", 0, 0, 5)] == [b"after the reset"]
