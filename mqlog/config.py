@@ -182,7 +182,7 @@ class ReplicationConfig:
     Time is in ticks (``tick_ms`` each): the cores never read a clock (DESIGN §5).
     """
 
-    layer: Literal["master_slave", "raft"] = "master_slave"
+    layer: Literal["master_slave", "raft", "isr"] = "master_slave"
     cluster_id: str = ""  # the group's name: messages carrying another one are dropped
     node_id: str = "node-1"
     role: Role = "ASYNC_MASTER"
@@ -212,6 +212,16 @@ class ReplicationConfig:
     follower_ack: Literal["flushed", "written"] = "flushed"  # what a follower's ack counts
     idempotence_window_bytes: int = 16 * MiB  # log tail scanned for producer ids
     idempotence_sequences_max: int = 1024  # remembered results per producer id
+    # ISR (layer = "isr", Kafka's; mqlog/replication/isr/core.py). sync_timeout_ticks is a
+    # produce's deadline there (REQUEST_TIMED_OUT), retransmit_ticks a fetch's backoff.
+    replicas: tuple[str, ...] = ()  # the partition's replicas, this node included
+    min_insync_replicas: int = 1  # the high watermark advances only with this many in ISR
+    replica_lag_time_ms: int = 30_000  # a follower not caught up for this long leaves ISR
+    fetch_wait_ms_max: int = 500  # a follower's fetch waits at most this for new records
+    fetch_bytes_min: int = 1  # ... or until this many bytes are there to send
+    fetch_bytes_max: int = 1 * MiB  # log bytes one fetch answer carries at most
+    replica_ack: Literal["written", "flushed"] = "written"  # what a follower's fetch acks
+    alter_partition_retry_ms: int = 1_000  # an unanswered AlterPartition is sent again
 
     def validate(self) -> ReplicationConfig:
         _require_positive(self, "in_sync_slaves_min", "tick_ms", "heartbeat_ticks",
@@ -220,8 +230,11 @@ class ReplicationConfig:
                           "frame_size_bytes_max", "peer_send_bytes_max")
         if self.layer == "raft":
             return self._validate_raft()
+        if self.layer == "isr":
+            return self._validate_isr()
         if self.layer != "master_slave":
-            raise ConfigError(f"layer must be 'master_slave' or 'raft', got {self.layer!r}")
+            raise ConfigError(f"layer must be 'master_slave', 'raft' or 'isr', got "
+                              f"{self.layer!r}")
         if self.role not in ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE"):
             raise ConfigError(f"role must be ASYNC_MASTER, SYNC_MASTER or SLAVE, got "
                               f"{self.role!r}")
@@ -258,6 +271,33 @@ class ReplicationConfig:
             raise ConfigError("append_bytes_max must leave 4 KiB of frame_size_bytes_max for "
                               "the frame header")
         return self
+
+    def _validate_isr(self) -> ReplicationConfig:
+        _require_positive(self, "min_insync_replicas", "replica_lag_time_ms",
+                          "fetch_wait_ms_max", "fetch_bytes_min", "fetch_bytes_max",
+                          "alter_partition_retry_ms", "idempotence_window_bytes",
+                          "idempotence_sequences_max")
+        if self.node_id not in self.replicas or len(set(self.replicas)) != len(self.replicas):
+            raise ConfigError(f"node {self.node_id!r} must be one of the partition's distinct "
+                              f"replicas {self.replicas}")
+        if self.min_insync_replicas > len(self.replicas):
+            raise ConfigError(f"min_insync_replicas={self.min_insync_replicas} exceeds the "
+                              f"{len(self.replicas)} replicas: acks=all would never succeed")
+        if self.replica_lag_time_ms <= self.fetch_wait_ms_max + self.tick_ms:
+            raise ConfigError(f"replica_lag_time_ms={self.replica_lag_time_ms} must exceed "
+                              f"fetch_wait_ms_max={self.fetch_wait_ms_max} (plus a tick): an "
+                              "idle follower waiting on its fetch would leave the ISR")
+        if self.fetch_bytes_max + 4096 > self.frame_size_bytes_max:
+            raise ConfigError("fetch_bytes_max must leave 4 KiB of frame_size_bytes_max for "
+                              "the frame header")
+        if self.replica_ack not in ("written", "flushed"):
+            raise ConfigError(f"replica_ack must be 'written' or 'flushed', got "
+                              f"{self.replica_ack!r}")
+        return self
+
+    def ticks(self, milliseconds: int) -> int:
+        """A duration in whole ticks, rounded up (cores count ticks, never read clocks)."""
+        return max(1, -(-milliseconds // self.tick_ms))
 
     def replace(self, **overrides: Any) -> ReplicationConfig:
         return dataclasses.replace(self, **overrides).validate()
@@ -333,6 +373,8 @@ class GroupSpec:
         replication = self.replication
         if replication.layer == "raft":
             return replication.voters + replication.learners
+        if replication.layer == "isr":
+            return replication.replicas
         names = (replication.node_id, replication.master, *replication.slaves)
         return tuple(name for name in dict.fromkeys(names) if name)
 

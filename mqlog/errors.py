@@ -144,6 +144,26 @@ class NotLeader(NotMaster):
         self.leader_address = leader_address
 
 
+class NotEnoughReplicas(MqlogError):
+    """An acks=all write to an ISR partition whose in-sync replicas are fewer than
+    ``min_insync_replicas`` (Kafka's NOT_ENOUGH_REPLICAS): nothing was stored, so a retry
+    is safe; it succeeds once lagging replicas catch up and rejoin the ISR (or write with
+    acks=1, knowing a leader's failure may lose it)."""
+
+
+class NotEnoughReplicasAfterAppend(MqlogError):
+    """An acks=all write was stored by the ISR partition's leader, but the ISR shrank below
+    ``min_insync_replicas`` before it was committed (Kafka's
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND). It may still commit once the ISR grows back: retry
+    with the same producer id and sequence, so it is not stored twice."""
+
+
+class RequestTimedOut(MqlogError):
+    """An acks=all write was stored by the ISR partition's leader but not committed within
+    the deadline (Kafka's REQUEST_TIMED_OUT, or the leader lost its leadership meanwhile).
+    It may still commit: retry with the same producer id and sequence."""
+
+
 class MembershipChangeRefused(InvalidArgument):
     """A Raft membership change the group cannot take now: more than one voter changed at
     once, a change still uncommitted, or a new voter that is not a caught-up learner."""

@@ -13,6 +13,9 @@ class PutStatus(enum.Enum):
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"  # stored, but not flushed within the deadline
     FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"  # stored, replicas did not ack in time
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"  # stored, too few replicas connected
+    # The ISR layer's (Kafka's) answers to acks=all; both: stored, and it may still commit.
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"  # ISR shrank
+    REQUEST_TIMED_OUT = "REQUEST_TIMED_OUT"  # not committed within the deadline
 
 
 class PutResult(NamedTuple):

@@ -1,4 +1,4 @@
-"""Replication: the wire, the sans-IO cores (master_slave/, raft/; isr/ to come) and
+"""Replication: the wire, the sans-IO cores (master_slave/, raft/, isr/) and
 the drivers that run them (DESIGN §5).
 
 ``core_for(config, log)`` picks the core of the configured ``layer``; drivers (the node,
@@ -12,9 +12,11 @@ from typing import Any
 
 def core_for(config: Any, log: Any, **options: Any) -> Any:
     """The replication core of ``config.layer`` over ``log``; ``options`` are the layer's
-    own (Raft: ``rng``, ``hard_state``; both: ``test_break``)."""
+    own (Raft: ``rng``, ``hard_state``; ISR: ``metadata``; all: ``test_break``)."""
+    from mqlog.replication.isr import IsrCore
     from mqlog.replication.master_slave import MasterSlaveCore
     from mqlog.replication.raft import RaftCore
 
-    cores: dict[str, Any] = {"master_slave": MasterSlaveCore, "raft": RaftCore}
+    cores: dict[str, Any] = {"master_slave": MasterSlaveCore, "raft": RaftCore,
+                             "isr": IsrCore}
     return cores[config.layer](config, log, **options)

@@ -49,6 +49,8 @@ from mqlog.replication.idempotence import ProducerTable, Stored, producer_proper
 from mqlog.replication.messages import (
     Entries,
     EntriesReply,
+    Fetch,
+    FetchReply,
     LogReset,
     Message,
     TimeoutNow,
@@ -350,6 +352,24 @@ def _flag(value: bool) -> str:
     return "true" if value else "false"
 
 
+def _describe_fetch(message: Fetch | FetchReply) -> str:
+    """The ISR layer's fetch and its answer, as the datadriven tests print them."""
+    head = f"{message.src}->{message.dst} {message.kind} epoch={message.epoch} " \
+        f"fetch={message.fetch_id}"
+    if isinstance(message, Fetch):
+        return head + f" position={message.position} last_epoch={message.last_epoch}"
+    if message.error:
+        start = f" log_start={message.log_start} start_epoch={message.start_epoch}" \
+            if message.error == "OFFSET_OUT_OF_RANGE" else ""
+        return head + f" error={message.error}{start}"
+    if message.diverging_end >= 0:
+        return head + (f" diverging=(epoch {message.diverging_epoch} ends at "
+                       f"{message.diverging_end}) hw={message.high_watermark}")
+    records = f" [{message.position}, {message.position + len(message.payload)}) " \
+        f"e{message.records_epoch}" if message.payload else f" empty at {message.position}"
+    return head + records + f" hw={message.high_watermark}"
+
+
 def describe_message(message: Message) -> str:
     """One message, as the datadriven tests print it."""
     head = f"{message.src}->{message.dst} {message.kind} term={message.epoch}"
@@ -374,6 +394,8 @@ def describe_message(message: Message) -> str:
                        f"{message.last_epoch_start} commit={message.commit}{changes}")
     if isinstance(message, TimeoutNow):
         return head
+    if isinstance(message, Fetch | FetchReply):
+        return _describe_fetch(message)
     fields = {key: value for key, value in vars(message).items()
               if key not in ("src", "dst", "payload", "cluster_id")}
     text = " ".join(f"{key}={value}" for key, value in fields.items())

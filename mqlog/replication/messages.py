@@ -34,6 +34,19 @@ Raft (etcd raft's messages, with positions for indexes and epochs for terms):
   retention let go: start the log over, empty, at the leader's log start ``position``;
   the record that ends there has ``last_epoch``, which starts at ``last_epoch_start``;
   ``memberships`` are the changes in force there. Answered by an ``EntriesReply``.
+
+ISR (Kafka's fetch protocol, KIP-101/279/320; isr/core.py):
+
+* ``Fetch`` follower→leader: send me the records from ``position`` (my log's end), whose
+  record ending there has ``last_epoch``; ``epoch`` is the leader epoch the follower
+  knows; ``fetch_id`` numbers its fetches (one in flight; an answer to another is stale).
+* ``FetchReply`` raw records of one epoch (``records_epoch``) that go at ``position``,
+  the leader's ``high_watermark`` and ``log_start``; or ``diverging_epoch`` /
+  ``diverging_end`` (>= 0 when the follower's log went past the leader's for that
+  epoch: truncate there and fetch again); or an ``error`` (FENCED_LEADER_EPOCH,
+  UNKNOWN_LEADER_EPOCH, NOT_LEADER, OFFSET_OUT_OF_RANGE: the fetch is before the
+  leader's log start, whose record ends with ``start_epoch``, begun at
+  ``start_epoch_start``: start the log over there).
 """
 
 from __future__ import annotations
@@ -140,9 +153,33 @@ class LogReset(Message):
         return [(self.last_epoch, self.last_epoch_start)] if self.last_epoch >= 0 else []
 
 
+@dataclass(frozen=True)
+class Fetch(Message):
+    kind: ClassVar[str] = "fetch"
+    fetch_id: int
+    position: int  # the follower's log end: send from here
+    last_epoch: int  # epoch of the record that ends there (-1: none)
+
+
+@dataclass(frozen=True)
+class FetchReply(Message):
+    kind: ClassVar[str] = "fetch_reply"
+    fetch_id: int
+    position: int  # where the payload goes (the fetch's position)
+    records_epoch: int  # epoch of every record in the payload (-1: none)
+    high_watermark: int
+    log_start: int
+    diverging_epoch: int  # -1, or the newest epoch of the leader's <= the fetch's last_epoch
+    diverging_end: int  # -1, or where that epoch ends in the leader's log
+    error: str  # "" or a Kafka error name (see the module docstring)
+    start_epoch: int  # OFFSET_OUT_OF_RANGE: epoch of the record ending at log_start
+    start_epoch_start: int  # ... and where that epoch starts (-1: none)
+    payload: bytes = field(default=b"", repr=False)
+
+
 KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
     Hello, Append, Report, Truncate, Vote, VoteReply, Entries, EntriesReply, TimeoutNow,
-    LogReset)}
+    LogReset, Fetch, FetchReply)}
 _TYPES = {"str": str, "int": int, "bytes": bytes, "bool": bool}
 _FIELD_TYPES = {cls: {item.name: _TYPES[str(item.type)] for item in dataclasses.fields(cls)}
                 for cls in KINDS.values()}  # message class -> {field: exact type}

@@ -1,0 +1,92 @@
+"""What the controller decides for an ISR partition, as pure functions of its state.
+
+AlterPartition (Kafka's KIP-497 handling). A leader asks for a new ISR computed from the
+partition epoch it knows. The request is refused (MetadataChangeRefused, nothing
+changes) unless it comes from the current leader in the current leader epoch and names
+the current partition epoch — a request computed from a stale view would undo a newer
+decision (a fenced broker already removed, a newer leader) — and unless the new ISR holds
+the leader, lies within the replicas, and adds only live brokers. Accepted, it creates
+the next partition epoch.
+
+ELR (KIP-966). The high watermark advances only while the ISR has at least
+``min_insync_replicas`` members, so the members that leave an ISR smaller than that hold
+every committed record: they become eligible leader replicas (ELR) beside the ISR. A
+member that rejoins the ISR leaves the ELR, and once the ISR is back at the minimum the
+ELR empties (the high watermark moves again, past what they hold).
+
+Leader election, when the leader's broker is fenced: the first live ISR member in
+replica order (the preferred leader first); else the first live ELR member, which becomes
+the ISR alone; else, only with ``unclean``, the first live replica — records committed
+before may be lost, and the decision says so; else no leader (``""``) until an ISR or
+ELR member comes back. The fenced leader leaves the ISR (to the ELR when the ISR falls
+below the minimum). Every election bumps the leader epoch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mqlog.errors import MetadataChangeRefused
+from mqlog.replication.isr.core import AlterPartition, PartitionState
+
+
+def decide_alter_partition(current: PartitionState, request: AlterPartition,
+                           min_insync_replicas: int,
+                           live: set[str] | None = None) -> PartitionState:
+    """The partition's next state after ``request``, or MetadataChangeRefused."""
+    if request.src != current.leader or request.epoch != current.leader_epoch:
+        raise MetadataChangeRefused(
+            f"AlterPartition from {request.src} in leader epoch {request.epoch}: the leader "
+            f"is {current.leader or 'nobody'} in leader epoch {current.leader_epoch}")
+    if request.partition_epoch != current.partition_epoch:
+        raise MetadataChangeRefused(
+            f"AlterPartition computed from partition epoch {request.partition_epoch}, not "
+            f"the current {current.partition_epoch}: the leader must apply the newer "
+            "metadata and ask again")
+    isr = request.isr
+    if current.leader not in isr or not set(isr) <= set(current.replicas) or \
+            len(set(isr)) != len(isr):
+        raise MetadataChangeRefused(f"ISR {list(isr)} must hold the leader {current.leader} "
+                                    f"and only replicas {list(current.replicas)}, once each")
+    added = set(isr) - set(current.isr)
+    if live is not None and added - live:
+        raise MetadataChangeRefused(f"{sorted(added - live)} cannot join the ISR: fenced "
+                                    "or not registered")
+    return _with_isr(current, isr, min_insync_replicas)
+
+
+def elect_leader(current: PartitionState, live: set[str], min_insync_replicas: int,
+                 unclean: bool = False) -> tuple[PartitionState, str]:
+    """A new leader for a partition whose leader is not live: the next state and how it
+    was chosen ("isr", "elr", "unclean", or "none")."""
+    order = [name for name in current.replicas if name in live]
+    isr = tuple(name for name in current.isr if name in live)
+    elr = [name for name in current.elr if name in live]
+    if isr:
+        leader, how = next(name for name in order if name in isr), "isr"
+    elif elr:
+        leader, how = next(name for name in order if name in elr), "elr"
+        isr = (leader,)
+    elif unclean and order:
+        leader, how = order[0], "unclean"
+        isr = (leader,)
+    else:
+        leader, how = "", "none"
+    state = _with_isr(current, isr, min_insync_replicas)
+    if how == "unclean":
+        state = dataclasses.replace(state, elr=())
+    return dataclasses.replace(state, leader=leader,
+                               leader_epoch=current.leader_epoch + 1), how
+
+
+def _with_isr(current: PartitionState, isr: tuple[str, ...],
+              min_insync_replicas: int) -> PartitionState:
+    """The next partition epoch with ``isr``, the ELR following KIP-966's rule."""
+    if len(isr) >= min_insync_replicas:
+        elr: tuple[str, ...] = ()
+    else:
+        leaving = set(current.isr) - set(isr)
+        kept = (set(current.elr) | leaving) - set(isr)
+        elr = tuple(name for name in current.replicas if name in kept)
+    return dataclasses.replace(current, isr=tuple(isr), elr=elr,
+                               partition_epoch=current.partition_epoch + 1)

@@ -1,0 +1,214 @@
+"""The ISR core's single decisions, stepped directly over an in-memory log (as
+tests/test_cores.py does for the other layers), and the controller's ISR decisions
+(isr/decisions.py) under Hypothesis. The datadriven scripts (tests/data/isr) show whole
+exchanges."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqlog import errors
+from mqlog.config import ReplicationConfig
+from mqlog.replication.isr import AlterPartition, IsrCore, PartitionState
+from mqlog.replication.isr.core import answer_error
+from mqlog.replication.isr.decisions import decide_alter_partition, elect_leader
+from mqlog.replication.messages import Fetch, FetchReply
+from mqlog.results import PutStatus
+from tests.test_cores import FakeLog
+
+REPLICAS = ("n1", "n2", "n3")
+
+
+def _core(name: str, log: FakeLog, state: PartitionState | None = None,
+          **overrides: Any) -> IsrCore:
+    config = ReplicationConfig(layer="isr", node_id=name, replicas=REPLICAS,
+                               tick_ms=10, replica_lag_time_ms=100, fetch_wait_ms_max=40,
+                               retransmit_ticks=2, **overrides)
+    core = IsrCore(config, log)
+    if state is not None:
+        core.apply_metadata(state)
+        log.carry_out(ready := core.ready())
+        core.advance(ready)
+    return core
+
+
+def _state(leader: str = "n1", epoch: int = 1, partition_epoch: int = 1,
+           isr: tuple[str, ...] = REPLICAS) -> PartitionState:
+    return PartitionState(leader, epoch, partition_epoch, isr, (), REPLICAS)
+
+
+def _sent(core: IsrCore) -> list[Any]:
+    ready = core.ready()
+    return ready.messages + ready.messages_after_persist
+
+
+def test_a_follower_drops_answers_to_fetches_it_no_longer_waits_for():
+    log = FakeLog(100, ((1, 0),))
+    follower = _core("n2", log, _state())
+    for _ in range(6 + 1):  # the fetch's answer is late: it asks again
+        follower.tick()
+    fetches = [m for m in _sent(follower) if isinstance(m, Fetch)]
+    assert [m.fetch_id for m in fetches] == [2]
+    stale = FetchReply("n1", "n2", 1, 1, 100, 1, 300, 0, -1, -1, "", -1, -1,
+                       payload=bytes(50))
+    follower.step(stale)
+    assert follower.ready().appends == []
+
+
+def test_only_replicas_of_this_cluster_are_heard():
+    leader = _core("n1", FakeLog(), _state(), cluster_id="blue")
+    leader.step(Fetch("x9", "n1", 1, 1, 0, -1, cluster_id="blue"))
+    leader.step(Fetch("n2", "n1", 1, 1, 0, -1, cluster_id="red"))
+    assert leader.ignored == 2 and leader.followers["n2"].log_end == -1
+    assert not _sent(leader)
+
+
+def test_a_stale_leader_epoch_is_fenced_and_the_follower_backs_off():
+    leader = _core("n1", FakeLog(), _state(epoch=3))
+    leader.step(Fetch("n2", "n1", 2, 7, 0, -1))
+    (reply,) = _sent(leader)
+    assert reply.error == "FENCED_LEADER_EPOCH" and reply.fetch_id == 7
+    follower = _core("n2", FakeLog(), _state(epoch=3))
+    follower.step(FetchReply("n1", "n2", 3, 1, 0, -1, 0, 0, -1, -1, "UNKNOWN_LEADER_EPOCH",
+                             -1, -1))
+    assert not [m for m in _sent(follower) if isinstance(m, Fetch)]
+    follower.tick()
+    follower.tick()
+    assert [m.fetch_id for m in _sent(follower) if isinstance(m, Fetch)] == [2]
+
+
+def test_a_fetch_before_the_log_start_starts_the_follower_over():
+    log = FakeLog(5000, ((1, 0), (2, 3000)))
+    log.first_segment_base = lambda: 4096  # type: ignore[method-assign]
+    leader = _core("n1", log, _state(epoch=2))
+    leader.step(Fetch("n2", "n1", 2, 1, 100, 1))
+    (reply,) = _sent(leader)
+    assert (reply.error, reply.log_start, reply.start_epoch, reply.start_epoch_start) == (
+        "OFFSET_OUT_OF_RANGE", 4096, 2, 3000)
+    follower = _core("n2", FakeLog(100, ((1, 0),)), _state(epoch=2))
+    follower.step(reply)
+    ready = follower.ready()
+    assert ready.reset_log == (4096, [(2, 3000)]) and ready.commit_to == 4096
+    assert [(m.position, m.last_epoch) for m in ready.messages] == [(4096, 2)]
+
+
+def test_acks_one_is_taken_below_min_insync_and_acks_all_is_not():
+    leader = _core("n1", FakeLog(), _state(isr=("n1",)), min_insync_replicas=2)
+    assert leader.may_accept("master") is PutStatus.PUT_OK
+    with pytest.raises(errors.NotEnoughReplicas, match="nothing was stored"):
+        leader.may_accept("replicated")
+    follower = _core("n2", FakeLog(), _state())
+    with pytest.raises(errors.NotLeader) as raised:
+        follower.may_accept("master")
+    assert raised.value.leader == "n1"
+
+
+def test_a_flushed_ack_waits_for_the_leaders_own_flush():
+    log = FakeLog()
+    leader = _core("n1", log, _state(isr=("n1",)), replica_ack="flushed")
+    log.written_position = 200  # stored, not flushed
+    leader.propose("p1", 200)
+    ready = leader.ready()
+    assert ready.must_sync and ready.resolved == []
+    leader.advance(ready)
+    log.flushed_position = 200
+    assert leader.ready().resolved == [("p1", PutStatus.PUT_OK)]
+
+
+def test_a_new_leader_waits_for_each_isr_follower_to_fetch_in_its_epoch():
+    log = FakeLog(300, ((1, 0),))
+    leader = _core("n1", log, _state(epoch=2, isr=("n1", "n2")))
+    leader.propose("p1", 300)
+    assert leader.ready().resolved == [] and leader.hw == 0
+    leader.step(Fetch("n2", "n1", 2, 1, 300, 1))
+    assert leader.ready().resolved == [("p1", PutStatus.PUT_OK)] and leader.hw == 300
+
+
+def test_losing_leadership_answers_waiting_writes_request_timed_out():
+    log = FakeLog(300, ((1, 0),))
+    leader = _core("n1", log, _state())
+    leader.propose("p1", 300)
+    leader.apply_metadata(_state(leader="n2", epoch=2, partition_epoch=2))
+    ready = leader.ready()
+    assert ready.resolved == [("p1", PutStatus.REQUEST_TIMED_OUT)]
+    assert [(m.dst, m.position) for m in ready.messages] == [("n2", 300)]
+    assert isinstance(answer_error(PutStatus.REQUEST_TIMED_OUT), errors.RequestTimedOut)
+    assert answer_error(PutStatus.PUT_OK) is None
+
+
+def test_stale_metadata_changes_nothing():
+    leader = _core("n1", FakeLog(), _state(epoch=2, partition_epoch=5))
+    leader.apply_metadata(_state(leader="n2", epoch=1, partition_epoch=4))
+    leader.apply_metadata(_state(leader="n2", epoch=3, partition_epoch=5))
+    assert leader.is_master and leader.state.partition_epoch == 5
+
+
+# --- the controller's decisions ------------------------------------------------------------
+
+
+def test_alter_partition_is_refused_unless_it_comes_from_the_leader_in_its_epochs():
+    state = _state(epoch=4, partition_epoch=9)
+    good = AlterPartition("n1", "controller", 4, 9, ("n1", "n2"))
+    assert decide_alter_partition(state, good, 2).isr == ("n1", "n2")
+    for request in (AlterPartition("n2", "controller", 4, 9, ("n1", "n2")),
+                    AlterPartition("n1", "controller", 3, 9, ("n1", "n2")),
+                    AlterPartition("n1", "controller", 4, 8, ("n1", "n2")),
+                    AlterPartition("n1", "controller", 4, 9, ("n2", "n3")),
+                    AlterPartition("n1", "controller", 4, 9, ("n1", "n9"))):
+        with pytest.raises(errors.MetadataChangeRefused):
+            decide_alter_partition(state, request, 2)
+    with pytest.raises(errors.MetadataChangeRefused, match="fenced"):
+        decide_alter_partition(_state(epoch=4, partition_epoch=9, isr=("n1",)), good, 2,
+                               live={"n1"})
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(0, 2**32), st.integers(1, 3), st.booleans())
+def test_controller_decisions_keep_the_isr_and_elr_rules(seed, min_isr, unclean):
+    """Random shrinks, expands and failovers: the leader is in the ISR (or there is none),
+    ISR and ELR never overlap, the ELR is empty while the ISR has min_isr members, the
+    epochs only grow, and an election never passes over a live ISR or ELR member."""
+    rng = random.Random(seed)
+    state = _state(partition_epoch=1)
+    for _ in range(30):
+        live = {name for name in REPLICAS if rng.random() < 0.7}
+        before = state
+        if state.leader in live and rng.random() < 0.6:
+            others = [name for name in REPLICAS if name != state.leader and rng.random() < 0.5]
+            isr = tuple(name for name in REPLICAS if name == state.leader or name in others)
+            try:
+                state = decide_alter_partition(state, AlterPartition(
+                    state.leader, "controller", state.leader_epoch, state.partition_epoch,
+                    isr), min_isr, live)
+            except errors.MetadataChangeRefused:
+                assert set(isr) - set(before.isr) - live, (seed, before, isr, live)
+                continue
+        else:
+            state, how = elect_leader(state, live - {state.leader}, min_isr, unclean)
+            if how in ("elr", "unclean", "none"):
+                assert not set(before.isr) & (live - {before.leader}), (seed, before)
+            if how in ("unclean", "none"):
+                assert not set(before.elr) & (live - {before.leader}), (seed, before)
+            assert how != "unclean" or unclean
+        assert state.partition_epoch > before.partition_epoch
+        assert state.leader_epoch >= before.leader_epoch
+        assert state.leader == "" or state.leader in state.isr, (seed, state)
+        assert not set(state.isr) & set(state.elr), (seed, state)
+        assert len(state.isr) < min_isr or not state.elr, (seed, state)
+
+
+def test_isr_config_limits_are_checked_together():
+    base = dict(layer="isr", node_id="n1", replicas=REPLICAS)
+    ReplicationConfig(**base).validate()  # type: ignore[arg-type]
+    for overrides, message in (({"replicas": ("n2", "n3")}, "must be one of"),
+                               ({"min_insync_replicas": 4}, "would never succeed"),
+                               ({"fetch_wait_ms_max": 30_000}, "idle follower"),
+                               ({"replica_ack": "synced"}, "replica_ack"),
+                               ({"fetch_bytes_min": 0}, "positive")):
+        with pytest.raises(errors.ConfigError, match=message):
+            ReplicationConfig(**{**base, **overrides}).validate()  # type: ignore[arg-type]
