@@ -44,7 +44,8 @@ ISR (Kafka's fetch protocol, KIP-101/279/320; isr/core.py):
   the leader's ``high_watermark`` and ``log_start``; or ``diverging_epoch`` /
   ``diverging_end`` (>= 0 when the follower's log went past the leader's for that
   epoch: truncate there and fetch again); or an ``error`` (FENCED_LEADER_EPOCH,
-  UNKNOWN_LEADER_EPOCH, NOT_LEADER, OFFSET_OUT_OF_RANGE: the fetch is before the
+  UNKNOWN_LEADER_EPOCH, NOT_LEADER, INVALID_POSITION: not a record boundary of the
+  leader's log, OFFSET_OUT_OF_RANGE: the fetch is before the
   leader's log start, whose record ends with ``start_epoch``, begun at
   ``start_epoch_start``: start the log over there).
 """
@@ -155,7 +156,7 @@ class LogReset(Message):
 
 @dataclass(frozen=True)
 class Fetch(Message):
-    kind: ClassVar[str] = "fetch"
+    kind: ClassVar[str] = "replica_fetch"  # ("fetch" is a client request)
     fetch_id: int
     position: int  # the follower's log end: send from here
     last_epoch: int  # epoch of the record that ends there (-1: none)
@@ -163,7 +164,7 @@ class Fetch(Message):
 
 @dataclass(frozen=True)
 class FetchReply(Message):
-    kind: ClassVar[str] = "fetch_reply"
+    kind: ClassVar[str] = "replica_fetch_reply"
     fetch_id: int
     position: int  # where the payload goes (the fetch's position)
     records_epoch: int  # epoch of every record in the payload (-1: none)

@@ -67,6 +67,7 @@ from typing import Any, ClassVar
 
 from mqlog.config import ReplicationConfig
 from mqlog.errors import (
+    MqlogError,
     NotEnoughReplicas,
     NotEnoughReplicasAfterAppend,
     NotLeader,
@@ -505,8 +506,13 @@ class IsrCore:
         elif not error and diverging[1] < 0 and fetch.position < self._end:
             limit = min(self.config.fetch_bytes_max,
                         self._epoch_range_end(fetch.position) - fetch.position)
-            data = self.log.read_raw(fetch.position, limit)
-            records_epoch = self._epoch_from(fetch.position)
+            try:
+                data = self.log.read_raw(fetch.position, limit)
+                records_epoch = self._epoch_from(fetch.position)
+            except MqlogError as failure:  # not a record boundary: a peer's bug, not ours
+                error = "INVALID_POSITION"
+                self._ready.events.append(f"{self.node_id} cannot answer {fetch.src}'s fetch "
+                                          f"at {fetch.position}: {failure}")
         self._send(FetchReply(self.node_id, fetch.src, self.state.leader_epoch,
                               fetch.fetch_id, fetch.position, records_epoch, self.hw,
                               log_start, diverging[0], diverging[1], error, start_epoch,
