@@ -7,20 +7,29 @@ master-slave cores run by the one driver (mqlog/replication/driver.py) over a si
 network and disk (sim/node.py, shared with the Raft simulator: several messages per
 Ready, flushes that complete later, crashes that lose unflushed bytes and recover for
 real). Time is a tick counter, the stores' clock is that counter, and the network is
-``network.SimNetwork``. The master flushes each write before proposing it (sync flush);
-slaves flush when their core asks and now and then.
+``network.SimNetwork``. Each node's store flushes as production's async flusher does:
+now and then, on its own schedule (``flush_probability`` per tick), and slaves also when
+their core asks. The master runs ``flush_mode = "async"`` (the default) in most seeds: a
+SYNC_MASTER acknowledges a write once enough slaves have it, not once its own disk has
+it, so a power loss can take acknowledged records from the master that only slaves hold
+now (issue 13's restarted-master hole). Some seeds run it with sync flush (each write
+flushed before it is proposed).
 
 Phases. In the safety phase faults happen; then the liveness phase heals the network,
 restarts every node but maybe one slave (VOPR's rule: it may stay down), stops all
 faults and must converge: every running node's log identical to the master's, nothing
-in flight, no write waiting.
+in flight, no write waiting. A restarted SYNC_MASTER that must hear the slave left down
+(it may hold acknowledged records no other node has) waits for it by design; the
+simulator's operator then brings that slave back.
 
 Checkers (a list of violations; empty is a pass):
 * sync promise: when a SYNC_MASTER resolves PUT_OK, ``in_sync_slaves_min`` slaves hold
   the record byte for byte;
 * no acknowledged write lost: at the end every PUT_OK record is in the master's log at
-  its position, unchanged (an ASYNC_MASTER's may be lost by a promotion — its promise —
-  and are counted, not failed);
+  its position, unchanged. Lost by design, counted and not failed: an ASYNC_MASTER's acks
+  and a SYNC_MASTER's acks of written (not flushed) slave positions after a promotion,
+  and any ack whose every holder at the time (the master and the slaves that had it)
+  lost power before its copy was durable (an ASYNC_MASTER's ack sits in its memory only);
 * positions monotonic: a log never ends sooner than before except by a truncation
   its core asked for (or a crash);
 * one master per epoch; logs byte-identical after convergence; convergence itself.
@@ -70,6 +79,7 @@ class Options:
     promote: bool
     flush_delay_ticks_max: int
     stay_down: bool  # a slave stays down through the liveness phase
+    master_flush: str = "async"  # the master's flush_mode: "sync" flushes every write
     safety_ticks: int = 400
     liveness_ticks: int = 800
 
@@ -85,7 +95,8 @@ class Options:
                    restart_probability=0.05, partition_probability=rng.choice([0.0, 0.01]),
                    flush_probability=0.05, promote=rng.random() < 0.5,
                    flush_delay_ticks_max=rng.choice([0, 1, 3]),
-                   stay_down=rng.random() < 0.3)
+                   stay_down=rng.random() < 0.3,
+                   master_flush="sync" if rng.random() < 0.2 else "async")
 
 
 @dataclass
@@ -118,6 +129,9 @@ class Acked:
     end: int
     body: bytes
     epoch: int
+    # The nodes that held it when it was acknowledged, less those that lost their copy
+    # in a power loss since (it was not durable there): none left, its loss is by design.
+    holders: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -193,6 +207,8 @@ class Swarm:
                 self._step_all()
             self._liveness()
             self._check_end()
+        except _Crashed:
+            pass  # (the violation says why; the rest of the run would repeat it)
         finally:
             for node in self.nodes.values():
                 if node.up:
@@ -234,15 +250,28 @@ class Swarm:
             return
         self.puts += 1
         request, body = f"w{self.puts}", f"{self.result.seed}/{self.puts}".encode() * 3
-        stored = master.driver.write("t", [body])
-        master.flush_now()
+        try:
+            stored = master.driver.write("t", [body])
+        except AssertionError as error:  # (a write stored under an epoch older than the
+            # log's last record: the store refuses it; a node's client gets no answer)
+            self.violation(f"{master.name} could not store a write it took: {error!r}")
+            raise _Crashed from error
+        if self.options.master_flush == "sync":
+            master.flush_now()
         self.pending[request] = Acked(stored.position, stored.end, body, master.core.epoch)
         master.driver.propose(request, stored.end)
 
     def _run_driver(self, node: SimNode) -> None:
         store, driver = node.store, node.driver
         before, truncations = store.written_position, driver.truncations
-        driver.run()
+        try:
+            driver.run()
+        except (MqlogError, AssertionError) as error:
+            # A core that raises while building its Ready (say a master asked to read a
+            # slave's position that is inside one of its records: two histories under
+            # one epoch) would raise on a node too: the run ends there, failed.
+            self.violation(f"{node.name}'s core raised {error!r}")
+            raise _Crashed from error
         if store.written_position < before and driver.truncations == truncations:
             self.result.violations.append(f"tick {self.clock[0]}: {node.name}'s log went back "
                                           f"from {before} to {store.written_position} "
@@ -254,6 +283,7 @@ class Swarm:
         if acked is None or status is not PutStatus.PUT_OK:
             return
         self.acked[request] = acked
+        acked.holders = {other.name for other in self._up_nodes() if _holds(other, acked)}
         if node.core.role == "SYNC_MASTER" and self.options.slave_ack == "flushed":
             # An ack of a written (not flushed) position is RocketMQ's promise: in a
             # slave's memory, which a power loss may take; only flushed acks are checked.
@@ -281,6 +311,7 @@ class Swarm:
         for node in self.nodes.values():
             if node.up and rng.random() < options.crash_probability:
                 durable, kept = node.power_loss()
+                self._lose_copies(node.name, durable)
                 self.result.trace.append(f"{self.clock[0]} crash {node.name}: flushed "
                                          f"{durable}, kept {kept}")
                 if node.name == self.master:
@@ -299,6 +330,11 @@ class Swarm:
             self.network.heal()
         self._maybe_promote()
 
+    def _lose_copies(self, name: str, durable: int) -> None:
+        for acked in self.acked.values():
+            if acked.end > durable:
+                acked.holders.discard(name)
+
     def _restart(self, node: SimNode) -> None:
         node.config = self._config(node.name)
         node.start()
@@ -309,14 +345,22 @@ class Swarm:
     def _maybe_promote(self) -> None:
         """An operator promotes the most up-to-date slave when the master stays down: the
         highest (last record's epoch, durable end) among all the others, restarted first
-        if it is down, into an epoch above every node's."""
+        if it is down, into an epoch above every node's. If the master's own disk holds
+        more than any of them (with async flush a master may be the only durable holder
+        of records it acknowledged as a new master), it brings the master back instead:
+        a restarted master catches up from its slaves before it serves."""
         down = self.down_since.get(self.master)
         if not self.options.promote or down is None or self.clock[0] - down < 50:
             return
-        candidates = [node for node in self.nodes.values() if node.name != self.master]
         # By the log, not by the epoch a node has heard of: a slave told to truncate by a
         # newer master knows that master's epoch but may hold less than the others.
-        chosen = max(candidates, key=lambda node: (*node.freshness(), node.name))
+        chosen = max(self.nodes.values(), key=lambda node: (
+            *node.freshness(), node.name != self.master, node.name))
+        if chosen.name == self.master:
+            self.result.trace.append(f"{self.clock[0]} the operator restarts {chosen.name}: "
+                                     "it holds more than any slave")
+            self._restart(chosen)
+            return
         if not chosen.up:
             self._restart(chosen)
         epoch = max(node.core.epoch for node in self.nodes.values()) + 1
@@ -344,7 +388,7 @@ class Swarm:
         for node in self.nodes.values():
             if node.name == down:
                 if node.up:
-                    node.power_loss()
+                    self._lose_copies(node.name, node.power_loss()[0])
                 self.result.trace.append(f"{self.clock[0]} {node.name} stays down")
             elif not node.up:
                 self._restart(node)
@@ -352,6 +396,13 @@ class Swarm:
             self._step_all()
             if self._converged():
                 return
+            master = self.nodes[self.master]
+            if down and not self.nodes[down].up and master.up and \
+                    down in getattr(master.core, "waiting_for", ()):
+                # A restarted master that must hear this slave (it may hold acknowledged
+                # records nobody else has) waits for it, by design: the operator brings it
+                # back (or would vouch for the master, losing what only it holds).
+                self._restart(self.nodes[down])
         self.result.violations.append(
             f"did not converge in {self.options.liveness_ticks} ticks: written positions "
             f"{ {n.name: n.store.written_position for n in self._up_nodes()} }, "
@@ -377,7 +428,7 @@ class Swarm:
                                               and self.options.slave_ack == "flushed")
         for request, acked in sorted(self.acked.items()):
             if not _holds(master, acked):
-                if not promise_holds:
+                if not promise_holds or not acked.holders:
                     self.result.lost_by_design += 1
                 else:
                     self.result.violations.append(f"acknowledged write {request} at "
@@ -394,6 +445,10 @@ class Swarm:
 
     def _up_nodes(self) -> list[SimNode]:
         return [node for node in self.nodes.values() if node.up]
+
+
+class _Crashed(Exception):
+    """A node's core raised: the run stops (the violation is recorded)."""
 
 
 def _holds(node: SimNode, acked: Acked) -> bool:
