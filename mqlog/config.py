@@ -198,6 +198,11 @@ class ReplicationConfig:
     append_bytes_max: int = 1 * MiB  # log bytes per Append message
     inflight_bytes_max: int = 8 * MiB  # sent but unacknowledged, per slave
     slave_gap_bytes_max: int = 256 * MiB  # a slave further behind is not in sync
+    # A master that restarts over its log first learns from its slaves where their logs
+    # end and catches up from the one ahead (docs/REPLICATION.md). 0: it waits for the
+    # slaves it needs as long as it takes (no acknowledged write lost); N: after N ticks
+    # it serves with those it heard, and reports what the others alone may hold as lost.
+    restart_unclean_after_ticks: int = 0
     frame_size_bytes_max: int = 16 * MiB
     # Bytes queued toward one peer that is slow to read; past this, messages to it are
     # dropped (the cores resend what a peer lacks) instead of growing memory.
@@ -240,6 +245,9 @@ class ReplicationConfig:
                               f"{self.role!r}")
         if self.role == "SLAVE" and not self.master:
             raise ConfigError("a SLAVE needs `master`, the node id of its master")
+        if self.restart_unclean_after_ticks < 0:
+            raise ConfigError("restart_unclean_after_ticks must be 0 (wait for the slaves) "
+                              f"or a number of ticks, got {self.restart_unclean_after_ticks}")
         if self.role == "SYNC_MASTER" and self.in_sync_slaves_min > len(self.slaves):
             raise ConfigError(f"in_sync_slaves_min={self.in_sync_slaves_min} exceeds the "
                               f"{len(self.slaves)} slaves configured; a SYNC_MASTER would "

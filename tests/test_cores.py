@@ -28,6 +28,8 @@ from mqlog.replication.messages import (
     EntriesReply,
     Hello,
     LogReset,
+    Pull,
+    Pulled,
     Report,
     Truncate,
     Vote,
@@ -253,12 +255,27 @@ def _ms(name: str, log: FakeLog, role: str = "SYNC_MASTER", *,
     return MasterSlaveCore(config, log, hard_state=hard_state)
 
 
+def _caught_up(master: MasterSlaveCore, log: FakeLog) -> MasterSlaveCore:
+    """A restarted master whose slaves all answer that their logs end where its own
+    does: it begins its next epoch and serves."""
+    position, last = log.written_position, log.epoch_at(log.written_position)
+    for name in master.slaves:
+        master.step(Pulled(name, master.node_id, master.epoch, position, True, position,
+                           -1 if last is None else last, -1))
+    ready = master.ready()
+    assert ready.set_epoch == master.epoch
+    log.carry_out(ready)
+    master.advance(ready)
+    master.check_master()
+    return master
+
+
 def test_only_a_member_with_a_higher_epoch_fences_a_master():
     master = _ms("m", FakeLog(), cluster_id="blue")
     master.step(Hello("x", "m", 5, 0, -1, cluster_id="blue"))  # not its slave
     master.step(Hello("s1", "m", 5, 0, -1, cluster_id="red"))  # another cluster
     master.step(Report("s1", "m", 5, 0, 0))  # no cluster at all
-    assert (master.role, master.epoch, master.ignored) == ("SYNC_MASTER", 0, 3)
+    assert (master.role, master.epoch, master.ignored) == ("SYNC_MASTER", 1, 3)
     master.step(Hello("s1", "m", 5, 0, -1, cluster_id="blue"))
     assert (master.role, master.epoch) == ("FENCED", 5)
 
@@ -283,7 +300,7 @@ def test_a_hello_is_no_flushed_ack():
     """With slave_ack = "flushed" a Hello's position (the slave's written end) acks
     nothing: a write ending there waits for a Report of the flushed position."""
     log = FakeLog(500, ((0, 0),))
-    master = _ms("m", log, slave_ack="flushed")
+    master = _caught_up(_ms("m", log, slave_ack="flushed"), log)
     master.step(Hello("s1", "m", 0, 500, 0))
     master.propose("p1", 500)
     assert master.ready().resolved == []
@@ -298,8 +315,8 @@ def test_a_report_from_before_the_masters_epoch_acks_nothing():
     since (sent in an older epoch, delivered late) must not ack the record the master
     wrote at the same position; nor may a Report beyond the master's own log."""
     log = FakeLog(519, ((0, 0), (2, 346)))
-    master = _ms("m", log, slave_ack="flushed", hard_state=RoleState("SYNC_MASTER", 2,
-                                                                     "", ("s1", "s2")))
+    master = _caught_up(_ms("m", log, slave_ack="flushed", hard_state=RoleState(
+        "SYNC_MASTER", 2, "", ("s1", "s2"))), log)
     master.step(Hello("s1", "m", 2, 346, 0))
     master.propose("p4", 519)
     master.ready()
@@ -310,8 +327,9 @@ def test_a_report_from_before_the_masters_epoch_acks_nothing():
     assert master.ready().resolved == [("p4", PutStatus.PUT_OK)]
     # A slave matched by a Hello of an older epoch (it needed no truncation) is heard in
     # that epoch: with nothing to send it, it would never learn the master's.
-    idle = _ms("m", FakeLog(500, ((0, 0), (1, 500))), slave_ack="flushed",
-               hard_state=RoleState("SYNC_MASTER", 1, "", ("s1", "s2")))
+    log = FakeLog(500, ((0, 0), (1, 500)))
+    idle = _caught_up(_ms("m", log, slave_ack="flushed",
+                          hard_state=RoleState("SYNC_MASTER", 1, "", ("s1", "s2"))), log)
     idle.step(Hello("s1", "m", 0, 500, 0))
     idle.step(Report("s1", "m", 0, 500, 500))
     assert idle.status()["slaves"]["s1"] == 500
@@ -335,19 +353,99 @@ def test_a_slave_says_nothing_of_a_log_it_was_told_to_truncate():
     assert [type(m).__name__ for m in sent] == ["Hello"] and sent[0].position == 346, sent
 
 
-def test_a_restarted_master_takes_writes_only_once_its_slaves_spoke():
-    log = FakeLog(500, ((0, 0),))
-    master = _ms("m", log, in_sync_slaves_min=2)
-    with pytest.raises(errors.NotMaster, match="heard from its slaves"):
+def test_a_restarted_master_catches_up_from_the_slave_ahead_then_begins_an_epoch():
+    """Issue 13's last hole: a SYNC_MASTER with async flush comes back shorter than a
+    slave that holds records it acknowledged. It asks every slave where its log ends
+    (with in_sync_slaves_min = 1 of 2 slaves, it must hear both: either may hold an
+    acknowledged record), pulls from the one ahead, and only then, in a new epoch, serves;
+    a Hello (not an answer) counts for nothing."""
+    log = FakeLog(500, ((1, 0),))
+    master = _ms("m", log)
+    first = master.ready()
+    assert sorted((m.kind, m.dst, m.position, m.last_epoch, m.max_bytes)
+                  for m in first.messages) == [("pull", "s1", 500, 1, 0),
+                                               ("pull", "s2", 500, 1, 0)]
+    log.carry_out(first)
+    master.advance(first)
+    with pytest.raises(errors.NotMaster, match=r"heard from its slaves \(s1, s2\)"):
         master.may_accept("master")
     assert master.status()["accepts_writes"] is False and master.promotable
-    master.step(Hello("s1", "m", 0, 500, 0))
-    with pytest.raises(errors.NotMaster):
+    master.step(Hello("s1", "m", 1, 800, 1))
+    master.step(Pulled("s1", "m", 1, 500, True, 800, 1, -1))  # ahead: it extends this log
+    with pytest.raises(errors.NotMaster, match=r"heard from its slaves \(s2\)"):
         master.check_master()
-    master.step(Hello("s2", "m", 0, 300, 0))
+    master.step(Pulled("s2", "m", 1, 500, True, 600, 1, -1))  # ahead too, less so
+    ready = master.ready()
+    [pull] = [m for m in ready.messages if isinstance(m, Pull) and m.max_bytes > 0]
+    assert (pull.dst, pull.position, master.waiting_for) == ("s1", 500, ["s1"])
+    master.advance(ready)
+    master.step(Pulled("s1", "m", 1, 500, True, 800, 1, 1, bytes(300)))
+    ready = master.ready()
+    assert ready.appends == [(500, bytes(300))] and ready.set_epoch is None
+    log.carry_out(ready)
+    master.advance(ready)
+    ready = master.ready()
+    assert ready.set_epoch == 2 and not any(isinstance(m, Truncate) for m in ready.messages)
     master.check_master()
-    assert not master.promotable
-    assert _ms("m", FakeLog(), in_sync_slaves_min=2).status()["accepts_writes"]  # fresh
+    assert master.restart_report is not None and master.restart_report.pulled_from == ("s1",)
+    assert (master.restart_report.caught_up_to, master.restart_report.unclean) == (800, False)
+    assert sorted(master.status()["slaves"]) == ["s1", "s2"]  # both streamed to from there
+
+
+def test_a_restarted_master_truncates_only_another_history():
+    """A slave whose log does not extend the master's (its record ending there is of
+    another epoch) holds nothing the master acknowledged past its end: it is told to
+    truncate at once, while the master still waits for the other."""
+    log = FakeLog(500, ((1, 0), (3, 400)))
+    master = _ms("m", log, hard_state=RoleState("SYNC_MASTER", 3, "", ("s1", "s2")))
+    master.advance(master.ready())
+    master.step(Pulled("s1", "m", 3, 500, False, 700, 1, -1))  # an epoch-1 tail past 400
+    ready = master.ready()
+    [truncate] = [m for m in ready.messages if isinstance(m, Truncate)]
+    assert (truncate.dst, truncate.position, truncate.last_epoch) == ("s1", 400, 1)
+    assert master.waiting_for == ["s2"]
+
+
+def test_a_restarted_master_that_waits_too_long_serves_and_says_what_may_be_lost():
+    log = FakeLog(500, ((1, 0),))
+    master = _ms("m", log, restart_unclean_after_ticks=5)
+    master.advance(master.ready())
+    master.step(Pulled("s2", "m", 1, 500, True, 500, 1, -1))
+    for _ in range(5):
+        master.tick()
+    ready = master.ready()
+    assert ready.set_epoch == 2
+    report = master.restart_report
+    assert report is not None and (report.unclean, report.heard, report.unheard) == (
+        True, ("s2",), ("s1",))
+    assert any("lost" in event and "['s1']" in event for event in ready.events)
+
+
+def test_a_slave_answers_a_pull_with_records_only_for_its_own_master_and_history():
+    log = FakeLog(800, ((1, 0),))
+    slave = _ms("s1", log, role="SLAVE")
+    slave.advance(slave.ready())
+    slave.step(Pull("m", "s1", 1, 500, 1, 100))
+    [mine] = slave.ready().messages
+    assert isinstance(mine, Pulled)
+    assert (mine.position, mine.agrees, mine.end, len(mine.payload)) == (500, True, 800, 100)
+    slave.advance(slave.ready())
+    slave.step(Pull("m", "s1", 1, 500, 0, 100))  # the master's record there is epoch 0
+    [other] = slave.ready().messages
+    assert (other.agrees, other.payload) == (False, b"")
+    slave.advance(slave.ready())
+    slave.step(Pull("x", "s1", 9, 500, 1, 100))  # a stranger: where the log ends, no more
+    [stranger] = slave.ready().messages
+    assert (stranger.dst, stranger.position, stranger.payload, slave.epoch) == ("x", -1, b"", 1)
+
+
+def test_a_restarted_master_that_missed_a_promotion_is_fenced_by_the_answer():
+    """Its slave follows a node promoted meanwhile: it answers with its newer epoch."""
+    log = FakeLog(500, ((1, 0),))
+    master = _ms("m", log)
+    master.advance(master.ready())
+    master.step(Pulled("s1", "m", 2, -1, False, 900, 2, -1))
+    assert master.role == "FENCED" and not master.promotable
 
 
 def test_an_operator_vouches_for_a_waiting_master_with_promote():
@@ -374,6 +472,7 @@ def test_promote_and_follow_save_the_role_which_wins_on_restart(tmp_path: Path):
     assert (restarted.role, restarted.epoch, tuple(restarted.slaves)) == (
         "SYNC_MASTER", 1, ("s2", "m"))
     old = _ms("m", log)  # the old master, told to follow the new one
+    old.advance(old.ready())
     old.follow("s1")
     ready = old.ready()
     assert ready.hard_state == RoleState("SLAVE", 0, "s1", ())

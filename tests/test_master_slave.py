@@ -20,6 +20,7 @@ from mqlog.replication.driver import Driver, describe_message
 from mqlog.replication.master_slave import MasterSlaveCore
 from mqlog.replication.messages import Message
 from mqlog.replication.wire import Frame, FrameDecoder
+from mqlog.sim.node import power_off
 from tests import datadriven
 from tests.conftest import SMALL
 
@@ -43,7 +44,7 @@ class _ScriptIo:
         self._interaction.network += messages
 
     def save_hard_state(self, state: object) -> None:
-        self._interaction.role_states[self._name] = state  # (a restart here reconfigures)
+        self._interaction.role_states[self._name] = state  # (a restart starts from it)
 
     def start_flush(self, done: Callable[[bool], None]) -> None:
         self._interaction.stores[self._name].flush()
@@ -91,6 +92,7 @@ class Interaction:
             master=kwargs.get("master", ""),
             slaves=tuple(filter(None, kwargs.get("slaves", "").split(","))),
             in_sync_slaves_min=int(kwargs.get("min", 1)),
+            restart_unclean_after_ticks=int(kwargs.get("unclean", 0)),
             slave_ack=kwargs.get("ack", "written"), **TICK_SETTINGS)  # type: ignore[arg-type]
         self.configs[name] = config
         self._start(name)
@@ -99,7 +101,8 @@ class Interaction:
     def _start(self, name: str) -> None:
         self.stores[name] = mqlog.open(self.root / name, implementation=self.impl,
                                        **STORE_SETTINGS)
-        self.cores[name] = MasterSlaveCore(self.configs[name], self.stores[name])
+        self.cores[name] = MasterSlaveCore(self.configs[name], self.stores[name],
+                                           hard_state=self.role_states.get(name))
         self.drivers[name] = Driver(self.stores[name], self.cores[name], _ScriptIo(self, name),
                                     describe=True)
 
@@ -166,11 +169,30 @@ class Interaction:
         reconfigures it (an operator demoting an old master, say)."""
         name = args[0]
         self.stores.pop(name).close()
-        if "as" in kwargs:
+        if "as" in kwargs:  # (and forgets the role it saved: the operator's word wins)
+            self.role_states.pop(name, None)
             self.configs[name] = self.configs[name].replace(
                 role=kwargs["as"], master=kwargs.get("master", ""), slaves=())
         self._start(name)
         return self._flush_ready([name])
+
+    def do_crash(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """A power loss: the node's log keeps only what was flushed (its store runs with
+        async flush and no flusher thread: only ``flush`` and its core's syncs flush),
+        and it comes back through the engine's recovery, with its saved role state."""
+        name = args[0]
+        flushed, _kept = power_off(self.stores.pop(name), None)
+        self._start(name)
+        return f"{name}: lost power, kept [.., {flushed})\n" + self._flush_ready([name])
+
+    def do_flush(self, args: list[str], kwargs: dict[str, str]) -> str:
+        for name in args:
+            self.stores[name].flush()
+        return ""
+
+    def do_follow(self, args: list[str], kwargs: dict[str, str]) -> str:
+        self.cores[args[0]].follow(kwargs["master"])
+        return self._flush_ready([args[0]])
 
     def do_status(self, args: list[str], kwargs: dict[str, str]) -> str:
         lines = []

@@ -13,6 +13,13 @@ Master-slave (RocketMQ HA, with epochs added so divergence is found):
 * ``Truncate`` master→slave: cut the log back to where epoch ``last_epoch`` ends (the
   newest both have: ``position`` in the master's log, maybe sooner in the slave's),
   then say Hello again.
+* ``Pull`` master→slave, from a master that restarted: "does your log extend mine, which
+  ends at ``position`` with ``last_epoch``? send me up to ``max_bytes`` from there".
+* ``Pulled`` the answer (any node answers; only the master's own slave sends records):
+  where its log ends (``end``, ``last_epoch``), whether its record ending at
+  ``position`` has the epoch asked (``agrees``: then its log extends the master's), and
+  the raw records from ``position`` (``payload``; ``payload_epoch`` is the epoch of the
+  record that ends it, -1 if none).
 
 Raft (etcd raft's messages, with positions for indexes and epochs for terms):
 
@@ -100,6 +107,25 @@ class Truncate(Message):
 
 
 @dataclass(frozen=True)
+class Pull(Message):
+    kind: ClassVar[str] = "pull"
+    position: int  # the master's log end
+    last_epoch: int  # epoch of the master's record ending there (-1: none)
+    max_bytes: int  # 0: only say where your log ends
+
+
+@dataclass(frozen=True)
+class Pulled(Message):
+    kind: ClassVar[str] = "pulled"
+    position: int  # the position asked about (the payload starts there)
+    agrees: bool  # the record ending at ``position`` has the epoch asked
+    end: int  # the answering node's written position
+    last_epoch: int  # epoch of its record ending at ``end`` (-1: none)
+    payload_epoch: int  # epoch of the record ending the payload (-1: no payload)
+    payload: bytes = field(default=b"", repr=False)
+
+
+@dataclass(frozen=True)
 class Vote(Message):
     kind: ClassVar[str] = "vote"
     position: int  # the candidate's log end
@@ -179,8 +205,8 @@ class FetchReply(Message):
 
 
 KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
-    Hello, Append, Report, Truncate, Vote, VoteReply, Entries, EntriesReply, TimeoutNow,
-    LogReset, Fetch, FetchReply)}
+    Hello, Append, Report, Truncate, Pull, Pulled, Vote, VoteReply, Entries, EntriesReply,
+    TimeoutNow, LogReset, Fetch, FetchReply)}
 _TYPES = {"str": str, "int": int, "bytes": bytes, "bool": bool}
 _FIELD_TYPES = {cls: {item.name: _TYPES[str(item.type)] for item in dataclasses.fields(cls)}
                 for cls in KINDS.values()}  # message class -> {field: exact type}

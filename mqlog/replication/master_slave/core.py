@@ -44,12 +44,40 @@ Failover without two masters. Roles change only by an operator: ``promote`` (a s
 becomes a master in a new epoch) and ``follow`` (a node becomes a slave of another).
 Each puts the role, epoch, master and slaves in ``Ready.hard_state`` (a ``RoleState``),
 which the driver saves beside the store; on a restart the saved state wins over the
-node's config (``hard_state=`` here). A master that starts over a log it wrote before
-takes no writes until ``in_sync_slaves_min`` of its slaves (one, for an ASYNC_MASTER)
-said Hello in its epoch or older: while it was down another node may have been promoted,
-and its slaves, now following that one, never talk to it. An operator can vouch for it
-with ``promote`` (a new epoch). A message from a higher epoch fences a master: another
-node was promoted.
+node's config (``hard_state=`` here). A message from a higher epoch fences a master:
+another node was promoted.
+
+A master restarts in a new epoch, after catching up (issue 13). It never serves in an
+epoch of an earlier life: with async flush (the default) a SYNC_MASTER acknowledges a
+write once slaves have it, not once its own disk does, so a power loss may take records
+it acknowledged, which slaves still hold; serving on in the same epoch would have it
+tell them to truncate acknowledged records, or write new ones at their positions under
+the same epoch. So a master over a log it wrote before (a ``Recovery``):
+
+1. asks every slave, ``Pull(position, last_epoch, 0)``, where its log ends and whether
+   it extends the master's (its record ending at ``position`` has ``last_epoch``: two
+   logs that hold a record in the same epoch agree up to it), every ``retransmit_ticks``
+   until answered; a slave that answers it is behind, or holds another history, is
+   served at once as if it had said Hello (streamed to, or told to truncate);
+2. waits for ``n - k + 1`` of its ``n`` slaves (``k = in_sync_slaves_min``; at least
+   ``k``; one for an ASYNC_MASTER, which promised nothing of its slaves): every record it
+   acknowledged is on ``k`` slaves, so any ``n - k + 1`` of them hold it;
+3. pulls the records it lacks from the answer that extends its log the furthest (the
+   newest last epoch, then the longest), ``append_bytes_max`` at a time, from the next
+   such slave if that one stops short (a crash); the driver appends them, so the store
+   checks every record's CRC and position;
+4. then begins a new epoch (``Ready.set_epoch``: durable in the store before the driver
+   takes a write) and serves; the slaves that were ahead are served as their answers
+   said (those of another history truncated, by epoch).
+
+Until then it answers NotMaster naming what it waits for. ``restart_unclean_after_ticks``
+(0: never) lets it stop waiting: it serves with the slaves it heard and reports what only
+the others may hold as lost (``restart_report``, an event); an operator's ``promote`` of a
+waiting master does the same at once. A fresh store (no record, no epoch, no saved role)
+begins epoch 1 at once, so even a master that loses every record keeps an epoch to move
+past. Any node answers a Pull: one that does not follow the asker (it was promoted, or
+follows the promoted node) answers ``position = -1`` in its own epoch, which fences a
+master that missed a promotion while it was down.
 
 Group identity. Only members are heard: a master hears Hello and Report from its slaves,
 a slave Append, Truncate and LogReset from its master, and only with this config's
@@ -65,17 +93,26 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mqlog.config import ReplicationConfig
-from mqlog.errors import InvalidArgument, NotMaster
+from mqlog.errors import InvalidArgument, MqlogError, NotMaster
 from mqlog.replication.core import LogView, Ready, epoch_ending_at
 from mqlog.replication.hardstate import RoleState
-from mqlog.replication.messages import Append, Hello, LogReset, Message, Report, Truncate
+from mqlog.replication.messages import (
+    Append,
+    Hello,
+    LogReset,
+    Message,
+    Pull,
+    Pulled,
+    Report,
+    Truncate,
+)
 from mqlog.results import PutStatus
 
-TEST_BREAKS = ("ack_early", "skip_truncate", "ack_on_timeout")
+TEST_BREAKS = ("ack_early", "skip_truncate", "ack_on_timeout", "restart_same_epoch")
 
 
 @dataclass
@@ -98,6 +135,37 @@ class Proposal:
     deadline_tick: int
 
 
+@dataclass
+class Recovery:
+    """A restarted master learning from its slaves before it serves (module docstring)."""
+
+    position: int  # its log's end at the start: every probe asks whether a slave extends it
+    last_epoch: int  # the epoch of its record ending there (-1: none)
+    needed: int  # answers to wait for (fewer only after restart_unclean_after_ticks)
+    started_tick: int
+    answers: dict[str, Pulled] = field(default_factory=dict)  # each slave's probe answer
+    asked_tick: dict[str, int] = field(default_factory=dict)  # when each was last asked
+    source: str = ""  # the slave it pulls from now
+    pulled_from: list[str] = field(default_factory=list)  # every slave it pulled from
+    exhausted: set[str] = field(default_factory=set)  # slaves with nothing more for it
+    pull_epoch: int = -1  # the epoch of its record ending at its end, pulls counted
+    unclean: bool = False  # it stopped waiting (restart_unclean_after_ticks)
+
+
+@dataclass(frozen=True)
+class RestartReport:
+    """What a restarted master's catch-up did (``core.restart_report``; also an event)."""
+
+    restarted_at: int  # its log's end after the restart
+    caught_up_to: int  # its log's end when it began its new epoch
+    pulled_from: tuple[str, ...]  # the slaves whose records it took
+    heard: tuple[str, ...]  # the slaves that told it where their logs end
+    unheard: tuple[str, ...]  # the others
+    epoch: int  # the epoch it began
+    unclean: bool  # it served without hearing every slave it needed: records acknowledged
+    # past ``caught_up_to`` that only ``unheard`` hold are lost (truncated when they return)
+
+
 class MasterSlaveCore:
     """One node of a master-slave group; see the module docstring."""
 
@@ -107,7 +175,8 @@ class MasterSlaveCore:
         # test_break: a deliberately broken core, so tests can show the simulator's
         # checkers catch it ("ack_early": a SYNC_MASTER acks before any slave has the
         # write; "skip_truncate": a diverged slave is streamed to as if it agreed;
-        # "ack_on_timeout": a SYNC_MASTER answers PUT_OK when its slaves time out).
+        # "ack_on_timeout": a SYNC_MASTER answers PUT_OK when its slaves time out;
+        # "restart_same_epoch": a restarted master serves at once, in its old epoch).
         self._test_break = test_break
         self.config = config.validate()
         if hard_state is not None:  # what an operator made of it last wins over the file
@@ -119,9 +188,6 @@ class MasterSlaveCore:
         self.epoch = max(log.epoch, hard_state.epoch if hard_state else 0)
         self.tick_count = 0
         self.slaves = {name: SlaveProgress() for name in self.config.slaves}
-        # A master over a log it wrote before waits to hear from its slaves (see above).
-        self._writable = not self.slaves or log.written_position == 0
-        self._heard: set[str] = set()
         self.ignored = 0  # messages dropped: another cluster, or not a member
         self._ignored_from: set[str] = set()
         self._waiting: deque[Proposal] = deque()
@@ -129,8 +195,33 @@ class MasterSlaveCore:
         self._expected_end = log.written_position  # a slave's end, pending appends counted
         self._master_heard_tick = 0
         self._pump_due = True  # an ASYNC_MASTER sends Appends once per tick
+        self._recovery: Recovery | None = None
+        self.restart_report: RestartReport | None = None
         if self.role == "SLAVE":
             self._send_hello()
+        elif self.is_master:
+            self._start_as_master(fresh=hard_state is None and log.written_position == 0
+                                  and log.epoch == 0 and not log.epoch_starts())
+
+    def _start_as_master(self, fresh: bool) -> None:
+        """A master never serves in an epoch of an earlier life: its unflushed records
+        may be gone, and slaves may hold them. A fresh store (nothing written, no epoch)
+        begins epoch 1 at once (so that even a store that loses every record in a power
+        loss keeps its epoch); a master with slaves over an older store first catches
+        up from them (Recovery), one without slaves begins its next epoch at once."""
+        if self._test_break == "restart_same_epoch" and not fresh:
+            return
+        if fresh or not self.slaves:
+            self._begin_epoch()
+            return
+        position = self.log.written_position
+        self._recovery = Recovery(position, self._epoch_before(position), self._needed(),
+                                  self.tick_count, pull_epoch=self._epoch_before(position))
+        self._ready.events.append(f"{self.node_id} restarted as {self.role} with its log "
+                                  f"ending at {position} (epoch {self.epoch}): it asks its "
+                                  f"slaves where theirs end before it serves")
+        for name in self.slaves:
+            self._probe(name)
 
     @property
     def is_master(self) -> bool:
@@ -143,19 +234,26 @@ class MasterSlaveCore:
         self._pump_due = True
         if self.is_master:
             self._expire_proposals()
+            if self._recovery is not None:
+                self._recovery_tick(self._recovery)
         elif self.role == "SLAVE":
             self._slave_tick()
 
     def step(self, message: Message) -> None:
+        if isinstance(message, Pull):
+            return self._on_pull(message)  # (any node answers; a Pull fences no one)
         if not self._admits(message):
             return
         if message.epoch > self.epoch:
             self._see_epoch(message.epoch)
-        if self.is_master and isinstance(message, Hello | Report):
+        if self.is_master and isinstance(message, Hello | Report | Pulled):
             progress = self.slaves[message.src]
             progress.heard_tick = self.tick_count
-            self._heard_from(message.src)
-            if isinstance(message, Hello):
+            if isinstance(message, Pulled):
+                self._on_pulled(message)
+            elif self._recovery is not None and isinstance(message, Hello):
+                self._reprobe(message.src)  # it restarted: what it said before is stale
+            elif isinstance(message, Hello):
                 self._on_hello(message, progress)
             else:
                 self._on_report(message, progress)
@@ -175,12 +273,16 @@ class MasterSlaveCore:
         if not self.is_master:
             raise NotMaster(f"node {self.node_id} is a {self.role.lower()}, not a master; "
                             f"send writes to {self.config.master or 'the master'}")
-        if not self._writable:
+        if self._recovery is not None:
+            waiting = self.waiting_for
+            until = f"heard from its slaves ({', '.join(waiting)})" if waiting else \
+                "caught up from its slaves"
             raise NotMaster(f"node {self.node_id} is a {self.role} that restarted and takes "
-                            f"no writes until it has heard from its slaves "
-                            f"({', '.join(self.slaves)}): another node may have been promoted "
-                            "while it was down. Retry soon; if its slaves are gone for good, "
-                            "an operator can vouch for it with `mqlog cluster promote`")
+                            f"no writes until it has {until}: they may hold acknowledged "
+                            "records it lost, and another node may have been promoted while "
+                            "it was down. Retry soon; if its slaves are gone for good, an "
+                            "operator can vouch for it with `mqlog cluster promote` (what "
+                            "only they hold is then lost)")
 
     def may_accept(self, acks: str = "replicated") -> PutStatus:
         """Ask before storing a write: NotMaster if this node takes none now;
@@ -195,7 +297,18 @@ class MasterSlaveCore:
     @property
     def promotable(self) -> bool:
         """A slave, or a master that waits to hear from its slaves, can be promoted."""
-        return self.role == "SLAVE" or (self.is_master and not self._writable)
+        return self.role == "SLAVE" or (self.is_master and self._recovery is not None)
+
+    @property
+    def waiting_for(self) -> list[str]:
+        """The slaves a restarted master still waits for: those not heard yet (any of
+        them will do, until it heard enough), then the one it pulls records from."""
+        recovery = self._recovery
+        if recovery is None:
+            return []
+        if len(recovery.answers) >= recovery.needed:
+            return [recovery.source] if recovery.source else []
+        return sorted(set(self.slaves) - set(recovery.answers))
 
     def propose(self, request_id: Any, end: int) -> None:
         """A write ending at ``end`` was stored; resolve it by the role's rule."""
@@ -214,6 +327,8 @@ class MasterSlaveCore:
         ack, so writes that arrived together travel together: a SYNC_MASTER at once (its
         writers wait), an ASYNC_MASTER once per tick (nobody waits; one Append then
         carries a tick's worth of records, which costs the slaves far less)."""
+        if self._recovery is not None:
+            self._advance_recovery(self._recovery)
         if self.role == "SYNC_MASTER" or (self.is_master and self._pump_due):
             self._pump()
             self._pump_due = False
@@ -238,8 +353,10 @@ class MasterSlaveCore:
         self.role = role
         self.slaves = {name: SlaveProgress() for name in slaves}
         self.epoch = max(self.epoch + 1, epoch)
-        self._writable = True
         self._drop_pending_log_changes()
+        if self._recovery is not None:  # the operator vouches for a waiting master
+            self._report_restart(self._recovery, unclean=True)
+            self._recovery = None
         self._ready.set_epoch = self.epoch
         self._ready.hard_state = RoleState(role, self.epoch, "", tuple(slaves))
         self._ready.events.append(f"{self.node_id} promoted to {role} in epoch {self.epoch}")
@@ -255,7 +372,7 @@ class MasterSlaveCore:
             self._ready.resolved.append((proposal.request_id, PutStatus.FLUSH_SLAVE_TIMEOUT))
         self._waiting.clear()
         self.config = self.config.replace(role="SLAVE", master=master, slaves=())
-        self.role, self.slaves = "SLAVE", {}
+        self.role, self.slaves, self._recovery = "SLAVE", {}, None
         self._drop_pending_log_changes()
         self._ready.hard_state = RoleState("SLAVE", self.epoch, master, ())
         self._ready.events.append(f"{self.node_id} follows {master} in epoch {self.epoch}")
@@ -268,7 +385,8 @@ class MasterSlaveCore:
                 if self.role == "SLAVE" else (self.node_id if self.is_master else ""),
                 "written": self.log.written_position, "flushed": self.log.flushed_position,
                 "last_epoch": self._epoch_before(self.log.written_position),
-                "accepts_writes": self.is_master and self._writable, "ignored": self.ignored,
+                "accepts_writes": self.is_master and self._recovery is None,
+                "recovering": self._recovery is not None, "ignored": self.ignored,
                 "slaves": {name: progress.acked for name, progress in self.slaves.items()
                            if progress.matched}}
 
@@ -314,6 +432,149 @@ class MasterSlaveCore:
             progress.progress_tick = self.tick_count
         progress.written, progress.acked = report.written, max(progress.acked, acked)
         self._resolve_acked()
+
+    # --- a restarted master catches up from its slaves ------------------------------------
+
+    def _needed(self) -> int:
+        """How many slaves a restarted master must hear from. A SYNC_MASTER acknowledged a
+        record once ``k = in_sync_slaves_min`` slaves had it, so any ``n - k + 1`` of its
+        ``n`` slaves include one that holds it; and at least ``k`` (as before: a node
+        promoted while it was down took writes only with ``k`` slaves of its own). An
+        ASYNC_MASTER promised nothing of its slaves: one will do."""
+        count = len(self.slaves)
+        if self.role == "ASYNC_MASTER":
+            return 1
+        k = min(max(1, self.config.in_sync_slaves_min), count)
+        return max(count - k + 1, k)
+
+    def _probe(self, name: str) -> None:
+        recovery = self._recovery
+        assert recovery is not None
+        recovery.asked_tick[name] = self.tick_count
+        self._send(Pull(self.node_id, name, self.epoch, recovery.position,
+                        recovery.last_epoch, 0))
+
+    def _reprobe(self, name: str) -> None:
+        """A slave said Hello while this master recovers: it restarted, and may have lost
+        what it told before. Ask again (and pull from someone else meanwhile)."""
+        recovery = self._recovery
+        assert recovery is not None
+        recovery.answers.pop(name, None)
+        recovery.exhausted.discard(name)
+        self.slaves[name].matched = False
+        if recovery.source == name:
+            recovery.source = ""
+        self._probe(name)
+
+    def _pull(self, recovery: Recovery) -> None:
+        recovery.asked_tick[recovery.source] = self.tick_count
+        self._send(Pull(self.node_id, recovery.source, self.epoch, self._expected_end,
+                        recovery.pull_epoch, self.config.append_bytes_max))
+
+    def _recovery_tick(self, recovery: Recovery) -> None:
+        """Ask again, every ``retransmit_ticks``, the source for its records and every
+        other slave not yet served for where its log ends (an answer may be lost, a log
+        may change in a slave's crash, and a slave that hears nothing from its master
+        says Hello, as after a restart); stop waiting after the unclean limit."""
+        config = self.config
+        for name, progress in self.slaves.items():
+            if self.tick_count - recovery.asked_tick.get(name, 0) < config.retransmit_ticks:
+                continue
+            if name == recovery.source:
+                self._pull(recovery)
+            elif not progress.matched:
+                self._probe(name)
+        limit = config.restart_unclean_after_ticks
+        if limit and self.tick_count - recovery.started_tick >= limit and \
+                len(recovery.answers) < recovery.needed:
+            self._ready.events.append(
+                f"{self.node_id} stops waiting for {self.waiting_for} after "
+                f"restart_unclean_after_ticks={limit}: it serves with what it has")
+            recovery.needed, recovery.unclean = len(recovery.answers), True
+
+    def _on_pulled(self, pulled: Pulled) -> None:
+        """A slave's answer: where its log ends, whether it extends this one, records."""
+        recovery = self._recovery
+        if recovery is None or pulled.position < 0:
+            return  # a late answer; or a node that follows another master (its epoch,
+            # if newer, fenced this one already)
+        if pulled.src == recovery.source and pulled.position == self._expected_end and \
+                recovery.answers.get(pulled.src) is not None:
+            self._take_pulled(pulled, recovery)
+        elif pulled.position == recovery.position and pulled.src != recovery.source:
+            recovery.answers[pulled.src] = pulled  # (the newest answer wins)
+            if not _ahead(pulled):  # nothing to learn from it: serve it as its Hello said
+                self._as_hello(pulled)
+        self._advance_recovery(recovery)
+
+    def _take_pulled(self, pulled: Pulled, recovery: Recovery) -> None:
+        """Append the source's records where this log ends (the driver's append checks
+        every record's CRC and position); ask for the next piece at once."""
+        if not pulled.payload:
+            if not _ahead(pulled):  # nothing more here (it may have restarted since); else
+                recovery.exhausted.add(pulled.src)  # a probe's answer, late: no news
+                recovery.source = ""
+            return
+        self._ready.appends.append((pulled.position, pulled.payload))
+        self._expected_end += len(pulled.payload)
+        recovery.pull_epoch = pulled.payload_epoch
+        if pulled.src not in recovery.pulled_from:
+            recovery.pulled_from.append(pulled.src)
+        if self._expected_end < pulled.end:
+            self._pull(recovery)
+        else:
+            recovery.exhausted.add(pulled.src)
+            recovery.source = ""
+
+    def _advance_recovery(self, recovery: Recovery) -> None:
+        """Once it heard enough slaves: pull from the one whose log extends this one the
+        furthest (the newest last epoch, then the longest: it holds every acknowledged
+        record any of them holds), then from the next if that one stops short; then,
+        its pulled records in its log, begin a new epoch and serve."""
+        if recovery.source or len(recovery.answers) < recovery.needed:
+            return
+        ahead = [answer for answer in recovery.answers.values() if _ahead(answer)
+                 and answer.end > self._expected_end and answer.src not in recovery.exhausted]
+        if ahead:
+            recovery.source = max(ahead, key=lambda a: (a.last_epoch, a.end, a.src)).src
+            self._pull(recovery)
+        elif not self._ready.appends and self._expected_end == self.log.written_position:
+            self._finish_recovery(recovery)
+
+    def _finish_recovery(self, recovery: Recovery) -> None:
+        """Begin a new epoch (stamped in the store before any write is taken), then treat
+        the slaves that were ahead as if they said Hello now: they hold at most this log
+        now, or records of another history, which they are told to truncate."""
+        self._recovery = None
+        self._begin_epoch()
+        self._report_restart(recovery, recovery.unclean)
+        for answer in recovery.answers.values():
+            if _ahead(answer):
+                self._as_hello(answer)
+
+    def _report_restart(self, recovery: Recovery, unclean: bool) -> None:
+        heard = tuple(sorted(recovery.answers))
+        unheard = tuple(sorted(set(self.slaves) - set(heard)))
+        report = self.restart_report = RestartReport(
+            recovery.position, self._expected_end, tuple(recovery.pulled_from), heard,
+            unheard, self.epoch, unclean)
+        pulled = f", caught up to {report.caught_up_to} from " \
+            f"{', '.join(report.pulled_from)}" if report.pulled_from else ""
+        self._ready.events.append(f"{self.node_id} restarted at {report.restarted_at}{pulled}; "
+                                  f"heard {list(heard)}; begins epoch {report.epoch}")
+        if unclean and unheard:
+            self._ready.events.append(
+                f"{self.node_id} serves without hearing from {list(unheard)}: records "
+                f"acknowledged after position {report.caught_up_to} that only they hold are "
+                "lost (they are truncated when they return)")
+
+    def _begin_epoch(self) -> None:
+        self.epoch += 1
+        self._ready.set_epoch = self.epoch
+
+    def _as_hello(self, answer: Pulled) -> None:
+        self._on_hello(Hello(answer.src, self.node_id, answer.epoch, answer.end,
+                             answer.last_epoch), self.slaves[answer.src])
 
     def _end_of_epoch(self, epoch: int) -> int:
         return _end_of_epoch(self.log, epoch)
@@ -443,6 +704,40 @@ class MasterSlaveCore:
             Hello(self.node_id, self.config.master, self.epoch, reset.position,
                   reset.last_epoch))]
 
+    def _on_pull(self, pull: Pull) -> None:
+        """Tell whoever asks where this log ends; a restarted master that is this slave's
+        own (in its epoch or newer) also gets the records after ``position`` when the
+        record ending there has the epoch it named (then this log extends its log: two
+        logs agree up to a record both hold in the same epoch). Anyone else gets
+        ``position = -1`` and this node's epoch, which fences a master that missed a
+        promotion."""
+        if pull.cluster_id != self.config.cluster_id:
+            self.ignored += 1
+            return
+        mine = self.role == "SLAVE" and pull.src == self.config.master and \
+            pull.epoch >= self.epoch
+        if mine:
+            self._master_heard_tick = self.tick_count
+            self.epoch = pull.epoch
+            ready = self._ready
+            if ready.truncate_to is not None or ready.reset_log is not None or ready.appends:
+                return  # the log is about to change: the master asks again
+        log, position = self.log, pull.position if mine else -1
+        end = log.written_position
+        agrees = mine and log.first_segment_base() <= position <= end and \
+            self._epoch_before(position) == pull.last_epoch
+        payload = b""
+        if agrees and pull.max_bytes > 0 and position < end:
+            try:
+                payload = log.read_raw(position, min(pull.max_bytes,
+                                                     self.config.append_bytes_max))
+            except MqlogError:  # not a record boundary here: this log is another history
+                agrees = False
+        self._send(Pulled(self.node_id, pull.src, self.epoch, position, agrees, end,
+                          self._epoch_before(end),
+                          self._epoch_before(position + len(payload)) if payload else -1,
+                          payload))
+
     def _hello_after_truncate(self, position: int) -> None:
         epoch = self._epoch_before(position)
         self._ready.messages_after_persist.append(self._stamp(
@@ -467,14 +762,14 @@ class MasterSlaveCore:
                 self._ready.resolved.append((proposal.request_id,
                                              PutStatus.FLUSH_SLAVE_TIMEOUT))
             self._waiting.clear()
-            self.role = "FENCED"
+            self.role, self._recovery = "FENCED", None
         self.epoch = epoch
 
     def _admits(self, message: Message) -> bool:
         """Only members are heard (see the module docstring); the rest is counted."""
         if message.cluster_id != self.config.cluster_id:
             why = f"another cluster ({message.cluster_id!r})"
-        elif self.is_master and isinstance(message, Hello | Report):
+        elif self.is_master and isinstance(message, Hello | Report | Pulled):
             if message.src in self.slaves:
                 return True
             why = "a node that is not its slave"
@@ -490,17 +785,6 @@ class MasterSlaveCore:
             self._ready.events.append(f"{self.node_id} ignores {message.kind} (epoch "
                                       f"{message.epoch}) from {message.src}: {why}")
         return False
-
-    def _heard_from(self, slave: str) -> None:
-        """A master waiting after a restart takes writes once enough slaves spoke."""
-        if self._writable:
-            return
-        self._heard.add(slave)
-        needed = min(len(self.slaves), max(1, self.config.in_sync_slaves_min))
-        if len(self._heard) >= needed:
-            self._writable = True
-            self._ready.events.append(f"{self.node_id} heard from {sorted(self._heard)} in "
-                                      f"epoch {self.epoch}: it takes writes")
 
     def _drop_pending_log_changes(self) -> None:
         """A role change drops the appends not yet carried out and the acks of them."""
@@ -519,6 +803,11 @@ class MasterSlaveCore:
     def _stamp(self, message: Message) -> Message:
         cluster_id = self.config.cluster_id
         return dataclasses.replace(message, cluster_id=cluster_id) if cluster_id else message
+
+
+def _ahead(answer: Pulled) -> bool:
+    """Whether a slave's answer says its log extends the master's past where it ended."""
+    return answer.agrees and answer.end > answer.position
 
 
 def _end_of_epoch(log: LogView, epoch: int) -> int:
