@@ -24,6 +24,7 @@ from mqlog.replication.core import Ready
 from mqlog.replication.hardstate import HardState, Membership, RoleState
 from mqlog.replication.master_slave import MasterSlaveCore
 from mqlog.replication.messages import (
+    Append,
     Entries,
     EntriesReply,
     Hello,
@@ -421,6 +422,19 @@ def test_a_restarted_master_that_waits_too_long_serves_and_says_what_may_be_lost
     assert any("lost" in event and "['s1']" in event for event in ready.events)
 
 
+def test_a_restarted_async_master_asks_all_its_slaves_then_goes_on_with_one():
+    log = FakeLog(500, ((1, 0),))
+    master = _ms("m", log, role="ASYNC_MASTER", slave_timeout_ticks=30)
+    master.advance(master.ready())
+    master.step(Pulled("s2", "m", 1, 500, True, 500, 1, -1))
+    for _ in range(29):
+        master.tick()
+    assert master.waiting_for == ["s1"] and master.ready().set_epoch is None
+    master.tick()
+    assert master.ready().set_epoch == 2 and master.restart_report is not None
+    assert not master.restart_report.unclean  # (its promise never covered s1's copy)
+
+
 def test_a_slave_answers_a_pull_with_records_only_for_its_own_master_and_history():
     log = FakeLog(800, ((1, 0),))
     slave = _ms("s1", log, role="SLAVE")
@@ -437,6 +451,20 @@ def test_a_slave_answers_a_pull_with_records_only_for_its_own_master_and_history
     slave.step(Pull("x", "s1", 9, 500, 1, 100))  # a stranger: where the log ends, no more
     [stranger] = slave.ready().messages
     assert (stranger.dst, stranger.position, stranger.payload, slave.epoch) == ("x", -1, b"", 1)
+
+
+def test_a_slave_drops_the_appends_of_its_masters_earlier_life_once_asked():
+    """Seed 3257: an Append the master sent before its power loss, delivered after the
+    slave told the restarted master where its log ends, grew the slave's log past what
+    the master learned; the master then wrote its new epoch at those positions. The Pull
+    carries the epoch the master will begin: the slave adopts it and drops the old."""
+    log = FakeLog(500, ((1, 0),))
+    slave = _ms("s1", log, role="SLAVE")
+    slave.advance(slave.ready())
+    slave.step(Pull("m", "s1", 2, 500, 1, 0))
+    slave.advance(slave.ready())
+    slave.step(Append("m", "s1", 1, 500, bytes(100)))  # the old life's, late
+    assert slave.ready().appends == [] and slave.epoch == 2
 
 
 def test_a_restarted_master_that_missed_a_promotion_is_fenced_by_the_answer():
@@ -470,7 +498,7 @@ def test_promote_and_follow_save_the_role_which_wins_on_restart(tmp_path: Path):
     hardstate.save(tmp_path, saved)
     restarted = _ms("s1", log, role="SLAVE", hard_state=hardstate.load_role(tmp_path))
     assert (restarted.role, restarted.epoch, tuple(restarted.slaves)) == (
-        "SYNC_MASTER", 1, ("s2", "m"))
+        "SYNC_MASTER", 2, ("s2", "m"))  # (the epoch it begins once caught up)
     old = _ms("m", log)  # the old master, told to follow the new one
     old.advance(old.ready())
     old.follow("s1")

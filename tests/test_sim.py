@@ -53,8 +53,12 @@ REGRESSION_SEEDS = {
                      # (position, epoch), slaves told to truncate acknowledged records,
                      # a core reading inside a record (master_slave/restart_*.txt).
                      1002, 1025, 1170,
-                     # A restarted master pulling from a slave that went down, forever.
-                     1142],
+                     # A restarted master pulling from a slave that went down, forever;
+                     # judged converged while the master still waited (the checker's).
+                     1142, 3048,
+                     # An Append of the master's earlier life, late, grew a slave's log
+                     # past what it had told the restarted master.
+                     3257],
     # A node a pending membership change adds refused to vote (900001051); one it removes
     # neither voted nor campaigned though its log was the freshest (900001025, 900001249):
     # raft/membership_added_unaware.txt, raft/membership_removed_unaware.txt.

@@ -54,14 +54,17 @@ it acknowledged, which slaves still hold; serving on in the same epoch would hav
 tell them to truncate acknowledged records, or write new ones at their positions under
 the same epoch. So a master over a log it wrote before (a ``Recovery``):
 
+0. takes the next epoch for its messages (stamped in its store only when it serves): a
+   slave that adopts it drops what the master's earlier life still has in flight;
 1. asks every slave, ``Pull(position, last_epoch, 0)``, where its log ends and whether
    it extends the master's (its record ending at ``position`` has ``last_epoch``: two
    logs that hold a record in the same epoch agree up to it), every ``retransmit_ticks``
    until answered; a slave that answers it is behind, or holds another history, is
    served at once as if it had said Hello (streamed to, or told to truncate);
 2. waits for ``n - k + 1`` of its ``n`` slaves (``k = in_sync_slaves_min``; at least
-   ``k``; one for an ASYNC_MASTER, which promised nothing of its slaves): every record it
-   acknowledged is on ``k`` slaves, so any ``n - k + 1`` of them hold it;
+   ``k``): every record it acknowledged is on ``k`` slaves, so any ``n - k + 1`` of them
+   hold it. An ASYNC_MASTER promised nothing of its slaves: it waits for all of them for
+   ``slave_timeout_ticks`` (to lose the least), then for one;
 3. pulls the records it lacks from the answer that extends its log the furthest (the
    newest last epoch, then the longest), ``append_bytes_max`` at a time, from the next
    such slave if that one stops short (a crash); the driver appends them, so the store
@@ -76,8 +79,9 @@ the others may hold as lost (``restart_report``, an event); an operator's ``prom
 waiting master does the same at once. A fresh store (no record, no epoch, no saved role)
 begins epoch 1 at once, so even a master that loses every record keeps an epoch to move
 past. Any node answers a Pull: one that does not follow the asker (it was promoted, or
-follows the promoted node) answers ``position = -1`` in its own epoch, which fences a
-master that missed a promotion while it was down.
+follows the promoted node) answers ``position = -1`` in its own epoch, and a master that
+gets such an answer from one of its slaves missed a promotion while it was down: it is
+fenced.
 
 Group identity. Only members are heard: a master hears Hello and Report from its slaves,
 a slave Append, Truncate and LogReset from its master, and only with this config's
@@ -192,7 +196,9 @@ class MasterSlaveCore:
         self._ignored_from: set[str] = set()
         self._waiting: deque[Proposal] = deque()
         self._ready = Ready()
-        self._expected_end = log.written_position  # a slave's end, pending appends counted
+        # This log's end with the appends still in a Ready: a slave's, or a restarted
+        # master's as it pulls.
+        self._expected_end = log.written_position
         self._master_heard_tick = 0
         self._pump_due = True  # an ASYNC_MASTER sends Appends once per tick
         self._recovery: Recovery | None = None
@@ -215,11 +221,16 @@ class MasterSlaveCore:
             self._begin_epoch()
             return
         position = self.log.written_position
+        # Its messages carry the epoch it will begin (stamped in its store only when it
+        # serves): a slave that adopts it drops what this master's earlier life still
+        # has in flight (an Append arriving after the slave said where its log ends
+        # would grow it past what the master learned: seed 3257).
+        self.epoch += 1
         self._recovery = Recovery(position, self._epoch_before(position), self._needed(),
                                   self.tick_count, pull_epoch=self._epoch_before(position))
         self._ready.events.append(f"{self.node_id} restarted as {self.role} with its log "
-                                  f"ending at {position} (epoch {self.epoch}): it asks its "
-                                  f"slaves where theirs end before it serves")
+                                  f"ending at {position}: it asks its slaves where theirs "
+                                  f"end before it begins epoch {self.epoch}")
         for name in self.slaves:
             self._probe(name)
 
@@ -352,7 +363,8 @@ class MasterSlaveCore:
         self.config = self.config.replace(role=role, slaves=tuple(slaves), master="")
         self.role = role
         self.slaves = {name: SlaveProgress() for name in slaves}
-        self.epoch = max(self.epoch + 1, epoch)
+        # (a waiting master's epoch is one it has not begun: nobody wrote in it)
+        self.epoch = max(self.epoch + (0 if self._recovery else 1), epoch)
         self._drop_pending_log_changes()
         if self._recovery is not None:  # the operator vouches for a waiting master
             self._report_restart(self._recovery, unclean=True)
@@ -372,6 +384,8 @@ class MasterSlaveCore:
             self._ready.resolved.append((proposal.request_id, PutStatus.FLUSH_SLAVE_TIMEOUT))
         self._waiting.clear()
         self.config = self.config.replace(role="SLAVE", master=master, slaves=())
+        if self._recovery is not None:
+            self.epoch -= 1  # the epoch it was about to begin: it never did
         self.role, self.slaves, self._recovery = "SLAVE", {}, None
         self._drop_pending_log_changes()
         self._ready.hard_state = RoleState("SLAVE", self.epoch, master, ())
@@ -440,10 +454,11 @@ class MasterSlaveCore:
         record once ``k = in_sync_slaves_min`` slaves had it, so any ``n - k + 1`` of its
         ``n`` slaves include one that holds it; and at least ``k`` (as before: a node
         promoted while it was down took writes only with ``k`` slaves of its own). An
-        ASYNC_MASTER promised nothing of its slaves: one will do."""
+        ASYNC_MASTER promised nothing of its slaves: it asks all, to lose the least, and
+        after ``slave_timeout_ticks`` goes on with one (``_recovery_tick``)."""
         count = len(self.slaves)
         if self.role == "ASYNC_MASTER":
-            return 1
+            return count
         k = min(max(1, self.config.in_sync_slaves_min), count)
         return max(count - k + 1, k)
 
@@ -484,8 +499,12 @@ class MasterSlaveCore:
                 self._pull(recovery)
             elif not progress.matched:
                 self._probe(name)
+        waited = self.tick_count - recovery.started_tick
+        if self.role == "ASYNC_MASTER" and recovery.needed > 1 and \
+                waited >= config.slave_timeout_ticks:
+            recovery.needed = 1
         limit = config.restart_unclean_after_ticks
-        if limit and self.tick_count - recovery.started_tick >= limit and \
+        if limit and waited >= limit and \
                 len(recovery.answers) < recovery.needed:
             self._ready.events.append(
                 f"{self.node_id} stops waiting for {self.waiting_for} after "
@@ -495,9 +514,12 @@ class MasterSlaveCore:
     def _on_pulled(self, pulled: Pulled) -> None:
         """A slave's answer: where its log ends, whether it extends this one, records."""
         recovery = self._recovery
-        if recovery is None or pulled.position < 0:
-            return  # a late answer; or a node that follows another master (its epoch,
-            # if newer, fenced this one already)
+        if recovery is not None and pulled.position < 0:
+            # One of its slaves follows another master: a node was promoted while this
+            # one was down (its epoch, if newer, fenced this one already).
+            return self._see_epoch(self.epoch, f"{pulled.src} follows another master")
+        if recovery is None:
+            return  # a late answer
         if pulled.src == recovery.source and pulled.position == self._expected_end and \
                 recovery.answers.get(pulled.src) is not None:
             self._take_pulled(pulled, recovery)
@@ -546,7 +568,7 @@ class MasterSlaveCore:
         the slaves that were ahead as if they said Hello now: they hold at most this log
         now, or records of another history, which they are told to truncate."""
         self._recovery = None
-        self._begin_epoch()
+        self._ready.set_epoch = self.epoch
         self._report_restart(recovery, recovery.unclean)
         for answer in recovery.answers.values():
             if _ahead(answer):
@@ -754,10 +776,11 @@ class MasterSlaveCore:
 
     # --- both ---------------------------------------------------------------------------
 
-    def _see_epoch(self, epoch: int) -> None:
+    def _see_epoch(self, epoch: int, why: str = "") -> None:
         if self.is_master:
-            self._ready.events.append(f"{self.node_id} fenced: epoch {epoch} is newer than "
-                                      f"its {self.epoch}; another node was promoted")
+            why = why or f"epoch {epoch} is newer than its {self.epoch}"
+            self._ready.events.append(f"{self.node_id} fenced: {why}; another node was "
+                                      "promoted")
             for proposal in self._waiting:
                 self._ready.resolved.append((proposal.request_id,
                                              PutStatus.FLUSH_SLAVE_TIMEOUT))
