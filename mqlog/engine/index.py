@@ -54,8 +54,6 @@ from mqlog.errors import DiskFull
 from mqlog.format import (
     INDEX_CRC_AT,
     INDEX_END_POSITION_AT,
-    INDEX_ENTRY,
-    INDEX_ENTRY_CRC_AT,
     INDEX_ENTRY_SIZE,
     INDEX_HEADER,
     INDEX_HEADER_SIZE,
@@ -66,6 +64,7 @@ from mqlog.format import (
 )
 
 _END_POSITION = struct.Struct("<Q")
+CHAIN_BATCH = 64  # positions one core call hands back (a query usually wants fewer)
 _TIME_MIN, _TIME_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -114,40 +113,26 @@ class IndexFile:
         _END_POSITION.pack_into(self.mapped.buffer, INDEX_END_POSITION_AT, position)
         self.end_position = position
 
-    def chain(self, value: int, begin: int) -> Iterator[tuple[int, int]]:
-        """(position, store timestamp) of the entries with hash ``value``, newest first,
-        down to the first one older than ``begin``.
+    def chain(self, module: ModuleType, value: int, begin: int,
+              end: int) -> Iterator[int]:
+        """Positions of the entries with hash ``value`` stored in [begin, end], newest
+        first, walked by the log core (``index_chain``) ``CHAIN_BATCH`` at a time.
 
         A chain is trusted only as far as it holds together: every entry's CRC32C holds
         and every link points to an earlier entry (so a walk ends after at most
         ``entry_count`` steps, never spins), in the same bucket, at an earlier position
         inside this file's range, no newer than the entry before it. Anything else raises
         IndexDamaged (the file is rebuilt): flipped bits never make a lookup hang or
-        silently miss a record."""
-        buffer = self.mapped.buffer
-        entries_at = self.entries_at
-        bucket = value % self.slot_count
-        number = INDEX_SLOT.unpack_from(buffer, INDEX_HEADER_SIZE + INDEX_SLOT_SIZE * bucket)[0]
-        if number > self.entry_count:
-            raise IndexDamaged(self, f"slot {bucket} names entry {number} of "
-                                     f"{self.entry_count}")
-        newer_position, newer_timestamp = self.end_position, _TIME_MAX
-        while number:  # (no memoryview held across a yield: close() must unmap)
-            at = entries_at + (number - 1) * INDEX_ENTRY_SIZE
-            key_hash, position, timestamp, link, crc = INDEX_ENTRY.unpack_from(buffer, at)
-            if crc != crc32c(buffer[at:at + INDEX_ENTRY_CRC_AT]):
-                raise IndexDamaged(self, f"entry {number} fails its CRC32C")
-            if link >= number or key_hash % self.slot_count != bucket or \
-                    not self.first_position <= position < newer_position or \
-                    timestamp > newer_timestamp:
-                raise IndexDamaged(self, f"entry {number} (hash {key_hash:#x}, position "
-                                         f"{position}, link {link}) does not belong in the "
-                                         f"chain of slot {bucket}")
-            if timestamp < begin:
+        silently miss a record. (No buffer is held across a yield: close() must unmap.)"""
+        resume = None
+        while True:
+            found, resume, problem = module.index_chain(self.mapped.buffer, value, begin,
+                                                        end, resume, CHAIN_BATCH)
+            yield from found
+            if problem:
+                raise IndexDamaged(self, problem)
+            if resume is None:
                 return
-            if key_hash == value:
-                yield position, timestamp
-            number, newer_position, newer_timestamp = link, position, timestamp
 
 
 class IndexDamaged(Exception):
@@ -310,9 +295,7 @@ class KeyIndex:
                 continue
             if index.max_timestamp < begin:
                 return  # older files hold only older records
-            for position, timestamp in index.chain(value, begin):
-                if timestamp <= end:
-                    yield position
+            yield from index.chain(self._module, value, begin, end)
 
     # --- retention, truncation, closing ------------------------------------------------
 

@@ -433,3 +433,72 @@ cdef int _raw_problem(int problem, str text, uint64_t at, bint first) except -1:
     if first and problem != RECORD_CRC:  # (only its CRC failing: a damaged record)
         raise InvalidPosition(f"position {at} is not the start of a record ({text})")
     raise CorruptRecord(at, text)
+
+
+# --- the key index: walking one chain --------------------------------------------------
+
+def index_chain(index, value, begin, end, resume, count_max):
+    """Walk the chain of key hash ``value`` in a key-index file, newest first (the
+    twin's docstring says what comes back). Every entry walked has its CRC32C checked."""
+    cdef Py_buffer view
+    cdef char *data
+    cdef uint64_t size_bytes, hash_value, number, newer_position, count
+    cdef int64_t newer_timestamp, low = _clamp_i64(begin), high = _clamp_i64(end)
+    cdef list found = []
+    _clamp_u64(value, &hash_value)
+    _clamp_u64(count_max, &count)
+    _hold(index, &view, &data, &size_bytes, False)
+    try:
+        if size_bytes < IX_HEADER_SIZE:
+            return found, None, "shorter than a key-index header"
+        if mq_u32(data + 8) == 0 or mq_u32(data + 16) > mq_u32(data + 12) or \
+                size_bytes < IX_HEADER_SIZE + 4 * <uint64_t>mq_u32(data + 8) + \
+                IX_ENTRY_SIZE * <uint64_t>mq_u32(data + 12):
+            return found, None, "not a key-index file of the size its header gives"
+        if resume is None:
+            number = mq_u32(data + IX_HEADER_SIZE + 4 * (hash_value % mq_u32(data + 8)))
+            newer_position, newer_timestamp = mq_u64(data + 32), INT64_MAX
+            if number > mq_u32(data + 16):
+                return found, None, (f"slot {hash_value % mq_u32(data + 8)} names entry "
+                                     f"{number} of {mq_u32(data + 16)}")
+        else:
+            _clamp_u64(resume[0], &number)
+            _clamp_u64(resume[1], &newer_position)
+            newer_timestamp = _clamp_i64(resume[2])
+            if number > mq_u32(data + 16):
+                return found, None, "a resumed walk names no entry"
+        return _walk_chain(data, hash_value, low, high, number, newer_position,
+                           newer_timestamp, count, found)
+    finally:
+        PyBuffer_Release(&view)
+
+
+cdef tuple _walk_chain(const char *data, uint64_t value, int64_t begin, int64_t end,
+                       uint64_t number, uint64_t newer_position, int64_t newer_timestamp,
+                       uint64_t count, list found):
+    cdef uint32_t slot_count = mq_u32(data + 8)
+    cdef uint64_t first_position = mq_u64(data + 24), bucket = value % slot_count
+    cdef const char *entries = data + IX_HEADER_SIZE + 4 * <uint64_t>slot_count
+    cdef const char *entry
+    cdef uint64_t key_hash, position, link
+    cdef int64_t timestamp
+    while number:
+        if <uint64_t>len(found) >= count:
+            return found, (number, newer_position, newer_timestamp), ""
+        entry = entries + (number - 1) * IX_ENTRY_SIZE
+        key_hash, position = mq_u64(entry), mq_u64(entry + 8)
+        timestamp, link = mq_i64(entry + 16), mq_u32(entry + 24)
+        if mq_crc32c(0, entry, IX_ENTRY_CRC_AT) != mq_u32(entry + IX_ENTRY_CRC_AT):
+            return found, None, f"entry {number} fails its CRC32C"
+        if link >= number or key_hash % slot_count != bucket or \
+                not first_position <= position < newer_position or \
+                timestamp > newer_timestamp:
+            return found, None, (f"entry {number} (hash {key_hash:#x}, position {position}, "
+                                 f"link {link}) does not belong in the chain of slot "
+                                 f"{bucket}")
+        if timestamp < begin:
+            break
+        if key_hash == value and timestamp <= end:
+            found.append(position)
+        number, newer_position, newer_timestamp = link, position, timestamp
+    return found, None, ""

@@ -117,6 +117,58 @@ def key_hash(topic: str, key: str, hash_bits: int = 64) -> int:
     return _key_hash(topic.encode() + b"\x00" + key.encode(), hash_bits)
 
 
+def index_chain(index: Any, value: int, begin: int, end: int, resume: Any,
+                count_max: int) -> tuple[list[int], Any, str]:
+    """Walk the chain of key hash ``value`` in a key-index file, newest first.
+
+    ``index`` is the file's buffer (docs/FORMAT.md, "Key index"). Returns (positions,
+    resume, problem): the positions of at most ``count_max`` entries whose hash is
+    ``value`` and whose store timestamp lies in [begin, end]; None when the chain ended
+    (or reached entries older than ``begin``), else what to pass as ``resume`` to go on;
+    and '' or why the chain does not hold together: an entry whose CRC32C fails, a link
+    that does not point to an earlier entry of the same bucket at an earlier position
+    inside the file's range with a timestamp no newer (the caller rebuilds the file).
+    """
+    if len(index) < INDEX_HEADER_SIZE:
+        return [], None, "shorter than a key-index header"
+    header = INDEX_HEADER.unpack_from(index)
+    slot_count, entry_count_max, entry_count = header[2], header[3], header[4]
+    first_position, end_position = header[6], header[7]
+    entries_at = INDEX_HEADER_SIZE + 4 * slot_count
+    if slot_count == 0 or entry_count > entry_count_max or \
+            len(index) < entries_at + INDEX_ENTRY_SIZE * entry_count_max:
+        return [], None, "not a key-index file of the size its header gives"
+    bucket = value % slot_count
+    if resume is None:
+        number = INDEX_SLOT.unpack_from(index, INDEX_HEADER_SIZE + 4 * bucket)[0]
+        newer_position, newer_timestamp = end_position, (1 << 63) - 1
+        if number > entry_count:
+            return [], None, f"slot {bucket} names entry {number} of {entry_count}"
+    else:
+        number, newer_position, newer_timestamp = resume
+        if number > entry_count:
+            return [], None, "a resumed walk names no entry"
+    found: list[int] = []
+    while number:
+        if len(found) >= count_max:
+            return found, (number, newer_position, newer_timestamp), ""
+        at = entries_at + (number - 1) * INDEX_ENTRY_SIZE
+        key_hash, position, timestamp, link, crc = INDEX_ENTRY.unpack_from(index, at)
+        if crc != crc32c(bytes(index[at:at + INDEX_ENTRY_CRC_AT])):
+            return found, None, f"entry {number} fails its CRC32C"
+        if link >= number or key_hash % slot_count != bucket or \
+                not first_position <= position < newer_position or \
+                timestamp > newer_timestamp:
+            return found, None, (f"entry {number} (hash {key_hash:#x}, position {position}, "
+                                 f"link {link}) does not belong in the chain of slot {bucket}")
+        if timestamp < begin:
+            break
+        if key_hash == value and timestamp <= end:
+            found.append(position)
+        number, newer_position, newer_timestamp = link, position, timestamp
+    return found, None, ""
+
+
 def _key_hash(data: bytes, hash_bits: int) -> int:
     value = _FNV_OFFSET
     for byte in data:
