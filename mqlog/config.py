@@ -375,6 +375,16 @@ class GroupSpec:
         return cls(name, config, {**voters, **learners}, store or StoreConfig(),
                    partitions=tuple(partitions)).validate()
 
+    @classmethod
+    def isr(cls, name: str, replicas: dict[str, str], *, store: StoreConfig | None = None,
+            partitions: tuple[tuple[str, int], ...] = (), **replication: Any) -> GroupSpec:
+        """An ISR partition over the brokers in ``replicas`` (broker id -> host:port); its
+        leader and ISR come from the controller, later (IsrCore.apply_metadata)."""
+        config = ReplicationConfig(layer="isr", node_id=next(iter(replicas), ""),
+                                   replicas=tuple(replicas), **replication)
+        return cls(name, config, dict(replicas), store or StoreConfig(),
+                   partitions=tuple(partitions)).validate()
+
     @property
     def members(self) -> tuple[str, ...]:
         """Every broker holding a replica of this group, this one included."""

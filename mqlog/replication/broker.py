@@ -97,6 +97,9 @@ class Broker:
                       if name != config.broker_id}  # broker id -> host:port
         self.groups: dict[str, Node] = {}
         self.routes: dict[tuple[str, int], str] = {}  # (topic, queue_id) -> group
+        # An ISR leader's AlterPartition (node, request) goes to the controller through
+        # this (join_cluster sets it); without one it is dropped, and noted.
+        self.alter_partition: Callable[[Any, Any], None] | None = None
         self.services: dict[str, Handler] = {}
         self.failure: BaseException | None = None
         self.counters: dict[str, PeerCounters] = {}

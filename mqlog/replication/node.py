@@ -47,6 +47,7 @@ from mqlog.engine.store import open as open_store
 from mqlog.replication import core_for, hardstate, messages
 from mqlog.replication.driver import Driver
 from mqlog.replication.idempotence import Stored
+from mqlog.replication.isr.core import CONTROLLER
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
 
@@ -85,9 +86,10 @@ class Node:
         self.node_id = spec.replication.node_id
         self.replication = spec.replication
         self.raft = spec.replication.layer == "raft"
+        self.isr = spec.replication.layer == "isr"
         self.store_dir = broker.config.group_dir(spec)
-        store_config = spec.store.replace(committed_follows="external") if self.raft \
-            else spec.store
+        store_config = spec.store.replace(committed_follows="external") \
+            if self.raft or self.isr else spec.store
         self.store = open_store(self.store_dir, store_config)
         try:
             core = self._new_core()
@@ -165,6 +167,8 @@ class Node:
 
     def _new_core(self) -> Any:
         replication = self.spec.replication
+        if self.isr:  # its leader and ISR come from the controller (apply_metadata)
+            return core_for(replication, self.store)
         if replication.layer != "raft":  # the role an operator gave it last wins
             return core_for(replication, self.store,
                             hard_state=hardstate.load_role(self.store_dir))
@@ -224,7 +228,15 @@ class Node:
     # --- the driver's Io ------------------------------------------------------------------
 
     def send(self, outgoing: list[messages.Message]) -> None:
-        self.broker.send(self.name, outgoing)
+        peers = [message for message in outgoing if message.dst != CONTROLLER]
+        for request in outgoing:
+            if request.dst == CONTROLLER:  # an ISR leader's AlterPartition
+                if self.broker.alter_partition is None:
+                    self.note("an AlterPartition has no controller to go to: dropped")
+                else:
+                    self.broker.alter_partition(self, request)
+        if peers:
+            self.broker.send(self.name, peers)
 
     def save_hard_state(self, state: Any) -> None:
         hardstate.save(self.store_dir, state)
@@ -298,7 +310,11 @@ class Node:
             answers = [(frame, self._error_header(error)) for frame in frames]
             frames = []
         for frame in frames:
-            refused = self.core.may_accept(frame.header.get("acks", "replicated"))
+            try:  # (an ISR leader raises NotEnoughReplicas: nothing is stored)
+                refused = self.core.may_accept(_acks(frame.header))
+            except errors.MqlogError as error:
+                answers.append((frame, self._error_header(error)))
+                continue
             if refused is not PutStatus.PUT_OK:  # decided before storing: nothing stored
                 answers.append((frame, {"kind": "produced", "status": refused.value,
                                         "position": -1, "offset": -1, "count": 0}))
@@ -370,10 +386,11 @@ class Node:
             return self._fetch(frame)
         if kind == "metadata":
             return self.metadata(), b""
-        if kind in ("promote", "follow") and self.raft:
+        if kind in ("promote", "follow") and (self.raft or self.isr):
             raise errors.InvalidArgument(f"{kind} is an operator command of master-slave "
                                          "groups; a Raft group elects its leader (use "
-                                         "transfer to move leadership)")
+                                         "transfer to move leadership), the controller "
+                                         "names an ISR partition's")
         if kind == "promote":
             return self._promote(frame.header), b""
         if kind == "follow":
@@ -477,6 +494,13 @@ class Node:
                 "epoch": self.core.epoch, "log_start": self.store.first_segment_base(),
                 "peers": peers, "send_queued": queued, "send_dropped": dropped,
                 **self.core.status()}
+
+
+def _acks(header: dict[str, Any]) -> str:
+    acks = header.get("acks", "replicated")
+    if acks != "replicated" and acks != "master":
+        raise errors.InvalidArgument(f"acks must be 'replicated' or 'master', got {acks!r}")
+    return str(acks)
 
 
 def _names(value: Any) -> bool:

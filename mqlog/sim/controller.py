@@ -511,8 +511,9 @@ class ControllerSwarm:
 
 
 def _assigned(state: ClusterMetadata, broker: str) -> set[str]:
-    """The groups ``state`` has ``broker`` host: one per Raft partition it replicates."""
-    return {f"{topic.name}-{index}" for topic in state.topics.values() if topic.layer == "raft"
+    """The groups ``state`` has ``broker`` host: one per Raft or ISR partition it replicates."""
+    return {f"{topic.name}-{index}" for topic in state.topics.values()
+            if topic.layer in ("raft", "isr")
             for index, part in enumerate(topic.partitions) if broker in part.replicas}
 
 

@@ -31,6 +31,10 @@ class ControllerConfig:
     snapshot_interval_bytes: int = 1 << 20  # log written since the last snapshot -> one more
     pull_bytes_max: int = 1 << 20  # metadata log bytes one metadata_since answer carries
     requests_waiting_max: int = 1_024  # proposals waiting for their commit
+    # ISR topics (Kafka's names; brokers' ISR cores and the controller's elections use them)
+    min_insync_replicas: int = 1  # acks=all needs this many in ISR; the HW waits for them
+    replica_lag_time_ms: int = 30_000  # a follower not caught up this long leaves the ISR
+    unclean_leader_election: bool = False  # elect outside ISR and ELR: may lose records
 
     def validate(self) -> ControllerConfig:
         for item in dataclasses.fields(self):
@@ -39,9 +43,10 @@ class ControllerConfig:
                                        or value < 1):
                 raise ConfigError(f"[controller] {item.name} must be a positive integer, got "
                                   f"{value!r}")
-        if not isinstance(self.auto_failover, bool):
-            raise ConfigError(f"[controller] auto_failover must be true or false, got "
-                              f"{self.auto_failover!r}")
+        for name in ("auto_failover", "unclean_leader_election"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"[controller] {name} must be true or false, got "
+                                  f"{getattr(self, name)!r}")
         if not isinstance(self.voters, dict) or not all(
                 isinstance(key, str) and isinstance(value, str) and ":" in value
                 for key, value in self.voters.items()):

@@ -10,12 +10,14 @@ after every n partitions so that followers do not always pair with the same lead
 
 Fencing a broker. Raft-layer partitions need nothing: the Raft group elects a new leader
 on its own, and the controller's ``leader`` field for them is only what was last
-reported. ISR-layer partitions (Kafka's rule): the broker leaves the ISR unless it is its
-last member, and if it led, the first other ISR member in replica order that is not
-fenced leads, with the leader epoch bumped (no leader, ``""``, if there is none; the ISR
-issue refines this with the ELR). Master-slave groups move only with ``auto_failover``,
-and only to a slave that is in sync and holds at least what every other in-sync replica
-reported (epoch, then position): never to one behind (RocketMQ 5's controller).
+reported. ISR-layer partitions follow isr/decisions.py (KIP-966): the broker leaves the
+ISR (to the ELR when the ISR falls below min_insync_replicas), and if it led, the first
+live ISR member in replica order leads, else the first live ELR member, else (only with
+unclean_leader_election) any live replica, with the leader epoch bumped; none of them:
+no leader (``""``) until an eligible broker is unfenced (``unfence_changes``).
+Master-slave groups move only with ``auto_failover``, and only to a slave that is in
+sync and holds at least what every other in-sync replica reported (epoch, then position):
+never to one behind (RocketMQ 5's controller).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import random
 from mqlog.errors import MetadataChangeRefused
 from mqlog.replication.controller.records import PartitionChange, PartitionInfo
 from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.replication.isr.core import PartitionState
+from mqlog.replication.isr.decisions import fence_isr, unfence_isr
 
 
 def assign_replicas(brokers: list[str], partitions: int, replication_factor: int,
@@ -54,11 +58,13 @@ def assign_replicas(brokers: list[str], partitions: int, replication_factor: int
 
 def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
                   reported: dict[tuple[str, int], dict[str, tuple[int, int]]] | None = None,
+                  *, min_insync_replicas: int = 1, unclean: bool = False,
                   ) -> list[PartitionChange]:
     """The partition changes that fencing ``broker_id`` calls for (see the docstring).
 
     ``reported[(topic, partition)][broker]`` is (epoch, position) of that replica's log
-    as its broker last reported it (master-slave failover needs it)."""
+    as its broker last reported it (master-slave failover needs it). ISR partitions
+    follow isr/decisions.py (``min_insync_replicas`` for the ELR, ``unclean``)."""
     changes = []
     fenced = {name for name, info in state.brokers.items() if info.fenced} | {broker_id}
     for name in sorted(state.topics):
@@ -67,12 +73,13 @@ def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
             if broker_id not in part.replicas or topic.layer == "raft":
                 continue
             if topic.layer == "isr":
-                change = _isr_without(part, broker_id, fenced)
-            elif auto_failover and part.leader == broker_id:
-                change = _promotion(part, broker_id, fenced,
-                                    (reported or {}).get((name, index), {}))
-            else:
-                change = None
+                decided = fence_isr(PartitionState.of(part), broker_id, fenced,
+                                    min_insync_replicas, unclean)
+                if decided is not None:
+                    changes.append(isr_change(name, index, decided[0]))
+                continue
+            change = _promotion(part, broker_id, fenced, (reported or {}).get(
+                (name, index), {})) if auto_failover and part.leader == broker_id else None
             if change is not None:
                 replicas, leader, leader_epoch, isr = change
                 changes.append(PartitionChange(name, index, part.partition_epoch + 1,
@@ -81,19 +88,30 @@ def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
     return changes
 
 
+def unfence_changes(state: ClusterMetadata, broker_id: str, *, min_insync_replicas: int = 1,
+                    unclean: bool = False) -> list[PartitionChange]:
+    """The leaderless ISR partitions that ``broker_id``, back, may lead (isr/decisions.py)."""
+    fenced = {name for name, info in state.brokers.items() if info.fenced}
+    changes = []
+    for name in sorted(state.topics):
+        topic = state.topics[name]
+        if topic.layer != "isr":
+            continue
+        for index, part in enumerate(topic.partitions):
+            decided = unfence_isr(PartitionState.of(part), broker_id, fenced,
+                                  min_insync_replicas, unclean)
+            if decided is not None:
+                changes.append(isr_change(name, index, decided[0]))
+    return changes
+
+
+def isr_change(topic: str, index: int, state: PartitionState) -> PartitionChange:
+    """The record of an ISR partition's new state."""
+    return PartitionChange(topic, index, state.partition_epoch, state.replicas, state.leader,
+                           state.leader_epoch, state.isr, state.elr, "isr")
+
+
 Change = tuple[tuple[str, ...], str, int, tuple[str, ...]]
-
-
-def _isr_without(part: PartitionInfo, broker_id: str, fenced: set[str]) -> Change | None:
-    isr = tuple(name for name in part.isr if name != broker_id) or part.isr
-    leader = part.leader
-    if leader == broker_id or leader not in isr:
-        leader = next((name for name in part.replicas if name in isr and name not in fenced),
-                      "")
-    if isr == part.isr and leader == part.leader:
-        return None
-    epoch = part.leader_epoch + (1 if leader != part.leader else 0)
-    return part.replicas, leader, epoch, isr
 
 
 def _promotion(part: PartitionInfo, broker_id: str, fenced: set[str],

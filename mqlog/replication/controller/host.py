@@ -16,7 +16,10 @@ registers (a new broker epoch per process life), heartbeats every
 ``broker_heartbeat_interval_ms``, pulls the committed metadata since the position it has
 (records, or a snapshot when it is too far behind), and hosts the Raft group of every
 ``raft``-layer partition the metadata assigns to it (group ``TOPIC-PARTITION``, serving
-(topic, partition)); a deleted topic's groups are dropped.
+(topic, partition)); a deleted topic's groups are dropped. An ``isr``-layer partition is
+hosted the same way, and each pull hands its core the controller's newest state for it
+(leader, epochs, ISR, ELR); its leader's AlterPartition requests go with the next round
+(``alter_partitions``, after the heartbeat), whose pull brings the decision back.
 Clients ask any broker ``cluster_metadata`` (the agent's view: topics, partitions,
 replicas, brokers and their addresses) and route by partition.
 
@@ -49,9 +52,10 @@ from mqlog.replication.controller.config import CONTROLLER_GROUP, ControllerConf
 from mqlog.replication.controller.leaders import LeaderTable, leaders_from, leads_from
 from mqlog.replication.controller.service import Controller, Proposal
 from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.replication.isr.core import AlterPartition, PartitionState
 
 KINDS = ("register_broker", "broker_heartbeat", "create_topic", "delete_topic",
-         "describe_cluster", "metadata_since")
+         "describe_cluster", "metadata_since", "alter_partitions")
 _STORE: dict[str, Any] = dict(segment_size_bytes=64 << 20, message_size_bytes_max=8 << 20,
               flush_mode="sync")
 CALL_TIMEOUT_S = 5.0  # a controller that has not answered a request by then is skipped
@@ -103,6 +107,8 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
                                        arg("replication_factor"), arg("layer", "raft"))
     if kind == "delete_topic":
         return controller.delete_topic(arg("name"))
+    if kind == "alter_partitions":
+        return controller.alter_partitions(arg("broker_id"), arg("broker_epoch"), arg("items"))
     raise errors.InvalidArgument(f"unknown controller request kind {kind!r}; the kinds are "
                                  f"{', '.join(KINDS)}")
 
@@ -207,6 +213,14 @@ class BrokerAgent:
         self._leaders_seen: list[Any] = ["", 0]  # the controller's token, seq last seen
         self._leader: str | None = None  # the address that last answered a change
         self._addresses = list(config.voters.values())
+        # ISR partitions: each hosted one's newest state goes to ``on_partition(group,
+        # state)``; its leader's AlterPartition waits in ``alters`` for the next round
+        # (after the heartbeat, before the pull that brings the decision back), and a
+        # refusal goes to ``on_alter_refused(group, why)``. join_cluster sets both.
+        self.on_partition: Callable[[str, PartitionState], None] | None = None
+        self.on_alter_refused: Callable[[str, str], None] | None = None
+        self.alters: dict[str, AlterPartition] = {}
+        self._isr_groups: dict[str, tuple[str, int]] = {}
 
     def start(self) -> None:
         """Begin the first round now; each round schedules the next."""
@@ -235,7 +249,7 @@ class BrokerAgent:
 
     def _heartbeaten(self, answer: dict[str, Any], leads: list[list[Any]]) -> None:
         self.took_leaders(answer, leads)
-        self._pull()
+        self._alter()
 
     def took_leaders(self, answer: dict[str, Any], leads: list[list[Any]]) -> None:
         """Merge the heartbeat answer's leaders, and this broker's own (fresher)."""
@@ -245,6 +259,30 @@ class BrokerAgent:
             self._leaders_seen = [changes.get("token", ""), changes.get("seq", 0)]
         for topic, partition, term in leads:
             self.leaders.merge(topic, partition, self.host.broker_id, term)
+
+    def request_alter(self, group: str, request: AlterPartition) -> None:
+        """An ISR leader's AlterPartition: sent with the next round (the newest per group)."""
+        if group in self._isr_groups:
+            self.alters[group] = request
+
+    def _alter(self) -> None:
+        sent = [(group, request) for group, request in self.alters.items()
+                if group in self._isr_groups]
+        self.alters = {}
+        if not sent:
+            self._pull()
+            return
+        items = [[*self._isr_groups[group], request.epoch, request.partition_epoch,
+                  list(request.isr)] for group, request in sent]
+        self._ask({"kind": "alter_partitions", "broker_id": self.host.broker_id,
+                   "broker_epoch": self.epoch, "items": items}, True,
+                  lambda answer: self._altered(sent, answer))
+
+    def _altered(self, sent: list[tuple[str, AlterPartition]], answer: dict[str, Any]) -> None:
+        for (group, _request), why in zip(sent, answer["results"], strict=True):
+            if why and self.on_alter_refused is not None:
+                self.on_alter_refused(group, why)
+        self._pull()
 
     def _pull(self) -> None:
         self._ask({"kind": "metadata_since", "position": self.position}, False,
@@ -273,12 +311,15 @@ class BrokerAgent:
         self.leaders.prune(self.view)
 
     def assigned(self) -> dict[str, Any]:
-        """group name -> GroupSpec of each Raft partition the view assigns here."""
+        """group name -> GroupSpec of each Raft or ISR partition the view assigns here."""
         from mqlog.config import GroupSpec
 
         wanted = {}
+        self._isr_groups = {}
+        isr: dict[str, Any] = {"min_insync_replicas": self.config.min_insync_replicas,
+               "replica_lag_time_ms": self.config.replica_lag_time_ms}
         for topic in self.view.topics.values():
-            if topic.layer != "raft":
+            if topic.layer not in ("raft", "isr"):
                 continue
             for index, part in enumerate(topic.partitions):
                 if self.host.broker_id not in part.replicas:
@@ -287,6 +328,11 @@ class BrokerAgent:
                 voters = {member: self.view.brokers[member].address
                           for member in part.replicas}
                 try:
+                    if topic.layer == "isr":
+                        wanted[name] = GroupSpec.isr(name, voters, partitions=(
+                            (topic.name, index),), **isr)
+                        self._isr_groups[name] = (topic.name, index)
+                        continue
                     wanted[name] = GroupSpec.raft(name, voters,
                                                   partitions=((topic.name, index),))
                 except errors.ConfigError as error:  # (say, a replica registered a bad
@@ -295,7 +341,8 @@ class BrokerAgent:
         return wanted
 
     def host_assigned(self) -> None:
-        """ensure_group each Raft partition assigned here; drop those no longer assigned."""
+        """ensure_group each Raft or ISR partition assigned here (an ISR one is handed its
+        state); drop those no longer assigned."""
         wanted = self.assigned()
         for name, spec in wanted.items():
             try:
@@ -304,6 +351,11 @@ class BrokerAgent:
                 self.io.note(f"broker {self.host.broker_id}: cannot host {name}: {error}")
                 continue
             self.hosted.add(name)
+            where = self._isr_groups.get(name)
+            if where is not None and self.on_partition is not None:
+                topic, index = where
+                self.on_partition(name, PartitionState.of(
+                    self.view.topics[topic].partitions[index]))
         for name in sorted(self.hosted - set(wanted)):
             self.host.drop_group(name)
             self.hosted.discard(name)
@@ -423,6 +475,20 @@ def _call(address: str, header: dict[str, Any]) -> dict[str, Any]:
 def join_cluster(broker: Any) -> BrokerAgent:
     """Start ``broker``'s agent (see the module docstring); call on its loop."""
     agent = BrokerAgent(BrokerGroups(broker), _config(broker), SocketIo(broker))
+
+    def on_partition(name: str, state: PartitionState) -> None:
+        node = broker.groups.get(name)
+        if node is not None:
+            node.core.apply_metadata(state)
+            node.schedule()
+
+    def on_alter_refused(name: str, why: str) -> None:
+        node = broker.groups.get(name)
+        if node is not None:
+            node.core.alter_partition_refused(why)
+
+    agent.on_partition, agent.on_alter_refused = on_partition, on_alter_refused
+    broker.alter_partition = lambda node, request: agent.request_alter(node.name, request)
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         return agent.describe(), b""

@@ -14,7 +14,8 @@ loop's thread only:
   ``broker_session_timeout_ms`` (counted in the leader's own ticks: no clock is
   compared across machines; a new leader gives every broker a fresh session, as Kafka's
   does), and writes a snapshot every ``snapshot_interval_bytes`` of log;
-* the requests (``register_broker``, ``heartbeat``, ``create_topic``, ``delete_topic``)
+* the requests (``register_broker``, ``heartbeat``, ``create_topic``, ``delete_topic``,
+  ``alter_partitions``: ISR leaders' AlterPartition, decided by isr/decisions.py)
   on the leader: checked against ``working`` — the committed state plus this leader's own
   records still in flight — turned into records, written through the driver and proposed;
   they return a ``Proposal`` whose answer is final once ``wait`` calls back with True;
@@ -57,7 +58,12 @@ from mqlog.errors import (
 from mqlog.format import BLANK, BLANK_MAGIC, RECORD_HEADER, RECORD_HEADER_SIZE, RecordHeader
 from mqlog.replication.controller import records
 from mqlog.replication.controller.config import ControllerConfig
-from mqlog.replication.controller.decisions import assign_replicas, fence_changes
+from mqlog.replication.controller.decisions import (
+    assign_replicas,
+    fence_changes,
+    isr_change,
+    unfence_changes,
+)
 from mqlog.replication.controller.leaders import Key, LeaderTable
 from mqlog.replication.controller.records import (
     LAYERS,
@@ -71,6 +77,8 @@ from mqlog.replication.controller.records import (
     UnfenceBroker,
 )
 from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.replication.isr.core import AlterPartition, PartitionState
+from mqlog.replication.isr.decisions import decide_alter_partition
 
 # Deliberately broken controllers, so the simulator shows its checkers catch them:
 # "stale_working": a new leader checks requests against the state it had before it folded
@@ -262,9 +270,61 @@ class Controller:
         for where, report in (reports or {}).items():
             self._reported.setdefault(where, {})[broker_id] = report
         self.leaders.report(self.working, broker_id, leads)
-        end = self._propose([UnfenceBroker(broker_id, broker_epoch)]) if known.fenced else None
+        end = None
+        if known.fenced:  # (and the leaderless ISR partitions it may lead elect it)
+            unfence = UnfenceBroker(broker_id, broker_epoch)
+            end = self._propose([unfence, *unfence_changes(
+                self.working.apply(unfence), broker_id, **self._isr_rules())])
         return Proposal(end, {"fenced": False, "position": self.applied_to,
                               "leaders": self.leaders.changes_since(*seen)})
+
+    def alter_partitions(self, broker_id: str, broker_epoch: int,
+                         items: Any) -> Proposal:
+        """ISR leaders' AlterPartition requests: ``items`` is a list of [topic, partition,
+        leader_epoch, partition_epoch, isr]. Each is decided on its own (isr/decisions.py:
+        one computed from a stale epoch is refused); the answer lists, per item, "" or why
+        it was refused, and is final once the accepted changes are folded."""
+        _check_text(broker_id=broker_id)
+        _check_int("broker_epoch", broker_epoch)
+        self._check_serving()
+        known = self.working.brokers.get(broker_id)
+        if known is None or known.broker_epoch != broker_epoch or known.fenced:
+            raise MetadataChangeRefused(f"broker {broker_id} at broker epoch {broker_epoch} "
+                                        "is not a registered, unfenced broker: register again")
+        if not isinstance(items, list) or len(items) > self.config.partitions_max:
+            raise InvalidArgument("items must be a list of [topic, partition, leader_epoch, "
+                                  "partition_epoch, isr]")
+        changes, results, working = [], [], self.working
+        for item in items:
+            try:
+                change = self._alter_partition(broker_id, item, working)
+                working = working.apply(change)  # (two items for one partition: one goes)
+            except MetadataChangeRefused as error:
+                results.append(str(error))
+                continue
+            changes.append(change)
+            results.append("")
+        end = self._propose(changes) if changes else None
+        return Proposal(end, {"results": results})
+
+    def _alter_partition(self, broker_id: str, item: Any, working: ClusterMetadata) -> Any:
+        if not (isinstance(item, list) and len(item) == 5 and isinstance(item[0], str)
+                and all(isinstance(value, int) and not isinstance(value, bool)
+                        for value in item[1:4]) and isinstance(item[4], list)
+                and all(isinstance(name, str) for name in item[4])):
+            raise InvalidArgument(f"an AlterPartition item is [topic, partition, "
+                                  f"leader_epoch, partition_epoch, [isr...]], got {item!r}")
+        topic, partition, leader_epoch, partition_epoch, isr = item
+        info = working.topics.get(topic)
+        if info is None or info.layer != "isr" or not 0 <= partition < len(info.partitions):
+            raise MetadataChangeRefused(f"{topic}/{partition} is no ISR partition")
+        current = PartitionState.of(info.partitions[partition])
+        request = AlterPartition(broker_id, "controller", leader_epoch, partition_epoch,
+                                 tuple(isr))
+        live = {name for name, broker in working.brokers.items() if not broker.fenced}
+        decided = decide_alter_partition(current, request, self.config.min_insync_replicas,
+                                         live)
+        return isr_change(topic, partition, decided)
 
     def create_topic(self, name: str, partitions: int, replication_factor: int,
                      layer: str = "raft") -> Proposal:
@@ -367,10 +427,15 @@ class Controller:
         info = self.working.brokers[broker_id]
         fence = FenceBroker(broker_id, info.broker_epoch)
         after = self.working.apply(fence)
-        changes = fence_changes(after, broker_id, self.config.auto_failover, self._reported)
+        changes = fence_changes(after, broker_id, self.config.auto_failover, self._reported,
+                                **self._isr_rules())
         if self._test_break == "keep_leaders":
             changes = []
         self._propose([fence, *changes])
+
+    def _isr_rules(self) -> dict[str, Any]:
+        return {"min_insync_replicas": self.config.min_insync_replicas,
+                "unclean": self.config.unclean_leader_election}
 
     def _finish_fences(self) -> None:
         """Make the changes a fence calls for that are not in the log: a fence and its
@@ -382,7 +447,7 @@ class Controller:
         for name, info in sorted(self.working.brokers.items()):
             if info.fenced:
                 changes = fence_changes(self.working, name, self.config.auto_failover,
-                                        self._reported)
+                                        self._reported, **self._isr_rules())
                 if changes:
                     self.note(f"fenced broker {name}: {len(changes)} partition changes "
                               "were missing from the log; proposing them")

@@ -90,3 +90,29 @@ def _with_isr(current: PartitionState, isr: tuple[str, ...],
         elr = tuple(name for name in current.replicas if name in kept)
     return dataclasses.replace(current, isr=tuple(isr), elr=elr,
                                partition_epoch=current.partition_epoch + 1)
+
+
+def fence_isr(current: PartitionState, broker_id: str, fenced: set[str],
+              min_insync_replicas: int, unclean: bool = False) -> tuple[PartitionState, str] | None:
+    """The change fencing ``broker_id`` calls for (None: none): it leaves the ISR (to the
+    ELR below the minimum), and if it led, another leader is elected (``elect_leader``)."""
+    live = set(current.replicas) - fenced - {broker_id}
+    if current.leader and current.leader in live:
+        if broker_id not in current.isr:
+            return None
+        return _with_isr(current, tuple(name for name in current.isr if name != broker_id),
+                         min_insync_replicas), "leader stays"
+    if not current.leader and broker_id not in current.isr:
+        return None
+    return elect_leader(current, live, min_insync_replicas, unclean)
+
+
+def unfence_isr(current: PartitionState, broker_id: str, fenced: set[str],
+                min_insync_replicas: int,
+                unclean: bool = False) -> tuple[PartitionState, str] | None:
+    """A leaderless partition elects once ``broker_id`` is back, if it may lead."""
+    if current.leader or broker_id not in current.replicas:
+        return None
+    state, how = elect_leader(current, set(current.replicas) - (fenced - {broker_id}),
+                              min_insync_replicas, unclean)
+    return (state, how) if state.leader else None

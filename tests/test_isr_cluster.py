@@ -1,0 +1,105 @@
+"""ISR partitions hosted by brokers, in-process on 127.0.0.1 (three controllers and three
+brokers, each on its own loop and thread; the harness of test_controller_cluster.py).
+
+A topic of 2 partitions x RF 3 with min_insync_replicas = 2: the controller names each
+partition's leader and ISR, the brokers' agents hand that to the ISR cores, followers
+fetch, acks=all writes are answered PUT_OK once every ISR member has them. A follower's
+broker stopped: it is fenced and leaves the ISR (2 left: writes go on). A second one
+stopped: NotEnoughReplicas, nothing stored, while acks=1 is still taken. Both back:
+they catch up, the leader asks the controller to expand the ISR, acks=all works again,
+and the replicas' logs are byte-identical."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mqlog import errors
+from mqlog.client import Client
+from mqlog.config import BrokerConfig
+from mqlog.replication.local import free_ports, wait_until
+from mqlog.results import PutStatus
+from tests import test_controller_cluster as harness
+from tests.test_raft import _image
+
+BROKERS = ("b1", "b2", "b3")
+
+
+def _configs(root: Path) -> dict[str, BrokerConfig]:
+    """Three controllers (c1..c3) and three brokers: stopping two brokers leaves the
+    controller quorum whole."""
+    names = ("c1", "c2", "c3", *BROKERS)
+    ports = free_ports(len(names))
+    addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, ports, strict=True)}
+    controller = {"voters": {name: addresses[name] for name in names[:3]},
+                  "broker_session_timeout_ms": 1_500, "broker_heartbeat_interval_ms": 200,
+                  "min_insync_replicas": 2, "replica_lag_time_ms": 1_000}
+    return {name: BrokerConfig(broker_id=name, listen=addresses[name], data_dir=root / name,
+                               peers=addresses, process_roles=(
+                                   ("controller",) if name.startswith("c") else ("broker",)),
+                               controller=controller).validate() for name in names}
+
+
+def _partition(addresses: list[str], index: int) -> Any:
+    return harness._state(addresses).topics["orders"].partitions[index]
+
+
+def _produce(address: str, index: int, body: bytes, acks: str = "replicated") -> Any:
+    with Client(address, timeout_s=10) as client:
+        return client.produce("orders", body, index, acks=acks)
+
+
+def test_isr_partitions_over_three_brokers(tmp_path: Path) -> None:
+    cluster = harness.Cluster(_configs(tmp_path))
+    configs, threads = cluster.configs, cluster.threads
+    addresses = [configs[name].listen for name in ("c1", "c2", "c3")]
+    cluster.start()
+    try:
+        wait_until(lambda: len(harness._state(addresses).live_brokers()) == 3,
+                   "three live brokers", 60)
+        harness._ask(addresses, {"kind": "create_topic", "name": "orders", "partitions": 2,
+                                 "replication_factor": 3, "layer": "isr"})
+        part = _partition(addresses, 0)
+        leader, followers = part.leader, [name for name in part.replicas
+                                          if name != part.leader]
+        where = configs[leader].listen
+
+        def taken(body: bytes, acks: str = "replicated") -> bool:
+            try:
+                return _produce(where, 0, body, acks).status is PutStatus.PUT_OK
+            except (errors.NotLeader, errors.UnknownGroup, errors.NodeUnavailable):
+                return False  # (hosted and handed its state within a round or two)
+        wait_until(lambda: taken(b"first"), "the leader taking an acks=all write", 60)
+        for number in range(20):
+            assert _produce(where, 0, b"r%d" % number).status is PutStatus.PUT_OK
+
+        cluster.stop(followers[0])  # fenced, out of the ISR: two left, writes go on
+        wait_until(lambda: followers[0] not in _partition(addresses, 0).isr,
+                   f"{followers[0]} out of the ISR", 60)
+        assert _produce(where, 0, b"two").status is PutStatus.PUT_OK
+
+        cluster.stop(followers[1])  # one left: acks=all refused, acks=1 taken
+        wait_until(lambda: followers[1] not in _partition(addresses, 0).isr,
+                   f"{followers[1]} out of the ISR", 60)
+        node = threads[leader].broker.groups["orders-0"]
+        wait_until(lambda: node.core.isr == (leader,), "the leader told of its ISR", 30)
+        end = node.store.written_position
+        with pytest.raises(errors.NotEnoughReplicas, match="nothing was stored"):
+            _produce(where, 0, b"refused")
+        assert node.store.written_position == end
+        assert _produce(where, 0, b"acks=1", acks="master").status is PutStatus.PUT_OK
+        assert _partition(addresses, 0).elr == (followers[1],)  # KIP-966
+
+        cluster.start(*followers)  # back: they catch up and rejoin
+        wait_until(lambda: len(_partition(addresses, 0).isr) == 3, "the ISR whole again", 60)
+        assert _produce(where, 0, b"again").status is PutStatus.PUT_OK
+        stores = [threads[name].broker.groups["orders-0"].store for name in BROKERS]
+        wait_until(lambda: len({store.written_position for store in stores}) == 1,
+                   "every replica at the same end", 30)
+        images = {name: _image(store) for name, store in zip(BROKERS, stores, strict=True)}
+        assert len(set(images.values())) == 1, {name: len(data)
+                                                for name, data in images.items()}
+    finally:
+        cluster.stop()
