@@ -43,7 +43,16 @@ def _configs(root: Path) -> dict[str, BrokerConfig]:
 
 
 def _partition(addresses: list[str], index: int) -> Any:
-    return harness._state(addresses).topics["orders"].partitions[index]
+    """The partition as a controller has it (one that has folded the topic: controllers
+    fold at their own pace)."""
+    found: list[Any] = []
+
+    def folded() -> bool:
+        topic = harness._state(addresses).topics.get("orders")
+        found[:] = [topic.partitions[index]] if topic is not None else []
+        return bool(found)
+    wait_until(folded, "the topic, folded", 30)
+    return found[0]
 
 
 def _produce(address: str, index: int, body: bytes, acks: str = "replicated") -> Any:
@@ -90,7 +99,8 @@ def test_isr_partitions_over_three_brokers(tmp_path: Path) -> None:
             _produce(where, 0, b"refused")
         assert node.store.written_position == end
         assert _produce(where, 0, b"acks=1", acks="master").status is PutStatus.PUT_OK
-        assert _partition(addresses, 0).elr == (followers[1],)  # KIP-966
+        wait_until(lambda: _partition(addresses, 0).elr == (followers[1],),  # KIP-966
+                   f"{followers[1]} an eligible leader replica", 30)
 
         cluster.start(*followers)  # back: they catch up and rejoin
         wait_until(lambda: len(_partition(addresses, 0).isr) == 3, "the ISR whole again", 60)

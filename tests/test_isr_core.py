@@ -85,12 +85,12 @@ def test_a_stale_leader_epoch_is_fenced_and_the_follower_backs_off():
 def test_a_fetch_before_the_log_start_starts_the_follower_over():
     log = FakeLog(5000, ((1, 0), (2, 3000)))
     log.first_segment_base = lambda: 4096  # type: ignore[method-assign]
-    leader = _core("n1", log, _state(epoch=2))
-    leader.step(Fetch("n2", "n1", 2, 1, 100, 1))
+    leader = _core("n1", log, _state(epoch=3))
+    leader.step(Fetch("n2", "n1", 3, 1, 100, 1))
     (reply,) = _sent(leader)
     assert (reply.error, reply.log_start, reply.start_epoch, reply.start_epoch_start) == (
         "OFFSET_OUT_OF_RANGE", 4096, 2, 3000)
-    follower = _core("n2", FakeLog(100, ((1, 0),)), _state(epoch=2))
+    follower = _core("n2", FakeLog(100, ((1, 0),)), _state(epoch=3))
     follower.step(reply)
     ready = follower.ready()
     assert ready.reset_log == (4096, [(2, 3000)]) and ready.commit_to == 4096
@@ -131,14 +131,28 @@ def test_a_new_leader_waits_for_each_isr_follower_to_fetch_in_its_epoch():
 
 def test_losing_leadership_answers_waiting_writes_request_timed_out():
     log = FakeLog(300, ((1, 0),))
-    leader = _core("n1", log, _state())
+    leader = _core("n1", log, _state(epoch=2))
     leader.propose("p1", 300)
-    leader.apply_metadata(_state(leader="n2", epoch=2, partition_epoch=2))
+    leader.apply_metadata(_state(leader="n2", epoch=3, partition_epoch=2))
     ready = leader.ready()
     assert ready.resolved == [("p1", PutStatus.REQUEST_TIMED_OUT)]
     assert [(m.dst, m.position) for m in ready.messages] == [("n2", 300)]
     assert isinstance(answer_error(PutStatus.REQUEST_TIMED_OUT), errors.RequestTimedOut)
     assert answer_error(PutStatus.PUT_OK) is None
+
+
+def test_a_restarted_leader_does_not_lead_an_epoch_its_log_has_records_of():
+    """A leader that restarts before the controller saw it may have lost records its
+    followers hold; leading the same leader epoch again would truncate them there. It
+    waits for a new leader epoch (the controller moves leadership on re-registration)."""
+    log = FakeLog(300, ((1, 0), (2, 100)))
+    restarted = _core("n1", log)
+    restarted.apply_metadata(_state(epoch=2))
+    ready = restarted.ready()
+    assert not restarted.is_master and ready.set_epoch is None
+    assert "ignores metadata naming it leader in epoch 2" in " ".join(ready.events)
+    restarted.apply_metadata(_state(epoch=3, partition_epoch=2))
+    assert restarted.is_master and restarted.ready().set_epoch == 3
 
 
 def test_stale_metadata_changes_nothing():

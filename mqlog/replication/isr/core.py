@@ -288,10 +288,18 @@ class IsrCore:
         if state.partition_epoch <= current.partition_epoch or \
                 state.leader_epoch < current.leader_epoch:
             return
-        if state.leader == self.node_id and state.leader_epoch < self.log.epoch:
+        written = max((epoch for epoch, _ in self.log.epoch_starts()), default=-1)
+        if state.leader == self.node_id and (state.leader_epoch, current.leader) != (
+                current.leader_epoch, self.node_id) and (
+                state.leader_epoch < self.log.epoch or state.leader_epoch <= written):
+            # Its log has records of that leader epoch already: it led it in an earlier
+            # life (a restart the controller has not seen yet), and may have lost records
+            # its followers hold; leading it again would truncate them. The controller
+            # moves leadership on the re-registration, to a new leader epoch.
             self._ready.events.append(
                 f"{self.node_id} ignores metadata naming it leader in epoch "
-                f"{state.leader_epoch}: its log is in epoch {self.log.epoch} already")
+                f"{state.leader_epoch}: its log has records of epoch {max(written, 0)} "
+                f"(epoch {self.log.epoch}) already")
             return
         new_leadership = (state.leader, state.leader_epoch) != (current.leader,
                                                                current.leader_epoch)
