@@ -1,6 +1,7 @@
 """The Raft simulator in the default run: fixed seeds, fresh seeds, determinism, what the
 seeds reach (``python -m mqlog.sim --layer raft --seed N``); tests/test_sim.py proves
-every ``--break`` switch is caught."""
+every ``--break`` switch is caught. And the one harness every layer runs through
+(harness.py, the command line)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import random
 
 import pytest
 
+from mqlog.sim.harness import SeedResult, Simulation
 from mqlog.sim.raft import run_seed
 
 FIXED_SEEDS = list(range(1, 31))
@@ -56,3 +58,69 @@ def test_the_seeds_exercise_retention_and_log_resets():
 def test_the_same_seed_gives_the_same_trace():
     seed = random.Random(11).randrange(1 << 31)
     assert run_seed(seed).digest == run_seed(seed).digest
+
+
+# --- the one harness (harness.py) every layer runs through --------------------------------
+
+
+def test_every_layer_runs_through_the_one_command(capsys):
+    from mqlog.sim.__main__ import main
+
+    for layer in ("master-slave", "raft", "controller"):
+        assert main(["--layer", layer, "--seed", "1"]) == 0
+        assert capsys.readouterr().out.startswith("seed 1: PASS")
+
+
+def test_a_failing_seed_prints_its_reproduction(capsys):
+    from mqlog.sim.__main__ import main
+
+    assert main(["--layer", "raft", "--seed", "1", "--break", "ack_before_flush"]) == 1
+    out = capsys.readouterr().out
+    assert "seed 1: FAIL" in out
+    assert "reproduce: python -m mqlog.sim --layer raft --seed 1 --break ack_before_flush" in out
+
+
+class _Options:
+    network = None
+    safety_ticks, liveness_ticks = 5, 5
+
+    @classmethod
+    def from_rng(cls, rng):
+        return cls()
+
+
+class _Node:
+    up = True
+
+    def __init__(self):
+        self.store = self
+        self.closed = 0
+
+    def close(self):
+        self.closed += 1
+
+
+class _Failing(Simulation):
+    def __init__(self, seed, error):
+        super().__init__(seed, _Options, SeedResult)
+        self.nodes = {"n0": _Node()}
+        self.error = error
+
+    def safety_tick(self, tick):
+        self.advance_clock()
+        if tick == 2:
+            raise self.error
+
+    def liveness(self):
+        raise AssertionError("not reached")
+
+
+def test_the_harness_ends_a_run_at_a_fatal_error_and_closes_every_store():
+    simulation = _Failing(3, AssertionError("an invariant"))
+    result = simulation.run()
+    assert result.violations == ["tick 4: AssertionError('an invariant')"]
+    assert simulation.nodes["n0"].closed == 1
+    other = _Failing(3, KeyError("a bug"))  # (not fatal: raised as itself, stores closed)
+    with pytest.raises(KeyError):
+        other.run()
+    assert other.nodes["n0"].closed == 1

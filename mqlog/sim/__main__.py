@@ -1,7 +1,8 @@
 """``python -m mqlog.sim --layer master_slave|raft|controller --seed N [--count K] [--break NAME]``
 
 Runs seeds N, N+1, ... N+K-1 (a random N when none is given, printed so a failure is a
-one-line reproduction) and prints one verdict line per seed; exits 1 if any failed.
+one-line reproduction) through the one harness (harness.py) and prints one verdict line
+per seed; exits 1 if any failed. ``master-slave`` is accepted for ``master_slave``.
 """
 
 from __future__ import annotations
@@ -9,19 +10,23 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from typing import Any
+from collections.abc import Callable
 
 from mqlog.replication import driver
 from mqlog.replication.controller import service as controller_service
 from mqlog.replication.master_slave import core as ms_core
 from mqlog.replication.raft import core as raft_core
-from mqlog.sim import controller, raft, swarm
+from mqlog.sim import controller, harness, raft, swarm
+
+# Each layer: its workload and checkers (a Simulation), run one seed at a time.
+LAYERS: dict[str, Callable[[int, str], harness.SeedResult]] = {
+    "master_slave": swarm.run_seed, "raft": raft.run_seed, "controller": controller.run_seed}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mqlog.sim", description=__doc__)
-    parser.add_argument("--layer", choices=["master_slave", "raft", "controller"],
-                        default="master_slave")
+    parser.add_argument("--layer", type=lambda text: text.replace("-", "_"),
+                        choices=sorted(LAYERS), default="master_slave")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--count", type=int, default=1)
     breaks = sorted({*driver.TEST_BREAKS, *raft_core.TEST_BREAKS, *ms_core.TEST_BREAKS,
@@ -32,18 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="print each violation")
     args = parser.parse_args(argv)
     first = args.seed if args.seed is not None else random.randrange(1 << 31)
-    failed = 0
-    run_seeds: dict[str, Any] = {"raft": raft.run_seed, "controller": controller.run_seed}
-    run_seed = run_seeds.get(args.layer, swarm.run_seed)
-    for seed in range(first, first + args.count):
-        result = run_seed(seed, args.test_break)
-        print(result.summary(), flush=True)
-        if result.violations:
-            failed += 1
-            for violation in result.violations[:10 if args.verbose else 1]:
-                print(f"  {violation}")
-            print(f"  reproduce: python -m mqlog.sim --layer {args.layer} --seed {seed}"
-                  + (f" --break {args.test_break}" if args.test_break else ""))
+    failed = harness.run_seeds(args.layer, LAYERS[args.layer], first, args.count,
+                               args.test_break, args.verbose)
     return 1 if failed else 0
 
 

@@ -1,5 +1,6 @@
 """The simulator for the controller: its Raft group, broker sessions and fencing, and the
-metadata brokers pull, under one seed (the VOPR idea of swarm.py and raft.py).
+metadata brokers pull, under one seed: its workload and checkers, run by the one harness
+(harness.py) as the Raft and master-slave layers are.
 
 Controllers are real stores with Raft cores run by the one driver (sim/raft.py's nodes:
 simulated network and disk, power-loss crashes, the engine's real recovery), each with a
@@ -38,8 +39,6 @@ from __future__ import annotations
 import hashlib
 import heapq
 import random
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,9 +50,10 @@ from mqlog.replication.controller.config import ControllerConfig
 from mqlog.replication.controller.host import Answer, BrokerAgent, dispatch
 from mqlog.replication.controller.service import Controller, Proposal
 from mqlog.replication.controller.state import ClusterMetadata
-from mqlog.sim.network import NetworkOptions, SimNetwork
+from mqlog.sim import harness
+from mqlog.sim.harness import SeedResult, Simulation
+from mqlog.sim.network import NetworkOptions
 from mqlog.sim.raft import CORE_SETTINGS, RAFT_STORE_SETTINGS, RaftSimNode
-from mqlog.sim.swarm import SeedResult
 
 TICK_MS = 10
 STORE_SETTINGS: dict[str, Any] = dict(RAFT_STORE_SETTINGS, segment_size_bytes=64 * 1024,
@@ -223,15 +223,16 @@ class ControllerSimResult(SeedResult):
                 f"snapshots_pulled={self.snapshots_pulled} trace={self.digest}")
 
 
-class ControllerSwarm:
+class ControllerSwarm(Simulation):
     """One simulated controller quorum, its brokers and an operator."""
 
+    options: ControllerOptions
+    result: ControllerSimResult
+    nodes: dict[str, ControllerSimNode]
+    prefix = "mqlog-controller-sim-"
+
     def __init__(self, seed: int, root: Path, test_break: str = "") -> None:
-        self.rng = random.Random(seed)
-        self.options = ControllerOptions.from_rng(self.rng)
-        self.result = ControllerSimResult(seed, self.options)
-        self.network = SimNetwork(self.rng, self.options.network)
-        self.clock = [1]
+        super().__init__(seed, ControllerOptions, ControllerSimResult)
         names = tuple(f"c{index}" for index in range(self.options.voters))
         config = ControllerConfig(
             voters={name: f"sim:{name}" for name in names},
@@ -262,27 +263,18 @@ class ControllerSwarm:
         for broker in self.brokers.values():
             self._begin_life(broker)
 
-    # --- the run ---------------------------------------------------------------------
+    # --- the run (harness.py runs these) ------------------------------------------------
 
-    def run(self) -> ControllerSimResult:
-        try:
-            for _ in range(self.options.safety_ticks):
-                self._faults()
-                self._step_all()
-            self._liveness()
-        except (AssertionError, MqlogError) as error:
-            self.result.violations.append(f"tick {self.clock[0]}: {error!r}")
-        finally:
-            for node in self.nodes.values():
-                if node.up:
-                    node.store.close()
+    def safety_tick(self, tick: int) -> None:
+        self._faults()
+        self._step_all()
+
+    def finish(self) -> None:
         self.result.leaders = len(self.terms)
-        return self.result
 
     def _step_all(self) -> None:
-        self.clock[0] += 1
-        self.network.now = self.clock[0]
-        running = self._running()
+        self.advance_clock()
+        running = self.running()
         for node in running:
             node.driver.tick()
             node.controller.tick()
@@ -296,7 +288,7 @@ class ControllerSwarm:
         self._brokers_run()
         if self.faulty and self.rng.random() < self.options.operator_probability:
             self._operator()
-        for node in self._running():  # (what the brokers and the operator proposed)
+        for node in self.running():  # (what the brokers and the operator proposed)
             self._run(node)
 
     def _run(self, node: ControllerSimNode) -> None:
@@ -312,7 +304,7 @@ class ControllerSwarm:
     # --- brokers and the operator --------------------------------------------------------
 
     def _leader(self) -> ControllerSimNode | None:
-        leaders = [node for node in self._running() if node.controller.serving]
+        leaders = [node for node in self.running() if node.controller.serving]
         return self.rng.choice(leaders) if leaders else None
 
     def _call(self, request: Callable[[Controller], Proposal],
@@ -400,19 +392,7 @@ class ControllerSwarm:
             elif not broker.alive and rng.random() < options.return_probability:
                 self._begin_life(broker)
                 self.trace(f"broker {broker.name} comes back")
-        if rng.random() < options.partition_probability:
-            names = sorted(self.nodes)
-            rng.shuffle(names)
-            cut = names[:rng.randint(1, len(names) // 2)]
-            for a in cut:
-                for b in names[len(cut):]:
-                    self.network.partition(a, b)
-            self.trace(f"partition {cut}")
-        elif self.network.partitioned and rng.random() < 0.05:
-            self.network.heal()
-
-    def _running(self) -> list[ControllerSimNode]:
-        return [node for node in self.nodes.values() if node.up and not node.paused]
+        self.partition_minority(options.partition_probability)
 
     # --- checkers ------------------------------------------------------------------------
 
@@ -431,18 +411,13 @@ class ControllerSwarm:
             self.violation(f"{node.name} skipped {controller.skipped} committed records")
         self.result.trims = max(self.result.trims, node.store.first_segment_base())
 
-    def _liveness(self) -> None:
+    def liveness(self) -> None:
         self.faulty = False
-        self.network.options = NetworkOptions()
-        self.network.heal()
+        self.calm()
         for node in self.nodes.values():
             if not node.up:
                 node.start()
-        for _ in range(self.options.liveness_ticks):
-            self._step_all()
-            if self._settled():
-                break
-        else:
+        if not self.run_until(self._step_all, self._settled):
             self.violation(f"did not settle in {self.options.liveness_ticks} ticks: "
                            + self._why_not_settled())
             return
@@ -452,11 +427,11 @@ class ControllerSwarm:
         return not self._why_not_settled()
 
     def _why_not_settled(self) -> str:
-        leaders = [node for node in self._running() if node.controller.serving]
+        leaders = [node for node in self.running() if node.controller.serving]
         if len(leaders) != 1:
             return f"{len(leaders)} serving leaders"
         state = leaders[0].controller.committed
-        for node in self._running():
+        for node in self.running():
             if node.controller.applied_to != leaders[0].controller.applied_to or \
                     node.controller.committed != state:
                 return f"{node.name} folded to {node.controller.applied_to}"
@@ -481,7 +456,7 @@ class ControllerSwarm:
         return ""
 
     def _check_final(self) -> None:
-        state = self._running()[0].controller.committed
+        state = self.running()[0].controller.committed
         for name in sorted(self.created - self.deleted - self.unsure):
             if name not in state.topics:
                 self.violation(f"acknowledged topic {name} is gone")
@@ -495,20 +470,6 @@ class ControllerSwarm:
                     self.violation(f"{topic.name}/{index} is led by fenced {part.leader}")
         self.result.fences = sum(1 for line in self.result.trace if "missed its session" in line)
 
-    def trace(self, text: str) -> None:
-        self.result.trace.append(f"{self.clock[0]} {text}")
-
-    def violation(self, text: str) -> None:
-        self.result.violations.append(f"tick {self.clock[0]}: {text}")
-
-    # --- what SimReplica asks of its simulator --------------------------------------------
-
-    def observe(self, message: Any) -> None:
-        pass
-
-    def answered(self, node: Any, request: Any, status: Any) -> None:
-        pass  # (the controller answers from its fold, not from the core's verdicts)
-
 
 def _assigned(state: ClusterMetadata, broker: str) -> set[str]:
     """The groups ``state`` has ``broker`` host: one per Raft or ISR partition it replicates."""
@@ -518,9 +479,5 @@ def _assigned(state: ClusterMetadata, broker: str) -> set[str]:
 
 
 def run_seed(seed: int, test_break: str = "") -> ControllerSimResult:
-    root = Path(tempfile.mkdtemp(prefix=f"mqlog-controller-sim-{seed}-"))
-    try:
-        return ControllerSwarm(seed, root, test_break).run()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    return harness.run_seed(ControllerSwarm, seed, test_break, ControllerSwarm.prefix)
 

@@ -1,5 +1,6 @@
-"""The simulator for the Raft layer: one seed, one run, one verdict (see swarm.py for the
-master-slave twin and the VOPR idea behind both).
+"""The simulator for the Raft layer: one seed, one run, one verdict — its workload and
+checkers, run by the one harness (harness.py: the VOPR idea, the seed loop, the run's
+phases) as the master-slave (swarm.py) and controller (controller.py) layers are.
 
 A seed decides the options (3 or 5 voters, pre-vote and check-quorum on or off, the
 follower ack rule, how lossy, slow and partitioned the network is, how often nodes
@@ -37,9 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,9 +51,11 @@ from mqlog.replication.raft import RaftCore
 from mqlog.replication.raft import core as raft_core
 from mqlog.replication.raft.core import LEADER
 from mqlog.results import PutStatus
-from mqlog.sim.network import NetworkOptions, SimNetwork
+from mqlog.sim import harness
+from mqlog.sim.harness import SeedResult, Simulation
+from mqlog.sim.network import NetworkOptions
 from mqlog.sim.node import SimReplica
-from mqlog.sim.swarm import STORE_SETTINGS, SeedResult
+from mqlog.sim.swarm import STORE_SETTINGS
 
 # Retention lets a segment go only when the operator runs it (then all it may).
 RAFT_STORE_SETTINGS: dict[str, Any] = dict(
@@ -159,15 +160,16 @@ class RaftSimResult(SeedResult):
                 f"log_start={self.log_starts} resets={self.resets} trace={self.digest}")
 
 
-class RaftSwarm:
+class RaftSwarm(Simulation):
     """One simulated Raft group and its client; see the module docstring."""
 
+    options: RaftOptions
+    result: RaftSimResult
+    nodes: dict[str, RaftSimNode]
+    prefix = "mqlog-raft-sim-"
+
     def __init__(self, seed: int, root: Path, test_break: str = "") -> None:
-        self.rng = random.Random(seed)
-        self.options = RaftOptions.from_rng(self.rng)
-        self.result = RaftSimResult(seed, self.options)
-        self.network = SimNetwork(self.rng, self.options.network)
-        self.clock = [1]
+        super().__init__(seed, RaftOptions, RaftSimResult)
         spares = 1 if self.options.membership_probability else 0
         names = tuple(f"n{index}" for index in range(self.options.voters + spares))
         voters, learners = names[:self.options.voters], names[self.options.voters:]
@@ -197,39 +199,28 @@ class RaftSwarm:
                                  follower_ack=options.follower_ack,  # type: ignore[arg-type]
                                  **CORE_SETTINGS)
 
-    # --- the run ---------------------------------------------------------------------
+    # --- the run (harness.py runs these) ------------------------------------------------
 
-    def run(self) -> RaftSimResult:
-        try:
-            for tick in range(self.options.safety_ticks):
-                self._faults()
-                self._step_all(new_writes=True)
-                if tick % 50 == 49:
-                    self._check_log_matching()
-            self._liveness()
-            self._check_end()
-        except (AssertionError, MqlogError) as error:  # an invariant, an internal check,
-            # or a read the core thought valid: a bug, which ends the run
-            self.result.violations.append(f"tick {self.clock[0]}: {error!r}")
-        finally:
-            for node in self.nodes.values():
-                if node.up:
-                    node.store.close()
+    def safety_tick(self, tick: int) -> None:
+        self._faults()
+        self._step_all(new_writes=True)
+        if tick % 50 == 49:
+            self._check_log_matching()
+
+    def finish(self) -> None:
         self.result.acked = len(self.acked)
         self.result.leaders = sum(len(names) for names in self.leaders_by_term.values())
-        return self.result
 
     def _step_all(self, new_writes: bool) -> None:
         """One tick: each running node ticks, steps every message that arrived, takes
         the client's writes (whenever they come), sees its due flushes complete, and
         then its driver carries out one Ready."""
-        self.clock[0] += 1
-        self.network.now = self.clock[0]
+        self.advance_clock()
         if new_writes and self.rng.random() < self.options.put_probability:
             self.sequence += 1
             self.writes[self.sequence] = Write(
                 self.sequence, f"{self.result.seed}/{self.sequence}".encode() + BODY_PADDING)
-        for node in self._running():
+        for node in self.running():
             node.driver.tick()
         arrived = self.network.due()
         writes_at = self.rng.randrange(len(arrived) + 1)  # the client's moment
@@ -242,17 +233,17 @@ class RaftSwarm:
                 node.driver.step(message)
         if writes_at == len(arrived):
             self._send_writes()
-        for node in self._running():
+        for node in self.running():
             node.complete_flushes()
             self._run_driver(node)
         if self.clock[0] % 20 == 0:
-            for node in self._running():
+            for node in self.running():
                 node.chores()
 
     # --- the client --------------------------------------------------------------------
 
     def _send_writes(self) -> None:
-        leaders = [node for node in self._running() if node.core.role == LEADER]
+        leaders = [node for node in self.running() if node.core.role == LEADER]
         if not leaders:
             return
         for write in list(self.writes.values())[:8]:
@@ -312,9 +303,6 @@ class RaftSwarm:
         if earlier != candidate:
             self.result.violations.append(f"tick {self.clock[0]}: {voter} voted for both "
                                           f"{earlier} and {candidate} in term {term}")
-
-    def violation(self, text: str) -> None:
-        self.result.violations.append(f"tick {self.clock[0]}: {text}")
 
     def _forget_requests_on(self, node: RaftSimNode) -> None:
         """The node crashed: its clients' connections dropped, outcomes unknown."""
@@ -390,27 +378,18 @@ class RaftSwarm:
                 self._restart(node)
         if rng.random() < options.membership_probability:
             self._change_membership()
-        running = self._running()
+        running = self.running()
         if running and rng.random() < options.retention_probability:
             node = rng.choice(running)  # what it may let go: committed and flushed
             start = node.store.apply_retention().log_start
             self.result.trace.append(f"{self.clock[0]} {node.name}: log starts at {start}")
             self.result.log_starts = max(self.result.log_starts, start)
-        if rng.random() < options.partition_probability:
-            names = sorted(self.nodes)
-            rng.shuffle(names)
-            cut = names[:rng.randint(1, len(names) // 2)]
-            for a in cut:
-                for b in names[len(cut):]:
-                    self.network.partition(a, b)
-            self.result.trace.append(f"{self.clock[0]} partition {cut}")
-        elif self.network.partitioned and rng.random() < 0.05:
-            self.network.heal()
+        self.partition_minority(options.partition_probability)
 
     def _change_membership(self) -> None:
         """An operator promotes a learner to voter, or demotes a voter to learner (never
         below three voters), through whichever node leads now."""
-        leaders = [node for node in self._running() if node.driver.serving]
+        leaders = [node for node in self.running() if node.driver.serving]
         if not leaders:
             return
         leader = self.rng.choice(leaders)
@@ -438,16 +417,12 @@ class RaftSwarm:
             self.result.violations.append(f"tick {self.clock[0]}: {node.name} came back "
                                           "from a crash through a clean open")
 
-    def _running(self) -> list[RaftSimNode]:
-        return [node for node in self.nodes.values() if node.up and not node.paused]
-
     # --- liveness and the checkers ------------------------------------------------------
 
-    def _liveness(self) -> None:
+    def liveness(self) -> None:
         """Heal the network, stop the faults, restart every node but ``stay_down`` of them
         (VOPR's rule: a minority may stay away); the rest must converge."""
-        self.network.options = NetworkOptions()
-        self.network.heal()
+        self.calm()
         self.faulty = False
         down = self.rng.sample(sorted(self.nodes), self.options.stay_down)
         for node in self.nodes.values():
@@ -459,17 +434,15 @@ class RaftSwarm:
                 self.result.trace.append(f"{self.clock[0]} {node.name} stays down")
             elif not node.up:
                 self._restart(node)
-        for _ in range(self.options.liveness_ticks):
-            self._step_all(new_writes=False)
-            if self._converged():
-                return
+        if self.run_until(lambda: self._step_all(new_writes=False), self._converged):
+            return
         self.result.violations.append(
             f"did not converge in {self.options.liveness_ticks} ticks: "
-            f"{ {n.name: (n.core.role, n.core.term, n.store.written_position, n.core.commit) for n in self._running()} }, "  # noqa: E501
+            f"{ {n.name: (n.core.role, n.core.term, n.store.written_position, n.core.commit) for n in self.running()} }, "  # noqa: E501
             f"{len(self.writes)} writes waiting")
 
     def _converged(self) -> bool:
-        up = self._running()
+        up = self.running()
         ends = {(node.store.written_position, node.core.commit) for node in up}
         leaders = [node for node in up if node.core.role == LEADER]
         return (len(ends) == 1 and not self.writes and len(leaders) == 1
@@ -523,8 +496,8 @@ class RaftSwarm:
                     self.result.violations.append(f"tick {self.clock[0]}: {a} and {b}: "
                                                   f"{problem}")
 
-    def _check_end(self) -> None:
-        up = self._running()
+    def check_end(self) -> None:
+        up = self.running()
         common = max(node.store.first_segment_base() for node in up)
         images = {node.name: hashlib.sha256(_read(node.store, common,
                                                   node.store.written_position)).digest()
@@ -606,8 +579,4 @@ def _log_matching_problem(a: dict[int, tuple[int, int]], b: dict[int, tuple[int,
 
 
 def run_seed(seed: int, test_break: str = "") -> RaftSimResult:
-    root = Path(tempfile.mkdtemp(prefix=f"mqlog-raft-sim-{seed}-"))
-    try:
-        return RaftSwarm(seed, root, test_break).run()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    return harness.run_seed(RaftSwarm, seed, test_break, RaftSwarm.prefix)

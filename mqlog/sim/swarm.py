@@ -33,15 +33,14 @@ Checkers (a list of violations; empty is a pass):
 * positions monotonic: a log never ends sooner than before except by a truncation
   its core asked for (or a crash);
 * one master per epoch; logs byte-identical after convergence; convergence itself.
-The trace digest makes "the same seed gives the same run" checkable.
+The trace digest makes "the same seed gives the same run" checkable. The run's phases,
+the seed loop and the trace are the one harness's (harness.py), as for every layer.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,7 +50,9 @@ from mqlog.errors import MqlogError
 from mqlog.replication.master_slave import MasterSlaveCore
 from mqlog.replication.master_slave import core as ms_core
 from mqlog.results import PutStatus
-from mqlog.sim.network import NetworkOptions, SimNetwork
+from mqlog.sim import harness
+from mqlog.sim.harness import SeedResult, Simulation
+from mqlog.sim.network import NetworkOptions
 from mqlog.sim.node import SimReplica
 
 STORE_SETTINGS: dict[str, Any] = dict(
@@ -135,26 +136,6 @@ class Acked:
 
 
 @dataclass
-class SeedResult:
-    """What one seed's run found (both simulators): violations, and a trace whose digest
-    shows that the same seed gives the same run."""
-
-    seed: int
-    options: Any
-    violations: list[str] = field(default_factory=list)
-    trace: list[str] = field(default_factory=list)
-    acked: int = 0
-
-    @property
-    def digest(self) -> str:
-        return hashlib.sha256("\n".join(self.trace).encode()).hexdigest()[:16]
-
-    @property
-    def verdict(self) -> str:
-        return "PASS" if not self.violations else f"FAIL ({len(self.violations)})"
-
-
-@dataclass
 class SimResult(SeedResult):
     lost_by_design: int = 0
 
@@ -165,15 +146,16 @@ class SimResult(SeedResult):
                 f"lost_by_design={self.lost_by_design} trace={self.digest}")
 
 
-class Swarm:
+class Swarm(Simulation):
     """One simulated master-slave group; see the module docstring."""
 
+    options: Options
+    result: SimResult
+    nodes: dict[str, SimNode]
+    fatal = ()  # (an error escaping the master-slave code ends the run as itself)
+
     def __init__(self, seed: int, root: Path, test_break: str = "") -> None:
-        self.rng = random.Random(seed)
-        self.options = Options.from_rng(self.rng)
-        self.result = SimResult(seed, self.options)
-        self.network = SimNetwork(self.rng, self.options.network)
-        self.clock = [1]
+        super().__init__(seed, Options, SimResult)
         self.master = "n0"
         self.masters_by_epoch: dict[int, set[str]] = {}
         self.acked: dict[str, Acked] = {}
@@ -198,27 +180,17 @@ class Swarm:
                                  slave_ack=self.options.slave_ack,  # type: ignore[arg-type]
                                  **CORE_SETTINGS)
 
-    # --- the run --------------------------------------------------------------------
+    # --- the run (harness.py runs these) ------------------------------------------------
 
-    def run(self) -> SimResult:
-        try:
-            for _ in range(self.options.safety_ticks):
-                self._faults()
-                self._step_all()
-            self._liveness()
-            self._check_end()
-        except _Crashed:
-            pass  # (the violation says why; the rest of the run would repeat it)
-        finally:
-            for node in self.nodes.values():
-                if node.up:
-                    node.store.close()
+    def safety_tick(self, tick: int) -> None:
+        self._faults()
+        self._step_all()
+
+    def finish(self) -> None:
         self.result.acked = len(self.acked)
-        return self.result
 
     def _step_all(self) -> None:
-        self.clock[0] += 1
-        self.network.now = self.clock[0]
+        self.advance_clock()
         for node in self._up_nodes():
             node.driver.tick()
         arrived = self.network.due()
@@ -294,15 +266,6 @@ class Swarm:
                 self.result.violations.append(
                     f"tick {self.clock[0]}: {request} acked PUT_OK by a SYNC_MASTER but only "
                     f"{len(holders)} slaves hold it (need {self.options.in_sync_slaves_min})")
-
-    def trace(self, text: str) -> None:
-        self.result.trace.append(f"{self.clock[0]} {text}")
-
-    def observe(self, message: Any) -> None:
-        pass  # (the Raft simulator checks its votes here)
-
-    def violation(self, text: str) -> None:
-        self.result.violations.append(f"tick {self.clock[0]}: {text}")
 
     # --- faults -----------------------------------------------------------------------
 
@@ -380,7 +343,7 @@ class Swarm:
 
     # --- liveness and the checkers ------------------------------------------------------
 
-    def _liveness(self) -> None:
+    def liveness(self) -> None:
         self.network.options = NetworkOptions()
         self.network.heal()
         slaves = sorted(name for name in self.nodes if name != self.master)
@@ -424,7 +387,7 @@ class Swarm:
             master.up and master.driver.serving and master.core.status()["accepts_writes"] \
             and len({_image(node.store) for node in up}) == 1
 
-    def _check_end(self) -> None:
+    def check_end(self) -> None:
         master = self.nodes[self.master]
         images = {node.name: _image(node.store) for node in self._up_nodes()}
         if len(set(images.values())) != 1:
@@ -454,7 +417,7 @@ class Swarm:
         return [node for node in self.nodes.values() if node.up]
 
 
-class _Crashed(Exception):
+class _Crashed(harness.RunEnded):
     """A node's core raised: the run stops (the violation is recorded)."""
 
 
@@ -477,8 +440,4 @@ def _image(store: Any) -> bytes:
 
 
 def run_seed(seed: int, test_break: str = "") -> SimResult:
-    root = Path(tempfile.mkdtemp(prefix=f"mqlog-sim-{seed}-"))
-    try:
-        return Swarm(seed, root, test_break).run()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    return harness.run_seed(Swarm, seed, test_break)
