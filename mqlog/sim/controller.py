@@ -11,14 +11,15 @@ left behind gets a LogReset.
 
 Brokers run the real agent (replication/controller/host.py ``BrokerAgent``, the code
 ``join_cluster`` runs in a broker process), each life over its own ``SimAgentIo``: its
-requests reach the controllers through ``dispatch`` (the broker service's own code),
-answers come back in a later broker phase of a tick, its timers run on the ticks, and
-its hosting goes to a ``SimGroupHost`` that records what it was asked to host. So the
-agent registers, heartbeats every ``heartbeat_ticks``, pulls ``metadata_since`` and folds
+requests travel the simulated network (delayed, lost, cut off by partitions; the client
+times out) to the controllers' ``dispatch`` (the broker service's own code), answers
+come back in a later broker phase of a tick, its timers run on the ticks, and its
+hosting goes to a ``SimGroupHost`` that records what it was asked to host. So the agent
+registers, heartbeats every ``heartbeat_ticks``, pulls ``metadata_since`` and folds
 exactly as a broker process does. A broker may die (its life's IO closes: no answer or
-timer of that life reaches anything again) and come back (a new life: a new agent, which
-registers again, with a new broker epoch). An operator creates and deletes topics now
-and then.
+timer of that life reaches it again, though requests already sent still arrive) and
+come back (a new life: a new agent, which registers again, with a new broker epoch).
+An operator creates and deletes topics now and then.
 
 Checkers (a list of violations; empty is a pass):
 * agreement: every controller that folded its log to position P holds the same state
@@ -27,10 +28,11 @@ Checkers (a list of violations; empty is a pass):
 * no acknowledged create or delete is lost: the final state has every topic whose create
   was acknowledged (and not deleted since) and none whose delete was;
 * fencing: no ISR-layer partition is led by a fenced broker once the cluster settled;
-* liveness: with faults off and a majority of controllers up, a leader serves; every live
-  broker ends registered and unfenced, every dead one fenced; every broker's pulled view
-  equals the controllers' state and it hosts exactly the Raft partitions that state
-  assigns it; every controller up holds that same state;
+* liveness: with faults off (the network healed, for the brokers' requests too) and a
+  majority of controllers up, a leader serves; every live broker ends registered and
+  unfenced, every dead one fenced; every broker's pulled view equals the controllers'
+  state and it hosts exactly the Raft partitions that state assigns it; every controller
+  up holds that same state;
 * an agent's note of a malformed answer (the controllers are real: never garbage).
 """
 
@@ -107,12 +109,17 @@ class ControllerSimNode(RaftSimNode):
 
 
 class SimAgentIo:
-    """The simulator's AgentIo for one process life of one broker: a request reaches the
-    controller it names at once (through ``dispatch``, the broker's own service code), and
-    its answer comes back in a later broker phase — a change's once its record is folded,
-    or NodeUnavailable once the leader loses its lead or ``session_ticks`` pass (the
-    broker service's timeout); a controller that is down refuses the connection. Timers
-    run on the simulator's ticks. Once the life ends (``closed``), nothing reaches it."""
+    """The simulator's AgentIo for one process life of one broker. A request travels the
+    simulated network (1..``delay_ticks_max`` ticks each way; lost with the network's
+    drop probability, or when a partition cuts the broker from that controller); at the
+    controller it goes through ``dispatch`` (the broker service's own code), and a
+    change is answered once its record is folded, or NodeUnavailable once the leader
+    loses its lead or ``session_ticks`` pass (the service's own timeout). The client
+    gives up after ``call_timeout_ticks`` (NodeUnavailable: the outcome unknown), as
+    host.py's client does after CALL_TIMEOUT_S; a controller that is down refuses the
+    connection at once. Timers run on the simulator's ticks. Once the life ends
+    (``closed``) no answer or timer reaches it — but its requests already on the way
+    still arrive (as bytes already sent do)."""
 
     def __init__(self, sim: ControllerSwarm, name: str) -> None:
         self.sim, self.name = sim, name
@@ -120,43 +127,69 @@ class SimAgentIo:
 
     def request(self, address: str, header: dict[str, Any], done: Answer) -> None:
         sim = self.sim
+        settled = [False]
+
+        def give(answer: dict[str, Any] | None, error: MqlogError | None) -> None:
+            if settled[0]:  # (the first of an answer and the client's timeout wins)
+                return
+            settled[0] = True
+            if answer is not None and header["kind"] == "register_broker":
+                sim.result.registrations += 1
+            if answer is not None and "snapshot" in answer:
+                sim.result.snapshots_pulled += 1
+            done(answer, error)
+
         node = sim.by_address.get(address)
-        if node is None or not node.up or node.paused:
-            self._deliver(header, done, None, NodeUnavailable(f"cannot reach {address}"))
+        if node is None or not node.up:
+            sim.later(0, self, lambda: give(None, NodeUnavailable(f"cannot reach {address}")))
+            return
+        sim.later(sim.call_timeout_ticks, self, lambda: give(None, NodeUnavailable(
+            f"{address} did not answer {header['kind']} in time: its outcome is unknown")))
+        if not self._lost(node.name):
+            sim.later(self._delay(), None, lambda: self._arrive(node, header, give))
+
+    def _arrive(self, node: Any, header: dict[str, Any], give: Answer) -> None:
+        """At the controller (if it is still up; a paused one answers when it resumes)."""
+        if not node.up:
+            return  # (its connection broke: the client's timeout answers)
+        if node.paused:
+            self.sim.later(1, None, lambda: self._arrive(node, header, give))
             return
         try:
             outcome = dispatch(node.controller, header)
         except MqlogError as error:
-            self._deliver(header, done, None, error)
+            self._reply(node, give, None, error)
             return
         if not isinstance(outcome, Proposal):
-            self._deliver(header, done, outcome, None)
+            self._reply(node, give, outcome, None)
             return
-        settled = [False]
-        proposal = outcome
+        proposal, settled = outcome, [False]
 
         def finish(ok: bool) -> None:
             if settled[0]:
                 return
             settled[0] = True
             if ok:
-                self._deliver(header, done, proposal.answer, None)
+                self._reply(node, give, proposal.answer, None)
             else:
-                self._deliver(header, done, None, NodeUnavailable(
+                self._reply(node, give, None, NodeUnavailable(
                     "the controller lost its leadership (or took too long) before the change "
                     "committed: its outcome is unknown"))
         node.controller.wait(proposal, finish)
-        sim.later(sim.options.session_ticks, self, lambda: finish(False))
+        self.sim.later(self.sim.options.session_ticks, None, lambda: finish(False))
 
-    def _deliver(self, header: dict[str, Any], done: Answer, answer: dict[str, Any] | None,
-                 error: MqlogError | None) -> None:
-        def deliver() -> None:
-            if answer is not None and header["kind"] == "register_broker":
-                self.sim.result.registrations += 1
-            if answer is not None and "snapshot" in answer:
-                self.sim.result.snapshots_pulled += 1
-            done(answer, error)
-        self.sim.later(0, self, deliver)
+    def _reply(self, node: Any, give: Answer, answer: dict[str, Any] | None,
+               error: MqlogError | None) -> None:
+        if not self._lost(node.name):
+            self.sim.later(self._delay(), self, lambda: give(answer, error))
+
+    def _lost(self, controller: str) -> bool:
+        network = self.sim.network
+        return frozenset((self.name, controller)) in network.partitioned or \
+            self.sim.rng.random() < network.options.drop_probability
+
+    def _delay(self) -> int:
+        return self.sim.rng.randint(1, self.sim.network.options.delay_ticks_max)
 
     def call_later(self, delay_ms: int, callback: Callable[[], None]) -> None:
         self.sim.later(max(1, -(-delay_ms // TICK_MS)), self, callback)
@@ -246,7 +279,8 @@ class ControllerSwarm(Simulation):
                                      cluster_id="controller", **CORE_SETTINGS),
             core_rng=self.rng, controller_config=config) for name in names}
         self.by_address = {f"sim:{name}": node for name, node in self.nodes.items()}
-        self.timers: list[tuple[int, int, SimAgentIo, Callable[[], None]]] = []
+        self.timers: list[tuple[int, int, SimAgentIo | None, Callable[[], None]]] = []
+        self.call_timeout_ticks = max(2, self.options.session_ticks // 2)
         self.timer_count = 0
         self.agent_config = config
         self.brokers = {f"b{index}": BrokerSlot(f"b{index}")
@@ -335,8 +369,9 @@ class ControllerSwarm(Simulation):
         broker.agent = broker.io = broker.host = None
         broker.died_at = self.clock[0]
 
-    def later(self, ticks: int, io: SimAgentIo, callback: Callable[[], None]) -> None:
-        """Call ``callback`` in the broker phase ``ticks`` from now (unless ``io`` closed)."""
+    def later(self, ticks: int, io: SimAgentIo | None, callback: Callable[[], None]) -> None:
+        """Call ``callback`` in the broker phase ``ticks`` from now (unless ``io`` closed
+        by then: the end of a broker's life)."""
         self.timer_count += 1
         heapq.heappush(self.timers, (self.clock[0] + ticks, self.timer_count, io, callback))
 
@@ -344,7 +379,7 @@ class ControllerSwarm(Simulation):
         """The brokers' phase of a tick: answers and timers due by now, in order."""
         while self.timers and self.timers[0][0] <= self.clock[0]:
             _due, _count, io, callback = heapq.heappop(self.timers)
-            if not io.closed:
+            if io is None or not io.closed:
                 callback()
 
     def _operator(self) -> None:
@@ -393,6 +428,12 @@ class ControllerSwarm(Simulation):
                 self._begin_life(broker)
                 self.trace(f"broker {broker.name} comes back")
         self.partition_minority(options.partition_probability)
+        if rng.random() < options.partition_probability:  # a broker cut off from some
+            broker = rng.choice(sorted(self.brokers))  # controllers (healed with the rest)
+            cut = rng.sample(sorted(self.nodes), rng.randint(1, len(self.nodes)))
+            for name in cut:
+                self.network.partition(broker, name)
+            self.trace(f"partition {broker} from {cut}")
 
     # --- checkers ------------------------------------------------------------------------
 
