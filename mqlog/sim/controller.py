@@ -429,11 +429,11 @@ class ControllerSwarm(Simulation):
                 self.trace(f"broker {broker.name} comes back")
         self.partition_minority(options.partition_probability)
         if rng.random() < options.partition_probability:  # a broker cut off from some
-            broker = rng.choice(sorted(self.brokers))  # controllers (healed with the rest)
+            alone = rng.choice(sorted(self.brokers))  # controllers (healed with the rest)
             cut = rng.sample(sorted(self.nodes), rng.randint(1, len(self.nodes)))
             for name in cut:
-                self.network.partition(broker, name)
-            self.trace(f"partition {broker} from {cut}")
+                self.network.partition(alone, name)
+            self.trace(f"partition {alone} from {cut}")
 
     # --- checkers ------------------------------------------------------------------------
 
