@@ -98,7 +98,7 @@ def _ignores_snapshots(fold):
     return broken
 
 
-@pytest.mark.parametrize("breakage, seed", [("never_drops", 2), ("ignores_snapshots", 2)])
+@pytest.mark.parametrize("breakage, seed", [("never_drops", 2), ("ignores_snapshots", 9)])
 def test_a_broken_agent_is_caught(monkeypatch, breakage, seed):
     """The simulator runs host.py's BrokerAgent itself: break it and a fixed seed fails."""
     assert controller.BrokerAgent is host.BrokerAgent
