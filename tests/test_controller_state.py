@@ -14,7 +14,11 @@ from hypothesis import strategies as st
 
 from mqlog.errors import InvalidMetadataRecord, MetadataChangeRefused
 from mqlog.replication.controller import records
-from mqlog.replication.controller.decisions import assign_replicas, fence_changes
+from mqlog.replication.controller.decisions import (
+    assign_replicas,
+    fence_changes,
+    sync_state_change,
+)
 from mqlog.replication.controller.records import (
     CreateTopic,
     DeleteTopic,
@@ -94,8 +98,15 @@ class Script:
                                     int(kw["leader_epoch"]), _names(kw["isr"]),
                                     _names(kw.get("elr", "")), kw.get("layer", "isr"))]
         if command == "fence-changes":
+            fresh = None if "fresh" not in kw else {
+                where: set(_names(kw["fresh"])) for where in _reported(kw["reported"])}
             return fence_changes(self.state, kw["id"], kw.get("auto_failover") == "true",
-                                 _reported(kw.get("reported", "")))
+                                 _reported(kw.get("reported", "")),
+                                 test_break=kw.get("break", ""), fresh=fresh)
+        if command == "sync-state":
+            change = sync_state_change(self.state, kw["id"], kw["topic"],
+                                       int(kw["partition"]), epoch, _names(kw["in_sync"]))
+            return [] if change is None else [change]
         raise AssertionError(f"unknown command {command}")
 
     def _apply(self, record: records.Record) -> str:

@@ -442,6 +442,11 @@ class Node:
         self._schedule()
         return {"kind": "promoted", "role": role, "epoch": self.core.epoch}
 
+    def change_role(self, header: dict[str, Any]) -> dict[str, Any]:
+        """The operator's ``promote`` or ``follow`` (``header["kind"]``) from inside the
+        process: a broker's cluster agent carries out the controller's decisions so."""
+        return self._promote(header) if header["kind"] == "promote" else self._follow(header)
+
     def _follow(self, header: dict[str, Any]) -> dict[str, Any]:
         """Operator command: this node becomes a slave of ``master`` (after a promotion
         elsewhere); a fresh core says Hello and is truncated if it diverged."""

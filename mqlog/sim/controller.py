@@ -222,6 +222,12 @@ class SimGroupHost:
     def leads(self) -> list[list[Any]]:
         return []  # (the simulator runs no partition groups)
 
+    def role(self, name: str) -> dict[str, Any] | None:
+        return None  # (no cores here: master-slave roles are not simulated)
+
+    def change_role(self, name: str, header: dict[str, Any]) -> None:
+        raise AssertionError("the agent changes no role where no core reports one")
+
 
 @dataclass
 class BrokerSlot:
@@ -513,9 +519,10 @@ class ControllerSwarm(Simulation):
 
 
 def _assigned(state: ClusterMetadata, broker: str) -> set[str]:
-    """The groups ``state`` has ``broker`` host: one per Raft or ISR partition it replicates."""
+    """The groups ``state`` has ``broker`` host: one per Raft, ISR or master-slave partition
+    it replicates."""
     return {f"{topic.name}-{index}" for topic in state.topics.values()
-            if topic.layer in ("raft", "isr")
+            if topic.layer in ("raft", "isr", "master_slave")
             for index, part in enumerate(topic.partitions) if broker in part.replicas}
 
 

@@ -18,6 +18,21 @@ no leader (``""``) until an eligible broker is unfenced (``unfence_changes``).
 Master-slave groups move only with ``auto_failover``, and only to a slave that is in
 sync and holds at least what every other in-sync replica reported (epoch, then position):
 never to one behind (RocketMQ 5's controller).
+The slave promoted must have reported since the master was fenced (``fresh``: a slave's log
+stops growing once its master is gone; a report sent before may be short of what it
+acknowledged since), so a fence and its promotion are usually two steps. So must every
+live replica that reports the group at all (a slave out of the sync set may have caught
+up and acknowledged writes since the set was last changed), and every other replica's
+newest report, fresh or not, is a floor of what it holds: one above the candidate's makes
+the group wait.
+
+The sync state set (RocketMQ 5's SyncStateSet, Kafka's ISR) of a master-slave group is the
+master's to change: its broker reports the slaves its core counts in sync, and
+``sync_state_change`` turns that into a PartitionChange when the broker leads the
+partition in the metadata and names the partition epoch the metadata holds (a report from
+a master that was replaced, or made from a view older than the last change, is stale and
+changes nothing; RocketMQ's controller checks its syncStateSetEpoch the same way). The
+master stays in its set; the set is ordered as the replicas are.
 """
 
 from __future__ import annotations
@@ -29,6 +44,10 @@ from mqlog.replication.controller.records import PartitionChange, PartitionInfo
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.replication.isr.core import PartitionState
 from mqlog.replication.isr.decisions import fence_isr, unfence_isr
+
+# A deliberately broken decision, so the tests show they notice it: "promote_behind"
+# promotes the in-sync slave that reported the least.
+TEST_BREAKS = ("promote_behind",)
 
 
 def assign_replicas(brokers: list[str], partitions: int, replication_factor: int,
@@ -59,11 +78,14 @@ def assign_replicas(brokers: list[str], partitions: int, replication_factor: int
 def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
                   reported: dict[tuple[str, int], dict[str, tuple[int, int]]] | None = None,
                   *, min_insync_replicas: int = 1, unclean: bool = False,
+                  test_break: str = "",
+                  fresh: dict[tuple[str, int], set[str]] | None = None,
                   ) -> list[PartitionChange]:
     """The partition changes that fencing ``broker_id`` calls for (see the docstring).
 
     ``reported[(topic, partition)][broker]`` is (epoch, position) of that replica's log
-    as its broker last reported it (master-slave failover needs it). ISR partitions
+    as its broker last reported it (master-slave failover needs it); ``fresh`` names the
+    brokers whose report came after the fence (None: every report did). ISR partitions
     follow isr/decisions.py (``min_insync_replicas`` for the ELR, ``unclean``)."""
     changes = []
     fenced = {name for name, info in state.brokers.items() if info.fenced} | {broker_id}
@@ -78,8 +100,12 @@ def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
                 if decided is not None:
                     changes.append(isr_change(name, index, decided[0]))
                 continue
-            change = _promotion(part, broker_id, fenced, (reported or {}).get(
-                (name, index), {})) if auto_failover and part.leader == broker_id else None
+            change = None
+            if auto_failover and part.leader == broker_id:
+                where = (name, index)
+                found = (reported or {}).get(where, {})
+                change = _promotion(part, broker_id, fenced, found, test_break,
+                                    set(found) if fresh is None else fresh.get(where, set()))
             if change is not None:
                 replicas, leader, leader_epoch, isr = change
                 changes.append(PartitionChange(name, index, part.partition_epoch + 1,
@@ -115,16 +141,38 @@ Change = tuple[tuple[str, ...], str, int, tuple[str, ...]]
 
 
 def _promotion(part: PartitionInfo, broker_id: str, fenced: set[str],
-               reported: dict[str, tuple[int, int]]) -> Change | None:
+               reported: dict[str, tuple[int, int]], test_break: str,
+               fresh: set[str]) -> Change | None:
     """The in-sync slave to promote, or None when none may be (the group waits without a
     master rather than lose acknowledged writes)."""
     candidates = [name for name in part.isr if name != broker_id and name not in fenced
-                  and name in reported]
-    if not candidates:
-        return None
-    best = max(candidates, key=lambda name: (reported[name], -part.replicas.index(name)))
-    if any(reported[name] > reported[best] for name in part.isr
-           if name in reported and name != broker_id):
-        return None  # another in-sync slave (fenced too) holds more: wait for it
+                  and name in fresh and name in reported]
+    if not candidates or any(name in reported and name not in fresh for name in part.replicas
+                             if name != broker_id and name not in fenced):
+        return None  # (a live replica has not said how far it got since: wait for it)
+    pick = min if test_break == "promote_behind" else max
+    best = pick(candidates, key=lambda name: (reported[name], -part.replicas.index(name)))
+    if test_break != "promote_behind" and any(
+            reported[name] > reported[best] for name in part.replicas
+            if name in reported and name != broker_id):
+        return None  # another slave (fenced, or out of sync) holds more: wait for it
     isr = tuple(name for name in part.isr if name != broker_id)
     return part.replicas, best, part.leader_epoch + 1, isr
+
+
+def sync_state_change(state: ClusterMetadata, broker_id: str, topic: str, index: int,
+                      partition_epoch: int, in_sync: tuple[str, ...]) -> PartitionChange | None:
+    """The change a master-slave master's report of its sync state set calls for (see the
+    module docstring); None when it changes nothing or is stale."""
+    info = state.topics.get(topic)
+    if info is None or info.layer != "master_slave" or not 0 <= index < len(info.partitions):
+        return None  # (a topic deleted meanwhile, say: nothing to change)
+    part = info.partitions[index]
+    if part.leader != broker_id or part.partition_epoch != partition_epoch:
+        return None  # not (or no longer) its master, or made from an older view
+    members = set(in_sync) | {broker_id}
+    isr = tuple(name for name in part.replicas if name in members)
+    if isr == part.isr:
+        return None
+    return PartitionChange(topic, index, part.partition_epoch + 1, part.replicas, broker_id,
+                           part.leader_epoch, isr, (), info.layer)

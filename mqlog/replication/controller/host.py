@@ -20,6 +20,17 @@ registers (a new broker epoch per process life), heartbeats every
 hosted the same way, and each pull hands its core the controller's newest state for it
 (leader, epochs, ISR, ELR); its leader's AlterPartition requests go with the next round
 (``alter_partitions``, after the heartbeat), whose pull brings the decision back.
+
+Master-slave partitions (``master_slave``-layer topics: RocketMQ 5's controller mode) are
+hosted the same way, as a SYNC_MASTER of the other replicas on the partition's leader
+and as its slaves elsewhere (``master_slave_spec``). Their roles then change in place, not
+through a new spec: each round the agent makes a hosted group's core what the metadata
+says (``apply_role``: the leader promoted in its leader epoch, the others following it,
+through the operator's promote/follow paths). Each heartbeat reports every hosted
+partition's (epoch of its last record, log end), and for each group this broker masters
+in the metadata, its sync state set (the slaves its core counts in sync) with the
+partition epoch of the view: the controller keeps the set in the metadata and elects
+from it (decisions.py).
 Clients ask any broker ``cluster_metadata`` (the agent's view: topics, partitions,
 replicas, brokers and their addresses) and route by partition.
 
@@ -40,6 +51,7 @@ new agent, which never sees the answers of the previous one.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import uuid
 from collections.abc import Callable
@@ -54,6 +66,9 @@ from mqlog.replication.controller.service import Controller, Proposal
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.replication.isr.core import AlterPartition, PartitionState
 
+# A deliberately broken controller (service.py's and decisions.py's TEST_BREAKS), for tests
+# of real processes: the variable names the break.
+TEST_BREAK_VARIABLE = "MQLOG_CONTROLLER_TEST_BREAK"
 KINDS = ("register_broker", "broker_heartbeat", "create_topic", "delete_topic",
          "describe_cluster", "metadata_since", "alter_partitions")
 _STORE: dict[str, Any] = dict(segment_size_bytes=64 << 20, message_size_bytes_max=8 << 20,
@@ -81,6 +96,18 @@ def _seen(value: Any) -> tuple[Any, Any]:
     return (value[0], value[1]) if isinstance(value, list) and len(value) == 2 else ("", 0)
 
 
+def _sync_states_from(value: Any) -> dict[Any, Any]:
+    """[[topic, partition, partition_epoch, [broker, ...]], ...] -> {(topic, partition):
+    (partition_epoch, brokers)} (the controller checks the values' types)."""
+    if value is None:
+        return {}
+    if not isinstance(value, list) or not all(
+            isinstance(item, list) and len(item) == 4 for item in value):
+        raise errors.InvalidArgument("sync_states must be a list of [topic, partition, "
+                                     "partition_epoch, [broker, ...]]")
+    return {(item[0], item[1]): (item[2], item[3]) for item in value}
+
+
 def _config(broker: Any) -> ControllerConfig:
     return ControllerConfig.from_table(dict(getattr(broker.config, "controller", {}) or {}))
 
@@ -101,7 +128,8 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
     if kind == "broker_heartbeat":
         return controller.heartbeat(arg("broker_id"), arg("broker_epoch"),
                                     _reports_from(arg("reports")), leads_from(arg("leads")),
-                                    _seen(arg("leaders_seen")))
+                                    _seen(arg("leaders_seen")),
+                                    sync_states=_sync_states_from(arg("sync_states")))
     if kind == "create_topic":
         return controller.create_topic(arg("name"), arg("partitions"),
                                        arg("replication_factor"), arg("layer", "raft"))
@@ -125,7 +153,8 @@ def host_controller(broker: Any) -> Controller:
     replica = broker.ensure_group(spec)
     controller = Controller(config, replica.store, replica.driver,
                             tick_ms=spec.replication.tick_ms, rng=random.Random(),
-                            note=lambda text: print(f"controller: {text}", flush=True))
+                            note=lambda text: print(f"controller: {text}", flush=True),
+                            test_break=os.environ.get(TEST_BREAK_VARIABLE, ""))
     replica.on_run(controller.after_run)
     replica.on_tick(controller.tick)
     timeout_s = config.broker_session_timeout_ms / 1000
@@ -187,7 +216,15 @@ class GroupHost(Protocol):
         """Stop hosting group ``name``."""
 
     def reports(self) -> list[list[Any]]:
-        """[topic, partition, epoch, written position] of each partition group hosted."""
+        """[topic, partition, epoch, written position] of each partition group hosted (a
+        master-slave group's epoch: its last record's, what a failover compares)."""
+
+    def role(self, name: str) -> dict[str, Any] | None:
+        """A hosted master-slave group's core: {"role", "master", "epoch", "promotable",
+        "in_sync"} (in_sync: the slaves a master counts in sync); None if there is none."""
+
+    def change_role(self, name: str, header: dict[str, Any]) -> None:
+        """The operator's promote or follow (``header["kind"]``) on a hosted group."""
 
     def leads(self) -> list[list[Any]]:
         """[topic, partition, term] of each Raft partition group this broker leads now."""
@@ -244,7 +281,8 @@ class BrokerAgent:
         leads = self.host.leads()
         self._ask({"kind": "broker_heartbeat", "broker_id": self.host.broker_id,
                    "broker_epoch": self.epoch, "reports": self.host.reports(),
-                   "leads": leads, "leaders_seen": self._leaders_seen}, True,
+                   "leads": leads, "leaders_seen": self._leaders_seen,
+                   "sync_states": self._sync_states()}, True,
                   lambda answer: self._heartbeaten(answer, leads))
 
     def _heartbeaten(self, answer: dict[str, Any], leads: list[list[Any]]) -> None:
@@ -311,40 +349,42 @@ class BrokerAgent:
         self.leaders.prune(self.view)
 
     def assigned(self) -> dict[str, Any]:
-        """group name -> GroupSpec of each Raft or ISR partition the view assigns here."""
+        """group name -> GroupSpec of each Raft, ISR or master-slave partition the view
+        assigns here (a master-slave one as it would be hosted first: master_slave_spec)."""
         from mqlog.config import GroupSpec
 
         wanted = {}
         self._isr_groups = {}
         isr: dict[str, Any] = {"min_insync_replicas": self.config.min_insync_replicas,
                "replica_lag_time_ms": self.config.replica_lag_time_ms}
-        for topic in self.view.topics.values():
-            if topic.layer not in ("raft", "isr"):
-                continue
-            for index, part in enumerate(topic.partitions):
-                if self.host.broker_id not in part.replicas:
-                    continue
-                name = f"{topic.name}-{index}"
-                voters = {member: self.view.brokers[member].address
-                          for member in part.replicas}
-                try:
-                    if topic.layer == "isr":
-                        wanted[name] = GroupSpec.isr(name, voters, partitions=(
-                            (topic.name, index),), **isr)
-                        self._isr_groups[name] = (topic.name, index)
-                        continue
-                    wanted[name] = GroupSpec.raft(name, voters,
+        for topic, index, part in self._partitions(("raft", "isr", "master_slave")):
+            name = f"{topic.name}-{index}"
+            members = {member: self.view.brokers[member].address for member in part.replicas}
+            try:
+                if topic.layer == "raft":
+                    wanted[name] = GroupSpec.raft(name, members,
                                                   partitions=((topic.name, index),))
-                except errors.ConfigError as error:  # (say, a replica registered a bad
-                    # address: the other partitions are still hosted)
-                    self.io.note(f"broker {self.host.broker_id}: cannot host {name}: {error}")
+                elif topic.layer == "isr":
+                    wanted[name] = GroupSpec.isr(name, members, partitions=(
+                        (topic.name, index),), **isr)
+                    self._isr_groups[name] = (topic.name, index)
+                else:
+                    wanted[name] = master_slave_spec(name, (topic.name, index), part,
+                                                     members, self.host.broker_id)
+            except errors.ConfigError as error:  # (say, a replica registered a bad
+                # address: the other partitions are still hosted)
+                self.io.note(f"broker {self.host.broker_id}: cannot host {name}: {error}")
         return wanted
 
     def host_assigned(self) -> None:
-        """ensure_group each Raft or ISR partition assigned here (an ISR one is handed its
-        state); drop those no longer assigned."""
+        """ensure_group each partition assigned here (an ISR one is handed its state); drop
+        those no longer assigned; make the master-slave groups hosted already what the
+        metadata says (apply_role)."""
         wanted = self.assigned()
         for name, spec in wanted.items():
+            if name in self.hosted and spec.replication.layer == "master_slave":
+                self._apply_role(name)
+                continue
             try:
                 self.host.ensure_group(spec)
             except errors.InvalidArgument as error:  # (a replica moved: not handled yet)
@@ -359,6 +399,33 @@ class BrokerAgent:
         for name in sorted(self.hosted - set(wanted)):
             self.host.drop_group(name)
             self.hosted.discard(name)
+
+    def _partitions(self, layers: tuple[str, ...]) -> list[tuple[Any, int, Any]]:
+        """(topic, index, partition) of each partition of ``layers`` replicated here."""
+        return [(topic, index, part) for topic in self.view.topics.values()
+                if topic.layer in layers for index, part in enumerate(topic.partitions)
+                if self.host.broker_id in part.replicas]
+
+    def _apply_role(self, name: str) -> None:
+        topic, _, index = name.rpartition("-")
+        header = apply_role(self.host.role(name), self.view.partition(topic, int(index)),
+                            self.host.broker_id)
+        if header is not None:
+            self.io.note(f"broker {self.host.broker_id}: {name}: {header}")
+            self.host.change_role(name, header)
+
+    def _sync_states(self) -> list[list[Any]]:
+        """[topic, partition, partition epoch of the view, in-sync slaves] of each
+        master-slave group this broker masters in the view, in the view's leader epoch
+        (decisions.sync_state_change)."""
+        found = []
+        for topic, index, part in self._partitions(("master_slave",)):
+            status = self.host.role(f"{topic.name}-{index}")
+            if part.leader == self.host.broker_id and status is not None and \
+                    status["in_sync"] is not None and status["epoch"] >= part.leader_epoch:
+                found.append([topic.name, index, part.partition_epoch,
+                              list(status["in_sync"])])
+        return found
 
     # --- asking the controllers: the leader first, then each in a random order -----------
 
@@ -453,8 +520,12 @@ class BrokerGroups:
     def reports(self) -> list[list[Any]]:
         found = []
         for node in self.broker.groups.values():
+            store, epoch = node.store, node.store.epoch
+            if node.spec.replication.layer == "master_slave":
+                last = store.epoch_at(store.written_position)
+                epoch = 0 if last is None else last  # (an empty log: (0, 0), behind all)
             for topic, partition in node.spec.partitions:
-                found.append([topic, partition, node.store.epoch, node.store.written_position])
+                found.append([topic, partition, epoch, store.written_position])
         return found
 
     def leads(self) -> list[list[Any]]:
@@ -465,6 +536,58 @@ class BrokerGroups:
                 found += [[topic, partition, status["term"]]
                           for topic, partition in node.spec.partitions]
         return found
+
+    def role(self, name: str) -> dict[str, Any] | None:
+        node = self.broker.groups.get(name)
+        if node is None or node.spec.replication.layer != "master_slave":
+            return None
+        core = node.core
+        return {"role": core.role, "master": core.config.master, "epoch": core.epoch,
+                "promotable": core.promotable,
+                "in_sync": core.in_sync_slaves() if core.is_master else None}
+
+    def change_role(self, name: str, header: dict[str, Any]) -> None:
+        self.broker.groups[name].change_role(header)
+
+
+def master_slave_spec(name: str, partition: tuple[str, int], part: records.PartitionInfo,
+                      members: dict[str, str], broker_id: str) -> Any:
+    """The spec of a master-slave partition as ``broker_id`` first hosts it: its role is
+    the metadata's (the leader: SYNC_MASTER of the other replicas, a write acknowledged
+    once one slave has it, RocketMQ's default; the others: slaves of the leader). A
+    restarted broker's saved role state wins over it (node.py), and ``apply_role`` makes
+    the group what the metadata says from then on."""
+    from mqlog.config import GroupSpec, ReplicationConfig
+
+    others = tuple(member for member in part.replicas if member != broker_id)
+    if part.leader == broker_id:
+        replication = ReplicationConfig(layer="master_slave", cluster_id=name,
+                                        node_id=broker_id, slaves=others,
+                                        role="SYNC_MASTER" if others else "ASYNC_MASTER")
+    else:  # a slave (of the first other replica if the partition has no leader: it waits)
+        replication = ReplicationConfig(layer="master_slave", cluster_id=name,
+                                        node_id=broker_id, role="SLAVE",
+                                        master=part.leader or others[0])
+    return GroupSpec(name, replication, dict(members), partitions=(partition,)).validate()
+
+
+def apply_role(status: dict[str, Any] | None, part: records.PartitionInfo,
+               broker_id: str) -> dict[str, Any] | None:
+    """The promote or follow request that makes a hosted master-slave group's core (its
+    ``status``: GroupHost.role) what the metadata's ``part`` says, or None. The leader is
+    promoted in the partition's leader epoch (the core takes one above every epoch it
+    saw, if more); a master, or a slave of another node, follows the leader (a diverged
+    tail is truncated by epoch when its Hello is answered)."""
+    if status is None or not part.leader:
+        return None  # (no master now: the controller waits for a slave it may promote)
+    if part.leader == broker_id:
+        if status["role"] in ("ASYNC_MASTER", "SYNC_MASTER") or not status["promotable"]:
+            return None
+        return {"kind": "promote", "role": "SYNC_MASTER", "epoch": part.leader_epoch,
+                "slaves": [member for member in part.replicas if member != broker_id]}
+    if status["role"] != "SLAVE" or status["master"] != part.leader:
+        return {"kind": "follow", "master": part.leader}
+    return None
 
 
 def _call(address: str, header: dict[str, Any]) -> dict[str, Any]:

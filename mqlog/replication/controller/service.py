@@ -58,10 +58,12 @@ from mqlog.errors import (
 from mqlog.format import BLANK, BLANK_MAGIC, RECORD_HEADER, RECORD_HEADER_SIZE, RecordHeader
 from mqlog.replication.controller import records
 from mqlog.replication.controller.config import ControllerConfig
+from mqlog.replication.controller.decisions import TEST_BREAKS as DECISION_BREAKS
 from mqlog.replication.controller.decisions import (
     assign_replicas,
     fence_changes,
     isr_change,
+    sync_state_change,
     unfence_changes,
 )
 from mqlog.replication.controller.leaders import Key, LeaderTable
@@ -83,7 +85,9 @@ from mqlog.replication.isr.decisions import decide_alter_partition
 # Deliberately broken controllers, so the simulator shows its checkers catch them:
 # "stale_working": a new leader checks requests against the state it had before it folded
 # its log (records that do not apply reach the log); "keep_leaders": fencing a broker
-# leaves its leaderships where they were.
+# leaves its leaderships where they were. (The simulator catches each of these; the
+# decisions' own breaks, DECISION_BREAKS, are caught by the datadriven scripts and the
+# master-slave failover test of real processes.)
 TEST_BREAKS = ("stale_working", "keep_leaders")
 
 
@@ -118,7 +122,8 @@ class Controller:
     def __init__(self, config: ControllerConfig, store: Any, driver: Any, *, tick_ms: int,
                  rng: random.Random, note: Callable[[str], None] = lambda text: None,
                  test_break: str = "") -> None:
-        self._test_break = test_break if test_break in TEST_BREAKS else ""
+        self._test_break = test_break if test_break in (*TEST_BREAKS, *DECISION_BREAKS) \
+            else ""
         self.config = config.validate()
         self.store, self.driver, self.rng, self.note = store, driver, rng, note
         self.session_ticks = config.session_ticks(tick_ms)
@@ -136,6 +141,12 @@ class Controller:
         self._reported: dict[tuple[str, int], dict[str, tuple[int, int]]] = {}
         self.leaders = LeaderTable()  # Raft partitions' leaders, as reported (leaders.py)
         self._registered_at: dict[str, int] = {}  # broker -> where its registration ends
+        # (topic, partition) -> broker -> the tick its report came; broker -> the tick
+        # this leader fenced it (or began leading): a promotion takes only later reports
+        self._reported_tick: dict[tuple[str, int], dict[str, int]] = {}
+        self._fenced_tick: dict[str, int] = {}
+        self._lead_tick = 0
+        self.sync_states_stale = 0  # sync state set reports that changed nothing: stale
         self._snapshot_end = 0  # where the newest snapshot record in the log ends
         self._proposals = 0
         self._snapshot_folded: int | None = None  # a snapshot record folded: trim before it
@@ -153,6 +164,7 @@ class Controller:
             self._lead_term, self._lead_from = core.term, self.store.written_position
             self._sessions = {name: self.ticks for name in self.committed.brokers}
             self.leaders.token = f"{core.node_id}:{core.term}"  # (brokers get every entry)
+            self._lead_tick = self.ticks
             self.note(f"controller {core.node_id} leads term {core.term}")
         elif not leading and self._lead_term != -1:
             self._lose_lead()
@@ -244,20 +256,26 @@ class Controller:
         end = self._propose([RegisterBroker(broker_id, epoch, address, rack, incarnation)])
         self._registered_at[broker_id] = end
         self._sessions[broker_id] = self.ticks
+        self._fenced_tick[broker_id] = self.ticks  # (its last life is over: as a fence)
         return Proposal(end, {"broker_epoch": epoch})
 
     def heartbeat(self, broker_id: str, broker_epoch: int,
                   reports: dict[tuple[str, int], tuple[int, int]] | None = None,
                   leads: dict[Key, int] | None = None,
-                  seen: tuple[Any, Any] = ("", 0)) -> Proposal:
+                  seen: tuple[Any, Any] = ("", 0),
+                  sync_states: dict[tuple[str, int], tuple[int, tuple[str, ...]]] | None = None,
+                  ) -> Proposal:
         """A broker is alive at ``broker_epoch``; ``reports`` gives (epoch, position) of its
         replicas' logs, for master-slave failover; ``leads`` the Raft partitions it leads
-        (-> term). A fenced broker is unfenced. The answer carries the reported leaders
-        the broker has not seen (``seen``: the token and seq of its last answer)."""
+        (-> term); ``sync_states`` the sync state set of each master-slave group it
+        masters, as (the partition epoch its view holds, the slaves its core counts in
+        sync). A fenced broker is unfenced. The answer carries the reported leaders the
+        broker has not seen (``seen``: the token and seq of its last answer)."""
         _check_text(broker_id=broker_id)
         _check_int("broker_epoch", broker_epoch)
         reports = _check_reports(reports)
         leads = _check_leads(leads)
+        sync_states = _check_sync_states(sync_states)
         self._check_serving()
         known = self.working.brokers.get(broker_id)
         if known is None or known.broker_epoch != broker_epoch:
@@ -269,12 +287,21 @@ class Controller:
         self._sessions[broker_id] = self.ticks
         for where, report in (reports or {}).items():
             self._reported.setdefault(where, {})[broker_id] = report
+            self._reported_tick.setdefault(where, {})[broker_id] = self.ticks
         self.leaders.report(self.working, broker_id, leads)
-        end = None
+        changes: list[Record] = []
         if known.fenced:  # (and the leaderless ISR partitions it may lead elect it)
             unfence = UnfenceBroker(broker_id, broker_epoch)
-            end = self._propose([unfence, *unfence_changes(
-                self.working.apply(unfence), broker_id, **self._isr_rules())])
+            changes = [unfence, *unfence_changes(self.working.apply(unfence), broker_id,
+                                                 **self._isr_rules())]
+        for (topic, index), (partition_epoch, in_sync) in sorted(sync_states.items()):
+            change = sync_state_change(self.working, broker_id, topic, index,
+                                       partition_epoch, in_sync)
+            if change is None:
+                self.sync_states_stale += 1
+            else:
+                changes.append(change)
+        end = self._propose(changes) if changes else None
         return Proposal(end, {"fenced": False, "position": self.applied_to,
                               "leaders": self.leaders.changes_since(*seen)})
 
@@ -427,8 +454,9 @@ class Controller:
         info = self.working.brokers[broker_id]
         fence = FenceBroker(broker_id, info.broker_epoch)
         after = self.working.apply(fence)
+        self._fenced_tick[broker_id] = self.ticks
         changes = fence_changes(after, broker_id, self.config.auto_failover, self._reported,
-                                **self._isr_rules())
+                                **self._rules(broker_id))
         if self._test_break == "keep_leaders":
             changes = []
         self._propose([fence, *changes])
@@ -436,6 +464,19 @@ class Controller:
     def _isr_rules(self) -> dict[str, Any]:
         return {"min_insync_replicas": self.config.min_insync_replicas,
                 "unclean": self.config.unclean_leader_election}
+
+    def _rules(self, broker_id: str) -> dict[str, Any]:
+        """fence_changes' keyword arguments for fencing ``broker_id``."""
+        return {**self._isr_rules(), "test_break": self._test_break,
+                "fresh": self._fresh(broker_id)}
+
+    def _fresh(self, broker_id: str) -> dict[tuple[str, int], set[str]]:
+        """Who reported after this leader fenced ``broker_id`` (or, if another did, after
+        this one began leading): a slave's log stops growing once its master is gone, and
+        only a report sent since says how far it got."""
+        since = self._fenced_tick.get(broker_id, self._lead_tick)
+        return {where: {name for name, tick in ticks.items() if tick > since}
+                for where, ticks in self._reported_tick.items()}
 
     def _finish_fences(self) -> None:
         """Make the changes a fence calls for that are not in the log: a fence and its
@@ -447,10 +488,11 @@ class Controller:
         for name, info in sorted(self.working.brokers.items()):
             if info.fenced:
                 changes = fence_changes(self.working, name, self.config.auto_failover,
-                                        self._reported, **self._isr_rules())
+                                        self._reported, **self._rules(name))
                 if changes:
                     self.note(f"fenced broker {name}: {len(changes)} partition changes "
-                              "were missing from the log; proposing them")
+                              "are not in the log yet (or waited for fresh reports); "
+                              "proposing them")
                     self._propose(list(changes))
 
     def _lose_lead(self) -> None:
@@ -589,6 +631,26 @@ def _check_leads(leads: Any) -> dict[Key, int]:
         _check_int("partition", partition)
         _check_int("term", term)
     return dict(leads)
+
+
+def _check_sync_states(states: Any) -> dict[tuple[str, int], tuple[int, tuple[str, ...]]]:
+    """A heartbeat's sync state sets: {(topic, partition): (partition epoch, names)}."""
+    if states is None:
+        return {}
+    if not isinstance(states, dict):
+        raise InvalidArgument(f"sync_states must be a map, got {type(states).__name__}")
+    checked = {}
+    for where, state in states.items():
+        if not (isinstance(where, tuple | list) and len(where) == 2
+                and isinstance(where[0], str) and isinstance(state, tuple | list)
+                and len(state) == 2 and isinstance(state[1], tuple | list)
+                and all(isinstance(name, str) for name in state[1])):
+            raise InvalidArgument(f"a sync state is (topic, partition): (partition epoch, "
+                                  f"[broker, ...]), got {where!r}: {state!r}")
+        _check_int("partition", where[1])
+        _check_int("partition epoch", state[0])
+        checked[(where[0], where[1])] = (state[0], tuple(state[1]))
+    return checked
 
 
 def _entry(data: bytes, offset: int, start: int) -> _Entry:

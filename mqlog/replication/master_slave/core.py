@@ -610,11 +610,15 @@ class MasterSlaveCore:
             found = started_epoch
         return found
 
-    def _in_sync(self) -> list[SlaveProgress]:
+    def in_sync_slaves(self) -> tuple[str, ...]:
+        """The slaves in sync now (its sync state set, less the master itself)."""
         written = self.log.written_position
-        return [progress for progress in self.slaves.values()
-                if progress.matched and self._heard_lately(progress)
-                and written - progress.acked <= self.config.slave_gap_bytes_max]
+        return tuple(name for name, progress in self.slaves.items()
+                     if progress.matched and self._heard_lately(progress)
+                     and written - progress.acked <= self.config.slave_gap_bytes_max)
+
+    def _in_sync(self) -> list[SlaveProgress]:
+        return [self.slaves[name] for name in self.in_sync_slaves()]
 
     def _heard_lately(self, progress: SlaveProgress) -> bool:
         return self.tick_count - progress.heard_tick <= self.config.slave_timeout_ticks
