@@ -238,6 +238,7 @@ class BrokerSlot:
     io: SimAgentIo | None = None
     host: SimGroupHost | None = None
     died_at: int = -1
+    lives: int = 0  # process lives begun (each names its registrations' incarnation)
 
     @property
     def alive(self) -> bool:
@@ -365,8 +366,13 @@ class ControllerSwarm(Simulation):
     def _begin_life(self, broker: BrokerSlot) -> None:
         """A broker process starts: a new agent, host and IO (nothing of its last life)."""
         broker.io, broker.host = SimAgentIo(self, broker.name), SimGroupHost(broker.name)
+        broker.lives += 1  # a seeded incarnation, as long as a real one (a uuid's 32 hex
+        # digits): the same seed writes the same records, byte for byte
+        incarnation = hashlib.sha256(
+            f"{self.result.seed}/{broker.name}/{broker.lives}".encode()).hexdigest()[:32]
         broker.agent = BrokerAgent(broker.host, self.agent_config, broker.io,
-                                   rng=random.Random(self.rng.random()))
+                                   rng=random.Random(self.rng.random()),
+                                   incarnation=incarnation)
         broker.io.call_later(0, broker.agent.start)
 
     def _end_life(self, broker: BrokerSlot) -> None:
