@@ -180,7 +180,7 @@ except OSError:
     pass
 deadline = time.monotonic() + 60
 while store._flusher.checkpoint_error is None:  # a checkpoint meets the limit too
-    assert time.monotonic() < deadline, "no checkpoint ran"
+    assert time.monotonic() < deadline, f"no checkpoint ran: {store._flusher.error!r}"
     time.sleep(0.001)
 assert isinstance(store._flusher.checkpoint_error, errors.TooManyOpenFiles)
 for fd in spare:
