@@ -74,6 +74,7 @@ from mqlog.errors import (
     RequestTimedOut,
 )
 from mqlog.replication.core import LogView, Ready, epoch_ending_at
+from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.messages import Fetch, FetchReply, Message
 from mqlog.results import PutStatus
 
@@ -152,7 +153,7 @@ def answer_error(status: PutStatus) -> Exception | None:
     return None
 
 
-class IsrCore:
+class IsrCore(EpochMirror):
     """One replica of an ISR partition; see the module docstring."""
 
     def __init__(self, config: ReplicationConfig, log: LogView, *,
@@ -661,39 +662,3 @@ class IsrCore:
     def _stamp(self, message: Message) -> Any:
         cluster_id = self.config.cluster_id
         return dataclasses.replace(message, cluster_id=cluster_id) if cluster_id else message
-
-    # --- the log mirror (epoch starts and end, pending appends counted) ----------------------
-
-    def _epoch_at(self, position: int) -> int:
-        """The epoch of the record ending at ``position`` (-1: none)."""
-        found = -1
-        for epoch, start in self._epochs:
-            if start >= position:
-                break
-            found = epoch
-        return found
-
-    def _epoch_from(self, position: int) -> int:
-        """The epoch of the record starting at ``position``."""
-        found = -1
-        for epoch, start in self._epochs:
-            if start > position:
-                break
-            found = epoch
-        return found
-
-    def _epoch_range_end(self, position: int) -> int:
-        """Where the epoch of the record starting at ``position`` ends."""
-        return next((start for _, start in self._epochs if start > position), self._end)
-
-    def _end_of_epoch(self, epoch: int) -> int:
-        return next((start for started, start in self._epochs if started > epoch), self._end)
-
-    def _newest_epoch_up_to(self, epoch: int) -> int:
-        found = -1
-        for started, _start in self._epochs:
-            if started > epoch:
-                break
-            found = started
-        return found
-

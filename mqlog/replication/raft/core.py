@@ -73,6 +73,7 @@ import msgpack
 from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
 from mqlog.errors import InvalidArgument, MembershipChangeRefused, NotLeader
 from mqlog.replication.core import LogView, Ready, epoch_ending_at
+from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.hardstate import HardState, Membership
 from mqlog.replication.messages import (
     Entries,
@@ -110,7 +111,7 @@ class Proposal:
     deadline_tick: int
 
 
-class RaftCore:
+class RaftCore(EpochMirror):
     """One member of a Raft group; see the module docstring."""
 
     def __init__(self, config: ReplicationConfig, log: LogView, *,
@@ -814,46 +815,7 @@ class RaftCore:
                                       "truncation removed")
             self._membership_changed()
 
-    # --- the log mirror -------------------------------------------------------------------
-
-    def _epoch_at(self, position: int) -> int:
-        """The epoch of the record ending at ``position`` (-1: none)."""
-        found = -1
-        for epoch, start in self._epochs:
-            if start >= position:
-                break
-            found = epoch
-        return found
-
-    def _epoch_from(self, position: int) -> int:
-        """The epoch of the record starting at ``position``."""
-        found = -1
-        for epoch, start in self._epochs:
-            if start > position:
-                break
-            found = epoch
-        return found
-
-    def _epoch_range_end(self, position: int) -> int:
-        """Where the epoch of the record starting at ``position`` ends."""
-        for _epoch, start in self._epochs:
-            if start > position:
-                return start
-        return self._end
-
-    def _end_of_epoch(self, epoch: int) -> int:
-        for started, start in self._epochs:
-            if started > epoch:
-                return start
-        return self._end
-
-    def _newest_epoch_up_to(self, epoch: int) -> int:
-        found = -1
-        for started, _start in self._epochs:
-            if started > epoch:
-                break
-            found = started
-        return found
+    # --- sending (the log mirror's questions: epochs.py) ------------------------------------
 
     def _send(self, message: Message) -> None:
         """Answers wait for what this Ready persists; a leader's Entries need not (they
