@@ -15,6 +15,7 @@ Ready, so a simulator can apply it, delay it, or lose it in a crash.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,3 +74,29 @@ def epoch_ending_at(epoch_starts: list[tuple[int, int]], position: int) -> tuple
     LogReset tells a replica that starts its log over there ((-1, -1): none)."""
     before = [(epoch, start) for epoch, start in epoch_starts if start < position]
     return before[-1] if before else (-1, -1)
+
+
+class PeerMessages:
+    """What every core does with its peers' messages beyond its protocol: stamp its own
+    with the cluster id, and count (and report once per sender) the ones it ignores."""
+
+    EPOCH_WORD = "epoch"  # what the layer calls a message's epoch in its events
+    node_id: str
+    config: Any
+    ignored: int
+    _ignored_from: set[str]
+    _ready: Ready
+
+    def _stamp(self, message: Message) -> Message:
+        cluster_id = self.config.cluster_id
+        return dataclasses.replace(message, cluster_id=cluster_id) if cluster_id else message
+
+    def _ignore(self, message: Message, why: str) -> bool:
+        """Count ``message`` as ignored (one event per sender, not a flood); False."""
+        self.ignored += 1
+        if message.src not in self._ignored_from:
+            self._ignored_from.add(message.src)
+            self._ready.events.append(f"{self.node_id} ignores {message.kind} "
+                                      f"({self.EPOCH_WORD} {message.epoch}) from "
+                                      f"{message.src}: {why}")
+        return False

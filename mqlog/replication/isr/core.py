@@ -61,7 +61,6 @@ Only the partition's replicas of this ``cluster_id`` are heard; the rest is coun
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -73,7 +72,7 @@ from mqlog.errors import (
     NotLeader,
     RequestTimedOut,
 )
-from mqlog.replication.core import LogView, Ready, epoch_ending_at
+from mqlog.replication.core import LogView, PeerMessages, Ready, epoch_ending_at
 from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.messages import Fetch, FetchReply, Message
 from mqlog.results import PutStatus
@@ -153,7 +152,7 @@ def answer_error(status: PutStatus) -> Exception | None:
     return None
 
 
-class IsrCore(EpochMirror):
+class IsrCore(EpochMirror, PeerMessages):
     """One replica of an ISR partition; see the module docstring."""
 
     def __init__(self, config: ReplicationConfig, log: LogView, *,
@@ -649,16 +648,7 @@ class IsrCore(EpochMirror):
             return True
         else:
             why = "a node that is not a replica of this partition"
-        self.ignored += 1
-        if message.src not in self._ignored_from:  # one event per sender, not a flood
-            self._ignored_from.add(message.src)
-            self._ready.events.append(f"{self.node_id} ignores {message.kind} (epoch "
-                                      f"{message.epoch}) from {message.src}: {why}")
-        return False
+        return self._ignore(message, why)
 
     def _send(self, message: Message) -> None:
         self._ready.messages.append(self._stamp(message))
-
-    def _stamp(self, message: Message) -> Any:
-        cluster_id = self.config.cluster_id
-        return dataclasses.replace(message, cluster_id=cluster_id) if cluster_id else message

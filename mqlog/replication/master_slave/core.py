@@ -95,14 +95,13 @@ empty, at the master's log start (``Store.reset``) and says Hello from there.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from mqlog.config import ReplicationConfig
 from mqlog.errors import InvalidArgument, MqlogError, NotMaster
-from mqlog.replication.core import LogView, Ready, epoch_ending_at
+from mqlog.replication.core import LogView, PeerMessages, Ready, epoch_ending_at
 from mqlog.replication.hardstate import RoleState
 from mqlog.replication.messages import (
     Append,
@@ -170,7 +169,7 @@ class RestartReport:
     # past ``caught_up_to`` that only ``unheard`` hold are lost (truncated when they return)
 
 
-class MasterSlaveCore:
+class MasterSlaveCore(PeerMessages):
     """One node of a master-slave group; see the module docstring."""
 
     def __init__(self, config: ReplicationConfig, log: LogView, *,
@@ -806,12 +805,7 @@ class MasterSlaveCore:
             why = "a node that is not its master"
         else:
             why = f"a node, as a {self.role}"
-        self.ignored += 1
-        if message.src not in self._ignored_from:  # one event per sender, not a flood
-            self._ignored_from.add(message.src)
-            self._ready.events.append(f"{self.node_id} ignores {message.kind} (epoch "
-                                      f"{message.epoch}) from {message.src}: {why}")
-        return False
+        return self._ignore(message, why)
 
     def _drop_pending_log_changes(self) -> None:
         """A role change drops the appends not yet carried out and the acks of them."""
@@ -826,10 +820,6 @@ class MasterSlaveCore:
 
     def _send(self, message: Message) -> None:
         self._ready.messages.append(self._stamp(message))
-
-    def _stamp(self, message: Message) -> Message:
-        cluster_id = self.config.cluster_id
-        return dataclasses.replace(message, cluster_id=cluster_id) if cluster_id else message
 
 
 def _ahead(answer: Pulled) -> bool:

@@ -62,7 +62,6 @@ idempotent retry settles it). Readers on every node see only committed records.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections import deque
 from dataclasses import dataclass
@@ -72,7 +71,7 @@ import msgpack
 
 from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
 from mqlog.errors import InvalidArgument, MembershipChangeRefused, NotLeader
-from mqlog.replication.core import LogView, Ready, epoch_ending_at
+from mqlog.replication.core import LogView, PeerMessages, Ready, epoch_ending_at
 from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.hardstate import HardState, Membership
 from mqlog.replication.messages import (
@@ -111,8 +110,10 @@ class Proposal:
     deadline_tick: int
 
 
-class RaftCore(EpochMirror):
+class RaftCore(EpochMirror, PeerMessages):
     """One member of a Raft group; see the module docstring."""
+
+    EPOCH_WORD = "term"  # (a Raft message's epoch is its term)
 
     def __init__(self, config: ReplicationConfig, log: LogView, *,
                  rng: random.Random | None = None, hard_state: HardState | None = None,
@@ -303,12 +304,7 @@ class RaftCore(EpochMirror):
             return True
         else:
             why = "a node that is not a member"
-        self.ignored += 1
-        if message.src not in self._ignored_from:  # one event per sender, not a flood
-            self._ignored_from.add(message.src)
-            self._ready.events.append(f"{self.node_id} ignores {message.kind} (term "
-                                      f"{message.epoch}) from {message.src}: {why}")
-        return False
+        return self._ignore(message, why)
 
     # --- roles ----------------------------------------------------------------------------
 
@@ -825,10 +821,6 @@ class RaftCore(EpochMirror):
             not isinstance(message, Entries)
         (ready.messages_after_persist if persisting else ready.messages).append(
             self._stamp(message))
-
-    def _stamp(self, message: Message) -> Message:
-        cluster_id = self.config.cluster_id
-        return dataclasses.replace(message, cluster_id=cluster_id) if cluster_id else message
 
 
 def _same_ack(message: Message, leader: str, term: int,
