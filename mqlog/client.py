@@ -13,13 +13,17 @@ mqlog/replication/node.py. A node's typed error comes back as the same class fro
 
 from __future__ import annotations
 
+import select
 import socket
+from collections import deque
 from typing import Any
 
 from mqlog import errors, ext
-from mqlog.replication.node import split_address
+from mqlog.replication.node import acks_of, split_address
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutResult, PutStatus
+
+ANSWERS_KEPT = 100  # acks=0 refusals kept for the caller to look at (the newest)
 
 
 class Client:
@@ -37,13 +41,20 @@ class Client:
         self._decoder = FrameDecoder(frame_size_bytes_max)
         self._next_id = 0
         self._core = ext.load()
+        # Answers to acks=0 writes (sent without waiting): only refusals and errors come
+        # back; the newest ANSWERS_KEPT are kept here, ``refused`` counts them all.
+        self.refusals: deque[errors.MqlogError | str] = deque(maxlen=ANSWERS_KEPT)
+        self.refused = 0
 
     def produce(self, topic: str, body: bytes, queue_id: int = 0, key: str | None = None,
-                tags: str | None = None, acks: str = "replicated",
+                tags: str | None = None, acks: str | int = "replicated",
                 producer: tuple[str, int] | None = None) -> PutResult:
-        """Store one record on the master (the leader). ``acks="replicated"`` answers by
-        the layer's rule (a SYNC_MASTER waits for its slaves, a Raft leader for a
-        majority); ``acks="master"`` once the master stored it (Kafka's acks=1).
+        """Store one record on the master (the leader). ``acks="all"`` (-1; mqlog's
+        older word "replicated", the default) answers by the layer's rule (a SYNC_MASTER
+        waits for its slaves, a Raft leader for a majority, an ISR leader for its ISR);
+        ``acks="1"`` (1, "master") once the leader stored it; ``acks="0"`` (0) sends it
+        and returns at once, PUT_OK with position and offset -1: nothing is known of its
+        fate (a refusal comes back later and lands in ``refusals``; Kafka's acks=0).
         ``producer=(producer_id, sequence)`` makes it idempotent (on a Raft group and on a
         master-slave one): a retry with the same pair is answered with the first write's
         place, not stored again. A SYNC_MASTER with too few slaves in sync answers
@@ -52,13 +63,30 @@ class Client:
 
     def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,
                       key: str | None = None, tags: str | None = None,
-                      acks: str = "replicated",
+                      acks: str | int = "replicated",
                       producer: tuple[str, int] | None = None) -> PutResult:
         """``produce`` for many records of one queue in one request."""
-        header = self.call(*produce_request(topic, bodies, queue_id, key, tags, acks,
-                                            producer))[0]
+        request = produce_request(topic, bodies, queue_id, key, tags, acks, producer)
+        if request[0].get("acks") == "0":
+            self.send_only(*request)
+            return PutResult(PutStatus.PUT_OK, -1, -1, 0, 0)
+        header = self.call(*request)[0]
         return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
                          0, 0)
+
+    def send_only(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        """Send a request that is not answered unless refused (a produce with acks=0);
+        answers already here to earlier ones are taken in first (``refusals``)."""
+        self._next_id += 1
+        header["id"] = self._next_id
+        if self.group is not None:
+            header.setdefault("group", self.group)
+        try:
+            self._take_waiting_answers()
+            self._socket.sendall(encode_frame(header, payload))
+        except OSError as error:
+            raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
+                                         f"{error.strerror or error}") from None
 
     def fetch(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
               max_bytes: int = 1 << 20) -> list:
@@ -122,14 +150,35 @@ class Client:
         try:
             self._socket.sendall(encode_frame(header, payload))
             frame = self._receive()
+            while frame.header.get("id") != self._next_id:
+                self._note_earlier(frame)  # (an acks=0 write's refusal)
+                frame = self._receive()
         except OSError as error:
             raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
                                          f"{error.strerror or error}") from None
-        if frame.header.get("id") != self._next_id:
-            raise errors.RemoteProtocolError("a response answered another request")
         if frame.header.get("kind") == "error":
             raise _error(frame.header)
         return frame.header, frame.payload
+
+    def _note_earlier(self, frame: Frame) -> None:
+        """An answer to an earlier request: only an acks=0 write's refusal can be one (a
+        call reads its own answer before it returns); anything else is garbage."""
+        answered = frame.header.get("id")
+        if not isinstance(answered, int) or not 0 < answered < self._next_id:
+            raise errors.RemoteProtocolError("a response answered another request")
+        self.refused += 1
+        self.refusals.append(_error(frame.header) if frame.header.get("kind") == "error"
+                             else str(frame.header.get("status")))
+
+    def _take_waiting_answers(self) -> None:
+        """Read, without waiting, the answers already on the socket (acks=0 refusals)."""
+        while select.select([self._socket], [], [], 0)[0]:
+            data = self._socket.recv(1 << 16)
+            if not data:
+                raise ConnectionResetError(0, "the node closed the connection")
+            self._decoder.feed(data)
+            while isinstance(frame := self._decoder.next_frame(), Frame):
+                self._note_earlier(frame)
 
     def _receive(self) -> Frame:
         while not isinstance(frame := self._decoder.next_frame(), Frame):
@@ -142,16 +191,18 @@ class Client:
 
 def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
                     key: str | None = None, tags: str | None = None,
-                    acks: str = "replicated",
+                    acks: str | int = "replicated",
                     producer: tuple[str, int] | None = None) -> tuple[dict[str, Any], bytes]:
     """The header and payload of a produce request (docs/FORMAT.md); fields left at
-    their defaults (no key, no tags, acks "replicated") are left out."""
+    their defaults (no key, no tags, acks "replicated") are left out. ``acks`` in Kafka's
+    words or mqlog's (InvalidArgument for anything else) goes as the node's word."""
     header: dict[str, Any] = {"kind": "produce", "topic": topic, "queue_id": queue_id,
                               "sizes": [len(body) for body in bodies]}
     if key is not None:
         header["key"] = key
     if tags is not None:
         header["tags"] = tags
+    acks = acks_of(acks)
     if acks != "replicated":
         header["acks"] = acks
     if producer is not None:

@@ -44,12 +44,13 @@ from typing import Any
 
 from mqlog import errors
 from mqlog.client import Client, produce_request
-from mqlog.group_client import RETRIED
+from mqlog.group_client import RETRIED, STORED_UNDECIDED, undecided
 from mqlog.partitioner import RoundRobin, choose_partition
 from mqlog.replication.controller import records
 from mqlog.replication.controller.leaders import LeaderTable, leaders_from
 from mqlog.replication.controller.records import Snapshot
 from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.replication.node import acks_of
 from mqlog.results import PutStatus
 
 
@@ -86,7 +87,8 @@ def metadata_from(answer: dict[str, Any]) -> tuple[ClusterMetadata, list[Any]]:
 class ClusterClient:
     def __init__(self, bootstrap: str | list[str], *, producer_id: str | None = None,
                  retry_timeout_s: float = 30.0, retry_backoff_ms: int = 100,
-                 metadata_max_age_ms: int = 5_000, timeout_s: float = 5.0) -> None:
+                 metadata_max_age_ms: int = 5_000, timeout_s: float = 5.0,
+                 acks: str | int = "all", client_rack: str = "") -> None:
         addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         self.bootstrap = [item.strip() for item in addresses if item and item.strip()]
         if not self.bootstrap:
@@ -97,11 +99,17 @@ class ClusterClient:
                             ("metadata_max_age_ms", metadata_max_age_ms)):
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                 raise errors.InvalidArgument(f"{name} must be a positive number, got {value!r}")
+        if not isinstance(client_rack, str):
+            raise errors.InvalidArgument(f"client_rack must be a rack name, got "
+                                         f"{client_rack!r}")
+        self.acks = acks_of(acks)  # (InvalidArgument for a word it does not know)
+        self.client_rack = client_rack  # Kafka's client.rack: "nearest" follower reads
         self.producer_id = producer_id or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.retry_timeout_s, self.retry_backoff_ms = retry_timeout_s, retry_backoff_ms
         self.metadata_max_age_ms, self.timeout_s = metadata_max_age_ms, timeout_s
         self.retries = 0  # requests sent again (figures, tests)
         self.refreshes = 0  # metadata fetched
+        self.refused = 0  # acks=0 sends refused (lost) as far as this client heard
         self._state: ClusterMetadata | None = None  # the newest folded state seen
         self._leaders = LeaderTable()  # every reported leader seen, merged by term
         self._view: ClusterMetadata | None = None  # the state with the leaders over it
@@ -113,13 +121,18 @@ class ClusterClient:
     # --- producing -----------------------------------------------------------------------
 
     def produce(self, topic: str, body: bytes, key: str | bytes | None = None,
-                partition: int | None = None, tags: str | None = None) -> ProducedRecord:
-        """Store one record once, on its partition's leader; PUT_OK means committed."""
-        return self.produce_batch(topic, [body], key, partition, tags)
+                partition: int | None = None, tags: str | None = None,
+                acks: str | int | None = None) -> ProducedRecord:
+        """Store one record once, on its partition's leader. With acks "all" (the
+        client's ``acks`` unless given here) PUT_OK means committed; "1": the leader
+        stored it; "0": sent, nothing known (position and offset -1)."""
+        return self.produce_batch(topic, [body], key, partition, tags, acks)
 
     def produce_batch(self, topic: str, bodies: list[bytes], key: str | bytes | None = None,
-                      partition: int | None = None, tags: str | None = None) -> ProducedRecord:
+                      partition: int | None = None, tags: str | None = None,
+                      acks: str | int | None = None) -> ProducedRecord:
         """``produce`` for many records of one partition in one request."""
+        acks = self.acks if acks is None else acks_of(acks)
         deadline = time.monotonic() + self.retry_timeout_s
         count = self._partition_count(topic, deadline)
         if partition is None:
@@ -129,11 +142,39 @@ class ClusterClient:
         self._sequences[(topic, partition)] = sequence
         text_key = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
         header, payload = produce_request(topic, bodies, partition, text_key, tags,
-                                          "replicated", (self.producer_id, sequence))
+                                          acks, (self.producer_id, sequence))
+        if acks == "0":
+            self._send_only(topic, partition, header, payload, deadline)
+            return ProducedRecord(topic, partition, PutStatus.PUT_OK, -1, -1)
         answer = self._until_decided(topic, partition, header, payload, deadline,
-                                     f"sequence {sequence}")
+                                     f"sequence {sequence}", sequence=sequence)
         return ProducedRecord(topic, partition, PutStatus(answer["status"]),
                               answer["position"], answer["offset"])
+
+    def _send_only(self, topic: str, partition: int, header: dict[str, Any], payload: bytes,
+                   deadline: float) -> None:
+        """acks=0: hand the request to the leader's connection and go on. Refusals of
+        earlier ones read on the way (a leader that moved) refresh the metadata, so the
+        next send goes to the new leader; what they refused is lost (acks=0's price)."""
+        group, failed = group_of(topic, partition), None
+        while True:
+            address = self._leader_address(topic, partition, failed)
+            connection = self._connection(address, group)
+            refused = connection.refused
+            try:
+                connection.send_only(dict(header), payload)
+            except errors.NodeUnavailable as error:
+                self._drop(address)
+                if time.monotonic() >= deadline:
+                    raise errors.NodeUnavailable(
+                        f"no leader of {topic!r} partition {partition} took an acks=0 send "
+                        f"within retry_timeout_s={self.retry_timeout_s}: {error}") from None
+                self.retries, failed = self.retries + 1, address
+                continue
+            if connection.refused != refused:
+                self.refused += connection.refused - refused
+                self.metadata(refresh=True)
+            return
 
     def partitions_for(self, topic: str) -> int:
         """How many partitions ``topic`` has (UnknownTopic if the metadata never shows it
@@ -143,10 +184,25 @@ class ClusterClient:
     # --- reading -------------------------------------------------------------------------
 
     def fetch(self, topic: str, partition: int, offset: int = 0, max_count: int = 32,
-              max_bytes: int = 1 << 20) -> list:
-        """Records of one partition from ``offset``, read from its leader."""
+              max_bytes: int = 1 << 20, replica: str | None = None) -> list:
+        """Committed records of one partition from ``offset`` (never past the high
+        watermark of the replica read), from its leader — or, with ``replica`` (KIP-392's
+        follower fetching, ISR topics), from ``"nearest"`` (a replica in the ISR whose
+        broker's rack is ``client_rack``, the leader first; none: the leader) or from
+        the broker named. A follower serves up to its own high watermark, which may lag
+        the leader's: it answers fewer records, never an uncommitted one. A replica
+        that cannot serve (down, not hosting it yet) is passed over for the leader."""
         deadline = time.monotonic() + self.retry_timeout_s
         self._check_partition(topic, partition, self._partition_count(topic, deadline))
+        address = self._replica_address(topic, partition, replica) if replica else None
+        if address is not None:
+            try:
+                return self._connection(address, group_of(topic, partition)).fetch(
+                    topic, partition, offset, max_count, max_bytes)
+            except (errors.NotMaster, errors.UnknownGroup, errors.NodeUnavailable) as error:
+                if isinstance(error, errors.NodeUnavailable):
+                    self._drop(address)
+                self.retries += 1  # (to the leader, below)
         header = {"kind": "fetch", "topic": topic, "queue_id": partition, "offset": offset,
                   "max_count": max_count, "max_bytes": max_bytes}
         found: list[list] = []
@@ -156,6 +212,21 @@ class ClusterClient:
             return {"status": PutStatus.PUT_OK.value}
         self._until_decided(topic, partition, header, b"", deadline, "fetch", read)
         return found[-1]
+
+    def _replica_address(self, topic: str, partition: int, replica: str) -> str | None:
+        """Where a follower read goes: ``replica`` named, or "nearest" (None: the leader)."""
+        view = self.metadata()
+        info = view.partition(topic, partition)
+        if replica != "nearest":
+            if replica not in info.replicas or replica not in view.brokers:
+                raise errors.InvalidArgument(
+                    f"replica must be 'nearest' or a broker holding {topic!r} partition "
+                    f"{partition} (replicas {', '.join(info.replicas)}), not {replica!r}")
+            return view.brokers[replica].address
+        near = [name for name in (info.leader, *info.isr) if name in view.brokers and
+                not view.brokers[name].fenced and self.client_rack and
+                view.brokers[name].rack == self.client_rack]
+        return view.brokers[near[0]].address if near else None
 
     # --- metadata --------------------------------------------------------------------------
 
@@ -224,9 +295,11 @@ class ClusterClient:
 
     def _until_decided(self, topic: str, partition: int, header: dict[str, Any],
                        payload: bytes, deadline: float, what: str,
-                       request: Any = None) -> dict[str, Any]:
+                       request: Any = None, sequence: int = -1) -> dict[str, Any]:
         group = group_of(topic, partition)
         address, failures = self._leader_address(topic, partition, None), []
+        last: PutStatus | None = None  # the last undecided answer (stored, may commit)
+        maybe_stored = False  # an earlier attempt may have stored it
         while True:
             next_address: str | None = address
             try:
@@ -234,12 +307,17 @@ class ClusterClient:
                     answer = request(self._connection(address, group))
                 else:
                     answer = self._connection(address, group).call(dict(header), payload)[0]
-                status = PutStatus(answer["status"])
+                last = status = PutStatus(answer["status"])
                 if status not in RETRIED:
                     return answer
+                maybe_stored = maybe_stored or status is not PutStatus.SLAVE_NOT_AVAILABLE
                 failures.append(f"{address}: {status.name}")
-                if status is PutStatus.SLAVE_NOT_AVAILABLE:  # replicas must catch up first
-                    time.sleep(self.retry_backoff_ms / 1000)  # a back-off, not a sync
+                next_address = self._after_status(topic, partition, address, status)
+            except errors.NotEnoughReplicas as error:  # nothing stored by this request...
+                if not maybe_stored:
+                    raise  # (the caller's choice: retry later, or write with acks=1)
+                failures.append(f"{address}: {error}")  # ...but an earlier one may have
+                time.sleep(self.retry_backoff_ms / 1000)  # a back-off: the ISR must grow
             except errors.NotMaster as error:  # NotLeader too, which may name the leader
                 failures.append(f"{address}: {error}")
                 named = getattr(error, "leader_address", None)
@@ -248,10 +326,14 @@ class ClusterClient:
                 failures.append(f"{address}: {error}")
                 next_address = self._leader_address(topic, partition, address)
             except errors.NodeUnavailable as error:
+                maybe_stored, last = True, None
                 failures.append(f"{address}: {error}")
                 self._drop(address)
                 next_address = self._leader_address(topic, partition, address)
             if time.monotonic() >= deadline:
+                if last in STORED_UNDECIDED:
+                    raise undecided(last, self.producer_id, sequence, self.retry_timeout_s,
+                                    failures)
                 raise errors.NodeUnavailable(
                     f"no leader of {topic!r} partition {partition} decided the request "
                     f"({what}) within retry_timeout_s={self.retry_timeout_s}; a produce's "
@@ -259,6 +341,18 @@ class ClusterClient:
                     f"{self.producer_id!r}): " + "; ".join(failures[-3:]))
             self.retries += 1
             address = next_address or address
+
+    def _after_status(self, topic: str, partition: int, address: str,
+                      status: PutStatus) -> str:
+        """Where to send again after an undecided answer: the same leader after a back-off
+        while its replicas must catch up, the leader the metadata shows now after a
+        REQUEST_TIMED_OUT (the leader may have changed), else at once."""
+        if status in (PutStatus.SLAVE_NOT_AVAILABLE, PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND):
+            time.sleep(self.retry_backoff_ms / 1000)  # a back-off, not a sync
+        if status is PutStatus.REQUEST_TIMED_OUT:
+            self.metadata(refresh=True)
+            return self._leader_address(topic, partition, None)
+        return address
 
     def _leader_address(self, topic: str, partition: int, failed: str | None) -> str:
         """Where to send: the leader the metadata shows, refreshed if ``failed`` (the

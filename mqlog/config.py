@@ -444,6 +444,7 @@ class BrokerConfig:
     # A peer is dialed at most once per interval (down, or refusing this broker).
     peer_redial_interval_ms: int = 100
     groups_max: int = 4_096  # replica groups one broker hosts
+    rack: str = ""  # Kafka's broker.rack: registered; "nearest" follower reads match it
     controller: dict[str, Any] = dataclasses.field(default_factory=dict)  # [controller]
     source: str = "<config>"  # where it was read from (errors name it)
 
@@ -509,7 +510,7 @@ _BROKER_KEYS = {"id": "str", "listen": "str", "data_dir": "str", "peers": "addre
                 "cluster_id": "str", "process_roles": "roles", "default_group": "str",
                 "registries": "strs", "register_interval_ms": "int",
                 "frame_size_bytes_max": "int", "peer_send_bytes_max": "int",
-                "peer_redial_interval_ms": "int", "groups_max": "int"}
+                "peer_redial_interval_ms": "int", "groups_max": "int", "rack": "str"}
 # keys of a group (in [node] without [groups], else in [groups.NAME]; there [node] holds
 # defaults for every group)
 _GROUP_KEYS = {"slave_read_enable": "bool", "group": "str", "topics": "counts",

@@ -11,8 +11,12 @@ knowing its leader, and without storing a write twice when a retry follows a fai
 * A write whose outcome is unknown — the connection broke, the node stepped down, the
   majority did not answer in time (FLUSH_SLAVE_TIMEOUT), the node's disk did not flush
   in time (FLUSH_DISK_TIMEOUT: the record is stored and may still commit) — or that was
-  refused before anything was stored (SLAVE_NOT_AVAILABLE) is sent again, with the same
-  producer id and sequence, until ``retry_timeout_s`` has passed. The leader answers a
+  refused before anything was stored (SLAVE_NOT_AVAILABLE), or that an ISR leader stored
+  but could not commit yet (NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT) is sent
+  again, with the same producer id and sequence, until ``retry_timeout_s`` has passed;
+  then the last of those is raised as its typed error (NodeUnavailable if none came).
+  NotEnoughReplicas (an ISR below min.insync: nothing stored) is raised at once, unless
+  an earlier attempt of the same write was stored: then it is retried too. The leader answers a
   retry of a stored write with the first write's place (idempotence.py), so every write
   is stored once, wherever leadership went meanwhile.
 * One thread at a time; one request in flight (use several clients, each with its own
@@ -31,8 +35,32 @@ from mqlog.client import Client, produce_request
 from mqlog.results import PutResult, PutStatus
 
 # Sent again: the outcome is unknown (stored, maybe committed later), or nothing was stored.
+# The ISR layer's two (Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT) are
+# "stored, may still commit": the same producer sequence makes the retry safe.
+STORED_UNDECIDED = (PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND, PutStatus.REQUEST_TIMED_OUT)
 RETRIED = (PutStatus.FLUSH_SLAVE_TIMEOUT, PutStatus.FLUSH_DISK_TIMEOUT,
-            PutStatus.SLAVE_NOT_AVAILABLE)
+           PutStatus.SLAVE_NOT_AVAILABLE, *STORED_UNDECIDED)
+
+
+def undecided(status: PutStatus | None, producer: str, sequence: int,
+              retry_timeout_s: float, failures: list[str]) -> errors.MqlogError:
+    """The typed error for a write still undecided at its deadline: the ISR statuses as
+    their own errors (stored, may still commit), anything else NodeUnavailable."""
+    tail = (f"; it may still commit: retry with the idempotent producer (this client sent "
+            f"it again as producer {producer!r} sequence {sequence} for retry_timeout_s="
+            f"{retry_timeout_s}; producing it anew may store it twice): "
+            + "; ".join(failures[-3:]))
+    if status is PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND:
+        return errors.NotEnoughReplicasAfterAppend(
+            "the write is stored, but the partition's ISR stayed below min_insync_replicas"
+            + tail)
+    if status is PutStatus.REQUEST_TIMED_OUT:
+        return errors.RequestTimedOut("the write is stored, but was not committed in time "
+                                      "(or its leader changed)" + tail)
+    return errors.NodeUnavailable(
+        f"no leader decided the write within retry_timeout_s={retry_timeout_s}; its outcome "
+        f"is unknown (a retry with producer {producer!r} and sequence {sequence} is safe): "
+        + "; ".join(failures[-3:]))
 
 
 class GroupClient:
@@ -72,16 +100,25 @@ class GroupClient:
         deadline = time.monotonic() + self.retry_timeout_s
         failures: list[str] = []
         unknown = 0  # nodes in a row that host no such group
+        last: PutStatus | None = None  # the last undecided answer
+        maybe_stored = False  # an earlier attempt may have stored it
         while True:
             try:
                 answer = self._client_now().call(dict(header), payload)[0]
                 unknown = 0
-                status = PutStatus(answer["status"])
+                last = status = PutStatus(answer["status"])
                 if status not in RETRIED:
                     return answer
+                maybe_stored = maybe_stored or status is not PutStatus.SLAVE_NOT_AVAILABLE
                 failures.append(f"{self._client_address()}: {answer['status']}")
-                if status is PutStatus.SLAVE_NOT_AVAILABLE:  # slaves must catch up first
+                if status in (PutStatus.SLAVE_NOT_AVAILABLE,  # replicas must catch up first
+                              PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND):
                     time.sleep(self.retry_backoff_ms / 1000)  # a back-off, not a sync
+            except errors.NotEnoughReplicas as error:  # nothing stored by this request...
+                if not maybe_stored:
+                    raise
+                failures.append(f"{self._client_address()}: {error}")  # ...an earlier one
+                time.sleep(self.retry_backoff_ms / 1000)  # a back-off: the ISR must grow
             except errors.NotMaster as error:  # (NotLeader too, which may name the leader)
                 unknown = 0
                 failures.append(f"{self._client_address()}: not the leader")
@@ -93,14 +130,12 @@ class GroupClient:
                 failures.append(f"{self._client_address()}: {error}")
                 self._move_to(None)
             except errors.NodeUnavailable as error:
+                maybe_stored, last = True, None
                 failures.append(str(error))
                 self._move_to(None)
             if time.monotonic() >= deadline:
-                raise errors.NodeUnavailable(
-                    f"no leader decided the write within retry_timeout_s="
-                    f"{self.retry_timeout_s}; its outcome is unknown (a retry with producer "
-                    f"{self.producer_id!r} and sequence {self.sequence} is safe): "
-                    + "; ".join(failures[-3:]))
+                raise undecided(last, self.producer_id, self.sequence, self.retry_timeout_s,
+                                failures)
             self.retries += 1
 
     def _client_now(self) -> Client:

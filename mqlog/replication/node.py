@@ -18,8 +18,12 @@ default group; see broker.py):
 * ``produce`` {topic, queue_id, key, tags, sizes} + payload (the bodies, back to back;
   ``sizes`` lists their sizes) → {status, position, offset, count} once the role's rule is met
   (a SYNC_MASTER waits for its slaves); a slave answers with a NotMaster error.
-* ``fetch`` {topic, queue_id, offset, max_count, max_bytes} → {next_offset, count} +
-  the raw records (slaves serve fetches only with ``slave_read_enable``).
+* ``produce``'s ``acks``: "all" (-1, "replicated": the default), "1" (1, "master") or "0"
+  (0: stored as acks=1 and not answered at all unless refused or failed; the client
+  sends on without waiting, Kafka's acks=0).
+* ``fetch`` {topic, queue_id, offset, max_count, max_bytes} → {next_offset, count,
+  committed} + the raw records, never past the committed position (slaves serve fetches
+  only with ``slave_read_enable``; an ISR follower serves up to its high watermark).
 * ``metadata`` {} → the node's id, role, epoch and positions (``core.status()``).
 * ``transfer`` {target} → a Raft leader hands leadership to voter ``target``.
 Errors come back as {kind: "error", error: <class name>, message}; a NotLeader error also
@@ -311,7 +315,8 @@ class Node:
             frames = []
         for frame in frames:
             try:  # (an ISR leader raises NotEnoughReplicas: nothing is stored)
-                refused = self.core.may_accept(_acks(frame.header))
+                refused = PutStatus.PUT_OK if self._stored_already(frame.header) else \
+                    self.core.may_accept(_acks(frame.header))
             except errors.MqlogError as error:
                 answers.append((frame, self._error_header(error)))
                 continue
@@ -326,9 +331,22 @@ class Node:
         if stored:
             self._schedule()  # followers get the records while this node's flush runs
             answers += await self._settle(stored)
+        # acks=0: a stored write is not answered (the client does not wait for it); a
+        # refusal or an error is, so the client learns that its leader moved.
+        answers = [(frame, header) for frame, header in answers
+                   if header["kind"] != "produced" or ACKS.get(frame.header.get("acks")) != "0"]
         for frame, header in answers:
             header["id"] = frame.header.get("id")
-        await _write(writer, b"".join([encode_frame(header) for _, header in answers]))
+        if answers:
+            await _write(writer, b"".join([encode_frame(header) for _, header in answers]))
+
+    def _stored_already(self, header: dict[str, Any]) -> bool:
+        """An idempotent retry of a write this leader has: it is not refused before
+        storing (NotEnoughReplicas would say "nothing was stored", a lie); its answer is
+        the layer's verdict on the stored copy (NOT_ENOUGH_REPLICAS_AFTER_APPEND while
+        the ISR is short)."""
+        producer = _producer_tag(header)
+        return producer is not None and self.driver.producers.lookup(*producer) is not None
 
     async def _settle(self, stored: list[tuple[Frame, Stored, str]]) -> list[tuple[Frame, dict]]:
         """Wait for the flush and (for acks=replicated) the layer's rule, for all at once.
@@ -408,16 +426,16 @@ class Node:
         bodies = unpack_bodies(payload, header.get("sizes"))
         if not bodies:
             raise errors.InvalidArgument("a produce request needs at least one body")
-        acks = header.get("acks", "replicated")
-        if acks != "replicated" and acks != "master":
-            raise errors.InvalidArgument(f"acks must be 'replicated' or 'master', got {acks!r}")
+        acks = _acks(header)
         producer = _producer_tag(header)
         # (the store checks every field's type)
         return self.driver.write(header.get("topic"), bodies, header.get("queue_id", 0),
                                  header.get("key"), header.get("tags"), producer), acks
 
     def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
-        if not self.core.is_master and not self.spec.slave_read_enable:
+        # An ISR follower serves what is below its high watermark (KIP-392's follower
+        # fetching): its store's committed position, the leader's HW capped at its end.
+        if not self.core.is_master and not self.spec.slave_read_enable and not self.isr:
             raise errors.NotMaster(f"node {self.node_id} is a slave and slave_read_enable "
                                    "is off; fetch from the master")
         header = frame.header
@@ -425,7 +443,8 @@ class Node:
                                  header.get("offset", 0), header.get("max_count", 32),
                                  header.get("max_bytes", 1 << 20))
         next_offset = records[-1].offset + 1 if records else header.get("offset", 0)
-        return ({"kind": "records", "count": len(records), "next_offset": next_offset},
+        return ({"kind": "records", "count": len(records), "next_offset": next_offset,
+                 "committed": self.store.committed_position},
                 b"".join(record.raw for record in records))
 
     def _promote(self, header: dict[str, Any]) -> dict[str, Any]:
@@ -501,11 +520,24 @@ class Node:
                 **self.core.status()}
 
 
+# A produce's ``acks`` as the client may name it (Kafka's vocabulary, or mqlog's older
+# words) -> the node's: "replicated" (the layer's rule; Kafka's acks=all), "master" (the
+# leader stored it; acks=1), "0" (acks=0: stored like acks=1, never answered unless
+# refused — the client does not wait).
+ACKS = {"replicated": "replicated", "all": "replicated", "-1": "replicated", -1: "replicated",
+        "master": "master", "1": "master", 1: "master", "0": "0", 0: "0"}
+
+
+def acks_of(value: Any) -> str:
+    """The node's name for a produce's ``acks`` (InvalidArgument for anything else)."""
+    if type(value) in (str, int) and value in ACKS:  # (not True, not 1.0: they hash as 1)
+        return ACKS[value]
+    raise errors.InvalidArgument(f"acks must be 'all' (or -1, 'replicated'), '1' (or 1, "
+                                 f"'master') or '0' (or 0), got {value!r}")
+
+
 def _acks(header: dict[str, Any]) -> str:
-    acks = header.get("acks", "replicated")
-    if acks != "replicated" and acks != "master":
-        raise errors.InvalidArgument(f"acks must be 'replicated' or 'master', got {acks!r}")
-    return str(acks)
+    return acks_of(header.get("acks", "replicated"))
 
 
 def _names(value: Any) -> bool:

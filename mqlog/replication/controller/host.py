@@ -268,8 +268,8 @@ class BrokerAgent:
     def _round(self) -> None:
         if self.epoch is None:
             self._ask({"kind": "register_broker", "broker_id": self.host.broker_id,
-                       "address": self.host.address, "incarnation": self.incarnation}, True,
-                      self._registered)
+                       "address": self.host.address, "incarnation": self.incarnation,
+                       "rack": getattr(self.host, "rack", "")}, True, self._registered)
         else:
             self._heartbeat()
 
@@ -510,6 +510,7 @@ class BrokerGroups:
         self.broker = broker
         self.broker_id: str = broker.broker_id
         self.address: str = broker.config.listen
+        self.rack: str = broker.config.rack
 
     def ensure_group(self, spec: Any) -> None:
         self.broker.ensure_group(spec)
