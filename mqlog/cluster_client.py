@@ -28,8 +28,22 @@ Theory of operation.
   it, a typed error: NodeUnavailable (outcome unknown: retrying the same call is safe
   only through this client, which keeps the sequence), UnknownTopic (the metadata never
   showed the topic), InvalidArgument (a partition the topic does not have).
+* Every layer. A partition of any layer is the group ``TOPIC-PARTITION`` on its
+  replicas' brokers: an ISR partition's leader is the controller's (in the metadata), a
+  master-slave partition's the master the controller promoted (a slave answers NotMaster:
+  refresh), a Raft partition's the one reported.
+* acks (Kafka's words; docs/CLUSTER.md has the table). "all" waits for the layer's rule
+  (on an ISR partition: the high watermark). NotEnoughReplicas (nothing stored) is the
+  caller's to decide on, raised at once — unless an earlier attempt of the same write may
+  have stored it, when "nothing stored" does not hold and it is retried. The ISR answers
+  NOT_ENOUGH_REPLICAS_AFTER_APPEND and REQUEST_TIMED_OUT mean stored, may still commit:
+  sent again with the same sequence within ``retry_timeout_s``, then raised as their
+  typed errors. "1": the leader stored it. "0": handed to the leader's connection, not
+  answered (Client.send_only); a refusal read later refreshes the metadata.
 * Reading. ``fetch`` reads a partition from its leader (Raft followers do not serve
-  reads), with the same moving on.
+  reads), with the same moving on; on ISR partitions ``replica=`` reads from a follower
+  (KIP-392: a named broker, or "nearest", the client's rack) up to that follower's high
+  watermark, and from the leader if it cannot serve.
 
 One thread at a time; one request in flight. Use one client per thread.
 """

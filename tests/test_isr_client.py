@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from mqlog import errors
+from mqlog.client import Client
 from mqlog.cluster_client import ClusterClient
 from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
@@ -101,9 +102,10 @@ def test_acks_words_high_watermark_and_follower_reads(cluster: Any) -> None:
         assert client.produce("orders", b"last", partition=0).status is PutStatus.PUT_OK
         sent.append(b"last")  # (committed: everything before it is, too)
         assert _bodies(client) == sent
-        for acks in ("2", 2, True, "ALL", 1.0, [1]):
+        wrong: list[Any] = ["2", 2, True, "ALL", 1.0, [1]]
+        for word in wrong:
             with pytest.raises(errors.InvalidArgument, match="acks must be"):
-                client.produce("orders", b"never", partition=0, acks=acks)  # type: ignore
+                client.produce("orders", b"never", partition=0, acks=word)
         with pytest.raises(errors.InvalidArgument, match="acks must be"):
             ClusterClient(_brokers(cluster), acks="some")
 
@@ -114,6 +116,11 @@ def test_acks_words_high_watermark_and_follower_reads(cluster: Any) -> None:
         assert _bodies(client, replica=follower) == sent
         with pytest.raises(errors.InvalidArgument, match="replica must be"):
             client.fetch("orders", 0, replica="c1")
+        with Client(cluster.configs[follower].listen, group="orders-0") as raw:
+            assert raw.produce("orders", b"lost", 0, acks=0).position == -1  # (not waited)
+            # (answers come in any order: the refusal is read by a later call's wait)
+            wait_until(lambda: raw.metadata() and raw.refused == 1, "the refusal read", 30)
+            assert isinstance(raw.refusals[0], errors.NotLeader)
         with ClusterClient(_brokers(cluster), client_rack=RACKS[follower]) as near:
             assert _bodies(near, replica="nearest") == sent
             assert cluster.configs[follower].listen in near._connections  # read there
@@ -202,7 +209,26 @@ def test_stored_undecided_writes_are_retried_once(cluster: Any) -> None:
             assert node.store.written_position == end
             stored = False
         print(f"stored before the ISR shrank: {stored}")
+        if stored:  # a retry of it is answered by its fate, not refused as new
+            wait_until(lambda: node.core.isr == (leader,), "the ISR down to the leader", 60)
+            sequence = client._sequences[("orders", 0)]
+            with Client(cluster.configs[leader].listen, group="orders-0") as raw:
+                again = raw.produce("orders", b"stored, undecided", 0,
+                                    producer=(client.producer_id, sequence))
+            assert again.status is PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND, again
         cluster.start(*followers)
         wait_until(lambda: _bodies(client).count(b"stored, undecided") == int(stored),
                    "the stored write committed once the followers rejoined", 60)
         assert _bodies(client).count(b"undecided") == 1
+
+
+def test_master_slave_topics_go_to_their_master(cluster: Any) -> None:
+    controllers = [cluster.configs[name].listen for name in ("c1", "c2", "c3")]
+    harness._ask(controllers, {"kind": "create_topic", "name": "audit", "partitions": 1,
+                               "replication_factor": 3, "layer": "master_slave"})
+    with ClusterClient(_brokers(cluster), retry_timeout_s=60) as client:
+        sent = [b"all", b"one", b"none", b"last"]
+        for body, acks in zip(sent, ("all", 1, 0, "all"), strict=True):
+            assert client.produce("audit", body, partition=0, acks=acks).status \
+                is PutStatus.PUT_OK
+        assert [record.body for record in client.fetch("audit", 0, 0, 100)] == sent
