@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -51,12 +52,17 @@ from mqlog.engine.store import open as open_store
 from mqlog.replication import core_for, hardstate, messages
 from mqlog.replication.driver import Driver
 from mqlog.replication.idempotence import Stored
-from mqlog.replication.isr.core import CONTROLLER
+from mqlog.replication.isr.core import CONTROLLER, TEST_BREAKS
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
 
 if TYPE_CHECKING:
     from mqlog.replication.broker import Broker
+
+# A deliberately broken ISR core (one of isr/core.py's TEST_BREAKS) in every ISR group of
+# this process, for tests of real processes (tests/test_isr_processes.py): the variable
+# names the break. Unset or empty: the real core.
+ISR_TEST_BREAK_VARIABLE = "MQLOG_ISR_TEST_BREAK"
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -172,7 +178,7 @@ class Node:
     def _new_core(self) -> Any:
         replication = self.spec.replication
         if self.isr:  # its leader and ISR come from the controller (apply_metadata)
-            return core_for(replication, self.store)
+            return core_for(replication, self.store, test_break=_isr_test_break())
         if replication.layer != "raft":  # the role an operator gave it last wins
             return core_for(replication, self.store,
                             hard_state=hardstate.load_role(self.store_dir))
@@ -534,6 +540,14 @@ def acks_of(value: Any) -> str:
         return ACKS[value]
     raise errors.InvalidArgument(f"acks must be 'all' (or -1, 'replicated'), '1' (or 1, "
                                  f"'master') or '0' (or 0), got {value!r}")
+
+
+def _isr_test_break() -> str:
+    test_break = os.environ.get(ISR_TEST_BREAK_VARIABLE, "")
+    if test_break not in ("", *TEST_BREAKS):
+        raise errors.ConfigError(f"{ISR_TEST_BREAK_VARIABLE}={test_break!r} names no break "
+                                 f"of the ISR core ({', '.join(TEST_BREAKS)}); unset it")
+    return test_break
 
 
 def _acks(header: dict[str, Any]) -> str:

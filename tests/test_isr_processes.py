@@ -1,0 +1,615 @@
+"""The ISR layer's must-show (issue 17) with real `mqlog node` processes on 127.0.0.1.
+
+A topic of 6 partitions x RF 3 on three brokers, ``min_insync_replicas = 2``, and two
+idempotent writers producing the whole time: each writer is one producer id with one
+sender thread per partition (a Kafka producer's per-partition in-flight request), which
+sends a write, retries it with the same (producer id, sequence) while its outcome is
+unknown (the connection broke, NotLeader, NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+REQUEST_TIMED_OUT: stored, may still commit), and gives it up as refused on
+NotEnoughReplicas (nothing stored). Every broker-to-broker connection runs through a
+fault proxy (tests/faultproxy.py: one per direction, named in each broker's
+``[node.peers]``); clients and the brokers' controller requests go direct. In an order
+drawn from a printed seed (``MQLOG_TEST_SEED`` replays it) the test
+
+* SIGKILLs a broker — each leads two partitions — and restarts it once the controller
+  fenced it and its partitions have new leaders and take writes again; it rejoins every
+  ISR;
+* SIGSTOPs a broker past ``replica_lag_time_ms``: it leaves the ISR of each partition it
+  follows (``mqlog topics describe`` shows it), writes to those go on with two in-sync
+  replicas; SIGCONT: it returns to every ISR;
+* partitions a broker from the other brokers while it leads partitions (its links are
+  slowed by ``DELAY_MS``, then every proxy of its links is blackholed, so what was in
+  flight is lost too): it shrinks their ISRs to itself (acks=all is refused from then
+  on: NotEnoughReplicas), the other partitions drop it from their ISRs and go on; then,
+  by the seed, either the links heal, or the cut-off leader is SIGKILLed first so the
+  controller elects from the ELR (KIP-966), the links heal and it restarts.
+
+Then the writers stop, every partition's replicas reach one log end, each partition is
+read back from its leader (below the high watermark), and once the processes are stopped
+each partition's three logs are compared byte for byte. Accounting: every body read was
+sent, none twice (the idempotent producer), and acknowledged = read back + lost.
+
+acks=all (``acks="replicated"``) loses nothing acknowledged: that is asserted. acks=1
+(``acks="master"``) pays for its speed: the same faults, and the count of acknowledged
+writes lost is printed (in the test's output, and as the ``acks1_lost`` property of the
+JUnit report), not asserted. The two runs are two shapes on two log cores: three
+controllers beside three brokers on the C core for acks=all, combined mode (each broker
+a controller voter) on the Python twin for acks=1.
+
+A consumer's view is checked too: while a leader is cut off, what it shows below its high
+watermark is read, and all of it must be in the final log (a committed record is never
+taken back, whatever the acks).
+
+Broken on purpose: ``MQLOG_ISR_TEST_BREAK=hw_below_min_isr`` (read by every ISR core of
+the brokers, mqlog/replication/node.py) lets a leader's high watermark advance with only
+itself in the ISR: the cut-off leader shows acks=1 writes its followers never got as
+committed, and they are gone once it dies and an ELR member leads
+(test_high_watermark_below_min_isr_is_caught). (acks=all writes cannot show it here: a
+leader refuses them once its ISR is below the minimum, and answers the ones waiting
+NOT_ENOUGH_REPLICAS_AFTER_APPEND before its high watermark moves.) A longer soak repeats
+the faults (``-m slow``; ``MQLOG_ISR_SOAK_ROUNDS`` rounds, default 4)."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import mqlog
+from mqlog import cli_topics, errors
+from mqlog.client import Client
+from mqlog.replication.controller.records import PartitionInfo
+from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.replication.local import STARTUP_TIMEOUT_S, free_ports, wait_until
+from mqlog.replication.node import ISR_TEST_BREAK_VARIABLE
+from mqlog.results import PutStatus
+from tests.conftest import IMPLEMENTATIONS
+from tests.faultproxy import FaultProxy
+from tests.test_controller_processes import BROKERS, Processes, _change, _state
+
+TOPIC = "orders"
+PARTITIONS = 6
+SESSION_MS = 3_000  # broker_session_timeout_ms: a paused broker leaves ISRs (LAG_MS) first
+HEARTBEAT_MS = 300
+LAG_MS = 1_000  # replica_lag_time_ms
+DEADLINE_S = 60.0  # for any one condition (a loaded machine is slow, not wrong)
+REQUEST_TIMEOUT_S = 5.0  # one request to a broker (a paused one answers never)
+BACKOFF_S = 0.05  # between a sender's attempts at a write that found no leader
+DELAY_MS = 50  # on a leader's links just before they are cut
+LOG_LINES = 60  # of each process's output, kept to print when the test fails
+ACKS = {"all": "replicated", "1": "master"}
+
+
+@dataclass
+class IsrProcesses(Processes):
+    """The `mqlog node` processes of test_controller_processes's shapes, set up for ISR
+    partitions, with a fault proxy on each direction between two brokers."""
+
+    acks: str = "all"  # what the writers ask for: "all" or "1"
+    proxies: dict[tuple[str, str], FaultProxy] = field(default_factory=dict)
+    output: dict[str, deque[str]] = field(default_factory=dict)
+    paused: set[str] = field(default_factory=set)
+    # partition -> bodies a leader showed below its high watermark during the run (each
+    # must be in the final log: a consumer saw it committed)
+    seen: dict[int, set[bytes]] = field(default_factory=dict)
+
+    def write_configs(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.ports = dict(zip(self.names, free_ports(len(self.names)), strict=True))
+        for source in BROKERS:
+            for target in BROKERS:
+                if source != target:
+                    self.proxies[source, target] = FaultProxy(self.address(target))
+        voters = ", ".join(f'{name} = "{self.address(name)}"' for name in self.controllers)
+        for name in self.names:
+            peers = "\n".join(f'{other} = "{self.peer_address(name, other)}"'
+                              for other in self.names if other != name)
+            (self.root / f"{name}.toml").write_text(
+                f'[node]\nid = "{name}"\nlisten = "{self.address(name)}"\n'
+                f'data_dir = "{self.root / name}"\nprocess_roles = "{self.roles(name)}"\n'
+                f"[node.peers]\n{peers}\n[controller]\nvoters = {{{voters}}}\n"
+                f"broker_session_timeout_ms = {SESSION_MS}\n"
+                f"broker_heartbeat_interval_ms = {HEARTBEAT_MS}\n"
+                f"min_insync_replicas = 2\nreplica_lag_time_ms = {LAG_MS}\n")
+
+    def peer_address(self, name: str, other: str) -> str:
+        proxy = self.proxies.get((name, other))
+        return proxy.address if proxy is not None else self.address(other)
+
+    def start(self, name: str) -> None:
+        """As NodeProcesses.start, keeping the tail of the process's output."""
+        process = subprocess.Popen([sys.executable, "-m", "mqlog.cli", "node", "--config",
+                                    str(self.root / f"{name}.toml")],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = self.output.setdefault(name, deque(maxlen=LOG_LINES))
+        lines.append(f"--- started (pid {process.pid})")
+        started = time.monotonic()
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line.rstrip())
+            if "serving on" in line:
+                break
+            if time.monotonic() - started > STARTUP_TIMEOUT_S:
+                raise TimeoutError(f"node {name} did not start")
+        else:
+            raise RuntimeError(f"node {name} exited with status {process.wait()}")
+        threading.Thread(target=_keep, args=(process, lines), daemon=True).start()
+        self.processes[name] = process
+
+    def pause(self, name: str) -> None:
+        super().pause(name)
+        self.paused.add(name)
+
+    def resume(self, name: str) -> None:
+        super().resume(name)
+        self.paused.discard(name)
+
+    def slow(self, name: str, delay_ms: int) -> None:
+        """Delay every byte between ``name`` and the other brokers by ``delay_ms``."""
+        for (source, target), proxy in self.proxies.items():
+            if name in (source, target):
+                proxy.delay(delay_ms)
+
+    def isolate(self, name: str) -> None:
+        """Cut ``name`` off from the other brokers (TCP does not notice: blackholed)."""
+        for (source, target), proxy in self.proxies.items():
+            if name in (source, target):
+                proxy.blackhole()
+
+    def heal(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.heal()
+
+    def close(self) -> None:
+        try:
+            self.stop_all()
+        finally:
+            for proxy in self.proxies.values():
+                proxy.close()
+
+    def answering(self) -> list[str]:
+        """Controller addresses that may answer (neither killed nor paused)."""
+        return self.addresses([name for name in self.controllers
+                               if name in self.processes and name not in self.paused])
+
+    def state(self) -> ClusterMetadata:
+        return _state(self.answering())
+
+    def group(self, name: str, partition: int) -> dict[str, Any] | None:
+        """Broker ``name``'s status of a partition (None: it does not answer)."""
+        try:
+            with Client(self.address(name), timeout_s=REQUEST_TIMEOUT_S) as client:
+                groups = client.call({"kind": "broker_metadata"})[0]["groups"]
+        except errors.MqlogError:
+            return None
+        return groups.get(f"{TOPIC}-{partition}")
+
+    def tails(self) -> str:
+        return "\n".join(f"=== {name}\n" + "\n".join(lines)
+                         for name, lines in self.output.items())
+
+
+def _keep(process: subprocess.Popen, lines: deque[str]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line.rstrip())
+
+
+class Sender(threading.Thread):
+    """One producer's writes to one partition, one at a time, each decided before the
+    next: acknowledged (PUT_OK), refused (NotEnoughReplicas: nothing stored) or, after
+    ``DEADLINE_S`` of retries with its sequence, unknown."""
+
+    def __init__(self, cluster: IsrProcesses, label: str, partition: int, acks: str,
+                 producer_id: str, done: threading.Event) -> None:
+        super().__init__(name=f"writer-{label}-{partition}", daemon=True)
+        self.cluster, self.label, self.partition = cluster, label, partition
+        self.acks, self.producer_id, self.done = acks, producer_id, done
+        self.sent: list[bytes] = []
+        self.acked: list[bytes] = []
+        self.refused = self.unknown = 0
+        self.unexpected: list[str] = []
+        self._target = BROKERS[partition % len(BROKERS)]
+        self._client: Client | None = None
+
+    def run(self) -> None:
+        sequence = 0
+        try:
+            while not self.done.is_set():
+                sequence += 1
+                body = f"{self.label}-{self.partition}-{sequence}".encode()
+                self.sent.append(body)
+                outcome = self._decide(body, sequence)
+                if outcome == "acked":
+                    self.acked.append(body)
+                elif outcome == "refused":
+                    self.refused += 1
+                    time.sleep(BACKOFF_S)  # a back-off while the ISR is short
+                else:
+                    self.unknown += 1
+        finally:
+            self._drop(None)
+
+    def _decide(self, body: bytes, sequence: int) -> str:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            try:
+                if self._client is None:
+                    self._client = Client(self.cluster.address(self._target),
+                                          timeout_s=REQUEST_TIMEOUT_S,
+                                          group=f"{TOPIC}-{self.partition}")
+                result = self._client.produce(TOPIC, body, self.partition, acks=self.acks,
+                                              producer=(self.producer_id, sequence))
+                if result.status is PutStatus.PUT_OK:
+                    return "acked"
+                # stored and may still commit: the same sequence again, here
+            except errors.NotEnoughReplicas:
+                return "refused"
+            except errors.NotMaster as error:  # NotLeader too: it may name the leader
+                self._drop(getattr(error, "leader", None))
+            except (errors.UnknownGroup, errors.NodeUnavailable):
+                self._drop(None)
+            except errors.MqlogError as error:
+                self.unexpected.append(f"{body!r} at {self._target}: {error!r}")
+                self._drop(None)
+            if time.monotonic() > deadline:
+                return "unknown"
+
+    def _drop(self, leader: str | None) -> None:
+        """Close the connection; the next attempt goes to ``leader`` or the next broker."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if leader in BROKERS:
+            self._target = leader
+        else:
+            self._target = BROKERS[(BROKERS.index(self._target) + 1) % len(BROKERS)]
+            time.sleep(BACKOFF_S)  # a back-off while no leader is known
+
+
+class Writer:
+    """One idempotent producer (one producer id) writing to every partition at once."""
+
+    def __init__(self, cluster: IsrProcesses, label: str, acks: str) -> None:
+        self.done = threading.Event()
+        producer_id = f"{label}-{uuid.uuid4().hex[:12]}"
+        self.senders = [Sender(cluster, label, partition, acks, producer_id, self.done)
+                        for partition in range(PARTITIONS)]
+
+    def start(self) -> None:
+        for sender in self.senders:
+            sender.start()
+
+    def finish(self) -> None:
+        self.done.set()
+        for sender in self.senders:
+            sender.join(timeout=DEADLINE_S * 2)
+            assert not sender.is_alive(), f"{sender.name} did not finish its last write"
+
+
+def _acked_counts(writers: list[Writer]) -> list[int]:
+    return [sum(len(writer.senders[p].acked) for writer in writers) for p in range(PARTITIONS)]
+
+
+def _writes_go_on(writers: list[Writer], partitions: list[int] | range, why: str) -> None:
+    """Wait until each of ``partitions`` took a new acknowledged write (from now)."""
+    before = _acked_counts(writers)
+
+    def grew() -> bool:
+        assert all(s.is_alive() for w in writers for s in w.senders), "a sender died"
+        now = _acked_counts(writers)
+        return all(now[p] > before[p] for p in partitions)
+    wait_until(grew, f"a new acknowledged write on partitions {list(partitions)} {why}",
+               DEADLINE_S)
+
+
+def _described(cluster: IsrProcesses) -> dict[int, dict[str, str]]:
+    """Partition -> its fields as `mqlog topics describe` prints them ({} if no answer)."""
+    bootstrap = ",".join(cluster.answering())
+    result = CliRunner().invoke(cli_topics.topics, ["describe", TOPIC, "-b", bootstrap])
+    if result.exit_code != 0:
+        return {}
+    return {int(found[1]): dict(re.findall(r"(\w+)=(\S+)", found[2])) for found in
+            re.finditer(r"^\s*(\d+) (leader=.*)$", result.output, re.MULTILINE)}
+
+
+def _parts(cluster: IsrProcesses) -> list[PartitionInfo]:
+    """The partitions as a controller has them ([]: it has not folded the topic yet;
+    controllers fold at their own pace)."""
+    topic = cluster.state().topics.get(TOPIC)
+    return list(topic.partitions) if topic is not None else []
+
+
+def _isr_whole(cluster: IsrProcesses, why: str) -> None:
+    """Every partition led, all three replicas in its ISR, every leader told so."""
+    def whole() -> bool:
+        parts = _parts(cluster)
+        if not parts or not all(part.leader and len(part.isr) == 3 for part in parts):
+            return False
+        return all((cluster.group(part.leader, p) or {}).get("isr") == list(part.isr)
+                   for p, part in enumerate(parts))
+    wait_until(whole, f"every partition's ISR whole {why}", DEADLINE_S)
+
+
+def _led_by(cluster: IsrProcesses, name: str) -> list[int]:
+    return [p for p, part in enumerate(_parts(cluster)) if part.leader == name]
+
+
+def _all_led_without(cluster: IsrProcesses, name: str) -> bool:
+    parts = _parts(cluster)
+    return bool(parts) and all(part.leader and part.leader != name for part in parts)
+
+
+def _sigkill(cluster: IsrProcesses, writers: list[Writer], rng: random.Random) -> None:
+    """SIGKILL a broker (it leads partitions), restart it once its partitions moved."""
+    victim = rng.choice([name for name in BROKERS if _led_by(cluster, name)])
+    led = _led_by(cluster, victim)
+    print(f"SIGKILL {victim}, leader of partitions {led}")
+    cluster.kill(victim)
+    wait_until(lambda: cluster.state().brokers[victim].fenced, f"{victim} fenced", DEADLINE_S)
+    wait_until(lambda: _all_led_without(cluster, victim),
+               f"partitions {led} led without {victim}", DEADLINE_S)
+    _writes_go_on(writers, range(PARTITIONS), f"without {victim}")
+    cluster.start(victim)
+    _isr_whole(cluster, f"after {victim} restarted")
+
+
+def _sigstop(cluster: IsrProcesses, writers: list[Writer], rng: random.Random) -> None:
+    """SIGSTOP a broker past replica_lag_time_ms: out of the ISRs of what it follows,
+    whose writes go on; SIGCONT: back in every ISR."""
+    victim = rng.choice(BROKERS)
+    followed = [p for p in range(PARTITIONS) if p not in _led_by(cluster, victim)]
+    print(f"SIGSTOP {victim}, a follower of partitions {followed}")
+    cluster.pause(victim)
+    try:
+        def left() -> bool:
+            described = _described(cluster)
+            return bool(described) and all(
+                victim not in described[p]["isr"].split(",") for p in followed)
+        wait_until(left, f"{victim} out of the ISR of {followed} (topics describe)",
+                   DEADLINE_S)
+        _writes_go_on(writers, followed, f"while {victim} is stopped")
+        fenced = cluster.state().brokers[victim].fenced
+        print(f"{victim} left the ISRs of {followed}; fenced meanwhile: {fenced}")
+    finally:
+        cluster.resume(victim)
+    _isr_whole(cluster, f"after {victim} resumed")
+
+
+def _partition(cluster: IsrProcesses, writers: list[Writer], rng: random.Random,
+               kill: bool | None = None) -> None:
+    """Cut a leader off from the other brokers: its ISRs shrink to itself, the others
+    drop it; heal (or SIGKILL it first: the controller elects from the ELR)."""
+    victim = rng.choice([name for name in BROKERS if _led_by(cluster, name)])
+    led = _led_by(cluster, victim)
+    others = [p for p in range(PARTITIONS) if p not in led]
+    kill = rng.random() < 0.5 if kill is None else kill
+    print(f"partition {victim}, leader of {led}, from the other brokers; then "
+          + ("SIGKILL it" if kill else "heal"))
+    cluster.slow(victim, DELAY_MS)  # first slow: what is in flight is lost with the links
+    _writes_go_on(writers, led, f"with {victim}'s links slow")
+    cluster.isolate(victim)
+    try:
+        def shrunk() -> bool:
+            parts = _parts(cluster)
+            return bool(parts) and all(parts[p].isr == (victim,) for p in led) and \
+                all(victim not in parts[p].isr for p in others)
+        wait_until(shrunk, f"{victim} alone in the ISRs of {led}, out of the others",
+                   DEADLINE_S)
+        _writes_go_on(writers, others, f"while {victim} is cut off")
+        for p in led:  # what a consumer of the cut-off leader sees now
+            cluster.seen.setdefault(p, set()).update(_read_from(cluster, victim, p))
+        if kill:
+            cluster.kill(victim)
+            wait_until(lambda: _all_led_without(cluster, victim),
+                       f"partitions {led} led again (from the ELR)", DEADLINE_S)
+            _writes_go_on(writers, range(PARTITIONS), f"without {victim}")
+    finally:
+        cluster.heal()
+    if kill:
+        cluster.start(victim)
+    _isr_whole(cluster, f"after {victim}'s links healed")
+
+
+FAULTS = {"sigkill": _sigkill, "sigstop": _sigstop, "partition": _partition}
+
+
+def _converged(cluster: IsrProcesses) -> None:
+    """Every partition's replicas at one log end, its leader's high watermark there."""
+    def same_end() -> bool:
+        for p in range(PARTITIONS):
+            found = [cluster.group(name, p) for name in BROKERS]
+            if not all(found) or len({status["written"] for status in found if status}) != 1:
+                return False
+            leader = next((status for status in found
+                           if status and status["role"] == "LEADER"), None)
+            if leader is None or leader["high_watermark"] != leader["written"]:
+                return False
+        return True
+    wait_until(same_end, "every partition's replicas at one end", DEADLINE_S)
+
+
+def _read_from(cluster: IsrProcesses, name: str, p: int) -> list[bytes]:
+    """Partition ``p``'s bodies as broker ``name`` shows them (below its high watermark)."""
+    bodies: list[bytes] = []
+    with Client(cluster.address(name), timeout_s=REQUEST_TIMEOUT_S,
+                group=f"{TOPIC}-{p}") as client:
+        while batch := client.fetch(TOPIC, p, len(bodies), 256):
+            bodies.extend(record.body for record in batch)
+    return bodies
+
+
+def _read_back(cluster: IsrProcesses) -> dict[int, list[bytes]]:
+    """Every partition's bodies, from its leader (below the high watermark)."""
+    parts = _parts(cluster)
+    return {p: _read_from(cluster, parts[p].leader, p) for p in range(PARTITIONS)}
+
+
+def _images_agree(cluster: IsrProcesses) -> None:
+    """Once stopped: each partition's three logs byte for byte the same."""
+    for p in range(PARTITIONS):
+        images = {}
+        for name in BROKERS:
+            with mqlog.open(cluster.root / name / f"{TOPIC}-{p}", read_only=True) as store:
+                images[name] = store.read_raw(store.first_segment_base(),
+                                              store.written_position)
+        assert len(set(images.values())) == 1, \
+            f"partition {p}'s logs differ: {({name: len(i) for name, i in images.items()})}"
+
+
+@dataclass
+class Outcome:
+    acked: int
+    read_back: int
+    lost: list[bytes]
+    refused: int
+    unknown: int
+
+
+def _account(writers: list[Writer], bodies: dict[int, list[bytes]],
+             seen: dict[int, set[bytes]]) -> Outcome:
+    """What the writers were told, and what leaders showed, against what they hold."""
+    unexpected = [u for w in writers for s in w.senders for u in s.unexpected]
+    assert not unexpected, f"unexpected answers: {unexpected[:3]}"
+    outcome = Outcome(0, 0, [], 0, 0)
+    for p in range(PARTITIONS):
+        held = bodies[p]
+        assert len(held) == len(set(held)), f"partition {p}: a write stored twice"
+        unread = seen.get(p, set()) - set(held)
+        assert not unread, f"partition {p}: {len(unread)} records shown below the high " \
+                           f"watermark are gone: {sorted(unread)[:5]}"
+        senders = [writer.senders[p] for writer in writers]
+        sent = {body for sender in senders for body in sender.sent}
+        assert set(held) <= sent, f"partition {p} holds bodies never sent: " \
+                                  f"{sorted(set(held) - sent)[:3]}"
+        acked = [body for sender in senders for body in sender.acked]
+        outcome.acked += len(acked)
+        outcome.read_back += len(set(acked) & set(held))
+        outcome.lost += sorted(set(acked) - set(held))
+        outcome.refused += sum(sender.refused for sender in senders)
+        outcome.unknown += sum(sender.unknown for sender in senders)
+    assert outcome.acked == outcome.read_back + len(outcome.lost)
+    return outcome
+
+
+def _run(cluster: IsrProcesses, rng: random.Random,
+         faults: list[tuple[str, dict[str, Any]]]) -> Outcome:
+    """The cluster started, the topic created, the writers on, ``faults`` in order;
+    the writers stopped, the logs converged, read back and compared: the outcome. (The
+    tail of each process's output is printed if anything fails.)"""
+    try:
+        return _run_faults(cluster, rng, faults)
+    except BaseException:
+        print(cluster.tails())
+        raise
+
+
+def _run_faults(cluster: IsrProcesses, rng: random.Random,
+                faults: list[tuple[str, dict[str, Any]]]) -> Outcome:
+    cluster.start_all()
+    wait_until(lambda: len(cluster.state().live_brokers()) == 3, "three live brokers",
+               DEADLINE_S)
+    _change(cluster.answering(), {"kind": "create_topic", "name": TOPIC,
+                                  "partitions": PARTITIONS, "replication_factor": 3,
+                                  "layer": "isr"})
+    _isr_whole(cluster, "once created")
+    writers = [Writer(cluster, label, ACKS[cluster.acks]) for label in ("a", "b")]
+    for writer in writers:
+        writer.start()
+    try:
+        _writes_go_on(writers, range(PARTITIONS), "at first")
+        for name, options in faults:
+            FAULTS[name](cluster, writers, rng, **options)
+            _writes_go_on(writers, range(PARTITIONS), f"after {name}")
+    finally:
+        for writer in writers:
+            writer.finish()
+    _converged(cluster)
+    outcome = _account(writers, _read_back(cluster), cluster.seen)
+    cluster.stop_all()
+    _images_agree(cluster)
+    return outcome
+
+
+SHAPES = [("all", "separate", IMPLEMENTATIONS[0]), ("1", "combined", "python")]
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+            rng: random.Random) -> Any:
+    """The processes of ``request.param`` = (acks, shape, log core); MQLOG_PUREPYTHON and
+    MQLOG_ISR_TEST_BREAK are inherited by them."""
+    acks, shape, impl = request.param
+    if impl == "python":
+        monkeypatch.setenv("MQLOG_PUREPYTHON", "1")
+    else:
+        monkeypatch.delenv("MQLOG_PUREPYTHON", raising=False)
+    monkeypatch.delenv(ISR_TEST_BREAK_VARIABLE, raising=False)
+    print(f"acks={acks}, {shape} shape on the {impl} core")
+    running = IsrProcesses(tmp_path, combined=shape == "combined", rng=rng, acks=acks)
+    try:
+        running.write_configs()
+        yield running
+    finally:
+        running.close()
+
+
+def _faults(rng: random.Random, rounds: int = 1) -> list[tuple[str, dict[str, Any]]]:
+    return [(name, {}) for _ in range(rounds) for name in rng.sample(sorted(FAULTS), 3)]
+
+
+@pytest.mark.parametrize("cluster", SHAPES, indirect=True,
+                         ids=[f"acks{acks}-{shape}-{impl}" for acks, shape, impl in SHAPES])
+def test_isr_cluster_under_faults(cluster: IsrProcesses, rng: random.Random,
+                                  capsys: pytest.CaptureFixture[str],
+                                  record_property: Any) -> None:
+    outcome = _run(cluster, rng, _faults(rng))
+    _report(cluster.acks, outcome, capsys, record_property)
+    if cluster.acks == "all":
+        assert not outcome.lost, f"{len(outcome.lost)} acks=all writes lost: " \
+                                 f"{outcome.lost[:5]}"
+
+
+def _report(acks: str, outcome: Outcome, capsys: pytest.CaptureFixture[str],
+            record_property: Any) -> None:
+    line = (f"acks={acks}: {outcome.acked} acknowledged, {outcome.read_back} read back, "
+            f"{len(outcome.lost)} lost {outcome.lost[:5]}; {outcome.refused} refused "
+            f"(NotEnoughReplicas), {outcome.unknown} undecided")
+    record_property(f"acks{acks}_acknowledged", outcome.acked)
+    record_property(f"acks{acks}_lost", len(outcome.lost))
+    with capsys.disabled():
+        print(f"\n{line}")
+    print(line)
+
+
+@pytest.mark.parametrize("cluster", [("1", "separate", IMPLEMENTATIONS[0])], indirect=True,
+                         ids=["acks1"])
+def test_high_watermark_below_min_isr_is_caught(cluster: IsrProcesses, rng: random.Random,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ISR_TEST_BREAK_VARIABLE, "hw_below_min_isr")
+    with pytest.raises(AssertionError, match="shown below the high watermark are gone"):
+        _run(cluster, rng, [("partition", {"kill": True})])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", SHAPES, indirect=True,
+                         ids=[f"acks{acks}-{shape}-{impl}" for acks, shape, impl in SHAPES])
+def test_isr_cluster_soak(cluster: IsrProcesses, rng: random.Random,
+                          capsys: pytest.CaptureFixture[str], record_property: Any) -> None:
+    rounds = int(os.environ.get("MQLOG_ISR_SOAK_ROUNDS", "4"))
+    outcome = _run(cluster, rng, _faults(rng, rounds))
+    _report(cluster.acks, outcome, capsys, record_property)
+    if cluster.acks == "all":
+        assert not outcome.lost, f"{len(outcome.lost)} acks=all writes lost"
