@@ -33,7 +33,9 @@ that its fsyncs never stall a sync waiter. One log sync runs at a time (``_sync_
 and one checkpoint (``_checkpoint_lock``); ``paused()`` takes both, so a truncation
 never lands between a checkpoint's snapshot and its write. A checkpoint that fails for
 want of disk space or descriptors is only postponed (the log is durable; recovery would
-scan from the previous one): it never fences the store.
+scan from the previous one): it never fences the store. A checkpoint whose position is
+the last one's is not written again: an idle store does no I/O, and its files hold still
+(a checkpoint replaces its file: on a full disk that gives room back and takes it again).
 
 A failed sync is never swallowed: the error is kept, every waiter raises FlushFailed,
 and the store is fenced (StoreFailed) until it is reopened and recovery finds out what
@@ -88,6 +90,8 @@ class FlushService:
         self.flush_count = 0  # syncs done, for "records per fsync" figures
         self.error: FlushFailed | None = None
         self.checkpoint_error: DiskFull | TooManyOpenFiles | None = None  # the last one
+        # The log position the last checkpoint written covers (the one written at open).
+        self.checkpointed_position = flushed_position
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="mqlog-flush", daemon=True)
         self._checkpoints_end = threading.Event()
@@ -245,16 +249,20 @@ class FlushService:
         with self._checkpoint_lock, self._sync_lock:
             yield
 
-    def reset(self, position: int) -> None:
-        """After a truncation: nothing beyond ``position`` exists, flushed or not."""
+    def reset(self, position: int, checkpointed: int) -> None:
+        """After a truncation: nothing beyond ``position`` exists, flushed or not; the
+        checkpoint was lowered to ``checkpointed``."""
         with self._lock:
             self.flushed_position = min(self.flushed_position, position)
             self._requested = min(self._requested, position)
+            self.checkpointed_position = checkpointed
 
     def start_over(self, position: int) -> None:
-        """After a reset: the log begins, empty, at ``position`` (nothing to flush)."""
+        """After a reset: the log begins, empty, at ``position`` (nothing to flush), and
+        a checkpoint says so."""
         with self._lock:
             self.flushed_position = self._requested = position
+            self.checkpointed_position = position
 
     # --- the thread --------------------------------------------------------------------
 
@@ -300,7 +308,11 @@ class FlushService:
                     return False
                 with self._sync_lock:
                     position = self._flush_log()
-                self._write_checkpoint(position)
+                # Nothing new since the last one: rewriting it would cost two fsyncs a
+                # second on an idle store, and on a full disk each rewrite gives back the
+                # block of the file it replaces (a writer may find room that comes and goes).
+                if position != self.checkpointed_position or self.checkpoint_error:
+                    self._write_checkpoint(position)
             return True
         except OSError as error:
             self._fail(error)
@@ -312,6 +324,7 @@ class FlushService:
         try:
             self._checkpoint(position)
             self.checkpoint_error = None
+            self.checkpointed_position = position
         except (DiskFull, TooManyOpenFiles) as error:
             self.checkpoint_error = error
         except OSError as error:

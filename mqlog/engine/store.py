@@ -569,6 +569,19 @@ class Store:
         return None if self.read_only else self._maintenance.error
 
     @property
+    def checkpoint_error(self) -> BaseException | None:
+        """Why the last checkpoint could not be written (DiskFull, TooManyOpenFiles), if
+        it could not: it is postponed, never fatal (flush.py); None once one succeeds."""
+        return None if self.read_only else self._flusher.checkpoint_error
+
+    @property
+    def checkpointed_position(self) -> int:
+        """The log position the last checkpoint covers: a crash recovers by scanning from
+        there. A checkpoint runs every ``checkpoint_interval_ms`` while the log grows."""
+        return self.core.committed_position if self.read_only else \
+            self._flusher.checkpointed_position
+
+    @property
     def written_position(self) -> int:
         return self.core.written_position
 
@@ -639,7 +652,7 @@ class Store:
         start = min(position, self._checkpoint_position())
         cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(start, start, _now_ms()))
         self.core.truncate(position, self._delete_dropped)
-        self._flusher.reset(position)
+        self._flusher.reset(position, start)
         self.files.lower_queue_flushed()
         self._save_epochs()
 
