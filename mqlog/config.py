@@ -62,6 +62,9 @@ class StoreConfig:
     flush_pages_min: int = 4  # async: an interval flush waits for this many dirty pages
     flush_thorough_interval_ms: int = 10_000  # async: flush whatever is dirty this often
     flush_sync_timeout_ms: int = 5_000  # sync: past this a put reports FLUSH_DISK_TIMEOUT
+    # sync: covered waiters are woken by threads going to sleep (flush.py); when none
+    # has gone to sleep for this long (its writers stopped), the flush thread wakes one
+    flush_sync_handoff_stall_us: int = 1_000
     checkpoint_interval_ms: int = 1_000
     # False: no flush or maintenance thread; the owner flushes (``flush``) and runs the
     # chores (``run_chores``) itself, on its own clock (a deterministic simulator).
@@ -106,6 +109,7 @@ class StoreConfig:
                           "index_entries_per_file", "index_interval_ms",
                           "index_batch_count_max", "retention_check_interval_ms",
                           "group_name_length_max")
+        _require_positive(self, "flush_sync_handoff_stall_us")
         if self.segment_size_bytes % PAGE_SIZE or self.segment_size_bytes < 16 * PAGE_SIZE:
             raise ConfigError(
                 f"segment_size_bytes={self.segment_size_bytes} must be a multiple of "

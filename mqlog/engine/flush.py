@@ -5,17 +5,25 @@ Two modes, as in RocketMQ:
 * ``sync`` is group commit. A writer thread that must wait calls ``wait_flushed(end)``.
   If nobody is syncing, it leads: it syncs everything written at that moment itself,
   with one msync per segment touched (GIL released), publishes the new flushed
-  position, wakes the waiters that sync covers (each waits on its own lock) and
-  hands the lead to the first waiter it does not cover, whose own thread syncs next.
-  If someone is syncing, it joins a heap of waiters ordered by end position. So a lone
-  writer's durable put costs its own msync and no thread hand-off (as a buffered file's
-  write + fdatasync does), and many writers share each sync: writers that arrive during
-  one are covered by the next.
-  Covered waiters are woken in a chain: the leader wakes the first, and each woken
-  thread wakes the next before it returns. Woken all at once, hundreds of threads
-  would queue for the GIL, each sleeping twice (on its lock, then on the GIL); in a
-  chain one or two are runnable at a time. A waiter that gives up at its deadline
-  leaves the heap or the chain (and wakes the next if it was woken meanwhile).
+  position, moves the waiters that sync covers to the ready queue and hands the lead
+  to the first waiter it does not cover, whose own thread syncs next. If someone is
+  syncing, it joins a heap of waiters ordered by end position. So a lone writer's
+  durable put costs its own msync and no thread hand-off (as a buffered file's write
+  + fdatasync does), and many writers share each sync: writers that arrive during one
+  are covered by the next.
+  Covered waiters are woken one at a time, each by a thread that is about to sleep
+  (wake-on-block): a writer going to sleep in ``wait_flushed`` (or to sync as the
+  leader) takes the first ready waiter and wakes it in the same call that lets the GIL
+  go and sleeps (the core's ``Waiter.wait(timeout, wake=...)``). The woken thread then
+  finds the GIL free: one thread switch per acknowledged record. Woken all at once,
+  hundreds of threads would queue for the GIL, each sleeping twice; woken by a thread
+  that keeps the GIL, the woken one often preempts it, finds the GIL taken and sleeps
+  again (three switches a record). A leader that ends its sync with ready waiters and
+  nobody to lead next wakes the first itself (so a sync always starts a chain), and a
+  chain whose woken thread never waits again (it stopped writing) is restarted by the
+  flush thread after ``flush_sync_handoff_stall_us`` without one. A waiter that
+  gives up at its deadline leaves the heap or the ready queue; one woken right then
+  leads if it was handed the lead.
   An asyncio task awaits ``wait_flushed_async(end)`` and
   joins its loop's deque (puts on one loop happen in order, so the deque is already
   sorted, and the loop asks the flush thread for a sync once per iteration, not once
@@ -67,7 +75,7 @@ class FlushService:
     def __init__(self, config: StoreConfig, *, written: Callable[[], int],
                  sync_log: Callable[[int, int], None], checkpoint: Callable[[int], None],
                  on_flushed: Callable[[int], None], on_failure: Callable[[FlushFailed], None],
-                 flushed_position: int) -> None:
+                 flushed_position: int, waiter: Callable[[], Any]) -> None:
         self._config = config
         self._threaded = config.background_threads  # False: flushes run in the caller
         self._written = written
@@ -79,11 +87,14 @@ class FlushService:
         self._work = threading.Condition(self._lock)  # the thread waits here
         self._sync_lock = threading.Lock()  # one log sync at a time: a leader's or the thread's
         self._checkpoint_lock = threading.Lock()  # held through a checkpoint
-        self._leader: Any = None  # the waiting thread's lock whose thread syncs for all
+        self._new_waiter = waiter  # the core's Waiter class (see _waiter.pxi)
+        self._leader: Any = None  # the Waiter of the thread that syncs for all
         self._requested = flushed_position
-        self._waiters: list[tuple[int, int, Any]] = []  # (end, tie-break, lock or future)
-        # Covered waiters not woken yet: each woken one wakes the next (see _pass_on).
+        self._waiters: list[tuple[int, int, Any]] = []  # (end, tie-break, Waiter)
+        # Covered waiters not woken yet, woken one by one by threads going to sleep.
         self._ready: deque[Any] = deque()
+        self._handoffs = 0  # waiters taken from _ready so far: the flush thread's gauge
+        self._idle = False  # the flush thread sleeps with no deadline: notify it
         self._tie = itertools.count()
         self._loops: dict[Any, _LoopWaiters] = {}  # asyncio waiters, per event loop
         self.flushed_position = flushed_position
@@ -122,32 +133,38 @@ class FlushService:
         timeout = self._config.flush_sync_timeout_ms if timeout_ms is None else timeout_ms
         if not self._threaded and not self._settled(end_position):
             self._flush_inline(checkpoint=False)
-        waiter = threading.Lock()
-        waiter.acquire()
+        waiter = self._new_waiter()
         with self._lock:
             if self._settled(end_position):
                 return True
+            handoff = self._take_ready()  # woken as this thread lets the GIL go
             if self._leader is None:  # nobody is syncing: this thread does, for all
                 self._leader = waiter
             else:
                 heapq.heappush(self._waiters, (end_position, next(self._tie), waiter))
-        if self._leader is not waiter:
-            if waiter.acquire(timeout=timeout / 1000):
-                if self._leader is not waiter:
-                    self._pass_on()  # covered, woken by the one before: wake the next
-            else:
-                with self._lock:  # the deadline: leave the queues, unless woken meanwhile
-                    woken = self._leader is waiter or not self._forget(waiter)
-                if woken and self._leader is not waiter:
-                    self._pass_on()
-                elif not woken and self.flushed_position < end_position:
-                    return self._raise_error_or(False)
+            leads = self._leader is waiter
+        if leads:
+            if handoff is not None:
+                handoff.wake()
+        elif not waiter.wait(timeout / 1000, handoff):
+            with self._lock:  # the deadline: leave the queues, unless woken meanwhile
+                woken = self._leader is waiter or not self._forget(waiter)
+            if not woken and self.flushed_position < end_position:
+                return self._raise_error_or(False)
         if self._leader is waiter:  # first, or handed the lead by the one before
             self._lead()
         return self._raise_error_or(self.flushed_position >= end_position)
 
+    def _take_ready(self) -> Any:
+        """The first covered waiter not woken yet, taken out for the caller to wake
+        (called with the lock held); None if there is none."""
+        if not self._ready:
+            return None
+        self._handoffs += 1
+        return self._ready.popleft()
+
     def _forget(self, waiter: Any) -> bool:
-        """Take a waiter that gave up out of the heap or the covered queue (called with
+        """Take a waiter that gave up out of the heap or the ready queue (called with
         the lock held); False if it is in neither: it was woken."""
         for index, entry in enumerate(self._waiters):
             if entry[2] is waiter:
@@ -161,17 +178,10 @@ class FlushService:
         except ValueError:
             return False
 
-    def _pass_on(self) -> None:
-        """Wake the next covered waiter. Waking them one by one, each from the thread
-        woken before, keeps one or two of them runnable at a time: woken all at once,
-        hundreds of threads would queue for the GIL and each would sleep twice."""
-        with self._lock:
-            if self._ready:
-                self._ready.popleft().release()
-
     def _lead(self) -> None:
-        """Sync everything written so far from this (a waiting writer's) thread, release
-        the waiters it covers, and hand the lead to the first one it does not cover."""
+        """Sync everything written so far from this (a waiting writer's) thread, then
+        hand the lead to the first waiter it does not cover; with nobody to lead, wake
+        the first covered waiter instead, so that the ready queue drains."""
         try:
             with self._sync_lock:
                 self._flush_log()
@@ -184,9 +194,11 @@ class FlushService:
                     end, _tie, waiter = heapq.heappop(self._waiters)
                     if end > self.flushed_position:
                         self._leader = waiter
-                    waiter.release()
-                    if self._leader is not None:
                         break
+                    self._ready.append(waiter)  # covered by another thread's flush
+                wake = self._leader if self._leader is not None else self._take_ready()
+            if wake is not None:
+                wake.wake()
 
     async def wait_flushed_async(self, end_position: int) -> bool:
         """``wait_flushed`` for an asyncio task, resolved by the loop's _LoopWaiters."""
@@ -272,10 +284,18 @@ class FlushService:
         sync_mode = config.flush_mode == "sync"
         next_thorough = time.monotonic() + config.flush_thorough_interval_ms / 1000
         while True:
+            handoff = None
             with self._lock:
                 if not self._stopping and self._requested <= self.flushed_position:
-                    self._work.wait(None if sync_mode else config.flush_interval_ms / 1000)
+                    if self._ready:
+                        handoff = self._watch_handoffs()
+                    else:
+                        self._idle = True  # until a sync leaves ready waiters
+                        self._work.wait(None if sync_mode else config.flush_interval_ms / 1000)
+                        self._idle = False
                 stopping = self._stopping
+            if handoff is not None:
+                handoff.wake()
             now = time.monotonic()
             try:
                 if self._due(sync_mode, now >= next_thorough) or stopping:
@@ -288,6 +308,17 @@ class FlushService:
                 return
             if stopping:
                 return
+
+    def _watch_handoffs(self) -> Any:
+        """Wait up to the stall time (called with the lock held); if no ready waiter was
+        woken meanwhile, take the first for the flush thread to wake: the threads that
+        would have woken it stopped writing (see the module docstring)."""
+        stall = self._config.flush_sync_handoff_stall_us / 1e6
+        seen, since = self._handoffs, time.monotonic()
+        self._work.wait(stall)
+        if self._handoffs == seen and time.monotonic() - since >= stall:
+            return self._take_ready()
+        return None
 
     def _run_checkpoints(self) -> None:
         """The checkpoint thread: off the syncs' path, so that a checkpoint's fsyncs
@@ -368,17 +399,17 @@ class FlushService:
         return max(target, start)
 
     def _release_waiters(self, covered: Callable[[int], bool]) -> None:
-        """Wake the waiters ``covered`` says are done (called with the lock held): the
-        first thread now, the others in a chain (``_pass_on``) unless one runs already,
-        every asyncio loop with one call."""
-        chain_running = bool(self._ready)
+        """Move the waiters ``covered`` says are done to the ready queue (called with the
+        lock held; threads going to sleep wake them, see the module docstring), and
+        complete every asyncio loop's with one call. After a failure: wake everyone now,
+        each raises it."""
         while self._waiters and covered(self._waiters[0][0]):
             self._ready.append(heapq.heappop(self._waiters)[2])
-        if self.error is not None:  # a failure: everyone now, each raises it
+        if self.error is not None:
             while self._ready:
-                self._ready.popleft().release()
-        elif self._ready and not chain_running:
-            self._ready.popleft().release()
+                self._take_ready().wake()
+        elif self._ready and self._idle:
+            self._work.notify()  # the flush thread watches that they are woken
         flushed = self.flushed_position if self.error is None else None
         for waiters in self._loops.values():
             if waiters.pending:

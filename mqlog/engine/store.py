@@ -239,7 +239,8 @@ class Store:
         self._flusher = FlushService(
             config, written=lambda: self.core.written_position, sync_log=self._sync_log,
             checkpoint=self._checkpoint, on_flushed=self._on_flushed,
-            on_failure=self._on_flush_failure, flushed_position=end)
+            on_failure=self._on_flush_failure, flushed_position=end,
+            waiter=self.core_module.Waiter)
         self._flusher.start()
         self._maintenance = Maintenance(config, self.key_index,
                                         lambda: self.apply_retention())

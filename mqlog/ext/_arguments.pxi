@@ -1,4 +1,4 @@
-# mqlog's C log core, part 4 of 5: the arguments of a put (and of a read), validated
+# mqlog's C log core, part 4 of 6: the arguments of a put (and of a read), validated
 # before anything is touched, with the same errors and words as the twin.
 # (included by _core.pyx: see its docstring; it shares the module's namespace)
 

@@ -84,6 +84,13 @@ class ScanResult:
     def __init__(self, end_offset: int, record_count: int, stop_reason: str,
                  last_store_timestamp: int) -> None: ...
 
+class Waiter:
+    """One sleep of one thread, ended once by ``wake()`` or by its timeout."""
+
+    def __init__(self) -> None: ...
+    def wake(self) -> None: ...
+    def wait(self, timeout: float, wake: Waiter | None = None) -> bool: ...
+
 class LogCore:
     """The hot state of one store; see the module docstring for the protocol."""
 

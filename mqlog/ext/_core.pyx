@@ -34,6 +34,8 @@ Where things are (msgpack-python's way: one module, included files by subject)
 * ``_records.pxi``: CRC32C and the hashes, the record check, Record and ScanResult, and
   the raw walkers over a segment's memory;
 * ``_arguments.pxi``: the arguments of a put or a read, validated;
+* ``_waiter.pxi``: Waiter, where a sync-flush writer's thread sleeps until group commit
+  wakes it (engine/flush.py), letting the GIL go before it wakes another;
 * this file: LogCore, in the twin's sections (changes readers must notice, set-up by the
   engine, the write path, the read path, what replication needs, recovery, the key
   index; plus the write lock, which the twin does with threading.Lock), then the few
@@ -109,12 +111,14 @@ from cpython.pythread cimport (
     PyThread_free_lock,
     PyThread_get_thread_ident,
     PyThread_release_lock,
+    PY_LOCK_ACQUIRED,
+    PY_LOCK_INTR,
     PyThread_type_lock,
 )
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_Check, PyUnicode_DecodeUTF8
 from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
-from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
 
 import struct
 
@@ -148,6 +152,7 @@ cdef object _PUT_OK = PUT_OK
 include "_queues.pxi"
 include "_records.pxi"
 include "_arguments.pxi"
+include "_waiter.pxi"
 
 
 # --- the core -------------------------------------------------------------------------

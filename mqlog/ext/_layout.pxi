@@ -1,4 +1,4 @@
-# mqlog's C log core, part 1 of 5: the on-disk layout (layout.h, crc32c.h), the
+# mqlog's C log core, part 1 of 6: the on-disk layout (layout.h, crc32c.h), the
 # Python-visible layout constants (mqlog/format.py is their definition; tests check them),
 # the import-time check that both agree, and the core's compile-time figures.
 # (included by _core.pyx: see its docstring; it shares the module's namespace)

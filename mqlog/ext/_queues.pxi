@@ -1,4 +1,4 @@
-# mqlog's C log core, part 2 of 5: mappings held as Py_buffers (Segment, QueueFile) and
+# mqlog's C log core, part 2 of 6: mappings held as Py_buffers (Segment, QueueFile) and
 # the consume queues (_Queue, _Topic), with the checks that a record is the one a
 # consume-queue entry names.
 # (included by _core.pyx: see its docstring; it shares the module's namespace)

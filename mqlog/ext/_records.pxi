@@ -1,4 +1,4 @@
-# mqlog's C log core, part 3 of 5: records. Pure helpers (CRC32C, the tag and key hashes,
+# mqlog's C log core, part 3 of 6: records. Pure helpers (CRC32C, the tag and key hashes,
 # the record check and its words), what a caller gets back (Record, ScanResult), and the
 # raw walkers over a segment's memory (recovery, the indexer, read_raw, append_raw).
 # (included by _core.pyx: see its docstring; it shares the module's namespace)

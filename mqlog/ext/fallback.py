@@ -1263,6 +1263,37 @@ class LogCore:
         return position
 
 
+class Waiter:
+    """One sleep of one thread, ended once by ``wake()`` (from any thread) or by its
+    timeout; group commit's (engine/flush.py). Not reusable: make one per wait. The C
+    core's lets the GIL go before it wakes another (see _waiter.pxi); this one cannot,
+    and behaves the same otherwise."""
+
+    __slots__ = ("_lock", "_woken")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()  # held from birth; wake() releases it
+        self._woken = False
+
+    def wake(self) -> None:
+        """End the sleep (now, or before it starts); a second wake is a RuntimeError."""
+        self._woken_once()
+        self._lock.release()
+
+    def _woken_once(self) -> None:
+        if self._woken:
+            raise RuntimeError("a Waiter is woken once")
+        self._woken = True
+
+    def wait(self, timeout: float, wake: Waiter | None = None) -> bool:
+        """Sleep until woken or ``timeout`` seconds pass (< 0: no limit); True if woken.
+        With ``wake``, first wake that other Waiter."""
+        if wake is not None:
+            wake.wake()
+        return self._lock.acquire(timeout=-1 if timeout < 0 else timeout)
+
+
 def _header_at(segment: _Segment, offset: int) -> Any:
     """The header of the record at ``offset`` if an intact one starts there (its sizes,
     magic, own position and CRC32C agree), "blank" for the blank that ends the segment,

@@ -1,0 +1,161 @@
+"""Group commit (engine/flush.py): a sync put is acknowledged only once its bytes are
+synced, however the waiters are woken, and no waiter is left asleep.
+
+The syncs are watched from the outside: every call of the store's log sync is wrapped,
+and the end of each one that returned is noted. An acknowledged record whose end lies
+past every sync that had returned when its put returned was acknowledged early. The
+wrapper delays syncs at random (seeded; a slow disk), so that writers pile up behind
+them and the hand-offs between threads are exercised, and can make one fail.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from mqlog import errors, ext
+from mqlog.results import PutStatus
+from tests.conftest import IMPLEMENTATIONS
+
+# Writers must end within this (a loaded machine's generous bound); their deadlines are
+# ten times as long, so a waiter nobody wakes shows as a hang, not as a late PUT_OK.
+PATIENCE_S = 60
+DEADLINE_MS = 600_000
+
+
+class WatchedSyncs:
+    """Wraps a flush service's log sync: notes how far the syncs that returned reached,
+    delays some of them, and fails the one numbered ``fail_at`` (1-based)."""
+
+    def __init__(self, flusher, rng: random.Random, delay_chance: float,
+                 fail_at: int | None = None) -> None:
+        self._flusher = flusher
+        self._original = flusher._sync_log
+        self._rng = rng
+        self._rng_lock = threading.Lock()
+        self._delay_chance = delay_chance
+        self._fail_at = fail_at
+        self.calls = 0
+        self.durable = flusher.flushed_position  # the end of the furthest sync that returned
+        self.failed = False
+        self.published_early: list[tuple[int, int]] = []  # (flushed position, durable)
+        flusher._sync_log = self
+
+    def __call__(self, start: int, end: int) -> None:
+        with self._rng_lock:
+            if self._flusher.flushed_position > self.durable:
+                self.published_early.append((self._flusher.flushed_position, self.durable))
+            self.calls += 1
+            number = self.calls
+            delay = self._rng.random() < self._delay_chance
+        if self._fail_at is not None and number >= self._fail_at:
+            self.failed = True
+            raise OSError(5, "Input/output error (injected)")
+        if delay:
+            time.sleep(0.002)  # a slow disk (an injected fault, not a synchronisation)
+        self._original(start, end)
+        with self._rng_lock:
+            self.durable = max(self.durable, end)
+
+
+def _produce(store, watched: WatchedSyncs, worker: int, count: int, early: list,
+             answers: list) -> None:
+    for index in range(count):
+        try:
+            result = store.put("t", f"{worker}-{index}".encode(), queue_id=worker % 8)
+        except (errors.FlushFailed, errors.StoreFailed) as error:
+            answers.append(type(error))
+            return
+        durable = watched.durable  # read after put returned: it only grows
+        answers.append(result.status)
+        if result.status is PutStatus.PUT_OK and result.end_position > durable:
+            early.append((worker, index, result.end_position, durable))
+
+
+def _run_writers(store, watched: WatchedSyncs, threads: int, count: int,
+                 seed: int) -> tuple[list, list]:
+    """Run the writers; each must end within PATIENCE_S, far below their deadlines."""
+    early: list = []
+    answers: list = []
+    workers = [threading.Thread(target=_produce, args=(store, watched, w, count, early,
+                                                       answers), daemon=True)
+               for w in range(threads)]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + PATIENCE_S
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    assert not any(worker.is_alive() for worker in workers), f"a writer hangs (seed {seed})"
+    return early, answers
+
+
+@pytest.fixture
+def seed() -> int:
+    value = int(os.environ.get("MQLOG_TEST_SEED", random.randrange(1 << 32)))
+    print(f"random seed: {value} (rerun with MQLOG_TEST_SEED={value})")
+    return value
+
+
+def test_no_sync_put_is_acknowledged_before_its_sync_returned(open_store, seed):
+    """64 threads of sync puts behind syncs that stall at random: every PUT_OK record
+    lies below the end of a sync that had returned when its put returned, and the
+    flushed position, seen at the start of every sync, never runs ahead of them."""
+    store = open_store(flush_mode="sync", flush_sync_timeout_ms=DEADLINE_MS)
+    watched = WatchedSyncs(store._flusher, random.Random(seed), delay_chance=0.2)
+    early, answers = _run_writers(store, watched, threads=64, count=30, seed=seed)
+    assert early == [], f"acknowledged before synced (seed {seed}): {early[:5]}"
+    assert watched.published_early == [], f"flushed position published before its " \
+        f"sync returned (seed {seed}): {watched.published_early[:5]}"
+    assert answers == [PutStatus.PUT_OK] * (64 * 30), f"seed {seed}"
+    assert 0 < store.flush_count < 64 * 30  # and the syncs were shared
+
+
+def test_a_failed_sync_acknowledges_nothing_it_did_not_cover(open_store, seed):
+    """The 5th sync fails under 32 writers: every PUT_OK lies below a sync that
+    returned, the others get FlushFailed or StoreFailed, and nobody is left waiting."""
+    store = open_store(flush_mode="sync", flush_sync_timeout_ms=DEADLINE_MS)
+    watched = WatchedSyncs(store._flusher, random.Random(seed), delay_chance=0.3,
+                           fail_at=5)
+    early, answers = _run_writers(store, watched, threads=32, count=20, seed=seed)
+    assert watched.failed and early == [], f"seed {seed}: {early[:5]}"
+    assert set(answers) <= {PutStatus.PUT_OK, errors.FlushFailed, errors.StoreFailed}
+    assert errors.FlushFailed in answers
+    with pytest.raises(errors.FlushFailed):
+        store.close()
+
+
+def test_covered_writers_that_stop_writing_never_strand_the_others(open_store, seed):
+    """Covered waiters are woken by threads going back to sleep. Here each thread
+    writes once and leaves: nobody goes back to sleep, and the flush thread must wake
+    the ones left (a stranded one would wait for its deadline)."""
+    store = open_store(flush_mode="sync", flush_sync_timeout_ms=DEADLINE_MS)
+    watched = WatchedSyncs(store._flusher, random.Random(seed), delay_chance=0.5)
+    for _ in range(5):
+        early, answers = _run_writers(store, watched, threads=24, count=1, seed=seed)
+        assert early == [] and answers == [PutStatus.PUT_OK] * 24, f"seed {seed}"
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_waiter_wakes_once_and_times_out(implementation):
+    """The core's Waiter (C: lets the GIL go before it wakes another) and its twin
+    behave alike: woken before or during the wait, once only, or timed out."""
+    waiter_class = ext.load(implementation).Waiter
+    early = waiter_class()
+    early.wake()
+    assert early.wait(5) is True  # woken before it slept
+    assert waiter_class().wait(0) is False and waiter_class().wait(0.001) is False
+    with pytest.raises(RuntimeError, match="woken once"):
+        early.wake()
+    first, second = waiter_class(), waiter_class()
+    woken = []
+    thread = threading.Thread(target=lambda: woken.append(second.wait(60)))
+    thread.start()
+    assert first.wait(0.01, second) is False  # woke ``second``, then slept, alone
+    thread.join(60)
+    assert woken == [True]
+    with pytest.raises(RuntimeError, match="woken once"):
+        first.wait(0, second)
