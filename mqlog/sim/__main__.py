@@ -1,4 +1,5 @@
-"""``python -m mqlog.sim --layer master_slave|raft|controller --seed N [--count K] [--break NAME]``
+"""``python -m mqlog.sim --layer L --seed N [--count K] [--break NAME]``: L is master_slave,
+raft, controller or isr.
 
 Runs seeds N, N+1, ... N+K-1 (a random N when none is given, printed so a failure is a
 one-line reproduction) through the one harness (harness.py) and prints one verdict line
@@ -14,13 +15,15 @@ from collections.abc import Callable
 
 from mqlog.replication import driver
 from mqlog.replication.controller import service as controller_service
+from mqlog.replication.isr import core as isr_core
 from mqlog.replication.master_slave import core as ms_core
 from mqlog.replication.raft import core as raft_core
-from mqlog.sim import controller, harness, raft, swarm
+from mqlog.sim import controller, harness, isr, raft, swarm
 
 # Each layer: its workload and checkers (a Simulation), run one seed at a time.
 LAYERS: dict[str, Callable[[int, str], harness.SeedResult]] = {
-    "master_slave": swarm.run_seed, "raft": raft.run_seed, "controller": controller.run_seed}
+    "master_slave": swarm.run_seed, "raft": raft.run_seed, "controller": controller.run_seed,
+    "isr": isr.run_seed}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--count", type=int, default=1)
     breaks = sorted({*driver.TEST_BREAKS, *raft_core.TEST_BREAKS, *ms_core.TEST_BREAKS,
-                     *controller_service.TEST_BREAKS})
+                     *controller_service.TEST_BREAKS,
+                     *controller_service.DECISION_BREAKS, *isr_core.TEST_BREAKS})
     parser.add_argument("--break", dest="test_break", default="", choices=["", *breaks],
                         help="run a deliberately broken driver or core (the checkers must "
                              "catch it)")

@@ -236,7 +236,7 @@ class BrokerSlot:
     name: str
     agent: BrokerAgent | None = None
     io: SimAgentIo | None = None
-    host: SimGroupHost | None = None
+    host: Any = None  # its GroupHost (a SimGroupHost here; sim/brokers.py hosts real groups)
     died_at: int = -1
     lives: int = 0  # process lives begun (each names its registrations' incarnation)
 
@@ -270,15 +270,18 @@ class ControllerSwarm(Simulation):
     result: ControllerSimResult
     nodes: dict[str, ControllerSimNode]
     prefix = "mqlog-controller-sim-"
+    options_type: Any = ControllerOptions
+    result_type: Any = ControllerSimResult
 
     def __init__(self, seed: int, root: Path, test_break: str = "") -> None:
-        super().__init__(seed, ControllerOptions, ControllerSimResult)
+        super().__init__(seed, self.options_type, self.result_type)
         names = tuple(f"c{index}" for index in range(self.options.voters))
         config = ControllerConfig(
             voters={name: f"sim:{name}" for name in names},
             broker_session_timeout_ms=self.options.session_ticks * TICK_MS,
             broker_heartbeat_interval_ms=self.options.heartbeat_ticks * TICK_MS,
-            snapshot_interval_bytes=self.options.snapshot_interval_bytes)
+            snapshot_interval_bytes=self.options.snapshot_interval_bytes,
+            **self.partition_rules())
         self.nodes = {name: ControllerSimNode(
             name, root / name, self, STORE_SETTINGS, random.Random(self.rng.random()),
             self.options.flush_delay_ticks_max, test_break,
@@ -299,10 +302,34 @@ class ControllerSwarm(Simulation):
         self.topic_count = 0
         self.faulty = True
         self.terms: set[int] = set()
+        self.prepare(root, test_break)
         for node in self.nodes.values():
             node.start()
         for broker in self.brokers.values():
             self._begin_life(broker)
+
+    # --- what a simulation of brokers hosting real groups changes (sim/brokers.py) -----------
+
+    def partition_rules(self) -> dict[str, Any]:
+        """ControllerConfig fields beyond the sessions' (the ISR rules)."""
+        return {}
+
+    def prepare(self, root: Path, test_break: str) -> None:
+        """Before the controllers and brokers start (after the options are drawn)."""
+
+    def new_host(self, broker: BrokerSlot) -> Any:
+        """The GroupHost of a broker's new life."""
+        return SimGroupHost(broker.name)
+
+    def attach(self, broker: BrokerSlot) -> None:
+        """A broker's new agent exists (its host may join it)."""
+
+    def host_dies(self, broker: BrokerSlot) -> None:
+        """A broker's life ends: what its host holds dies with it."""
+
+    def hosted(self, broker: BrokerSlot) -> set[str]:
+        """The groups a live broker hosts now."""
+        return set(broker.host.groups)
 
     # --- the run (harness.py runs these) ------------------------------------------------
 
@@ -365,7 +392,7 @@ class ControllerSwarm(Simulation):
 
     def _begin_life(self, broker: BrokerSlot) -> None:
         """A broker process starts: a new agent, host and IO (nothing of its last life)."""
-        broker.io, broker.host = SimAgentIo(self, broker.name), SimGroupHost(broker.name)
+        broker.io, broker.host = SimAgentIo(self, broker.name), self.new_host(broker)
         broker.lives += 1  # a seeded incarnation, as long as a real one (a uuid's 32 hex
         # digits): the same seed writes the same records, byte for byte
         incarnation = hashlib.sha256(
@@ -373,10 +400,12 @@ class ControllerSwarm(Simulation):
         broker.agent = BrokerAgent(broker.host, self.agent_config, broker.io,
                                    rng=random.Random(self.rng.random()),
                                    incarnation=incarnation)
+        self.attach(broker)
         broker.io.call_later(0, broker.agent.start)
 
     def _end_life(self, broker: BrokerSlot) -> None:
         assert broker.io is not None
+        self.host_dies(broker)
         broker.io.closed = True  # (its connections and timers die with the process)
         broker.agent = broker.io = broker.host = None
         broker.died_at = self.clock[0]
@@ -503,8 +532,8 @@ class ControllerSwarm(Simulation):
             if (agent.view.brokers, agent.view.topics) != (state.brokers, state.topics):
                 return f"broker {broker.name}'s view is at {agent.position}"
             assert broker.host is not None
-            if set(broker.host.groups) != _assigned(state, broker.name):
-                return (f"broker {broker.name} hosts {sorted(broker.host.groups)}, not what "
+            if self.hosted(broker) != _assigned(state, broker.name):
+                return (f"broker {broker.name} hosts {sorted(self.hosted(broker))}, not what "
                         f"the state assigns it: {sorted(_assigned(state, broker.name))}")
         return ""
 

@@ -172,9 +172,11 @@ class Simulation:
 
 
 def run_seed(simulation: Callable[[int, Path, str], Simulation], seed: int,
-             test_break: str = "", prefix: str = "mqlog-sim-") -> Any:
-    """Run one seed of ``simulation`` in a temporary directory (removed after)."""
-    root = Path(tempfile.mkdtemp(prefix=f"{prefix}{seed}-"))
+             test_break: str = "", prefix: str = "mqlog-sim-",
+             directory: str | None = None) -> Any:
+    """Run one seed of ``simulation`` in a temporary directory (removed after), under
+    ``directory`` if given (None: the system's temporary directory)."""
+    root = Path(tempfile.mkdtemp(prefix=f"{prefix}{seed}-", dir=directory))
     try:
         return simulation(seed, root, test_break).run()
     finally:

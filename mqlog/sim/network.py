@@ -2,6 +2,12 @@
 
 Messages go through the real wire codec (encode, then decode) so the simulator also
 exercises it. Time is the simulator's tick; nothing here reads a clock.
+
+Brokers that host many replica groups (sim/brokers.py) share one network between every
+pair of them, as broker.py shares one connection per peer: each frame names its group
+(``send(message, group)``, the header key ``group`` as the broker writes it) and
+``due_grouped`` hands back (group, message) pairs; a partition cuts every group's
+messages between the two brokers at once.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ class SimNetwork:
     sent_count: int = 0
     dropped_count: int = 0
 
-    def send(self, message: Message) -> None:
+    def send(self, message: Message, group: str = "") -> None:
         self.sent_count += 1
         if self.rng.random() < self.options.drop_probability or self._cut(message):
             self.dropped_count += 1
@@ -42,18 +48,24 @@ class SimNetwork:
         for _ in range(copies):
             self._sequence += 1
             arrival = self.now + self.rng.randint(1, self.options.delay_ticks_max)
-            heapq.heappush(self._queue, (arrival, self._sequence, messages.encode(message)))
+            heapq.heappush(self._queue, (arrival, self._sequence,
+                                         messages.encode(message, group)))
 
     def due(self) -> list[Message]:
         """Messages that arrive at this tick, in arrival order (dropped if cut since)."""
+        return [message for _group, message in self.due_grouped()]
+
+    def due_grouped(self) -> list[tuple[str, Message]]:
+        """(group, message) of each message that arrives at this tick, in arrival order
+        (dropped if cut since); the group is "" for a message sent without one."""
         arrived = []
         while self._queue and self._queue[0][0] <= self.now:
             _, _, data = heapq.heappop(self._queue)
-            message = _decode(data)
+            group, message = _decode(data)
             if self._cut(message):
                 self.dropped_count += 1
             else:
-                arrived.append(message)
+                arrived.append((group, message))
         return arrived
 
     def partition(self, a: str, b: str) -> None:
@@ -70,9 +82,9 @@ class SimNetwork:
         return frozenset((message.src, message.dst)) in self.partitioned
 
 
-def _decode(data: bytes) -> Message:
+def _decode(data: bytes) -> tuple[str, Message]:
     decoder = FrameDecoder(1 << 30)
     decoder.feed(data)
     frame = decoder.next_frame()
     assert isinstance(frame, Frame)
-    return messages.decode(frame)
+    return frame.header.get("group", ""), messages.decode(frame)

@@ -472,17 +472,9 @@ class RaftSwarm(Simulation):
                 f"({'flushed' if flushed else 'written'}; a majority is {leader.core.quorum})")
 
     def _check_commit(self, node: RaftSimNode, commit: int) -> None:
-        """The node's log from what was checked to ``commit`` must equal the committed
-        prefix where they overlap, and extends it past its end."""
-        start = max(min(node.checked, len(self.committed)), node.store.first_segment_base())
-        data = _read(node.store, start, commit)
-        overlap = min(commit, len(self.committed)) - start
-        if data[:overlap] != bytes(self.committed[start:start + overlap]):
-            self.result.violations.append(f"tick {self.clock[0]}: {node.name} committed "
-                                          f"[{start}, {commit}) unlike another node")
-        elif commit > len(self.committed):
-            self.committed += data[overlap:]
-        node.checked = max(node.checked, commit)
+        problem = check_committed(self.committed, node, commit)
+        if problem:
+            self.result.violations.append(f"tick {self.clock[0]}: {node.name} {problem}")
 
     def _check_log_matching(self) -> None:
         up = {node.name: node for node in self.nodes.values() if node.up}
@@ -526,6 +518,27 @@ class RaftSwarm(Simulation):
         for sequence, count in sorted(seen.items()):
             if count > 1:
                 self.result.violations.append(f"write {sequence} is stored {count} times")
+
+
+def check_committed(committed: bytearray, node: Any, commit: int) -> str:
+    """The committed-prefix checker (every layer's: a Raft commit, an ISR high watermark):
+    ``node``'s log from what was checked (``node.checked``) to ``commit`` must equal the
+    one ``committed`` prefix where they overlap, and extends it past its end. Returns the
+    problem ('' if none)."""
+    start = max(min(node.checked, len(committed)), node.store.first_segment_base())
+    try:
+        data = _read(node.store, start, commit)
+    except MqlogError as error:  # (no record starts there in this log: it differs)
+        node.checked = max(node.checked, commit)
+        return f"committed [{start}, {commit}) unlike another node ({error})"
+    overlap = min(commit, len(committed)) - start
+    problem = ""
+    if data[:overlap] != bytes(committed[start:start + overlap]):
+        problem = f"committed [{start}, {commit}) unlike another node"
+    elif commit > len(committed):
+        committed += data[overlap:]
+    node.checked = max(node.checked, commit)
+    return problem
 
 
 def _read(store: Any, start: int, end: int) -> bytes:

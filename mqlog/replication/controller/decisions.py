@@ -42,12 +42,14 @@ import random
 from mqlog.errors import MetadataChangeRefused
 from mqlog.replication.controller.records import PartitionChange, PartitionInfo
 from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.replication.isr import decisions as isr_decisions
 from mqlog.replication.isr.core import PartitionState
 from mqlog.replication.isr.decisions import fence_isr, unfence_isr
 
 # A deliberately broken decision, so the tests show they notice it: "promote_behind"
-# promotes the in-sync slave that reported the least.
-TEST_BREAKS = ("promote_behind",)
+# promotes the in-sync slave that reported the least; isr/decisions.py's breaks (an ISR
+# election outside the ISR and ELR) are caught by the ISR simulator.
+TEST_BREAKS = ("promote_behind", *isr_decisions.TEST_BREAKS)
 
 
 def assign_replicas(brokers: list[str], partitions: int, replication_factor: int,
@@ -96,7 +98,7 @@ def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
                 continue
             if topic.layer == "isr":
                 decided = fence_isr(PartitionState.of(part), broker_id, fenced,
-                                    min_insync_replicas, unclean)
+                                    min_insync_replicas, unclean, test_break)
                 if decided is not None:
                     changes.append(isr_change(name, index, decided[0]))
                 continue

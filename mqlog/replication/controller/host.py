@@ -596,9 +596,11 @@ def _call(address: str, header: dict[str, Any]) -> dict[str, Any]:
         return client.call(dict(header))[0]
 
 
-def join_cluster(broker: Any) -> BrokerAgent:
-    """Start ``broker``'s agent (see the module docstring); call on its loop."""
-    agent = BrokerAgent(BrokerGroups(broker), _config(broker), SocketIo(broker))
+def attach_isr(agent: BrokerAgent, broker: Any) -> None:
+    """Join ``agent`` and ``broker``'s ISR groups both ways: the controller's newest state
+    for a hosted partition goes to its core, a refused AlterPartition back to it, and a
+    leader's AlterPartition (``broker.alter_partition``) to the agent's next round. The
+    simulator's brokers (sim/brokers.py) are joined by this same code."""
 
     def on_partition(name: str, state: PartitionState) -> None:
         node = broker.groups.get(name)
@@ -613,6 +615,12 @@ def join_cluster(broker: Any) -> BrokerAgent:
 
     agent.on_partition, agent.on_alter_refused = on_partition, on_alter_refused
     broker.alter_partition = lambda node, request: agent.request_alter(node.name, request)
+
+
+def join_cluster(broker: Any) -> BrokerAgent:
+    """Start ``broker``'s agent (see the module docstring); call on its loop."""
+    agent = BrokerAgent(BrokerGroups(broker), _config(broker), SocketIo(broker))
+    attach_isr(agent, broker)
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         return agent.describe(), b""

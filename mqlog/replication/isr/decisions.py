@@ -29,6 +29,11 @@ import dataclasses
 from mqlog.errors import MetadataChangeRefused
 from mqlog.replication.isr.core import AlterPartition, PartitionState
 
+# A deliberately broken election, so the simulator shows its checkers notice it
+# (``python -m mqlog.sim --layer isr --break election_outside_isr``): a live replica
+# outside the ISR and the ELR is elected first, without unclean_leader_election.
+TEST_BREAKS = ("election_outside_isr",)
+
 
 def decide_alter_partition(current: PartitionState, request: AlterPartition,
                            min_insync_replicas: int,
@@ -56,13 +61,16 @@ def decide_alter_partition(current: PartitionState, request: AlterPartition,
 
 
 def elect_leader(current: PartitionState, live: set[str], min_insync_replicas: int,
-                 unclean: bool = False) -> tuple[PartitionState, str]:
+                 unclean: bool = False, test_break: str = "") -> tuple[PartitionState, str]:
     """A new leader for a partition whose leader is not live: the next state and how it
     was chosen ("isr", "elr", "unclean", or "none")."""
     order = [name for name in current.replicas if name in live]
     isr = tuple(name for name in current.isr if name in live)
     elr = [name for name in current.elr if name in live]
-    if isr:
+    outside = [name for name in order if name not in isr and name not in elr]
+    if test_break == "election_outside_isr" and outside:
+        leader, how, isr = outside[0], "isr", (outside[0],)  # (the break: never do this)
+    elif isr:
         leader, how = next(name for name in order if name in isr), "isr"
     elif elr:
         leader, how = next(name for name in order if name in elr), "elr"
@@ -93,7 +101,8 @@ def _with_isr(current: PartitionState, isr: tuple[str, ...],
 
 
 def fence_isr(current: PartitionState, broker_id: str, fenced: set[str],
-              min_insync_replicas: int, unclean: bool = False) -> tuple[PartitionState, str] | None:
+              min_insync_replicas: int, unclean: bool = False,
+              test_break: str = "") -> tuple[PartitionState, str] | None:
     """The change fencing ``broker_id`` calls for (None: none): it leaves the ISR (to the
     ELR below the minimum), and if it led, another leader is elected (``elect_leader``)."""
     live = set(current.replicas) - fenced - {broker_id}
@@ -104,7 +113,7 @@ def fence_isr(current: PartitionState, broker_id: str, fenced: set[str],
                          min_insync_replicas), "leader stays"
     if not current.leader and broker_id not in current.isr:
         return None
-    return elect_leader(current, live, min_insync_replicas, unclean)
+    return elect_leader(current, live, min_insync_replicas, unclean, test_break)
 
 
 def unfence_isr(current: PartitionState, broker_id: str, fenced: set[str],

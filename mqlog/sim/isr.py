@@ -1,0 +1,521 @@
+"""The simulator for the ISR layer (``python -m mqlog.sim --layer isr``): Kafka's
+per-partition replication with the controller in the loop, under one seed — its
+workload and checkers, run by the one harness as every layer is.
+
+What runs. The controller simulation (sim/controller.py: a Raft quorum of real
+controllers, brokers running the real BrokerAgent over the simulated network) with
+brokers that host real groups (sim/brokers.py: real stores, cores and the one Driver per
+group, every group's messages between two brokers on one simulated connection). An
+operator creates an ``isr`` topic (replication factor 3, a few partitions; the
+controller's ``min_insync_replicas`` 2) and a ``raft`` topic of one partition, so Raft
+and ISR groups share the brokers and their connections; the controller decides the ISR
+partitions' leaders, ISR and ELR (KIP-966) from the leaders' AlterPartition requests and
+from fenced brokers, and the agent hands each core the newest state.
+
+Faults. Everything the controller simulation does (controllers crash and restart, the
+network drops, delays, duplicates and cuts, brokers die and come back as new lives) and
+partitions between brokers. A broker dies whole: a SIGKILL on most seeds (its written
+bytes survive), a power loss on some (``power_loss``: what no flush made durable is lost,
+each group's store with it; the async flusher is simulated by a flush every
+``flush_every_ticks``).
+
+The client. One idempotent producer per partition: each write gets the next sequence,
+and goes, whenever it comes in a tick, to the replica that serves the partition now,
+through the calls node.py's produce path makes (``check_writable``, ``may_accept``, the
+write, and for acks=all the proposal whose verdict answers it). A write refused
+(NotEnoughReplicas, NotLeader: nothing stored) or answered NOT_ENOUGH_REPLICAS_AFTER_APPEND
+or REQUEST_TIMED_OUT (stored, may still commit) is sent again with the same sequence.
+acks=1 is answered once the leader wrote it. The Raft partition's writes are acks=all
+by Raft's rule (a majority flushed them).
+
+Checkers (a list of violations; empty is a pass):
+* at most one leader per (partition, leader epoch) — per (group, term) for Raft;
+* committed prefixes agree: every replica's committed position (an ISR replica's high
+  watermark, a Raft commit) shows bytes equal to the one committed prefix of its
+  partition (checked incrementally, sim/raft.py's checker);
+* no write acknowledged with acks=all (or by Raft) is lost: once healed, each is in the
+  partition's log where it was acknowledged. Every broker comes back with its disk, and
+  unclean election is off, so an ISR or ELR member always survives — except after a
+  power loss: with ``replica_ack = "written"`` (what brokers run) an ISR member's
+  unflushed copy counts, and a power loss of the members can lose an acknowledged write
+  by design (docs/REPLICATION.md); on power-loss seeds a loss in an ISR partition one of
+  whose replicas lost its power after the acknowledgement is counted, not failed (and
+  so is a committed prefix that changed there);
+* with acks=1, lost acknowledged writes are counted in the summary (the price of acks=1),
+  never failed on;
+* liveness: with faults off and every broker back, each ISR partition's ISR is all its
+  replicas, every replica's high watermark equals its log end, and the logs of each
+  partition are byte-identical (so are each Raft group's), and every write the client
+  still waits on is acknowledged; plus the controller simulation's own checks.
+
+``--break`` switches: the ISR core's (hw_all_replicas, truncate_to_hw, hw_below_min_isr)
+and the controller's election_outside_isr (isr/decisions.py); tests/test_isr_sim.py names
+a seed that catches each.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mqlog.errors import MqlogError
+from mqlog.replication.controller.host import BrokerGroups, attach_isr
+from mqlog.replication.idempotence import Stored
+from mqlog.results import PutStatus
+from mqlog.sim import harness
+from mqlog.sim.brokers import SimBroker, SimGroup
+from mqlog.sim.controller import (
+    STORE_SETTINGS,
+    BrokerSlot,
+    ControllerOptions,
+    ControllerSimResult,
+    ControllerSwarm,
+)
+from mqlog.sim.harness import HEAL_PROBABILITY
+from mqlog.sim.network import NetworkOptions, SimNetwork
+from mqlog.sim.raft import _read, check_committed
+
+ISR_TOPIC, RAFT_TOPIC = "events", "ledger"
+REPLICATION_FACTOR = 3
+MIN_INSYNC_REPLICAS = 2
+GROUP_STORE_SETTINGS: dict[str, Any] = dict(STORE_SETTINGS)
+BODY_PADDING = b"." * 200
+CREATE_RETRY_TICKS = 20
+
+
+@dataclass
+class IsrOptions(ControllerOptions):
+    partitions: int = 3
+    power_loss: bool = False  # brokers die by power loss (else by SIGKILL)
+    acks_all_share: float = 1.0  # of the writes; the rest are acks=1
+    put_probability: float = 0.2  # per tick, per partition
+    replica_lag_time_ms: int = 1_000
+    peer_partition_probability: float = 0.0  # per tick: two brokers cut from each other
+    flush_every_ticks: int = 10  # the brokers' async flusher (power-loss seeds)
+    safety_ticks: int = 600
+    liveness_ticks: int = 3000
+
+    @classmethod
+    def from_rng(cls, rng: random.Random) -> IsrOptions:
+        return cls(voters=3, brokers=rng.choice([3, 3, 4]),
+                   network=NetworkOptions(rng.choice([0.0, 0.02, 0.05]),
+                                          rng.choice([0.0, 0.02]), rng.choice([1, 2, 4])),
+                   crash_probability=rng.choice([0.0, 0.002]), restart_probability=0.05,
+                   partition_probability=rng.choice([0.0, 0.005, 0.01]),
+                   flush_delay_ticks_max=rng.choice([0, 1, 3]),
+                   death_probability=rng.choice([0.002, 0.004, 0.008]),
+                   return_probability=rng.choice([0.01, 0.03, 0.1]),
+                   operator_probability=0.0, snapshot_interval_bytes=4096,
+                   partitions=rng.choice([2, 3]), power_loss=rng.random() < 0.3,
+                   acks_all_share=rng.choice([0.5, 0.8, 1.0]),
+                   put_probability=rng.choice([0.1, 0.3]),
+                   replica_lag_time_ms=rng.choice([800, 1_500]),
+                   peer_partition_probability=rng.choice([0.0, 0.005, 0.02]))
+
+
+@dataclass
+class Write:
+    group: str
+    sequence: int
+    body: bytes
+    acks: str  # "all" or "1"
+    request: str = ""  # the request in flight for it ("" if none)
+    broker: str = ""
+
+
+@dataclass
+class Acked:
+    stored: Stored
+    body: bytes
+    acks: str
+    tick: int
+
+
+@dataclass
+class IsrSimResult(ControllerSimResult):
+    acked_all: int = 0
+    acked_one: int = 0
+    lost_one: int = 0  # acks=1 writes acknowledged and lost (counted, never failed)
+    lost_excused: int = 0  # acks=all writes lost after a power loss (replica_ack written)
+    refused: int = 0  # writes refused before anything was stored (NotEnoughReplicas...)
+    elections: int = 0  # (partition, leader epoch) pairs that had a leader
+    misaddressed: int = 0
+
+    def summary(self) -> str:
+        options = self.options
+        return (f"seed {self.seed}: {self.verdict} brokers={options.brokers} "
+                f"partitions={options.partitions} power_loss={options.power_loss} "
+                f"leaders={self.elections} fences={self.fences} acked_all={self.acked_all} "
+                f"acked_one={self.acked_one} lost_one={self.lost_one} "
+                f"lost_excused={self.lost_excused} refused={self.refused} "
+                f"trace={self.digest}")
+
+
+class IsrSwarm(ControllerSwarm):
+    """The controller simulation with brokers hosting real ISR and Raft partitions, and
+    a client (see the module docstring)."""
+
+    options: IsrOptions
+    result: IsrSimResult
+    prefix = "mqlog-isr-sim-"
+    options_type = IsrOptions
+    result_type = IsrSimResult
+
+    # --- set up (ControllerSwarm's hooks) ------------------------------------------------
+
+    def partition_rules(self) -> dict[str, Any]:
+        return {"min_insync_replicas": MIN_INSYNC_REPLICAS,
+                "replica_lag_time_ms": self.options.replica_lag_time_ms}
+
+    def prepare(self, root: Path, test_break: str) -> None:
+        self.root, self.test_break = root, test_break
+        self.peers = SimNetwork(random.Random(self.rng.random()), self.options.network)
+        self.sim_brokers: dict[str, SimBroker] = {}
+        self.disks: dict[str, dict[str, Any]] = {}  # broker -> its saved hard states
+        self.power_lost: dict[str, list[int]] = {}  # broker -> ticks it lost its power
+        self.topics = {ISR_TOPIC: ("isr", self.options.partitions), RAFT_TOPIC: ("raft", 1)}
+        self.topic_asked: dict[str, int] = {}  # topic -> tick its create was last sent
+        self.pending: dict[str, dict[int, Write]] = {}  # group -> sequence -> write
+        self.sequences: dict[str, int] = {}
+        self.acked: dict[str, dict[int, Acked]] = {}
+        self.requests: dict[str, tuple[str, int]] = {}  # request -> (group, sequence)
+        self.committed: dict[str, bytearray] = {}  # group -> its committed prefix
+        self.leaders_by_epoch: dict[tuple[str, int], set[str]] = {}
+        self._written_when_down: dict[tuple[str, str], int] = {}  # (broker, group) -> end
+
+    def new_host(self, broker: BrokerSlot) -> Any:
+        sim_broker = SimBroker(self, broker.name, self.root / "brokers" / broker.name,
+                               self.disks.setdefault(broker.name, {}), GROUP_STORE_SETTINGS,
+                               self.test_break)
+        self.sim_brokers[broker.name] = sim_broker
+        return BrokerGroups(sim_broker)
+
+    def attach(self, broker: BrokerSlot) -> None:
+        assert broker.agent is not None
+        attach_isr(broker.agent, self.sim_brokers[broker.name])
+
+    def host_dies(self, broker: BrokerSlot) -> None:
+        sim_broker = self.sim_brokers.pop(broker.name)
+        self.result.misaddressed += sim_broker.misaddressed
+        for name, group in sim_broker.groups.items():
+            self._written_when_down[(broker.name, name)] = group.store.written_position
+        sim_broker.die(self.options.power_loss)
+        if self.options.power_loss:
+            self.power_lost.setdefault(broker.name, []).append(self.clock[0])
+        for writes in self.pending.values():  # its clients' connections broke
+            for write in writes.values():
+                if write.broker == broker.name:
+                    write.request = ""
+
+    def hosted(self, broker: BrokerSlot) -> set[str]:
+        sim_broker = self.sim_brokers[broker.name]
+        return set(sim_broker.groups) | set(sim_broker.recorded)
+
+    # --- the run -------------------------------------------------------------------------
+
+    def _step_all(self) -> None:
+        super()._step_all()
+        self._create_topics()
+        self._step_groups()
+
+    def _faults(self) -> None:
+        super()._faults()
+        rng = self.rng
+        if rng.random() < self.options.peer_partition_probability:
+            a, b = rng.sample(sorted(self.brokers), 2)
+            self.peers.partition(a, b)
+            self.trace(f"partition brokers {a} and {b}")
+        elif self.peers.partitioned and rng.random() < HEAL_PROBABILITY:
+            self.peers.heal()
+
+    def _groups(self) -> list[tuple[SimBroker, SimGroup]]:
+        return [(sim_broker, sim_broker.groups[name])
+                for _, sim_broker in sorted(self.sim_brokers.items())
+                for name in sorted(sim_broker.groups)]
+
+    def _step_groups(self) -> None:
+        """Each hosted group ticks, steps what arrived for it, takes the client's writes
+        (whenever they come in the tick), sees its due flushes, and runs its driver."""
+        self.peers.now = self.clock[0]
+        for _, group in self._groups():
+            group.driver.tick()
+        if self.faulty:
+            self._new_writes()
+        arrived = self.peers.due_grouped()
+        writes_at = self.rng.randrange(len(arrived) + 1)
+        for index, (name, message) in enumerate(arrived):
+            if index == writes_at:
+                self._send_writes()
+            target = self.sim_brokers.get(message.dst)
+            if target is None:
+                continue  # (a dead broker: its connections are gone)
+            target.deliver(name, message)
+        if writes_at == len(arrived):
+            self._send_writes()
+        chores = self.clock[0] % 20 == 0
+        flush = self.options.power_loss and self.clock[0] % self.options.flush_every_ticks == 0
+        for sim_broker, group in self._groups():
+            if flush:
+                group.flush_now()
+            group.complete_flushes()
+            group.driver.run()
+            if group.driver.failure is not None:
+                continue
+            self._check_group(sim_broker, group)
+            if chores:
+                group.chores()
+
+    # --- the operator and the client ---------------------------------------------------------
+
+    def _create_topics(self) -> None:
+        """Create each planned topic until a controller acknowledged it (or shows it)."""
+        state = next((node.controller.committed for node in self.running()
+                      if node.controller.serving), None)
+        for name, (layer, partitions) in sorted(self.topics.items()):
+            if name in self.created:
+                continue
+            if state is not None and name in state.topics:
+                self.created.add(name)
+                self.unsure.discard(name)
+                continue
+            if self.clock[0] - self.topic_asked.get(name, -CREATE_RETRY_TICKS) < \
+                    CREATE_RETRY_TICKS:
+                continue
+            self.topic_asked[name] = self.clock[0]
+            self.unsure.add(name)
+
+            def created(ok: bool, _proposal: Any, name: str = name) -> None:
+                if ok:
+                    self.created.add(name)
+                    self.unsure.discard(name)
+                    self.result.topics_created += 1
+            self._call(functools.partial(_create, name=name, partitions=partitions,
+                                         layer=layer), created)
+
+    def _partition_groups(self) -> list[tuple[str, str, int, str]]:
+        """(group, topic, partition, layer) of each created topic's partitions."""
+        return [(f"{name}-{index}", name, index, layer)
+                for name, (layer, partitions) in sorted(self.topics.items())
+                if name in self.created for index in range(partitions)]
+
+    def _new_writes(self) -> None:
+        for group, _topic, _index, layer in self._partition_groups():
+            if self.rng.random() >= self.options.put_probability:
+                continue
+            sequence = self.sequences[group] = self.sequences.get(group, 0) + 1
+            acks = "all" if layer == "raft" or \
+                self.rng.random() < self.options.acks_all_share else "1"
+            self.pending.setdefault(group, {})[sequence] = Write(
+                group, sequence, f"{self.result.seed}/{group}/{sequence}".encode()
+                + BODY_PADDING, acks)
+
+    def _serving(self, group: str) -> SimGroup | None:
+        serving = [sim_broker.groups[group] for sim_broker in self.sim_brokers.values()
+                   if group in sim_broker.groups and sim_broker.groups[group].driver.serving]
+        return self.rng.choice(serving) if serving else None
+
+    def _send_writes(self) -> None:
+        for group, topic, index, _layer in self._partition_groups():
+            waiting = [write for write in self.pending.get(group, {}).values()
+                       if not write.request][:4]
+            node = self._serving(group) if waiting else None
+            if node is None:
+                continue
+            for write in waiting:
+                self._submit(node, topic, index, write)
+
+    def _submit(self, node: SimGroup, topic: str, index: int, write: Write) -> None:
+        """node.py's produce path: may this replica take it, store it, propose it."""
+        isr = node.spec.replication.layer == "isr"
+        try:
+            node.driver.check_writable()
+            if isr:
+                node.core.may_accept("replicated" if write.acks == "all" else "master")
+        except MqlogError as error:  # nothing stored: sent again later
+            self.result.refused += 1
+            self.trace(f"{node.broker_id}/{node.name}: refused s{write.sequence}: "
+                       f"{type(error).__name__}")
+            return
+        stored = node.driver.write(topic, [write.body], index,
+                                   producer=(f"p-{write.group}", write.sequence))
+        self.trace(f"{node.broker_id}/{node.name}: s{write.sequence} acks={write.acks} at "
+                   f"{stored.position}")
+        if write.acks == "1":  # the leader's write is its answer
+            self._acknowledge(write, stored)
+            return
+        request = f"{write.group}/s{write.sequence}@{node.broker_id}.{self.clock[0]}"
+        write.request, write.broker = request, node.broker_id
+        self.requests[request] = (write.group, write.sequence)
+        node.driver.propose(request, stored.end)
+
+    def answered(self, node: Any, request: Any, status: PutStatus) -> None:
+        if not isinstance(node, SimGroup):
+            return  # (a controller's own proposals)
+        self.trace(f"{node.broker_id}/{node.name}: {request} {status.value}")
+        group, sequence = self.requests.pop(request, ("", 0))
+        write = self.pending.get(group, {}).get(sequence)
+        if write is None or write.request != request:
+            return  # an answer to a request the client gave up on
+        write.request = ""
+        if status is PutStatus.PUT_OK:
+            stored = node.driver.producers.lookup(f"p-{group}", sequence)
+            assert stored is not None, (group, sequence)
+            self._acknowledge(write, stored)
+
+    def _acknowledge(self, write: Write, stored: Stored) -> None:
+        del self.pending[write.group][write.sequence]
+        self.acked.setdefault(write.group, {})[write.sequence] = Acked(
+            stored, write.body, write.acks, self.clock[0])
+        if write.acks == "all":
+            self.result.acked_all += 1
+        else:
+            self.result.acked_one += 1
+
+    # --- checkers ----------------------------------------------------------------------------
+
+    def _check_group(self, sim_broker: SimBroker, group: SimGroup) -> None:
+        core = group.core
+        core.invariants()
+        if group.driver.serving:
+            leaders = self.leaders_by_epoch.setdefault((group.name, core.epoch), set())
+            leaders.add(sim_broker.broker_id)
+            if len(leaders) > 1:
+                self.violation(f"{group.name} had leaders {sorted(leaders)} in epoch "
+                               f"{core.epoch}")
+        commit = group.store.committed_position
+        if commit <= group.commit_seen:
+            return
+        group.commit_seen = commit
+        if core.is_master and group.spec.replication.layer == "isr" and \
+                not self.options.power_loss:
+            self._check_insync_holders(group, commit)
+        prefix = self.committed.setdefault(group.name, bytearray())
+        problem = check_committed(prefix, group, commit)
+        if not problem:
+            return
+        if self._excused(group.name, -1):
+            self.trace(f"{sim_broker.broker_id}/{group.name} {problem} (after a power loss)")
+            prefix[:] = _read(group.store, 0, commit)
+            return
+        self.violation(f"{sim_broker.broker_id}/{group.name} {problem}")
+
+    def _check_insync_holders(self, leader: SimGroup, commit: int) -> None:
+        """A leader's high watermark moves to ``commit`` only while at least
+        min_insync_replicas replicas hold the log up to there (written: the brokers run
+        replica_ack = "written"), the record ending there in the same epoch as the
+        leader's (KIP-966's strict min ISR; a broker down counts what it had written: a
+        SIGKILL keeps it)."""
+        epoch = leader.store.epoch_at(commit)
+        holders = []
+        for name in leader.spec.replication.replicas:
+            sim_broker = self.sim_brokers.get(name)
+            replica = sim_broker.groups.get(leader.name) if sim_broker is not None else None
+            if replica is None or not replica.up:
+                if self._written_when_down.get((name, leader.name), 0) >= commit:
+                    holders.append(name)
+            elif replica.store.written_position >= commit and \
+                    replica.store.epoch_at(commit) == epoch:
+                holders.append(name)
+        if len(holders) < MIN_INSYNC_REPLICAS:
+            self.violation(f"{leader.broker_id}/{leader.name} moved its high watermark to "
+                           f"{commit} in leader epoch {leader.core.epoch} but only {holders} "
+                           f"hold it (min_insync_replicas is {MIN_INSYNC_REPLICAS})")
+
+    def _excused(self, group: str, since: int) -> bool:
+        """A power loss of one of ``group``'s replicas after tick ``since`` (an ISR
+        partition; the brokers run replica_ack = "written")."""
+        if not self.options.power_loss or not group.startswith(f"{ISR_TOPIC}-"):
+            return False
+        return any(tick > since for ticks in self.power_lost.values() for tick in ticks)
+
+    # --- liveness and the end --------------------------------------------------------------
+
+    def liveness(self) -> None:
+        self.peers.options = NetworkOptions()
+        self.peers.heal()
+        for broker in self.brokers.values():
+            if not broker.alive:
+                self._begin_life(broker)
+                self.trace(f"broker {broker.name} comes back for the liveness phase")
+        super().liveness()
+
+    def _why_not_settled(self) -> str:
+        why = super()._why_not_settled()
+        if why:
+            return why
+        if set(self.topics) - self.created:
+            return f"topics {sorted(set(self.topics) - self.created)} not created"
+        waiting = sum(len(writes) for writes in self.pending.values())
+        if waiting:
+            return f"{waiting} writes waiting"
+        state = self.running()[0].controller.committed
+        for group, topic, index, layer in self._partition_groups():
+            part = state.topics[topic].partitions[index]
+            replicas = [self.sim_brokers[name].groups.get(group) for name in part.replicas]
+            if any(replica is None or not replica.up for replica in replicas):
+                return f"{group} is not hosted by all of {list(part.replicas)}"
+            ends = {(replica.store.written_position, replica.store.committed_position)
+                    for replica in replicas if replica is not None}
+            if len(ends) != 1 or len({end for pair in ends for end in pair}) != 1:
+                return f"{group}: (written, committed) ends {sorted(ends)}"
+            serving = [replica for replica in replicas
+                       if replica is not None and replica.driver.serving]
+            if len(serving) != 1:
+                return f"{group} has {len(serving)} serving leaders"
+            if layer == "isr" and set(part.isr) != set(part.replicas):
+                return f"{group}'s ISR is {list(part.isr)}"
+        return ""
+
+    def check_end(self) -> None:
+        if self.result.violations:
+            return
+        state = self.running()[0].controller.committed
+        for group, topic, index, _layer in self._partition_groups():
+            part = state.topics[topic].partitions[index]
+            replicas = [self.sim_brokers[name].groups[group] for name in part.replicas]
+            images = {hashlib.sha256(_read(replica.store, 0, replica.store.written_position))
+                      .hexdigest() for replica in replicas}
+            if len(images) != 1:
+                self.violation(f"{group}: the replicas' logs differ after healing")
+            self._check_acked(group, replicas[0])
+
+    def _check_acked(self, group: str, replica: SimGroup) -> None:
+        for sequence, acked in sorted(self.acked.get(group, {}).items()):
+            try:
+                record = replica.store.read_record(acked.stored.position)
+            except MqlogError:
+                record = None
+            if record is not None and record.body == acked.body:
+                continue
+            if acked.acks == "1":
+                self.result.lost_one += 1
+            elif self._excused(group, acked.tick - 1):
+                self.result.lost_excused += 1
+            else:
+                self.violation(f"{group}: write {sequence} acknowledged with acks=all at "
+                               f"{acked.stored.position} (tick {acked.tick}) was lost")
+
+    def finish(self) -> None:
+        for _, group in self._groups():  # (harness.py closes the controllers')
+            group.store.close()
+        super().finish()
+        self.result.elections = len(self.leaders_by_epoch)
+        self.result.misaddressed += sum(broker.misaddressed
+                                        for broker in self.sim_brokers.values())
+
+
+def _create(controller: Any, name: str, partitions: int, layer: str) -> Any:
+    return controller.create_topic(name, partitions, REPLICATION_FACTOR, layer)
+
+
+def run_seed(seed: int, test_break: str = "") -> IsrSimResult:
+    # In memory where the machine has it: the simulated disk decides what a crash keeps
+    # (power_off), so a real fsync buys nothing, and costs most of a run on a busy disk.
+    memory = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) \
+        else None
+    return harness.run_seed(IsrSwarm, seed, test_break, IsrSwarm.prefix, memory)
