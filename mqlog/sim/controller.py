@@ -327,6 +327,10 @@ class ControllerSwarm(Simulation):
     def host_dies(self, broker: BrokerSlot) -> None:
         """A broker's life ends: what its host holds dies with it."""
 
+    def broker_paused(self, name: str) -> bool:
+        """Whether broker ``name``'s process is stopped now (SIGSTOP)."""
+        return False
+
     def hosted(self, broker: BrokerSlot) -> set[str]:
         """The groups a live broker hosts now."""
         return set(broker.host.groups)
@@ -417,11 +421,18 @@ class ControllerSwarm(Simulation):
         heapq.heappush(self.timers, (self.clock[0] + ticks, self.timer_count, io, callback))
 
     def _brokers_run(self) -> None:
-        """The brokers' phase of a tick: answers and timers due by now, in order."""
+        """The brokers' phase of a tick: answers and timers due by now, in order (those of
+        a paused broker wait until it resumes)."""
+        held = []
         while self.timers and self.timers[0][0] <= self.clock[0]:
-            _due, _count, io, callback = heapq.heappop(self.timers)
-            if io is None or not io.closed:
+            timer = heapq.heappop(self.timers)
+            io, callback = timer[2], timer[3]
+            if io is not None and self.broker_paused(io.name):
+                held.append(timer)
+            elif io is None or not io.closed:
                 callback()
+        for _due, count, io, callback in held:
+            heapq.heappush(self.timers, (self.clock[0] + 1, count, io, callback))
 
     def _operator(self) -> None:
         live = sorted(self.created - self.deleted - self.unsure)

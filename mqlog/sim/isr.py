@@ -13,8 +13,10 @@ partitions' leaders, ISR and ELR (KIP-966) from the leaders' AlterPartition requ
 from fenced brokers, and the agent hands each core the newest state.
 
 Faults. Everything the controller simulation does (controllers crash and restart, the
-network drops, delays, duplicates and cuts, brokers die and come back as new lives) and
-partitions between brokers. A broker dies whole: a SIGKILL on most seeds (its written
+network drops, delays, duplicates and cuts, brokers die and come back as new lives),
+partitions between brokers, and brokers paused (SIGSTOP: its groups, agent and timers
+stop, what is sent to it waits, and it resumes where it was — fenced meanwhile, maybe,
+and still believing what it believed). A broker dies whole: a SIGKILL on most seeds (its written
 bytes survive), a power loss on some (``power_loss``: what no flush made durable is lost,
 each group's store with it; the async flusher is simulated by a flush every
 ``flush_every_ticks``).
@@ -30,6 +32,11 @@ by Raft's rule (a majority flushed them).
 
 Checkers (a list of violations; empty is a pass):
 * at most one leader per (partition, leader epoch) — per (group, term) for Raft;
+* leader completeness: a replica that begins to serve an epoch holds the partition's
+  whole committed prefix;
+* strict min ISR (KIP-966): a leader's high watermark moves to P only while at least
+  ``min_insync_replicas`` replicas hold the log up to P, the record ending there in the
+  leader's epoch (what the replicas hold, not what the leader believes);
 * committed prefixes agree: every replica's committed position (an ISR replica's high
   watermark, a Raft commit) shows bytes equal to the one committed prefix of its
   partition (checked incrementally, sim/raft.py's checker);
@@ -97,6 +104,8 @@ class IsrOptions(ControllerOptions):
     replica_lag_time_ms: int = 1_000
     peer_partition_probability: float = 0.0  # per tick: two brokers cut from each other
     flush_every_ticks: int = 10  # the brokers' async flusher (power-loss seeds)
+    pause_probability: float = 0.0  # per tick, per live broker: SIGSTOP
+    resume_probability: float = 0.05  # per tick, per paused broker: SIGCONT
     safety_ticks: int = 600
     liveness_ticks: int = 3000
 
@@ -115,7 +124,9 @@ class IsrOptions(ControllerOptions):
                    acks_all_share=rng.choice([0.5, 0.8, 1.0]),
                    put_probability=rng.choice([0.1, 0.3]),
                    replica_lag_time_ms=rng.choice([800, 1_500]),
-                   peer_partition_probability=rng.choice([0.0, 0.005, 0.02]))
+                   peer_partition_probability=rng.choice([0.0, 0.005, 0.02]),
+                   pause_probability=rng.choice([0.0, 0.002, 0.005]),
+                   resume_probability=rng.choice([0.01, 0.05]))
 
 
 @dataclass
@@ -126,6 +137,7 @@ class Write:
     acks: str  # "all" or "1"
     request: str = ""  # the request in flight for it ("" if none)
     broker: str = ""
+    stored_tick: int = -1  # when a leader first stored it (-1: not yet)
 
 
 @dataclass
@@ -133,7 +145,8 @@ class Acked:
     stored: Stored
     body: bytes
     acks: str
-    tick: int
+    tick: int  # when it was acknowledged
+    stored_tick: int  # when a leader first stored it (copies were made since)
 
 
 @dataclass
@@ -145,6 +158,9 @@ class IsrSimResult(ControllerSimResult):
     refused: int = 0  # writes refused before anything was stored (NotEnoughReplicas...)
     elections: int = 0  # (partition, leader epoch) pairs that had a leader
     misaddressed: int = 0
+    shrinks: int = 0  # ISR shrinks a leader asked for
+    expands: int = 0
+    truncations: int = 0  # followers truncated by leader epoch (KIP-101/279/320)
 
     def summary(self) -> str:
         options = self.options
@@ -153,7 +169,8 @@ class IsrSimResult(ControllerSimResult):
                 f"leaders={self.elections} fences={self.fences} acked_all={self.acked_all} "
                 f"acked_one={self.acked_one} lost_one={self.lost_one} "
                 f"lost_excused={self.lost_excused} refused={self.refused} "
-                f"trace={self.digest}")
+                f"shrinks={self.shrinks} expands={self.expands} "
+                f"truncations={self.truncations} trace={self.digest}")
 
 
 class IsrSwarm(ControllerSwarm):
@@ -187,6 +204,8 @@ class IsrSwarm(ControllerSwarm):
         self.committed: dict[str, bytearray] = {}  # group -> its committed prefix
         self.leaders_by_epoch: dict[tuple[str, int], set[str]] = {}
         self._written_when_down: dict[tuple[str, str], int] = {}  # (broker, group) -> end
+        self.paused: set[str] = set()  # brokers stopped (SIGSTOP)
+        self.backlog: dict[str, list[tuple[str, Any]]] = {}  # what reached a paused broker
 
     def new_host(self, broker: BrokerSlot) -> Any:
         sim_broker = SimBroker(self, broker.name, self.root / "brokers" / broker.name,
@@ -201,6 +220,8 @@ class IsrSwarm(ControllerSwarm):
 
     def host_dies(self, broker: BrokerSlot) -> None:
         sim_broker = self.sim_brokers.pop(broker.name)
+        self.paused.discard(broker.name)
+        self.backlog.pop(broker.name, None)  # (its connections died with it)
         self.result.misaddressed += sim_broker.misaddressed
         for name, group in sim_broker.groups.items():
             self._written_when_down[(broker.name, name)] = group.store.written_position
@@ -211,6 +232,9 @@ class IsrSwarm(ControllerSwarm):
             for write in writes.values():
                 if write.broker == broker.name:
                     write.request = ""
+
+    def broker_paused(self, name: str) -> bool:
+        return name in self.paused
 
     def hosted(self, broker: BrokerSlot) -> set[str]:
         sim_broker = self.sim_brokers[broker.name]
@@ -226,6 +250,12 @@ class IsrSwarm(ControllerSwarm):
     def _faults(self) -> None:
         super()._faults()
         rng = self.rng
+        for name in sorted(self.sim_brokers):
+            if name in self.paused and rng.random() < self.options.resume_probability:
+                self._resume(name)
+            elif name not in self.paused and rng.random() < self.options.pause_probability:
+                self.paused.add(name)  # (its groups, agent and timers stop; what is sent
+                self.trace(f"broker {name} paused")  # to it waits in its socket buffers)
         if rng.random() < self.options.peer_partition_probability:
             a, b = rng.sample(sorted(self.brokers), 2)
             self.peers.partition(a, b)
@@ -233,9 +263,24 @@ class IsrSwarm(ControllerSwarm):
         elif self.peers.partitioned and rng.random() < HEAL_PROBABILITY:
             self.peers.heal()
 
-    def _groups(self) -> list[tuple[SimBroker, SimGroup]]:
+    def trace(self, text: str) -> None:
+        super().trace(text)
+        if "shrink the ISR" in text:  # (the cores' events, as notes)
+            self.result.shrinks += 1
+        elif "expand the ISR" in text:
+            self.result.expands += 1
+        elif " truncated [" in text:
+            self.result.truncations += 1
+
+    def _resume(self, name: str) -> None:
+        self.paused.discard(name)
+        self.trace(f"broker {name} resumes")
+
+    def _groups(self, running: bool = True) -> list[tuple[SimBroker, SimGroup]]:
+        """Each hosted group (of brokers not paused, if ``running``)."""
         return [(sim_broker, sim_broker.groups[name])
-                for _, sim_broker in sorted(self.sim_brokers.items())
+                for broker_name, sim_broker in sorted(self.sim_brokers.items())
+                if not (running and broker_name in self.paused)
                 for name in sorted(sim_broker.groups)]
 
     def _step_groups(self) -> None:
@@ -246,7 +291,8 @@ class IsrSwarm(ControllerSwarm):
             group.driver.tick()
         if self.faulty:
             self._new_writes()
-        arrived = self.peers.due_grouped()
+        arrived = [item for name in sorted(self.backlog) if name not in self.paused
+                   for item in self.backlog.pop(name)] + self.peers.due_grouped()
         writes_at = self.rng.randrange(len(arrived) + 1)
         for index, (name, message) in enumerate(arrived):
             if index == writes_at:
@@ -254,6 +300,9 @@ class IsrSwarm(ControllerSwarm):
             target = self.sim_brokers.get(message.dst)
             if target is None:
                 continue  # (a dead broker: its connections are gone)
+            if message.dst in self.paused:
+                self.backlog.setdefault(message.dst, []).append((name, message))
+                continue
             target.deliver(name, message)
         if writes_at == len(arrived):
             self._send_writes()
@@ -315,8 +364,9 @@ class IsrSwarm(ControllerSwarm):
                 + BODY_PADDING, acks)
 
     def _serving(self, group: str) -> SimGroup | None:
-        serving = [sim_broker.groups[group] for sim_broker in self.sim_brokers.values()
-                   if group in sim_broker.groups and sim_broker.groups[group].driver.serving]
+        serving = [sim_broker.groups[group] for name, sim_broker in self.sim_brokers.items()
+                   if name not in self.paused and group in sim_broker.groups
+                   and sim_broker.groups[group].driver.serving]
         return self.rng.choice(serving) if serving else None
 
     def _send_writes(self) -> None:
@@ -343,6 +393,8 @@ class IsrSwarm(ControllerSwarm):
             return
         stored = node.driver.write(topic, [write.body], index,
                                    producer=(f"p-{write.group}", write.sequence))
+        if write.stored_tick < 0:
+            write.stored_tick = self.clock[0]
         self.trace(f"{node.broker_id}/{node.name}: s{write.sequence} acks={write.acks} at "
                    f"{stored.position}")
         if write.acks == "1":  # the leader's write is its answer
@@ -370,7 +422,7 @@ class IsrSwarm(ControllerSwarm):
     def _acknowledge(self, write: Write, stored: Stored) -> None:
         del self.pending[write.group][write.sequence]
         self.acked.setdefault(write.group, {})[write.sequence] = Acked(
-            stored, write.body, write.acks, self.clock[0])
+            stored, write.body, write.acks, self.clock[0], write.stored_tick)
         if write.acks == "all":
             self.result.acked_all += 1
         else:
@@ -383,7 +435,9 @@ class IsrSwarm(ControllerSwarm):
         core.invariants()
         if group.driver.serving:
             leaders = self.leaders_by_epoch.setdefault((group.name, core.epoch), set())
-            leaders.add(sim_broker.broker_id)
+            if sim_broker.broker_id not in leaders:
+                leaders.add(sim_broker.broker_id)
+                self._check_complete(group)
             if len(leaders) > 1:
                 self.violation(f"{group.name} had leaders {sorted(leaders)} in epoch "
                                f"{core.epoch}")
@@ -403,6 +457,20 @@ class IsrSwarm(ControllerSwarm):
             prefix[:] = _read(group.store, 0, commit)
             return
         self.violation(f"{sim_broker.broker_id}/{group.name} {problem}")
+
+    def _check_complete(self, leader: SimGroup) -> None:
+        """Leader completeness: a replica that begins to serve a leader epoch (a Raft
+        term) holds the partition's whole committed prefix (elected from the ISR or the
+        ELR, which hold every committed record)."""
+        prefix = self.committed.get(leader.name, bytearray())
+        try:
+            complete = _read(leader.store, 0, len(prefix)) == bytes(prefix)
+        except MqlogError:  # (no record starts where the prefix ends, in its log)
+            complete = False
+        if complete or self._excused(leader.name, -1):
+            return
+        self.violation(f"{leader.broker_id}/{leader.name} leads epoch {leader.core.epoch} "
+                       f"without the whole committed prefix [0, {len(prefix)})")
 
     def _check_insync_holders(self, leader: SimGroup, commit: int) -> None:
         """A leader's high watermark moves to ``commit`` only while at least
@@ -438,6 +506,8 @@ class IsrSwarm(ControllerSwarm):
     def liveness(self) -> None:
         self.peers.options = NetworkOptions()
         self.peers.heal()
+        for name in sorted(self.paused):
+            self._resume(name)
         for broker in self.brokers.values():
             if not broker.alive:
                 self._begin_life(broker)
@@ -494,14 +564,15 @@ class IsrSwarm(ControllerSwarm):
                 continue
             if acked.acks == "1":
                 self.result.lost_one += 1
-            elif self._excused(group, acked.tick - 1):
+            elif self._excused(group, acked.stored_tick - 1):  # (a copy counted by the
+                # leader may have been lost to a power loss before the answer went out)
                 self.result.lost_excused += 1
             else:
                 self.violation(f"{group}: write {sequence} acknowledged with acks=all at "
                                f"{acked.stored.position} (tick {acked.tick}) was lost")
 
     def finish(self) -> None:
-        for _, group in self._groups():  # (harness.py closes the controllers')
+        for _, group in self._groups(running=False):  # (harness.py closes the controllers')
             group.store.close()
         super().finish()
         self.result.elections = len(self.leaders_by_epoch)
