@@ -52,10 +52,13 @@ What differs from the twin
   ``detach_segments_from``, ``truncate`` (dropped consume-queue files), ``drop_queues``
   and ``release``: the engine closes each mmap right after, which fails (BufferError)
   while an export is held.
-* Lock: a ``PyThread_type_lock``. It is first tried without releasing the GIL (the
-  common, uncontended case costs two atomic operations); only when that fails is it
-  waited for with the GIL released, so a writer that waits never holds the GIL and a
-  writer that holds the lock can always get the GIL back: no deadlock. Methods that
+* Lock: a ``pthread_mutex_t`` (a ``PyThread_type_lock`` reads the clock on every
+  acquire, even one that does not wait: a tenth of a put). It is first tried without
+  releasing the GIL (the common, uncontended case costs two atomic operations); only
+  when that fails is it waited for with the GIL released, so a writer that waits never
+  holds the GIL and a writer that holds the lock can always get the GIL back: no
+  deadlock. The thread that takes it always releases it (no method lets another thread
+  release it, as a mutex requires). Methods that
   take the lock refuse (RuntimeError) to be re-entered from a callback of the same
   thread, where the twin's threading.Lock would hang forever.
 * GIL: small records are encoded with the GIL held (releasing and re-taking it costs
@@ -105,7 +108,6 @@ from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
 from cpython.pythread cimport (
     NOWAIT_LOCK,
-    WAIT_LOCK,
     PyThread_acquire_lock,
     PyThread_allocate_lock,
     PyThread_free_lock,
@@ -115,6 +117,7 @@ from cpython.pythread cimport (
     PY_LOCK_INTR,
     PyThread_type_lock,
 )
+from cpython.ref cimport Py_XDECREF
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_Check, PyUnicode_DecodeUTF8
 from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
@@ -136,6 +139,15 @@ from mqlog.errors import (
 )
 from mqlog.results import PUT_OK, BatchPutResult, PutResult
 include "_layout.pxi"
+
+cdef extern from "<pthread.h>" nogil:
+    ctypedef struct pthread_mutex_t:
+        pass
+    int pthread_mutex_init(pthread_mutex_t *mutex, const void *attributes)
+    int pthread_mutex_destroy(pthread_mutex_t *mutex)
+    int pthread_mutex_lock(pthread_mutex_t *mutex)
+    int pthread_mutex_trylock(pthread_mutex_t *mutex)
+    int pthread_mutex_unlock(pthread_mutex_t *mutex)
 
 try:  # the same bytes as msgpack.packb, faster for properties' usual types
     from mqlog.ext._wire import packb as _fast_packb
@@ -191,7 +203,7 @@ cdef class LogCore:
     cdef Py_ssize_t _segment_capacity
     cdef Py_ssize_t _locate_hint  # the segment the last lookup found
     cdef Segment *_tail  # the last segment, where records go (NULL: none)
-    cdef PyThread_type_lock _lock
+    cdef pthread_mutex_t _mutex  # the write lock (see the module docstring)
     cdef long _lock_owner  # thread ident while held, else 0
     # _note_epoch's cache: the last item of epoch_starts it read, and its epoch
     cdef object _epoch_item
@@ -203,6 +215,9 @@ cdef class LogCore:
     cdef _Queue _put_queue
     cdef object _timestamp_object
     cdef int64_t _timestamp_value
+    # put's last two results, refilled when the caller dropped them (mq_reused5)
+    cdef PyObject *_spare_results[2]
+    cdef int _spare_next
     # Readers keep no raw pointer into a mapping across a GIL release. Every method that
     # unmaps, frees or zeroes (truncate, trim_front, detach, drop_queues, release) makes
     # the generation odd while it works and even again when done: a reader that let the
@@ -213,8 +228,7 @@ cdef class LogCore:
     cdef bint _released  # release() ran: every read is StoreClosed
 
     def __cinit__(self, *args, **kwargs):
-        self._lock = PyThread_allocate_lock()
-        if self._lock == NULL:
+        if pthread_mutex_init(&self._mutex, NULL) != 0:
             raise MemoryError()
         self._queues = {}
         self.epoch_starts = []
@@ -240,25 +254,26 @@ cdef class LogCore:
     def __dealloc__(self):
         self._drop_segments(0)
         PyMem_Free(self._segments)
-        if self._lock != NULL:
-            PyThread_free_lock(self._lock)
+        pthread_mutex_destroy(&self._mutex)
+        Py_XDECREF(self._spare_results[0])
+        Py_XDECREF(self._spare_results[1])
 
     # --- the write lock ---------------------------------------------------------------
 
     cdef inline int _acquire(self) except -1:
         cdef long me = PyThread_get_thread_ident()
-        if not PyThread_acquire_lock(self._lock, NOWAIT_LOCK):
+        if pthread_mutex_trylock(&self._mutex) != 0:
             if self._lock_owner == me:
                 raise RuntimeError("the log core was called back under its own write lock "
                                    "(a new_segment/new_queue_file callback may only attach)")
             with nogil:
-                PyThread_acquire_lock(self._lock, WAIT_LOCK)
+                pthread_mutex_lock(&self._mutex)
         self._lock_owner = me
         return 0
 
     cdef inline void _release(self) noexcept:
         self._lock_owner = 0
-        PyThread_release_lock(self._lock)
+        pthread_mutex_unlock(&self._mutex)
 
     # --- changes readers must notice (see _generation) -------------------------------
 
@@ -494,8 +509,8 @@ cdef class LogCore:
         if store_timestamp != self._timestamp_value or self._timestamp_object is None:
             self._timestamp_object = store_timestamp
             self._timestamp_value = store_timestamp
-        return _make_tuple(_PutResult, (_PUT_OK, position, offset, self._timestamp_object,
-                                        size))
+        return _reused5(self._spare_results, &self._spare_next, _PutResult, _PUT_OK,
+                        position, offset, self._timestamp_object, size)
 
     def put_batch(self, topic, bodies, queue_id=0, key=None, tags=None, properties=None,
                   born_timestamp=None):
@@ -558,8 +573,8 @@ cdef class LogCore:
                                     store_timestamp)
             if index == 0:
                 first_position = position
-        return _make_tuple(_BatchPutResult, (_PUT_OK, first_position, first_offset, count,
-                                             store_timestamp, self.written_position))
+        return _tuple6(_BatchPutResult, _PUT_OK, first_position, first_offset, count,
+                       store_timestamp, self.written_position)
 
     cdef object _prepare(self, Fields *fields, object topic, object queue_id, object key,
                          object tags, object properties, object born_timestamp):

@@ -97,20 +97,72 @@ cdef inline int64_t _wall_clock_ms() noexcept nogil:
 
 cdef extern from *:
     """
-    /* tuple.__new__(cls, values) for a tuple subclass (PutResult, BatchPutResult): the
-       tuple type's own constructor slot, which is how a NamedTuple's __new__ ends, but
-       without that Python-level __new__ frame or a method lookup per call. */
-    static PyObject *mq_tuple_new(PyObject *cls, PyObject *values)
+    /* PutResult(...) / BatchPutResult(...) without a NamedTuple's Python-level __new__:
+       what tuple.__new__ does for a tuple subclass in the end (the subclass's tp_alloc,
+       then the items set), minus the two temporary tuples it builds on the way. */
+    static PyObject *mq_tuple_of(PyObject *cls, Py_ssize_t count, PyObject **items)
     {
-        PyObject *args = PyTuple_Pack(1, values), *result;
-        if (args == NULL)
+        PyTypeObject *type = (PyTypeObject *)cls;
+        PyObject *result = type->tp_alloc(type, count);
+        Py_ssize_t index;
+        if (result == NULL)
             return NULL;
-        result = PyTuple_Type.tp_new((PyTypeObject *)cls, args, NULL);
-        Py_DECREF(args);
+        for (index = 0; index < count; index++) {
+            Py_INCREF(items[index]);
+            PyTuple_SET_ITEM(result, index, items[index]);
+        }
         return result;
     }
+    static PyObject *mq_tuple5(PyObject *cls, PyObject *a, PyObject *b, PyObject *c,
+                               PyObject *d, PyObject *e)
+    {
+        PyObject *items[5] = {a, b, c, d, e};
+        return mq_tuple_of(cls, 5, items);
+    }
+    /* PutResult(...) for a writer that drops each result (a loop of puts): one of the
+       two results made before is refilled if nobody else holds it any more (reference
+       count 1: only ``spares`` does), as CPython's zip() reuses its tuple; else a new
+       one is made and kept in the older slot. Two slots: ``r = put(...)`` in a loop
+       holds the last result while the next put runs. */
+    static PyObject *mq_reused5(PyObject **spares, int *next, PyObject *cls, PyObject *a,
+                                PyObject *b, PyObject *c, PyObject *d, PyObject *e)
+    {
+        PyObject *items[5] = {a, b, c, d, e}, *spare, *old;
+        Py_ssize_t index, slot;
+        for (slot = 0; slot < 2; slot++) {
+            spare = spares[slot];
+            if (spare == NULL || Py_REFCNT(spare) != 1)
+                continue;
+            for (index = 0; index < 5; index++) {
+                old = PyTuple_GET_ITEM(spare, index);
+                Py_INCREF(items[index]);
+                PyTuple_SET_ITEM(spare, index, items[index]);
+                Py_DECREF(old);  /* an int or the status: frees, runs no code */
+            }
+            Py_INCREF(spare);
+            return spare;
+        }
+        spare = mq_tuple_of(cls, 5, items);
+        if (spare == NULL)
+            return NULL;
+        Py_XDECREF(spares[*next]);
+        Py_INCREF(spare);
+        spares[*next] = spare;
+        *next = 1 - *next;
+        return spare;
+    }
+    static PyObject *mq_tuple6(PyObject *cls, PyObject *a, PyObject *b, PyObject *c,
+                               PyObject *d, PyObject *e, PyObject *f)
+    {
+        PyObject *items[6] = {a, b, c, d, e, f};
+        return mq_tuple_of(cls, 6, items);
+    }
     """
-    object _make_tuple "mq_tuple_new"(object cls, object values)
+    object _tuple5 "mq_tuple5"(object cls, object a, object b, object c, object d, object e)
+    object _reused5 "mq_reused5"(PyObject **spares, int *next, object cls, object a,
+                                 object b, object c, object d, object e)
+    object _tuple6 "mq_tuple6"(object cls, object a, object b, object c, object d, object e,
+                               object f)
 
 
 cdef int _check_record(const char *p, size_t size, uint64_t position,
