@@ -159,3 +159,29 @@ def test_waiter_wakes_once_and_times_out(implementation):
     assert woken == [True]
     with pytest.raises(RuntimeError, match="woken once"):
         first.wait(0, second)
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_a_waiter_is_interrupted_by_a_raising_signal_handler_only(implementation):
+    """Ctrl-C reaches a thread asleep in a Waiter (the C one lets the GIL go and sleeps
+    in C: it must still run the handlers), and a handler that does not raise lets the
+    sleep go on: both cores alike, as threading.Lock.acquire does."""
+    import signal
+
+    waiter_class = ext.load(implementation).Waiter
+    main = threading.get_ident()
+    sender = threading.Timer(0.05, signal.pthread_kill, (main, signal.SIGINT))
+    try:
+        with pytest.raises(KeyboardInterrupt):  # (early or late, it lands in here)
+            sender.start()
+            waiter_class().wait(60)
+    finally:
+        sender.join()
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
+    try:
+        sender = threading.Timer(0.05, signal.pthread_kill, (main, signal.SIGUSR1))
+        sender.start()
+        assert waiter_class().wait(0.5) is False  # interrupted, handled, slept on
+        sender.join()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

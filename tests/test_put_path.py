@@ -87,3 +87,18 @@ def test_results_stay_right_under_threads(open_store):
         assert all(tuple(result) == snapshot for result, snapshot in held[worker])
         assert [snapshot[2] for _, snapshot in held[worker]] == list(range(0, 500, 7))
     _expected([store.put("u", b"y") for _ in range(10)])
+
+
+def test_put_cost_benchmark_runs(tmp_path, monkeypatch, capsys):
+    """benchmarks/put_cost.py, tiny, against this tree itself: every row is reported."""
+    from pathlib import Path
+
+    from benchmarks import put_cost
+
+    monkeypatch.setenv("MQLOG_BENCH_DIR", str(tmp_path))
+    root = Path(put_cost.__file__).resolve().parent.parent
+    assert put_cost.main(["--baseline", str(root), "--rounds", "1", "--records", "3000",
+                          "--threads", "4", "--per-thread", "3"]) == 0
+    report = capsys.readouterr().out
+    for row in ("put, this tree", "sync, baseline", "put, ceiling", "sync, ceiling"):
+        assert f"| {row}" in report, report
