@@ -185,3 +185,38 @@ def test_a_waiter_is_interrupted_by_a_raising_signal_handler_only(implementation
         sender.join()
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_writers_waiting_when_the_store_closes_are_all_answered(open_store, seed):
+    """close() while 32 threads wait for their syncs: its last flush covers them all,
+    and nobody is left to wake them the usual way (every later put is refused, and the
+    flush thread ends): each gets its answer at once, not at its deadline."""
+    store = open_store(flush_mode="sync", flush_sync_timeout_ms=DEADLINE_MS)
+    watched = WatchedSyncs(store._flusher, random.Random(seed), delay_chance=0.5)
+    some_answered = threading.Event()
+
+    class Answers(list):
+        def append(self, item: object) -> None:
+            super().append(item)
+            if len(self) >= 64:  # a few syncs done: writers are queued behind the next
+                some_answered.set()
+
+    answers: list = Answers()
+    early: list = []
+
+    def produce(worker: int) -> None:
+        try:
+            _produce(store, watched, worker, 1000, early, answers)
+        except errors.StoreClosed:
+            answers.append(errors.StoreClosed)
+
+    workers = [threading.Thread(target=produce, args=(w,), daemon=True) for w in range(32)]
+    for worker in workers:
+        worker.start()
+    assert some_answered.wait(PATIENCE_S), f"no progress (seed {seed})"
+    store.close()
+    deadline = time.monotonic() + PATIENCE_S
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    assert not any(worker.is_alive() for worker in workers), f"stranded (seed {seed})"
+    assert early == [] and errors.StoreClosed in answers, f"seed {seed}"

@@ -197,6 +197,8 @@ class FlushService:
                         break
                     self._ready.append(waiter)  # covered by another thread's flush
                 wake = self._leader if self._leader is not None else self._take_ready()
+                if self._stopping:  # closing: nobody will go to sleep again to wake them
+                    self._wake_all_ready()
             if wake is not None:
                 wake.wake()
 
@@ -307,6 +309,8 @@ class FlushService:
                 self._fail(error)
                 return
             if stopping:
+                with self._lock:  # nobody writes any more: nobody would wake them
+                    self._wake_all_ready()
                 return
 
     def _watch_handoffs(self) -> Any:
@@ -405,9 +409,8 @@ class FlushService:
         each raises it."""
         while self._waiters and covered(self._waiters[0][0]):
             self._ready.append(heapq.heappop(self._waiters)[2])
-        if self.error is not None:
-            while self._ready:
-                self._take_ready().wake()
+        if self.error is not None or self._stopping:
+            self._wake_all_ready()
         elif self._ready and self._idle:
             self._work.notify()  # the flush thread watches that they are woken
         flushed = self.flushed_position if self.error is None else None
@@ -417,6 +420,13 @@ class FlushService:
                     waiters.loop.call_soon_threadsafe(waiters.resolve, flushed)
                 except RuntimeError:
                     pass  # that event loop is closed; nobody is waiting any more
+
+    def _wake_all_ready(self) -> None:
+        """Wake every covered waiter now (called with the lock held): after a failure
+        (each raises it) or once the store is closing (no writer goes to sleep again
+        to wake the next, and the flush thread ends)."""
+        while self._ready:
+            self._take_ready().wake()
 
     def _fail(self, error: OSError) -> None:
         failure = FlushFailed(
