@@ -37,6 +37,8 @@ Checkers (a list of violations; empty is a pass):
 * strict min ISR (KIP-966): a leader's high watermark moves to P only while at least
   ``min_insync_replicas`` replicas hold the log up to P, the record ending there in the
   leader's epoch (what the replicas hold, not what the leader believes);
+* log matching: two replicas of a partition with a record of the same epoch at the same
+  position agree up to there (every 50 ticks, sim/raft.py's check);
 * committed prefixes agree: every replica's committed position (an ISR replica's high
   watermark, a Raft commit) shows bytes equal to the one committed prefix of its
   partition (checked incrementally, sim/raft.py's checker);
@@ -85,7 +87,7 @@ from mqlog.sim.controller import (
 )
 from mqlog.sim.harness import HEAL_PROBABILITY
 from mqlog.sim.network import NetworkOptions, SimNetwork
-from mqlog.sim.raft import _read, check_committed
+from mqlog.sim.raft import _log_matching_problem, _read, _records, check_committed
 
 ISR_TOPIC, RAFT_TOPIC = "events", "ledger"
 REPLICATION_FACTOR = 3
@@ -204,6 +206,7 @@ class IsrSwarm(ControllerSwarm):
         self.committed: dict[str, bytearray] = {}  # group -> its committed prefix
         self.leaders_by_epoch: dict[tuple[str, int], set[str]] = {}
         self._written_when_down: dict[tuple[str, str], int] = {}  # (broker, group) -> end
+        self.replicas_of: dict[str, tuple[str, ...]] = {}  # group -> its brokers
         self.paused: set[str] = set()  # brokers stopped (SIGSTOP)
         self.backlog: dict[str, list[tuple[str, Any]]] = {}  # what reached a paused broker
 
@@ -241,6 +244,11 @@ class IsrSwarm(ControllerSwarm):
         return set(sim_broker.groups) | set(sim_broker.recorded)
 
     # --- the run -------------------------------------------------------------------------
+
+    def safety_tick(self, tick: int) -> None:
+        super().safety_tick(tick)
+        if tick % 50 == 49:
+            self._check_log_matching()
 
     def _step_all(self) -> None:
         super()._step_all()
@@ -433,6 +441,7 @@ class IsrSwarm(ControllerSwarm):
     def _check_group(self, sim_broker: SimBroker, group: SimGroup) -> None:
         core = group.core
         core.invariants()
+        self.replicas_of.setdefault(group.name, group.spec.members)
         if group.driver.serving:
             leaders = self.leaders_by_epoch.setdefault((group.name, core.epoch), set())
             if sim_broker.broker_id not in leaders:
@@ -494,12 +503,28 @@ class IsrSwarm(ControllerSwarm):
                            f"{commit} in leader epoch {leader.core.epoch} but only {holders} "
                            f"hold it (min_insync_replicas is {MIN_INSYNC_REPLICAS})")
 
+    def _check_log_matching(self) -> None:
+        """Two replicas of a partition with a record of the same epoch at the same position
+        agree up to there (sim/raft.py's check, for every group on every broker up)."""
+        by_group: dict[str, list[tuple[str, Any]]] = {}
+        for sim_broker, group in self._groups(running=False):
+            by_group.setdefault(group.name, []).append((sim_broker.broker_id, group.store))
+        for name, replicas in sorted(by_group.items()):
+            logs = [(broker, _records(store), store.first_segment_base())
+                    for broker, store in replicas]
+            for index, (a, records_a, start_a) in enumerate(logs):
+                for b, records_b, start_b in logs[index + 1:]:
+                    problem = _log_matching_problem(records_a, records_b, max(start_a, start_b))
+                    if problem and not self._excused(name, -1):
+                        self.violation(f"{name} on {a} and {b}: {problem}")
+
     def _excused(self, group: str, since: int) -> bool:
         """A power loss of one of ``group``'s replicas after tick ``since`` (an ISR
         partition; the brokers run replica_ack = "written")."""
         if not self.options.power_loss or not group.startswith(f"{ISR_TOPIC}-"):
             return False
-        return any(tick > since for ticks in self.power_lost.values() for tick in ticks)
+        return any(tick > since for name in self.replicas_of.get(group, self.brokers)
+                   for tick in self.power_lost.get(name, ()))
 
     # --- liveness and the end --------------------------------------------------------------
 
