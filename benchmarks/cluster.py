@@ -39,7 +39,8 @@ from mqlog.replication.local import free_ports, wait_until
 CONTROLLERS, BROKERS = ("c1", "c2", "c3"), ("b1", "b2", "b3")
 
 
-def write_configs(root: Path, session_ms: int) -> dict[str, str]:
+def write_configs(root: Path, session_ms: int, controller: str = "") -> dict[str, str]:
+    """Every process's TOML in ``root``; ``controller``: more [controller] lines."""
     names = CONTROLLERS + BROKERS
     addresses = {name: f"127.0.0.1:{port}"
                  for name, port in zip(names, free_ports(len(names)), strict=True)}
@@ -52,7 +53,7 @@ def write_configs(root: Path, session_ms: int) -> dict[str, str]:
             f'data_dir = "{root / "data" / name}"\nprocess_roles = "{role}"\n'
             f'[node.peers]\n{peers}\n[controller]\nvoters = {{{voters}}}\n'
             f"broker_session_timeout_ms = {session_ms}\n"
-            f"broker_heartbeat_interval_ms = {max(1, session_ms // 5)}\n")
+            f"broker_heartbeat_interval_ms = {max(1, session_ms // 5)}\n{controller}")
     return addresses
 
 
@@ -60,6 +61,19 @@ def start(root: Path, name: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "mqlog.cli", "node", "--config",
                              str(root / f"{name}.toml")], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
+
+
+def stop_all(processes: dict[str, subprocess.Popen]) -> None:
+    """SIGTERM every process still running, then wait for each (SIGKILL after 20 s)."""
+    for process in processes.values():
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes.values():
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def ask(addresses: list[str], header: dict[str, Any]) -> dict[str, Any] | None:
@@ -133,14 +147,7 @@ def run(rounds: int, session_ms: int) -> dict[str, list[float]]:
             wait_until(lambda v=victim: not fenced_at(controllers, v, "describe_cluster"),
                        f"{victim} live again", 60)
     finally:
-        for process in processes.values():
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)
     return figures
 
 

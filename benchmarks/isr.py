@@ -1,0 +1,202 @@
+"""What ISR replication costs a producer: acks=0, acks=1 and acks=all on partitions of
+RF 3 (``min_insync_replicas = 2``) against one unreplicated partition, through
+``ClusterClient``, in the same run (issue 17; Kafka's headline: 3x async replication
+0.96, acks=all 0.51 of no replication — shared/ANCHORS.md).
+
+Three controllers and three brokers as `mqlog node` processes (benchmarks/cluster.py's
+cluster, ``[controller] min_insync_replicas = 2``), two topics of 6 partitions, leaders
+spread over the brokers round-robin by the controller:
+
+* ``replicated``: ``--layer isr``, RF 3; every write replicated to two followers, which
+  fetch (long poll) from the leader.
+* ``unreplicated``, the baseline: RF 1, one replica and no replication. It is a Raft
+  topic of RF 1: ``min_insync_replicas`` is cluster-wide here (not per topic as in
+  Kafka), and an ISR partition with fewer replicas than it is refused by its brokers
+  (acks=all could never succeed); with acks=1 a single-replica Raft leader does what an
+  ISR one would — store, answer — and never proposes.
+
+Each round measures, for ``--seconds`` each, in an order rotated every round (the
+baseline first, then last, ...): the baseline with acks=1, then acks=0, acks=1 and
+acks=all on the replicated topic; each on ONE partition (one producer thread) and on
+all 6 partitions (one producer thread per partition, each its own ClusterClient). A
+producer sends ``--batch`` 100-byte records per request (Kafka's producer batches too),
+one request in flight. Every loop ends with one acks=all request on the same connection,
+inside the timed span: its answer comes once everything sent before it is stored (or
+refused: counted) and on every ISR member — on two shared cores, followers that fall
+behind an acks=0/1 producer would otherwise catch up during the next figure, charging it
+with this one's replication. Reported: records/s, and each as a ratio to the baseline of
+the same round and shape; medians over the rounds; and the CPU time of all six
+processes per record (from /proc), which the load of other work on the machine does not
+change as much. Absolute rates on two shared cores are noise; the ratios are the figure.
+
+    python -m benchmarks.isr [--rounds 3] [--seconds 3] [--batch 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cluster import BROKERS, CONTROLLERS, ask, start, state, stop_all, write_configs
+from mqlog.cluster_client import ClusterClient
+from mqlog.replication.local import wait_until
+from mqlog.results import PutStatus
+
+PARTITIONS = 6
+RECORD = bytes(range(100))
+MODES = {"unreplicated": ("base", 1), "acks=0": ("orders", 0), "acks=1": ("orders", 1),
+         "acks=all": ("orders", "all")}  # name -> (topic, acks)
+SHAPES = (1, PARTITIONS)  # partitions written at once
+
+
+def produce_for(brokers: list[str], topic: str, partition: int, acks: Any, seconds: float,
+                batch: int, counts: list[tuple[int, float, int]]) -> None:
+    """One producer: batches to one partition for ``seconds``; appends (records,
+    elapsed seconds, acks=0 sends refused) to ``counts``."""
+    bodies = [RECORD] * batch
+    with ClusterClient(brokers, acks=acks, retry_timeout_s=60) as client:
+        client.metadata()  # (what a long-lived producer has)
+        count, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            sent = client.produce_batch(topic, bodies, partition=partition)
+            assert sent.status is PutStatus.PUT_OK, sent
+            count += batch
+        # The span ends when everything sent is on every ISR member: one acks=all write
+        # last (replication that would otherwise spill into the next figure is counted
+        # in this one; an acks=0 loop's sends are all stored or refused by then).
+        barrier = client.produce_batch(topic, bodies, partition=partition, acks="all")
+        assert barrier.status is PutStatus.PUT_OK, barrier
+        count += batch
+        counts.append((count, time.perf_counter() - started, client.refused))
+
+
+def cpu_seconds(processes: list[subprocess.Popen]) -> float:
+    """User + system CPU time the processes used so far (Linux /proc; 0 elsewhere)."""
+    total = 0
+    for process in processes:
+        try:
+            fields = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def measure(brokers: list[str], mode: str, shape: int, seconds: float, batch: int,
+            processes: list[subprocess.Popen]) -> tuple[float, float, int]:
+    """Records/s of ``shape`` producers together (one per partition), the brokers' CPU
+    seconds per million records, and acks=0 refusals."""
+    topic, acks = MODES[mode]
+    counts: list[tuple[int, float, int]] = []
+    threads = [threading.Thread(target=produce_for, args=(
+        brokers, topic, partition, acks, seconds, batch, counts)) for partition in range(shape)]
+    cpu = cpu_seconds(processes)
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    cpu = cpu_seconds(processes) - cpu
+    if len(counts) != shape:
+        raise RuntimeError(f"{shape - len(counts)} producer(s) of {mode} failed (see above)")
+    records = sum(count for count, _, _ in counts)
+    return (records / max(elapsed for _, elapsed, _ in counts), cpu / records * 1e6,
+            sum(refused for _, _, refused in counts))
+
+
+def prepare(controllers: list[str], brokers: list[str]) -> None:
+    """Both topics created, and every partition taking writes."""
+    wait_until(lambda: (found := state(ask(controllers, {"kind": "describe_cluster"})))
+               is not None and len(found.live_brokers()) == 3, "three live brokers", 60)
+    for topic, layer, factor in (("orders", "isr", 3), ("base", "raft", 1)):
+        ask(controllers, {"kind": "create_topic", "name": topic, "partitions": PARTITIONS,
+                          "replication_factor": factor, "layer": layer})
+    with ClusterClient(brokers, retry_timeout_s=60) as client:
+        for topic, acks in (("orders", "all"), ("base", 1)):
+            for partition in range(PARTITIONS):
+                sent = client.produce(topic, b"ready", partition=partition, acks=acks)
+                assert sent.status is PutStatus.PUT_OK, sent
+
+
+def run(rounds: int, seconds: float, batch: int) -> dict[tuple[str, int], list[float]]:
+    """{(mode, partitions): [records/s per round]}, {(mode, -partitions): [CPU seconds
+    of every mqlog process per million records]}, and the acks=0 sends refused under
+    ("refused", 0)."""
+    root = Path(tempfile.mkdtemp(prefix="mqlog-bench-isr-"))
+    addresses = write_configs(root, 3_000, "min_insync_replicas = 2\n")
+    controllers = [addresses[name] for name in CONTROLLERS]
+    brokers = [addresses[name] for name in BROKERS]
+    processes = {name: start(root, name) for name in CONTROLLERS + BROKERS}
+    figures: dict[tuple[str, int], list[float]] = {("refused", 0): [0.0]}
+    try:
+        prepare(controllers, brokers)
+        names = list(MODES)
+        for index in range(rounds):
+            turn = index % len(names)
+            for mode in names[turn:] + names[:turn]:  # (rotated: no mode always first)
+                for shape in SHAPES:
+                    rate, cpu, refused = measure(brokers, mode, shape, seconds, batch,
+                                                 list(processes.values()))
+                    figures.setdefault((mode, shape), []).append(rate)
+                    figures.setdefault((mode, -shape), []).append(cpu)
+                    figures[("refused", 0)][0] += refused
+    finally:
+        stop_all(processes)
+    return figures
+
+
+def report(figures: dict[tuple[str, int], list[float]], rounds: int, seconds: float,
+           batch: int) -> list[str]:
+    lines = [f"ISR produce, 3 controllers + 3 brokers, {PARTITIONS} partitions, 100-byte "
+             f"records in batches of {batch}, {rounds} rounds x {seconds} s per figure",
+             "| mode | 1 partition rec/s | ratio | 6 partitions rec/s total | per partition "
+             "| ratio |", "| --- | --- | --- | --- | --- | --- |"]
+    for mode in MODES:
+        cells = [mode]
+        for shape in SHAPES:
+            values = figures[(mode, shape)]
+            ratios = [value / base for value, base in
+                      zip(values, figures[("unreplicated", shape)], strict=True)]
+            cells.append(f"{statistics.median(values):,.0f}")
+            if shape > 1:
+                cells.append(f"{statistics.median(values) / shape:,.0f}")
+            cells.append(f"{statistics.median(ratios):.2f}x "
+                         f"({', '.join(f'{ratio:.2f}' for ratio in ratios)})")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "CPU seconds of all six processes per million records (lower is better; "
+              "the ratio is the baseline's over the mode's: the throughput the same cores "
+              "would give if the CPU were all theirs)",
+              "| mode | 1 partition | ratio | 6 partitions | ratio |",
+              "| --- | --- | --- | --- | --- |"]
+    for mode in MODES:
+        cells = [mode]
+        for shape in SHAPES:
+            values = figures[(mode, -shape)]
+            ratios = [base / value if value else 0.0 for value, base in
+                      zip(values, figures[("unreplicated", -shape)], strict=True)]
+            cells += [f"{statistics.median(values):.1f}", f"{statistics.median(ratios):.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append(f"acks=0 sends refused (lost): {figures[('refused', 0)][0]:.0f}; load average "
+                 f"at the end {os.getloadavg()[0]:.1f}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--batch", type=int, default=100, help="records per request")
+    args = parser.parse_args(argv)
+    figures = run(args.rounds, args.seconds, args.batch)
+    print("\n".join(report(figures, args.rounds, args.seconds, args.batch)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
