@@ -161,8 +161,9 @@ class Client:
         return frame.header, frame.payload
 
     def _note_earlier(self, frame: Frame) -> None:
-        """An answer to an earlier request: only an acks=0 write's refusal can be one (a
-        call reads its own answer before it returns); anything else is garbage."""
+        """An answer to an earlier request: an acks=0 write's refusal (a call reads its
+        own answer before it returns; or the late answer of a call that timed out, kept
+        the same way); an id never sent, or one still to come, is garbage."""
         answered = frame.header.get("id")
         if not isinstance(answered, int) or not 0 < answered < self._next_id:
             raise errors.RemoteProtocolError("a response answered another request")

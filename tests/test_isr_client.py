@@ -113,7 +113,9 @@ def test_acks_words_high_watermark_and_follower_reads(cluster: Any) -> None:
         follower = followers[0]
         wait_until(lambda: _node(cluster, follower).store.committed_position ==
                    _node(cluster, leader).store.committed_position, "the follower's HW", 30)
+        retries = client.retries
         assert _bodies(client, replica=follower) == sent
+        assert client.retries == retries  # (served there: not passed over for the leader)
         with pytest.raises(errors.InvalidArgument, match="replica must be"):
             client.fetch("orders", 0, replica="c1")
         with Client(cluster.configs[follower].listen, group="orders-0") as raw:
@@ -122,7 +124,7 @@ def test_acks_words_high_watermark_and_follower_reads(cluster: Any) -> None:
             wait_until(lambda: raw.metadata() and raw.refused == 1, "the refusal read", 30)
             assert isinstance(raw.refusals[0], errors.NotLeader)
         with ClusterClient(_brokers(cluster), client_rack=RACKS[follower]) as near:
-            assert _bodies(near, replica="nearest") == sent
+            assert _bodies(near, replica="nearest") == sent and near.retries == 0
             assert cluster.configs[follower].listen in near._connections  # read there
             assert cluster.configs[leader].listen not in near._connections or \
                 near.refreshes  # (only metadata went elsewhere)
