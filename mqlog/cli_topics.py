@@ -92,18 +92,43 @@ def topics() -> None:
 @click.option("--replication-factor", type=click.IntRange(min=1), required=True)
 @click.option("--layer", type=click.Choice(LAYERS), default="raft", show_default=True,
               help="How each partition is replicated.")
+@click.option("--config", "settings", multiple=True, metavar="KEY=VALUE",
+              help="A topic setting (repeatable): min_insync_replicas=N (isr topics, "
+                   "1..the replication factor; default: the [controller] value).")
+@click.option("--min-insync-replicas", type=click.IntRange(min=1), default=None,
+              help="Same as --config min_insync_replicas=N.")
 @bootstrap_option
 @timeout_option
-def create(name: str, partitions: int, replication_factor: int, layer: str, bootstrap: str,
+def create(name: str, partitions: int, replication_factor: int, layer: str,
+           settings: tuple[str, ...], min_insync_replicas: int | None, bootstrap: str,
            timeout_s: float) -> None:
     """Create topic NAME: its replicas are placed as Kafka places them."""
-    answer = _ask(bootstrap, {"kind": "create_topic", "name": name, "partitions": partitions,
-                              "replication_factor": replication_factor, "layer": layer},
-                  leader=True, timeout_s=timeout_s)
+    config = _topic_config(settings)
+    if min_insync_replicas is not None:
+        config["min_insync_replicas"] = min_insync_replicas
+    header = {"kind": "create_topic", "name": name, "partitions": partitions,
+              "replication_factor": replication_factor, "layer": layer}
+    if config:
+        header["config"] = config
+    answer = _ask(bootstrap, header, leader=True, timeout_s=timeout_s)
     click.echo(f"created topic {name}: {partitions} partitions x {replication_factor} "
-               f"replicas ({layer})")
+               f"replicas ({layer})" + "".join(f", {key}={value}"
+                                               for key, value in sorted(config.items())))
     for index, replicas in enumerate(answer.get("assignment", ())):
         click.echo(f"  {index}: {','.join(replicas)}")
+
+
+def _topic_config(settings: tuple[str, ...]) -> dict[str, Any]:
+    """--config KEY=VALUE items as a map (integer values as ints); the controller checks
+    the names and the values."""
+    found: dict[str, Any] = {}
+    for item in settings:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--config")
+        text = value.strip()
+        found[key.strip()] = int(text) if text.lstrip("-").isdigit() else text
+    return found
 
 
 @topics.command()
@@ -149,21 +174,34 @@ def describe(names: tuple[str, ...], bootstrap: str, timeout_s: float) -> None:
 @bootstrap_option
 @timeout_option
 def rebalance(names: tuple[str, ...], bootstrap: str, timeout_s: float) -> None:
-    """Move each Raft partition of NAMES (all topics if none) to its preferred leader.
+    """Move each partition of NAMES (all topics if none) to its preferred leader.
 
     Kafka's preferred-leader election: a partition's first replica is its preferred
     leader (the assignment spreads first replicas over the brokers, so leaders spread
     too). Each Raft partition whose reported leader is another broker, while the preferred
     one is live, is asked to hand leadership over (a Raft transfer: the leader catches the
     target up first, then tells it to campaign; it gives up after an election timeout).
+    Each ISR partition is handed over by the controller when its preferred replica is
+    live and in the ISR. (The controller does both on its own every
+    leader_imbalance_check_interval_ms unless auto_leader_rebalance_enable is false.)
     """
     state = _described(bootstrap, timeout_s)
     missing = [name for name in names if name not in state.topics]
     if missing:
         raise errors.InvalidArgument(f"no topic {', '.join(missing)} (`mqlog topics list` "
                                      "shows the topics there are)")
-    asked = failed = 0
-    for name in names or sorted(state.topics):
+    asked = failed = elected = 0
+    chosen = names or tuple(sorted(state.topics))
+    isr = [name for name in chosen if state.topics[name].layer == "isr"]
+    if isr:
+        answer = _ask(bootstrap, {"kind": "elect_preferred", "topics": isr}, leader=True,
+                      timeout_s=timeout_s)
+        for topic, index, why in answer.get("results", ()):
+            click.echo(f"{topic} {index}: " + (why or "elected its preferred leader"))
+            elected += not why
+    for name in chosen:
+        if name in isr:
+            continue
         for index, reason, move in _moves(state, name):
             if move is None:
                 click.echo(f"{name} {index}: {reason}")
@@ -177,8 +215,9 @@ def rebalance(names: tuple[str, ...], bootstrap: str, timeout_s: float) -> None:
                 continue
             asked += 1
             click.echo(f"{name} {index}: {reason}: transferring")
-    click.echo(f"{asked} transfers asked, {failed} failed (`mqlog topics describe` shows the "
-               "leaders once their brokers report them, within a heartbeat interval)")
+    click.echo(f"{asked} transfers asked, {failed} failed, {elected} ISR partitions moved "
+               "(`mqlog topics describe` shows the leaders once their brokers report them, "
+               "within a heartbeat interval)")
     if failed:
         raise SystemExit(1)
 
@@ -192,7 +231,8 @@ def _moves(state: ClusterMetadata, name: str) -> list[tuple[int, str, tuple[str,
         info = state.brokers.get(preferred)
         leader = state.brokers.get(part.leader)
         if topic.layer != "raft":
-            reason = f"layer {topic.layer}: its leaders are the controller's to choose"
+            reason = f"layer {topic.layer}: its master is moved by a promotion (`mqlog " \
+                "cluster promote`), not by rebalancing"
         elif part.leader == preferred:
             reason = f"led by its preferred leader {preferred}"
         elif info is None or info.fenced:

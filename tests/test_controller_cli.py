@@ -20,6 +20,7 @@ class FakeClient:
 
     answers: dict[str, Any] = {}
     asked: list[tuple[str, str]] = []
+    headers: list[dict] = []
 
     def __init__(self, address: str, timeout_s: float = 0) -> None:
         self.address = address
@@ -32,6 +33,7 @@ class FakeClient:
 
     def call(self, header: dict) -> tuple[dict, bytes]:
         self.asked.append((self.address, header["kind"]))
+        self.headers.append(dict(header))
         answer = self.answers[self.address]
         if isinstance(answer, Exception):
             raise answer
@@ -41,7 +43,7 @@ class FakeClient:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> type[FakeClient]:
     monkeypatch.setattr(cli_topics, "Client", FakeClient)
-    FakeClient.answers, FakeClient.asked = {}, []
+    FakeClient.answers, FakeClient.asked, FakeClient.headers = {}, [], []
     return FakeClient
 
 
@@ -89,3 +91,22 @@ def test_no_controller_answering_is_one_error(fake: type[FakeClient]) -> None:
 def test_the_installed_command_has_them() -> None:
     from mqlog.cli import cli
     assert {"topics", "brokers"} <= set(cli.commands)
+
+
+def test_create_sends_the_topic_config(fake: type[FakeClient]) -> None:
+    fake.answers = {"h:1": {"assignment": [["b1", "b2"]]}}
+    asked = fake.headers
+    result = CliRunner().invoke(cli_topics.topics, [
+        "create", "t", "--partitions", "1", "--replication-factor", "2", "--layer", "isr",
+        "--config", "min_insync_replicas=2", "-b", "h:1"])
+    flag = CliRunner().invoke(cli_topics.topics, [
+        "create", "t", "--partitions", "1", "--replication-factor", "2", "--layer", "isr",
+        "--min-insync-replicas", "1", "-b", "h:1"])
+    bad = CliRunner().invoke(cli_topics.topics, [
+        "create", "t", "--partitions", "1", "--replication-factor", "2",
+        "--config", "min_insync_replicas", "-b", "h:1"])
+    assert result.exit_code == 0, result.output
+    assert "(isr), min_insync_replicas=2" in result.output
+    assert asked[0]["config"] == {"min_insync_replicas": 2}
+    assert flag.exit_code == 0 and asked[1]["config"] == {"min_insync_replicas": 1}
+    assert bad.exit_code != 0 and "is not KEY=VALUE" in bad.output and len(asked) == 2

@@ -99,7 +99,7 @@ def test_a_master_registering_again_waits_for_fresh_reports(make: Any) -> None:
     master, first, second = _topic(one)
     _silence(one, epochs, master, {first: (0, 500), second: (0, 400)}, 1)
     # The master's process died and came back: it registers (fenced until it heartbeats)
-    epochs[master] = one.call(controller.register_broker(master, "h:again"))["broker_epoch"]
+    epochs[master] = one.call(controller.register_broker(master, "h:9999"))["broker_epoch"]
     one.step(3)
     assert controller.committed.partition("ms", 0).leader == master  # no report since
     _silence(one, epochs, master, {first: (0, 500), second: (0, 900)}, 2)

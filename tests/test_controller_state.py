@@ -17,8 +17,11 @@ from mqlog.replication.controller import records
 from mqlog.replication.controller.decisions import (
     assign_replicas,
     fence_changes,
+    imbalanced,
+    isr_change,
     sync_state_change,
 )
+from mqlog.replication.controller.leaders import LeaderTable
 from mqlog.replication.controller.records import (
     CreateTopic,
     DeleteTopic,
@@ -28,6 +31,8 @@ from mqlog.replication.controller.records import (
     UnfenceBroker,
 )
 from mqlog.replication.controller.state import ClusterMetadata, fold
+from mqlog.replication.isr.core import PartitionState
+from mqlog.replication.isr.decisions import elect_preferred
 from tests.datadriven import run_file
 
 DATA = Path(__file__).parent / "data" / "controller"
@@ -65,6 +70,8 @@ class Script:
             restored = fold([(records.decode(body), self.state.position)])
             assert restored == self.state, (restored.describe(), self.state.describe())
             return f"restored the same state from a snapshot of {len(body)} bytes"
+        if command == "rebalance":
+            return self._rebalance(kw)
         if command == "decode":
             try:
                 return repr(records.decode(bytes.fromhex(kw["hex"])))
@@ -103,11 +110,35 @@ class Script:
             return fence_changes(self.state, kw["id"], kw.get("auto_failover") == "true",
                                  _reported(kw.get("reported", "")),
                                  test_break=kw.get("break", ""), fresh=fresh)
+        if command == "elect-preferred":
+            part = PartitionState.of(self.state.partition(kw["topic"], int(kw["partition"])))
+            decided = elect_preferred(part, set(self.state.live_brokers()))
+            return [isr_change(kw["topic"], int(kw["partition"]), decided)]
         if command == "sync-state":
             change = sync_state_change(self.state, kw["id"], kw["topic"],
                                        int(kw["partition"]), epoch, _names(kw["in_sync"]))
             return [] if change is None else [change]
         raise AssertionError(f"unknown command {command}")
+
+    def _rebalance(self, kw: dict[str, str]) -> str:
+        """One leader imbalance check: Raft leaders as reported (``leaders=r/0:b2@3,...``)
+        laid over the state; ISR moves applied, Raft moves printed as transfers."""
+        table = LeaderTable()
+        for item in filter(None, kw.get("leaders", "").split(",")):
+            where, leader = item.split(":")
+            name, term = leader.split("@")
+            table.merge(where.split("/")[0], int(where.split("/")[1]), name, int(term))
+        moves = imbalanced(table.overlay(self.state), int(kw.get("percentage", "10")))
+        lines = []
+        for move in moves:
+            if move.layer == "raft":
+                lines.append(f"transfer {move.topic}/{move.partition} {move.leader} -> "
+                             f"{move.preferred} (asked of {move.leader})")
+                continue
+            part = PartitionState.of(self.state.partition(move.topic, move.partition))
+            decided = elect_preferred(part, set(self.state.live_brokers()))
+            lines.append(self._apply(isr_change(move.topic, move.partition, decided)))
+        return "\n".join(lines) or "balanced"
 
     def _apply(self, record: records.Record) -> str:
         body = records.encode(record)
@@ -225,3 +256,23 @@ def test_a_refusal_changes_nothing() -> None:
     assert state == fold([RegisterBroker("b1", 1, "h:1")])
     with pytest.raises(TypeError):
         state.brokers["b2"] = state.brokers["b1"]  # type: ignore[index]
+
+
+def test_a_topic_min_insync_replicas_is_optional_in_the_record() -> None:
+    """Left out at its default (0: the [controller] value), so an older record decodes and
+    encodes byte for byte; set, it round-trips and the fold checks it (1..RF, isr only)."""
+    plain = CreateTopic("t", "isr", (("b1", "b2"),))
+    body = records.encode(plain)
+    assert b"min_insync_replicas" not in body
+    assert msgpack.unpackb(body) == {"v": 1, "type": "CreateTopic", "name": "t",
+                                     "layer": "isr", "assignment": [["b1", "b2"]]}
+    own = CreateTopic("t", "isr", (("b1", "b2"),), 2)
+    assert records.decode(records.encode(own)) == own
+    base = fold([RegisterBroker("b1", 1, "h:1"), RegisterBroker("b2", 1, "h:2")])
+    assert base.apply(own).topics["t"].min_insync_replicas == 2
+    assert fold([records.decode(records.encode(base.apply(own).snapshot()))]) == \
+        base.apply(own).__class__(base.apply(own).brokers, base.apply(own).topics)
+    for bad in (CreateTopic("t", "isr", (("b1", "b2"),), 3),
+                CreateTopic("t", "raft", (("b1", "b2"),), 1)):
+        with pytest.raises(MetadataChangeRefused, match="min_insync_replicas"):
+            base.apply(bad)

@@ -16,6 +16,7 @@ from typing import Any
 from mqlog.errors import ConfigError
 
 CONTROLLER_GROUP = "__controller"  # the controller's Raft group (and store directory)
+_PERCENTAGES = ("leader_imbalance_per_broker_percentage",)  # ints that may be 0
 
 
 @dataclass(frozen=True)
@@ -35,15 +36,27 @@ class ControllerConfig:
     min_insync_replicas: int = 1  # acks=all needs this many in ISR; the HW waits for them
     replica_lag_time_ms: int = 30_000  # a follower not caught up this long leaves the ISR
     unclean_leader_election: bool = False  # elect outside ISR and ELR: may lose records
+    # Leader balancing (Kafka's names and defaults): every check interval, a broker whose
+    # share of partitions led by another broker, among those it is the preferred (first)
+    # replica of, is above the percentage gets them back (decisions.imbalanced)
+    auto_leader_rebalance_enable: bool = True
+    leader_imbalance_per_broker_percentage: int = 10  # 0..100; 0: any imbalance moves
+    leader_imbalance_check_interval_ms: int = 300_000
 
     def validate(self) -> ControllerConfig:
         for item in dataclasses.fields(self):
             value = getattr(self, item.name)
             if item.type == "int" and (not isinstance(value, int) or isinstance(value, bool)
-                                       or value < 1):
+                                       or value < 1) and item.name not in _PERCENTAGES:
                 raise ConfigError(f"[controller] {item.name} must be a positive integer, got "
                                   f"{value!r}")
-        for name in ("auto_failover", "unclean_leader_election"):
+        for name in _PERCENTAGES:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= 100:
+                raise ConfigError(f"[controller] {name} must be an integer 0..100 (a "
+                                  f"percentage), got {value!r}")
+        for name in ("auto_failover", "unclean_leader_election",
+                     "auto_leader_rebalance_enable"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"[controller] {name} must be true or false, got "
                                   f"{getattr(self, name)!r}")
@@ -63,6 +76,10 @@ class ControllerConfig:
     def session_ticks(self, tick_ms: int) -> int:
         """The session timeout in ticks of ``tick_ms`` (at least one)."""
         return max(1, -(-self.broker_session_timeout_ms // tick_ms))
+
+    def balance_ticks(self, tick_ms: int) -> int:
+        """The leader imbalance check interval in ticks of ``tick_ms`` (at least one)."""
+        return max(1, -(-self.leader_imbalance_check_interval_ms // tick_ms))
 
     @classmethod
     def from_table(cls, table: dict[str, Any]) -> ControllerConfig:

@@ -33,11 +33,25 @@ partition in the metadata and names the partition epoch the metadata holds (a re
 a master that was replaced, or made from a view older than the last change, is stale and
 changes nothing; RocketMQ's controller checks its syncStateSetEpoch the same way). The
 master stays in its set; the set is ordered as the replicas are.
+
+Leader balancing (Kafka's auto.leader.rebalance.enable). Leaders gather on the brokers
+that stayed up: every failure moves leaderships away, nothing moves them back. Each
+partition's first replica is its preferred leader, and the assignment spreads first
+replicas evenly, so handing partitions back to their preferred leaders spreads the
+leaders again. ``imbalanced`` is Kafka's per-broker check: for each live broker, the
+share of the partitions it is preferred for that another broker leads; above
+``leader_imbalance_per_broker_percentage`` percent, each of those partitions goes back —
+an ISR partition only while its preferred replica is in the ISR (isr/decisions.py,
+``elect_preferred``), a Raft partition by a transfer its current (reported) leader is
+asked for in its next heartbeat answer (the Raft group moves its own leader; the
+controller only asks). Master-slave groups are left alone: moving a master is a
+promotion, the operator's or a failover's.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
 from mqlog.errors import MetadataChangeRefused
 from mqlog.replication.controller.records import PartitionChange, PartitionInfo
@@ -88,7 +102,8 @@ def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
     ``reported[(topic, partition)][broker]`` is (epoch, position) of that replica's log
     as its broker last reported it (master-slave failover needs it); ``fresh`` names the
     brokers whose report came after the fence (None: every report did). ISR partitions
-    follow isr/decisions.py (``min_insync_replicas`` for the ELR, ``unclean``)."""
+    follow isr/decisions.py (``min_insync_replicas`` for the ELR, unless the topic has its
+    own; ``unclean``)."""
     changes = []
     fenced = {name for name, info in state.brokers.items() if info.fenced} | {broker_id}
     for name in sorted(state.topics):
@@ -98,7 +113,8 @@ def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
                 continue
             if topic.layer == "isr":
                 decided = fence_isr(PartitionState.of(part), broker_id, fenced,
-                                    min_insync_replicas, unclean, test_break)
+                                    topic.min_insync_replicas or min_insync_replicas,
+                                    unclean, test_break)
                 if decided is not None:
                     changes.append(isr_change(name, index, decided[0]))
                 continue
@@ -127,7 +143,7 @@ def unfence_changes(state: ClusterMetadata, broker_id: str, *, min_insync_replic
             continue
         for index, part in enumerate(topic.partitions):
             decided = unfence_isr(PartitionState.of(part), broker_id, fenced,
-                                  min_insync_replicas, unclean)
+                                  topic.min_insync_replicas or min_insync_replicas, unclean)
             if decided is not None:
                 changes.append(isr_change(name, index, decided[0]))
     return changes
@@ -160,6 +176,45 @@ def _promotion(part: PartitionInfo, broker_id: str, fenced: set[str],
         return None  # another slave (fenced, or out of sync) holds more: wait for it
     isr = tuple(name for name in part.isr if name != broker_id)
     return part.replicas, best, part.leader_epoch + 1, isr
+
+
+@dataclass(frozen=True)
+class Move:
+    """A partition to hand back to its preferred leader (``imbalanced``)."""
+
+    topic: str
+    partition: int
+    layer: str  # "isr": a PartitionChange; "raft": a transfer asked of ``leader``'s broker
+    leader: str
+    preferred: str
+
+
+def imbalanced(state: ClusterMetadata, percentage: int) -> list[Move]:
+    """Kafka's automatic leader balancing, one check (see the module docstring): the
+    partitions to hand back to their preferred leaders. ``state`` has the Raft partitions'
+    reported leaders laid over it (LeaderTable.overlay)."""
+    live = set(state.live_brokers())
+    preferred_of: dict[str, list[tuple[str, int, PartitionInfo]]] = {}
+    for name in sorted(state.topics):
+        topic = state.topics[name]
+        if topic.layer == "master_slave":
+            continue  # (moving a master is a promotion: an operator's, or a failover's)
+        for index, part in enumerate(topic.partitions):
+            preferred_of.setdefault(part.replicas[0], []).append((name, index, part))
+    moves = []
+    for broker in sorted(preferred_of):
+        owned = preferred_of[broker]
+        astray = [(name, index, part) for name, index, part in owned if part.leader != broker]
+        if broker not in live or len(astray) * 100 <= percentage * len(owned):
+            continue
+        for name, index, part in astray:
+            layer = state.topics[name].layer
+            if layer == "isr" and broker not in part.isr:
+                continue  # (it may lack committed records: it waits to rejoin the ISR)
+            if layer == "raft" and not part.leader:
+                continue  # (no live leader reported to ask for a transfer)
+            moves.append(Move(name, index, layer, part.leader, broker))
+    return moves
 
 
 def sync_state_change(state: ClusterMetadata, broker_id: str, topic: str, index: int,

@@ -40,7 +40,10 @@ and call back with the answer (never from inside ``request``), and to call it ba
 a delay (its only timer), and it hosts groups through a ``GroupHost``. A round is one
 chain of requests, one at a time (register if it has no epoch, heartbeat, pull), then
 the fold, the hosting, and a timer for the next round; an error ends the round early
-(and a refused heartbeat that says "register again" drops the epoch). ``join_cluster``
+(and a refused heartbeat that says "register again" drops the epoch). An unexpected
+exception (an OSError from opening a group's store on a full disk, say) ends the round,
+or when it is one group's hosting, skips that group, with a note: never the agent, whose
+rounds keep the broker's every other membership alive; the next round tries again. ``join_cluster``
 gives it ``SocketIo`` (requests over TCP on a thread, timers on the broker's loop,
 cancelled when the broker stops) and ``BrokerGroups`` (the broker's ensure_group and
 drop_group); the simulator (mqlog/sim/controller.py) gives it a simulated IO and a host
@@ -70,7 +73,7 @@ from mqlog.replication.isr.core import AlterPartition, PartitionState
 # of real processes: the variable names the break.
 TEST_BREAK_VARIABLE = "MQLOG_CONTROLLER_TEST_BREAK"
 KINDS = ("register_broker", "broker_heartbeat", "create_topic", "delete_topic",
-         "describe_cluster", "metadata_since", "alter_partitions")
+         "describe_cluster", "metadata_since", "alter_partitions", "elect_preferred")
 _STORE: dict[str, Any] = dict(segment_size_bytes=64 << 20, message_size_bytes_max=8 << 20,
               flush_mode="sync")
 CALL_TIMEOUT_S = 5.0  # a controller that has not answered a request by then is skipped
@@ -132,11 +135,14 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
                                     sync_states=_sync_states_from(arg("sync_states")))
     if kind == "create_topic":
         return controller.create_topic(arg("name"), arg("partitions"),
-                                       arg("replication_factor"), arg("layer", "raft"))
+                                       arg("replication_factor"), arg("layer", "raft"),
+                                       arg("config"))
     if kind == "delete_topic":
         return controller.delete_topic(arg("name"))
     if kind == "alter_partitions":
         return controller.alter_partitions(arg("broker_id"), arg("broker_epoch"), arg("items"))
+    if kind == "elect_preferred":
+        return controller.elect_preferred(arg("topics"))
     raise errors.InvalidArgument(f"unknown controller request kind {kind!r}; the kinds are "
                                  f"{', '.join(KINDS)}")
 
@@ -245,6 +251,7 @@ class BrokerAgent:
         self.position = 0
         self.epoch: int | None = None
         self.hosted: set[str] = set()  # groups this agent opened
+        self.hosting_failures = 0  # ensure_group calls that failed unexpectedly (retried)
         self.rounds = 0  # rounds finished (with or without an error)
         self.leaders = LeaderTable()  # Raft partitions' leaders, reported (leaders.py)
         self._leaders_seen: list[Any] = ["", 0]  # the controller's token, seq last seen
@@ -256,6 +263,9 @@ class BrokerAgent:
         # refusal goes to ``on_alter_refused(group, why)``. join_cluster sets both.
         self.on_partition: Callable[[str, PartitionState], None] | None = None
         self.on_alter_refused: Callable[[str, str], None] | None = None
+        # Raft partitions: a transfer the controller asks for goes to on_transfer(group,
+        # target) (join_cluster sets it; the simulator hosts no real groups)
+        self.on_transfer: Callable[[str, str], None] | None = None
         self.alters: dict[str, AlterPartition] = {}
         self._isr_groups: dict[str, tuple[str, int]] = {}
 
@@ -287,7 +297,33 @@ class BrokerAgent:
 
     def _heartbeaten(self, answer: dict[str, Any], leads: list[list[Any]]) -> None:
         self.took_leaders(answer, leads)
+        self.transfer(answer.get("transfers"))
         self._alter()
+
+    def transfer(self, transfers: Any) -> None:
+        """The Raft leadership transfers the controller asks of this broker (its leader
+        balancing): each goes to ``on_transfer(group, target)``; one that fails (this
+        broker no longer leads, say) is noted: the next check asks again if needed."""
+        if transfers is None:
+            return
+        if not isinstance(transfers, list) or not all(
+                isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
+                and isinstance(item[1], int) and isinstance(item[2], str)
+                for item in transfers):
+            raise errors.RemoteProtocolError(f"transfers must be a list of [topic, "
+                                             f"partition, target], got {transfers!r}")
+        for topic, partition, target in transfers:
+            group = f"{topic}-{partition}"
+            if self.on_transfer is None or group not in self.hosted:
+                continue
+            try:
+                self.on_transfer(group, target)
+            except errors.MqlogError as error:
+                self.io.note(f"broker {self.host.broker_id}: {group}: no transfer to "
+                             f"{target}: {error}")
+                continue
+            self.io.note(f"broker {self.host.broker_id}: {group}: leadership to {target} "
+                         "(leader balancing)")
 
     def took_leaders(self, answer: dict[str, Any], leads: list[list[Any]]) -> None:
         """Merge the heartbeat answer's leaders, and this broker's own (fresher)."""
@@ -364,9 +400,11 @@ class BrokerAgent:
                 if topic.layer == "raft":
                     wanted[name] = GroupSpec.raft(name, members,
                                                   partitions=((topic.name, index),))
-                elif topic.layer == "isr":
+                elif topic.layer == "isr":  # (the topic's own min.insync, if it has one)
                     wanted[name] = GroupSpec.isr(name, members, partitions=(
-                        (topic.name, index),), **isr)
+                        (topic.name, index),), **{**isr, "min_insync_replicas":
+                                                  topic.min_insync_replicas or
+                                                  isr["min_insync_replicas"]})
                     self._isr_groups[name] = (topic.name, index)
                 else:
                     wanted[name] = master_slave_spec(name, (topic.name, index), part,
@@ -389,6 +427,13 @@ class BrokerAgent:
                 self.host.ensure_group(spec)
             except errors.InvalidArgument as error:  # (a replica moved: not handled yet)
                 self.io.note(f"broker {self.host.broker_id}: cannot host {name}: {error}")
+                continue
+            except Exception as error:  # (an OSError opening its store: a full disk, say.
+                # One group's trouble must not end the agent, which keeps every other
+                # group's membership alive: skip it, the next round tries again)
+                self.hosting_failures += 1
+                self.io.note(f"broker {self.host.broker_id}: cannot host {name} now "
+                             f"({error!r}); the next round tries again")
                 continue
             self.hosted.add(name)
             where = self._isr_groups.get(name)
@@ -465,6 +510,11 @@ class BrokerAgent:
                 self._end_round(errors.RemoteProtocolError(
                     f"{address} answered {header['kind']} with a malformed answer "
                     f"({bad!r}): {MALFORMED}"))
+            except Exception as failure:  # (an OSError, say: this round ends, not the
+                # agent — a broker whose rounds stopped would be fenced for good)
+                self._end_round(errors.NodeUnavailable(
+                    f"{header['kind']} failed here ({failure!r}); the next round tries "
+                    "again"))
 
         self.io.request(address, header, answered)
 
@@ -613,7 +663,14 @@ def attach_isr(agent: BrokerAgent, broker: Any) -> None:
         if node is not None:
             node.core.alter_partition_refused(why)
 
+    def on_transfer(name: str, target: str) -> None:
+        node = broker.groups.get(name)
+        if node is not None and node.spec.replication.layer == "raft":
+            node.core.transfer_leadership(target)
+            node.schedule()
+
     agent.on_partition, agent.on_alter_refused = on_partition, on_alter_refused
+    agent.on_transfer = on_transfer
     broker.alter_partition = lambda node, request: agent.request_alter(node.name, request)
 
 

@@ -21,7 +21,9 @@ The records (Kafka's names where Kafka has one):
   the broker epoch the decision was made for: a decision about an older registration is
   stale.
 * CreateTopic — a topic, its layer and its replica assignment (Kafka writes a TopicRecord
-  and a PartitionRecord per partition; one record here keeps a create atomic).
+  and a PartitionRecord per partition; one record here keeps a create atomic), and an
+  ISR topic's own ``min_insync_replicas`` (Kafka's topic config; left out, and 0 once
+  decoded, when the topic takes the cluster's ``[controller]`` value).
 * DeleteTopic.
 * PartitionChange — a partition's new replicas, leader (``""``: none), leader epoch, ISR,
   ELR; ``partition_epoch`` is the epoch it creates (the partition's current epoch + 1),
@@ -71,6 +73,7 @@ class TopicInfo:
     name: str
     layer: str
     partitions: tuple[PartitionInfo, ...]
+    min_insync_replicas: int = 0  # an ISR topic's own; 0: the [controller] value
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class CreateTopic:
     name: str
     layer: str
     assignment: tuple[tuple[str, ...], ...]  # the replicas of each partition, in order
+    min_insync_replicas: int = 0  # an ISR topic's own (1..RF); 0: the [controller] value
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ fold stays deterministic), counts it in ``skipped`` and says so through ``note``
 
 from __future__ import annotations
 
+import difflib
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ from mqlog.replication.controller.decisions import TEST_BREAKS as DECISION_BREAK
 from mqlog.replication.controller.decisions import (
     assign_replicas,
     fence_changes,
+    imbalanced,
     isr_change,
     sync_state_change,
     unfence_changes,
@@ -80,7 +82,7 @@ from mqlog.replication.controller.records import (
 )
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.replication.isr.core import AlterPartition, PartitionState
-from mqlog.replication.isr.decisions import decide_alter_partition
+from mqlog.replication.isr.decisions import decide_alter_partition, elect_preferred
 
 # Deliberately broken controllers, so the simulator shows its checkers catch them:
 # "stale_working": a new leader checks requests against the state it had before it folded
@@ -127,6 +129,7 @@ class Controller:
         self.config = config.validate()
         self.store, self.driver, self.rng, self.note = store, driver, rng, note
         self.session_ticks = config.session_ticks(tick_ms)
+        self.balance_ticks = config.balance_ticks(tick_ms)
         self.committed = ClusterMetadata()
         self.working = self.committed
         self.applied_to = 0  # the committed log is folded up to here
@@ -146,6 +149,10 @@ class Controller:
         self._reported_tick: dict[tuple[str, int], dict[str, int]] = {}
         self._fenced_tick: dict[str, int] = {}
         self._lead_tick = 0
+        self._balanced_tick = 0  # the leader imbalance was last checked at this tick
+        # Raft partitions' transfers to ask of their leaders' brokers, in their next
+        # heartbeat answers: broker -> (topic, partition) -> target (leader balancing)
+        self._transfers: dict[str, dict[Key, str]] = {}
         self.sync_states_stale = 0  # sync state set reports that changed nothing: stale
         self._snapshot_end = 0  # where the newest snapshot record in the log ends
         self._proposals = 0
@@ -164,7 +171,7 @@ class Controller:
             self._lead_term, self._lead_from = core.term, self.store.written_position
             self._sessions = {name: self.ticks for name in self.committed.brokers}
             self.leaders.token = f"{core.node_id}:{core.term}"  # (brokers get every entry)
-            self._lead_tick = self.ticks
+            self._lead_tick = self._balanced_tick = self.ticks
             self.note(f"controller {core.node_id} leads term {core.term}")
         elif not leading and self._lead_term != -1:
             self._lose_lead()
@@ -192,6 +199,10 @@ class Controller:
                     self.note(f"broker {name} missed its session: fenced")
                     self._fence(name)
             self._finish_fences()
+            if self.config.auto_leader_rebalance_enable and \
+                    self.ticks - self._balanced_tick >= self.balance_ticks:
+                self._balanced_tick = self.ticks
+                self._balance()
             if self.store.written_position - self._snapshot_end > \
                     self.config.snapshot_interval_bytes:
                 self._snapshot()
@@ -242,6 +253,7 @@ class Controller:
         life) is the one registered already — a retry whose answer was lost — which is
         answered with the epoch it has (KIP-631), no record written."""
         _check_text(broker_id=broker_id, address=address, rack=rack, incarnation=incarnation)
+        _check_address(broker_id, address)
         self._check_serving()
         known = self.working.brokers.get(broker_id)
         if known is not None and incarnation and known.incarnation == incarnation and \
@@ -302,8 +314,13 @@ class Controller:
             else:
                 changes.append(change)
         end = self._propose(changes) if changes else None
-        return Proposal(end, {"fenced": False, "position": self.applied_to,
-                              "leaders": self.leaders.changes_since(*seen)})
+        answer = {"fenced": False, "position": self.applied_to,
+                  "leaders": self.leaders.changes_since(*seen)}
+        transfers = self._transfers.pop(broker_id, {})
+        if transfers:  # (asked once: the next check asks again if it is still needed)
+            answer["transfers"] = [[topic, partition, target] for (topic, partition), target
+                                   in sorted(transfers.items())]
+        return Proposal(end, answer)
 
     def alter_partitions(self, broker_id: str, broker_epoch: int,
                          items: Any) -> Proposal:
@@ -349,13 +366,18 @@ class Controller:
         request = AlterPartition(broker_id, "controller", leader_epoch, partition_epoch,
                                  tuple(isr))
         live = {name for name, broker in working.brokers.items() if not broker.fenced}
-        decided = decide_alter_partition(current, request, self.config.min_insync_replicas,
-                                         live)
+        decided = decide_alter_partition(
+            current, request, info.min_insync_replicas or self.config.min_insync_replicas,
+            live)
         return isr_change(topic, partition, decided)
 
     def create_topic(self, name: str, partitions: int, replication_factor: int,
-                     layer: str = "raft") -> Proposal:
+                     layer: str = "raft", topic_config: Any = None) -> Proposal:
+        """A new topic, its replicas placed as Kafka places them; ``topic_config`` holds
+        its own settings (TOPIC_CONFIG: an ISR topic's ``min_insync_replicas``, 1..its
+        replication factor; without it, the [controller] value applies)."""
         _check_text(name=name, layer=layer)
+        min_insync = _topic_config(topic_config, replication_factor, layer)
         self._check_serving()
         config = self.config
         if not isinstance(partitions, int) or not 1 <= partitions <= config.partitions_max:
@@ -374,7 +396,7 @@ class Controller:
             raise MetadataChangeRefused(f"topic {name!r} exists already (delete it first)")
         assignment = assign_replicas(self.working.live_brokers(), partitions,
                                      replication_factor, self.rng)
-        record = CreateTopic(name, layer, assignment)
+        record = CreateTopic(name, layer, assignment, min_insync)
         return Proposal(self._propose([record]), {"assignment": assignment})
 
     def delete_topic(self, name: str) -> Proposal:
@@ -450,6 +472,56 @@ class Controller:
             end = stored.end
         return end
 
+    def elect_preferred(self, names: Any = None) -> Proposal:
+        """Preferred-leader election of the ISR partitions of topics ``names`` (all if
+        None): each whose preferred replica is live, in the ISR and not leading is handed
+        to it (``mqlog topics rebalance``; Raft partitions are moved by a transfer their
+        leader is asked for). The answer lists [topic, partition, "" or why not] for each
+        ISR partition."""
+        if names is not None and not (isinstance(names, list) and all(
+                isinstance(name, str) for name in names)):
+            raise InvalidArgument(f"topics must be a list of names, got {names!r}")
+        self._check_serving()
+        missing = [name for name in names or () if name not in self.working.topics]
+        if missing:
+            raise MetadataChangeRefused(f"no topic {', '.join(missing)} (`mqlog topics "
+                                        "list` shows the topics there are)")
+        live, results = set(self.working.live_brokers()), []
+        changes: list[Record] = []
+        for name in sorted(names or self.working.topics):
+            topic = self.working.topics[name]
+            for index, part in enumerate(topic.partitions):
+                if topic.layer != "isr":
+                    continue
+                try:
+                    decided = elect_preferred(PartitionState.of(part), live)
+                except MetadataChangeRefused as error:
+                    results.append([name, index, str(error)])
+                    continue
+                changes.append(isr_change(name, index, decided))
+                results.append([name, index, ""])
+        end = self._propose(changes) if changes else None
+        return Proposal(end, {"results": results})
+
+    def _balance(self) -> None:
+        """One leader imbalance check (decisions.imbalanced): ISR partitions are handed
+        back by a PartitionChange now, Raft ones by transfers asked in heartbeats."""
+        state = self.leaders.overlay(self.working)
+        live, changes = set(state.live_brokers()), list[Record]()
+        for move in imbalanced(state, self.config.leader_imbalance_per_broker_percentage):
+            if move.layer == "raft":
+                self._transfers.setdefault(move.leader, {})[
+                    (move.topic, move.partition)] = move.preferred
+                continue
+            part = self.working.topics[move.topic].partitions[move.partition]
+            changes.append(isr_change(move.topic, move.partition,
+                                      elect_preferred(PartitionState.of(part), live)))
+        if changes or self._transfers:
+            self.note(f"leader balancing: {len(changes)} ISR partitions back to their "
+                      f"preferred leaders, transfers asked of {sorted(self._transfers)}")
+        if changes:
+            self._propose(changes)
+
     def _fence(self, broker_id: str) -> None:
         info = self.working.brokers[broker_id]
         fence = FenceBroker(broker_id, info.broker_epoch)
@@ -498,6 +570,7 @@ class Controller:
     def _lose_lead(self) -> None:
         """This controller stopped leading: what it proposed may or may not commit."""
         self._lead_term = -1
+        self._transfers = {}
         self._pending = []
         self.working = self.committed
         waiters, self._waiters = self._waiters, []
@@ -591,6 +664,46 @@ def _check_text(**values: Any) -> None:
     for name, value in values.items():
         if not isinstance(value, str):
             raise InvalidArgument(f"{name} must be a str, got {type(value).__name__}")
+
+
+TOPIC_CONFIG = ("min_insync_replicas",)  # the settings a topic may have of its own
+
+
+def _topic_config(value: Any, replication_factor: Any, layer: str) -> int:
+    """A create_topic's topic config ({name: value}), checked: its min_insync_replicas
+    (0 when not given: the [controller] value applies)."""
+    if value is None:
+        return 0
+    if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+        raise InvalidArgument(f"a topic config maps names to values, got {value!r}")
+    for key in value:
+        if key not in TOPIC_CONFIG:
+            close = difflib.get_close_matches(key, TOPIC_CONFIG, n=1)
+            raise InvalidArgument(f"unknown topic config {key!r}" + (
+                f"; did you mean {close[0]!r}?" if close else
+                f"; a topic may set {', '.join(TOPIC_CONFIG)}"))
+    found = value.get("min_insync_replicas")
+    if found is None:
+        return 0
+    if layer != "isr":
+        raise InvalidArgument(f"min_insync_replicas is a setting of isr topics, not of "
+                              f"{layer!r} ones")
+    factor = replication_factor if isinstance(replication_factor, int) else 0
+    if not isinstance(found, int) or isinstance(found, bool) or not 1 <= found <= factor:
+        raise InvalidArgument(f"min_insync_replicas must be 1..{factor} (the replication "
+                              f"factor), got {found!r}")
+    return found
+
+
+def _check_address(broker_id: str, address: str) -> None:
+    """A broker's address is HOST:PORT (what its replicas and clients connect to): one
+    that is not would be refused by every broker asked to host a partition with it."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65_535 or \
+            any(char.isspace() for char in address):
+        raise InvalidArgument(f"broker {broker_id} registers the address {address!r}, which "
+                              "is not HOST:PORT (a port 1..65535): fix [node] listen in its "
+                              "config")
 
 
 def _check_int(name: str, value: Any) -> None:

@@ -119,7 +119,9 @@ class ClusterMetadata:
 
 
 def describe_topic(topic: TopicInfo) -> list[str]:
-    lines = [f"  {topic.name} layer={topic.layer} partitions={len(topic.partitions)}"]
+    lines = [f"  {topic.name} layer={topic.layer} partitions={len(topic.partitions)}"
+             + (f" min_insync_replicas={topic.min_insync_replicas}"
+                if topic.min_insync_replicas else "")]
     for index, part in enumerate(topic.partitions):
         lines.append(f"    {index} leader={part.leader or '-'} leader_epoch={part.leader_epoch}"
                      f" partition_epoch={part.partition_epoch} replicas={_names(part.replicas)}"
@@ -206,11 +208,18 @@ def _create(state: ClusterMetadata, record: CreateTopic) -> ClusterMetadata:
     factors = {len(replicas) for replicas in record.assignment}
     if len(factors) != 1:
         raise _refuse(f"topic {record.name!r}: partitions of different replication factors")
+    factor = factors.pop()
+    if record.min_insync_replicas and (record.layer != "isr" or
+                                       not 1 <= record.min_insync_replicas <= factor):
+        raise _refuse(f"topic {record.name!r}: min_insync_replicas "
+                      f"{record.min_insync_replicas} must be 1..{factor} (its replication "
+                      "factor), and only an isr topic has one")
     partitions = []
     for index, replicas in enumerate(record.assignment):
         _check_replicas(state, f"partition {index} of {record.name!r}", replicas)
         partitions.append(PartitionInfo(replicas, replicas[0], 0, 0, replicas, ()))
-    topic = TopicInfo(record.name, record.layer, tuple(partitions))
+    topic = TopicInfo(record.name, record.layer, tuple(partitions),
+                      record.min_insync_replicas)
     return replace(state, topics=_frozen({**state.topics, record.name: topic}))
 
 

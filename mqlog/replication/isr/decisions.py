@@ -20,6 +20,11 @@ the ISR alone; else, only with ``unclean``, the first live replica — records c
 before may be lost, and the decision says so; else no leader (``""``) until an ISR or
 ELR member comes back. The fenced leader leaves the ISR (to the ELR when the ISR falls
 below the minimum). Every election bumps the leader epoch.
+
+Preferred-leader election (Kafka's, by ``mqlog topics rebalance`` or the controller's
+automatic leader balancing): the first replica leads again when it is live and in the
+ISR (so it holds every committed record); the ISR and ELR are unchanged, the leader
+epoch bumps. A preferred replica outside the ISR is refused: it would lose what it lacks.
 """
 
 from __future__ import annotations
@@ -125,3 +130,19 @@ def unfence_isr(current: PartitionState, broker_id: str, fenced: set[str],
     state, how = elect_leader(current, set(current.replicas) - (fenced - {broker_id}),
                               min_insync_replicas, unclean)
     return (state, how) if state.leader else None
+
+
+def elect_preferred(current: PartitionState, live: set[str]) -> PartitionState:
+    """The partition led by its preferred (first) replica, or MetadataChangeRefused."""
+    preferred = current.replicas[0] if current.replicas else ""
+    where = f"the preferred leader {preferred or '(none)'}"
+    if current.leader == preferred:
+        raise MetadataChangeRefused(f"{where} leads already")
+    if preferred not in live:
+        raise MetadataChangeRefused(f"{where} is not live (fenced or not registered)")
+    if preferred not in current.isr:
+        raise MetadataChangeRefused(f"{where} is not in the ISR {list(current.isr)}: it "
+                                    "may lack committed records; it leads once it rejoins")
+    return dataclasses.replace(current, leader=preferred,
+                               leader_epoch=current.leader_epoch + 1,
+                               partition_epoch=current.partition_epoch + 1)

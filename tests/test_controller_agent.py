@@ -1,0 +1,119 @@
+"""The broker agent (controller/host.py) over an IO that answers at once from a script, and
+a host that fails on purpose: one group's hosting failing with an exception that is not
+an MqlogError (an OSError from opening its store on a full disk) skips that group, with
+a note, and the next round hosts it; the agent's rounds go on (a broker whose rounds
+stopped would stop heartbeating and be fenced for good)."""
+
+from __future__ import annotations
+
+import errno
+import random
+from typing import Any
+
+from mqlog.replication.controller import host, records
+from mqlog.replication.controller.config import ControllerConfig
+
+CONFIG = ControllerConfig(voters={"c1": "127.0.0.1:7001"}).validate()
+ADDRESS = "127.0.0.1:9001"
+
+
+class Io:
+    """Answers from ``script(header)`` delivered by ``run_due``; timers kept, not run."""
+
+    def __init__(self, script: Any) -> None:
+        self.script, self.pending, self.timers, self.notes = script, [], [], []
+
+    def request(self, address: str, header: dict[str, Any], done: Any) -> None:
+        self.pending.append((done, self.script(header)))
+
+    def call_later(self, delay_ms: int, callback: Any) -> None:
+        self.timers.append(callback)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def run_due(self) -> None:
+        while self.pending:
+            done, answer = self.pending.pop(0)
+            done(answer, None)
+
+    def next_round(self) -> None:
+        self.timers.pop(0)()
+        self.run_due()
+
+
+class FailingHost:
+    """A GroupHost whose ensure_group raises ``failure`` for the groups in ``failing``."""
+
+    broker_id, address = "b1", ADDRESS
+
+    def __init__(self, failure: BaseException, failing: set[str]) -> None:
+        self.failure, self.failing, self.groups = failure, failing, {}
+
+    def ensure_group(self, spec: Any) -> None:
+        if spec.name in self.failing:
+            raise self.failure
+        self.groups[spec.name] = spec
+
+    def drop_group(self, name: str) -> None:
+        del self.groups[name]
+
+    def reports(self) -> list:
+        return []
+
+    def leads(self) -> list:
+        return []
+
+
+def _metadata() -> list[list[Any]]:
+    """b1 registered and a Raft topic of two partitions on it, as a pull answers."""
+    found, end = [], 0
+    for item in (records.RegisterBroker("b1", 1, ADDRESS),
+                 records.CreateTopic("t", "raft", (("b1",), ("b1",)))):
+        end += 100
+        found.append([end, records.encode(item)])
+    return found
+
+
+def _script(header: dict[str, Any]) -> dict[str, Any]:
+    kind = header["kind"]
+    if kind == "register_broker":
+        return {"broker_epoch": 1}
+    if kind == "broker_heartbeat":
+        return {"fenced": False, "position": 0}
+    if header["position"] == 0:
+        return {"records": _metadata(), "position": 200}
+    return {"records": [], "position": header["position"]}
+
+
+def test_a_full_disk_hosting_one_group_skips_it_and_the_next_round_hosts_it() -> None:
+    io = Io(_script)
+    failing = FailingHost(OSError(errno.ENOSPC, "No space left on device"), {"t-0"})
+    agent = host.BrokerAgent(failing, CONFIG, io, rng=random.Random(1))
+    agent.start()
+    io.run_due()
+    assert agent.rounds == 1 and len(io.timers) == 1  # (the agent goes on)
+    assert set(failing.groups) == {"t-1"} and agent.hosted == {"t-1"}
+    assert agent.hosting_failures == 1
+    assert any("cannot host t-0 now" in note and "No space left" in note
+               for note in io.notes), io.notes
+    failing.failing = set()  # (space freed)
+    io.next_round()
+    assert agent.rounds == 2 and set(failing.groups) == {"t-0", "t-1"}
+    assert agent.hosted == {"t-0", "t-1"} and agent.hosting_failures == 1
+
+
+def test_an_unexpected_exception_in_a_round_ends_the_round_not_the_agent() -> None:
+    io = Io(_script)
+    agent = host.BrokerAgent(FailingHost(OSError("x"), set()), CONFIG, io,
+                             rng=random.Random(1))
+
+    def broken(answer: dict[str, Any]) -> None:
+        raise RuntimeError("a bug in the fold")
+    agent.fold = broken  # type: ignore[method-assign]
+    agent.start()
+    io.run_due()
+    assert agent.rounds == 1 and len(io.timers) == 1
+    assert any("a bug in the fold" in note and "next round" in note for note in io.notes)
+    io.next_round()
+    assert agent.rounds == 2 and len(io.timers) == 1

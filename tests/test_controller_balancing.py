@@ -1,0 +1,113 @@
+"""Automatic leader balancing in-process on 127.0.0.1 (three controllers, three brokers,
+each on its own loop and thread: test_controller_cluster.py's harness).
+
+An ISR topic and a Raft topic, 3 partitions x RF 3 each, start led by their preferred
+(first) replicas. Two brokers stopped: every ISR partition is led by the one left (the
+leaders gathered; the Raft groups have no majority). Both restarted: nothing but the
+controller's leader imbalance check (every ``leader_imbalance_check_interval_ms``, on by
+default) moves the leaders back — ISR partitions by a PartitionChange once their preferred
+replica is back in the ISR, Raft partitions by transfers asked of their leaders in
+heartbeat answers — so each partition is led by its preferred replica again, in the
+metadata and in the replicas' cores; and a record written to each ISR partition before
+the stops is still there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mqlog import errors
+from mqlog.client import Client
+from mqlog.config import BrokerConfig
+from mqlog.replication.local import free_ports, wait_until
+from mqlog.results import PutStatus
+from tests import test_controller_cluster as harness
+
+BROKERS = ("b1", "b2", "b3")
+PARTITIONS = 3
+
+
+def _configs(root: Path) -> dict[str, BrokerConfig]:
+    names = ("c1", "c2", "c3", *BROKERS)
+    ports = free_ports(len(names))
+    addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, ports, strict=True)}
+    controller = {"voters": {name: addresses[name] for name in names[:3]},
+                  "broker_session_timeout_ms": 1_500, "broker_heartbeat_interval_ms": 200,
+                  "replica_lag_time_ms": 1_000, "leader_imbalance_check_interval_ms": 1_000}
+    return {name: BrokerConfig(broker_id=name, listen=addresses[name], data_dir=root / name,
+                               peers=addresses, process_roles=(
+                                   ("controller",) if name.startswith("c") else ("broker",)),
+                               controller=controller).validate() for name in names}
+
+
+def _leaders(cluster: harness.Cluster, topic: str) -> dict[int, str]:
+    """partition -> the broker whose core leads it now (one that leads, if two think so
+    for a moment)."""
+    found = {}
+    for name in BROKERS:
+        thread = cluster.threads.get(name)
+        for index in range(PARTITIONS):
+            node = thread.broker.groups.get(f"{topic}-{index}") if thread else None
+            if node is not None and node.core.status().get("role") == "LEADER":
+                found[index] = name
+    return found
+
+
+def _produce(address: str, index: int, body: bytes) -> bool:
+    try:
+        with Client(address, timeout_s=10) as client:
+            return client.produce("i", body, index).status is PutStatus.PUT_OK
+    except (errors.NotLeader, errors.UnknownGroup, errors.NodeUnavailable,
+            errors.NotEnoughReplicas):
+        return False
+
+
+def test_leaders_gathered_by_failures_are_spread_again(tmp_path: Path) -> None:
+    cluster = harness.Cluster(_configs(tmp_path))
+    configs = cluster.configs
+    addresses = [configs[name].listen for name in ("c1", "c2", "c3")]
+    cluster.start()
+    try:
+        wait_until(lambda: len(harness._state(addresses).live_brokers()) == 3,
+                   "three live brokers", 60)
+        for topic, layer in (("i", "isr"), ("r", "raft")):
+            harness._ask(addresses, {"kind": "create_topic", "name": topic,
+                                     "partitions": PARTITIONS, "replication_factor": 3,
+                                     "layer": layer})
+        found: list[Any] = []
+
+        def folded() -> bool:  # (controllers fold at their own pace)
+            found[:] = [harness._state(addresses)]
+            return {"i", "r"} <= set(found[0].topics)
+        wait_until(folded, "both topics folded", 30)
+        state = found[0]
+        preferred = {topic: {index: part.replicas[0] for index, part in
+                             enumerate(state.topics[topic].partitions)} for topic in "ir"}
+        assert sorted(preferred["i"].values()) == list(BROKERS)  # (spread by assignment)
+        wait_until(lambda: _leaders(cluster, "i") == preferred["i"],
+                   "topic i led by its preferred replicas (as created)", 60)
+        wait_until(lambda: len(_leaders(cluster, "r")) == PARTITIONS,
+                   "topic r's groups electing leaders (any: Raft elects on its own)", 60)
+        for index, leader in preferred["i"].items():
+            wait_until(lambda i=index, a=configs[leader].listen: _produce(a, i, b"kept"),
+                       f"i/{index} taking a write", 60)
+
+        stay = preferred["i"][0]
+        cluster.stop(*(name for name in BROKERS if name != stay))
+        wait_until(lambda: all(part.leader == stay for part in
+                               harness._state(addresses).topics["i"].partitions),
+                   f"every ISR partition led by {stay} (gathered)", 60)
+
+        cluster.start(*(name for name in BROKERS if name != stay))
+        for topic in "ir":
+            wait_until(lambda topic=topic: _leaders(cluster, topic) == preferred[topic],
+                       f"topic {topic} led by its preferred replicas again", 90)
+        wait_until(lambda: {index: part.leader for index, part in enumerate(
+            harness._state(addresses).topics["i"].partitions)} == preferred["i"],
+                   "the metadata naming the preferred leaders", 30)
+        for index, leader in preferred["i"].items():
+            with Client(configs[leader].listen, timeout_s=10) as client:
+                bodies = [record.body for record in client.fetch("i", index, 0, 10)]
+            assert b"kept" in bodies, (index, bodies)
+    finally:
+        cluster.stop()
