@@ -257,4 +257,5 @@ def brokers(bootstrap: str, timeout_s: float) -> None:
     for name in sorted(state.brokers):
         info = state.brokers[name]
         click.echo(f"{name}\tepoch={info.broker_epoch}\t{info.address}\t"
-                   + ("fenced" if info.fenced else "live"))
+                   + ("fenced" if info.fenced else "live")
+                   + ("\tunclean_shutdown" if info.unclean_shutdown else ""))

@@ -117,3 +117,28 @@ def test_an_unexpected_exception_in_a_round_ends_the_round_not_the_agent() -> No
     assert any("a bug in the fold" in note and "next round" in note for note in io.notes)
     io.next_round()
     assert agent.rounds == 2 and len(io.timers) == 1
+
+
+def test_stores_left_open_are_found_and_said_once_at_registration(tmp_path: Any) -> None:
+    for name, marked in (("t-0", True), ("t-1", False), ("__controller", True)):
+        (tmp_path / name).mkdir()
+        if marked:
+            (tmp_path / name / "abort").touch()
+    (tmp_path / "stray-file").touch()
+    assert host.unclean_stores(tmp_path) == ["t-0"]
+    assert host.unclean_stores(tmp_path / "missing") == []
+    asked: list[dict[str, Any]] = []
+
+    def script(header: dict[str, Any]) -> dict[str, Any]:
+        asked.append(header)
+        return _script(header)
+    io = Io(script)
+    agent = host.BrokerAgent(FailingHost(OSError("x"), set()), CONFIG, io,
+                             rng=random.Random(1))
+    agent.unclean_shutdown = True
+    agent.start()
+    io.run_due()
+    agent.epoch = None  # (told to register again, within the same life)
+    io.next_round()
+    registrations = [header for header in asked if header["kind"] == "register_broker"]
+    assert [header.get("unclean_shutdown") for header in registrations] == [True, None]

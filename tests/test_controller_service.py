@@ -463,3 +463,51 @@ def test_balancing_config_is_validated() -> None:
         ControllerConfig.from_table({"leader_imbalance_check_interval_ms": 0})
     config = ControllerConfig.from_table({"leader_imbalance_per_broker_percentage": 0})
     assert config.auto_leader_rebalance_enable and config.balance_ticks(10) == 30_000
+
+
+def test_an_unclean_election_says_what_may_be_lost(make: Any) -> None:
+    one = make(unclean_leader_election=True)
+    epochs = _cluster(one)
+    controller = one.controller
+    one.call(controller.create_topic("i", 1, 3, "isr"))
+    part = controller.committed.topics["i"].partitions[0]
+    leader, others = part.leader, [name for name in part.replicas if name != part.leader]
+    answer = one.call(controller.alter_partitions(leader, epochs[leader], [
+        ["i", 0, part.leader_epoch, part.partition_epoch, [leader]]]))  # (they fell behind)
+    assert answer["results"] == [""]
+    ends = {leader: 5000, others[0]: 3000, others[1]: 3500}
+    for _ in range(controller.session_ticks + 5):  # the leader falls silent after a report
+        for name in epochs:
+            if name != leader or _ == 0:
+                controller.heartbeat(name, epochs[name], reports={("i", 0): (0, ends[name])})
+        one.step()
+    after = controller.committed.topics["i"].partitions[0]
+    assert after.leader == others[0] and after.leader_epoch == 1
+    assert after.unclean == (1, 3000, 5000)
+    assert "unclean=epoch:1,lost:[3000,5000)" in controller.committed.describe()
+    assert any("unclean election: i/0" in note and "[3000, 5000) may be lost" in note
+               for note in one.notes), one.notes
+
+
+def test_a_broker_back_from_an_unclean_shutdown_leaves_every_elr(make: Any) -> None:
+    one = make(min_insync_replicas=3)
+    epochs = _cluster(one)
+    controller = one.controller
+    one.call(controller.create_topic("i", 2, 3, "isr"))
+    gone = controller.committed.topics["i"].partitions[0].replicas[1]
+    for _ in range(controller.session_ticks + 5):  # ``gone`` falls silent: into the ELRs
+        for name in epochs:
+            if name != gone:
+                controller.heartbeat(name, epochs[name])
+        one.step()
+    assert all(part.elr == (gone,) for part in controller.committed.topics["i"].partitions)
+    with pytest.raises(InvalidArgument, match="unclean_shutdown must be true or false"):
+        controller.register_broker(gone, "h:9", "", "life-2", "yes")
+    answer = one.call(controller.register_broker(gone, "h:9", "", "life-2", True))
+    state = controller.committed  # (the registration and the ELR changes: one batch)
+    assert state.brokers[gone].broker_epoch == answer["broker_epoch"] == 2
+    assert state.brokers[gone].unclean_shutdown and state.brokers[gone].fenced
+    assert all(part.elr == () for part in state.topics["i"].partitions)
+    assert any("after an unclean shutdown" in note for note in one.notes)
+    one.call(controller.heartbeat(gone, 2))
+    assert not controller.committed.brokers[gone].unclean_shutdown  # (unfenced: ordinary)

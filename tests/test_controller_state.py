@@ -20,6 +20,7 @@ from mqlog.replication.controller.decisions import (
     imbalanced,
     isr_change,
     sync_state_change,
+    unfence_changes,
 )
 from mqlog.replication.controller.leaders import LeaderTable
 from mqlog.replication.controller.records import (
@@ -86,7 +87,8 @@ class Script:
         epoch = int(kw.get("epoch", "0"))
         if command == "register":
             return [RegisterBroker(kw["id"], epoch, kw.get("address", "h:" + kw["id"]),
-                                   kw.get("rack", ""))]
+                                   kw.get("rack", ""),
+                                   unclean_shutdown=kw.get("unclean_shutdown") == "true")]
         if command in ("fence", "unfence"):
             cls = FenceBroker if command == "fence" else UnfenceBroker
             return [cls(kw["id"], epoch)]
@@ -103,13 +105,22 @@ class Script:
             return [PartitionChange(kw["topic"], int(kw["partition"]), epoch,
                                     _names(kw["replicas"]), kw.get("leader", ""),
                                     int(kw["leader_epoch"]), _names(kw["isr"]),
-                                    _names(kw.get("elr", "")), kw.get("layer", "isr"))]
+                                    _names(kw.get("elr", "")), kw.get("layer", "isr"),
+                                    tuple(int(part) for part in
+                                          filter(None, kw.get("unclean", "").split(","))))]
         if command == "fence-changes":
             fresh = None if "fresh" not in kw else {
                 where: set(_names(kw["fresh"])) for where in _reported(kw["reported"])}
             return fence_changes(self.state, kw["id"], kw.get("auto_failover") == "true",
                                  _reported(kw.get("reported", "")),
-                                 test_break=kw.get("break", ""), fresh=fresh)
+                                 test_break=kw.get("break", ""), fresh=fresh,
+                                 min_insync_replicas=int(kw.get("min_insync", "1")),
+                                 unclean=kw.get("unclean") == "true")
+        if command == "unfence-changes":
+            return unfence_changes(self.state, kw["id"],
+                                   min_insync_replicas=int(kw.get("min_insync", "1")),
+                                   unclean=kw.get("unclean") == "true",
+                                   reported=_reported(kw.get("reported", "")))
         if command == "elect-preferred":
             part = PartitionState.of(self.state.partition(kw["topic"], int(kw["partition"])))
             decided = elect_preferred(part, set(self.state.live_brokers()))
@@ -149,7 +160,8 @@ class Script:
         if isinstance(record, PartitionChange):
             return (f"ok PartitionChange {record.topic}/{record.partition} epoch="
                     f"{record.partition_epoch} leader={record.leader or '-'} leader_epoch="
-                    f"{record.leader_epoch} isr={','.join(record.isr) or '-'}")
+                    f"{record.leader_epoch} isr={','.join(record.isr) or '-'}"
+                    + (f" unclean={list(record.unclean)}" if record.unclean else ""))
         return f"ok {type(record).__name__}"
 
 

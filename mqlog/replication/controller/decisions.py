@@ -50,6 +50,7 @@ promotion, the operator's or a failover's.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
@@ -115,8 +116,11 @@ def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
                 decided = fence_isr(PartitionState.of(part), broker_id, fenced,
                                     topic.min_insync_replicas or min_insync_replicas,
                                     unclean, test_break)
+                if _unclean_shutdown(state, broker_id):
+                    decided = leave_elr(PartitionState.of(part), broker_id, decided)
                 if decided is not None:
-                    changes.append(isr_change(name, index, decided[0]))
+                    changes.append(isr_change(name, index, decided[0], lost_range(
+                        decided, (reported or {}).get((name, index), {}))))
                 continue
             change = None
             if auto_failover and part.leader == broker_id:
@@ -133,8 +137,11 @@ def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
 
 
 def unfence_changes(state: ClusterMetadata, broker_id: str, *, min_insync_replicas: int = 1,
-                    unclean: bool = False) -> list[PartitionChange]:
-    """The leaderless ISR partitions that ``broker_id``, back, may lead (isr/decisions.py)."""
+                    unclean: bool = False,
+                    reported: dict[tuple[str, int], dict[str, tuple[int, int]]] | None = None,
+                    ) -> list[PartitionChange]:
+    """The leaderless ISR partitions that ``broker_id``, back, may lead (isr/decisions.py;
+    ``reported`` as fence_changes' says what an unclean election may lose)."""
     fenced = {name for name, info in state.brokers.items() if info.fenced}
     changes = []
     for name in sorted(state.topics):
@@ -145,14 +152,53 @@ def unfence_changes(state: ClusterMetadata, broker_id: str, *, min_insync_replic
             decided = unfence_isr(PartitionState.of(part), broker_id, fenced,
                                   topic.min_insync_replicas or min_insync_replicas, unclean)
             if decided is not None:
-                changes.append(isr_change(name, index, decided[0]))
+                changes.append(isr_change(name, index, decided[0], lost_range(
+                    decided, (reported or {}).get((name, index), {}))))
     return changes
 
 
-def isr_change(topic: str, index: int, state: PartitionState) -> PartitionChange:
+def _unclean_shutdown(state: ClusterMetadata, broker_id: str) -> bool:
+    info = state.brokers.get(broker_id)
+    return info is not None and info.unclean_shutdown
+
+
+def leave_elr(current: PartitionState, broker_id: str,
+              decided: tuple[PartitionState, str] | None) -> tuple[PartitionState, str] | None:
+    """``decided`` (fence_isr's, or None: no change) with ``broker_id`` out of the ELR: it
+    registered after an unclean shutdown (KIP-966), so its log may lack records it had
+    acknowledged, and it must not be elected as one that holds every committed record."""
+    if decided is None:
+        if broker_id not in current.elr:
+            return None
+        decided = (dataclasses.replace(current,
+                                       partition_epoch=current.partition_epoch + 1), "")
+    state, how = decided
+    if broker_id not in state.elr:
+        return decided
+    return dataclasses.replace(state, elr=tuple(name for name in state.elr
+                                                 if name != broker_id)), how
+
+
+def isr_change(topic: str, index: int, state: PartitionState,
+               unclean: tuple[int, ...] = ()) -> PartitionChange:
     """The record of an ISR partition's new state."""
     return PartitionChange(topic, index, state.partition_epoch, state.replicas, state.leader,
-                           state.leader_epoch, state.isr, state.elr, "isr")
+                           state.leader_epoch, state.isr, state.elr, "isr", unclean)
+
+
+def lost_range(decided: tuple[PartitionState, str],
+               reported: dict[str, tuple[int, int]]) -> tuple[int, ...]:
+    """What an unclean election may lose (() for any other): (its leader epoch, the new
+    leader's log end, the largest log end another replica reported). The reports are a
+    heartbeat old at most, so the range is what the controller knew, not a bound: the
+    old ISR may have written more since (``topics describe`` says "possibly lost")."""
+    state, how = decided
+    if how != "unclean":
+        return ()
+    have = reported.get(state.leader, (0, 0))[1]
+    knew = max((position for name, (_, position) in reported.items()
+                if name != state.leader), default=have)
+    return (state.leader_epoch, have, max(have, knew))
 
 
 Change = tuple[tuple[str, ...], str, int, tuple[str, ...]]

@@ -127,7 +127,8 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
         return controller.metadata_since(arg("position"))
     if kind == "register_broker":
         return controller.register_broker(arg("broker_id"), arg("address"), arg("rack", ""),
-                                          arg("incarnation", ""))
+                                          arg("incarnation", ""),
+                                          arg("unclean_shutdown", False))
     if kind == "broker_heartbeat":
         return controller.heartbeat(arg("broker_id"), arg("broker_epoch"),
                                     _reports_from(arg("reports")), leads_from(arg("leads")),
@@ -268,6 +269,9 @@ class BrokerAgent:
         self.on_transfer: Callable[[str, str], None] | None = None
         self.alters: dict[str, AlterPartition] = {}
         self._isr_groups: dict[str, tuple[str, int]] = {}
+        # KIP-966: the previous life did not close its stores cleanly (join_cluster looks
+        # before any partition is opened); the first registration says so
+        self.unclean_shutdown = False
 
     def start(self) -> None:
         """Begin the first round now; each round schedules the next."""
@@ -277,14 +281,19 @@ class BrokerAgent:
 
     def _round(self) -> None:
         if self.epoch is None:
-            self._ask({"kind": "register_broker", "broker_id": self.host.broker_id,
-                       "address": self.host.address, "incarnation": self.incarnation,
-                       "rack": getattr(self.host, "rack", "")}, True, self._registered)
+            header: dict[str, Any] = {
+                "kind": "register_broker", "broker_id": self.host.broker_id,
+                "address": self.host.address, "incarnation": self.incarnation,
+                "rack": getattr(self.host, "rack", "")}
+            if self.unclean_shutdown:
+                header["unclean_shutdown"] = True
+            self._ask(header, True, self._registered)
         else:
             self._heartbeat()
 
     def _registered(self, answer: dict[str, Any]) -> None:
         self.epoch = answer["broker_epoch"]
+        self.unclean_shutdown = False  # (said once: this life's stores are its own now)
         self._heartbeat()
 
     def _heartbeat(self) -> None:
@@ -641,6 +650,21 @@ def apply_role(status: dict[str, Any] | None, part: records.PartitionInfo,
     return None
 
 
+def unclean_stores(data_dir: Any) -> list[str]:
+    """The partition stores under ``data_dir`` that the last life left open (their abort
+    marker, engine/files.py, is still there: recovery will scan them, and with
+    replica_ack "written" they may have lost acknowledged records). Call before any
+    partition is opened (an open store has its marker); the controller's is not one."""
+    from pathlib import Path
+
+    root = Path(data_dir)
+    if not root.is_dir():
+        return []
+    return sorted(child.name for child in root.iterdir()
+                  if child.is_dir() and child.name != CONTROLLER_GROUP
+                  and (child / "abort").exists())
+
+
 def _call(address: str, header: dict[str, Any]) -> dict[str, Any]:
     with Client(address, timeout_s=CALL_TIMEOUT_S) as client:
         return client.call(dict(header))[0]
@@ -663,21 +687,27 @@ def attach_isr(agent: BrokerAgent, broker: Any) -> None:
         if node is not None:
             node.core.alter_partition_refused(why)
 
-    def on_transfer(name: str, target: str) -> None:
-        node = broker.groups.get(name)
-        if node is not None and node.spec.replication.layer == "raft":
-            node.core.transfer_leadership(target)
-            node.schedule()
-
     agent.on_partition, agent.on_alter_refused = on_partition, on_alter_refused
-    agent.on_transfer = on_transfer
     broker.alter_partition = lambda node, request: agent.request_alter(node.name, request)
 
 
 def join_cluster(broker: Any) -> BrokerAgent:
     """Start ``broker``'s agent (see the module docstring); call on its loop."""
     agent = BrokerAgent(BrokerGroups(broker), _config(broker), SocketIo(broker))
+    agent.unclean_shutdown = bool(unclean_stores(broker.config.data_dir))
+    if agent.unclean_shutdown:
+        print(f"broker {broker.broker_id}: stores not closed cleanly: "
+              f"{', '.join(unclean_stores(broker.config.data_dir))}; the controller takes "
+              "this broker out of every ELR (KIP-966)", flush=True)
     attach_isr(agent, broker)
+
+    def on_transfer(name: str, target: str) -> None:  # (leader balancing's Raft moves)
+        node = broker.groups.get(name)
+        if node is not None and node.spec.replication.layer == "raft":
+            node.core.transfer_leadership(target)
+            node.schedule()
+
+    agent.on_transfer = on_transfer
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         return agent.describe(), b""

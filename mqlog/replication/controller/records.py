@@ -17,6 +17,8 @@ The records (Kafka's names where Kafka has one):
 * RegisterBroker — a broker (re)joins with a new, larger broker epoch; it starts fenced.
   Its ``incarnation`` names the process life (Kafka's incarnation id, KIP-631): the
   controller answers a retried registration of the same life with the epoch it has.
+  ``unclean_shutdown``: its last life did not close its stores cleanly (KIP-966), so it
+  leaves every ELR (it may have lost what it acknowledged, with replica_ack "written").
 * FenceBroker / UnfenceBroker — a broker missed its session (or came back), named with
   the broker epoch the decision was made for: a decision about an older registration is
   stale.
@@ -27,7 +29,10 @@ The records (Kafka's names where Kafka has one):
 * DeleteTopic.
 * PartitionChange — a partition's new replicas, leader (``""``: none), leader epoch, ISR,
   ELR; ``partition_epoch`` is the epoch it creates (the partition's current epoch + 1),
-  so a change computed from a stale view is refused (KIP-497's partition epoch).
+  so a change computed from a stale view is refused (KIP-497's partition epoch). An
+  unclean election's change also says what may be lost (``unclean``: the leader epoch,
+  the new leader's log end, the largest log end the controller knew of another
+  replica); the partition keeps it, shown by ``topics describe``, until the next one.
 * Snapshot — the whole state at this point of the log: a controller that trims its log
   writes one first, and a reader folding from it needs nothing before it.
 """
@@ -56,6 +61,9 @@ class BrokerInfo:
     rack: str
     fenced: bool
     incarnation: str = ""  # the process life that registered (KIP-631); "": not said
+    # this registration followed an unclean shutdown (KIP-966): until it is unfenced, its
+    # fences never put it in an ELR (its log may lack what it acknowledged)
+    unclean_shutdown: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,9 @@ class PartitionInfo:
     partition_epoch: int
     isr: tuple[str, ...]
     elr: tuple[str, ...]
+    # the last unclean election: (leader epoch it began, the new leader's log end, the
+    # largest log end another replica reported): [end, largest) may be lost; (): none
+    unclean: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,7 @@ class RegisterBroker:
     address: str
     rack: str = ""
     incarnation: str = ""  # one per process life: a retried registration is known by it
+    unclean_shutdown: bool = False  # the broker's stores were not closed cleanly (KIP-966)
 
 
 @dataclass(frozen=True)
@@ -121,6 +133,7 @@ class PartitionChange:
     isr: tuple[str, ...]
     elr: tuple[str, ...]
     layer: str
+    unclean: tuple[int, ...] = ()  # set by an unclean election (PartitionInfo.unclean)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,7 @@ from mqlog.replication.controller.records import (
     CreateTopic,
     DeleteTopic,
     FenceBroker,
+    PartitionChange,
     Record,
     RegisterBroker,
     Snapshot,
@@ -248,12 +249,16 @@ class Controller:
     # --- requests (the leader) ------------------------------------------------------------
 
     def register_broker(self, broker_id: str, address: str, rack: str = "",
-                        incarnation: str = "") -> Proposal:
+                        incarnation: str = "", unclean_shutdown: Any = False) -> Proposal:
         """A broker (re)joins: a new broker epoch, unless ``incarnation`` (its process
         life) is the one registered already — a retry whose answer was lost — which is
-        answered with the epoch it has (KIP-631), no record written."""
+        answered with the epoch it has (KIP-631), no record written. After an unclean
+        shutdown (KIP-966) it leaves every ELR, with the registration."""
         _check_text(broker_id=broker_id, address=address, rack=rack, incarnation=incarnation)
         _check_address(broker_id, address)
+        if not isinstance(unclean_shutdown, bool):
+            raise InvalidArgument(f"unclean_shutdown must be true or false, got "
+                                  f"{unclean_shutdown!r}")
         self._check_serving()
         known = self.working.brokers.get(broker_id)
         if known is not None and incarnation and known.incarnation == incarnation and \
@@ -265,7 +270,17 @@ class Controller:
             raise MetadataChangeRefused(f"{len(self.working.brokers)} brokers registered, "
                                         f"brokers_max={self.config.brokers_max}")
         epoch = 1 if known is None else known.broker_epoch + 1
-        end = self._propose([RegisterBroker(broker_id, epoch, address, rack, incarnation)])
+        register = RegisterBroker(broker_id, epoch, address, rack, incarnation,
+                                  unclean_shutdown)
+        # (a fenced broker's changes, as _finish_fences makes them, but in the same batch:
+        # out of every ELR before its first heartbeat can unfence it)
+        changes = fence_changes(self.working.apply(register), broker_id,
+                                self.config.auto_failover, self._reported,
+                                **self._rules(broker_id)) if unclean_shutdown else []
+        if unclean_shutdown:
+            self.note(f"broker {broker_id} registers after an unclean shutdown: out of "
+                      f"every ELR ({len(changes)} partition changes)")
+        end = self._propose([register, *changes])
         self._registered_at[broker_id] = end
         self._sessions[broker_id] = self.ticks
         self._fenced_tick[broker_id] = self.ticks  # (its last life is over: as a fence)
@@ -305,6 +320,7 @@ class Controller:
         if known.fenced:  # (and the leaderless ISR partitions it may lead elect it)
             unfence = UnfenceBroker(broker_id, broker_epoch)
             changes = [unfence, *unfence_changes(self.working.apply(unfence), broker_id,
+                                                 reported=self._reported,
                                                  **self._isr_rules())]
         for (topic, index), (partition_epoch, in_sync) in sorted(sync_states.items()):
             change = sync_state_change(self.working, broker_id, topic, index,
@@ -314,6 +330,7 @@ class Controller:
             else:
                 changes.append(change)
         end = self._propose(changes) if changes else None
+        self._note_unclean(changes)
         answer = {"fenced": False, "position": self.applied_to,
                   "leaders": self.leaders.changes_since(*seen)}
         transfers = self._transfers.pop(broker_id, {})
@@ -522,6 +539,16 @@ class Controller:
         if changes:
             self._propose(changes)
 
+    def _note_unclean(self, changes: list[Any]) -> None:
+        """The event of each unclean election in ``changes`` (KIP-966: say what may be lost)."""
+        for change in changes:
+            if isinstance(change, PartitionChange) and change.unclean:
+                epoch, have, knew = change.unclean
+                self.note(f"unclean election: {change.topic}/{change.partition} led by "
+                          f"{change.leader} in leader epoch {epoch} from its log end {have}; "
+                          f"another replica reported {knew}: records in [{have}, {knew}) "
+                          "may be lost")
+
     def _fence(self, broker_id: str) -> None:
         info = self.working.brokers[broker_id]
         fence = FenceBroker(broker_id, info.broker_epoch)
@@ -532,6 +559,7 @@ class Controller:
         if self._test_break == "keep_leaders":
             changes = []
         self._propose([fence, *changes])
+        self._note_unclean(changes)
 
     def _isr_rules(self) -> dict[str, Any]:
         return {"min_insync_replicas": self.config.min_insync_replicas,
@@ -566,6 +594,7 @@ class Controller:
                               "are not in the log yet (or waited for fresh reports); "
                               "proposing them")
                     self._propose(list(changes))
+                    self._note_unclean(changes)
 
     def _lose_lead(self) -> None:
         """This controller stopped leading: what it proposed may or may not commit."""

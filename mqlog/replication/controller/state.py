@@ -111,6 +111,7 @@ class ClusterMetadata:
             info = self.brokers[name]
             lines.append(f"  {name} epoch={info.broker_epoch} address={info.address}"
                          + (f" rack={info.rack}" if info.rack else "")
+                         + (" unclean_shutdown" if info.unclean_shutdown else "")
                          + (" fenced" if info.fenced else " live"))
         lines.append("topics:" if self.topics else "topics: -")
         for name in sorted(self.topics):
@@ -125,7 +126,9 @@ def describe_topic(topic: TopicInfo) -> list[str]:
     for index, part in enumerate(topic.partitions):
         lines.append(f"    {index} leader={part.leader or '-'} leader_epoch={part.leader_epoch}"
                      f" partition_epoch={part.partition_epoch} replicas={_names(part.replicas)}"
-                     f" isr={_names(part.isr)} elr={_names(part.elr)}")
+                     f" isr={_names(part.isr)} elr={_names(part.elr)}"
+                     + (f" unclean=epoch:{part.unclean[0]},lost:[{part.unclean[1]},"
+                        f"{part.unclean[2]})" if part.unclean else ""))
     return lines
 
 
@@ -166,7 +169,8 @@ def _register(state: ClusterMetadata, record: RegisterBroker) -> ClusterMetadata
                       f"{known.broker_epoch if known else -1}: a stale registration")
     info = BrokerInfo(record.broker_id, record.broker_epoch, record.address, record.rack,
                       fenced=True,  # fenced until it heartbeats (Kafka's rule)
-                      incarnation=record.incarnation)
+                      incarnation=record.incarnation,
+                      unclean_shutdown=record.unclean_shutdown)
     return replace(state, brokers=_frozen({**state.brokers, record.broker_id: info}))
 
 
@@ -182,7 +186,9 @@ def _fencing(fenced: bool) -> Callable[[ClusterMetadata, Any], ClusterMetadata]:
                           f"{known.broker_epoch}); the decision is stale")
         if known.fenced == fenced:
             raise _refuse(f"broker {record.broker_id} is already {verb}d")
-        info = replace(known, fenced=fenced)
+        # (unfenced, it is a replica like any other again: its log is what it reports)
+        info = replace(known, fenced=fenced,
+                       unclean_shutdown=known.unclean_shutdown and fenced)
         return replace(state, brokers=_frozen({**state.brokers, record.broker_id: info}))
     return apply
 
@@ -250,8 +256,14 @@ def _change(state: ClusterMetadata, record: PartitionChange) -> ClusterMetadata:
     if record.leader_epoch < current.leader_epoch + (1 if moved else 0):
         raise _refuse(f"{where}: leader epoch {record.leader_epoch} after "
                       f"{current.leader_epoch}" + (" with a new leader" if moved else ""))
+    if record.unclean and (len(record.unclean) != 3 or record.unclean[0] !=
+                           record.leader_epoch or not 0 <= record.unclean[1] <=
+                           record.unclean[2]):
+        raise _refuse(f"{where}: an unclean election's range {list(record.unclean)} is not "
+                      f"[leader epoch {record.leader_epoch}, from, to] with from <= to")
     new = PartitionInfo(record.replicas, record.leader, record.leader_epoch,
-                        record.partition_epoch, record.isr, record.elr)
+                        record.partition_epoch, record.isr, record.elr,
+                        record.unclean or current.unclean)
     partitions = tuple(new if index == record.partition else part
                        for index, part in enumerate(topic.partitions))
     topics = {**state.topics, record.topic: replace(topic, partitions=partitions)}

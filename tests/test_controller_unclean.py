@@ -1,0 +1,102 @@
+"""KIP-966's unclean shutdown, in-process on 127.0.0.1 (three controllers, three brokers:
+test_controller_cluster.py's harness), with a topic's own min_insync_replicas.
+
+An ISR topic of 1 partition x RF 3 created with ``min_insync_replicas = 3``: a follower's
+broker stopped leaves the ISR for the ELR (the ISR is below the topic's 3, not the
+cluster's 1). Its store's abort marker put back (as a crash leaves it: an in-process stop
+closes cleanly) and the broker started again: it registers saying its stores were not
+closed cleanly, and the controller takes it out of the ELR with that registration, in
+the metadata log, before anything else about it; it then catches up and rejoins the ISR.
+The other follower, stopped and started cleanly, registers without the mark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mqlog.config import BrokerConfig
+from mqlog.replication.controller import records
+from mqlog.replication.local import free_ports, wait_until
+from tests import test_controller_cluster as harness
+
+BROKERS = ("b1", "b2", "b3")
+
+
+def _configs(root: Path) -> dict[str, BrokerConfig]:
+    names = ("c1", "c2", "c3", *BROKERS)
+    ports = free_ports(len(names))
+    addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, ports, strict=True)}
+    controller = {"voters": {name: addresses[name] for name in names[:3]},
+                  "broker_session_timeout_ms": 1_500, "broker_heartbeat_interval_ms": 200,
+                  "replica_lag_time_ms": 1_000}
+    return {name: BrokerConfig(broker_id=name, listen=addresses[name], data_dir=root / name,
+                               peers=addresses, process_roles=(
+                                   ("controller",) if name.startswith("c") else ("broker",)),
+                               controller=controller).validate() for name in names}
+
+
+def _log(addresses: list[str]) -> list[Any]:
+    """The controller's committed metadata records, in order."""
+    answer = harness._ask(addresses, {"kind": "metadata_since", "position": 0})
+    assert "snapshot" not in answer  # (1 MiB between snapshots: never trimmed here)
+    return [records.decode(body) for _end, body in answer["records"]]
+
+
+def _partition(addresses: list[str]) -> Any:
+    found: list[Any] = []
+
+    def folded() -> bool:
+        topic = harness._state(addresses).topics.get("i")
+        found[:] = [topic.partitions[0]] if topic is not None else []
+        return bool(found)
+    wait_until(folded, "the topic, folded", 30)
+    return found[0]
+
+
+def test_a_broker_back_from_an_unclean_shutdown_leaves_the_elr(tmp_path: Path) -> None:
+    cluster = harness.Cluster(_configs(tmp_path))
+    configs = cluster.configs
+    addresses = [configs[name].listen for name in ("c1", "c2", "c3")]
+    cluster.start()
+    try:
+        wait_until(lambda: len(harness._state(addresses).live_brokers()) == 3,
+                   "three live brokers", 60)
+        harness._ask(addresses, {"kind": "create_topic", "name": "i", "partitions": 1,
+                                 "replication_factor": 3, "layer": "isr",
+                                 "config": {"min_insync_replicas": 3}})
+        part = _partition(addresses)
+        crashed, clean = part.replicas[1], part.replicas[2]
+        wait_until(lambda: all("i-0" in cluster.threads[name].broker.groups
+                               for name in BROKERS), "every replica hosted", 60)
+        node = cluster.threads[part.leader].broker.groups["i-0"]
+        assert node.core.status()["elr"] == [] and node.spec.replication \
+            .min_insync_replicas == 3  # (the topic's own, handed to the brokers)
+
+        cluster.stop(crashed)
+        wait_until(lambda: _partition(addresses).elr == (crashed,),
+                   f"{crashed} in the ELR (the ISR below the topic's 3)", 60)
+        (configs[crashed].data_dir / "i-0" / "abort").touch()  # (as a crash leaves it)
+        cluster.start(crashed)
+        wait_until(lambda: len(_partition(addresses).isr) == 3,
+                   f"{crashed} caught up and back in the ISR", 60)
+
+        log = _log(addresses)
+        registered = [index for index, record in enumerate(log)
+                      if isinstance(record, records.RegisterBroker)
+                      and record.broker_id == crashed]
+        assert len(registered) == 2 and log[registered[1]].unclean_shutdown
+        assert not log[registered[0]].unclean_shutdown
+        after = next(record for record in log[registered[1] + 1:]
+                     if isinstance(record, records.PartitionChange))
+        assert crashed not in after.elr and crashed not in after.isr, after
+
+        cluster.stop(clean)
+        cluster.start(clean)
+        wait_until(lambda: sum(isinstance(record, records.RegisterBroker) and
+                               record.broker_id == clean for record in _log(addresses)) == 2,
+                   f"{clean} registered again", 60)
+        again = [record for record in _log(addresses)
+                 if isinstance(record, records.RegisterBroker) and record.broker_id == clean]
+        assert not again[1].unclean_shutdown
+    finally:
+        cluster.stop()
