@@ -10,6 +10,7 @@ import errno
 import random
 from typing import Any
 
+from mqlog import errors
 from mqlog.replication.controller import host, records
 from mqlog.replication.controller.config import ControllerConfig
 
@@ -142,3 +143,30 @@ def test_stores_left_open_are_found_and_said_once_at_registration(tmp_path: Any)
     io.next_round()
     registrations = [header for header in asked if header["kind"] == "register_broker"]
     assert [header.get("unclean_shutdown") for header in registrations] == [True, None]
+
+
+def test_transfers_asked_by_the_controller_go_to_on_transfer_and_garbage_is_typed() -> None:
+    answers = iter([[["t", 0, "b2"], ["t", 1, "b3"], ["gone", 0, "b2"]], 7])
+
+    def script(header: dict[str, Any]) -> dict[str, Any]:
+        if header["kind"] == "broker_heartbeat":
+            return {"fenced": False, "position": 0, "transfers": next(answers)}
+        return _script(header)
+    io = Io(script)
+    agent = host.BrokerAgent(FailingHost(OSError("x"), set()), CONFIG, io,
+                             rng=random.Random(1))
+    asked: list[tuple[str, str]] = []
+
+    def on_transfer(group: str, target: str) -> None:
+        if group == "t-1":
+            raise errors.NotLeader("b1 does not lead t-1 now")
+        asked.append((group, target))
+    agent.on_transfer = on_transfer
+    agent.hosted = {"t-0", "t-1"}  # (as if a round had hosted them: gone-0 is not)
+    agent.start()
+    io.run_due()
+    assert asked == [("t-0", "b2")] and agent.rounds == 1
+    assert any("t-1: no transfer to b3" in note for note in io.notes), io.notes
+    io.next_round()  # garbage transfers: the round ends typed, the agent goes on
+    assert agent.rounds == 2 and len(io.timers) == 1
+    assert any("transfers must be a list" in note for note in io.notes), io.notes
