@@ -650,18 +650,19 @@ def apply_role(status: dict[str, Any] | None, part: records.PartitionInfo,
     return None
 
 
-def unclean_stores(data_dir: Any) -> list[str]:
+def unclean_stores(data_dir: Any, skip: set[str] | None = None) -> list[str]:
     """The partition stores under ``data_dir`` that the last life left open (their abort
     marker, engine/files.py, is still there: recovery will scan them, and with
     replica_ack "written" they may have lost acknowledged records). Call before any
-    partition is opened (an open store has its marker); the controller's is not one."""
+    partition is opened (an open store has its marker): the controller's store and the
+    groups in ``skip`` (those the broker's config hosts, open already) are not looked at."""
     from pathlib import Path
 
-    root = Path(data_dir)
+    root, skip = Path(data_dir), {CONTROLLER_GROUP, *(skip or ())}
     if not root.is_dir():
         return []
     return sorted(child.name for child in root.iterdir()
-                  if child.is_dir() and child.name != CONTROLLER_GROUP
+                  if child.is_dir() and child.name not in skip
                   and (child / "abort").exists())
 
 
@@ -694,11 +695,12 @@ def attach_isr(agent: BrokerAgent, broker: Any) -> None:
 def join_cluster(broker: Any) -> BrokerAgent:
     """Start ``broker``'s agent (see the module docstring); call on its loop."""
     agent = BrokerAgent(BrokerGroups(broker), _config(broker), SocketIo(broker))
-    agent.unclean_shutdown = bool(unclean_stores(broker.config.data_dir))
-    if agent.unclean_shutdown:
+    left_open = unclean_stores(broker.config.data_dir, skip=set(broker.groups))
+    agent.unclean_shutdown = bool(left_open)
+    if left_open:
         print(f"broker {broker.broker_id}: stores not closed cleanly: "
-              f"{', '.join(unclean_stores(broker.config.data_dir))}; the controller takes "
-              "this broker out of every ELR (KIP-966)", flush=True)
+              f"{', '.join(left_open)}; the controller takes this broker out of every "
+              "ELR (KIP-966)", flush=True)
     attach_isr(agent, broker)
 
     def on_transfer(name: str, target: str) -> None:  # (leader balancing's Raft moves)
