@@ -166,17 +166,18 @@ def leave_elr(current: PartitionState, broker_id: str,
               decided: tuple[PartitionState, str] | None) -> tuple[PartitionState, str] | None:
     """``decided`` (fence_isr's, or None: no change) with ``broker_id`` out of the ELR: it
     registered after an unclean shutdown (KIP-966), so its log may lack records it had
-    acknowledged, and it must not be elected as one that holds every committed record."""
-    if decided is None:
-        if broker_id not in current.elr:
-            return None
-        decided = (dataclasses.replace(current,
-                                       partition_epoch=current.partition_epoch + 1), "")
-    state, how = decided
-    if broker_id not in state.elr:
+    acknowledged, and it must not be elected before a replica that holds every committed
+    record. Unless no other is eligible (the ISR empty, the ELR only it): then it stays,
+    the last copy there is (KIP-966's unclean recovery elects the last known ELR member
+    too), rather than leave the partition without a leader for good."""
+    base = current if decided is None else decided[0]
+    rest = tuple(name for name in base.elr if name != broker_id)
+    if broker_id not in base.elr or not (rest or base.isr):
         return decided
-    return dataclasses.replace(state, elr=tuple(name for name in state.elr
-                                                 if name != broker_id)), how
+    if decided is None:
+        return dataclasses.replace(current, elr=rest,
+                                   partition_epoch=current.partition_epoch + 1), ""
+    return dataclasses.replace(decided[0], elr=rest), decided[1]
 
 
 def isr_change(topic: str, index: int, state: PartitionState,

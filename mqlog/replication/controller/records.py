@@ -18,7 +18,8 @@ The records (Kafka's names where Kafka has one):
   Its ``incarnation`` names the process life (Kafka's incarnation id, KIP-631): the
   controller answers a retried registration of the same life with the epoch it has.
   ``unclean_shutdown``: its last life did not close its stores cleanly (KIP-966), so it
-  leaves every ELR (it may have lost what it acknowledged, with replica_ack "written").
+  leaves every ELR it is not the last eligible replica of (it may have lost what it
+  acknowledged, with replica_ack "written": decisions.leave_elr).
 * FenceBroker / UnfenceBroker — a broker missed its session (or came back), named with
   the broker epoch the decision was made for: a decision about an older registration is
   stale.

@@ -253,7 +253,7 @@ class Controller:
         """A broker (re)joins: a new broker epoch, unless ``incarnation`` (its process
         life) is the one registered already — a retry whose answer was lost — which is
         answered with the epoch it has (KIP-631), no record written. After an unclean
-        shutdown (KIP-966) it leaves every ELR, with the registration."""
+        shutdown (KIP-966) it leaves the ELRs, with the registration (leave_elr)."""
         _check_text(broker_id=broker_id, address=address, rack=rack, incarnation=incarnation)
         _check_address(broker_id, address)
         if not isinstance(unclean_shutdown, bool):
