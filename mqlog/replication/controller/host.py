@@ -5,9 +5,10 @@ hosts the controller's Raft group (``__controller``, voters = the ``[controller]
 table, whose ids are broker ids) through ``broker.ensure_group``, puts a ``Controller``
 (service.py) over that group's store and driver, calls it after every driver run and
 every tick, and serves its requests (``register_broker``, ``broker_heartbeat``,
-``create_topic``, ``delete_topic``, ``describe_cluster``, ``metadata_since``) through
-``dispatch``. A change is answered once its record is committed and folded on the leader;
-if the leader loses its leadership (or ``broker_session_timeout_ms`` passes) first, the
+``create_topic``, ``delete_topic``, ``describe_cluster``, ``metadata_since``,
+``alter_partitions``, ``elect_preferred``: ``mqlog topics rebalance`` of ISR topics)
+through ``dispatch``. A change is answered once its record is committed and folded on
+the leader; if the leader loses its leadership (or ``broker_session_timeout_ms`` passes) first, the
 answer is NodeUnavailable: the outcome is unknown.
 
 ``join_cluster(broker)`` runs in a broker (role "broker", alone or combined) that knows
@@ -31,6 +32,11 @@ partition's (epoch of its last record, log end), and for each group this broker 
 in the metadata, its sync state set (the slaves its core counts in sync) with the
 partition epoch of the view: the controller keeps the set in the metadata and elects
 from it (decisions.py).
+The controller's leader balancing asks Raft leaders for transfers in heartbeat answers
+(``transfers``: [topic, partition, target]); the agent hands each to ``on_transfer``
+(join_cluster: the hosted group's core transfers its leadership). A broker whose partition
+stores the last life left open says so in its first registration (``unclean_shutdown``,
+KIP-966: ``unclean_stores``), and the controller takes it out of every ELR.
 Clients ask any broker ``cluster_metadata`` (the agent's view: topics, partitions,
 replicas, brokers and their addresses) and route by partition.
 
