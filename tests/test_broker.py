@@ -25,6 +25,7 @@ from mqlog.replication.local import LocalCluster, LocalRaftCluster, free_ports, 
 from mqlog.replication.local_brokers import LocalBrokers
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
+from tests.processes import store_image
 
 SMALL_STORE = 'segment_size_bytes = 67108864\nflush_mode = "sync"'
 
@@ -394,8 +395,7 @@ def _bodies(path: Path, topic: str) -> list[bytes]:
 
 
 def _image(path: Path) -> bytes:
-    with mqlog.open(path, read_only=True, segment_size_bytes=64 << 20) as store:
-        return store.read_raw(store.first_segment_base(), store.written_position)
+    return store_image(path, segment_size_bytes=64 << 20)
 
 
 def _links(brokers: LocalBrokers) -> dict[str, dict]:

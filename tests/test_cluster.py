@@ -23,6 +23,7 @@ import mqlog
 from mqlog import errors
 from mqlog.replication.local import LocalCluster, wait_until
 from mqlog.results import PutStatus
+from tests.processes import store_image
 
 MQLOG = Path(sys.executable).parent / "mqlog"
 NODES = ("m", "s1", "s2")
@@ -137,13 +138,7 @@ def test_async_master_killed_its_unreplicated_acks_return_with_it(tmp_path):
 
 
 def _image(path: Path) -> bytes:
-    with mqlog.open(path, read_only=True, segment_size_bytes=16 << 20) as store:
-        chunks, position = [], store.first_segment_base()
-        while position < store.written_position:
-            data = store.read_raw(position, 1 << 20)
-            chunks.append(data)
-            position += len(data)
-    return b"".join(chunks)
+    return store_image(path, segment_size_bytes=16 << 20)
 
 
 def test_node_config_errors_are_one_line(tmp_path):

@@ -34,7 +34,7 @@ from mqlog.group_client import GroupClient
 from mqlog.replication.controller.records import PartitionInfo
 from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
-from tests.test_controller_processes import BROKERS, Processes, _change, _state
+from tests.processes import BROKERS, Processes, change_metadata, cluster_state, store_image
 
 NAMES = BROKERS
 TOPIC, GROUP = "pay", "pay-0"
@@ -42,7 +42,7 @@ DEADLINE_S = 60.0  # for any one condition (a loaded machine is slow, not wrong)
 
 
 class FailoverCluster(Processes):
-    """The combined-mode processes of test_controller_processes, with auto_failover."""
+    """The combined-mode processes of tests/processes.py, with auto_failover."""
 
     def write_configs(self) -> None:
         super().write_configs()
@@ -119,18 +119,19 @@ def cluster(tmp_path: Path, impl: str, monkeypatch: pytest.MonkeyPatch) -> Any:
         yield running
     finally:
         running.stop_all()
+        print(running.tails())  # (shown only if the test failed)
 
 
 def _partition(cluster: FailoverCluster) -> PartitionInfo:
-    return _state(cluster.addresses()).partition(TOPIC, 0)
+    return cluster_state(cluster.addresses()).partition(TOPIC, 0)
 
 
 def test_master_sigkilled_in_sync_slave_promoted_no_acked_write_lost(
         cluster: FailoverCluster) -> None:
     everyone = cluster.addresses()
-    wait_until(lambda: len(_state(everyone).live_brokers()) == 3, "three live brokers",
+    wait_until(lambda: len(cluster_state(everyone).live_brokers()) == 3, "three live brokers",
                DEADLINE_S)
-    _change(everyone, {"kind": "create_topic", "name": TOPIC, "partitions": 1,
+    change_metadata(everyone, {"kind": "create_topic", "name": TOPIC, "partitions": 1,
                        "replication_factor": 3, "layer": "master_slave"})
     created = _partition(cluster)
     master = created.leader
@@ -191,7 +192,7 @@ def _kill_the_master(cluster: FailoverCluster, master: str, slaves: list[str],
             status = cluster.group(name)
             if status and status["role"] == "SLAVE" and status["leader"] == master:
                 sampled[name] = max(sampled[name], status["written"])
-        part = _state(alive).partition(TOPIC, 0)
+        part = cluster_state(alive).partition(TOPIC, 0)
         if part.leader != master:
             moved.append(part)
         return bool(moved)
@@ -229,7 +230,7 @@ def _assert_converged(cluster: FailoverCluster, leader: str, epoch: int,
         return all(found) and len({status["written"] for status in found if status}) == 1
     wait_until(caught_up, "the three logs of one length", DEADLINE_S)
     cluster.stop_all()
-    images = {name: _image(cluster.root / name / GROUP) for name in NAMES}
+    images = {name: store_image(cluster.root / name / GROUP) for name in NAMES}
     assert len(set(images.values())) == 1, {name: len(image) for name, image in images.items()}
     with mqlog.open(cluster.root / leader / GROUP, read_only=True) as store:
         starts = dict(store.epoch_starts())
@@ -241,7 +242,3 @@ def _assert_converged(cluster: FailoverCluster, leader: str, epoch: int,
         f"a slave ahead of the promoted one was seen: {sampled}; the new epoch starts at " \
         f"{new_epoch_start}"
 
-
-def _image(path: Path) -> bytes:
-    with mqlog.open(path, read_only=True) as store:
-        return store.read_raw(store.first_segment_base(), store.written_position)

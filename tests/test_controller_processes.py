@@ -26,9 +26,7 @@ from __future__ import annotations
 import random
 import re
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
-from subprocess import Popen
 from typing import Any
 
 import pytest
@@ -39,74 +37,24 @@ from mqlog.client import Client
 from mqlog.cluster_client import ClusterClient
 from mqlog.group_client import GroupClient
 from mqlog.partitioner import partition_for_key
-from mqlog.replication.controller import records
 from mqlog.replication.controller.state import ClusterMetadata
-from mqlog.replication.local import NodeProcesses, free_ports, wait_until
+from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
 from tests.conftest import IMPLEMENTATIONS
+from tests.processes import (
+    BROKERS,
+    DEADLINE_S,
+    Processes,
+    change_metadata,
+    cluster_state,
+    wait_controller_leader,
+)
 
-BROKERS = ("b1", "b2", "b3")
 PARTITIONS = 6
-SESSION_MS = 1_500  # broker_session_timeout_ms: short, so fencing is seen soon
-DEADLINE_S = 60.0  # for any one condition (a loaded machine is slow, not wrong)
 
 
-@dataclass
-class Processes(NodeProcesses):
-    """The cluster's `mqlog node` processes: b1..b3, each also a controller if
-    ``combined``, else beside c1..c3 (controllers only)."""
-
-    root: Path
-    combined: bool = True
-    rng: random.Random = field(default_factory=random.Random)  # the start order
-    ports: dict[str, int] = field(default_factory=dict)
-    processes: dict[str, Popen] = field(default_factory=dict)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return BROKERS if self.combined else ("c1", "c2", "c3", *BROKERS)
-
-    @property
-    def controllers(self) -> tuple[str, ...]:
-        return self.names[:3]
-
-    def roles(self, name: str) -> str:
-        return "broker,controller" if self.combined else \
-            "controller" if name.startswith("c") else "broker"
-
-    def address(self, name: str) -> str:
-        return f"127.0.0.1:{self.ports[name]}"
-
-    def addresses(self, names: tuple[str, ...] | list[str] = BROKERS) -> list[str]:
-        return [self.address(name) for name in names]
-
-    def controller_addresses(self, without: str = "") -> list[str]:
-        return self.addresses([name for name in self.controllers if name != without])
-
-    def write_configs(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.ports = dict(zip(self.names, free_ports(len(self.names)), strict=True))
-        peers = "\n".join(f'{name} = "{self.address(name)}"' for name in self.names)
-        voters = ", ".join(f'{name} = "{self.address(name)}"' for name in self.controllers)
-        for name in self.names:
-            (self.root / f"{name}.toml").write_text(
-                f'[node]\nid = "{name}"\nlisten = "{self.address(name)}"\n'
-                f'data_dir = "{self.root / name}"\nprocess_roles = "{self.roles(name)}"\n'
-                f"[node.peers]\n{peers}\n[controller]\nvoters = {{{voters}}}\n"
-                f"broker_session_timeout_ms = {SESSION_MS}\n"
-                f"broker_heartbeat_interval_ms = {SESSION_MS // 5}\n")
-
-    def start_all(self) -> None:
-        for name in self.rng.sample(self.names, len(self.names)):
-            self.start(name)
-
-    def kill_all(self) -> None:
-        for name in list(self.processes):
-            self.kill(name)
-
-    def groups(self, name: str) -> dict[str, Any]:
-        with Client(self.address(name), timeout_s=5) as client:
-            return client.call({"kind": "broker_metadata"})[0]["groups"]
+class RaftProcesses(Processes):
+    """The shapes of tests/processes.py, asked about the Raft partitions of "orders"."""
 
     def partition_leaders(self) -> dict[int, str]:
         """Partition -> the broker leading its newest term, among those that answer."""
@@ -129,74 +77,12 @@ class Processes(NodeProcesses):
         return found
 
 
-def _describe(addresses: list[str]) -> dict[str, Any] | None:
-    """describe_cluster from the first controller that can answer it (None: none can)."""
-    for address in addresses:
-        try:
-            with Client(address, timeout_s=5) as client:
-                return client.call({"kind": "describe_cluster"})[0]
-        except (errors.NodeUnavailable, errors.NotMaster):
-            continue
-    return None
-
-
-def _state(addresses: list[str]) -> ClusterMetadata:
-    answers: list[dict[str, Any]] = []
-
-    def answered() -> bool:
-        found = _describe(addresses)
-        if found is not None:
-            answers.append(found)
-        return found is not None
-    wait_until(answered, "a controller describing the cluster", DEADLINE_S)
-    return ClusterMetadata().apply(records.decode(answers[0]["snapshot"]),
-                                   answers[0]["position"])
-
-
-def _controller_leader(addresses: list[str]) -> str | None:
-    answer = _describe(addresses)
-    return answer.get("leader") if answer else None
-
-
-def _wait_controller_leader(addresses: list[str]) -> str:
-    chief: list[str] = []
-
-    def led() -> bool:
-        found = _controller_leader(addresses)
-        if found:
-            chief.append(found)
-        return bool(found)
-    wait_until(led, "a controller leader", DEADLINE_S)
-    return chief[-1]
-
-
-def _change(addresses: list[str], header: dict[str, Any]) -> dict[str, Any]:
-    """A metadata change, sent on to the leader (waiting out an election)."""
-    queue, answers = list(addresses), []
-
-    def attempt() -> bool:
-        address = queue.pop(0)
-        queue.append(address)
-        try:
-            with Client(address, timeout_s=10) as client:
-                answers.append(client.call(dict(header))[0])
-                return True
-        except errors.NotLeader as error:
-            if error.leader_address:
-                queue.insert(0, error.leader_address)
-        except errors.NodeUnavailable:
-            pass
-        return False
-    wait_until(attempt, f"the controller leader answering {header['kind']}", DEADLINE_S)
-    return answers[0]
-
-
 class Writer(threading.Thread):
     """Produces key-<n>-<i> through one ClusterClient (Kafka's partitioner picks the
     partition; the client finds its leader), until told to finish; keeps what was
     acknowledged."""
 
-    def __init__(self, cluster: Processes, label: str) -> None:
+    def __init__(self, cluster: RaftProcesses, label: str) -> None:
         super().__init__(name=f"writer-{label}", daemon=True)
         self.cluster, self.label = cluster, label
         self.acked: list[tuple[int, bytes]] = []
@@ -268,7 +154,7 @@ def _read_partition(reader: ClusterClient, partition: int) -> list[bytes] | None
     return bodies
 
 
-def _assert_acked_present(cluster: Processes, acked: list[tuple[int, bytes]]) -> None:
+def _assert_acked_present(cluster: RaftProcesses, acked: list[tuple[int, bytes]]) -> None:
     missing: dict[int, set[bytes]] = {}
     with ClusterClient(cluster.addresses(), retry_timeout_s=5) as reader:
         def every_ack_read() -> bool:
@@ -289,7 +175,7 @@ def _assert_acked_present(cluster: Processes, acked: list[tuple[int, bytes]]) ->
                         f"{ {p: sorted(b)[:5] for p, b in missing.items()} }")
 
 
-def _described(cluster: Processes, without: str = "") -> dict[int, tuple[str, int]]:
+def _described(cluster: RaftProcesses, without: str = "") -> dict[int, tuple[str, int]]:
     """Partition -> (leader, leader epoch) of orders, as `mqlog topics describe` shows."""
     bootstrap = ",".join(cluster.controller_addresses(without))
     result = CliRunner().invoke(cli_topics.topics, ["describe", "orders", "-b", bootstrap])
@@ -300,7 +186,7 @@ def _described(cluster: Processes, without: str = "") -> dict[int, tuple[str, in
                         re.MULTILINE)}
 
 
-def _hosts_only_what_is_assigned(cluster: Processes, state: ClusterMetadata) -> None:
+def _hosts_only_what_is_assigned(cluster: RaftProcesses, state: ClusterMetadata) -> None:
     """No broker hosts a stray group: the controller's, and its assigned partitions."""
     for name in cluster.processes:
         expected = {"__controller"} if name in cluster.controllers else set()
@@ -327,26 +213,28 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest,
         monkeypatch.delenv("MQLOG_PUREPYTHON", raising=False)
     seed = random.randrange(1 << 30)
     print(f"{shape} shape on the {impl} core; start-order seed {seed}")
-    running = Processes(tmp_path, combined=shape == "combined", rng=random.Random(seed))
+    running = RaftProcesses(tmp_path, combined=shape == "combined", rng=random.Random(seed))
     running.write_configs()
     try:
         running.start_all()
         yield running
     finally:
         running.stop_all()
+        print(running.tails())  # (shown only if the test failed)
 
 
-def test_sigkilled_broker_and_controller_leader_lose_no_acked_write(cluster: Processes) -> None:
+def test_sigkilled_broker_and_controller_leader_lose_no_acked_write(
+        cluster: RaftProcesses) -> None:
     controllers = cluster.controller_addresses()
-    wait_until(lambda: len(_state(controllers).live_brokers()) == 3, "three live brokers",
+    wait_until(lambda: len(cluster_state(controllers).live_brokers()) == 3, "three live brokers",
                DEADLINE_S)
-    answer = _change(controllers, {"kind": "create_topic", "name": "orders",
+    answer = change_metadata(controllers, {"kind": "create_topic", "name": "orders",
                                    "partitions": PARTITIONS, "replication_factor": 3,
                                    "layer": "raft"})
     assert len(answer["assignment"]) == PARTITIONS
     wait_until(lambda: len(cluster.partition_leaders()) == PARTITIONS, "6 partition leaders",
                DEADLINE_S)
-    created = _state(controllers)
+    created = cluster_state(controllers)
     _hosts_only_what_is_assigned(cluster, created)
     writers = [Writer(cluster, label) for label in ("a", "b")]
     for writer in writers:
@@ -364,12 +252,12 @@ def test_sigkilled_broker_and_controller_leader_lose_no_acked_write(cluster: Pro
     assert not failures, f"writes failed: {failures[:3]}"
     _assert_acked_present(cluster, acked)
 
-    before = _state(controllers)
+    before = cluster_state(controllers)
     cluster.kill_all()  # everything at once, then everything again
     cluster.start_all()
-    wait_until(lambda: (_state(controllers).position >= before.position),
+    wait_until(lambda: (cluster_state(controllers).position >= before.position),
                "the metadata folded again", DEADLINE_S)
-    again = _state(controllers)
+    again = cluster_state(controllers)
     assert again.topics == before.topics
     assert sorted(again.brokers) == sorted(before.brokers) == list(BROKERS)
     assert again.topics["orders"] == created.topics["orders"]
@@ -378,7 +266,7 @@ def test_sigkilled_broker_and_controller_leader_lose_no_acked_write(cluster: Pro
     _group_on_one_broker(cluster, again)
 
 
-def _group_on_one_broker(cluster: Processes, state: ClusterMetadata) -> None:
+def _group_on_one_broker(cluster: RaftProcesses, state: ClusterMetadata) -> None:
     """A GroupClient passes over brokers that host no such group (a restarted one has not
     pulled it yet; here: "later" has one replica); one no broker hosts is a typed error."""
     (host,) = state.partition("later", 0).replicas
@@ -392,10 +280,10 @@ def _group_on_one_broker(cluster: Processes, state: ClusterMetadata) -> None:
         client.produce("later", b"x", 9)
 
 
-def _kill_a_partition_leader(cluster: Processes, writers: list[Writer]) -> None:
+def _kill_a_partition_leader(cluster: RaftProcesses, writers: list[Writer]) -> None:
     """SIGKILL a broker leading partitions (not the controller leader), then restart it;
     the partitions' new leaders are reported back."""
-    chief = _wait_controller_leader(cluster.controller_addresses())
+    chief = wait_controller_leader(cluster.controller_addresses())
     leaders = cluster.partition_leaders()
     victim = max((name for name in BROKERS if name != chief),
                  key=lambda name: list(leaders.values()).count(name))
@@ -417,22 +305,22 @@ def _kill_a_partition_leader(cluster: Processes, writers: list[Writer]) -> None:
     wait_until(lambda: _described(cluster, victim) == cluster.partition_terms(),
                f"describe showing the leaders of {led} after {victim}", DEADLINE_S)
     assert victim not in {leader for leader, _ in _described(cluster, victim).values()}
-    wait_until(lambda: _state(alive).brokers[victim].fenced, f"{victim} fenced", DEADLINE_S)
+    wait_until(lambda: cluster_state(alive).brokers[victim].fenced, f"{victim} fenced", DEADLINE_S)
     cluster.start(victim)  # back: a new broker epoch, unfenced
-    wait_until(lambda: not _state(alive).brokers[victim].fenced, f"{victim} back",
+    wait_until(lambda: not cluster_state(alive).brokers[victim].fenced, f"{victim} back",
                DEADLINE_S)
 
 
-def _kill_the_controller_leader(cluster: Processes, writers: list[Writer],
+def _kill_the_controller_leader(cluster: RaftProcesses, writers: list[Writer],
                                 created: ClusterMetadata) -> None:
     """SIGKILL the controller leader: another takes over with the metadata intact."""
-    chief = _wait_controller_leader(cluster.controller_addresses())
+    chief = wait_controller_leader(cluster.controller_addresses())
     print(f"SIGKILL the controller leader {chief}")
     cluster.kill(chief)
     alive = cluster.controller_addresses(chief)
-    _change(alive, {"kind": "create_topic", "name": "later", "partitions": 1,
+    change_metadata(alive, {"kind": "create_topic", "name": "later", "partitions": 1,
                     "replication_factor": 1, "layer": "raft"})
-    assert _wait_controller_leader(alive) != chief
-    assert _state(alive).topics["orders"] == created.topics["orders"]
+    assert wait_controller_leader(alive) != chief
+    assert cluster_state(alive).topics["orders"] == created.topics["orders"]
     _every_partition_writes(writers)
     cluster.start(chief)

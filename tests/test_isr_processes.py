@@ -2,11 +2,12 @@
 
 A topic of 6 partitions x RF 3 on three brokers, ``min_insync_replicas = 2``, and two
 idempotent writers producing the whole time: each writer is one producer id with one
-sender thread per partition (a Kafka producer's per-partition in-flight request), which
-sends a write, retries it with the same (producer id, sequence) while its outcome is
-unknown (the connection broke, NotLeader, NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-REQUEST_TIMED_OUT: stored, may still commit), and gives it up as refused on
-NotEnoughReplicas (nothing stored). Every broker-to-broker connection runs through a
+sender thread per partition (a Kafka producer's per-partition in-flight request), each
+with its own ``mqlog.ClusterClient``, which finds the partition's leader, retries a write
+with the same (producer id, sequence) while its outcome is unknown (the connection broke,
+NotLeader, NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT: stored, may still
+commit), and raises NotEnoughReplicas (nothing stored) at once: the sender counts that
+write refused and goes on. Every broker-to-broker connection runs through a
 fault proxy (tests/faultproxy.py: one per direction, named in each broker's
 ``[node.peers]``); clients and the brokers' controller requests go direct. In an order
 drawn from a printed seed (``MQLOG_TEST_SEED`` replays it) the test
@@ -29,10 +30,10 @@ read back from its leader (below the high watermark), and once the processes are
 each partition's three logs are compared byte for byte. Accounting: every body read was
 sent, none twice (the idempotent producer), and acknowledged = read back + lost.
 
-acks=all (``acks="replicated"``) loses nothing acknowledged: that is asserted. acks=1
-(``acks="master"``) pays for its speed: the same faults, and the count of acknowledged
-writes lost is printed (in the test's output, and as the ``acks1_lost`` property of the
-JUnit report), not asserted. The two runs are two shapes on two log cores: three
+acks=all loses nothing acknowledged: that is asserted. acks=1 pays for its speed: the
+same faults, and the count of acknowledged writes lost is printed, with the fault that
+lost them (in the test's output, and as the ``acks1_lost`` property of the JUnit report),
+not asserted. The two runs are two shapes on two log cores: three
 controllers beside three brokers on the C core for acks=all, combined mode (each broker
 a controller voter) on the Python twin for acks=1.
 
@@ -54,12 +55,9 @@ from __future__ import annotations
 import os
 import random
 import re
-import subprocess
-import sys
 import threading
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,86 +65,62 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-import mqlog
 from mqlog import cli_topics, errors
 from mqlog.client import Client
+from mqlog.cluster_client import ClusterClient
 from mqlog.replication.controller.records import PartitionInfo
 from mqlog.replication.controller.state import ClusterMetadata
-from mqlog.replication.local import STARTUP_TIMEOUT_S, free_ports, wait_until
+from mqlog.replication.local import wait_until
 from mqlog.replication.node import ISR_TEST_BREAK_VARIABLE
 from mqlog.results import PutStatus
 from tests.conftest import IMPLEMENTATIONS
 from tests.faultproxy import FaultProxy
-from tests.test_controller_processes import BROKERS, Processes, _change, _state
+from tests.processes import (
+    BROKERS,
+    DEADLINE_S,
+    Processes,
+    change_metadata,
+    cluster_state,
+    store_image,
+)
 
 TOPIC = "orders"
 PARTITIONS = 6
 SESSION_MS = 3_000  # broker_session_timeout_ms: a paused broker leaves ISRs (LAG_MS) first
 HEARTBEAT_MS = 300
 LAG_MS = 1_000  # replica_lag_time_ms
-DEADLINE_S = 60.0  # for any one condition (a loaded machine is slow, not wrong)
 REQUEST_TIMEOUT_S = 5.0  # one request to a broker (a paused one answers never)
 BACKOFF_S = 0.05  # between a sender's attempts at a write that found no leader
 DELAY_MS = 50  # on a leader's links just before they are cut
-LOG_LINES = 60  # of each process's output, kept to print when the test fails
-ACKS = {"all": "replicated", "1": "master"}
 
 
 @dataclass
 class IsrProcesses(Processes):
-    """The `mqlog node` processes of test_controller_processes's shapes, set up for ISR
-    partitions, with a fault proxy on each direction between two brokers."""
+    """The processes of tests/processes.py's shapes, set up for ISR partitions, with a
+    fault proxy on each direction between two brokers."""
 
     acks: str = "all"  # what the writers ask for: "all" or "1"
     proxies: dict[tuple[str, str], FaultProxy] = field(default_factory=dict)
-    output: dict[str, deque[str]] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)
     # partition -> bodies a leader showed below its high watermark during the run (each
     # must be in the final log: a consumer saw it committed)
     seen: dict[int, set[bytes]] = field(default_factory=dict)
 
     def write_configs(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.ports = dict(zip(self.names, free_ports(len(self.names)), strict=True))
+        self.assign_ports()
         for source in BROKERS:
             for target in BROKERS:
-                if source != target:
+                if source != target and (source, target) not in self.proxies:
                     self.proxies[source, target] = FaultProxy(self.address(target))
-        voters = ", ".join(f'{name} = "{self.address(name)}"' for name in self.controllers)
-        for name in self.names:
-            peers = "\n".join(f'{other} = "{self.peer_address(name, other)}"'
-                              for other in self.names if other != name)
-            (self.root / f"{name}.toml").write_text(
-                f'[node]\nid = "{name}"\nlisten = "{self.address(name)}"\n'
-                f'data_dir = "{self.root / name}"\nprocess_roles = "{self.roles(name)}"\n'
-                f"[node.peers]\n{peers}\n[controller]\nvoters = {{{voters}}}\n"
-                f"broker_session_timeout_ms = {SESSION_MS}\n"
-                f"broker_heartbeat_interval_ms = {HEARTBEAT_MS}\n"
-                f"min_insync_replicas = 2\nreplica_lag_time_ms = {LAG_MS}\n")
+        super().write_configs()
+
+    def config_text(self, name: str) -> str:
+        return super().config_text(name) + \
+            f"min_insync_replicas = 2\nreplica_lag_time_ms = {LAG_MS}\n"
 
     def peer_address(self, name: str, other: str) -> str:
         proxy = self.proxies.get((name, other))
         return proxy.address if proxy is not None else self.address(other)
-
-    def start(self, name: str) -> None:
-        """As NodeProcesses.start, keeping the tail of the process's output."""
-        process = subprocess.Popen([sys.executable, "-m", "mqlog.cli", "node", "--config",
-                                    str(self.root / f"{name}.toml")],
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines = self.output.setdefault(name, deque(maxlen=LOG_LINES))
-        lines.append(f"--- started (pid {process.pid})")
-        started = time.monotonic()
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line.rstrip())
-            if "serving on" in line:
-                break
-            if time.monotonic() - started > STARTUP_TIMEOUT_S:
-                raise TimeoutError(f"node {name} did not start")
-        else:
-            raise RuntimeError(f"node {name} exited with status {process.wait()}")
-        threading.Thread(target=_keep, args=(process, lines), daemon=True).start()
-        self.processes[name] = process
 
     def pause(self, name: str) -> None:
         super().pause(name)
@@ -185,7 +159,7 @@ class IsrProcesses(Processes):
                                if name in self.processes and name not in self.paused])
 
     def state(self) -> ClusterMetadata:
-        return _state(self.answering())
+        return cluster_state(self.answering())
 
     def group(self, name: str, partition: int) -> dict[str, Any] | None:
         """Broker ``name``'s status of a partition (None: it does not answer)."""
@@ -196,21 +170,13 @@ class IsrProcesses(Processes):
             return None
         return groups.get(f"{TOPIC}-{partition}")
 
-    def tails(self) -> str:
-        return "\n".join(f"=== {name}\n" + "\n".join(lines)
-                         for name, lines in self.output.items())
-
-
-def _keep(process: subprocess.Popen, lines: deque[str]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        lines.append(line.rstrip())
-
 
 class Sender(threading.Thread):
-    """One producer's writes to one partition, one at a time, each decided before the
-    next: acknowledged (PUT_OK), refused (NotEnoughReplicas: nothing stored) or, after
-    ``DEADLINE_S`` of retries with its sequence, unknown."""
+    """One producer's writes to one partition through its own ClusterClient, one at a
+    time, each decided before the next: acknowledged (PUT_OK), refused (NotEnoughReplicas:
+    nothing stored) or unknown (the client retried it with its sequence for
+    ``DEADLINE_S``: NodeUnavailable, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND;
+    it may be stored)."""
 
     def __init__(self, cluster: IsrProcesses, label: str, partition: int, acks: str,
                  producer_id: str, done: threading.Event) -> None:
@@ -219,64 +185,43 @@ class Sender(threading.Thread):
         self.acks, self.producer_id, self.done = acks, producer_id, done
         self.sent: list[bytes] = []
         self.acked: list[bytes] = []
+        self.acked_at: dict[bytes, float] = {}  # body -> time.monotonic() of its ack
         self.refused = self.unknown = 0
         self.unexpected: list[str] = []
-        self._target = BROKERS[partition % len(BROKERS)]
-        self._client: Client | None = None
 
     def run(self) -> None:
-        sequence = 0
-        try:
+        # (one producer id for the writer's clients: each writes one partition, whose
+        # leader keeps the producer's sequences, so theirs never meet)
+        with ClusterClient(self.cluster.addresses(), producer_id=self.producer_id,
+                           acks=self.acks, retry_timeout_s=DEADLINE_S,
+                           timeout_s=REQUEST_TIMEOUT_S) as client:
             while not self.done.is_set():
-                sequence += 1
-                body = f"{self.label}-{self.partition}-{sequence}".encode()
+                body = f"{self.label}-{self.partition}-{len(self.sent) + 1}".encode()
                 self.sent.append(body)
-                outcome = self._decide(body, sequence)
+                outcome = self._decide(client, body)
                 if outcome == "acked":
+                    self.acked_at[body] = time.monotonic()
                     self.acked.append(body)
                 elif outcome == "refused":
                     self.refused += 1
                     time.sleep(BACKOFF_S)  # a back-off while the ISR is short
                 else:
                     self.unknown += 1
-        finally:
-            self._drop(None)
 
-    def _decide(self, body: bytes, sequence: int) -> str:
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
-            try:
-                if self._client is None:
-                    self._client = Client(self.cluster.address(self._target),
-                                          timeout_s=REQUEST_TIMEOUT_S,
-                                          group=f"{TOPIC}-{self.partition}")
-                result = self._client.produce(TOPIC, body, self.partition, acks=self.acks,
-                                              producer=(self.producer_id, sequence))
-                if result.status is PutStatus.PUT_OK:
-                    return "acked"
-                # stored and may still commit: the same sequence again, here
-            except errors.NotEnoughReplicas:
-                return "refused"
-            except errors.NotMaster as error:  # NotLeader too: it may name the leader
-                self._drop(getattr(error, "leader", None))
-            except (errors.UnknownGroup, errors.NodeUnavailable):
-                self._drop(None)
-            except errors.MqlogError as error:
-                self.unexpected.append(f"{body!r} at {self._target}: {error!r}")
-                self._drop(None)
-            if time.monotonic() > deadline:
-                return "unknown"
-
-    def _drop(self, leader: str | None) -> None:
-        """Close the connection; the next attempt goes to ``leader`` or the next broker."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-        if leader in BROKERS:
-            self._target = leader
-        else:
-            self._target = BROKERS[(BROKERS.index(self._target) + 1) % len(BROKERS)]
-            time.sleep(BACKOFF_S)  # a back-off while no leader is known
+    def _decide(self, client: ClusterClient, body: bytes) -> str:
+        try:
+            result = client.produce(TOPIC, body, partition=self.partition)
+        except errors.NotEnoughReplicas:
+            return "refused"
+        except (errors.NodeUnavailable, errors.RequestTimedOut,
+                errors.NotEnoughReplicasAfterAppend):
+            return "unknown"
+        except errors.MqlogError as error:
+            self.unexpected.append(f"{body!r}: {error!r}")
+            return "unknown"
+        if result.status is not PutStatus.PUT_OK:  # (FLUSH_DISK_TIMEOUT: stored)
+            return "unknown"
+        return "acked"
 
 
 class Writer:
@@ -369,7 +314,7 @@ def _sigkill(cluster: IsrProcesses, writers: list[Writer], rng: random.Random) -
 def _sigstop(cluster: IsrProcesses, writers: list[Writer], rng: random.Random) -> None:
     """SIGSTOP a broker past replica_lag_time_ms: out of the ISRs of what it follows,
     whose writes go on; SIGCONT: back in every ISR."""
-    victim = rng.choice(BROKERS)
+    victim = rng.choice([name for name in BROKERS if len(_led_by(cluster, name)) < PARTITIONS])
     followed = [p for p in range(PARTITIONS) if p not in _led_by(cluster, victim)]
     print(f"SIGSTOP {victim}, a follower of partitions {followed}")
     cluster.pause(victim)
@@ -460,30 +405,40 @@ def _read_back(cluster: IsrProcesses) -> dict[int, list[bytes]]:
 def _images_agree(cluster: IsrProcesses) -> None:
     """Once stopped: each partition's three logs byte for byte the same."""
     for p in range(PARTITIONS):
-        images = {}
-        for name in BROKERS:
-            with mqlog.open(cluster.root / name / f"{TOPIC}-{p}", read_only=True) as store:
-                images[name] = store.read_raw(store.first_segment_base(),
-                                              store.written_position)
+        images = {name: store_image(cluster.root / name / f"{TOPIC}-{p}")
+                  for name in BROKERS}
         assert len(set(images.values())) == 1, \
             f"partition {p}'s logs differ: {({name: len(i) for name, i in images.items()})}"
 
 
 @dataclass
 class Outcome:
-    acked: int
-    read_back: int
-    lost: list[bytes]
-    refused: int
-    unknown: int
+    acked: int = 0
+    read_back: int = 0
+    lost: list[bytes] = field(default_factory=list)
+    refused: int = 0
+    unknown: int = 0
+    lost_in: dict[str, int] = field(default_factory=dict)  # by the fault that lost them
+
+
+Window = tuple[str, float, float]  # a fault's name, when it began and ended
+
+
+def _blame(acked_at: float, windows: list[Window]) -> str:
+    """The fault that lost a write acknowledged at ``acked_at``: the one under way then,
+    else the next to begin."""
+    for name, _, ended in windows:
+        if acked_at <= ended:
+            return name
+    return "none"
 
 
 def _account(writers: list[Writer], bodies: dict[int, list[bytes]],
-             seen: dict[int, set[bytes]]) -> Outcome:
+             seen: dict[int, set[bytes]], windows: list[Window]) -> Outcome:
     """What the writers were told, and what leaders showed, against what they hold."""
     unexpected = [u for w in writers for s in w.senders for u in s.unexpected]
     assert not unexpected, f"unexpected answers: {unexpected[:3]}"
-    outcome = Outcome(0, 0, [], 0, 0)
+    outcome = Outcome()
     for p in range(PARTITIONS):
         held = bodies[p]
         assert len(held) == len(set(held)), f"partition {p}: a write stored twice"
@@ -497,7 +452,12 @@ def _account(writers: list[Writer], bodies: dict[int, list[bytes]],
         acked = [body for sender in senders for body in sender.acked]
         outcome.acked += len(acked)
         outcome.read_back += len(set(acked) & set(held))
-        outcome.lost += sorted(set(acked) - set(held))
+        lost = sorted(set(acked) - set(held))
+        outcome.lost += lost
+        for body in lost:
+            at = next(s.acked_at[body] for s in senders if body in s.acked_at)
+            culprit = _blame(at, windows)
+            outcome.lost_in[culprit] = outcome.lost_in.get(culprit, 0) + 1
         outcome.refused += sum(sender.refused for sender in senders)
         outcome.unknown += sum(sender.unknown for sender in senders)
     assert outcome.acked == outcome.read_back + len(outcome.lost)
@@ -507,37 +467,30 @@ def _account(writers: list[Writer], bodies: dict[int, list[bytes]],
 def _run(cluster: IsrProcesses, rng: random.Random,
          faults: list[tuple[str, dict[str, Any]]]) -> Outcome:
     """The cluster started, the topic created, the writers on, ``faults`` in order;
-    the writers stopped, the logs converged, read back and compared: the outcome. (The
-    tail of each process's output is printed if anything fails.)"""
-    try:
-        return _run_faults(cluster, rng, faults)
-    except BaseException:
-        print(cluster.tails())
-        raise
-
-
-def _run_faults(cluster: IsrProcesses, rng: random.Random,
-                faults: list[tuple[str, dict[str, Any]]]) -> Outcome:
+    the writers stopped, the logs converged, read back and compared: the outcome."""
     cluster.start_all()
     wait_until(lambda: len(cluster.state().live_brokers()) == 3, "three live brokers",
                DEADLINE_S)
-    _change(cluster.answering(), {"kind": "create_topic", "name": TOPIC,
+    change_metadata(cluster.answering(), {"kind": "create_topic", "name": TOPIC,
                                   "partitions": PARTITIONS, "replication_factor": 3,
                                   "layer": "isr"})
     _isr_whole(cluster, "once created")
-    writers = [Writer(cluster, label, ACKS[cluster.acks]) for label in ("a", "b")]
+    writers = [Writer(cluster, label, cluster.acks) for label in ("a", "b")]
     for writer in writers:
         writer.start()
+    windows: list[Window] = []
     try:
         _writes_go_on(writers, range(PARTITIONS), "at first")
         for name, options in faults:
+            began = time.monotonic()
             FAULTS[name](cluster, writers, rng, **options)
+            windows.append((name, began, time.monotonic()))
             _writes_go_on(writers, range(PARTITIONS), f"after {name}")
     finally:
         for writer in writers:
             writer.finish()
     _converged(cluster)
-    outcome = _account(writers, _read_back(cluster), cluster.seen)
+    outcome = _account(writers, _read_back(cluster), cluster.seen, windows)
     cluster.stop_all()
     _images_agree(cluster)
     return outcome
@@ -558,12 +511,14 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.
         monkeypatch.delenv("MQLOG_PUREPYTHON", raising=False)
     monkeypatch.delenv(ISR_TEST_BREAK_VARIABLE, raising=False)
     print(f"acks={acks}, {shape} shape on the {impl} core")
-    running = IsrProcesses(tmp_path, combined=shape == "combined", rng=rng, acks=acks)
+    running = IsrProcesses(tmp_path, combined=shape == "combined", rng=rng, acks=acks,
+                           session_ms=SESSION_MS, heartbeat_ms=HEARTBEAT_MS)
     try:
         running.write_configs()
         yield running
     finally:
         running.close()
+        print(running.tails())  # (shown only if the test failed)
 
 
 def _faults(rng: random.Random, rounds: int = 1) -> list[tuple[str, dict[str, Any]]]:
@@ -585,7 +540,8 @@ def test_isr_cluster_under_faults(cluster: IsrProcesses, rng: random.Random,
 def _report(acks: str, outcome: Outcome, capsys: pytest.CaptureFixture[str],
             record_property: Any) -> None:
     line = (f"acks={acks}: {outcome.acked} acknowledged, {outcome.read_back} read back, "
-            f"{len(outcome.lost)} lost {outcome.lost[:5]}; {outcome.refused} refused "
+            f"{len(outcome.lost)} lost {outcome.lost_in} {outcome.lost[:3]}; "
+            f"{outcome.refused} refused "
             f"(NotEnoughReplicas), {outcome.unknown} undecided")
     record_property(f"acks{acks}_acknowledged", outcome.acked)
     record_property(f"acks{acks}_lost", len(outcome.lost))
