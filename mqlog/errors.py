@@ -233,3 +233,11 @@ class MetadataChangeRefused(InvalidArgument):
     """A metadata change that does not follow from the cluster's current state (an unknown
     broker or topic, a topic that exists, a stale broker or partition epoch): nothing was
     changed. Describe the cluster again (`mqlog topics describe`) and retry from there."""
+
+
+class StaleAlterPartition(MetadataChangeRefused):
+    """An AlterPartition computed from a leader or partition epoch the controller has moved
+    past. It may be a retry of a request the controller accepted already (the accepted copy
+    is what moved the epoch), so the leader must not read it as "not applied": it keeps the
+    ISR it asked for in its high watermark (the maximal ISR) until the newer metadata
+    reaches it, then asks again from there (Kafka's INVALID_UPDATE_VERSION)."""

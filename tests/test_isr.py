@@ -34,7 +34,7 @@ import pytest
 
 import mqlog
 from mqlog.config import ReplicationConfig
-from mqlog.errors import MetadataChangeRefused
+from mqlog.errors import MetadataChangeRefused, StaleAlterPartition
 from mqlog.replication.driver import Driver
 from mqlog.replication.isr import AlterPartition, IsrCore, PartitionState
 from mqlog.replication.isr.decisions import decide_alter_partition, elect_leader
@@ -139,6 +139,9 @@ class Interaction(raft_harness.Interaction):
                                                         self.min_isr, live)
             except MetadataChangeRefused as error:
                 lines.append(text + f"refused: {error}")
+                if request.src in self.cores:  # (the answer reaches the leader, as the
+                    self.cores[request.src].alter_partition_refused(  # agent passes it)
+                        str(error), isinstance(error, StaleAlterPartition))
                 continue
             lines.append(text + "accepted; " + self._hand_out(kwargs))
         return "\n".join(lines)
@@ -239,3 +242,24 @@ def test_kip101_catches_a_follower_that_truncates_to_its_high_watermark(tmp_path
     log = outputs[[case.command for case in cases].index("log")]
     assert log.splitlines() == ["n1: (empty) end=0 committed=0",
                                 "n2: (empty) end=0 committed=0"], log
+
+
+STALE_REFUSAL = Path(__file__).parent / "data" / "isr" / "stale_refusal_keeps_maximal_isr.txt"
+
+
+def test_a_leader_that_forgets_a_stale_refused_request_is_caught(tmp_path, impl):
+    """With the refusal for a moved epoch read as "not applied" (the pending request
+    dropped), stale_refusal_keeps_maximal_isr.txt must fail where n1's status shows its
+    high watermark past n3, the follower the arriving metadata puts in the ISR."""
+    cases = datadriven.parse(STALE_REFUSAL.read_text())
+    interaction = Interaction(tmp_path, impl, test_break="forget_stale_alter")
+    try:
+        outputs = [interaction.handle(case.command, case.args, case.kwargs).rstrip("\n")
+                   for case in cases]
+    finally:
+        interaction.close()
+    first_difference = next(index for index, (case, output) in enumerate(
+        zip(cases, outputs, strict=True)) if output != case.expected)
+    assert cases[first_difference].command == "stabilize", cases[first_difference]
+    status = outputs[first_difference + 1]
+    assert "isr=n1,n2 hw=519" in status and "n3: log_end=0" in status, status

@@ -25,12 +25,15 @@ REGRESSION_SEEDS = {
     1240: "checker: on a power-loss seed an acks=all write was lost to a follower's power "
           "loss two ticks BEFORE its acknowledgement (its fetch, counted by the leader, was "
           "on the way): the loss replica_ack = written allows; counted from the store tick",
+    8100019: "core: a retried expand refused as stale (its first copy accepted, not yet "
+             "pulled) dropped the pending ISR; the high watermark passed the joining "
+             "follower, which the controller then elected: committed records lost",
 }
 FRESH_SEED_COUNT = max(1, int(os.environ.get("MQLOG_SIM_SEEDS", 5)) // 5)
 # (break, a fixed seed that catches it): found with `python -m mqlog.sim --layer isr
 # --break NAME --count 30`
 CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 6, "truncate_to_hw": 1,
-             "hw_below_min_isr": 1}
+             "hw_below_min_isr": 1, "forget_stale_alter": 8100019}
 
 
 def _verdict(result) -> str:

@@ -267,9 +267,9 @@ class BrokerAgent:
         # ISR partitions: each hosted one's newest state goes to ``on_partition(group,
         # state)``; its leader's AlterPartition waits in ``alters`` for the next round
         # (after the heartbeat, before the pull that brings the decision back), and a
-        # refusal goes to ``on_alter_refused(group, why)``. join_cluster sets both.
+        # refusal goes to ``on_alter_refused(group, why, stale)``. join_cluster sets both.
         self.on_partition: Callable[[str, PartitionState], None] | None = None
-        self.on_alter_refused: Callable[[str, str], None] | None = None
+        self.on_alter_refused: Callable[[str, str, bool], None] | None = None
         # Raft partitions: a transfer the controller asks for goes to on_transfer(group,
         # target) (join_cluster sets it; the simulator hosts no real groups)
         self.on_transfer: Callable[[str, str], None] | None = None
@@ -368,9 +368,14 @@ class BrokerAgent:
                   lambda answer: self._altered(sent, answer))
 
     def _altered(self, sent: list[tuple[str, AlterPartition]], answer: dict[str, Any]) -> None:
-        for (group, _request), why in zip(sent, answer["results"], strict=True):
+        # A refusal not marked stale said the request was not applied; an unmarked answer
+        # is taken as stale (the leader then waits for the metadata: never unsafe).
+        stale = answer.get("stale")
+        if not isinstance(stale, list) or len(stale) != len(sent):
+            stale = [True] * len(sent)
+        for (group, _request), why, moved in zip(sent, answer["results"], stale, strict=True):
             if why and self.on_alter_refused is not None:
-                self.on_alter_refused(group, why)
+                self.on_alter_refused(group, why, moved is not False)
         self._pull()
 
     def _pull(self) -> None:
@@ -689,10 +694,10 @@ def attach_isr(agent: BrokerAgent, broker: Any) -> None:
             node.core.apply_metadata(state)
             node.schedule()
 
-    def on_alter_refused(name: str, why: str) -> None:
+    def on_alter_refused(name: str, why: str, stale: bool) -> None:
         node = broker.groups.get(name)
         if node is not None:
-            node.core.alter_partition_refused(why)
+            node.core.alter_partition_refused(why, stale)
 
     agent.on_partition, agent.on_alter_refused = on_partition, on_alter_refused
     broker.alter_partition = lambda node, request: agent.request_alter(node.name, request)

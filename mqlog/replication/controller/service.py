@@ -55,6 +55,7 @@ from mqlog.errors import (
     MqlogError,
     NodeUnavailable,
     NotLeader,
+    StaleAlterPartition,
 )
 from mqlog.format import BLANK, BLANK_MAGIC, RECORD_HEADER, RECORD_HEADER_SIZE, RecordHeader
 from mqlog.replication.controller import records
@@ -344,7 +345,9 @@ class Controller:
         """ISR leaders' AlterPartition requests: ``items`` is a list of [topic, partition,
         leader_epoch, partition_epoch, isr]. Each is decided on its own (isr/decisions.py:
         one computed from a stale epoch is refused); the answer lists, per item, "" or why
-        it was refused, and is final once the accepted changes are folded."""
+        it was refused, and is final once the accepted changes are folded; ``stale`` says,
+        per item, whether the refusal was for a moved epoch (an earlier copy of the request
+        may be what moved it: the leader waits for the metadata, see StaleAlterPartition)."""
         _check_text(broker_id=broker_id)
         _check_int("broker_epoch", broker_epoch)
         self._check_serving()
@@ -355,18 +358,20 @@ class Controller:
         if not isinstance(items, list) or len(items) > self.config.partitions_max:
             raise InvalidArgument("items must be a list of [topic, partition, leader_epoch, "
                                   "partition_epoch, isr]")
-        changes, results, working = [], [], self.working
+        changes, results, stale, working = [], [], [], self.working
         for item in items:
             try:
                 change = self._alter_partition(broker_id, item, working)
                 working = working.apply(change)  # (two items for one partition: one goes)
             except MetadataChangeRefused as error:
                 results.append(str(error))
+                stale.append(isinstance(error, StaleAlterPartition))
                 continue
             changes.append(change)
             results.append("")
+            stale.append(False)
         end = self._propose(changes) if changes else None
-        return Proposal(end, {"results": results})
+        return Proposal(end, {"results": results, "stale": stale})
 
     def _alter_partition(self, broker_id: str, item: Any, working: ClusterMetadata) -> Any:
         if not (isinstance(item, list) and len(item) == 5 and isinstance(item[0], str)

@@ -45,7 +45,9 @@ watermark and the start of the current leader epoch. Either becomes one
 the Ready's messages to ``CONTROLLER`` for the host to pass on. One is pending at a
 time, sent again after ``alter_partition_retry_ms``; any newer metadata settles it (the
 controller decided, maybe otherwise: a request made from a stale partition epoch is
-refused there), and ``alter_partition_refused`` lets the host say it was refused.
+refused there), and ``alter_partition_refused`` lets the host say it was refused (a
+refusal for a moved epoch keeps it pending until the metadata comes: it may have been
+applied).
 
 Produce (acks). ``may_accept("replicated")`` (acks=all) raises NotEnoughReplicas while
 the ISR is smaller than ``min_insync_replicas``: nothing is stored. ``propose(id, end)``
@@ -77,7 +79,8 @@ from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.messages import Fetch, FetchReply, Message
 from mqlog.results import PutStatus
 
-TEST_BREAKS = ("truncate_to_hw", "hw_below_min_isr", "hw_all_replicas")
+TEST_BREAKS = ("truncate_to_hw", "hw_below_min_isr", "hw_all_replicas",
+               "forget_stale_alter")
 LEADER, FOLLOWER, OFFLINE = "LEADER", "FOLLOWER", "OFFLINE"
 CONTROLLER = "controller"  # AlterPartition's destination: the host passes it on
 FAR_PAST = -(1 << 62)
@@ -164,7 +167,9 @@ class IsrCore(EpochMirror, PeerMessages):
         # following, as Kafka did before KIP-101; "hw_below_min_isr": the high watermark
         # advances with fewer than min_insync_replicas in the ISR; "hw_all_replicas":
         # the high watermark is the lowest end among the replicas it hears from, ISR or
-        # not, instead of among the ISR members: a silent ISR member is not waited for).
+        # not, instead of among the ISR members: a silent ISR member is not waited for;
+        # "forget_stale_alter": a refusal for a moved epoch drops the pending request, so
+        # the high watermark may pass a follower whose joining the controller accepted).
         self._test_break = test_break
         self.config = config.validate()
         self.log = log
@@ -310,11 +315,18 @@ class IsrCore(EpochMirror, PeerMessages):
         elif self.role == LEADER:
             self._isr_changed(current.isr)
 
-    def alter_partition_refused(self, reason: str) -> None:
-        """The controller refused the pending AlterPartition: decide again next tick."""
+    def alter_partition_refused(self, reason: str, stale: bool = False) -> None:
+        """The controller refused the pending AlterPartition. Refused as not applied: decide
+        again next tick. Refused as ``stale`` (an epoch moved): an earlier copy of it may be
+        what moved the epoch, its ISR in force once the metadata arrives — so it stays
+        pending, counted in the high watermark (the maximal ISR), until that metadata
+        settles it (Kafka's INVALID_UPDATE_VERSION; dropping it let the high watermark
+        pass a joining follower that the arriving metadata then put in the ISR)."""
         if self._pending is not None:
-            self._ready.events.append(f"{self.node_id}'s AlterPartition was refused: {reason}")
-            self._pending = None
+            self._ready.events.append(f"{self.node_id}'s AlterPartition was refused: {reason}"
+                                      + ("; waits for the newer metadata" if stale else ""))
+            if not stale or self._test_break == "forget_stale_alter":
+                self._pending = None
 
     def invariants(self) -> None:
         """Assert what must hold between steps (the simulator checks after each one)."""

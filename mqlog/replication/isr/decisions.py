@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mqlog.errors import MetadataChangeRefused
+from mqlog.errors import MetadataChangeRefused, StaleAlterPartition
 from mqlog.replication.isr.core import AlterPartition, PartitionState
 
 # A deliberately broken election, so the simulator shows its checkers notice it
@@ -45,11 +45,11 @@ def decide_alter_partition(current: PartitionState, request: AlterPartition,
                            live: set[str] | None = None) -> PartitionState:
     """The partition's next state after ``request``, or MetadataChangeRefused."""
     if request.src != current.leader or request.epoch != current.leader_epoch:
-        raise MetadataChangeRefused(
+        raise StaleAlterPartition(
             f"AlterPartition from {request.src} in leader epoch {request.epoch}: the leader "
             f"is {current.leader or 'nobody'} in leader epoch {current.leader_epoch}")
     if request.partition_epoch != current.partition_epoch:
-        raise MetadataChangeRefused(
+        raise StaleAlterPartition(
             f"AlterPartition computed from partition epoch {request.partition_epoch}, not "
             f"the current {current.partition_epoch}: the leader must apply the newer "
             "metadata and ask again")
