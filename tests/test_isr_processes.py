@@ -353,7 +353,15 @@ def _partition(cluster: IsrProcesses, writers: list[Writer], rng: random.Random,
                 all(victim not in parts[p].isr for p in others)
         wait_until(shrunk, f"{victim} alone in the ISRs of {led}, out of the others",
                    DEADLINE_S)
+
+        def knows_alone() -> bool:  # (the controller decided; the victim pulls it later)
+            found = [cluster.group(victim, p) for p in led]
+            return all(status and status.get("isr") == [victim] for status in found)
+        wait_until(knows_alone, f"{victim} knowing it is alone in the ISRs of {led}",
+                   DEADLINE_S)
         _writes_go_on(writers, others, f"while {victim} is cut off")
+        if cluster.acks == "1":  # taken by the cut-off leader alone, never committed there
+            _writes_go_on(writers, led, f"at {victim}, alone in their ISRs")
         for p in led:  # what a consumer of the cut-off leader sees now
             cluster.seen.setdefault(p, set()).update(_read_from(cluster, victim, p))
         if kill:

@@ -76,7 +76,10 @@ def test_produce_by_key_read_back_and_a_moved_leader_is_reported(cluster: Cluste
     addresses = [config.listen for config in cluster.configs.values()]
     bootstrap = ",".join(addresses)
     _create(addresses, "orders", PARTITIONS, 3)
-    with ClusterClient(addresses[:1], retry_timeout_s=60) as client:
+    # (metadata kept for the whole test: under load the default 5 s could age out between
+    # the leader's move and the produce, and the client would not meet the old leader)
+    with ClusterClient(addresses[:1], retry_timeout_s=60,
+                       metadata_max_age_ms=3_600_000) as client:
         keys = [f"key-{index}" for index in range(30)]
         for key in keys:
             sent = client.produce("orders", key.encode(), key=key)
