@@ -20,8 +20,11 @@ drawn from a printed seed (``MQLOG_TEST_SEED`` replays it) the test
   replicas; SIGCONT: it returns to every ISR;
 * partitions a broker from the other brokers while it leads partitions (its links are
   slowed by ``DELAY_MS``, then every proxy of its links is blackholed, so what was in
-  flight is lost too): it shrinks their ISRs to itself (acks=all is refused from then
-  on: NotEnoughReplicas), the other partitions drop it from their ISRs and go on; then,
+  flight is lost too): it shrinks their ISRs to itself (a new acks=all write would be
+  refused there: NotEnoughReplicas; the senders keep retrying the write in flight with its
+  sequence, so none is counted refused), the other partitions drop it from their ISRs and
+  go on; with acks=1 the test waits until the cut-off leader knows it is alone and took
+  new writes (never committed there); then,
   by the seed, either the links heal, or the cut-off leader is SIGKILLed first so the
   controller elects from the ELR (KIP-966), the links heal and it restarts.
 
