@@ -4,7 +4,8 @@ A store whose log is damaged with intact records after the damage refuses to ope
 (CorruptStore); this command does what its message says: it blanks exactly the damaged
 records (keeping every queue's offsets consecutive with lost-record fillers), or copies
 them from a replica whose bytes there verify, saves the bytes it replaces, and prints
-what was lost. The work is engine/repair.py's; this is the command line around it.
+what was lost; acknowledged records damaged at the log's end are copied from the
+replica, or cut. The work is engine/repair.py's; this is the command line around it.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def repair(data_dir: Path, replica: Path | None, dry_run: bool) -> None:
     """Mend a commit log damaged in the middle (the store must be closed)."""
     report = repair_store(data_dir, replica, dry_run=dry_run)
     if report.clean:
-        click.echo(f"ok: nothing to repair in {data_dir} (a damaged tail, if any, is cut "
-                   "by the next open)")
+        click.echo(f"ok: nothing to repair in {data_dir} (a damaged tail past what was "
+                   "flushed, if any, is cut by the next open)")
         return
     for line in report.lines():
         click.echo(line)

@@ -66,6 +66,11 @@ class StoreConfig:
     # has gone to sleep for this long (its writers stopped), the flush thread wakes one
     flush_sync_handoff_stall_us: int = 1_000
     checkpoint_interval_ms: int = 1_000
+    # The flushed position is saved (file ``flushed``, an fdatasync of its own, on a
+    # thread of its own) after log syncs at most this often, so that recovery refuses to
+    # cut acknowledged records (checkpoint.py); 0: as soon as a sync ends (coalesced);
+    # -1: never (a damaged tail past the last checkpoint is cut, as a torn one is).
+    flushed_position_save_interval_ms: int = 0
     # False: no flush or maintenance thread; the owner flushes (``flush``) and runs the
     # chores (``run_chores``) itself, on its own clock (a deterministic simulator).
     background_threads: bool = True
@@ -134,6 +139,10 @@ class StoreConfig:
             if value % PAGE_SIZE or value < (0 if name.endswith("_max") else PAGE_SIZE):
                 raise ConfigError(f"{name}={value} must be a multiple of {PAGE_SIZE}"
                                   + ("" if name.endswith("_max") else " and at least that"))
+        if self.flushed_position_save_interval_ms < -1:
+            raise ConfigError("flushed_position_save_interval_ms must be -1 (never), 0 "
+                              "(after every log sync) or a positive interval, got "
+                              f"{self.flushed_position_save_interval_ms}")
         if self.disk_headroom_bytes < 0:
             raise ConfigError(f"disk_headroom_bytes must be 0 or more, got "
                               f"{self.disk_headroom_bytes}")

@@ -90,7 +90,15 @@ def index_entry_crc(entry: Any) -> int:
 CHECKPOINT = struct.Struct("<4sIQQqI")
 CHECKPOINT_MAGIC = b"MQCP"
 
+# --- the flushed position (two 32-byte slots) ---------------------------------------------
+#  magic "MQFP" | version u32 | sequence u64 | position u64 | reserved u32 (0) |
+#  crc32c u32 of the bytes before it; slot ``sequence % 2`` is overwritten in place
+FLUSHED_SLOT = struct.Struct("<4sIQQII")
+FLUSHED_MAGIC = b"MQFP"
+FLUSHED_SLOTS = 2
+
 assert RECORD_HEADER_SIZE == 72 and CQ_ENTRY_SIZE == 20 and CHECKPOINT.size == 36
+assert FLUSHED_SLOT.size == 32
 assert INDEX_HEADER_SIZE == 64 and INDEX_ENTRY_SIZE == 32
 
 

@@ -108,7 +108,7 @@ def make(tmp_path: Path) -> Any:
         return one
     yield _make
     for one in opened:
-        if not one.store._closed:
+        if not one.store.closed:
             one.store.close()
 
 

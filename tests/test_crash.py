@@ -353,7 +353,11 @@ def test_soak_many_kills(request, tmp_path, impl, mode, rng):
 # ==== part 2: damaged copies of a store =================================================
 
 # The checkpoint stays where each open put it, so the scanned area is known exactly.
-IMAGE_CONFIG = {**SMALL, "checkpoint_interval_ms": 3_600_000}
+# No flushed-position file: these images test the rules recovery applies from the
+# checkpoint alone (a store written before the file, or with saving off); a torn page
+# can then lie anywhere past the checkpoint. test_flushed_position_* test the file.
+IMAGE_CONFIG = {**SMALL, "checkpoint_interval_ms": 3_600_000,
+                "flushed_position_save_interval_ms": -1}
 IMAGE_QUEUES = [(topic, queue_id) for topic in ("a", "b") for queue_id in range(3)]
 
 
@@ -901,9 +905,10 @@ def test_lost_consume_queue_files_are_rebuilt(tmp_path, impl, rng, crashed, how)
 # ``python -O`` (asserts stripped), in a child process with a deadline.
 
 FILE_KINDS = ["middle segment", "last segment", "consume-queue file", "index file",
-              "checkpoint", "epochs", "queue manifest"]
+              "checkpoint", "epochs", "queue manifest", "flushed position"]
 FILE_HARM = ["missing", "empty", "short", "long", "garbage"]
-DERIVED = {"consume-queue file", "index file", "checkpoint", "epochs", "queue manifest"}
+DERIVED = {"consume-queue file", "index file", "checkpoint", "epochs", "queue manifest",
+           "flushed position"}
 OPEN_DEADLINE_S = 60.0
 MATRIX_CONFIG = {**SMALL, "checkpoint_interval_ms": 3_600_000}
 
@@ -946,6 +951,10 @@ def matrix_image(request, tmp_path_factory):
                   key=f"k{index % 5}")
     store.flush()
     store.query("a", "k1")  # every record indexed
+    deadline = time.monotonic() + 60  # the flushed position is saved (its own thread)
+    while cp.read_flushed(root / "live" / "flushed") != store.flushed_position:
+        assert time.monotonic() < deadline, "the flushed position was never saved"
+        time.sleep(0.001)
     if request.param == "crashed":
         _copy_store(root / "live", root / "image")
         store.close()
@@ -973,6 +982,7 @@ def _victim(image: Path, kind: str) -> Path:
         "checkpoint": lambda: image / "checkpoint",
         "epochs": lambda: image / "epochs",
         "queue manifest": lambda: image / "queues",
+        "flushed position": lambda: image / "flushed",
     }[kind]()
 
 
@@ -1049,34 +1059,29 @@ def _check_harmed_open(path: Path, impl: str, optimized: bool, kind: str, how: s
         after = {p.name: p.read_bytes() for p in (path / "commitlog").iterdir()}
         assert after == before, f"{where}: a refused open changed the log"
         return
-    if kind == "middle segment" and "(crashed" in where:
-        # garbage past the checkpoint (the crashed image's is where its open put it, at
-        # 0): nothing there was known to be on disk, so it is a torn tail, cut with what
-        # follows it (issue 14 part B); what is left is a prefix of every queue
-        assert "error" not in answer, f"{where}: {answer}"
-        assert answer["truncated_at"] == answer["end"] is not None, f"{where}: {answer}"
-        for queue, records in answer["held"].items():
-            assert records == held[queue][:len(records)], f"{where}: {queue} is not a prefix"
-        return
-    if kind == "middle segment":  # garbage after a clean close (which scans nothing):
-        # reads refuse it
+    if kind == "middle segment":
+        # Garbage: the image was flushed to its end and saved that position, so the
+        # records there were acknowledged as durable: refused (crashed: the scan meets
+        # it), or found by reads (closed: a clean open scans nothing).
         assert answer.get("error") in ("CorruptStore", "CorruptRecord"), f"{where}: {answer}"
         assert "mqlog repair" in answer["message"], f"{where}: {answer}"
         return
-    # The last segment lost or cut: a lost tail, cut (and reported, when a checkpoint
-    # says how far the log went); what is left is a prefix of every queue. Garbage in it
-    # after a clean close is found by reads (a clean open scans nothing).
+    # The last segment lost, cut or garbage: everything in it was flushed (the image's
+    # saved flushed position is its end), so it is not a torn tail to cut: refused, and
+    # nothing changes (before the flushed-position file it was cut as a lost tail; the
+    # images of test_an_unwritten_page_* have no such file and still are). Garbage after
+    # a clean close is found by reads.
     if answer.get("error") == "CorruptRecord" and how == "garbage":
         assert "mqlog repair" in answer["message"], f"{where}: {answer}"
         return
-    assert "error" not in answer, f"{where}: {answer}"
-    for queue, records in answer["held"].items():
-        assert records == held[queue][:len(records)], f"{where}: {queue} is not a prefix"
-    if how in ("missing", "empty"):
-        kept = sum(map(len, answer["held"].values()))
-        assert kept < sum(map(len, held.values())), f"{where}: nothing was lost?"
-        if "(closed" in where:
-            assert answer["truncated_at"] == answer["end"], f"{where}: {answer['rebuilt']}"
+    if "error" not in answer:  # (cut past the records it held): nothing may be missing
+        assert answer["held"] == held, f"{where}: records lost, and the store opened"
+        return
+    assert answer.get("error") == "CorruptStore", f"{where}: {answer['error']}"
+    assert "acknowledged as durable" in answer["message"], f"{where}: {answer}"
+    assert "mqlog repair" in answer["message"], f"{where}: {answer}"
+    after = {p.name: p.read_bytes() for p in (path / "commitlog").iterdir()}
+    assert after == before, f"{where}: a refused open changed the log"
 
 
 def test_stray_files_are_left_alone(matrix_image, tmp_path, impl):
@@ -1094,3 +1099,121 @@ def test_stray_files_are_left_alone(matrix_image, tmp_path, impl):
     answer = _open_in_child(copy, impl, optimized=False)
     assert answer["held"] == held
     assert all(path.read_bytes() == b"not mqlog's" for path in strays)
+
+
+# --- the saved flushed position ------------------------------------------------------------
+
+FLUSHED_CONFIG = {**SMALL, "flush_mode": "sync", "checkpoint_interval_ms": 3_600_000}
+
+
+def _acked_then_crashed(path: Path, impl: str) -> tuple[list, list, int]:
+    """A sync store: 120 records acknowledged (each put returns once it is flushed, and
+    the flushed position is saved after its sync), 30 more written and never flushed,
+    then a crash (abandon: written pages stay). Returns (acked, unflushed, flushed)."""
+    store = mqlog.open(path, implementation=impl, **FLUSHED_CONFIG)
+    acked = [store.put("t", b"%04d" % index * 50, queue_id=index % 3) for index in range(120)]
+    assert all(result.status == PutStatus.PUT_OK for result in acked)
+    flushed = store.flushed_position
+    assert flushed == acked[-1].position + acked[-1].size, "test set-up"
+    deadline = time.monotonic() + 60  # the saving thread catches up with the last sync
+    while cp.read_flushed(path / "flushed") != flushed:
+        assert time.monotonic() < deadline, f"never saved: {cp.read_flushed(path / 'flushed')}"
+        time.sleep(0.001)
+    unflushed = [store.put_nowait("t", b"u" * 200, queue_id=0) for _ in range(30)]
+    store.abandon("test: a crash")
+    assert cp.read_flushed(path / "flushed") == flushed
+    assert cp.read_checkpoint(path / "checkpoint").log_position == 0, "test set-up"
+    return acked, unflushed, flushed
+
+
+def _log_files(path: Path) -> dict[str, bytes]:
+    return {item.name: item.read_bytes() for item in (path / "commitlog").iterdir()}
+
+
+def test_flushed_position_damage_before_it_is_refused_after_it_is_a_torn_tail(
+        tmp_path, impl):
+    """The sync-mode torn-tail trade-off (issue 14): acknowledged records damaged past
+    the last checkpoint were cut as a torn tail. The flushed position is now saved after
+    each log sync, and recovery refuses a log that is damaged before it (a bad record
+    with intact ones after it, or with none: the end of what was acknowledged) and
+    changes nothing; damage past it is still a torn tail, cut and reported."""
+    original = tmp_path / "original"
+    acked, unflushed, flushed = _acked_then_crashed(original, impl)
+    cases = {  # name -> (where the damage starts, whether a record follows intact)
+        "acknowledged, intact after": (acked[100].position, True),
+        "acknowledged, the end": (acked[-1].position, False),
+        "unflushed": (unflushed[5].position, True),
+    }
+    for name, (position, intact_after) in cases.items():
+        copy = tmp_path / name.replace(",", "").replace(" ", "-")
+        _copy_store(original, copy)
+        _flip_bit(copy, position + 80, 3)  # in the record's body: its CRC fails
+        if not intact_after:
+            _zero_log(copy, position + 100, unflushed[-1].position + unflushed[-1].size)
+        before = _log_files(copy)
+        if position >= flushed:
+            with mqlog.open(copy, implementation=impl, **FLUSHED_CONFIG) as store:
+                report = store.recovery_report
+                assert report.truncated_at == report.end_position == position, name
+                assert "a torn tail" in report.truncation_reason, name
+                assert [r.body for r in store.get("t", 1, 0, 1000)] == \
+                    [b"%04d" % index * 50 for index in range(1, 120, 3)], name
+            continue
+        with pytest.raises(errors.CorruptStore, match="mqlog repair") as refused:
+            mqlog.open(copy, implementation=impl, **FLUSHED_CONFIG)
+        assert str(position) in str(refused.value), name
+        if not intact_after:
+            assert f"[{position}, {flushed})" in str(refused.value), name
+            assert "acknowledged as durable" in str(refused.value), name
+        assert _log_files(copy) == before, f"{name}: a refused open changed the log"
+
+
+def test_repair_copies_damaged_acknowledged_records_from_a_replica_or_cuts_them(
+        tmp_path, impl):
+    """What the refusal above sends the user to: ``mqlog repair --from REPLICA`` copies
+    the acknowledged records at the log's end from a replica whose bytes there verify
+    (nothing lost); ``mqlog repair`` alone cuts them, saving their bytes, and lowers the
+    saved flushed position: the next open cuts the tail and says so."""
+    from mqlog.engine.repair import repair
+
+    original = tmp_path / "original"
+    acked, unflushed, flushed = _acked_then_crashed(original, impl)
+    damaged = acked[-3].position
+    for how in ("replica", "cut"):
+        copy = tmp_path / how
+        _copy_store(original, copy)
+        _flip_bit(copy, damaged + 80, 5)
+        _zero_log(copy, damaged + 100, unflushed[-1].position + unflushed[-1].size)
+        report = repair(copy, original if how == "replica" else None)
+        assert report.acknowledged_tail is not None, how
+        assert report.acknowledged_tail[:2] == (damaged, flushed), how
+        with mqlog.open(copy, implementation=impl, **FLUSHED_CONFIG) as store:
+            held = sum(store.max_offset("t", queue) for queue in range(3))
+            if how == "replica":
+                assert held == len(acked), how
+                assert store.read_record(damaged).body == b"%04d" % 117 * 50
+            else:
+                assert held == len(acked) - 3, how
+                assert store.recovery_report.truncated_at == damaged, how
+                saved = sorted(report.saved_to.iterdir())
+                assert saved and saved[0].name.startswith(f"{damaged}-"), saved
+
+
+def test_a_truncation_lowers_the_saved_flushed_position_first(tmp_path, impl):
+    """A replica's truncation cuts flushed records: the saved flushed position goes down
+    before the log does, so a crash right after opens without a refusal; and with saving
+    off there is no file to go stale."""
+    path = tmp_path / "s"
+    store = mqlog.open(path, implementation=impl, **FLUSHED_CONFIG)
+    results = [store.put("t", b"x" * 300) for _ in range(40)]
+    cut = results[20].position
+    store.truncate(cut)
+    assert cp.read_flushed(path / "flushed") == cut
+    store.put_nowait("t", b"y" * 300)
+    store.abandon("test: a crash after the truncation")
+    with mqlog.open(path, implementation=impl, **FLUSHED_CONFIG) as store:
+        assert store.max_offset("t", 0) >= 20
+        assert store.flushed_position >= cut
+    with mqlog.open(path, implementation=impl, **FLUSHED_CONFIG,
+                    flushed_position_save_interval_ms=-1):
+        assert not (path / "flushed").exists()

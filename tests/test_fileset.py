@@ -19,17 +19,29 @@ REACHING_IN = re.compile(r"\bstore\.(core\b|_[a-z]\w*)")
 HELPERS = ("recovery", "snapshot", "retention", "queries", "maintenance")
 
 
+# Tests that still reach in, and why: the flush service's fault injection (a stalled or
+# failing sync under the group commit's waiters, and a deadline changed part way) has no
+# public hook, and the putfast work is rewriting that path.
+_FLUSHER = re.compile(r"\bstore\._flusher\b")
+ALLOWED_IN_TESTS = {Path("tests/test_store.py"): _FLUSHER,
+                    Path("tests/test_group_commit.py"): _FLUSHER}
+
+
 def test_nothing_outside_the_store_touches_its_core_or_files():
     """Issue 14: recovery, snapshot, retention and the CLI reached into
     ``store._segments`` and ``store.core``; a change to the store's bookkeeping had to
-    be made in six modules. Now only store.py and fileset.py may."""
+    be made in six modules. Now only store.py and fileset.py may; tests use the public
+    API too (Store.abandon, segments(), closed...), but for ALLOWED_IN_TESTS."""
     found = []
-    for path in sorted([*ROOT.glob("mqlog/**/*.py"), *ROOT.glob("benchmarks/*.py")]):
+    paths = [*ROOT.glob("mqlog/**/*.py"), *ROOT.glob("benchmarks/*.py"),
+             *ROOT.glob("tests/*.py")]
+    for path in sorted(paths):
         relative = path.relative_to(ROOT)
-        if relative in OWNERS:
+        if relative in OWNERS or relative == Path("tests/test_fileset.py"):
             continue
+        allowed = ALLOWED_IN_TESTS.get(relative)
         for number, line in enumerate(path.read_text().splitlines(), 1):
-            if REACHING_IN.search(line):
+            if REACHING_IN.search(line) and not (allowed and allowed.search(line)):
                 found.append(f"{relative}:{number}: {line.strip()}")
     assert not found, "\n".join(found)
 

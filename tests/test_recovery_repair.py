@@ -199,9 +199,17 @@ def test_repair_leaves_a_healthy_store_and_a_damaged_tail_alone(tmp_path, impl):
     with mqlog.open(store, implementation=impl, read_only=True) as snapshot:
         written = snapshot.written_position
     _flip(store, written - 5)  # inside the last record
+    (store / "flushed").rename(tmp_path / "flushed")  # as a store written before the file
     assert repair(store).clean  # a damaged tail is recovery's to cut
     with mqlog.open(store, implementation=impl, **CONFIG) as opened:
         assert opened.recovery_report.clean  # a clean close: reads find it, not the open
+    # The close saved the flushed position at the log's end: the damaged last record was
+    # acknowledged as flushed, recovery would refuse it, and repair cuts it.
+    (tmp_path / "flushed").rename(store / "flushed")
+    (start, end, how) = repair(store).acknowledged_tail
+    assert start < written - 5 and end == written and how.startswith("cut"), how
+    with mqlog.open(store, implementation=impl, **CONFIG) as opened:
+        assert opened.recovery_report.truncated_at == start
 
 
 def test_repair_refuses_an_open_store(tmp_path, impl):

@@ -4,7 +4,6 @@ tail — never a byte written, never a lock taken, every write refused."""
 from __future__ import annotations
 
 import hashlib
-import os
 import random
 import threading
 
@@ -74,11 +73,7 @@ def test_a_snapshot_of_a_crashed_store_with_a_torn_tail(tmp_path, impl, rng):
         store.put("t", rng.randbytes(rng.randrange(1, 300)), index % 2)
     store.flush()
     written = store.written_position
-    store.core.fence(errors.StoreClosed("simulated crash"))
-    store._maintenance.stop()
-    store._flusher.stop()
-    store._release_files()
-    os.close(store._lock_fd)
+    store.abandon("simulated crash")
     segment = max((tmp_path / "commitlog").iterdir())
     with open(segment, "r+b") as file:  # half a record's worth of garbage past the end
         file.seek(written - int(segment.name))

@@ -216,12 +216,7 @@ def test_reopen_after_a_crash_scans_from_the_checkpoint(open_store, tmp_path):
     for i in range(300):
         store.put("t", i.to_bytes(4, "little"))
     store.flush()
-    store.core.fence(errors.StoreClosed("simulated crash"))  # no clean close
-    store._maintenance.stop()
-    store._flusher.stop()
-    store._release_files()
-    os.close(store._lock_fd)
-    store._closed = True
+    store.abandon("simulated crash")  # no clean close
     again = open_store()
     assert not again.recovery_report.clean
     assert again.recovery_report.truncated_at is None
@@ -623,3 +618,26 @@ def test_read_raw_tells_a_damaged_record_from_a_position_that_is_no_record(open_
         store.read_raw(second.position + 8, 1 << 20)
     mapped.buffer[second.position + second.size - 10] ^= 0x01
     assert len(store.read_raw(first.position, 1 << 20)) == first.size * 3
+
+
+def test_abandon_ends_the_background_threads_and_leaves_a_crash(tmp_path, impl):
+    """Store.abandon (a crash, for the simulator and crash tests) used to leave the
+    flush, checkpoint and maintenance threads running on unmapped files; its users
+    turned them off first. Now it ends them, with no flush and no checkpoint: calls
+    raise StoreClosed, and the next open recovers."""
+    before = set(threading.enumerate())
+    path = tmp_path / "s"
+    store = mqlog.open(path, implementation=impl, flush_mode="sync",
+                       checkpoint_interval_ms=1, index_interval_ms=1)
+    durable = store.put("t", b"durable", key="k")
+    store.put_nowait("t", b"written, not flushed")
+    assert set(threading.enumerate()) - before, "test set-up: no thread started"
+    store.abandon("test: a crash")
+    assert set(threading.enumerate()) - before == set()
+    with pytest.raises(errors.StoreClosed, match="test: a crash"):
+        store.put("t", b"late")
+    store.abandon("twice is harmless")
+    assert (path / "abort").exists()  # no clean close
+    with mqlog.open(path, implementation=impl) as reopened:
+        assert not reopened.recovery_report.clean
+        assert reopened.read_record(durable.position).body == b"durable"

@@ -6,6 +6,16 @@ written only after both flushes, atomically (temporary file, fsync, rename, fsyn
 directory), and carries a CRC32C; a damaged or missing checkpoint means "scan from the
 first segment". At a clean close it also records where the log ends.
 
+The flushed-position file says how far the log was last known to be durable, saved far
+more often than checkpoints: after log syncs (at most every
+``flushed_position_save_interval_ms``, on a thread of its own, off the sync waiters'
+path), with a write of its own in place. A position is
+saved only after the sync that made it durable, so it never claims bytes a crash could
+tear; recovery refuses to cut records before it (they were acknowledged as flushed:
+damage there is the medium's, not a crash's), where without it a damaged acknowledged
+tail past the last checkpoint was cut as a torn one. Two slots, written alternately: a
+write torn by a crash leaves the other, older and still true.
+
 The epoch file lists the first position of each epoch, like Kafka's
 leader-epoch-checkpoint; the queue manifest lists every queue with its minimum and next
 offset, so recovery notices lost consume-queue files; the consumer-offsets file holds
@@ -18,6 +28,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +87,135 @@ def read_checkpoint(path: Path) -> Checkpoint | None:
     if log_end < log_position:
         return None
     return Checkpoint(log_position, log_end, timestamp_ms)
+
+
+def _flushed_slot(sequence: int, position: int) -> bytes:
+    body = fmt.FLUSHED_SLOT.pack(fmt.FLUSHED_MAGIC, FORMAT_VERSION, sequence, position, 0,
+                                 0)[:-4]
+    return body + struct.pack("<I", crc32c(body))
+
+
+def read_flushed(path: Path) -> int | None:
+    """The saved flushed position (the newest valid slot's), or None if the file is
+    missing or no slot passes its checks."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    best: tuple[int, int] | None = None
+    size = fmt.FLUSHED_SLOT.size
+    for at in range(0, min(len(data), size * fmt.FLUSHED_SLOTS) - size + 1, size):
+        magic, version, sequence, position, _reserved, crc = \
+            fmt.FLUSHED_SLOT.unpack_from(data, at)
+        if magic == fmt.FLUSHED_MAGIC and version == FORMAT_VERSION and \
+                crc == crc32c(data[at:at + size - 4]) and (best is None or sequence > best[0]):
+            best = (sequence, position)
+    return None if best is None else best[1]
+
+
+class FlushedPosition:
+    """The open flushed-position file (see the module docstring): created whole at
+    ``position``, then each save overwrites the older slot in place and fdatasyncs it.
+
+    Saves run on a thread of their own (``threaded``): ``note`` only hands over the
+    position a log sync made durable, so no sync waiter ever waits for a save; positions
+    noted while one is saved are coalesced into the next. ``lower`` saves at once (a
+    truncation waits for it). The descriptor stays open, so running out of descriptors
+    never stops a save; a failed save is raised by the next ``note``."""
+
+    def __init__(self, path: Path, position: int, interval_ms: int, threaded: bool) -> None:
+        self._interval = interval_ms / 1000
+        self._sequence = 2  # slots 0 and 1 hold sequences 0 and 1 at first
+        write_atomically(path, _flushed_slot(0, position) + _flushed_slot(1, position))
+        with typed_errors(f"cannot open {path}"):
+            self._fd = os.open(path, os.O_RDWR)
+        self.position = position  # the last one saved
+        self._pending = position  # the newest one noted
+        self._saved_at = time.monotonic()
+        self.save_count = 0
+        self.error: OSError | None = None
+        self._save_lock = threading.Lock()  # one write at a time, never a stale one last
+        self._noted = threading.Condition()  # guards _pending and _stopping
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        if threaded:
+            self._thread = threading.Thread(target=self._run, name="mqlog-flushed",
+                                            daemon=True)
+            self._thread.start()
+
+    def note(self, position: int) -> None:
+        """The log is durable up to ``position`` (a sync just returned): save it soon."""
+        if self.error is not None:
+            raise self.error
+        if self._thread is None:
+            if position > self.position and \
+                    time.monotonic() - self._saved_at >= self._interval:
+                with self._save_lock:
+                    self._save(position)
+            return
+        with self._noted:
+            if position > self._pending:
+                self._pending = position
+                self._noted.notify()
+
+    def lower(self, position: int) -> None:
+        """Before a truncation cuts the log to ``position``: saved now if lower."""
+        with self._save_lock:
+            with self._noted:
+                self._pending = min(self._pending, position)
+            if self.position > position:
+                self._save(position)
+
+    def save_now(self, position: int) -> None:
+        """Save ``position`` now (a clean close, a reset's new start)."""
+        with self._save_lock:
+            with self._noted:
+                self._pending = position
+            self._save(position)
+
+    def _run(self) -> None:
+        while True:
+            with self._noted:
+                while not self._stopping and self._pending <= self.position:
+                    self._noted.wait()
+                if self._stopping:
+                    return
+            wait = self._saved_at + self._interval - time.monotonic()
+            if wait > 0:
+                with self._noted:
+                    self._noted.wait(wait)  # (at most every interval; woken to stop)
+            with self._save_lock:
+                with self._noted:
+                    target = self._pending  # (after any lower: never a stale one)
+                try:
+                    if target > self.position:
+                        self._save(target)
+                except OSError as error:
+                    self.error = error  # the next note raises it: the store is fenced
+                    return
+
+    def _save(self, position: int) -> None:
+        slot = _flushed_slot(self._sequence, position)
+        os.pwrite(self._fd, slot, (self._sequence % fmt.FLUSHED_SLOTS) * len(slot))
+        os.fdatasync(self._fd)
+        self._sequence += 1
+        self.position = position
+        self._saved_at = time.monotonic()
+        self.save_count += 1
+
+    def stop(self) -> None:
+        """End the thread (a save under way finishes first); nothing more is saved."""
+        with self._noted:
+            self._stopping = True
+            self._noted.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def close(self) -> None:
+        self.stop()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _write_crc_text(path: Path, kind: str, lines: list[str]) -> None:

@@ -126,6 +126,22 @@ class FlushService:
         self._checkpoints_end.set()
         self._checkpointer.join()
 
+    def abandon(self, reason: str) -> None:
+        """End the threads with no flush and no checkpoint (Store.abandon: a crash).
+        A sync or checkpoint under way finishes first (the files are unmapped next);
+        every waiter, and every later one, raises FlushFailed."""
+        failure = FlushFailed(f"the store was abandoned ({reason}) before its flush: writes "
+                              f"after position {self.flushed_position} may not be durable")
+        with self.paused(), self._lock:
+            self.error = self.error or failure
+            self._stopping = True
+            self._work.notify_all()
+            self._release_waiters(lambda end: True)
+        self._checkpoints_end.set()
+        for thread in (self._thread, self._checkpointer):
+            if thread.ident is not None:
+                thread.join()
+
     # --- writers -----------------------------------------------------------------------
 
     def wait_flushed(self, end_position: int, timeout_ms: int | None = None) -> bool:
@@ -390,7 +406,10 @@ class FlushService:
         return dirty >= self._config.flush_pages_min * PAGE_SIZE
 
     def _flush_log(self) -> int:
-        """Sync [flushed, written) and publish it; return the new flushed position."""
+        """Sync [flushed, written) and publish it; return the new flushed position.
+        Nothing after a failure (or an abandon): the store is fenced."""
+        if self.error is not None:
+            return self.flushed_position
         start, target = self.flushed_position, self._written()
         if target > start:
             self._sync_log(start, target)

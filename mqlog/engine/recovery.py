@@ -16,6 +16,16 @@
    a file lost, a gap), if it is missing, or if a queue cannot take a scanned record,
    every queue is rebuilt from the first segment.
 
+Acknowledged records are never cut. The flushed-position file (checkpoint.py) says how
+far the log was durable, saved after log syncs, far more often than checkpoints: bytes
+before it were on disk, so a crash cannot have torn them. A log that ends before it —
+a bad record, zeros, a segment file lost or cut, with or without intact records after
+— is damaged where records were acknowledged: the store refuses to open with a
+CorruptStore naming [end, flushed) and changes nothing; ``mqlog repair`` copies the
+range from a replica or cuts it, saving its bytes and reporting the loss. Without the
+file (a store written before it, or ``flushed_position_save_interval_ms = -1``) the
+rules below apply from the checkpoint's position alone.
+
 Damage is told apart from a torn tail (DESIGN §4). Only a tail may be cut: when the scan
 meets a bad record, the rest of that segment and every later one are searched for an
 intact record (magic, sizes, position and CRC32C all right). If one is found and the bad
@@ -50,7 +60,7 @@ from typing import TYPE_CHECKING
 
 from mqlog import format as fmt
 from mqlog.config import PAGE_SIZE
-from mqlog.engine.checkpoint import read_checkpoint, read_epochs, read_queues
+from mqlog.engine.checkpoint import read_checkpoint, read_epochs, read_flushed, read_queues
 from mqlog.engine.files import MappedFile, file_name, numbered_files
 from mqlog.errors import ConsumeQueueMismatch, CorruptStore
 
@@ -69,9 +79,12 @@ class RecoveryReport:
     end_position: int = 0  # where the log ends now
     truncated_at: int | None = None  # where a bad record was cut off, if one was
     truncation_reason: str = ""
-    # The last checkpoint's position: a bad record at or past it is a torn tail (cut even
-    # with intact records after it), before it damage (CorruptStore). None: no checkpoint.
+    # The last checkpoint's position, or the saved flushed position if that is further:
+    # a bad record at or past it is a torn tail (cut even with intact records after
+    # it), before it damage (CorruptStore). None: no checkpoint.
     tail_from: int | None = None
+    # The saved flushed position: the log may not end before it (None: no such file).
+    acknowledged_to: int | None = None
     segments_dropped: list[int] = field(default_factory=list)  # bases of deleted segments
     queues_rebuilt: bool = False
     rebuilt: list[str] = field(default_factory=list)  # derived files rebuilt, and why
@@ -109,13 +122,16 @@ def recover(files: FileSet) -> RecoveryReport:
     started = time.perf_counter()
     paths = files.paths
     checkpoint = read_checkpoint(paths.checkpoint)
-    dropped = map_segments(files)
+    acknowledged = read_flushed(paths.flushed)
+    dropped = map_segments(files, acknowledged)
     files_end = files.files_end()
     claimed_end = None
     if checkpoint is not None and checkpoint.log_end > files_end:
         claimed_end, checkpoint = checkpoint.log_end, None  # segment files were lost
-    clean = checkpoint is not None and not paths.abort.exists() and not dropped
-    tail_from = None if checkpoint is None else checkpoint.log_position
+    clean = checkpoint is not None and not paths.abort.exists() and not dropped and \
+        (acknowledged is None or acknowledged <= checkpoint.log_end)
+    tail_from = None if checkpoint is None else \
+        max(checkpoint.log_position, acknowledged or 0)
     first_base = files.first_segment_base()
     epochs = read_epochs(paths.epochs)
     # A clean close of a log that holds records always leaves an epochs file; without a
@@ -124,14 +140,15 @@ def recover(files: FileSet) -> RecoveryReport:
                                           and checkpoint.log_end <= first_base)
     manifest = read_queues(paths.queues)
     if manifest is None and files.segment_bases():
-        report = RecoveryReport(clean=False, scanned_from=first_base, tail_from=tail_from)
+        report = RecoveryReport(clean=False, scanned_from=first_base, tail_from=tail_from,
+                                acknowledged_to=acknowledged)
         # Without a manifest lost queues would go unnoticed.
         _rebuild(files, report, "the queue manifest is missing or damaged")
     elif checkpoint is not None and clean and epochs_known and \
             _clean_end_plausible(files, checkpoint.log_end):
         end = checkpoint.log_end
         report = RecoveryReport(clean=True, scanned_from=end, end_position=end,
-                                tail_from=tail_from)
+                                tail_from=tail_from, acknowledged_to=acknowledged)
         try:
             files.open_queues(scan_from=end, manifest=manifest or {}, exact=True)
             files.restore_epochs(epochs or [], end)
@@ -144,7 +161,8 @@ def recover(files: FileSet) -> RecoveryReport:
             scan_from = checkpoint.log_position
         if epochs is None and scan_from != first_base:
             scan_from = first_base  # epochs must be re-learned from every record
-        report = RecoveryReport(clean=False, scanned_from=scan_from, tail_from=tail_from)
+        report = RecoveryReport(clean=False, scanned_from=scan_from, tail_from=tail_from,
+                                acknowledged_to=acknowledged)
         _scan(files, report, scan_from, epochs or [], manifest or {})
     report.segments_dropped = sorted(set(report.segments_dropped) | set(dropped))
     if files.segment_bases():
@@ -153,6 +171,9 @@ def recover(files: FileSet) -> RecoveryReport:
                                   f"scanned from {report.scanned_from}")
         if epochs is None and (paths.epochs.exists() or not paths.abort.exists()):
             report.rebuilt.append("epochs file missing or damaged: epochs re-learned")
+        if acknowledged is None and paths.flushed.exists():
+            report.rebuilt.append("flushed-position file damaged: a damaged tail past the "
+                                  "checkpoint could not be told from a torn one")
     if claimed_end is not None and report.end_position < claimed_end:
         report.truncated_at = report.end_position
         report.truncation_reason = (
@@ -166,10 +187,11 @@ def recover(files: FileSet) -> RecoveryReport:
     return report
 
 
-def map_segments(files: FileSet) -> list[int]:
+def map_segments(files: FileSet, acknowledged: int | None = None) -> list[int]:
     """Map the segment files that form the log; return the bases of those that were cut
     off as a lost tail (a hole after which no segment holds data). A hole with data after
-    it raises CorruptStore (see the module docstring)."""
+    it raises CorruptStore (see the module docstring), and so does a lost tail that
+    holds bytes before the saved flushed position ``acknowledged``."""
     directory = files.paths.commitlog
     for leftover in directory.glob("*.tmp"):
         leftover.unlink()  # a segment a crash interrupted in the making
@@ -189,6 +211,10 @@ def map_segments(files: FileSet) -> list[int]:
                 f"the commit log of {files.paths.root} has a hole: {problem}, and the "
                 f"segments after it hold records; recovery cuts only a damaged tail. "
                 + repair_advice(files.paths.root))
+        files_end = base if size < PAGE_SIZE else base + size
+        if acknowledged is not None and files_end < acknowledged:
+            raise CorruptStore(acknowledged_damage(files.paths.root, files_end, acknowledged,
+                                                   problem))
         break
     dropped = []
     for base, path, _size in found[keep:]:
@@ -198,6 +224,17 @@ def map_segments(files: FileSet) -> list[int]:
     for base, path, _size in found[:keep]:
         files.attach_segment(base, MappedFile.open(path))
     return dropped
+
+
+def acknowledged_damage(root: object, end: int, acknowledged: int, why: str) -> str:
+    """The CorruptStore message for a log that ends before its saved flushed position."""
+    return (f"the commit log of {root} ends at position {end} ({why}), but it was flushed "
+            f"up to {acknowledged} (the flushed-position file says so): records in [{end}, "
+            f"{acknowledged}) were acknowledged as durable and are damaged or missing; "
+            "recovery cuts only a torn tail, past what was flushed, and changed nothing. "
+            f"Run `mqlog repair {root} --from REPLICA_DIR` to copy them from a replica "
+            f"whose records there are intact, or `mqlog repair {root}` to cut them (their "
+            "bytes are saved and the loss is reported)")
 
 
 def repair_advice(root: object) -> str:
@@ -282,6 +319,7 @@ def _scan_segments(files: FileSet, report: RecoveryReport, scan_from: int) -> No
             report.truncated_at = end
             report.truncation_reason = _bad_record(files, report, bases[index:], end,
                                                    result.stop_reason)
+        _check_acknowledged(files, report, end, result.stop_reason)
         if end < base + segment.size:
             segment.zero_from(end - base, files.config.segment_preallocate)
         # Later segments go; only those that held bytes are news (the allocator's
@@ -292,7 +330,18 @@ def _scan_segments(files: FileSet, report: RecoveryReport, scan_from: int) -> No
         break
     if not bases:
         end = 0
+        _check_acknowledged(files, report, end, "no segment file")
     report.end_position = end
+
+
+def _check_acknowledged(files: FileSet, report: RecoveryReport, end: int,
+                        reason: str) -> None:
+    """Refuse a log that ends before the saved flushed position (before anything is cut)."""
+    acknowledged = report.acknowledged_to
+    if acknowledged is not None and end < acknowledged:
+        why = {"end": "zeros where a record should start",
+               "blank": "the segment files end there"}.get(reason, f"a bad record: {reason}")
+        raise CorruptStore(acknowledged_damage(files.paths.root, end, acknowledged, why))
 
 
 def _bad_record(files: FileSet, report: RecoveryReport, bases: list[int], damaged: int,

@@ -28,6 +28,13 @@ a closed store (it takes the store's lock) and does exactly this:
    the checkpoint, the queue manifest (every consume queue is rebuilt) and the key-index
    files (an entry could point into a mended range, where no record starts any more).
 
+A log that ends before its saved flushed position (checkpoint.py) — acknowledged records
+damaged or missing at its end, which recovery refuses too — is mended last: the range
+is copied from the replica when its records there verify (whole records at exactly
+those positions, segment by segment), else it is cut: its bytes are saved like the
+others and the saved flushed position is lowered to where the log now ends, so the next
+open cuts the tail and reports it. The report names the range and what was done.
+
 Offsets lost at the very end of a queue (no record of that queue survived after them)
 leave no trace in the log: the queue simply ends earlier, and the report says so when
 the old queue manifest knew more. The report lists every range, how it was mended, and
@@ -45,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mqlog import format as fmt
-from mqlog.engine.checkpoint import read_queues
+from mqlog.engine.checkpoint import FlushedPosition, read_flushed, read_queues
 from mqlog.engine.files import file_name, fsync_directory, numbered_files
 from mqlog.errors import CorruptStore, StoreLocked, StoreNotFound
 
@@ -82,13 +89,19 @@ class RepairReport:
     files: list[str] = field(default_factory=list)  # segment files created, extended, cut
     saved_to: Path | None = None
     queue_tails_lost: list[str] = field(default_factory=list)
+    # [start, end) of acknowledged records damaged at the log's end, and what was done
+    acknowledged_tail: tuple[int, int, str] | None = None
 
     @property
     def clean(self) -> bool:
-        return not self.pieces and not self.files
+        return not self.pieces and not self.files and self.acknowledged_tail is None
 
     def lines(self) -> list[str]:
         out = list(self.files)
+        if self.acknowledged_tail is not None:
+            start, end, how = self.acknowledged_tail
+            out.append(f"[{start}, {end}): {end - start} bytes of records acknowledged as "
+                       f"flushed, damaged at the log's end: {how}")
         for piece in self.pieces:
             what = "copied from the replica" if piece.how == "replica" else (
                 f"blanked, {len(piece.fillers)} lost-record filler(s)")
@@ -125,6 +138,8 @@ def repair(root: Path, replica: Path | None = None, dry_run: bool = False) -> Re
         if not dry_run:
             for piece in pieces:
                 _write(root, piece.start, filler_bytes(piece), saved)
+        # (after the ranges intact records follow are mended: what is left is the end)
+        report.acknowledged_tail = _mend_acknowledged_tail(root, replica, saved, dry_run)
         report.pieces = sorted(report.pieces + pieces, key=lambda piece: piece.start)
         report.lost = lost
         if not report.clean:
@@ -245,6 +260,59 @@ def _replica_bytes(replica: Path, piece: Piece) -> bytes | None:
     return None
 
 
+def _mend_acknowledged_tail(root: Path, replica: Path | None, saved: Path,
+                            dry_run: bool) -> tuple[int, int, str] | None:
+    """Copy or cut a log end that lies before the saved flushed position (see the module
+    docstring); None if there is none."""
+    acknowledged = read_flushed(root / "flushed")
+    end = _log_end(root)
+    if acknowledged is None or end >= acknowledged:
+        return None
+    pieces = _segment_pieces(root, end, acknowledged)
+    if replica is not None and pieces and \
+            all(_replica_bytes(replica, piece) is not None for piece in pieces):
+        for piece in pieces:
+            if not _copy_from(root, replica, piece, saved, dry_run):
+                raise AssertionError("the replica's bytes changed while being copied")
+        return end, acknowledged, "copied from the replica"
+    if not dry_run:
+        for piece in pieces:  # the bytes the next open zeroes, saved first
+            _write(root, piece.start, None, saved, piece.end - piece.start)
+        FlushedPosition(root / "flushed", end, 0, threaded=False).close()
+    return end, acknowledged, (
+        "cut: the next open cuts the log there and reports it" + (
+            " (the replica's bytes there did not verify)" if replica is not None else ""))
+
+
+def _log_end(root: Path) -> int:
+    """Where recovery would end the log: after the last intact record (or blank) that
+    no damage or zeros come before."""
+    end = 0
+    for base, path in numbered_files(root / "commitlog"):
+        end = base
+        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0,
+                                                 access=mmap.ACCESS_READ) as buffer:
+            for step in fmt.walk(buffer, base):
+                if step.kind not in ("record", "blank"):
+                    return base + step.offset
+                end = base + step.offset + step.size
+    return end
+
+
+def _segment_pieces(root: Path, start: int, end: int) -> list[Piece]:
+    """[start, end) split at segment boundaries, as pieces (empty if a segment file that
+    should hold part of it is missing)."""
+    pieces = []
+    for base, path in numbered_files(root / "commitlog"):
+        limit = base + path.stat().st_size
+        if limit <= start or base >= end:
+            continue
+        low, high = max(start, base), min(end, limit)
+        pieces.append(Piece(low, high, high == limit))
+    covered = sum(piece.end - piece.start for piece in pieces)
+    return pieces if covered == end - start else []
+
+
 # --- 3. blank fillers ----------------------------------------------------------------------
 
 
@@ -311,8 +379,10 @@ def filler_bytes(piece: Piece) -> bytes:
     return bytes(out)
 
 
-def _write(root: Path, position: int, data: bytes, saved: Path) -> None:
-    """Save the bytes at [position, +len(data)) under ``saved``, then overwrite them."""
+def _write(root: Path, position: int, data: bytes | None, saved: Path,
+           size: int = 0) -> None:
+    """Save the bytes at [position, +len(data)) under ``saved``, then overwrite them
+    (``data`` None: save ``size`` bytes only)."""
     for base, path in numbered_files(root / "commitlog"):
         size = path.stat().st_size
         if base <= position < base + size:
@@ -321,10 +391,12 @@ def _write(root: Path, position: int, data: bytes, saved: Path) -> None:
         raise AssertionError(f"no segment holds position {position}")
     with open(path, "r+b") as file:
         file.seek(position - base)
-        old = file.read(len(data))
+        old = file.read(size if data is None else len(data))
         saved.mkdir(parents=True, exist_ok=True)
-        (saved / f"{position}-{position + len(data)}").write_bytes(old)
+        (saved / f"{position}-{position + len(old)}").write_bytes(old)
         fsync_directory(saved)
+        if data is None:
+            return
         file.seek(position - base)
         file.write(data)
         file.flush()

@@ -99,6 +99,10 @@ class StorePaths:
         return self.root / "checkpoint"
 
     @property
+    def flushed(self) -> Path:
+        return self.root / "flushed"
+
+    @property
     def epochs(self) -> Path:
         return self.root / "epochs"
 
@@ -151,6 +155,7 @@ class Store:
         self._queues_saved: list[tuple[str, int, int]] | None = None
         self._names_unsynced: set[int] = set()  # segments made since commitlog/ was synced
         self._commitlog_fd = -1  # commitlog/, open for _sync_log's fsync (writable stores)
+        self._flushed_file: cp.FlushedPosition | None = None  # saved after log syncs
         self._retired: list[MappedFile] = []  # deleted by retention, unmapped next pass
         self._clock_ms = clock_ms
         self._closed = False
@@ -227,6 +232,7 @@ class Store:
         self._offsets = ConsumerOffsets(paths.consumer_offsets, config.group_name_length_max)
         self._sync_all_queues()
         self._sync_log(self.first_segment_base(), end)
+        self._open_flushed_file(end)
         self._save_epochs()
         self._save_queues(force=True)
         cp.write_checkpoint(paths.checkpoint, cp.Checkpoint(end, end, _now_ms()))
@@ -250,6 +256,18 @@ class Store:
         if config.flush_mode == "async":
             self.put = self.core.put  # type: ignore[method-assign]  # one C call
             self.put_batch = self.core.put_batch  # type: ignore[method-assign]
+
+    def _open_flushed_file(self, end: int) -> None:
+        """Start the flushed-position file at ``end`` (durable: just synced), or remove
+        an old one when saving is off (a truncation would not lower it)."""
+        interval = self.config.flushed_position_save_interval_ms
+        if interval < 0:
+            if self.paths.flushed.exists():
+                self.paths.flushed.unlink()
+                fsync_directory(self.paths.root)
+            return
+        self._flushed_file = cp.FlushedPosition(self.paths.flushed, end, interval,
+                                                threaded=self.config.background_threads)
 
     def _take_lock(self) -> int:
         self.paths.root.mkdir(parents=True, exist_ok=True)
@@ -570,6 +588,11 @@ class Store:
         return None if self.read_only else self._maintenance.error
 
     @property
+    def closed(self) -> bool:
+        """True once ``close`` or ``abandon`` was called."""
+        return self._closed
+
+    @property
     def checkpoint_error(self) -> BaseException | None:
         """Why the last checkpoint could not be written (DiskFull, TooManyOpenFiles), if
         it could not: it is postponed, never fatal (flush.py); None once one succeeds."""
@@ -649,7 +672,9 @@ class Store:
         index's cut and the log's (it would index records about to go)."""
         self.core.check_boundary(position)
         self.key_index.truncate(position)
-        # Lower the checkpoint first: a crash from here on recovers from <= position.
+        # The saved flushed position and the checkpoint go first: a crash from here on
+        # recovers from <= position and expects no record past it.
+        self._lower_flushed(position)
         start = min(position, self._checkpoint_position())
         cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(start, start, _now_ms()))
         self.core.truncate(position, self._delete_dropped)
@@ -678,6 +703,7 @@ class Store:
         # key index's lock is held throughout: an indexer running while the log has no
         # segment would start an index file at position 0.
         with self._flusher.paused(), self.key_index.lock:
+            self._lower_flushed(position)
             bases = self.core.segment_bases()
             if bases:
                 self._truncate(bases[0])  # queues, key index, epochs: the log is empty
@@ -694,10 +720,16 @@ class Store:
             self._allocator.start(position)
             self._new_segment(position)  # the log's start, kept across a restart
             fsync_directory(self.paths.commitlog)
+            if self._flushed_file is not None:
+                self._flushed_file.save_now(position)
             self._flusher.start_over(position)
             self._save_queues(force=True)
             cp.write_checkpoint(self.paths.checkpoint,
                                 cp.Checkpoint(position, position, _now_ms()))
+
+    def _lower_flushed(self, position: int) -> None:
+        if self._flushed_file is not None:
+            self._flushed_file.lower(position)
 
     def _delete_dropped(self, dropped_segments: list[int],
                         dropped_files: list[tuple[str, int, int]]) -> None:
@@ -783,6 +815,9 @@ class Store:
                     self.key_index.close_unsealed()  # derived data: the next open rebuilds
             end = self.core.written_position
             self._sync_all_queues()
+            flushed = self._flushed_file
+            if flushed is not None and end == self._flusher.flushed_position:
+                flushed.save_now(end)  # the last one, due or not
             self._save_epochs()
             self._save_queues(force=True)
             cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(end, end, _now_ms()))
@@ -792,13 +827,22 @@ class Store:
     def abandon(self, reason: str) -> None:
         """Leave the store as a crash or a power loss would: no flush, no checkpoint, no
         clean close (the simulator's disk model, crash tests). Calls fail with
-        StoreClosed(``reason``); the files are unmapped (written pages stay in the page
-        cache) and the lock is released. Threads are not stopped: use it with
-        ``background_threads = False``, or stop them first."""
+        StoreClosed(``reason``), sync waiters with FlushFailed; the background threads
+        end (a sync under way finishes first), the files are unmapped (written pages
+        stay in the page cache) and the lock is released."""
+        if self._closed:
+            return
         self.core.fence(StoreClosed(reason))
         self._closed = True
+        if not self.read_only:
+            self._maintenance.stop()
+            self._allocator.close()
+            self._flusher.abandon(reason)
+            if self._flushed_file is not None:
+                self._flushed_file.stop()
         self._release_files()
-        os.close(self._lock_fd)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
 
     def __enter__(self) -> Store:
         return self
@@ -818,6 +862,8 @@ class Store:
         if self._commitlog_fd >= 0:
             os.close(self._commitlog_fd)
             self._commitlog_fd = -1
+        if self._flushed_file is not None:
+            self._flushed_file.close()
         if hasattr(self, "_allocator"):
             self._allocator.close()
         if hasattr(self, "key_index"):
@@ -927,6 +973,8 @@ class Store:
         if named:
             os.fsync(self._commitlog_fd)  # (held open: EMFILE cannot stop a flush)
             self._names_unsynced.difference_update(named)
+        if self._flushed_file is not None:  # after the sync: it never claims a torn byte
+            self._flushed_file.note(end)
 
     def _sync_all_queues(self) -> None:
         self.files.sync_all_queues()
