@@ -46,8 +46,14 @@ def open_store(tmp_path, impl):
 
 
 @pytest.fixture
-def rng(request: pytest.FixtureRequest) -> random.Random:
-    """A seeded Random; the seed is printed when the test fails."""
-    seed = int(os.environ.get("MQLOG_TEST_SEED", random.randrange(1 << 32)))
-    print(f"random seed: {seed} (rerun with MQLOG_TEST_SEED={seed})")
+def seed() -> int:
+    """A fresh seed (MQLOG_TEST_SEED replays one); printed, so a failure shows it."""
+    value = int(os.environ.get("MQLOG_TEST_SEED", random.randrange(1 << 32)))
+    print(f"random seed: {value} (rerun with MQLOG_TEST_SEED={value})")
+    return value
+
+
+@pytest.fixture
+def rng(seed: int) -> random.Random:
+    """A Random drawn from the ``seed`` fixture."""
     return random.Random(seed)

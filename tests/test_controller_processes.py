@@ -203,7 +203,7 @@ SHAPES = [("combined", IMPLEMENTATIONS[0]), ("separate", "python")]
 
 @pytest.fixture(params=SHAPES, ids=[f"{shape}-{impl}" for shape, impl in SHAPES])
 def cluster(tmp_path: Path, request: pytest.FixtureRequest,
-            monkeypatch: pytest.MonkeyPatch) -> Any:
+            monkeypatch: pytest.MonkeyPatch, seed: int) -> Any:
     """The processes of a shape, on a log core (MQLOG_PUREPYTHON is inherited), started
     in a seeded random order."""
     shape, impl = request.param
@@ -211,7 +211,6 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest,
         monkeypatch.setenv("MQLOG_PUREPYTHON", "1")
     else:
         monkeypatch.delenv("MQLOG_PUREPYTHON", raising=False)
-    seed = random.randrange(1 << 30)
     print(f"{shape} shape on the {impl} core; start-order seed {seed}")
     running = RaftProcesses(tmp_path, combined=shape == "combined", rng=random.Random(seed))
     running.write_configs()

@@ -10,7 +10,6 @@ them and the hand-offs between threads are exercised, and can make one fail.
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
@@ -91,13 +90,6 @@ def _run_writers(store, watched: WatchedSyncs, threads: int, count: int,
         worker.join(max(0.0, deadline - time.monotonic()))
     assert not any(worker.is_alive() for worker in workers), f"a writer hangs (seed {seed})"
     return early, answers
-
-
-@pytest.fixture
-def seed() -> int:
-    value = int(os.environ.get("MQLOG_TEST_SEED", random.randrange(1 << 32)))
-    print(f"random seed: {value} (rerun with MQLOG_TEST_SEED={value})")
-    return value
 
 
 def test_no_sync_put_is_acknowledged_before_its_sync_returned(open_store, seed):

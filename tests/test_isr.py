@@ -224,19 +224,28 @@ def test_isr_script(script, tmp_path, impl):
 KIP101 = Path(__file__).parent / "data" / "isr" / "kip101_hw_truncation.txt"
 
 
-def test_kip101_catches_a_follower_that_truncates_to_its_high_watermark(tmp_path, impl):
-    """With the pre-KIP-101 rule (a follower cuts its log to its high watermark when it
-    starts following), kip101_hw_truncation.txt must fail: n2 drops the acknowledged p1
-    on its restart, and once it leads, neither log holds p1."""
-    cases = datadriven.parse(KIP101.read_text())
-    interaction = Interaction(tmp_path, impl, test_break="truncate_to_hw")
+def _run_broken(script: Path, tmp_path: Path, impl: str,
+                test_break: str) -> tuple[list[Any], list[str], int]:
+    """Run ``script`` on cores with ``test_break`` on: its cases, what each printed, and
+    the index of the first case whose output differs from the script's (it must)."""
+    cases = datadriven.parse(script.read_text())
+    interaction = Interaction(tmp_path, impl, test_break=test_break)
     try:
         outputs = [interaction.handle(case.command, case.args, case.kwargs).rstrip("\n")
                    for case in cases]
     finally:
         interaction.close()
-    first_difference = next(index for index, (case, output) in enumerate(
-        zip(cases, outputs, strict=True)) if output != case.expected)
+    first_difference = next((index for index, (case, output) in enumerate(
+        zip(cases, outputs, strict=True)) if output != case.expected), None)
+    assert first_difference is not None, f"{script.name} passed with --break {test_break}"
+    return cases, outputs, first_difference
+
+
+def test_kip101_catches_a_follower_that_truncates_to_its_high_watermark(tmp_path, impl):
+    """With the pre-KIP-101 rule (a follower cuts its log to its high watermark when it
+    starts following), kip101_hw_truncation.txt must fail: n2 drops the acknowledged p1
+    on its restart, and once it leads, neither log holds p1."""
+    cases, outputs, first_difference = _run_broken(KIP101, tmp_path, impl, "truncate_to_hw")
     assert cases[first_difference].command == "restart", cases[first_difference]
     assert "truncated [0, 173) to its high watermark" in outputs[first_difference]
     log = outputs[[case.command for case in cases].index("log")]
@@ -251,15 +260,8 @@ def test_a_leader_that_forgets_a_stale_refused_request_is_caught(tmp_path, impl)
     """With the refusal for a moved epoch read as "not applied" (the pending request
     dropped), stale_refusal_keeps_maximal_isr.txt must fail where n1's status shows its
     high watermark past n3, the follower the arriving metadata puts in the ISR."""
-    cases = datadriven.parse(STALE_REFUSAL.read_text())
-    interaction = Interaction(tmp_path, impl, test_break="forget_stale_alter")
-    try:
-        outputs = [interaction.handle(case.command, case.args, case.kwargs).rstrip("\n")
-                   for case in cases]
-    finally:
-        interaction.close()
-    first_difference = next(index for index, (case, output) in enumerate(
-        zip(cases, outputs, strict=True)) if output != case.expected)
+    cases, outputs, first_difference = _run_broken(STALE_REFUSAL, tmp_path, impl,
+                                                   "forget_stale_alter")
     assert cases[first_difference].command == "stabilize", cases[first_difference]
     status = outputs[first_difference + 1]
     assert "isr=n1,n2 hw=519" in status and "n3: log_end=0" in status, status

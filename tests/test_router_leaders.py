@@ -30,8 +30,7 @@ def _state() -> ClusterMetadata:
                  CreateTopic("i", "isr", (("b1", "b2"),))])
 
 
-def test_the_higher_term_wins_in_any_order() -> None:
-    seed = random.randrange(1 << 30)
+def test_the_higher_term_wins_in_any_order(seed: int) -> None:
     rng = random.Random(seed)
     reports = [("r", partition, f"b{rng.randint(1, 3)}", rng.randint(0, 6))
                for partition in (0, 1) for _ in range(12)]
