@@ -143,25 +143,31 @@ def _every_partition_writes(writers: list[Writer]) -> None:
     wait_until(grew, "a new acknowledged write on every partition", DEADLINE_S)
 
 
-def _read_partition(reader: ClusterClient, partition: int) -> list[bytes] | None:
-    """Every body of a partition, from its leader (None: no leader answers yet)."""
+def _read_partition(reader: ClusterClient, partition: int,
+                    unavailable: dict[int, str] | None = None) -> list[bytes] | None:
+    """Every body of a partition, from its leader (None: no leader answers yet; why, into
+    ``unavailable``)."""
     bodies: list[bytes] = []
     try:
         while batch := reader.fetch("orders", partition, len(bodies), 256):
             bodies.extend(record.body for record in batch)
-    except errors.NodeUnavailable:
+    except errors.NodeUnavailable as error:
+        if unavailable is not None:
+            unavailable[partition] = str(error)
         return None
     return bodies
 
 
 def _assert_acked_present(cluster: RaftProcesses, acked: list[tuple[int, bytes]]) -> None:
     missing: dict[int, set[bytes]] = {}
+    unavailable: dict[int, str] = {}
     with ClusterClient(cluster.addresses(), retry_timeout_s=5) as reader:
         def every_ack_read() -> bool:
             missing.clear()
+            unavailable.clear()
             for partition in range(PARTITIONS):
                 wanted = {body for p, body in acked if p == partition}
-                bodies = _read_partition(reader, partition)
+                bodies = _read_partition(reader, partition, unavailable)
                 if bodies is None:
                     missing[partition] = wanted
                 elif wanted - set(bodies):
@@ -171,8 +177,10 @@ def _assert_acked_present(cluster: RaftProcesses, acked: list[tuple[int, bytes]]
             wait_until(every_ack_read, f"{len(acked)} acknowledged writes read back",
                        DEADLINE_S)
         except TimeoutError:
+            view = reader.metadata(refresh=True).topics["orders"].partitions
             pytest.fail(f"acknowledged writes not read back: "
-                        f"{ {p: sorted(b)[:5] for p, b in missing.items()} }")
+                        f"{ {p: sorted(b)[:5] for p, b in missing.items()} }; no leader "
+                        f"answered: {unavailable}; the reader's view: {view}")
 
 
 def _described(cluster: RaftProcesses, without: str = "") -> dict[int, tuple[str, int]]:

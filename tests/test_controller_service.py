@@ -17,6 +17,7 @@ from mqlog.errors import (
     ConfigError,
     InvalidArgument,
     MetadataChangeRefused,
+    NodeUnavailable,
     NotLeader,
 )
 from mqlog.replication.controller import records
@@ -25,6 +26,7 @@ from mqlog.replication.controller.records import METADATA_TOPIC
 from mqlog.replication.controller.service import Controller
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.replication.driver import Driver
+from mqlog.replication.messages import Entries
 from mqlog.replication.raft import RaftCore
 from mqlog.sim.controller import STORE_SETTINGS
 
@@ -32,24 +34,28 @@ from mqlog.sim.controller import STORE_SETTINGS
 class OneNode:
     """A one-voter controller group: the Io flushes at once; ``step`` is one tick."""
 
-    def __init__(self, path: Path, hard_state: Any = None, **config: Any) -> None:
+    def __init__(self, path: Path, hard_state: Any = None, node_id: str = "c0",
+                 voters: tuple[str, ...] = ("c0",), **config: Any) -> None:
         self.path, self.config = path, config
         self.store = mqlog.open(path, **STORE_SETTINGS)
         self.hard_state = hard_state
         self.notes: list[str] = []
-        core = RaftCore(ReplicationConfig(layer="raft", node_id="c0", voters=("c0",),
+        self.sent: list[Any] = []  # (a follower's replies; a lone voter sends nothing)
+        core = RaftCore(ReplicationConfig(layer="raft", node_id=node_id, voters=voters,
                                           election_timeout_ticks=3, heartbeat_ticks=1),
                         self.store, rng=random.Random(1), hard_state=hard_state)
         self.driver = Driver(self.store, core, self)
-        settings = dict(voters={"c0": "127.0.0.1:1"}, broker_session_timeout_ms=200,
-                        broker_heartbeat_interval_ms=50)
+        settings = dict(voters={name: f"127.0.0.1:{index + 1}"
+                                for index, name in enumerate(voters)},
+                        broker_session_timeout_ms=200, broker_heartbeat_interval_ms=50)
         self.controller = Controller(ControllerConfig(**{**settings, **config}), self.store,
                                      self.driver, tick_ms=10, rng=random.Random(2),
                                      note=self.notes.append)
 
     # the driver's Io
     def send(self, messages: list) -> None:
-        assert not messages
+        assert len(self.driver.core.voters) > 1 or not messages
+        self.sent.extend(messages)
 
     def save_hard_state(self, state: Any) -> None:
         self.hard_state = state
@@ -208,6 +214,37 @@ def test_the_state_is_rebuilt_on_start(make: Any) -> None:
     assert again.controller.committed == ClusterMetadata()  # nothing is committed yet
     again.lead()
     assert again.controller.committed == before
+
+
+def test_a_restarted_follower_answers_no_state_before_its_leaders_commit(make: Any) -> None:
+    """CI failure (test_controller_failover): a restarted controller heard of its leader
+    through an Entries it refused (its log did not match yet), so it knew a leader and
+    nothing committed, and answered describe with an empty cluster (position 0) as if
+    caught up. Knowing the leader is not enough: the commit it announced must be folded."""
+    one = make()
+    _cluster(one)
+    one.call(one.controller.create_topic("t", 4, 2, "isr"))
+    before, end = one.controller.committed, one.controller.applied_to
+    one.controller.stop()
+    one.store.close()
+    follower = OneNode(one.path, node_id="c1", voters=("c0", "c1", "c2"))
+    one.store = follower.store  # (so the fixture closes it)
+    term = follower.driver.core.term + 1
+
+    def hear(prev_position: int, prev_epoch: int) -> None:
+        follower.driver.step(Entries("c0", "c1", term, prev_position, prev_epoch, -1, end))
+        follower.driver.run()
+        follower.controller.after_run()
+    hear(end + 64, term)  # (a probe past its log: refused)
+    assert follower.driver.core.leader == "c0" and follower.controller.applied_to == 0
+    assert not follower.controller.caught_up
+    with pytest.raises(NodeUnavailable, match="may be behind"):
+        follower.controller.describe()
+    assert follower.controller.metadata_since(0) == {"records": [], "position": 0}
+    hear(end, follower.store.epoch)  # (a heartbeat its log matches: the commit moves)
+    assert follower.controller.caught_up and follower.controller.applied_to == end
+    assert follower.controller.committed == before
+    assert follower.controller.describe()["position"] == end
 
 
 def test_snapshots_trim_the_log_and_a_restart_starts_from_one(make: Any) -> None:

@@ -160,6 +160,7 @@ class Controller:
         self._proposals = 0
         self._snapshot_folded: int | None = None  # a snapshot record folded: trim before it
         self.rebuilding = False  # the log was trimmed: nothing folds before its first snapshot
+        self._caught_up_with: tuple[str, int] | None = None  # (leader, term) it caught up to
         self._rebuild()
 
     # --- driven by the host --------------------------------------------------------------
@@ -234,12 +235,26 @@ class Controller:
 
     @property
     def caught_up(self) -> bool:
-        """Whether its fold is worth reading: it leads, or follows a known leader (which
-        told it the commit), and is not rebuilding. (A restarted controller knows nothing
-        committed until a leader tells it.)"""
+        """Whether its fold is worth reading: it leads, or it has folded up to the commit
+        its leader announced since it began following it, and is not rebuilding. (A
+        restarted controller knows nothing committed until a leader tells it, and knowing
+        the leader is not enough: its first Entries may be refused, the commit unmoved.)
+        Once reached, it stays caught up while it follows that leader: a later
+        announcement it has not folded yet is a moment's lag, not an old state."""
         core = self.driver.core
-        return not self.rebuilding and (self.serving or bool(core.leader)
-                                        and core.leader != core.node_id)
+        if self.rebuilding:
+            return False
+        if self.serving:
+            return True
+        if not core.leader or core.leader == core.node_id:
+            return False
+        following = (core.leader, core.term)
+        if self._caught_up_with != following:
+            announced = core.leader_commit
+            if announced < 0 or self.applied_to < announced:
+                return False
+            self._caught_up_with = following
+        return True
 
     @property
     def serving(self) -> bool:
@@ -628,6 +643,7 @@ class Controller:
         base = self.store.first_segment_base()
         self.applied_to = self.fold_start = base
         self._snapshot_end = base
+        self._caught_up_with = None
         self.rebuilding = base > 0
         self._refresh()
 

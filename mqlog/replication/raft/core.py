@@ -142,6 +142,9 @@ class RaftCore(EpochMirror, PeerMessages):
         self.role = FOLLOWER if self.node_id in self.voters else LEARNER
         self.leader = ""
         self.commit = 0  # learnt again from the leader after a restart
+        # (leader, term, commit) of the last Entries heard, refused ones too: the commit
+        # that leader announced, which this node's own may not have reached yet.
+        self._announced: tuple[str, int, int] = ("", -1, -1)
         self.tick_count = 0
         self._elapsed = 0  # ticks since the leader was last heard (or the campaign began)
         self._timeout = self._random_timeout()
@@ -167,6 +170,15 @@ class RaftCore(EpochMirror, PeerMessages):
     @property
     def is_master(self) -> bool:
         return self.role == LEADER
+
+    @property
+    def leader_commit(self) -> int:
+        """The commit the current leader last announced to this follower (-1: none yet in
+        this term). A follower that knows a leader may still know nothing committed (a
+        restarted node whose first Entries was refused): a reader that serves what it
+        has applied must wait until that reaches this."""
+        leader, term, commit = self._announced
+        return commit if (leader, term) == (self.leader, self.term) and leader else -1
 
     @property
     def membership(self) -> Membership:
@@ -696,6 +708,7 @@ class RaftCore(EpochMirror, PeerMessages):
     def _on_entries(self, entries: Entries) -> None:
         self.role = FOLLOWER if self.node_id in self.voters else LEARNER
         self.leader, self._elapsed, self._votes = entries.src, 0, {}
+        self._announced = (entries.src, self.term, max(entries.commit, self.leader_commit))
         prev = entries.prev_position
         if prev > self._end or self._epoch_at(prev) != entries.prev_epoch:
             return self._refuse(entries)
