@@ -19,10 +19,12 @@ Theory of operation.
   (each request names its group). NotLeader naming the leader: go there. NotLeader
   without one, UnknownGroup (a broker that has not pulled the partition yet), a broken
   connection: refresh the metadata and go to the leader it shows, or — when that is the
-  broker that just failed — the partition's next replica, after ``retry_backoff_ms``
-  (an election takes time). A write whose outcome is unknown (the connection broke, the
-  majority did not answer in time) is sent again with the same producer id and sequence,
-  so the leader that has it answers with its first place instead of storing it twice
+  broker that just failed, or one that refused this request already — the partition's
+  next replica not tried yet (round the replicas, never back and forth between two),
+  after ``retry_backoff_ms`` (an election takes time). A write whose outcome is unknown
+  (the connection broke, the majority did not answer in time) is sent again with the
+  same producer id and sequence, so the leader that has it answers with its first place
+  instead of storing it twice
   (idempotence.py; Kafka's idempotent producer: one producer id, a sequence per
   partition). All of it within ``retry_timeout_s`` (Kafka's delivery.timeout.ms); after
   it, a typed error: NodeUnavailable (outcome unknown: retrying the same call is safe
@@ -312,6 +314,7 @@ class ClusterClient:
                        request: Any = None, sequence: int = -1) -> dict[str, Any]:
         group = group_of(topic, partition)
         address, failures = self._leader_address(topic, partition, None), []
+        tried: set[str] = set()  # (refused without naming a leader: go round the replicas)
         last: PutStatus | None = None  # the last undecided answer (stored, may commit)
         maybe_stored = False  # an earlier attempt may have stored it
         while True:
@@ -335,24 +338,28 @@ class ClusterClient:
             except errors.NotMaster as error:  # NotLeader too, which may name the leader
                 failures.append(f"{address}: {error}")
                 named = getattr(error, "leader_address", None)
-                next_address = named or self._leader_address(topic, partition, address)
+                tried.add(address)
+                next_address = named or self._leader_address(topic, partition, address, tried)
             except errors.UnknownGroup as error:  # (not pulled there yet, or deleted)
                 failures.append(f"{address}: {error}")
-                next_address = self._leader_address(topic, partition, address)
+                tried.add(address)
+                next_address = self._leader_address(topic, partition, address, tried)
             except errors.NodeUnavailable as error:
                 maybe_stored, last = True, None
                 failures.append(f"{address}: {error}")
                 self._drop(address)
-                next_address = self._leader_address(topic, partition, address)
+                tried.add(address)
+                next_address = self._leader_address(topic, partition, address, tried)
             if time.monotonic() >= deadline:
                 if last in STORED_UNDECIDED:
                     raise undecided(last, self.producer_id, sequence, self.retry_timeout_s,
                                     failures)
+                unknown = (f"; its outcome is unknown (this client retries it safely, "
+                           f"producer {self.producer_id!r})") if sequence >= 0 else ""
                 raise errors.NodeUnavailable(
                     f"no leader of {topic!r} partition {partition} decided the request "
-                    f"({what}) within retry_timeout_s={self.retry_timeout_s}; a produce's "
-                    f"outcome is unknown (this client retries it safely, producer "
-                    f"{self.producer_id!r}): " + "; ".join(failures[-3:]))
+                    f"({what}) within retry_timeout_s={self.retry_timeout_s}{unknown}: "
+                    + "; ".join(failures[-3:]))
             self.retries += 1
             address = next_address or address
 
@@ -368,10 +375,15 @@ class ClusterClient:
             return self._leader_address(topic, partition, None)
         return address
 
-    def _leader_address(self, topic: str, partition: int, failed: str | None) -> str:
+    def _leader_address(self, topic: str, partition: int, failed: str | None,
+                        tried: set[str] | None = None) -> str:
         """Where to send: the leader the metadata shows, refreshed if ``failed`` (the
-        address that just failed) — unless that is the one shown, then the next replica,
-        after a back-off (an election is under way)."""
+        address that just failed) — unless that one failed, or is in ``tried`` (the
+        addresses that refused this request without naming a leader), then the next
+        replica not tried yet, after a back-off (an election is under way). Going round
+        the replicas, not back and forth: a view that still shows a leader that moved
+        must not bounce a request between it and one follower while the third leads.
+        Once every replica was tried, ``tried`` starts over."""
         view = self.metadata(refresh=failed is not None)
         info = view.partition(topic, partition) if topic in view.topics and \
             partition < len(view.topics[topic].partitions) else None
@@ -379,14 +391,20 @@ class ClusterClient:
             return failed or self.bootstrap[0]
         addresses = [view.brokers[name].address for name in info.replicas
                      if name in view.brokers]
+        tried = tried if tried is not None else set()
         leader = view.brokers.get(info.leader)
-        if leader is not None and leader.address != failed:
+        if leader is not None and leader.address != failed and leader.address not in tried:
             return leader.address
         if failed is not None:
             time.sleep(self.retry_backoff_ms / 1000)  # a back-off: an election takes time
-        if failed in addresses:
-            return addresses[(addresses.index(failed) + 1) % len(addresses)]
-        return addresses[0] if addresses else self.bootstrap[0]
+        start = addresses.index(failed) + 1 if failed in addresses else 0
+        ring = addresses[start:] + addresses[:start]
+        untried = [address for address in ring if address not in tried and address != failed]
+        if untried:
+            return untried[0]
+        tried.clear()  # (all refused: round again, the leader shown first)
+        return leader.address if leader is not None else ring[0] if ring else \
+            self.bootstrap[0]
 
     # --- connections --------------------------------------------------------------------------
 

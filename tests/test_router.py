@@ -21,6 +21,9 @@ from mqlog import cli_topics, errors
 from mqlog.client import Client
 from mqlog.cluster_client import ClusterClient, metadata_from
 from mqlog.partitioner import partition_for_key
+from mqlog.replication.controller import records
+from mqlog.replication.controller.records import RegisterBroker
+from mqlog.replication.controller.state import fold
 from mqlog.replication.local import wait_until
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
@@ -96,8 +99,12 @@ def test_produce_by_key_read_back_and_a_moved_leader_is_reported(cluster: Cluste
             answer = broker.call({"kind": "cluster_metadata"})[0]
         state, leaders = metadata_from(answer)
         assert len(leaders) <= PARTITIONS and state.topics["orders"]
-        before = client.metadata()
         leader, term = _leaders(cluster)[0]
+        # (the view must show that leader: one taken before the leaders were reported
+        # shows the preferred replica, which may be the target below)
+        wait_until(lambda: client.metadata(refresh=True).partition("orders", 0).leader ==
+                   leader, f"the client's view showing {leader} leading partition 0", 60)
+        before = client.metadata()
         target = next(name for name in BROKERS if name != leader)
         with Client(cluster.configs[leader].listen, timeout_s=10, group="orders-0") as one:
             one.transfer(target)
@@ -227,3 +234,47 @@ def test_a_liar_beside_a_real_broker_does_not_stop_the_client(cluster: Cluster) 
             assert client.fetch("small", 0)[0].body == b"x"
     finally:
         liar.close()
+
+
+def test_a_raft_follower_refusing_a_fetch_names_its_leader(cluster: Cluster) -> None:
+    """A follower's refusal named no leader (NotMaster), so a client whose view still
+    showed a leader that had moved had only its metadata to go by (the liveness failure
+    of test_controller_processes after a controller leader's SIGKILL)."""
+    addresses = [config.listen for config in cluster.configs.values()]
+    _create(addresses, "orders", PARTITIONS, 3)
+    wait_until(lambda: 0 in _leaders(cluster), "a leader of partition 0", 60)
+    leader, _term = _leaders(cluster)[0]
+    follower = next(name for name in BROKERS if name != leader)
+    with Client(cluster.configs[follower].listen, timeout_s=10, group="orders-0") as one, \
+            pytest.raises(errors.NotLeader) as refused:
+        one.fetch("orders", 0, 0, 10)
+    if refused.value.leader is not None:  # (it may not have heard from the leader yet)
+        assert refused.value.leader == leader
+        assert refused.value.leader_address == cluster.configs[leader].listen
+
+
+def test_refusals_naming_no_leader_go_round_the_replicas() -> None:
+    """A view that still shows a moved leader, replicas that refuse without naming the
+    leader: the client tried the shown leader and the next replica in turn, forever (until
+    its retry_timeout_s), and never the third, which led."""
+    view = fold([RegisterBroker(name, 1, f"127.0.0.1:{port}") for name, port in
+                 (("b1", 1), ("b2", 2), ("b3", 3))] +
+                [records.UnfenceBroker(name, 1) for name in ("b1", "b2", "b3")] +
+                [records.CreateTopic("orders", "raft", (("b1", "b2", "b3"),))])
+    asked: list[str] = []
+
+    class Replica:
+        def __init__(self, address: str) -> None:
+            self.address = address
+
+        def fetch(self, *args: Any) -> list[str]:
+            asked.append(self.address)
+            if self.address != "127.0.0.1:3":
+                raise errors.NotMaster(f"{self.address} does not lead")
+            return ["the record"]
+
+    client = ClusterClient(["127.0.0.1:1"], retry_timeout_s=2, retry_backoff_ms=1)
+    client.metadata = lambda refresh=False: view  # type: ignore[method-assign]
+    client._connection = lambda address, group=None: Replica(address)  # type: ignore
+    assert client.fetch("orders", 0) == ["the record"]
+    assert asked == ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]

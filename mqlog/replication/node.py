@@ -442,6 +442,8 @@ class Node:
         # An ISR follower serves what is below its high watermark (KIP-392's follower
         # fetching): its store's committed position, the leader's HW capped at its end.
         if not self.core.is_master and not self.spec.slave_read_enable and not self.isr:
+            if self.raft:
+                self.core.check_master()  # (NotLeader naming the leader, when it knows it)
             raise errors.NotMaster(f"node {self.node_id} is a slave and slave_read_enable "
                                    "is off; fetch from the master")
         header = frame.header
