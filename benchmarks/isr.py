@@ -20,7 +20,8 @@ baseline first, then last, ...): the baseline with acks=1, then acks=0, acks=1 a
 acks=all on the replicated topic; each on ONE partition (one producer thread) and on
 all 6 partitions (one producer thread per partition, each its own ClusterClient). A
 producer sends ``--batch`` 100-byte records per request (Kafka's producer batches too),
-one request in flight. Every loop ends with one acks=all request on the same connection,
+``--in-flight`` requests in flight (ClusterClient's max_in_flight_requests, 5 as
+Kafka's; 1 measures the client of before, one at a time). Every loop ends with one acks=all request on the same connection,
 inside the timed span: its answer comes once everything sent before it is stored (or
 refused: counted) and on every ISR member — on two shared cores, followers that fall
 behind an acks=0/1 producer would otherwise catch up during the next figure, charging it
@@ -29,7 +30,8 @@ the same round and shape; medians over the rounds; and the CPU time of all six
 processes per record (from /proc), which the load of other work on the machine does not
 change as much. Absolute rates on two shared cores are noise; the ratios are the figure.
 
-    python -m benchmarks.isr [--rounds 3] [--seconds 3] [--batch 100]
+    python -m benchmarks.isr [--rounds 3] [--seconds 3] [--batch 100] [--in-flight 5]
+                             [--store checkpoint_interval_ms=1000 ...]
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
 from benchmarks.cluster import BROKERS, CONTROLLERS, ask, start, state, stop_all, write_configs
-from mqlog.cluster_client import ClusterClient
+from mqlog.cluster_client import ClusterClient, PendingProduce
 from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
 
@@ -57,22 +60,28 @@ SHAPES = (1, PARTITIONS)  # partitions written at once
 
 
 def produce_for(brokers: list[str], topic: str, partition: int, acks: Any, seconds: float,
-                batch: int, counts: list[tuple[int, float, int]]) -> None:
-    """One producer: batches to one partition for ``seconds``; appends (records,
-    elapsed seconds, acks=0 sends refused) to ``counts``."""
+                batch: int, in_flight: int, counts: list[tuple[int, float, int]]) -> None:
+    """One producer: batches to one partition for ``seconds``, up to ``in_flight``
+    requests in flight; appends (records, elapsed seconds, acks=0 sends refused) to
+    ``counts``."""
     bodies = [RECORD] * batch
-    with ClusterClient(brokers, acks=acks, retry_timeout_s=60) as client:
+    with ClusterClient(brokers, acks=acks, retry_timeout_s=60,
+                       max_in_flight_requests=in_flight) as client:
         client.metadata()  # (what a long-lived producer has)
         count, started = 0, time.perf_counter()
+        pending: deque[PendingProduce] = deque()
         while time.perf_counter() - started < seconds:
-            sent = client.produce_batch(topic, bodies, partition=partition)
-            assert sent.status is PutStatus.PUT_OK, sent
+            pending.append(client.send_batch(topic, bodies, partition=partition))
+            while pending and (pending[0].done() or len(pending) > in_flight):
+                sent = pending.popleft().result()
+                assert sent.status is PutStatus.PUT_OK, sent
             count += batch
         # The span ends when everything sent is on every ISR member: one acks=all write
         # last (replication that would otherwise spill into the next figure is counted
         # in this one; an acks=0 loop's sends are all stored or refused by then).
-        barrier = client.produce_batch(topic, bodies, partition=partition, acks="all")
-        assert barrier.status is PutStatus.PUT_OK, barrier
+        barrier = client.send_batch(topic, bodies, partition=partition, acks="all")
+        for sent in (*pending, barrier):
+            assert sent.result().status is PutStatus.PUT_OK, sent
         count += batch
         counts.append((count, time.perf_counter() - started, client.refused))
 
@@ -90,13 +99,14 @@ def cpu_seconds(processes: list[subprocess.Popen]) -> float:
 
 
 def measure(brokers: list[str], mode: str, shape: int, seconds: float, batch: int,
-            processes: list[subprocess.Popen]) -> tuple[float, float, int]:
+            processes: list[subprocess.Popen], in_flight: int = 1) -> tuple[float, float, int]:
     """Records/s of ``shape`` producers together (one per partition), the brokers' CPU
     seconds per million records, and acks=0 refusals."""
     topic, acks = MODES[mode]
     counts: list[tuple[int, float, int]] = []
     threads = [threading.Thread(target=produce_for, args=(
-        brokers, topic, partition, acks, seconds, batch, counts)) for partition in range(shape)]
+        brokers, topic, partition, acks, seconds, batch, in_flight, counts))
+        for partition in range(shape)]
     cpu = cpu_seconds(processes)
     for thread in threads:
         thread.start()
@@ -124,12 +134,14 @@ def prepare(controllers: list[str], brokers: list[str]) -> None:
                 assert sent.status is PutStatus.PUT_OK, sent
 
 
-def run(rounds: int, seconds: float, batch: int) -> dict[tuple[str, int], list[float]]:
+def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
+        in_flight: int = 5) -> dict[tuple[str, int], list[float]]:
     """{(mode, partitions): [records/s per round]}, {(mode, -partitions): [CPU seconds
     of every mqlog process per million records]}, and the acks=0 sends refused under
-    ("refused", 0)."""
+    ("refused", 0). ``store``: KEY=VALUE lines of every process's [store] table."""
     root = Path(tempfile.mkdtemp(prefix="mqlog-bench-isr-"))
-    addresses = write_configs(root, 3_000, "min_insync_replicas = 2\n")
+    extra = "".join(f"{line}\n" for line in ("[store]", *store)) if store else ""
+    addresses = write_configs(root, 3_000, "min_insync_replicas = 2\n" + extra)
     controllers = [addresses[name] for name in CONTROLLERS]
     brokers = [addresses[name] for name in BROKERS]
     processes = {name: start(root, name) for name in CONTROLLERS + BROKERS}
@@ -142,7 +154,7 @@ def run(rounds: int, seconds: float, batch: int) -> dict[tuple[str, int], list[f
             for mode in names[turn:] + names[:turn]:  # (rotated: no mode always first)
                 for shape in SHAPES:
                     rate, cpu, refused = measure(brokers, mode, shape, seconds, batch,
-                                                 list(processes.values()))
+                                                 list(processes.values()), in_flight)
                     figures.setdefault((mode, shape), []).append(rate)
                     figures.setdefault((mode, -shape), []).append(cpu)
                     figures[("refused", 0)][0] += refused
@@ -152,9 +164,10 @@ def run(rounds: int, seconds: float, batch: int) -> dict[tuple[str, int], list[f
 
 
 def report(figures: dict[tuple[str, int], list[float]], rounds: int, seconds: float,
-           batch: int) -> list[str]:
+           batch: int, in_flight: int = 1) -> list[str]:
     lines = [f"ISR produce, 3 controllers + 3 brokers, {PARTITIONS} partitions, 100-byte "
-             f"records in batches of {batch}, {rounds} rounds x {seconds} s per figure",
+             f"records in batches of {batch}, {in_flight} request(s) in flight per "
+             f"producer, {rounds} rounds x {seconds} s per figure",
              "| mode | 1 partition rec/s | ratio | 6 partitions rec/s total | per partition "
              "| ratio |", "| --- | --- | --- | --- | --- | --- |"]
     for mode in MODES:
@@ -192,9 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--batch", type=int, default=100, help="records per request")
+    parser.add_argument("--in-flight", type=int, default=5,
+                        help="requests in flight per producer (ClusterClient's "
+                        "max_in_flight_requests; 1: one at a time)")
+    parser.add_argument("--store", action="append", default=[], metavar="KEY=VALUE",
+                        help="a line of every process's [store] table (TOML), repeatable")
     args = parser.parse_args(argv)
-    figures = run(args.rounds, args.seconds, args.batch)
-    print("\n".join(report(figures, args.rounds, args.seconds, args.batch)), flush=True)
+    figures = run(args.rounds, args.seconds, args.batch, tuple(args.store), args.in_flight)
+    print("\n".join(report(figures, args.rounds, args.seconds, args.batch, args.in_flight)),
+          flush=True)
     return 0
 
 

@@ -45,6 +45,10 @@ class Client:
         # back; the newest ANSWERS_KEPT are kept here, ``refused`` counts them all.
         self.refusals: deque[errors.MqlogError | str] = deque(maxlen=ANSWERS_KEPT)
         self.refused = 0
+        # Requests sent with ``send_request`` and not answered yet; their answers, when a
+        # ``call`` reads them first, wait in ``_answered`` for ``take_answers``.
+        self.outstanding: set[int] = set()
+        self._answered: deque[Frame] = deque()
 
     def produce(self, topic: str, body: bytes, queue_id: int = 0, key: str | None = None,
                 tags: str | None = None, acks: str | int = "replicated",
@@ -87,6 +91,44 @@ class Client:
         except OSError as error:
             raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
                                          f"{error.strerror or error}") from None
+
+    def send_request(self, header: dict[str, Any], payload: bytes = b"") -> int:
+        """Send a request without waiting for its answer (several may be in flight);
+        returns its id. Its answer comes from ``take_answers``."""
+        self._next_id += 1
+        header["id"] = self._next_id
+        if self.group is not None:
+            header.setdefault("group", self.group)
+        try:
+            self._socket.sendall(encode_frame(header, payload))
+        except OSError as error:
+            raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
+                                         f"{error.strerror or error}") from None
+        self.outstanding.add(self._next_id)
+        return self._next_id
+
+    def take_answers(self, wait: bool) -> list[Frame]:
+        """Answers to ``send_request``'s requests that are here (with ``wait``: read the
+        socket once first — call it when ``fileno()`` is readable, or it waits up to the
+        timeout). NodeUnavailable if the connection broke or timed out."""
+        try:
+            while isinstance(frame := self._decoder.next_frame(), Frame):
+                self._note_earlier(frame)
+            if wait and not self._answered:
+                data = self._socket.recv(1 << 16)
+                if not data:
+                    raise ConnectionResetError(0, "the node closed the connection")
+                self._decoder.feed(data)
+                while isinstance(frame := self._decoder.next_frame(), Frame):
+                    self._note_earlier(frame)
+        except OSError as error:
+            raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
+                                         f"{error.strerror or error}") from None
+        answers, self._answered = list(self._answered), deque()
+        return answers
+
+    def fileno(self) -> int:
+        return self._socket.fileno()
 
     def fetch(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
               max_bytes: int = 1 << 20) -> list:
@@ -157,18 +199,23 @@ class Client:
             raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
                                          f"{error.strerror or error}") from None
         if frame.header.get("kind") == "error":
-            raise _error(frame.header)
+            raise error_of(frame.header)
         return frame.header, frame.payload
 
     def _note_earlier(self, frame: Frame) -> None:
-        """An answer to an earlier request: an acks=0 write's refusal (a call reads its
-        own answer before it returns; or the late answer of a call that timed out, kept
-        the same way); an id never sent, or one still to come, is garbage."""
+        """An answer to an earlier request: a ``send_request``'s (kept for
+        ``take_answers``), or an acks=0 write's refusal (a call reads its own answer
+        before it returns; or the late answer of a call that timed out, kept the same
+        way); an id never sent, or one still to come, is garbage."""
         answered = frame.header.get("id")
+        if isinstance(answered, int) and answered in self.outstanding:  # see take_answers
+            self.outstanding.discard(answered)
+            self._answered.append(frame)
+            return
         if not isinstance(answered, int) or not 0 < answered < self._next_id:
             raise errors.RemoteProtocolError("a response answered another request")
         self.refused += 1
-        self.refusals.append(_error(frame.header) if frame.header.get("kind") == "error"
+        self.refusals.append(error_of(frame.header) if frame.header.get("kind") == "error"
                              else str(frame.header.get("status")))
 
     def _take_waiting_answers(self) -> None:
@@ -211,7 +258,8 @@ def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
     return header, b"".join(bodies)
 
 
-def _error(header: dict[str, Any]) -> errors.MqlogError:
+def error_of(header: dict[str, Any]) -> errors.MqlogError:
+    """The typed error a node's error answer stands for (its mqlog.errors class)."""
     cls = getattr(errors, str(header.get("error")), None)
     message = str(header.get("message"))
     if cls is errors.NotLeader:

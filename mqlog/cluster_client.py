@@ -47,19 +47,37 @@ Theory of operation.
   (KIP-392: a named broker, or "nearest", the client's rack) up to that follower's high
   watermark, and from the leader if it cannot serve.
 
-One thread at a time; one request in flight. Use one client per thread.
+* Pipelining (Kafka's max.in.flight.requests.per.connection with idempotence).
+  ``send``/``send_batch`` return at once with a ``PendingProduce``; up to
+  ``max_in_flight_requests`` requests per partition (5, Kafka's default) are in flight,
+  and ``produce`` is ``send(...).result()``. Order and exactly-once storage hold as with
+  one in flight: each request after the first still undecided names that one's sequence
+  (``previous``), and a leader that has not stored it refuses the request with
+  SequenceGap, nothing stored (node.py; Kafka's OutOfOrderSequence). So when a request
+  is refused (NotLeader, NotEnoughReplicas) or lost with its connection, the ones sent
+  behind it are refused too, and all go again in sequence order, each with its own
+  sequence (a retry of one stored already is answered with its first place). A request
+  that waits for a back-off holds back the ones after it. A request with nothing
+  undecided before it names none: a leader that does not know the producer (it never
+  wrote there, or beyond the leader's ``idempotence_window_bytes``) takes it. acks=0
+  sends are not pipelined: they go at once, as before, and may pass undecided ones.
+
+One thread at a time (the client's requests move on only inside its calls: ``send``,
+``result``, ``flush``). Use one client per thread.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import time
 import uuid
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from mqlog import errors
-from mqlog.client import Client, produce_request
+from mqlog.client import Client, error_of, produce_request
 from mqlog.group_client import RETRIED, STORED_UNDECIDED, undecided
 from mqlog.partitioner import RoundRobin, choose_partition
 from mqlog.replication.controller import records
@@ -79,6 +97,67 @@ class ProducedRecord:
     status: PutStatus
     position: int
     offset: int
+
+
+# A pipelined request names its predecessor (node.py's SequenceGap), which the leader
+# finds in its producer table while it remembers it: idempotence_sequences_max (1024 by
+# default) sequences per producer. A window far below that keeps every predecessor there.
+IN_FLIGHT_REQUESTS_MAX = 100
+
+
+@dataclass
+class _Attempts:
+    """What the attempts of one request so far tell (a produce's or a fetch's)."""
+
+    maybe_stored: bool = False  # an earlier attempt may have stored it
+    last: PutStatus | None = None  # the last undecided answer (stored, may still commit)
+    failures: list[str] = field(default_factory=list)
+    # Brokers that refused it without naming a leader: go round the replicas
+    tried: set[str] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class _Produce:
+    """One produce request, from ``send_batch`` until decided."""
+
+    topic: str
+    partition: int
+    header: dict[str, Any]
+    payload: bytes
+    sequence: int
+    deadline: float  # (monotonic) retry_timeout_s after it was made
+    address: str | None = None  # the broker whose answer it waits for (None: not sent)
+    sent_at: float = 0.0
+    next_address: str | None = None  # where it goes next (None: the leader shown then)
+    not_before: float = 0.0  # (monotonic) the end of its back-off
+    attempts: _Attempts = field(default_factory=_Attempts)
+    outcome: ProducedRecord | None = None
+    error: errors.MqlogError | None = None
+
+
+class PendingProduce:
+    """A produce request sent and maybe not answered yet (Kafka's send() future)."""
+
+    def __init__(self, client: ClusterClient, request: _Produce) -> None:
+        self._client, self._request = client, request
+
+    @property
+    def sequence(self) -> int:
+        return self._request.sequence
+
+    def done(self) -> bool:
+        """Whether its outcome is known (without waiting or reading the connections)."""
+        return self._request.outcome is not None or self._request.error is not None
+
+    def result(self) -> ProducedRecord:
+        """Wait for the outcome (the client's other requests move on meanwhile); raise
+        the request's typed error if it failed (``produce``'s errors)."""
+        while not self.done():
+            self._client._pump(wait=True)
+        if self._request.error is not None:
+            raise self._request.error
+        assert self._request.outcome is not None
+        return self._request.outcome
 
 
 def group_of(topic: str, partition: int) -> str:
@@ -104,7 +183,8 @@ class ClusterClient:
     def __init__(self, bootstrap: str | list[str], *, producer_id: str | None = None,
                  retry_timeout_s: float = 30.0, retry_backoff_ms: int = 100,
                  metadata_max_age_ms: int = 5_000, timeout_s: float = 5.0,
-                 acks: str | int = "all", client_rack: str = "") -> None:
+                 acks: str | int = "all", client_rack: str = "",
+                 max_in_flight_requests: int = 5) -> None:
         addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         self.bootstrap = [item.strip() for item in addresses if item and item.strip()]
         if not self.bootstrap:
@@ -115,6 +195,12 @@ class ClusterClient:
                             ("metadata_max_age_ms", metadata_max_age_ms)):
             if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                 raise errors.InvalidArgument(f"{name} must be a positive number, got {value!r}")
+        if not isinstance(max_in_flight_requests, int) or \
+                isinstance(max_in_flight_requests, bool) or \
+                not 1 <= max_in_flight_requests <= IN_FLIGHT_REQUESTS_MAX:
+            raise errors.InvalidArgument(
+                f"max_in_flight_requests must be an int from 1 to {IN_FLIGHT_REQUESTS_MAX} "
+                f"(requests in flight per partition), got {max_in_flight_requests!r}")
         if not isinstance(client_rack, str):
             raise errors.InvalidArgument(f"client_rack must be a rack name, got "
                                          f"{client_rack!r}")
@@ -133,6 +219,12 @@ class ClusterClient:
         self._sequences: dict[tuple[str, int], int] = {}  # the last sequence per partition
         self._connections: dict[str, Client] = {}
         self._round_robin = RoundRobin()
+        self.max_in_flight_requests = max_in_flight_requests  # Kafka's, per partition
+        # Produce requests not decided yet, in sequence order per partition; those sent,
+        # by (broker address, request id); those whose connection broke, to decide.
+        self._pipelines: dict[tuple[str, int], deque[_Produce]] = {}
+        self._sent: dict[tuple[str, Any], _Produce] = {}
+        self._broken: list[tuple[_Produce, str]] = []
 
     # --- producing -----------------------------------------------------------------------
 
@@ -148,6 +240,23 @@ class ClusterClient:
                       partition: int | None = None, tags: str | None = None,
                       acks: str | int | None = None) -> ProducedRecord:
         """``produce`` for many records of one partition in one request."""
+        return self.send_batch(topic, bodies, key, partition, tags, acks).result()
+
+    def send(self, topic: str, body: bytes, key: str | bytes | None = None,
+             partition: int | None = None, tags: str | None = None,
+             acks: str | int | None = None) -> PendingProduce:
+        """``produce`` without waiting for the answer (Kafka's ``send``): see
+        ``send_batch``."""
+        return self.send_batch(topic, [body], key, partition, tags, acks)
+
+    def send_batch(self, topic: str, bodies: list[bytes], key: str | bytes | None = None,
+                   partition: int | None = None, tags: str | None = None,
+                   acks: str | int | None = None) -> PendingProduce:
+        """Send one request of records to a partition's leader and return without its
+        answer: ``result()`` of what it returns waits for it (``flush`` for all). Up to
+        ``max_in_flight_requests`` per partition are in flight; one more waits for the
+        oldest's answer first. Their records are stored in the order sent (see the
+        module docstring), each request once."""
         acks = self.acks if acks is None else acks_of(acks)
         deadline = time.monotonic() + self.retry_timeout_s
         count = self._partition_count(topic, deadline)
@@ -159,13 +268,22 @@ class ClusterClient:
         text_key = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
         header, payload = produce_request(topic, bodies, partition, text_key, tags,
                                           acks, (self.producer_id, sequence))
+        request = _Produce(topic, partition, header, payload, sequence, deadline)
         if acks == "0":
             self._send_only(topic, partition, header, payload, deadline)
-            return ProducedRecord(topic, partition, PutStatus.PUT_OK, -1, -1)
-        answer = self._until_decided(topic, partition, header, payload, deadline,
-                                     f"sequence {sequence}", sequence=sequence)
-        return ProducedRecord(topic, partition, PutStatus(answer["status"]),
-                              answer["position"], answer["offset"])
+            request.outcome = ProducedRecord(topic, partition, PutStatus.PUT_OK, -1, -1)
+            return PendingProduce(self, request)
+        while len(self._pipelines.get((topic, partition), ())) >= self.max_in_flight_requests:
+            self._pump(wait=True)  # (a partition's pipeline goes once it is empty)
+        self._pipelines.setdefault((topic, partition), deque()).append(request)
+        self._pump(wait=False)  # (sends it; takes in the answers already here)
+        return PendingProduce(self, request)
+
+    def flush(self) -> None:
+        """Wait until every request sent has its outcome (Kafka's ``flush``); the outcomes
+        are in what ``send`` returned (``result()`` raises a failed one's error)."""
+        while any(self._pipelines.values()):
+            self._pump(wait=True)
 
     def _send_only(self, topic: str, partition: int, header: dict[str, Any], payload: bytes,
                    deadline: float) -> None:
@@ -219,14 +337,12 @@ class ClusterClient:
                 if isinstance(error, errors.NodeUnavailable):
                     self._drop(address)
                 self.retries += 1  # (to the leader, below)
-        header = {"kind": "fetch", "topic": topic, "queue_id": partition, "offset": offset,
-                  "max_count": max_count, "max_bytes": max_bytes}
         found: list[list] = []
 
         def read(client: Client) -> dict[str, Any]:
             found.append(client.fetch(topic, partition, offset, max_count, max_bytes))
             return {"status": PutStatus.PUT_OK.value}
-        self._until_decided(topic, partition, header, b"", deadline, "fetch", read)
+        self._until_decided(topic, partition, deadline, "fetch", read)
         return found[-1]
 
     def _replica_address(self, topic: str, partition: int, replica: str) -> str | None:
@@ -309,71 +425,203 @@ class ClusterClient:
 
     # --- one request until a leader decides it --------------------------------------------
 
-    def _until_decided(self, topic: str, partition: int, header: dict[str, Any],
-                       payload: bytes, deadline: float, what: str,
-                       request: Any = None, sequence: int = -1) -> dict[str, Any]:
+    def _until_decided(self, topic: str, partition: int, deadline: float, what: str,
+                       request: Any) -> dict[str, Any]:
+        """``request(connection)`` to the partition's leader, sent again (``_judge``)
+        until decided or ``deadline``."""
         group = group_of(topic, partition)
-        address, failures = self._leader_address(topic, partition, None), []
-        tried: set[str] = set()  # (refused without naming a leader: go round the replicas)
-        last: PutStatus | None = None  # the last undecided answer (stored, may commit)
-        maybe_stored = False  # an earlier attempt may have stored it
+        address, attempts = self._leader_address(topic, partition, None), _Attempts()
         while True:
-            next_address: str | None = address
             try:
-                if request is not None:
-                    answer = request(self._connection(address, group))
-                else:
-                    answer = self._connection(address, group).call(dict(header), payload)[0]
-                last = status = PutStatus(answer["status"])
-                if status not in RETRIED:
-                    return answer
-                maybe_stored = maybe_stored or status is not PutStatus.SLAVE_NOT_AVAILABLE
-                failures.append(f"{address}: {status.name}")
-                next_address = self._after_status(topic, partition, address, status)
-            except errors.NotEnoughReplicas as error:  # nothing stored by this request...
-                if not maybe_stored:
-                    raise  # (the caller's choice: retry later, or write with acks=1)
-                failures.append(f"{address}: {error}")  # ...but an earlier one may have
-                time.sleep(self.retry_backoff_ms / 1000)  # a back-off: the ISR must grow
-            except errors.NotMaster as error:  # NotLeader too, which may name the leader
-                failures.append(f"{address}: {error}")
-                named = getattr(error, "leader_address", None)
-                tried.add(address)
-                next_address = named or self._leader_address(topic, partition, address, tried)
-            except errors.UnknownGroup as error:  # (not pulled there yet, or deleted)
-                failures.append(f"{address}: {error}")
-                tried.add(address)
-                next_address = self._leader_address(topic, partition, address, tried)
-            except errors.NodeUnavailable as error:
-                maybe_stored, last = True, None
-                failures.append(f"{address}: {error}")
-                self._drop(address)
-                tried.add(address)
-                next_address = self._leader_address(topic, partition, address, tried)
+                outcome: dict[str, Any] | errors.MqlogError = \
+                    request(self._connection(address, group))
+            except errors.MqlogError as error:
+                outcome = error
+            verdict = self._judge(topic, partition, address, outcome, attempts)
+            if isinstance(verdict, dict):
+                return verdict
             if time.monotonic() >= deadline:
-                if last in STORED_UNDECIDED:
-                    raise undecided(last, self.producer_id, sequence, self.retry_timeout_s,
-                                    failures)
-                unknown = (f"; its outcome is unknown (this client retries it safely, "
-                           f"producer {self.producer_id!r})") if sequence >= 0 else ""
-                raise errors.NodeUnavailable(
-                    f"no leader of {topic!r} partition {partition} decided the request "
-                    f"({what}) within retry_timeout_s={self.retry_timeout_s}{unknown}: "
-                    + "; ".join(failures[-3:]))
+                raise self._timed_out(topic, partition, what, attempts, -1)
             self.retries += 1
-            address = next_address or address
+            time.sleep(verdict[1])  # a back-off, not a sync
+            address = verdict[0] or self._leader_address(topic, partition, None)
 
-    def _after_status(self, topic: str, partition: int, address: str,
-                      status: PutStatus) -> str:
-        """Where to send again after an undecided answer: the same leader after a back-off
-        while its replicas must catch up, the leader the metadata shows now after a
-        REQUEST_TIMED_OUT (the leader may have changed), else at once."""
-        if status in (PutStatus.SLAVE_NOT_AVAILABLE, PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND):
-            time.sleep(self.retry_backoff_ms / 1000)  # a back-off, not a sync
-        if status is PutStatus.REQUEST_TIMED_OUT:
-            self.metadata(refresh=True)
-            return self._leader_address(topic, partition, None)
-        return address
+    def _judge(self, topic: str, partition: int, address: str,
+               outcome: dict[str, Any] | errors.MqlogError,
+               attempts: _Attempts) -> dict[str, Any] | tuple[str | None, float]:
+        """One attempt's outcome: the answer if decided, else where to send again (None:
+        the leader shown then) and after what back-off in seconds. Raises what is the
+        caller's: NotEnoughReplicas when no attempt can have stored it, any error that
+        is not about where the leader is."""
+        backoff = self.retry_backoff_ms / 1000
+        if isinstance(outcome, dict):
+            attempts.last = status = PutStatus(outcome["status"])
+            if status not in RETRIED:
+                return outcome
+            attempts.maybe_stored = attempts.maybe_stored or \
+                status is not PutStatus.SLAVE_NOT_AVAILABLE
+            attempts.failures.append(f"{address}: {status.name}")
+            if status is PutStatus.REQUEST_TIMED_OUT:  # (the leader may have changed)
+                self.metadata(refresh=True)
+                return None, 0.0
+            return address, backoff if status in (  # (its replicas must catch up first)
+                PutStatus.SLAVE_NOT_AVAILABLE, PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND) else 0.0
+        attempts.failures.append(f"{address}: {outcome}")
+        if isinstance(outcome, errors.SequenceGap):  # nothing stored; after the earlier one
+            return None, 0.0
+        if isinstance(outcome, errors.NotEnoughReplicas):  # nothing stored by this one...
+            if not attempts.maybe_stored:
+                raise outcome  # (the caller's choice: retry later, or write with acks=1)
+            return address, backoff  # ...but an earlier one may have: the ISR must grow
+        if isinstance(outcome, errors.NotMaster):  # NotLeader too, which may name the leader
+            named = getattr(outcome, "leader_address", None)
+            attempts.tried.add(address)
+            return named or self._leader_address(topic, partition, address,
+                                                 attempts.tried), 0.0
+        if isinstance(outcome, errors.UnknownGroup):  # (not pulled there yet, or deleted)
+            attempts.tried.add(address)
+            return self._leader_address(topic, partition, address, attempts.tried), 0.0
+        if isinstance(outcome, errors.NodeUnavailable):
+            attempts.maybe_stored, attempts.last = True, None
+            self._drop(address)
+            attempts.tried.add(address)
+            return self._leader_address(topic, partition, address, attempts.tried), 0.0
+        raise outcome
+
+    def _timed_out(self, topic: str, partition: int, what: str, attempts: _Attempts,
+                   sequence: int) -> errors.MqlogError:
+        if attempts.last in STORED_UNDECIDED:
+            return undecided(attempts.last, self.producer_id, sequence, self.retry_timeout_s,
+                             attempts.failures)
+        unknown = (f"; its outcome is unknown (this client retries it safely, producer "
+                   f"{self.producer_id!r})") if sequence >= 0 else ""
+        return errors.NodeUnavailable(
+            f"no leader of {topic!r} partition {partition} decided the request ({what}) "
+            f"within retry_timeout_s={self.retry_timeout_s}{unknown}: "
+            + "; ".join(attempts.failures[-3:]))
+
+    # --- produce requests in flight ----------------------------------------------------------
+
+    def _pump(self, wait: bool) -> None:
+        """Move every produce request on: decide those whose connection broke, send
+        what is due (in order per partition), take in the answers that are here — and
+        with ``wait``, if none was, wait for one (or for a back-off's end)."""
+        self._decide_broken()
+        self._send_due()
+        if self._take_answers(self._connections_waited_on(), wait=False) or not wait:
+            return
+        now = time.monotonic()
+        due = [request.not_before for pipeline in self._pipelines.values()
+               for request in pipeline if request.address is None]
+        sent = list(self._sent.values())
+        timeout = min([self.timeout_s, *(at - now for at in due),
+                       *(request.sent_at + self.timeout_s - now for request in sent)])
+        sockets = {self._connections[address].fileno(): address
+                   for address in self._connections_waited_on()}
+        if not sockets:
+            time.sleep(max(0.0, timeout))  # a back-off: nothing is in flight
+            return
+        readable = select.select(list(sockets), [], [], max(0.0, timeout))[0]
+        self._take_answers([sockets[fd] for fd in readable], wait=True)
+        now = time.monotonic()
+        for request in sent:  # no answer within timeout_s: as if the connection broke
+            if request.address is not None and now - request.sent_at >= self.timeout_s:
+                self._drop(request.address)
+
+    def _connections_waited_on(self) -> list[str]:
+        return [address for address in dict.fromkeys(address for address, _ in self._sent)
+                if address in self._connections]
+
+    def _take_answers(self, addresses: list[str], wait: bool) -> int:
+        """Decide the requests answered on ``addresses``; how many were."""
+        answered = 0
+        for address in addresses:
+            try:
+                frames = self._connections[address].take_answers(wait)
+            except errors.NodeUnavailable:
+                self._drop(address)
+                continue
+            for frame in frames:
+                request = self._sent.pop((address, frame.header.get("id")), None)
+                if request is None:
+                    continue  # (given up meanwhile)
+                answered += 1
+                request.address = None
+                outcome = error_of(frame.header) if frame.header.get("kind") == "error" \
+                    else frame.header
+                self._decide(request, address, outcome)
+        self._decide_broken()
+        return answered
+
+    def _decide_broken(self) -> None:
+        while self._broken:
+            request, address = self._broken.pop(0)
+            request.address = None
+            self._decide(request, address, errors.NodeUnavailable(
+                f"the connection to {address} broke or did not answer within timeout_s="
+                f"{self.timeout_s}"))
+
+    def _decide(self, request: _Produce, address: str,
+                outcome: dict[str, Any] | errors.MqlogError) -> None:
+        """A request's attempt ended: its outcome, or when and where it goes again."""
+        try:
+            verdict = self._judge(request.topic, request.partition, address, outcome,
+                                  request.attempts)
+        except errors.MqlogError as error:
+            return self._finish(request, error=error)
+        if isinstance(verdict, dict):
+            return self._finish(request, outcome=ProducedRecord(
+                request.topic, request.partition, PutStatus(verdict["status"]),
+                verdict["position"], verdict["offset"]))
+        if time.monotonic() >= request.deadline:
+            return self._finish(request, error=self._timed_out(
+                request.topic, request.partition, f"sequence {request.sequence}",
+                request.attempts, request.sequence))
+        self.retries += 1
+        request.next_address = verdict[0]
+        request.not_before = time.monotonic() + verdict[1]
+        return None
+
+    def _finish(self, request: _Produce, *, outcome: ProducedRecord | None = None,
+                error: errors.MqlogError | None = None) -> None:
+        request.outcome, request.error = outcome, error
+        pipeline = self._pipelines[(request.topic, request.partition)]
+        pipeline.remove(request)
+        if not pipeline:
+            del self._pipelines[(request.topic, request.partition)]
+
+    def _send_due(self) -> None:
+        """Send each request waiting to go whose back-off is over, in sequence order per
+        partition: one that must wait holds back those after it. Each names the
+        sequence of the request before it still undecided (``previous``): the leader
+        refuses it (SequenceGap, nothing stored) unless it has that one — so no request
+        overtakes one refused or lost, and records keep the order they were sent in."""
+        for pipeline in list(self._pipelines.values()):
+            previous: int | None = None
+            for request in list(pipeline):
+                if request.address is None and not self._send_one(request, previous):
+                    break
+                previous = request.sequence
+
+    def _send_one(self, request: _Produce, previous: int | None) -> bool:
+        now = time.monotonic()
+        if now < request.not_before or request.outcome or request.error:
+            return False
+        address = request.next_address or self._leader_address(
+            request.topic, request.partition, None)
+        header = dict(request.header)
+        if previous is not None:
+            header["previous"] = previous
+        try:
+            connection = self._connection(address, group_of(request.topic, request.partition))
+            request_id = connection.send_request(header, request.payload)
+        except errors.NodeUnavailable as error:
+            self._drop(address)
+            self._decide(request, address, error)
+            return False
+        request.address, request.sent_at, request.next_address = address, now, None
+        self._sent[(address, request_id)] = request
+        return True
 
     def _leader_address(self, topic: str, partition: int, failed: str | None,
                         tried: set[str] | None = None) -> str:
@@ -417,11 +665,25 @@ class ClusterClient:
         return client
 
     def _drop(self, address: str) -> None:
+        """Close the connection to ``address``; the requests waiting on it are decided
+        as broken (their outcome unknown) at the next ``_pump``."""
         client = self._connections.pop(address, None)
         if client is not None:
             client.close()
+        for key in [key for key in self._sent if key[0] == address]:
+            self._broken.append((self._sent.pop(key), address))
 
     def close(self) -> None:
+        """Close the connections; requests still undecided fail with NodeUnavailable
+        (their outcome unknown)."""
+        for pipeline in list(self._pipelines.values()):
+            for request in list(pipeline):
+                self._finish(request, error=errors.NodeUnavailable(
+                    f"the client was closed before sequence {request.sequence} to "
+                    f"{request.topic!r} partition {request.partition} was decided: its "
+                    "outcome is unknown"))
+        self._sent.clear()
+        self._broken.clear()
         for client in self._connections.values():
             client.close()
         self._connections.clear()

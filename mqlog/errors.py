@@ -174,6 +174,13 @@ class OutOfOrderSequence(InvalidArgument):
     remembers for it, or skips ahead: the producer must start a new producer id."""
 
 
+class SequenceGap(OutOfOrderSequence):
+    """An idempotent produce said which sequence came before it (``previous``), and the
+    leader has not stored that one: nothing was stored. Kafka's OutOfOrderSequence for a
+    pipelined producer: send the earlier request first, then this one again (the
+    ClusterClient does, keeping its records in order)."""
+
+
 class PromotionRefused(InvalidArgument):
     """An operator's promotion that could lose acknowledged records or make two masters:
     another reachable node holds records the candidate lacks, or is a live master.

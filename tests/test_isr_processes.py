@@ -2,9 +2,9 @@
 
 A topic of 6 partitions x RF 3 on three brokers, ``min_insync_replicas = 2``, and two
 idempotent writers producing the whole time: each writer is one producer id with one
-sender thread per partition (a Kafka producer's per-partition in-flight request), each
-with its own ``mqlog.ClusterClient``, which finds the partition's leader, retries a write
-with the same (producer id, sequence) while its outcome is unknown (the connection broke,
+sender thread per partition, each with its own ``mqlog.ClusterClient`` keeping up to
+five requests in flight (Kafka's max.in.flight), which finds the partition's leader,
+retries a write with the same (producer id, sequence) while its outcome is unknown (the connection broke,
 NotLeader, NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT: stored, may still
 commit), and raises NotEnoughReplicas (nothing stored) at once: the sender counts that
 write refused and goes on. Every broker-to-broker connection runs through a
@@ -31,7 +31,8 @@ drawn from a printed seed (``MQLOG_TEST_SEED`` replays it) the test
 Then the writers stop, every partition's replicas reach one log end, each partition is
 read back from its leader (below the high watermark), and once the processes are stopped
 each partition's three logs are compared byte for byte. Accounting: every body read was
-sent, none twice (the idempotent producer), and acknowledged = read back + lost.
+sent, none twice (the idempotent producer), each sender's in the order sent (the
+pipelined client's SequenceGap rule), and acknowledged = read back + lost.
 
 acks=all loses nothing acknowledged: that is asserted. acks=1 pays for its speed: the
 same faults, and the count of acknowledged writes lost is printed, with the fault that
@@ -61,6 +62,7 @@ import re
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,7 +72,7 @@ from click.testing import CliRunner
 
 from mqlog import cli_topics, errors
 from mqlog.client import Client
-from mqlog.cluster_client import ClusterClient
+from mqlog.cluster_client import ClusterClient, PendingProduce
 from mqlog.replication.controller.records import PartitionInfo
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.replication.local import wait_until
@@ -94,6 +96,7 @@ HEARTBEAT_MS = 300
 LAG_MS = 1_000  # replica_lag_time_ms
 REQUEST_TIMEOUT_S = 5.0  # one request to a broker (a paused one answers never)
 BACKOFF_S = 0.05  # between a sender's attempts at a write that found no leader
+IN_FLIGHT = 5  # requests in flight per sender (Kafka's max.in.flight default)
 DELAY_MS = 50  # on a leader's links just before they are cut
 
 
@@ -175,11 +178,12 @@ class IsrProcesses(Processes):
 
 
 class Sender(threading.Thread):
-    """One producer's writes to one partition through its own ClusterClient, one at a
-    time, each decided before the next: acknowledged (PUT_OK), refused (NotEnoughReplicas:
-    nothing stored) or unknown (the client retried it with its sequence for
-    ``DEADLINE_S``: NodeUnavailable, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND;
-    it may be stored)."""
+    """One producer's writes to one partition through its own ClusterClient, up to
+    ``IN_FLIGHT`` requests in flight (its ``max_in_flight_requests``), each decided in
+    the order sent: acknowledged (PUT_OK), refused (NotEnoughReplicas: nothing stored)
+    or unknown (the client retried it with its sequence for ``DEADLINE_S``:
+    NodeUnavailable, REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND; it may be
+    stored)."""
 
     def __init__(self, cluster: IsrProcesses, label: str, partition: int, acks: str,
                  producer_id: str, done: threading.Event) -> None:
@@ -197,23 +201,32 @@ class Sender(threading.Thread):
         # leader keeps the producer's sequences, so theirs never meet)
         with ClusterClient(self.cluster.addresses(), producer_id=self.producer_id,
                            acks=self.acks, retry_timeout_s=DEADLINE_S,
-                           timeout_s=REQUEST_TIMEOUT_S) as client:
-            while not self.done.is_set():
-                body = f"{self.label}-{self.partition}-{len(self.sent) + 1}".encode()
-                self.sent.append(body)
-                outcome = self._decide(client, body)
-                if outcome == "acked":
-                    self.acked_at[body] = time.monotonic()
-                    self.acked.append(body)
-                elif outcome == "refused":
-                    self.refused += 1
-                    time.sleep(BACKOFF_S)  # a back-off while the ISR is short
-                else:
-                    self.unknown += 1
+                           timeout_s=REQUEST_TIMEOUT_S,
+                           max_in_flight_requests=IN_FLIGHT) as client:
+            pending: deque[tuple[bytes, PendingProduce]] = deque()
+            while not self.done.is_set() or pending:
+                if not self.done.is_set():
+                    body = f"{self.label}-{self.partition}-{len(self.sent) + 1}".encode()
+                    self.sent.append(body)
+                    pending.append((body, client.send(TOPIC, body, partition=self.partition)))
+                while pending and (pending[0][1].done() or len(pending) >= IN_FLIGHT or
+                                   self.done.is_set()):
+                    body, sent = pending.popleft()
+                    self._count(body, self._decide(sent, body))
 
-    def _decide(self, client: ClusterClient, body: bytes) -> str:
+    def _count(self, body: bytes, outcome: str) -> None:
+        if outcome == "acked":
+            self.acked_at[body] = time.monotonic()
+            self.acked.append(body)
+        elif outcome == "refused":
+            self.refused += 1
+            time.sleep(BACKOFF_S)  # a back-off while the ISR is short
+        else:
+            self.unknown += 1
+
+    def _decide(self, sent: PendingProduce, body: bytes) -> str:
         try:
-            result = client.produce(TOPIC, body, partition=self.partition)
+            result = sent.result()
         except errors.NotEnoughReplicas:
             return "refused"
         except (errors.NodeUnavailable, errors.RequestTimedOut,
@@ -453,6 +466,11 @@ def _account(writers: list[Writer], bodies: dict[int, list[bytes]],
     for p in range(PARTITIONS):
         held = bodies[p]
         assert len(held) == len(set(held)), f"partition {p}: a write stored twice"
+        for sender in (writer.senders[p] for writer in writers):  # (pipelined: in order)
+            numbers = [int(body.rsplit(b"-", 1)[1]) for body in held
+                       if body.startswith(f"{sender.label}-{p}-".encode())]
+            assert numbers == sorted(numbers), f"partition {p}: {sender.label}'s writes " \
+                f"stored out of the order sent: {numbers[:20]}"
         unread = seen.get(p, set()) - set(held)
         assert not unread, f"partition {p}: {len(unread)} records shown below the high " \
                            f"watermark are gone: {sorted(unread)[:5]}"

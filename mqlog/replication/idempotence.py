@@ -13,7 +13,9 @@ leader or by an earlier one, committed or not yet: the leader answers with where
 went, once it is committed (a Raft leader never drops its own records, so it will be;
 a master answers by its role's rule, as for a new write).
 Each producer's table keeps its newest ``idempotence_sequences_max`` sequences; an older
-sequence is refused with OutOfOrderSequence rather than risk storing it twice.
+sequence is refused with OutOfOrderSequence rather than risk storing it twice. It also
+keeps each producer's newest sequence, which a pipelined request's ``previous`` is
+checked against (node.py: SequenceGap, so a later request never overtakes a refused one).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class ProducerTable:
         self.sequences_max = sequences_max
         self._producers: dict[str, OrderedDict[int, Stored]] = {}
         self._forgotten: dict[str, int] = {}  # the newest sequence dropped, per producer
+        self._newest: dict[str, int] = {}  # the newest sequence stored, per producer
 
     def lookup(self, producer_id: str, sequence: int) -> Stored | None:
         """The earlier outcome of this request, None if it is new; OutOfOrderSequence if
@@ -61,7 +64,12 @@ class ProducerTable:
                 "may be stored already: start a new producer id")
         return found
 
+    def newest(self, producer_id: str) -> int | None:
+        """The newest sequence of ``producer_id`` stored here (None: none known)."""
+        return self._newest.get(producer_id)
+
     def note(self, producer_id: str, sequence: int, stored: Stored) -> None:
+        self._newest[producer_id] = max(sequence, self._newest.get(producer_id, sequence))
         sequences = self._producers.get(producer_id)
         if sequences is None:
             sequences = self._producers[producer_id] = OrderedDict()
@@ -79,6 +87,7 @@ class ProducerTable:
     def clear(self) -> None:
         self._producers.clear()
         self._forgotten.clear()
+        self._newest.clear()
 
     def rebuild(self, store: Any, window_bytes: int) -> int:
         """Read producer tags from the last ``window_bytes`` of ``store``'s log; return

@@ -321,8 +321,11 @@ class Node:
             frames = []
         for frame in frames:
             try:  # (an ISR leader raises NotEnoughReplicas: nothing is stored)
-                refused = PutStatus.PUT_OK if self._stored_already(frame.header) else \
-                    self.core.may_accept(_acks(frame.header))
+                if self._stored_already(frame.header):
+                    refused = PutStatus.PUT_OK
+                else:
+                    self._in_order(frame.header)  # (SequenceGap: nothing is stored)
+                    refused = self.core.may_accept(_acks(frame.header))
             except errors.MqlogError as error:
                 answers.append((frame, self._error_header(error)))
                 continue
@@ -353,6 +356,28 @@ class Node:
         the ISR is short)."""
         producer = _producer_tag(header)
         return producer is not None and self.driver.producers.lookup(*producer) is not None
+
+    def _in_order(self, header: dict[str, Any]) -> None:
+        """A pipelined producer's request names the sequence it sent before (``previous``):
+        SequenceGap (nothing stored) unless this leader stored that one — so a request
+        refused (NotLeader, NotEnoughReplicas) or lost is never overtaken by the next
+        one, and the producer's records stay in the order it sent them (Kafka's
+        OutOfOrderSequence). A producer this leader does not know is refused too: the
+        client sends the request again without ``previous`` once nothing is pending
+        before it. Read in order, so a request stored just before counts."""
+        previous, producer = header.get("previous"), _producer_tag(header)
+        if previous is None:
+            return
+        if producer is None or not isinstance(previous, int) or isinstance(previous, bool) \
+                or not 0 <= previous < producer[1]:
+            raise errors.InvalidArgument("previous must be an int below the request's "
+                                         "sequence, and needs producer_id and sequence")
+        newest = self.driver.producers.newest(producer[0])
+        if newest is None or newest < previous:
+            raise errors.SequenceGap(
+                f"producer {producer[0]!r} sent sequence {producer[1]} after {previous}, "
+                f"which this leader has not stored (its newest: {newest}): nothing was "
+                "stored; send the earlier request first, then this one again")
 
     async def _settle(self, stored: list[tuple[Frame, Stored, str]]) -> list[tuple[Frame, dict]]:
         """Wait for the flush and (for acks=replicated) the layer's rule, for all at once.
