@@ -17,18 +17,19 @@ spread over the brokers round-robin by the controller:
 
 Each round measures, for ``--seconds`` each, in an order rotated every round (the
 baseline first, then last, ...): the baseline with acks=1, then acks=0, acks=1 and
-acks=all on the replicated topic; each on ONE partition (one producer thread) and on
-all 6 partitions (one producer thread per partition, each its own ClusterClient). A
-producer sends ``--batch`` 100-byte records per request (Kafka's producer batches too),
+acks=all on the replicated topic; each on ONE partition (one producer thread) and on all
+6 partitions (one producer thread per partition, each its own ClusterClient). A producer
+sends ``--batch`` 100-byte records per request (Kafka's producer batches too),
 ``--in-flight`` requests in flight (ClusterClient's max_in_flight_requests, 5 as
-Kafka's; 1 measures the client of before, one at a time). Every loop ends with one acks=all request on the same connection,
-inside the timed span: its answer comes once everything sent before it is stored (or
-refused: counted) and on every ISR member — on two shared cores, followers that fall
-behind an acks=0/1 producer would otherwise catch up during the next figure, charging it
-with this one's replication. Reported: records/s, and each as a ratio to the baseline of
-the same round and shape; medians over the rounds; and the CPU time of all six
-processes per record (from /proc), which the load of other work on the machine does not
-change as much. Absolute rates on two shared cores are noise; the ratios are the figure.
+Kafka's; 1 measures the client of before, one at a time). Every loop ends with one
+acks=all request on the same connection, inside the timed span: its answer comes once
+everything sent before it is stored (or refused: counted) and on every ISR member — on
+two shared cores, followers that fall behind an acks=0/1 producer would otherwise catch
+up during the next figure, charging it with this one's replication. Reported: records/s,
+and each as a ratio to the baseline of the same round and shape; medians over the
+rounds; and the CPU time of all six processes per record (from /proc), which the load of
+other work on the machine does not change as much. Absolute rates on two shared cores
+are noise; the ratios are the figure.
 
     python -m benchmarks.isr [--rounds 3] [--seconds 3] [--batch 100] [--in-flight 5]
                              [--store checkpoint_interval_ms=1000 ...]

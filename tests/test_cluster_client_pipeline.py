@@ -126,7 +126,7 @@ def test_the_window_of_requests_in_flight(cluster: Any) -> None:
         positions = [one.result().position for one in pending]
         assert positions == sorted(positions)
         assert client.send("orders", b"zero", partition=0, acks=0).result().position == -1
-        client.produce("orders", b"last", partition=0)  # (acks=all: all before committed)
+        client.produce("orders", b"last", partition=0, acks="all")  # (commits all before)
         expected = [b"first", *[b"%d" % index for index in range(30) for _ in range(3)],
                     b"zero", b"last"]
         assert _bodies(client) == expected

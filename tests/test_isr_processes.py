@@ -4,11 +4,11 @@ A topic of 6 partitions x RF 3 on three brokers, ``min_insync_replicas = 2``, an
 idempotent writers producing the whole time: each writer is one producer id with one
 sender thread per partition, each with its own ``mqlog.ClusterClient`` keeping up to
 five requests in flight (Kafka's max.in.flight), which finds the partition's leader,
-retries a write with the same (producer id, sequence) while its outcome is unknown (the connection broke,
-NotLeader, NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT: stored, may still
-commit), and raises NotEnoughReplicas (nothing stored) at once: the sender counts that
-write refused and goes on. Every broker-to-broker connection runs through a
-fault proxy (tests/faultproxy.py: one per direction, named in each broker's
+retries a write with the same (producer id, sequence) while its outcome is unknown (the
+connection broke, NotLeader, NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT:
+stored, may still commit), and raises NotEnoughReplicas (nothing stored) at once: the
+sender counts that write refused and goes on. Every broker-to-broker connection runs
+through a fault proxy (tests/faultproxy.py: one per direction, named in each broker's
 ``[node.peers]``); clients and the brokers' controller requests go direct. In an order
 drawn from a printed seed (``MQLOG_TEST_SEED`` replays it) the test
 
