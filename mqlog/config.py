@@ -301,9 +301,8 @@ class ReplicationConfig:
         if self.node_id not in self.replicas or len(set(self.replicas)) != len(self.replicas):
             raise ConfigError(f"node {self.node_id!r} must be one of the partition's distinct "
                               f"replicas {self.replicas}")
-        if self.min_insync_replicas > len(self.replicas):
-            raise ConfigError(f"min_insync_replicas={self.min_insync_replicas} exceeds the "
-                              f"{len(self.replicas)} replicas: acks=all would never succeed")
+        # (min_insync_replicas above the replicas is allowed, as Kafka allows it: the group
+        # is hosted, acks=all is refused NotEnoughReplicas saying why, acks=1 is taken)
         if self.replica_lag_time_ms <= self.fetch_wait_ms_max + self.tick_ms:
             raise ConfigError(f"replica_lag_time_ms={self.replica_lag_time_ms} must exceed "
                               f"fetch_wait_ms_max={self.fetch_wait_ms_max} (plus a tick): an "

@@ -251,7 +251,15 @@ class IsrCore(EpochMirror, PeerMessages):
         min_insync_replicas (nothing is stored: a retry is safe); else PUT_OK."""
         self.check_master()
         assert acks in ACKS_ALL + ACKS_LEADER, acks
-        if acks in ACKS_ALL and len(self.state.isr) < self.config.min_insync_replicas:
+        minimum = self.config.min_insync_replicas
+        if acks in ACKS_ALL and len(self.replicas) < minimum:
+            raise NotEnoughReplicas(
+                f"the partition has {len(self.replicas)} replica(s), fewer than "
+                f"min_insync_replicas={minimum}: acks=all can never succeed here and nothing "
+                "was stored (nor do acks=1 writes become visible to readers: KIP-966's "
+                "strict min ISR); write with acks=1, or create the topic with "
+                f"--min-insync-replicas {len(self.replicas)} (or more replicas)")
+        if acks in ACKS_ALL and len(self.state.isr) < minimum:
             raise NotEnoughReplicas(
                 f"partition ISR {list(self.state.isr)} has fewer than min_insync_replicas="
                 f"{self.config.min_insync_replicas} members: nothing was stored; retry "

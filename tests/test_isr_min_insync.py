@@ -1,0 +1,100 @@
+"""An ISR topic with fewer replicas than min_insync_replicas, in-process on 127.0.0.1 (one
+controller, two brokers: test_controller_cluster.py's harness). Kafka allows
+min.insync.replicas above a topic's replication factor, and so does mqlog: a topic of
+RF 1 under the cluster's min_insync_replicas = 2 is created and hosted (before, the
+broker refused the group's config and the partition was assigned but never hosted),
+acks=all is refused NotEnoughReplicas (nothing stored, the message says why and what to
+do), acks=1 is taken. Readers do not see the acks=1 records: the high watermark stays
+below min.insync (KIP-966's strict min ISR) — a topic created with
+``min_insync_replicas = 1`` beside it takes and shows both."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mqlog import errors
+from mqlog.client import Client
+from mqlog.config import BrokerConfig
+from mqlog.replication.local import free_ports, wait_until
+from mqlog.results import PutStatus
+from tests import test_controller_cluster as harness
+
+BROKERS = ("b1", "b2")
+
+
+def _configs(root: Path) -> dict[str, BrokerConfig]:
+    names = ("c1", *BROKERS)
+    ports = free_ports(len(names))
+    addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, ports, strict=True)}
+    controller = {"voters": {"c1": addresses["c1"]}, "min_insync_replicas": 2,
+                  "broker_session_timeout_ms": 1_500, "broker_heartbeat_interval_ms": 200,
+                  "replica_lag_time_ms": 1_000}
+    return {name: BrokerConfig(broker_id=name, listen=addresses[name], data_dir=root / name,
+                               peers=addresses, process_roles=(
+                                   ("controller",) if name == "c1" else ("broker",)),
+                               controller=controller).validate() for name in names}
+
+
+def _leader(cluster: Any, addresses: list[str], topic: str) -> str:
+    found: list[str] = []
+
+    def led() -> bool:
+        info = harness._state(addresses).topics.get(topic)
+        found[:] = [info.partitions[0].leader] if info is not None else []
+        return bool(found and found[0])
+    wait_until(led, f"topic {topic} led", 30)
+    leader = found[0]
+    wait_until(lambda: f"{topic}-0" in cluster.threads[leader].broker.groups,
+               f"{topic}-0 hosted by {leader}", 60)
+    return leader
+
+
+def _produce(address: str, topic: str, body: bytes, acks: str) -> Any:
+    with Client(address, timeout_s=10) as client:
+        return client.produce(topic, body, 0, acks=acks)
+
+
+def _taken(address: str, topic: str, body: bytes, acks: str) -> bool:
+    try:
+        return _produce(address, topic, body, acks).status is PutStatus.PUT_OK
+    except (errors.NotLeader, errors.UnknownGroup, errors.NodeUnavailable):
+        return False  # (hosted and handed its state within a round or two)
+
+
+def test_a_topic_of_fewer_replicas_than_min_insync_is_hosted(tmp_path: Path) -> None:
+    cluster = harness.Cluster(_configs(tmp_path))
+    addresses = [cluster.configs["c1"].listen]
+    cluster.start()
+    try:
+        wait_until(lambda: len(harness._state(addresses).live_brokers()) == 2,
+                   "two live brokers", 60)
+        for name, config in (("one", None), ("own", {"min_insync_replicas": 1})):
+            harness._ask(addresses, {"kind": "create_topic", "name": name, "partitions": 1,
+                                     "replication_factor": 1, "layer": "isr",
+                                     **({"config": config} if config else {})})
+        leader = _leader(cluster, addresses, "one")
+        where = cluster.configs[leader].listen
+        node = cluster.threads[leader].broker.groups["one-0"]
+        assert node.spec.replication.min_insync_replicas == 2  # (the cluster's, kept)
+        wait_until(lambda: _taken(where, "one", b"acks=1", "master"), "acks=1 taken", 60)
+        end = node.store.written_position
+        with pytest.raises(errors.NotEnoughReplicas, match="fewer than min_insync_replicas"
+                           "=2: acks=all can never succeed") as refused:
+            _produce(where, "one", b"refused", "replicated")
+        assert "--min-insync-replicas 1" in str(refused.value)
+        assert node.store.written_position == end  # (nothing stored)
+        assert node.store.committed_position == 0  # (KIP-966: no high watermark below 2)
+
+        own = _leader(cluster, addresses, "own")  # the topic's own min.insync of 1
+        other = cluster.threads[own].broker.groups["own-0"]
+        address = cluster.configs[own].listen
+        wait_until(lambda: _taken(address, "own", b"all", "replicated"), "acks=all taken",
+                   60)
+        assert _produce(address, "own", b"one", "master").status is PutStatus.PUT_OK
+        wait_until(lambda: other.store.committed_position == other.store.written_position,
+                   "own-0's records committed", 30)
+    finally:
+        cluster.stop()
