@@ -10,6 +10,8 @@ import errno
 import random
 from typing import Any
 
+import pytest
+
 from mqlog import errors
 from mqlog.replication.controller import host, records
 from mqlog.replication.controller.config import ControllerConfig
@@ -171,3 +173,26 @@ def test_transfers_asked_by_the_controller_go_to_on_transfer_and_garbage_is_type
     io.next_round()  # garbage transfers: the round ends typed, the agent goes on
     assert agent.rounds == 2 and len(io.timers) == 1
     assert any("transfers must be a list" in note for note in io.notes), io.notes
+
+
+def test_cluster_metadata_is_refused_until_the_first_pull_brings_something() -> None:
+    """A new process life knows nothing of the cluster until a pull folds something: its
+    cluster_metadata answer is NodeUnavailable (a client asks another broker), never an
+    empty state that reads as "no such topic" (the simulator's readers caught those)."""
+    pulls: list[dict[str, Any]] = [{"records": [], "position": 0}]  # (a controller behind)
+
+    def script(header: dict[str, Any]) -> dict[str, Any]:
+        return _script(header) if header["kind"] != "metadata_since" else pulls[0]
+    io = Io(script)
+    agent = host.BrokerAgent(FailingHost(OSError(), set()), CONFIG, io, rng=random.Random(2))
+    with pytest.raises(errors.NodeUnavailable, match="has not pulled the cluster's metadata"):
+        agent.describe()
+    agent.start()
+    io.run_due()
+    assert agent.rounds == 1
+    with pytest.raises(errors.NodeUnavailable):  # (an empty pull: still nothing known)
+        agent.describe()
+    pulls[0] = {"records": _metadata(), "position": 200}
+    io.next_round()
+    answer = agent.describe()
+    assert answer["position"] == 200 and records.decode(answer["snapshot"]).topics

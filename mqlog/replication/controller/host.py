@@ -539,6 +539,14 @@ class BrokerAgent:
         self.io.request(address, header, answered)
 
     def describe(self) -> dict[str, Any]:
+        """The ``cluster_metadata`` answer: this life's view, once it pulled one. Before
+        its first pull brought anything (position 0) it knows nothing of the cluster, and
+        an empty answer would read as "no topic, no broker": NodeUnavailable, so a
+        client asks another broker (the simulator's readers caught the empty answers)."""
+        if self.position == 0:
+            raise errors.NodeUnavailable(
+                f"broker {self.host.broker_id} has not pulled the cluster's metadata from "
+                "the controllers yet: ask another broker, or retry soon")
         return {"snapshot": records.encode(self.view.snapshot()), "position": self.position,
                 "leaders": self.leaders.entries()}
 
