@@ -1,7 +1,8 @@
 """Clusters of real `mqlog node` processes on 127.0.0.1, for the tests that SIGKILL,
 SIGSTOP and partition them (test_controller_processes, test_controller_failover,
 test_isr_processes): the two shapes Kafka runs, the controller requests those tests
-make, and a store's bytes, to compare replicas.
+make, and a store's bytes, to compare replicas. The controller requests serve the
+in-process clusters too (tests/inprocess.py): one set for every cluster test.
 
 Shapes. ``Processes(root, combined=True)`` is three processes b1..b3, each a broker and a
 controller voter (Kafka's combined mode); ``combined=False`` is three controllers c1..c3
@@ -35,6 +36,7 @@ import mqlog
 from mqlog import errors
 from mqlog.client import Client
 from mqlog.replication.controller import records
+from mqlog.replication.controller.records import PartitionInfo
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.replication.local import STARTUP_TIMEOUT_S, NodeProcesses, free_ports, wait_until
 
@@ -192,8 +194,28 @@ def wait_controller_leader(addresses: list[str]) -> str:
     return chief[-1]
 
 
+def wait_live_brokers(addresses: list[str], count: int = len(BROKERS)) -> None:
+    """Until a controller's metadata shows ``count`` brokers registered and not fenced."""
+    wait_until(lambda: len(cluster_state(addresses).live_brokers()) == count,
+               f"{count} live brokers", DEADLINE_S)
+
+
+def folded_partition(addresses: list[str], topic: str, index: int = 0) -> PartitionInfo:
+    """The partition as a controller has it, once one has folded the topic (controllers
+    fold at their own pace: one may not know it yet)."""
+    found: list[PartitionInfo] = []
+
+    def folded() -> bool:
+        known = cluster_state(addresses).topics.get(topic)
+        found[:] = [known.partitions[index]] if known is not None else []
+        return bool(found)
+    wait_until(folded, f"topic {topic}, folded", DEADLINE_S)
+    return found[0]
+
+
 def change_metadata(addresses: list[str], header: dict[str, Any]) -> dict[str, Any]:
-    """A metadata change, sent on to the leader (waiting out an election)."""
+    """A metadata change, sent on to the leader (waiting out an election); a read such as
+    ``metadata_since`` goes the same way, answered by the first controller that can."""
     queue, answers = list(addresses), []
 
     def attempt() -> bool:

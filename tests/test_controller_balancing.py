@@ -18,29 +18,16 @@ from typing import Any
 
 from mqlog import errors
 from mqlog.client import Client
-from mqlog.config import BrokerConfig
-from mqlog.replication.local import free_ports, wait_until
+from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
-from tests import test_controller_cluster as harness
+from tests import inprocess
+from tests.inprocess import BROKERS, CONTROLLERS, Cluster
+from tests.processes import change_metadata, cluster_state, wait_live_brokers
 
-BROKERS = ("b1", "b2", "b3")
 PARTITIONS = 3
 
 
-def _configs(root: Path) -> dict[str, BrokerConfig]:
-    names = ("c1", "c2", "c3", *BROKERS)
-    ports = free_ports(len(names))
-    addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, ports, strict=True)}
-    controller = {"voters": {name: addresses[name] for name in names[:3]},
-                  "broker_session_timeout_ms": 1_500, "broker_heartbeat_interval_ms": 200,
-                  "replica_lag_time_ms": 1_000, "leader_imbalance_check_interval_ms": 1_000}
-    return {name: BrokerConfig(broker_id=name, listen=addresses[name], data_dir=root / name,
-                               peers=addresses, process_roles=(
-                                   ("controller",) if name.startswith("c") else ("broker",)),
-                               controller=controller).validate() for name in names}
-
-
-def _leaders(cluster: harness.Cluster, topic: str) -> dict[int, str]:
+def _leaders(cluster: Cluster, topic: str) -> dict[int, str]:
     """partition -> the broker whose core leads it now (one that leads, if two think so
     for a moment)."""
     found = {}
@@ -63,21 +50,19 @@ def _produce(address: str, index: int, body: bytes) -> bool:
 
 
 def test_leaders_gathered_by_failures_are_spread_again(tmp_path: Path) -> None:
-    cluster = harness.Cluster(_configs(tmp_path))
-    configs = cluster.configs
-    addresses = [configs[name].listen for name in ("c1", "c2", "c3")]
-    cluster.start()
-    try:
-        wait_until(lambda: len(harness._state(addresses).live_brokers()) == 3,
-                   "three live brokers", 60)
+    with Cluster(inprocess.configs(tmp_path, replica_lag_time_ms=1_000,
+                                   leader_imbalance_check_interval_ms=1_000)) as cluster:
+        configs = cluster.configs
+        addresses = cluster.addresses(CONTROLLERS)
+        wait_live_brokers(addresses)
         for topic, layer in (("i", "isr"), ("r", "raft")):
-            harness._ask(addresses, {"kind": "create_topic", "name": topic,
-                                     "partitions": PARTITIONS, "replication_factor": 3,
-                                     "layer": layer})
+            change_metadata(addresses, {"kind": "create_topic", "name": topic,
+                                        "partitions": PARTITIONS, "replication_factor": 3,
+                                        "layer": layer})
         found: list[Any] = []
 
         def folded() -> bool:  # (controllers fold at their own pace)
-            found[:] = [harness._state(addresses)]
+            found[:] = [cluster_state(addresses)]
             return {"i", "r"} <= set(found[0].topics)
         wait_until(folded, "both topics folded", 30)
         state = found[0]
@@ -95,7 +80,7 @@ def test_leaders_gathered_by_failures_are_spread_again(tmp_path: Path) -> None:
         stay = preferred["i"][0]
         cluster.stop(*(name for name in BROKERS if name != stay))
         wait_until(lambda: all(part.leader == stay for part in
-                               harness._state(addresses).topics["i"].partitions),
+                               cluster_state(addresses).topics["i"].partitions),
                    f"every ISR partition led by {stay} (gathered)", 60)
 
         cluster.start(*(name for name in BROKERS if name != stay))
@@ -103,11 +88,9 @@ def test_leaders_gathered_by_failures_are_spread_again(tmp_path: Path) -> None:
             wait_until(lambda topic=topic: _leaders(cluster, topic) == preferred[topic],
                        f"topic {topic} led by its preferred replicas again", 90)
         wait_until(lambda: {index: part.leader for index, part in enumerate(
-            harness._state(addresses).topics["i"].partitions)} == preferred["i"],
+            cluster_state(addresses).topics["i"].partitions)} == preferred["i"],
                    "the metadata naming the preferred leaders", 30)
         for index, leader in preferred["i"].items():
             with Client(configs[leader].listen, timeout_s=10) as client:
                 bodies = [record.body for record in client.fetch("i", index, 0, 10)]
             assert b"kept" in bodies, (index, bodies)
-    finally:
-        cluster.stop()

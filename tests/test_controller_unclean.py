@@ -14,56 +14,32 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mqlog.config import BrokerConfig
 from mqlog.replication.controller import records
-from mqlog.replication.local import free_ports, wait_until
-from tests import test_controller_cluster as harness
-
-BROKERS = ("b1", "b2", "b3")
-
-
-def _configs(root: Path) -> dict[str, BrokerConfig]:
-    names = ("c1", "c2", "c3", *BROKERS)
-    ports = free_ports(len(names))
-    addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, ports, strict=True)}
-    controller = {"voters": {name: addresses[name] for name in names[:3]},
-                  "broker_session_timeout_ms": 1_500, "broker_heartbeat_interval_ms": 200,
-                  "replica_lag_time_ms": 1_000}
-    return {name: BrokerConfig(broker_id=name, listen=addresses[name], data_dir=root / name,
-                               peers=addresses, process_roles=(
-                                   ("controller",) if name.startswith("c") else ("broker",)),
-                               controller=controller).validate() for name in names}
+from mqlog.replication.local import wait_until
+from tests import inprocess
+from tests.inprocess import BROKERS, CONTROLLERS, Cluster
+from tests.processes import change_metadata, folded_partition, wait_live_brokers
 
 
 def _log(addresses: list[str]) -> list[Any]:
     """The controller's committed metadata records, in order."""
-    answer = harness._ask(addresses, {"kind": "metadata_since", "position": 0})
+    answer = change_metadata(addresses, {"kind": "metadata_since", "position": 0})
     assert "snapshot" not in answer  # (1 MiB between snapshots: never trimmed here)
     return [records.decode(body) for _end, body in answer["records"]]
 
 
 def _partition(addresses: list[str]) -> Any:
-    found: list[Any] = []
-
-    def folded() -> bool:
-        topic = harness._state(addresses).topics.get("i")
-        found[:] = [topic.partitions[0]] if topic is not None else []
-        return bool(found)
-    wait_until(folded, "the topic, folded", 30)
-    return found[0]
+    return folded_partition(addresses, "i")
 
 
 def test_a_broker_back_from_an_unclean_shutdown_leaves_the_elr(tmp_path: Path) -> None:
-    cluster = harness.Cluster(_configs(tmp_path))
-    configs = cluster.configs
-    addresses = [configs[name].listen for name in ("c1", "c2", "c3")]
-    cluster.start()
-    try:
-        wait_until(lambda: len(harness._state(addresses).live_brokers()) == 3,
-                   "three live brokers", 60)
-        harness._ask(addresses, {"kind": "create_topic", "name": "i", "partitions": 1,
-                                 "replication_factor": 3, "layer": "isr",
-                                 "config": {"min_insync_replicas": 3}})
+    with Cluster(inprocess.configs(tmp_path, replica_lag_time_ms=1_000)) as cluster:
+        configs = cluster.configs
+        addresses = cluster.addresses(CONTROLLERS)
+        wait_live_brokers(addresses)
+        change_metadata(addresses, {"kind": "create_topic", "name": "i", "partitions": 1,
+                                    "replication_factor": 3, "layer": "isr",
+                                    "config": {"min_insync_replicas": 3}})
         part = _partition(addresses)
         crashed, clean = part.replicas[1], part.replicas[2]
         wait_until(lambda: all("i-0" in cluster.threads[name].broker.groups
@@ -98,5 +74,3 @@ def test_a_broker_back_from_an_unclean_shutdown_leaves_the_elr(tmp_path: Path) -
         again = [record for record in _log(addresses)
                  if isinstance(record, records.RegisterBroker) and record.broker_id == clean]
         assert not again[1].unclean_shutdown
-    finally:
-        cluster.stop()

@@ -33,8 +33,9 @@ from mqlog.client import Client
 from mqlog.cluster_client import ClusterClient
 from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
-from tests import test_controller_cluster as harness
-from tests.test_isr_cluster import BROKERS, _configs
+from tests.inprocess import BROKERS, CONTROLLERS, Cluster
+from tests.processes import change_metadata, wait_live_brokers
+from tests.test_isr_cluster import _configs
 
 RACKS = {"b1": "r1", "b2": "r2", "b3": "r3"}
 
@@ -43,17 +44,12 @@ RACKS = {"b1": "r1", "b2": "r2", "b3": "r3"}
 def cluster(tmp_path: Path) -> Any:
     configs = {name: dataclasses.replace(config, rack=RACKS.get(name, ""))
                for name, config in _configs(tmp_path).items()}
-    running = harness.Cluster(configs)
-    try:
-        running.start()
-        controllers = [configs[name].listen for name in ("c1", "c2", "c3")]
-        wait_until(lambda: len(harness._state(controllers).live_brokers()) == 3,
-                   "three live brokers", 60)
-        harness._ask(controllers, {"kind": "create_topic", "name": "orders", "partitions": 2,
-                                   "replication_factor": 3, "layer": "isr"})
+    with Cluster(configs) as running:
+        controllers = running.addresses(CONTROLLERS)
+        wait_live_brokers(controllers)
+        change_metadata(controllers, {"kind": "create_topic", "name": "orders", "partitions": 2,
+                                      "replication_factor": 3, "layer": "isr"})
         yield running
-    finally:
-        running.stop()
 
 
 def _brokers(cluster: Any) -> list[str]:
@@ -225,9 +221,9 @@ def test_stored_undecided_writes_are_retried_once(cluster: Any) -> None:
 
 
 def test_master_slave_topics_go_to_their_master(cluster: Any) -> None:
-    controllers = [cluster.configs[name].listen for name in ("c1", "c2", "c3")]
-    harness._ask(controllers, {"kind": "create_topic", "name": "audit", "partitions": 1,
-                               "replication_factor": 3, "layer": "master_slave"})
+    controllers = cluster.addresses(CONTROLLERS)
+    change_metadata(controllers, {"kind": "create_topic", "name": "audit", "partitions": 1,
+                                  "replication_factor": 3, "layer": "master_slave"})
     with ClusterClient(_brokers(cluster), retry_timeout_s=60) as client:
         sent = [b"all", b"one", b"none", b"last"]
         for body, acks in zip(sent, ("all", 1, 0, "all"), strict=True):

@@ -19,40 +19,22 @@ import pytest
 from mqlog import errors
 from mqlog.client import Client
 from mqlog.config import BrokerConfig
-from mqlog.replication.local import free_ports, wait_until
+from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
-from tests import test_controller_cluster as harness
+from tests import inprocess
+from tests.inprocess import BROKERS, CONTROLLERS, Cluster
+from tests.processes import change_metadata, folded_partition, wait_live_brokers
 from tests.test_raft import _image
-
-BROKERS = ("b1", "b2", "b3")
 
 
 def _configs(root: Path) -> dict[str, BrokerConfig]:
     """Three controllers (c1..c3) and three brokers: stopping two brokers leaves the
     controller quorum whole."""
-    names = ("c1", "c2", "c3", *BROKERS)
-    ports = free_ports(len(names))
-    addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, ports, strict=True)}
-    controller = {"voters": {name: addresses[name] for name in names[:3]},
-                  "broker_session_timeout_ms": 1_500, "broker_heartbeat_interval_ms": 200,
-                  "min_insync_replicas": 2, "replica_lag_time_ms": 1_000}
-    return {name: BrokerConfig(broker_id=name, listen=addresses[name], data_dir=root / name,
-                               peers=addresses, process_roles=(
-                                   ("controller",) if name.startswith("c") else ("broker",)),
-                               controller=controller).validate() for name in names}
+    return inprocess.configs(root, min_insync_replicas=2, replica_lag_time_ms=1_000)
 
 
 def _partition(addresses: list[str], index: int) -> Any:
-    """The partition as a controller has it (one that has folded the topic: controllers
-    fold at their own pace)."""
-    found: list[Any] = []
-
-    def folded() -> bool:
-        topic = harness._state(addresses).topics.get("orders")
-        found[:] = [topic.partitions[index]] if topic is not None else []
-        return bool(found)
-    wait_until(folded, "the topic, folded", 30)
-    return found[0]
+    return folded_partition(addresses, "orders", index)
 
 
 def _produce(address: str, index: int, body: bytes, acks: str = "replicated") -> Any:
@@ -61,15 +43,12 @@ def _produce(address: str, index: int, body: bytes, acks: str = "replicated") ->
 
 
 def test_isr_partitions_over_three_brokers(tmp_path: Path) -> None:
-    cluster = harness.Cluster(_configs(tmp_path))
-    configs, threads = cluster.configs, cluster.threads
-    addresses = [configs[name].listen for name in ("c1", "c2", "c3")]
-    cluster.start()
-    try:
-        wait_until(lambda: len(harness._state(addresses).live_brokers()) == 3,
-                   "three live brokers", 60)
-        harness._ask(addresses, {"kind": "create_topic", "name": "orders", "partitions": 2,
-                                 "replication_factor": 3, "layer": "isr"})
+    with Cluster(_configs(tmp_path)) as cluster:
+        configs, threads = cluster.configs, cluster.threads
+        addresses = cluster.addresses(CONTROLLERS)
+        wait_live_brokers(addresses)
+        change_metadata(addresses, {"kind": "create_topic", "name": "orders", "partitions": 2,
+                                    "replication_factor": 3, "layer": "isr"})
         part = _partition(addresses, 0)
         leader, followers = part.leader, [name for name in part.replicas
                                           if name != part.leader]
@@ -111,5 +90,3 @@ def test_isr_partitions_over_three_brokers(tmp_path: Path) -> None:
         images = {name: _image(store) for name, store in zip(BROKERS, stores, strict=True)}
         assert len(set(images.values())) == 1, {name: len(data)
                                                 for name, data in images.items()}
-    finally:
-        cluster.stop()

@@ -27,25 +27,23 @@ from mqlog.replication.controller.state import fold
 from mqlog.replication.local import wait_until
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
-from tests.test_controller_cluster import BROKERS, Cluster, _ask, _configs, _state
+from tests import inprocess
+from tests.inprocess import BROKERS, Cluster
+from tests.processes import change_metadata, cluster_state, wait_live_brokers
 
 PARTITIONS = 6
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Any:
-    running = Cluster(_configs(tmp_path, combined=True))
-    try:
-        running.start()
+    with Cluster(inprocess.configs(tmp_path, combined=True)) as running:
         yield running
-    finally:
-        running.stop()
 
 
 def _create(addresses: list[str], name: str, partitions: int, factor: int) -> None:
-    wait_until(lambda: len(_state(addresses).live_brokers()) == 3, "three live brokers", 60)
-    _ask(addresses, {"kind": "create_topic", "name": name, "partitions": partitions,
-                     "replication_factor": factor, "layer": "raft"})
+    wait_live_brokers(addresses)
+    change_metadata(addresses, {"kind": "create_topic", "name": name, "partitions": partitions,
+                                "replication_factor": factor, "layer": "raft"})
 
 
 def _leaders(cluster: Cluster) -> dict[int, tuple[str, int]]:
@@ -157,7 +155,7 @@ def test_rebalance_moves_raft_leaders_to_their_preferred_replicas(cluster: Clust
     wait_until(lambda: len(_leaders(cluster)) == PARTITIONS and
                _described(bootstrap) == _leaders(cluster), "the leaders reported", 60)
     preferred = {index: part.replicas[0] for index, part in
-                 enumerate(_state(addresses).topics["orders"].partitions)}
+                 enumerate(cluster_state(addresses).topics["orders"].partitions)}
     if all(_leaders(cluster)[p][0] == preferred[p] for p in preferred):  # (rare: move one)
         with Client(cluster.configs[preferred[0]].listen, timeout_s=10,
                     group="orders-0") as one:
