@@ -20,6 +20,7 @@ baseline of the same run: ``fenced`` / timeout says what the controller adds to 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import statistics
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,29 @@ def stop_all(processes: dict[str, subprocess.Popen]) -> None:
             process.wait()
 
 
+@contextlib.contextmanager
+def started(prefix: str, session_ms: int,
+            controller: str = "") -> Iterator[tuple[Path, dict[str, str],
+                                                    dict[str, subprocess.Popen]]]:
+    """The six processes, in a new temporary directory named ``prefix``..., with three
+    live brokers: (that directory, name -> address, name -> process). Every process in
+    that dict when the block ends is stopped (``stop_all``), however it ends."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    addresses = write_configs(root, session_ms, controller)
+    processes = {name: start(root, name) for name in CONTROLLERS + BROKERS}
+    try:
+        wait_live_brokers([addresses[name] for name in CONTROLLERS])
+        yield root, addresses, processes
+    finally:
+        stop_all(processes)
+
+
+def wait_live_brokers(controllers: list[str]) -> None:
+    wait_until(lambda: (found := state(ask(controllers, {"kind": "describe_cluster"})))
+               is not None and len(found.live_brokers()) == len(BROKERS),
+               "three live brokers", 60)
+
+
 def ask(addresses: list[str], header: dict[str, Any]) -> dict[str, Any] | None:
     for address in addresses:
         try:
@@ -112,14 +137,9 @@ def writable(addresses: list[str], partition: int) -> bool:
 
 
 def run(rounds: int, session_ms: int) -> dict[str, list[float]]:
-    root = Path(tempfile.mkdtemp(prefix="mqlog-bench-cluster-"))
-    addresses = write_configs(root, session_ms)
-    controllers = [addresses[name] for name in CONTROLLERS]
-    processes = {name: start(root, name) for name in CONTROLLERS + BROKERS}
     figures: dict[str, list[float]] = {"writable": [], "fenced": [], "converged": []}
-    try:
-        wait_until(lambda: (found := state(ask(controllers, {"kind": "describe_cluster"})))
-                   is not None and len(found.live_brokers()) == 3, "three live brokers", 60)
+    with started("mqlog-bench-cluster-", session_ms) as (root, addresses, processes):
+        controllers = [addresses[name] for name in CONTROLLERS]
         ask(controllers, {"kind": "create_topic", "name": "orders", "partitions": 6,
                           "replication_factor": 3, "layer": "raft"})
         everyone = [addresses[name] for name in BROKERS]
@@ -146,8 +166,6 @@ def run(rounds: int, session_ms: int) -> dict[str, list[float]]:
             processes[victim] = start(root, victim)
             wait_until(lambda v=victim: not fenced_at(controllers, v, "describe_cluster"),
                        f"{victim} live again", 60)
-    finally:
-        stop_all(processes)
     return figures
 
 

@@ -20,14 +20,10 @@ The ratio router / hand is the figure; on two busy cores, absolute rates are noi
 from __future__ import annotations
 
 import argparse
-import signal
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
-from benchmarks.cluster import BROKERS, CONTROLLERS, ask, start, state, write_configs
+from benchmarks.cluster import BROKERS, CONTROLLERS, ask, started
 from mqlog.cluster_client import ClusterClient
 from mqlog.group_client import GroupClient
 from mqlog.partitioner import partition_for_key
@@ -67,15 +63,10 @@ def _router(brokers: list[str], seconds: float) -> int:
 
 
 def run(rounds: int, seconds: float) -> dict[str, list[float]]:
-    root = Path(tempfile.mkdtemp(prefix="mqlog-bench-router-"))
-    addresses = write_configs(root, 3_000)
-    controllers = [addresses[name] for name in CONTROLLERS]
-    brokers = [addresses[name] for name in BROKERS]
-    processes = {name: start(root, name) for name in CONTROLLERS + BROKERS}
     figures: dict[str, list[float]] = {"hand": [], "router": []}
-    try:
-        wait_until(lambda: (found := state(ask(controllers, {"kind": "describe_cluster"})))
-                   is not None and len(found.live_brokers()) == 3, "three live brokers", 60)
+    with started("mqlog-bench-router-", 3_000) as (_root, addresses, _processes):
+        controllers = [addresses[name] for name in CONTROLLERS]
+        brokers = [addresses[name] for name in BROKERS]
         ask(controllers, {"kind": "create_topic", "name": "orders", "partitions": PARTITIONS,
                           "replication_factor": 3, "layer": "raft"})
         with ClusterClient(brokers, retry_timeout_s=60) as client:
@@ -89,14 +80,6 @@ def run(rounds: int, seconds: float) -> dict[str, list[float]]:
         for _ in range(rounds):
             figures["hand"].append(_hand(brokers, leaders, seconds) / seconds)
             figures["router"].append(_router(brokers, seconds) / seconds)
-    finally:
-        for process in processes.values():
-            process.send_signal(signal.SIGTERM)
-        for process in processes.values():
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
     return figures
 
 
