@@ -38,7 +38,7 @@ from mqlog.errors import MetadataChangeRefused, StaleAlterPartition
 from mqlog.replication.driver import Driver
 from mqlog.replication.isr import AlterPartition, IsrCore, PartitionState
 from mqlog.replication.isr.decisions import decide_alter_partition, elect_leader
-from tests import datadriven
+from tests import datadriven, scripted
 from tests import test_raft as raft_harness
 
 SCRIPTS = sorted((Path(__file__).parent / "data" / "isr").glob("*.txt"))
@@ -78,7 +78,7 @@ class Interaction(raft_harness.Interaction):
         self.cores[name] = IsrCore(self.configs[name], self.stores[name],  # type: ignore
                                    test_break=self.test_break)
         self.drivers[name] = Driver(self.stores[name], self.cores[name],
-                                    raft_harness._ScriptIo(self, name), describe=True)
+                                    scripted.ScriptIo(self, name), describe=True)
 
     def do_crash(self, args: list[str], kwargs: dict[str, str]) -> str:
         lines = []
@@ -214,11 +214,7 @@ class Interaction(raft_harness.Interaction):
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[path.stem for path in SCRIPTS])
 def test_isr_script(script, tmp_path, impl):
-    interaction = Interaction(tmp_path, impl)
-    try:
-        datadriven.run_file(script, interaction.handle)
-    finally:
-        interaction.close()
+    scripted.run_script(script, Interaction(tmp_path, impl))
 
 
 KIP101 = Path(__file__).parent / "data" / "isr" / "kip101_hw_truncation.txt"
@@ -229,12 +225,7 @@ def _run_broken(script: Path, tmp_path: Path, impl: str,
     """Run ``script`` on cores with ``test_break`` on: its cases, what each printed, and
     the index of the first case whose output differs from the script's (it must)."""
     cases = datadriven.parse(script.read_text())
-    interaction = Interaction(tmp_path, impl, test_break=test_break)
-    try:
-        outputs = [interaction.handle(case.command, case.args, case.kwargs).rstrip("\n")
-                   for case in cases]
-    finally:
-        interaction.close()
+    outputs = scripted.outputs(cases, Interaction(tmp_path, impl, test_break=test_break))
     first_difference = next((index for index, (case, output) in enumerate(
         zip(cases, outputs, strict=True)) if output != case.expected), None)
     assert first_difference is not None, f"{script.name} passed with --break {test_break}"

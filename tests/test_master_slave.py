@@ -7,21 +7,19 @@ or drops them, and ``process`` prints the driver's own description of what it di
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import mqlog
 from mqlog.config import ReplicationConfig
-from mqlog.errors import MqlogError
 from mqlog.replication import messages as wire_messages
 from mqlog.replication.driver import Driver, describe_message
 from mqlog.replication.master_slave import MasterSlaveCore
 from mqlog.replication.messages import Message
 from mqlog.replication.wire import Frame, FrameDecoder
 from mqlog.sim.node import power_off
-from tests import datadriven
+from tests import scripted
 from tests.conftest import SMALL
 
 SCRIPTS = sorted((Path(__file__).parent / "data" / "master_slave").glob("*.txt"))
@@ -34,54 +32,13 @@ TICK_SETTINGS = dict(heartbeat_ticks=3, slave_timeout_ticks=10, sync_timeout_tic
                      frame_size_bytes_max=8192)
 
 
-class _ScriptIo:
-    """The driver's world in a script: the test network, a flush done at once."""
-
-    def __init__(self, interaction: Interaction, name: str) -> None:
-        self._interaction, self._name = interaction, name
-
-    def send(self, messages: list[Message]) -> None:
-        self._interaction.network += messages
-
-    def save_hard_state(self, state: object) -> None:
-        self._interaction.role_states[self._name] = state  # (a restart starts from it)
-
-    def start_flush(self, done: Callable[[bool], None]) -> None:
-        self._interaction.stores[self._name].flush()
-        done(True)
-
-    def answer(self, request: object, status: object) -> None:
-        pass  # the driver's description prints it
-
-    def note(self, event: str) -> None:
-        pass  # likewise
-
-    def failed(self, error: BaseException) -> None:
-        self._interaction.drivers[self._name].described.append(f"stopped: {error!r}")
-
-
-class Interaction:
-    """The nodes, their stores and the network of one script."""
+class Interaction(scripted.Interaction):
+    """The nodes, their stores and the network of one script; a node's hard state is its
+    role state (promote, follow): a restart starts from it."""
 
     def __init__(self, root: Path, impl: str) -> None:
-        self.root, self.impl = root, impl
-        self.stores: dict[str, mqlog.Store] = {}
+        super().__init__(root, impl)
         self.cores: dict[str, MasterSlaveCore] = {}
-        self.drivers: dict[str, Driver] = {}
-        self.role_states: dict[str, object] = {}  # saved by a Ready (promote, follow)
-        self.configs: dict[str, ReplicationConfig] = {}
-        self.network: list[Message] = []
-        self.proposals = 0
-
-    def close(self) -> None:
-        for store in self.stores.values():
-            store.close()
-
-    def handle(self, command: str, args: list[str], kwargs: dict[str, str]) -> str:
-        try:
-            return getattr(self, f"do_{command.replace('-', '_')}")(args, kwargs) or ""
-        except MqlogError as error:
-            return f"error: {type(error).__name__}: {error}"
 
     # --- commands --------------------------------------------------------------------
 
@@ -102,9 +59,9 @@ class Interaction:
         self.stores[name] = mqlog.open(self.root / name, implementation=self.impl,
                                        **STORE_SETTINGS)
         self.cores[name] = MasterSlaveCore(self.configs[name], self.stores[name],
-                                           hard_state=self.role_states.get(name))
-        self.drivers[name] = Driver(self.stores[name], self.cores[name], _ScriptIo(self, name),
-                                    describe=True)
+                                           hard_state=self.hard_states.get(name))
+        self.drivers[name] = Driver(self.stores[name], self.cores[name],
+                                    scripted.ScriptIo(self, name), describe=True)
 
     def do_put(self, args: list[str], kwargs: dict[str, str]) -> str:
         name, lines = args[0], []
@@ -170,7 +127,7 @@ class Interaction:
         name = args[0]
         self.stores.pop(name).close()
         if "as" in kwargs:  # (and forgets the role it saved: the operator's word wins)
-            self.role_states.pop(name, None)
+            self.hard_states.pop(name, None)
             self.configs[name] = self.configs[name].replace(
                 role=kwargs["as"], master=kwargs.get("master", ""), slaves=())
         self._start(name)
@@ -253,8 +210,4 @@ def _image(store: mqlog.Store, start: int, end: int) -> bytes:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[path.stem for path in SCRIPTS])
 def test_master_slave_script(script, tmp_path, impl):
-    interaction = Interaction(tmp_path, impl)
-    try:
-        datadriven.run_file(script, interaction.handle)
-    finally:
-        interaction.close()
+    scripted.run_script(script, Interaction(tmp_path, impl))

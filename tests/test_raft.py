@@ -52,7 +52,6 @@ import pytest
 
 import mqlog
 from mqlog.config import ReplicationConfig
-from mqlog.errors import MqlogError
 from mqlog.ext.fallback import ATTR_CONTROL, BLANK_MAGIC, HEADER
 from mqlog.replication import messages as wire_messages
 from mqlog.replication.core import Ready
@@ -66,7 +65,7 @@ from mqlog.replication.messages import (
 from mqlog.replication.raft import RaftCore
 from mqlog.replication.raft.core import LEADER
 from mqlog.replication.wire import Frame, FrameDecoder
-from tests import datadriven
+from tests import datadriven, scripted
 from tests.conftest import SMALL
 
 SCRIPTS = sorted((Path(__file__).parent / "data" / "raft").glob("*.txt"))
@@ -84,57 +83,16 @@ _STATE_CHANGES = ("save hard state", "reset log", "truncate", "set epoch", "appe
                   "commit to", "resolved", "event")
 
 
-class _ScriptIo:
-    """The driver's world in a script: the test network, a hard state saved (and synced)
-    in memory, a flush done at once."""
-
-    def __init__(self, interaction: Interaction, name: str) -> None:
-        self._interaction, self._name = interaction, name
-
-    def send(self, messages: list[Message]) -> None:
-        self._interaction.network += messages
-
-    def save_hard_state(self, state: Any) -> None:
-        self._interaction.hard_states[self._name] = state
-
-    def start_flush(self, done: Any) -> None:
-        self._interaction.stores[self._name].flush()
-        done(True)
-
-    def answer(self, request: Any, status: Any) -> None:
-        pass  # the driver's description prints it
-
-    def note(self, event: str) -> None:
-        pass  # likewise
-
-    def failed(self, error: BaseException) -> None:
-        self._interaction.drivers[self._name].described.append(f"stopped: {error!r}")
-
-
-class Interaction:
+class Interaction(scripted.Interaction):
     """The nodes, their stores and the network of one script."""
 
     def __init__(self, root: Path, impl: str, test_break: str = "") -> None:
-        self.root, self.impl, self.test_break = root, impl, test_break
-        self.stores: dict[str, mqlog.Store] = {}
+        super().__init__(root, impl)
+        self.test_break = test_break
         self.cores: dict[str, RaftCore] = {}
-        self.drivers: dict[str, Driver] = {}
-        self.configs: dict[str, ReplicationConfig] = {}
         self.hard_states: dict[str, Any] = {}  # saved (synced) by a Ready; None: never
         self.starts: dict[str, int] = {}  # how often each node started (seeds its RNG)
-        self.network: list[Message] = []
         self.cut: set[str] = set()  # a partition: these nodes on one side, the rest
-        self.proposals = 0
-
-    def close(self) -> None:
-        for store in self.stores.values():
-            store.close()
-
-    def handle(self, command: str, args: list[str], kwargs: dict[str, str]) -> str:
-        try:
-            return getattr(self, f"do_{command.replace('-', '_')}")(args, kwargs) or ""
-        except MqlogError as error:
-            return f"error: {type(error).__name__}: {error}"
 
     def _up(self) -> list[str]:
         return sorted(self.cores)
@@ -164,8 +122,8 @@ class Interaction:
                                     rng=random.Random(f"{name}/{self.starts[name]}"),
                                     test_break=self.test_break,
                                     **({} if saved is None else {"hard_state": saved}))
-        self.drivers[name] = Driver(self.stores[name], self.cores[name], _ScriptIo(self, name),
-                                    describe=True)
+        self.drivers[name] = Driver(self.stores[name], self.cores[name],
+                                    scripted.ScriptIo(self, name), describe=True)
 
     def do_crash(self, args: list[str], kwargs: dict[str, str]) -> str:
         """A power loss: what no Ready synced is gone, and so is the core's memory."""
@@ -453,11 +411,7 @@ def _records(store: mqlog.Store) -> list[tuple[int, int, int, str]]:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[path.stem for path in SCRIPTS])
 def test_raft_script(script, tmp_path, impl):
-    interaction = Interaction(tmp_path, impl)
-    try:
-        datadriven.run_file(script, interaction.handle)
-    finally:
-        interaction.close()
+    scripted.run_script(script, Interaction(tmp_path, impl))
 
 
 FIGURE8 = Path(__file__).parent / "data" / "raft" / "figure8.txt"
@@ -474,12 +428,8 @@ def test_figure8_catches_a_core_that_commits_old_terms(tmp_path, impl):
     cases = datadriven.parse(text)
     key = next(index for index, case in enumerate(cases) if case.line_number > marker)
     assert (cases[key].command, cases[key].args) == ("process", ["n1"])
-    interaction = Interaction(tmp_path, impl, test_break="commit_old_term")
-    try:
-        outputs = [interaction.handle(case.command, case.args, case.kwargs).rstrip("\n")
-                   for case in cases[:key + 1]]
-    finally:
-        interaction.close()
+    outputs = scripted.outputs(cases[:key + 1],
+                               Interaction(tmp_path, impl, test_break="commit_old_term"))
     assert outputs[:key] == [case.expected for case in cases[:key]]
     assert "commit to" not in cases[key].expected
     assert "n1: commit to 245" in outputs[key].splitlines(), outputs[key]
