@@ -136,6 +136,19 @@ class Processes(NodeProcesses):
         for name in list(self.processes):
             self.kill(name)
 
+    def close(self) -> None:
+        """Stop every process (a subclass stops what it added around them too)."""
+        self.stop_all()
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.close()
+        finally:
+            print(self.tails())  # (pytest shows it only for a test that failed)
+
     def groups(self, name: str) -> dict[str, Any]:
         with Client(self.address(name), timeout_s=5) as client:
             return client.call({"kind": "broker_metadata"})[0]["groups"]
@@ -144,6 +157,49 @@ class Processes(NodeProcesses):
         """The last lines each process printed, oldest life first."""
         return "\n".join(f"=== {name}\n" + "\n".join(lines)
                          for name, lines in self.output.items())
+
+
+def use_core(monkeypatch: Any, impl: str) -> None:
+    """The log core of the processes started from now on (they inherit MQLOG_PUREPYTHON:
+    set for ``impl`` "python", cleared otherwise); the test's end puts it back."""
+    if impl == "python":
+        monkeypatch.setenv("MQLOG_PUREPYTHON", "1")
+    else:
+        monkeypatch.delenv("MQLOG_PUREPYTHON", raising=False)
+
+
+class Writer(threading.Thread):
+    """A client writing on its own thread until told to ``finish``: a subclass's ``run``
+    calls ``acknowledged(item)`` for each acknowledged write and adds each failure to
+    ``failures``; ``wait_for_more`` waits for more acknowledgements (or the thread's
+    end: an assertion error then, with its last failures)."""
+
+    def __init__(self, label: str) -> None:
+        super().__init__(name=f"writer-{label}", daemon=True)
+        self.label = label
+        self.acked: list[Any] = []
+        self.failures: list[str] = []
+        self.done = threading.Event()
+        self.progress = threading.Condition()
+
+    def acknowledged(self, item: Any) -> None:
+        with self.progress:
+            self.acked.append(item)
+            self.progress.notify_all()
+
+    def wait_for_more(self, count: int) -> None:
+        with self.progress:
+            target = len(self.acked) + count
+            if not self.progress.wait_for(lambda: len(self.acked) >= target or
+                                          not self.is_alive(), DEADLINE_S):
+                raise TimeoutError(f"{self.name}: {count} more acks not within "
+                                   f"{DEADLINE_S} s; failures: {self.failures[-3:]}")
+        assert len(self.acked) >= target, f"{self.name} died: {self.failures[-3:]}"
+
+    def finish(self) -> None:
+        self.done.set()
+        self.join(timeout=DEADLINE_S * 2)
+        assert not self.is_alive()
 
 
 def _keep(process: subprocess.Popen, lines: deque[str]) -> None:

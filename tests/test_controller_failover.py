@@ -21,7 +21,6 @@ promote the slave behind (test_promoting_the_slave_behind_is_caught)."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,20 @@ from mqlog.group_client import GroupClient
 from mqlog.replication.controller.records import PartitionInfo
 from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
-from tests.processes import BROKERS, Processes, change_metadata, cluster_state, store_image
+from tests import processes
+from tests.processes import (
+    BROKERS,
+    DEADLINE_S,
+    Processes,
+    change_metadata,
+    cluster_state,
+    store_image,
+    use_core,
+    wait_live_brokers,
+)
 
 NAMES = BROKERS
 TOPIC, GROUP = "pay", "pay-0"
-DEADLINE_S = 60.0  # for any one condition (a loaded machine is slow, not wrong)
 
 
 class FailoverCluster(Processes):
@@ -58,17 +66,13 @@ class FailoverCluster(Processes):
             return None
 
 
-class Writer(threading.Thread):
+class Writer(processes.Writer):
     """Produces to the topic through one GroupClient until told to finish; keeps what was
     acknowledged (PUT_OK: a slave has it) and every failure."""
 
     def __init__(self, cluster: FailoverCluster, label: str) -> None:
-        super().__init__(name=f"writer-{label}", daemon=True)
-        self.cluster, self.label = cluster, label
-        self.acked: list[bytes] = []
-        self.failures: list[str] = []
-        self.done = threading.Event()
-        self.progress = threading.Condition()
+        super().__init__(label)
+        self.cluster = cluster
 
     def run(self) -> None:
         with GroupClient(self.cluster.addresses(), group=GROUP,
@@ -82,44 +86,21 @@ class Writer(threading.Thread):
                     self.failures.append(f"{body!r}: {error}")
                 else:
                     if result.status is PutStatus.PUT_OK:
-                        with self.progress:
-                            self.acked.append(body)
-                            self.progress.notify_all()
+                        self.acknowledged(body)
                     else:
                         self.failures.append(f"{body!r}: {result.status}")
                 index += 1
-
-    def wait_for_more(self, count: int) -> None:
-        with self.progress:
-            target = len(self.acked) + count
-            if not self.progress.wait_for(lambda: len(self.acked) >= target or
-                                          not self.is_alive(), DEADLINE_S):
-                raise TimeoutError(f"{self.name}: {count} more acks not within "
-                                   f"{DEADLINE_S} s; failures: {self.failures[-3:]}")
-        assert len(self.acked) >= target, f"{self.name} died: {self.failures[-3:]}"
-
-    def finish(self) -> None:
-        self.done.set()
-        self.join(timeout=DEADLINE_S * 2)
-        assert not self.is_alive()
 
 
 @pytest.fixture
 def cluster(tmp_path: Path, impl: str, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The three processes, on the log core ``impl`` (MQLOG_PUREPYTHON is inherited)."""
-    if impl == "python":
-        monkeypatch.setenv("MQLOG_PUREPYTHON", "1")
-    else:
-        monkeypatch.delenv("MQLOG_PUREPYTHON", raising=False)
-    running = FailoverCluster(tmp_path)
-    running.write_configs()
-    try:
+    use_core(monkeypatch, impl)
+    with FailoverCluster(tmp_path) as running:
+        running.write_configs()
         for name in NAMES:
             running.start(name)
         yield running
-    finally:
-        running.stop_all()
-        print(running.tails())  # (shown only if the test failed)
 
 
 def _partition(cluster: FailoverCluster) -> PartitionInfo:
@@ -129,8 +110,7 @@ def _partition(cluster: FailoverCluster) -> PartitionInfo:
 def test_master_sigkilled_in_sync_slave_promoted_no_acked_write_lost(
         cluster: FailoverCluster) -> None:
     everyone = cluster.addresses()
-    wait_until(lambda: len(cluster_state(everyone).live_brokers()) == 3, "three live brokers",
-               DEADLINE_S)
+    wait_live_brokers(everyone)
     change_metadata(everyone, {"kind": "create_topic", "name": TOPIC, "partitions": 1,
                        "replication_factor": 3, "layer": "master_slave"})
     created = _partition(cluster)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import random
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from mqlog.partitioner import partition_for_key
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
+from tests import processes
 from tests.conftest import IMPLEMENTATIONS
 from tests.processes import (
     BROKERS,
@@ -47,7 +47,9 @@ from tests.processes import (
     Processes,
     change_metadata,
     cluster_state,
+    use_core,
     wait_controller_leader,
+    wait_live_brokers,
 )
 
 PARTITIONS = 6
@@ -77,18 +79,14 @@ class RaftProcesses(Processes):
         return found
 
 
-class Writer(threading.Thread):
+class Writer(processes.Writer):
     """Produces key-<n>-<i> through one ClusterClient (Kafka's partitioner picks the
     partition; the client finds its leader), until told to finish; keeps what was
     acknowledged."""
 
     def __init__(self, cluster: RaftProcesses, label: str) -> None:
-        super().__init__(name=f"writer-{label}", daemon=True)
-        self.cluster, self.label = cluster, label
-        self.acked: list[tuple[int, bytes]] = []
-        self.failures: list[str] = []
-        self.done = threading.Event()
-        self.progress = threading.Condition()
+        super().__init__(label)
+        self.cluster = cluster
 
     def run(self) -> None:
         with ClusterClient(self.cluster.addresses(), retry_timeout_s=DEADLINE_S) as client:
@@ -105,29 +103,13 @@ class Writer(threading.Thread):
                     elif sent.partition != partition_for_key(key, PARTITIONS):
                         self.failures.append(f"{key}: went to partition {sent.partition}")
                     else:
-                        with self.progress:
-                            self.acked.append((sent.partition, key.encode()))
-                            self.progress.notify_all()
+                        self.acknowledged((sent.partition, key.encode()))
                 index += 1
-
-    def wait_for_more(self, count: int) -> None:
-        with self.progress:
-            target = len(self.acked) + count
-            if not self.progress.wait_for(lambda: len(self.acked) >= target or
-                                          not self.is_alive(), DEADLINE_S):
-                raise TimeoutError(f"{self.name}: {count} more acks not within "
-                                   f"{DEADLINE_S} s; failures: {self.failures[-3:]}")
-        assert len(self.acked) >= target, f"{self.name} died: {self.failures[-3:]}"
 
     def per_partition(self) -> list[int]:
         with self.progress:
             return [sum(1 for p, _ in self.acked if p == partition)
                     for partition in range(PARTITIONS)]
-
-    def finish(self) -> None:
-        self.done.set()
-        self.join(timeout=DEADLINE_S * 2)
-        assert not self.is_alive()
 
 
 def _every_partition_writes(writers: list[Writer]) -> None:
@@ -215,26 +197,19 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest,
     """The processes of a shape, on a log core (MQLOG_PUREPYTHON is inherited), started
     in a seeded random order."""
     shape, impl = request.param
-    if impl == "python":
-        monkeypatch.setenv("MQLOG_PUREPYTHON", "1")
-    else:
-        monkeypatch.delenv("MQLOG_PUREPYTHON", raising=False)
+    use_core(monkeypatch, impl)
     print(f"{shape} shape on the {impl} core; start-order seed {seed}")
-    running = RaftProcesses(tmp_path, combined=shape == "combined", rng=random.Random(seed))
-    running.write_configs()
-    try:
+    with RaftProcesses(tmp_path, combined=shape == "combined",
+                       rng=random.Random(seed)) as running:
+        running.write_configs()
         running.start_all()
         yield running
-    finally:
-        running.stop_all()
-        print(running.tails())  # (shown only if the test failed)
 
 
 def test_sigkilled_broker_and_controller_leader_lose_no_acked_write(
         cluster: RaftProcesses) -> None:
     controllers = cluster.controller_addresses()
-    wait_until(lambda: len(cluster_state(controllers).live_brokers()) == 3, "three live brokers",
-               DEADLINE_S)
+    wait_live_brokers(controllers)
     answer = change_metadata(controllers, {"kind": "create_topic", "name": "orders",
                                    "partitions": PARTITIONS, "replication_factor": 3,
                                    "layer": "raft"})

@@ -87,6 +87,8 @@ from tests.processes import (
     change_metadata,
     cluster_state,
     store_image,
+    use_core,
+    wait_live_brokers,
 )
 
 TOPIC = "orders"
@@ -498,8 +500,7 @@ def _run(cluster: IsrProcesses, rng: random.Random,
     """The cluster started, the topic created, the writers on, ``faults`` in order;
     the writers stopped, the logs converged, read back and compared: the outcome."""
     cluster.start_all()
-    wait_until(lambda: len(cluster.state().live_brokers()) == 3, "three live brokers",
-               DEADLINE_S)
+    wait_live_brokers(cluster.answering())
     change_metadata(cluster.answering(), {"kind": "create_topic", "name": TOPIC,
                                   "partitions": PARTITIONS, "replication_factor": 3,
                                   "layer": "isr"})
@@ -534,20 +535,13 @@ def cluster(tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.
     """The processes of ``request.param`` = (acks, shape, log core); MQLOG_PUREPYTHON and
     MQLOG_ISR_TEST_BREAK are inherited by them."""
     acks, shape, impl = request.param
-    if impl == "python":
-        monkeypatch.setenv("MQLOG_PUREPYTHON", "1")
-    else:
-        monkeypatch.delenv("MQLOG_PUREPYTHON", raising=False)
+    use_core(monkeypatch, impl)
     monkeypatch.delenv(ISR_TEST_BREAK_VARIABLE, raising=False)
     print(f"acks={acks}, {shape} shape on the {impl} core")
-    running = IsrProcesses(tmp_path, combined=shape == "combined", rng=rng, acks=acks,
-                           session_ms=SESSION_MS, heartbeat_ms=HEARTBEAT_MS)
-    try:
+    with IsrProcesses(tmp_path, combined=shape == "combined", rng=rng, acks=acks,
+                      session_ms=SESSION_MS, heartbeat_ms=HEARTBEAT_MS) as running:
         running.write_configs()
         yield running
-    finally:
-        running.close()
-        print(running.tails())  # (shown only if the test failed)
 
 
 def _faults(rng: random.Random, rounds: int = 1) -> list[tuple[str, dict[str, Any]]]:
