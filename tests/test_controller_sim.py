@@ -17,6 +17,7 @@ from mqlog.replication.controller import host
 from mqlog.replication.controller.config import ControllerConfig
 from mqlog.replication.controller.service import TEST_BREAKS
 from mqlog.sim import controller
+from tests.simseeds import assert_seeds_pass, fresh_seeds, verdict
 
 _fixed = functools.lru_cache(maxsize=None)(controller.run_seed)  # (each fixed seed runs once)
 run_seed = controller.run_seed
@@ -37,30 +38,21 @@ FRESH_SEED_COUNT = int(os.environ.get("MQLOG_SIM_SEEDS", 5))
 CAUGHT_BY = {"stale_working": 2, "keep_leaders": 9}
 
 
-def _verdict(result) -> str:
-    return (f"{result.summary()}\n" + "\n".join(result.violations[:10])
-            + f"\nreproduce: python -m mqlog.sim --layer controller --seed {result.seed}")
-
-
 @pytest.mark.parametrize("seed", FIXED_SEEDS)
 def test_fixed_seeds_pass_every_checker(seed):
     result = _fixed(seed)
-    assert not result.violations, _verdict(result)
+    assert not result.violations, verdict("controller", result)
     assert result.registrations > 0
 
 
 @pytest.mark.parametrize("seed", sorted(REGRESSION_SEEDS))
 def test_regression_seeds_pass_every_checker(seed):
     result = run_seed(seed)
-    assert not result.violations, f"{REGRESSION_SEEDS[seed]}\n{_verdict(result)}"
+    assert not result.violations, f"{REGRESSION_SEEDS[seed]}\n{verdict('controller', result)}"
 
 
 def test_fresh_seeds_pass_every_checker(rng):
-    seeds = [rng.randrange(1 << 31) for _ in range(FRESH_SEED_COUNT)]
-    print(f"running {len(seeds)} fresh seeds: {seeds}")
-    for seed in seeds:
-        result = run_seed(seed)
-        assert not result.violations, _verdict(result)
+    assert_seeds_pass("controller", run_seed, fresh_seeds(rng, FRESH_SEED_COUNT))
 
 
 def test_the_seeds_exercise_failover_fencing_and_snapshots():

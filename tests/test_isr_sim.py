@@ -15,6 +15,7 @@ import pytest
 from mqlog.replication.isr import core as isr_core
 from mqlog.replication.isr import decisions as isr_decisions
 from mqlog.sim import isr
+from tests.simseeds import assert_seeds_pass, fresh_seeds, verdict
 
 _fixed = functools.lru_cache(maxsize=None)(isr.run_seed)  # (each fixed seed runs once)
 run_seed = isr.run_seed
@@ -36,30 +37,21 @@ CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 6, "truncate_to_hw": 
              "hw_below_min_isr": 1, "forget_stale_alter": 8100019}
 
 
-def _verdict(result) -> str:
-    return (f"{result.summary()}\n" + "\n".join(result.violations[:10])
-            + f"\nreproduce: python -m mqlog.sim --layer isr --seed {result.seed}")
-
-
 @pytest.mark.parametrize("seed", FIXED_SEEDS)
 def test_fixed_seeds_pass_every_checker(seed):
     result = _fixed(seed)
-    assert not result.violations, _verdict(result)
+    assert not result.violations, verdict("isr", result)
     assert result.acked_all > 0 and result.registrations > 0
 
 
 def test_regression_seeds_pass_every_checker():
     for seed, found in sorted(REGRESSION_SEEDS.items()):
         result = run_seed(seed)
-        assert not result.violations, f"{found}\n{_verdict(result)}"
+        assert not result.violations, f"{found}\n{verdict('isr', result)}"
 
 
 def test_fresh_seeds_pass_every_checker(rng):
-    seeds = [rng.randrange(1 << 31) for _ in range(FRESH_SEED_COUNT)]
-    print(f"running {len(seeds)} fresh seeds: {seeds}")
-    for seed in seeds:
-        result = run_seed(seed)
-        assert not result.violations, _verdict(result)
+    assert_seeds_pass("isr", run_seed, fresh_seeds(rng, FRESH_SEED_COUNT))
 
 
 def test_the_seeds_exercise_elections_acks_and_power_loss():
@@ -97,4 +89,4 @@ def test_lost_acknowledged_writes_are_caught_by_their_own_checker(monkeypatch):
     monkeypatch.setattr(isr.IsrSwarm, "_check_insync_holders", lambda *args: None)
     result = run_seed(CAUGHT_BY["election_outside_isr"], "election_outside_isr")
     assert any("acknowledged with acks=all" in line and "was lost" in line
-               for line in result.violations), _verdict(result)
+               for line in result.violations), verdict("isr", result)

@@ -12,29 +12,21 @@ import pytest
 
 from mqlog.sim.harness import SeedResult, Simulation
 from mqlog.sim.raft import run_seed
+from tests.simseeds import assert_seeds_pass, fresh_seeds, verdict
 
 FIXED_SEEDS = list(range(1, 31))
 FRESH_SEED_COUNT = int(os.environ.get("MQLOG_SIM_SEEDS", 10))
 
 
-def _verdict(result) -> str:
-    return (f"{result.summary()}\n" + "\n".join(result.violations[:10])
-            + f"\nreproduce: python -m mqlog.sim --layer raft --seed {result.seed}")
-
-
 @pytest.mark.parametrize("seed", FIXED_SEEDS)
 def test_fixed_seeds_pass_every_checker(seed):
     result = run_seed(seed)
-    assert not result.violations, _verdict(result)
+    assert not result.violations, verdict("raft", result)
     assert result.acked > 0 and result.leaders >= 1
 
 
 def test_fresh_seeds_pass_every_checker(rng):
-    seeds = [rng.randrange(1 << 31) for _ in range(FRESH_SEED_COUNT)]
-    print(f"running {len(seeds)} fresh seeds: {seeds}")
-    for seed in seeds:
-        result = run_seed(seed)
-        assert not result.violations, _verdict(result)
+    assert_seeds_pass("raft", run_seed, fresh_seeds(rng, FRESH_SEED_COUNT))
 
 
 def test_the_seeds_exercise_failover_and_retries():

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from mqlog.sim import raft, swarm
+from tests.simseeds import assert_seeds_pass, fresh_seeds, verdict
 
 FIXED_SEEDS = list(range(1, 31))
 FRESH_SEED_COUNT = int(os.environ.get("MQLOG_SIM_SEEDS", 10))
@@ -18,25 +19,15 @@ SOAK_SEED_COUNT = int(os.environ.get("MQLOG_SIM_SOAK_SEEDS", 2000))
 RUN_SEED = {"master_slave": swarm.run_seed, "raft": raft.run_seed}
 
 
-def _verdict(layer: str, result, test_break: str = "") -> str:
-    again = f" --break {test_break}" if test_break else ""
-    return (f"{result.summary()}\n" + "\n".join(result.violations[:10])
-            + f"\nreproduce: python -m mqlog.sim --layer {layer} --seed {result.seed}{again}")
-
-
 @pytest.mark.parametrize("seed", FIXED_SEEDS)
 def test_fixed_seeds_pass_every_checker(seed):
     result = swarm.run_seed(seed)
-    assert not result.violations, _verdict("master_slave", result)
+    assert not result.violations, verdict("master_slave", result)
     assert result.acked > 0
 
 
 def test_fresh_seeds_pass_every_checker(rng):
-    seeds = [rng.randrange(1 << 31) for _ in range(FRESH_SEED_COUNT)]
-    print(f"running {len(seeds)} fresh seeds: {seeds}")
-    for seed in seeds:
-        result = swarm.run_seed(seed)
-        assert not result.violations, _verdict("master_slave", result)
+    assert_seeds_pass("master_slave", swarm.run_seed, fresh_seeds(rng, FRESH_SEED_COUNT))
 
 
 # Seeds that once failed, each with the fix that made it pass (a datadriven script or a
@@ -70,7 +61,7 @@ REGRESSION_SEEDS = {
                                              sorted(REGRESSION_SEEDS.items()) for seed in seeds])
 def test_seeds_that_once_failed_pass(layer, seed):
     result = RUN_SEED[layer](seed)
-    assert not result.violations, _verdict(layer, result)
+    assert not result.violations, verdict(layer, result)
 
 
 def test_the_same_seed_gives_the_same_trace():
@@ -118,7 +109,5 @@ def test_every_break_switch_is_caught(layer, test_break):
 def test_a_soak_of_fresh_seeds_passes(layer, rng):
     """``MQLOG_SIM_SOAK_SEEDS`` (2,000) fresh seeds; prints the count and the time."""
     started, seeds = time.monotonic(), [rng.randrange(1 << 31) for _ in range(SOAK_SEED_COUNT)]
-    for seed in seeds:
-        result = RUN_SEED[layer](seed)
-        assert not result.violations, _verdict(layer, result)
+    assert_seeds_pass(layer, RUN_SEED[layer], seeds)
     print(f"{layer}: {len(seeds)} fresh seeds clean in {time.monotonic() - started:.0f} s")
