@@ -1,5 +1,5 @@
 """Automatic leader balancing in-process on 127.0.0.1 (three controllers, three brokers,
-each on its own loop and thread: test_controller_cluster.py's harness).
+each on its own loop and thread: tests/inprocess.py).
 
 An ISR topic and a Raft topic, 3 partitions x RF 3 each, start led by their preferred
 (first) replicas. Two brokers stopped: every ISR partition is led by the one left (the

@@ -1,5 +1,5 @@
 """KIP-966's unclean shutdown, in-process on 127.0.0.1 (three controllers, three brokers:
-test_controller_cluster.py's harness), with a topic's own min_insync_replicas.
+tests/inprocess.py), with a topic's own min_insync_replicas.
 
 An ISR topic of 1 partition x RF 3 created with ``min_insync_replicas = 3``: a follower's
 broker stopped leaves the ISR for the ELR (the ISR is below the topic's 3, not the

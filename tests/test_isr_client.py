@@ -71,10 +71,10 @@ def _first_write(client: ClusterClient) -> None:
 
 
 def _stop(cluster: Any, client: ClusterClient, *names: str) -> None:
-    """Stop brokers, the client's connections closed first (it reconnects): a connection
-    still open to a broker whose loop is closed leaves its coroutine to the garbage
-    collector, whose warning, raised inside a later compile, made CPython 3.11 fail
-    pytest's summary with "AST constructor recursion depth mismatch" (gh-106905)."""
+    """Stop brokers, the client's connections closed first (it reconnects). (Once the only
+    guard against a connection left to the garbage collector with a stopped broker's loop,
+    which made CPython 3.11 fail pytest's summary, gh-106905; tests/inprocess.py's
+    BrokerThread now cancels and awaits such tasks itself.)"""
     client.close()
     cluster.stop(*names)
 

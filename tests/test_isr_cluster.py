@@ -1,5 +1,5 @@
 """ISR partitions hosted by brokers, in-process on 127.0.0.1 (three controllers and three
-brokers, each on its own loop and thread; the harness of test_controller_cluster.py).
+brokers, each on its own loop and thread; tests/inprocess.py).
 
 A topic of 2 partitions x RF 3 with min_insync_replicas = 2: the controller names each
 partition's leader and ISR, the brokers' agents hand that to the ISR cores, followers
