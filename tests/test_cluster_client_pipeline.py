@@ -28,7 +28,8 @@ from mqlog.client import Client
 from mqlog.cluster_client import IN_FLIGHT_REQUESTS_MAX, ClusterClient
 from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
-from tests import test_controller_cluster as harness
+from tests.inprocess import CONTROLLERS, Cluster
+from tests.processes import change_metadata, wait_live_brokers
 from tests.test_isr_client import RACKS, _bodies, _brokers, _first_write, _leader, _node
 from tests.test_isr_cluster import _configs
 
@@ -37,17 +38,12 @@ from tests.test_isr_cluster import _configs
 def cluster(tmp_path: Path) -> Any:
     configs = {name: dataclasses.replace(config, rack=RACKS.get(name, ""))
                for name, config in _configs(tmp_path).items()}
-    running = harness.Cluster(configs)
-    try:
-        running.start()
-        controllers = [configs[name].listen for name in ("c1", "c2", "c3")]
-        wait_until(lambda: len(harness._state(controllers).live_brokers()) == 3,
-                   "three live brokers", 60)
-        harness._ask(controllers, {"kind": "create_topic", "name": "orders", "partitions": 1,
-                                   "replication_factor": 3, "layer": "isr"})
+    with Cluster(configs) as running:
+        controllers = running.addresses(CONTROLLERS)
+        wait_live_brokers(controllers)
+        change_metadata(controllers, {"kind": "create_topic", "name": "orders", "partitions": 1,
+                                      "replication_factor": 3, "layer": "isr"})
         yield running
-    finally:
-        running.stop()
 
 
 def _produce(raw: Client, body: bytes, producer: str, sequence: int,
