@@ -1,15 +1,17 @@
-"""Clusters of in-process brokers on 127.0.0.1, each a ``Broker`` on its own event loop and
-thread, for the tests that stop and start brokers without processes (test_controller_cluster,
-test_isr_cluster, test_isr_client, test_router, test_controller_balancing,
+"""Clusters of in-process brokers on 127.0.0.1, each a ``Broker`` on its own event loop
+and thread, for the tests that stop and start brokers without processes
+(test_controller_cluster, test_isr_cluster, test_isr_client, test_isr_min_insync,
+test_cluster_client_pipeline, test_router, test_controller_balancing,
 test_controller_unclean; test_broker runs one ``BrokerThread`` alone). The controller
 requests they make are tests/processes.py's, the same for every cluster test.
 
 Shapes. ``configs(root, combined)`` is Kafka's two: three brokers b1..b3 that are each a
 controller voter too (combined mode), or three controllers c1..c3 beside them (stopping
-two brokers then leaves the controller quorum whole). Keyword arguments add to (or
-replace) the ``[controller]`` table: a short session timeout by default, so fencing is
-seen soon. ``Cluster(configs)`` starts and stops any of them by name; used in a ``with``
-it starts them all and stops what still runs when the block ends, however it ends.
+two brokers then leaves the controller quorum whole); other names give other sizes.
+Keyword arguments add to (or replace) the ``[controller]`` table: a short session timeout
+by default, so fencing is seen soon. ``Cluster(configs)`` starts and stops any of them
+by name; used in a ``with`` it starts them all and stops what still runs when the block
+ends, however it ends.
 
 Loops. A ``BrokerThread`` runs its broker's ``serve`` on an ``asyncio.Runner``, as
 ``mqlog node`` runs it under ``asyncio.run``: once ``serve`` ends, the runner cancels every
@@ -85,17 +87,21 @@ class BrokerThread:
         self.stop()
 
 
-def configs(root: Path, combined: bool = False, **controller: Any) -> dict[str, BrokerConfig]:
-    """b1..b3 (brokers, and the controller voters if ``combined``), else c1..c3 too
-    (controllers only); ``controller``: more keys of every node's [controller] table."""
-    names = BROKERS if combined else (*CONTROLLERS, *BROKERS)
+def configs(root: Path, combined: bool = False, *, brokers: tuple[str, ...] = BROKERS,
+            controllers: tuple[str, ...] = CONTROLLERS,
+            **controller: Any) -> dict[str, BrokerConfig]:
+    """``brokers`` (and the controller voters too if ``combined``), else ``controllers``
+    beside them (controllers only); ``controller``: more keys of every node's
+    [controller] table."""
+    voters = brokers if combined else controllers
+    names = brokers if combined else (*controllers, *brokers)
     ports = free_ports(len(names))
     addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, ports, strict=True)}
-    table = {"voters": {name: addresses[name] for name in names[:3]},
+    table = {"voters": {name: addresses[name] for name in voters},
              "broker_session_timeout_ms": SESSION_MS,
              "broker_heartbeat_interval_ms": HEARTBEAT_MS, **controller}
     roles = {name: ("broker", "controller") if combined else
-             ("controller",) if name in CONTROLLERS else ("broker",) for name in names}
+             ("controller",) if name in controllers else ("broker",) for name in names}
     return {name: BrokerConfig(broker_id=name, listen=addresses[name], data_dir=root / name,
                                peers=addresses, process_roles=roles[name],
                                controller=table).validate() for name in names}

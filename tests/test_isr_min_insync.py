@@ -1,5 +1,5 @@
 """An ISR topic with fewer replicas than min_insync_replicas, in-process on 127.0.0.1 (one
-controller, two brokers: test_controller_cluster.py's harness). Kafka allows
+controller, two brokers: tests/inprocess.py). Kafka allows
 min.insync.replicas above a topic's replication factor, and so does mqlog: a topic of
 RF 1 under the cluster's min_insync_replicas = 2 is created and hosted (before, the
 broker refused the group's config and the partition was assigned but never hosted),
@@ -17,32 +17,20 @@ import pytest
 
 from mqlog import errors
 from mqlog.client import Client
-from mqlog.config import BrokerConfig
-from mqlog.replication.local import free_ports, wait_until
+from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
-from tests import test_controller_cluster as harness
+from tests import inprocess
+from tests.inprocess import Cluster
+from tests.processes import change_metadata, cluster_state, wait_live_brokers
 
 BROKERS = ("b1", "b2")
-
-
-def _configs(root: Path) -> dict[str, BrokerConfig]:
-    names = ("c1", *BROKERS)
-    ports = free_ports(len(names))
-    addresses = {name: f"127.0.0.1:{port}" for name, port in zip(names, ports, strict=True)}
-    controller = {"voters": {"c1": addresses["c1"]}, "min_insync_replicas": 2,
-                  "broker_session_timeout_ms": 1_500, "broker_heartbeat_interval_ms": 200,
-                  "replica_lag_time_ms": 1_000}
-    return {name: BrokerConfig(broker_id=name, listen=addresses[name], data_dir=root / name,
-                               peers=addresses, process_roles=(
-                                   ("controller",) if name == "c1" else ("broker",)),
-                               controller=controller).validate() for name in names}
 
 
 def _leader(cluster: Any, addresses: list[str], topic: str) -> str:
     found: list[str] = []
 
     def led() -> bool:
-        info = harness._state(addresses).topics.get(topic)
+        info = cluster_state(addresses).topics.get(topic)
         found[:] = [info.partitions[0].leader] if info is not None else []
         return bool(found and found[0])
     wait_until(led, f"topic {topic} led", 30)
@@ -65,16 +53,15 @@ def _taken(address: str, topic: str, body: bytes, acks: str) -> bool:
 
 
 def test_a_topic_of_fewer_replicas_than_min_insync_is_hosted(tmp_path: Path) -> None:
-    cluster = harness.Cluster(_configs(tmp_path))
-    addresses = [cluster.configs["c1"].listen]
-    cluster.start()
-    try:
-        wait_until(lambda: len(harness._state(addresses).live_brokers()) == 2,
-                   "two live brokers", 60)
+    with Cluster(inprocess.configs(tmp_path, brokers=BROKERS, controllers=("c1",),
+                                   min_insync_replicas=2,
+                                   replica_lag_time_ms=1_000)) as cluster:
+        addresses = [cluster.configs["c1"].listen]
+        wait_live_brokers(addresses, len(BROKERS))
         for name, config in (("one", None), ("own", {"min_insync_replicas": 1})):
-            harness._ask(addresses, {"kind": "create_topic", "name": name, "partitions": 1,
-                                     "replication_factor": 1, "layer": "isr",
-                                     **({"config": config} if config else {})})
+            change_metadata(addresses, {"kind": "create_topic", "name": name, "partitions": 1,
+                                        "replication_factor": 1, "layer": "isr",
+                                        **({"config": config} if config else {})})
         leader = _leader(cluster, addresses, "one")
         where = cluster.configs[leader].listen
         node = cluster.threads[leader].broker.groups["one-0"]
@@ -96,5 +83,3 @@ def test_a_topic_of_fewer_replicas_than_min_insync_is_hosted(tmp_path: Path) -> 
         assert _produce(address, "own", b"one", "master").status is PutStatus.PUT_OK
         wait_until(lambda: other.store.committed_position == other.store.written_position,
                    "own-0's records committed", 30)
-    finally:
-        cluster.stop()
