@@ -10,15 +10,18 @@ them and the hand-offs between threads are exercised, and can make one fail.
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 import threading
 import time
 
 import pytest
 
+import mqlog
 from mqlog import errors, ext
 from mqlog.results import PutStatus
-from tests.conftest import IMPLEMENTATIONS
+from tests.conftest import IMPLEMENTATIONS, SMALL
 
 # Writers must end within this (a loaded machine's generous bound); their deadlines are
 # ten times as long, so a waiter nobody wakes shows as a hang, not as a late PUT_OK.
@@ -212,3 +215,104 @@ def test_writers_waiting_when_the_store_closes_are_all_answered(open_store, seed
         worker.join(max(0.0, deadline - time.monotonic()))
     assert not any(worker.is_alive() for worker in workers), f"stranded (seed {seed})"
     assert early == [] and errors.StoreClosed in answers, f"seed {seed}"
+
+
+class FailingSaves:
+    """Makes ``os.fdatasync`` of the store's ``flushed`` file (the saved flushed
+    position, engine/checkpoint.py) fail with EIO once armed; a save that starts while
+    ``hold`` is set waits for ``release`` first, so writers queue up behind it."""
+
+    def __init__(self, monkeypatch) -> None:
+        self._real = os.fdatasync
+        self.armed = False
+        self.failures = 0
+        self.entered = threading.Event()
+        self.hold = False
+        self.release = threading.Event()
+        monkeypatch.setattr(os, "fdatasync", self)
+
+    def __call__(self, fd: int) -> None:
+        if self.armed and os.readlink(f"/proc/self/fd/{fd}").endswith(f"{os.sep}flushed"):
+            self.entered.set()
+            if self.hold:
+                self.release.wait(PATIENCE_S)
+            self.failures += 1
+            raise OSError(errno.EIO, "Input/output error (injected into the flushed save)")
+        self._real(fd)
+
+
+def _stored(path, impl, acked: list) -> None:
+    """Reopen: every acknowledged record is there (their log syncs returned)."""
+    with mqlog.open(path, implementation=impl, **SMALL) as store:
+        for (queue_id, offset), body in acked:
+            assert [r.body for r in store.get("t", queue_id, offset, 1)] == [body]
+
+
+def test_a_failed_flushed_save_reaches_the_sync_writers_typed(tmp_path, impl, monkeypatch,
+                                                               seed):
+    """Saving the flushed position (its own thread, d5ba503) fails with EIO while 16
+    threads make sync puts: every writer ends with FlushFailed or StoreFailed (none
+    waits for its deadline or writes on with PUT_OK forever), close() says FlushFailed
+    and lets the store go, and every record acknowledged before is found on reopen."""
+    faults = FailingSaves(monkeypatch)
+    store = mqlog.open(tmp_path / "s", implementation=impl, flush_mode="sync",
+                       flush_sync_timeout_ms=DEADLINE_MS, **SMALL)
+    faults.armed = faults.hold = True
+    first = store.put("t", b"first")  # its sync returns; its save waits in the shim
+    assert faults.entered.wait(PATIENCE_S), "the flushed position was never saved"
+    acked: list = [((0, first.offset), b"first")]
+    answers: list = []
+    rng = random.Random(seed)
+    lengths = [rng.randrange(1, 64) for _ in range(16)]
+
+    def write(worker: int) -> None:
+        index = 0
+        while True:
+            body = f"{worker}-{index}".encode() * lengths[worker]
+            try:
+                result = store.put("t", body, queue_id=worker % 4)
+            except (errors.FlushFailed, errors.StoreFailed) as error:
+                answers.append(type(error))
+                return
+            assert result.status is PutStatus.PUT_OK, f"seed {seed}"
+            acked.append(((worker % 4, result.offset), body))
+            if index == 0 and worker == 15:
+                faults.release.set()  # every writer had a go: fail the save now
+            index += 1
+
+    workers = [threading.Thread(target=write, args=(w,), daemon=True) for w in range(16)]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + PATIENCE_S
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    faults.release.set()
+    assert not any(w.is_alive() for w in workers), f"the save's error never came (seed {seed})"
+    assert faults.failures >= 1 and len(answers) == 16, f"seed {seed}: {answers}"
+    with pytest.raises(errors.FlushFailed, match="Input/output error"):
+        store.close()
+    faults.armed = False
+    _stored(tmp_path / "s", impl, acked)
+
+
+@pytest.mark.parametrize("threads", [True, False], ids=["threaded", "inline"])
+def test_a_flushed_save_failing_at_close_is_typed_and_lets_the_store_go(
+        tmp_path, impl, monkeypatch, threads):
+    """Nothing written since the last save, then close() saves the flushed position
+    once more and that save fails: close() raises FlushFailed (not a raw OSError), the
+    store is closed and its lock released, and a reopen recovers every record. Without
+    background threads (saves inline) a sync put whose save fails raises FlushFailed."""
+    faults = FailingSaves(monkeypatch)
+    store = mqlog.open(tmp_path / "s", implementation=impl, flush_mode="sync",
+                       background_threads=threads, **SMALL)
+    written = [store.put("t", f"r{i}".encode()).offset for i in range(20)]
+    faults.armed = True
+    if not threads:
+        with pytest.raises(errors.FlushFailed, match="injected into the flushed save"):
+            store.put("t", b"r20")
+        written.append(20)
+    with pytest.raises(errors.FlushFailed, match="injected into the flushed save"):
+        store.close()
+    assert store.closed
+    faults.armed = False
+    _stored(tmp_path / "s", impl, [((0, offset), f"r{offset}".encode()) for offset in written])

@@ -793,13 +793,22 @@ class Store:
         self.core.fence(StoreClosed(f"store {self.paths.root} is closed; open it again"))
         self._maintenance.stop()
         self._allocator.close()  # nothing backs blocks ahead while close needs room
-        self._flusher.stop()
+        try:
+            self._flusher.stop()
+        except FlushFailed:
+            pass  # (inline flushes) kept as the flusher's error: raised once files are let go
         failed: MqlogError | None = self._flusher.error
         if failed is None:
             try:
                 self._close_cleanly()
             except (DiskFull, TooManyOpenFiles) as error:
                 failed = error  # the log is durable; the abort marker stays: reopen recovers
+            except OSError as error:  # EIO from a save or an fsync: the same, said typed
+                failed = FlushFailed(
+                    f"closing store {self.paths.root} failed ({error}); the commit log is "
+                    f"durable up to position {self._flusher.flushed_position}, but the "
+                    "close was not clean. Reopen the store to recover.")
+                failed.__cause__ = error
         self._release_files()
         os.close(self._lock_fd)
         if failed is not None:
