@@ -1,8 +1,9 @@
 """What a put costs (issue 14's throughput targets), this tree beside another one.
 
-Two measurements, each in a child process, on this tree and on ``--baseline`` (a
+Three measurements, each in a child process, on this tree and on ``--baseline`` (a
 checkout of another commit with its extension built in place), in alternating order,
-round after round, with two ceilings measured in the same rounds:
+round after round, with a ceiling or a baseline for each measured in the same rounds
+(``--only`` picks some of them):
 
 * ``put``: ``--records`` single-record puts (100-byte bodies, async flush) in a Python
   loop, as an embedding service makes them. Reported as records per second of the
@@ -15,12 +16,19 @@ round after round, with two ceilings measured in the same rounds:
   time, and records per fsync. Ceiling: the same number of threads passing a baton in a
   ring through this tree's ``Waiter`` (each hand-off wakes a sleeping thread, as each
   acknowledged put must), hand-offs per second.
+* ``durable``: ``--batches`` durable ``put_batch`` calls of 1000 records (100-byte
+  bodies, ``flush_mode="sync"``: each returns once its group commit is durable) on a new
+  store, as compare.py's durable row makes them; records per second of wall time (a
+  durable batch mostly waits for the disk) and of the process's CPU time. Baseline: the
+  same records appended to a buffered file, length-prefixed, ``flush()`` +
+  ``fdatasync`` per batch (compare.py's file peer).
 
 On a shared machine the wall clock mostly measures the wait for a core (load averages of
 10-18 here): the CPU-time rates and the ratios of one run are what to compare. The load
 average is printed with the figures.
 
     python -m benchmarks.put_cost --baseline /tmp/main-checkout --rounds 5
+    python -m benchmarks.put_cost --baseline /tmp/old --only durable --rounds 7
 """
 
 from __future__ import annotations
@@ -122,6 +130,45 @@ print(json.dumps({"cpu": count / cpu, "wall": count / wall}))
 """
 
 
+DURABLE = r"""
+import json, sys, time
+import mqlog
+path, batches = sys.argv[1], int(sys.argv[2])
+store = mqlog.open(path, flush_mode="sync", segment_size_bytes=256 << 20)
+bodies = [b"m" * 100] * 1000
+store.put_batch("bench", bodies)  # the queue and the first pages: not what is measured
+cpu, wall = time.process_time(), time.perf_counter()
+for _ in range(batches):
+    store.put_batch("bench", bodies)
+cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+store.close()
+print(json.dumps({"cpu": batches * 1000 / cpu, "wall": batches * 1000 / wall}))
+"""
+
+DURABLE_FILE = r"""
+import json, os, struct, sys, time
+path, batches = sys.argv[1], int(sys.argv[2])
+bodies = [b"m" * 100] * 1000
+pack = struct.Struct("<I").pack
+with open(os.path.join(path, "log"), "wb") as file:
+    write = file.write
+    def batch():
+        for body in bodies:
+            write(pack(len(body)))
+            write(body)
+        file.flush()
+        os.fdatasync(file.fileno())
+    batch()
+    cpu, wall = time.process_time(), time.perf_counter()
+    for _ in range(batches):
+        batch()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+print(json.dumps({"cpu": batches * 1000 / cpu, "wall": batches * 1000 / wall}))
+"""
+
+MEASURES = ("put", "sync", "durable")
+
+
 def child(code: str, tree: Path | None, work: Path, *arguments: object) -> dict[str, float]:
     """Run ``code`` on ``tree`` (None: this tree) in a fresh directory; its JSON line."""
     with tempfile.TemporaryDirectory(dir=work) as scratch:
@@ -139,24 +186,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--threads", type=int, default=256)
     parser.add_argument("--per-thread", type=int, default=100)
+    parser.add_argument("--batches", type=int, default=200,
+                        help="durable put_batch calls of 1000 records per child")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", default=",".join(MEASURES),
+                        help=f"comma-separated subset of {','.join(MEASURES)}")
     args = parser.parse_args(argv)
+    only = [name.strip() for name in args.only.split(",") if name.strip()]
+    if not only or set(only) - set(MEASURES):
+        parser.error(f"--only takes a subset of {','.join(MEASURES)}")
     work = Path(tempfile.mkdtemp(prefix="mqlog-put-cost-",
                                  dir=os.environ.get("MQLOG_BENCH_DIR")))
     rows: dict[str, list[dict[str, float]]] = {}
     loads = [os.getloadavg()[0]]
     for round_index in range(args.rounds):
         trees = [None, args.baseline][::1 if round_index % 2 == 0 else -1]
-        for tree in trees:
-            name = "this tree" if tree is None else "baseline"
-            rows.setdefault(f"put, {name}", []).append(
-                child(PUT, tree, work, args.records))
-            rows.setdefault(f"sync, {name}", []).append(
-                child(SYNC, tree, work, args.threads, args.per_thread))
-        rows.setdefault("put, ceiling (mmap.write)", []).append(
-            child(PUT_CEILING, None, work, args.records))
-        rows.setdefault("sync, ceiling (Waiter ring)", []).append(
-            child(SYNC_CEILING, None, work, args.threads, args.per_thread))
+        plan = {"put": (PUT, (args.records,), "ceiling (mmap.write)", PUT_CEILING),
+                "sync": (SYNC, (args.threads, args.per_thread), "ceiling (Waiter ring)",
+                         SYNC_CEILING),
+                "durable": (DURABLE, (args.batches,), "file + fdatasync", DURABLE_FILE)}
+        for kind in only:
+            code, arguments, other, other_code = plan[kind]
+            for tree in trees:
+                name = "this tree" if tree is None else "baseline"
+                rows.setdefault(f"{kind}, {name}", []).append(
+                    child(code, tree, work, *arguments))
+            rows.setdefault(f"{kind}, {other}", []).append(
+                child(other_code, None, work, *arguments))
         loads.append(os.getloadavg()[0])
         print(f"round {round_index + 1} done (load {loads[-1]:.1f})", flush=True)
     os.rmdir(work)
@@ -165,21 +221,31 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def report(rows: dict[str, list[dict[str, float]]], loads: list[float]) -> str:
+    """One line a row: its medians, and the medians of its per-round ratios to the other
+    tree's figure and (wall) to the ceiling or baseline measured in the same round."""
     lines = [f"load average {min(loads):.1f}-{max(loads):.1f}; medians of "
              f"{len(next(iter(rows.values())))} rounds, ratios per round",
-             "| row | CPU-time rate | wall rate | CPU ratio to baseline | wall ratio |",
-             "| --- | --- | --- | --- | --- |"]
+             "| row | CPU-time rate | wall rate | CPU ratio to baseline | wall ratio "
+             "| wall ratio to the ceiling / file |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name, figures in rows.items():
         kind = name.split(",")[0]
         base = rows[f"{kind}, baseline"]
-        cpu = [f["cpu"] / b["cpu"] for f, b in zip(figures, base, strict=True)]
-        wall = [f["wall"] / b["wall"] for f, b in zip(figures, base, strict=True)]
+        other = next(figures for row, figures in rows.items()
+                     if row.startswith(f"{kind},") and "this tree" not in row
+                     and "baseline" not in row)
         extra = ""
         if "per_fsync" in figures[0]:
             extra = f" ({statistics.median(f['per_fsync'] for f in figures):.0f}/fsync)"
         lines.append(f"| {name}{extra} | {_rate(figures, 'cpu')} | {_rate(figures, 'wall')} "
-                     f"| {statistics.median(cpu):.2f}x | {statistics.median(wall):.2f}x |")
+                     f"| {_ratio(figures, base, 'cpu')} | {_ratio(figures, base, 'wall')} "
+                     f"| {_ratio(figures, other, 'wall')} |")
     return "\n".join(lines)
+
+
+def _ratio(figures: list[dict[str, float]], base: list[dict[str, float]], key: str) -> str:
+    ratios = [f[key] / b[key] for f, b in zip(figures, base, strict=True)]
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
 def _rate(figures: list[dict[str, float]], key: str) -> str:
