@@ -121,7 +121,7 @@ from cpython.ref cimport Py_XDECREF
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_Check, PyUnicode_DecodeUTF8
 from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset
-from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME, clock_gettime, timespec
+from posix.time cimport CLOCK_MONOTONIC, CLOCK_REALTIME_COARSE, clock_gettime, timespec
 
 import struct
 

@@ -83,6 +83,9 @@ CQ_ENTRY_SIZE = _fmt.CQ_ENTRY_SIZE
 ATTR_CONTROL = _fmt.ATTR_CONTROL  # control records (no consume-queue entry)
 _PROPERTIES_DEPTH_MAX = 512  # containers checked for non-str keys this deep (msgpack: 511)
 _ZERO_CHUNK = bytes(1 << 20)
+# The store timestamp's clock, as the C core's (_records.pxi): the wall clock as of the
+# kernel's last tick (Linux's CLOCK_REALTIME_COARSE; the time module has no name for it).
+CLOCK_REALTIME_COARSE = getattr(time, "CLOCK_REALTIME_COARSE", 5)
 
 assert HEADER_SIZE == 72 and CQ_ENTRY_SIZE == 20
 
@@ -592,7 +595,8 @@ class LogCore:
         return queue
 
     def _next_timestamp(self) -> int:
-        now = self._clock_ms() if self._clock_ms is not None else time.time_ns() // 1_000_000
+        now = self._clock_ms() if self._clock_ms is not None else \
+            time.clock_gettime_ns(CLOCK_REALTIME_COARSE) // 1_000_000
         if now > self.last_store_timestamp:
             self.last_store_timestamp = now
         return self.last_store_timestamp
