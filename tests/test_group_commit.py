@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import queue
 import random
 import threading
 import time
@@ -316,3 +317,65 @@ def test_a_flushed_save_failing_at_close_is_typed_and_lets_the_store_go(
     assert store.closed
     faults.armed = False
     _stored(tmp_path / "s", impl, [((0, offset), f"r{offset}".encode()) for offset in written])
+
+
+@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+def test_group_commit_covers_and_hands_on_in_end_order(implementation, seed):
+    """The core's GroupCommit (a heap and a ring in C, heapq and a deque in the twin):
+    48 threads wait for seeded random ends behind a leader; a publish readies exactly
+    the covered ones, woken in end order (arrival order among equal ends); the lead goes
+    to the smallest end left; a waiter that times out leaves the heap from anywhere in
+    it; the answers and the flush module's constants agree on both cores."""
+    from mqlog.engine import flush
+
+    core = ext.load(implementation)
+    assert (core.WAIT_NOT_DURABLE, core.WAIT_DURABLE, core.WAIT_LEAD) == \
+        (0, flush._WAIT_DURABLE, flush._WAIT_LEAD)
+    rng = random.Random(seed)
+    group = core.GroupCommit(100)
+    assert group.wait(50, 60) == core.WAIT_DURABLE  # covered already: no wait at all
+    assert group.wait(500, 60) == core.WAIT_LEAD  # nobody syncing: this one leads
+    ends = [rng.randrange(101, 400) for _ in range(48)]
+    answers: queue.Queue = queue.Queue()
+
+    def wait(end: int) -> None:
+        try:
+            answers.put((end, group.wait(end, PATIENCE_S * 10)))
+        except errors.FlushFailed:
+            answers.put((end, "FlushFailed"))
+
+    threads = [threading.Thread(target=wait, args=(end,), daemon=True) for end in ends]
+    for count, thread in enumerate(threads, 1):  # one at a time: arrival order is known
+        thread.start()
+        _until(lambda count=count: group.waiting_count == count, seed)
+    for _ in range(3):  # give-ups from anywhere in the heap leave it
+        assert group.wait(rng.randrange(101, 400), 0) == core.WAIT_NOT_DURABLE
+    assert group.waiting_count == 48 and group.ready_count == 0
+    target = sorted(ends)[30]
+    covered = sorted(end for end in ends if end <= target)
+    assert group.publish(target) == len(covered) and group.flushed_position == target
+    woken = []
+    while (handoff := group.take_ready()) is not None:  # woken one by one, in order
+        handoff.wake()
+        woken.append(answers.get(timeout=PATIENCE_S))
+    assert woken == [(end, core.WAIT_DURABLE) for end in covered], f"seed {seed}"
+    group.lead_done()  # the leader's sync ended: the smallest uncovered end leads
+    left = sorted(end for end in ends if end > target)
+    assert answers.get(timeout=PATIENCE_S) == (left[0], core.WAIT_LEAD), f"seed {seed}"
+    group.error = errors.FlushFailed("injected")
+    group.release_all()
+    failed = sorted(answers.get(timeout=PATIENCE_S) for _ in left[1:])
+    assert failed == [(end, "FlushFailed") for end in left[1:]], f"seed {seed}"
+    assert group.waiting_count == 0 and group.ready_count == 0
+    for thread in threads:
+        thread.join(PATIENCE_S)
+    with pytest.raises(errors.FlushFailed, match="injected"):
+        group.wait(10**9, 0)
+
+
+def _until(condition, seed: int) -> None:
+    """Wait for another thread to reach a state it shows (no timed sleep standing in)."""
+    deadline = time.monotonic() + PATIENCE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"never reached (seed {seed})"
+        time.sleep(0.0005)

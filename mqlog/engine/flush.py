@@ -23,7 +23,11 @@ Two modes, as in RocketMQ:
   chain whose woken thread never waits again (it stopped writing) is restarted by the
   flush thread after ``flush_sync_handoff_stall_us`` without one. A waiter that
   gives up at its deadline leaves the heap or the ready queue; one woken right then
-  leads if it was handed the lead.
+  leads if it was handed the lead. That bookkeeping (the flushed position, the error,
+  the leader, the heap, the ready queue) is the core's ``GroupCommit``: in C each step
+  is one call that runs no Python code, so the GIL makes it atomic and a sync put from
+  a thread costs no Python-level lock, heap or deque (ext/_waiter.pxi); the twin takes
+  the same steps under a lock. This module runs the leader's sync and the flush thread.
   An asyncio task awaits ``wait_flushed_async(end)`` and
   joins its loop's deque (puts on one loop happen in order, so the deque is already
   sorted, and the loop asks the flush thread for a sync once per iteration, not once
@@ -52,8 +56,6 @@ really reached the disk — after a failed fsync the kernel may have dropped the
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import threading
 import time
 from collections import deque
@@ -69,13 +71,19 @@ if TYPE_CHECKING:
     import asyncio
 
 
+# GroupCommit.wait's answers (the core's WAIT_DURABLE and WAIT_LEAD; test_group_commit
+# checks both cores agree): durable, or this thread syncs for all now.
+_WAIT_DURABLE = 1
+_WAIT_LEAD = 2
+
+
 class FlushService:
     """Owns the flushed position; ``sync_log`` and ``checkpoint`` do the I/O."""
 
     def __init__(self, config: StoreConfig, *, written: Callable[[], int],
                  sync_log: Callable[[int, int], None], checkpoint: Callable[[int], None],
                  on_flushed: Callable[[int], None], on_failure: Callable[[FlushFailed], None],
-                 flushed_position: int, waiter: Callable[[], Any]) -> None:
+                 flushed_position: int, group: Callable[[int], Any]) -> None:
         self._config = config
         self._threaded = config.background_threads  # False: flushes run in the caller
         self._written = written
@@ -87,19 +95,13 @@ class FlushService:
         self._work = threading.Condition(self._lock)  # the thread waits here
         self._sync_lock = threading.Lock()  # one log sync at a time: a leader's or the thread's
         self._checkpoint_lock = threading.Lock()  # held through a checkpoint
-        self._new_waiter = waiter  # the core's Waiter class (see _waiter.pxi)
-        self._leader: Any = None  # the Waiter of the thread that syncs for all
+        # The core's GroupCommit (see _waiter.pxi): the flushed position, the error, the
+        # leader, the waiting writers' heap and the ready queue of covered ones.
+        self._group = group(flushed_position)
         self._requested = flushed_position
-        self._waiters: list[tuple[int, int, Any]] = []  # (end, tie-break, Waiter)
-        # Covered waiters not woken yet, woken one by one by threads going to sleep.
-        self._ready: deque[Any] = deque()
-        self._handoffs = 0  # waiters taken from _ready so far: the flush thread's gauge
         self._idle = False  # the flush thread sleeps with no deadline: notify it
-        self._tie = itertools.count()
         self._loops: dict[Any, _LoopWaiters] = {}  # asyncio waiters, per event loop
-        self.flushed_position = flushed_position
         self.flush_count = 0  # syncs done, for "records per fsync" figures
-        self.error: FlushFailed | None = None
         self.checkpoint_error: DiskFull | TooManyOpenFiles | None = None  # the last one
         # The log position the last checkpoint written covers (the one written at open).
         self.checkpointed_position = flushed_position
@@ -108,6 +110,14 @@ class FlushService:
         self._checkpoints_end = threading.Event()
         self._checkpointer = threading.Thread(target=self._run_checkpoints,
                                               name="mqlog-checkpoint", daemon=True)
+
+    @property
+    def flushed_position(self) -> int:
+        return self._group.flushed_position  # type: ignore[no-any-return]
+
+    @property
+    def error(self) -> FlushFailed | None:
+        return self._group.error  # type: ignore[no-any-return]
 
     def start(self) -> None:
         if self._threaded:
@@ -120,7 +130,7 @@ class FlushService:
             self._flush_inline(checkpoint=True)
             return
         with self._lock:
-            self._stopping = True
+            self._stopping = self._group.stopping = True
             self._work.notify_all()
         self._thread.join()
         self._checkpoints_end.set()
@@ -133,10 +143,10 @@ class FlushService:
         failure = FlushFailed(f"the store was abandoned ({reason}) before its flush: writes "
                               f"after position {self.flushed_position} may not be durable")
         with self.paused(), self._lock:
-            self.error = self.error or failure
-            self._stopping = True
+            self._group.error = self.error or failure
+            self._stopping = self._group.stopping = True
             self._work.notify_all()
-            self._release_waiters(lambda end: True)
+            self._release_waiters(None)
         self._checkpoints_end.set()
         for thread in (self._thread, self._checkpointer):
             if thread.ident is not None:
@@ -145,78 +155,29 @@ class FlushService:
     # --- writers -----------------------------------------------------------------------
 
     def wait_flushed(self, end_position: int, timeout_ms: int | None = None) -> bool:
-        """Block until the log is durable up to ``end_position``; False at the deadline."""
+        """Block until the log is durable up to ``end_position``; False at the deadline.
+        The waiting (and the hand-offs) happen in the core's GroupCommit; this thread
+        syncs for all when it answers WAIT_LEAD."""
         timeout = self._config.flush_sync_timeout_ms if timeout_ms is None else timeout_ms
         if not self._threaded and not self._settled(end_position):
             self._flush_inline(checkpoint=False)
-        waiter = self._new_waiter()
-        with self._lock:
-            if self._settled(end_position):
-                return True
-            handoff = self._take_ready()  # woken as this thread lets the GIL go
-            if self._leader is None:  # nobody is syncing: this thread does, for all
-                self._leader = waiter
-            else:
-                heapq.heappush(self._waiters, (end_position, next(self._tie), waiter))
-            leads = self._leader is waiter
-        if leads:
-            if handoff is not None:
-                handoff.wake()
-        elif not waiter.wait(timeout / 1000, handoff):
-            with self._lock:  # the deadline: leave the queues, unless woken meanwhile
-                woken = self._leader is waiter or not self._forget(waiter)
-            if not woken and self.flushed_position < end_position:
-                return self._raise_error_or(False)
-        if self._leader is waiter:  # first, or handed the lead by the one before
-            self._lead()
+        answer = self._group.wait(end_position, timeout / 1000)
+        if answer != _WAIT_LEAD:
+            return answer == _WAIT_DURABLE  # type: ignore[no-any-return]
+        self._lead()  # first, or handed the lead by the one before
         return self._raise_error_or(self.flushed_position >= end_position)
-
-    def _take_ready(self) -> Any:
-        """The first covered waiter not woken yet, taken out for the caller to wake
-        (called with the lock held); None if there is none."""
-        if not self._ready:
-            return None
-        self._handoffs += 1
-        return self._ready.popleft()
-
-    def _forget(self, waiter: Any) -> bool:
-        """Take a waiter that gave up out of the heap or the ready queue (called with
-        the lock held); False if it is in neither: it was woken."""
-        for index, entry in enumerate(self._waiters):
-            if entry[2] is waiter:
-                self._waiters[index] = self._waiters[-1]
-                self._waiters.pop()
-                heapq.heapify(self._waiters)
-                return True
-        try:
-            self._ready.remove(waiter)
-            return True
-        except ValueError:
-            return False
 
     def _lead(self) -> None:
         """Sync everything written so far from this (a waiting writer's) thread, then
-        hand the lead to the first waiter it does not cover; with nobody to lead, wake
-        the first covered waiter instead, so that the ready queue drains."""
+        hand the lead on (GroupCommit.lead_done: to the first waiter it does not cover,
+        or, with nobody to lead, wake the first covered waiter, so the queue drains)."""
         try:
             with self._sync_lock:
                 self._flush_log()
         except OSError as error:
             self._fail(error)
         finally:
-            with self._lock:
-                self._leader = None
-                while self._waiters and self.error is None:
-                    end, _tie, waiter = heapq.heappop(self._waiters)
-                    if end > self.flushed_position:
-                        self._leader = waiter
-                        break
-                    self._ready.append(waiter)  # covered by another thread's flush
-                wake = self._leader if self._leader is not None else self._take_ready()
-                if self._stopping:  # closing: nobody will go to sleep again to wake them
-                    self._wake_all_ready()
-            if wake is not None:
-                wake.wake()
+            self._group.lead_done()
 
     async def wait_flushed_async(self, end_position: int) -> bool:
         """``wait_flushed`` for an asyncio task, resolved by the loop's _LoopWaiters."""
@@ -283,7 +244,7 @@ class FlushService:
         """After a truncation: nothing beyond ``position`` exists, flushed or not; the
         checkpoint was lowered to ``checkpointed``."""
         with self._lock:
-            self.flushed_position = min(self.flushed_position, position)
+            self._group.flushed_position = min(self.flushed_position, position)
             self._requested = min(self._requested, position)
             self.checkpointed_position = checkpointed
 
@@ -291,7 +252,7 @@ class FlushService:
         """After a reset: the log begins, empty, at ``position`` (nothing to flush), and
         a checkpoint says so."""
         with self._lock:
-            self.flushed_position = self._requested = position
+            self._group.flushed_position = self._requested = position
             self.checkpointed_position = position
 
     # --- the thread --------------------------------------------------------------------
@@ -305,7 +266,7 @@ class FlushService:
             handoff = None
             with self._lock:
                 if not self._stopping and self._requested <= self.flushed_position:
-                    if self._ready:
+                    if self._group.ready_count:
                         handoff = self._watch_handoffs()
                     else:
                         self._idle = True  # until a sync leaves ready waiters
@@ -325,8 +286,7 @@ class FlushService:
                 self._fail(error)
                 return
             if stopping:
-                with self._lock:  # nobody writes any more: nobody would wake them
-                    self._wake_all_ready()
+                self._group.wake_all_ready()  # nobody writes any more: nobody would wake them
                 return
 
     def _watch_handoffs(self) -> Any:
@@ -334,10 +294,10 @@ class FlushService:
         woken meanwhile, take the first for the flush thread to wake: the threads that
         would have woken it stopped writing (see the module docstring)."""
         stall = self._config.flush_sync_handoff_stall_us / 1e6
-        seen, since = self._handoffs, time.monotonic()
+        seen, since = self._group.handoffs, time.monotonic()
         self._work.wait(stall)
-        if self._handoffs == seen and time.monotonic() - since >= stall:
-            return self._take_ready()
+        if self._group.handoffs == seen and time.monotonic() - since >= stall:
+            return self._group.take_ready()
         return None
 
     def _run_checkpoints(self) -> None:
@@ -415,22 +375,22 @@ class FlushService:
             self._sync_log(start, target)
             with self._lock:
                 if target > self.flushed_position:
-                    self.flushed_position = target
                     self.flush_count += 1
-                    self._on_flushed(target)
-                self._release_waiters(lambda end: end <= target)
+                    self._on_flushed(target)  # (committed first: an acked put reads back)
+                self._release_waiters(target)
         return max(target, start)
 
-    def _release_waiters(self, covered: Callable[[int], bool]) -> None:
-        """Move the waiters ``covered`` says are done to the ready queue (called with the
-        lock held; threads going to sleep wake them, see the module docstring), and
-        complete every asyncio loop's with one call. After a failure: wake everyone now,
-        each raises it."""
-        while self._waiters and covered(self._waiters[0][0]):
-            self._ready.append(heapq.heappop(self._waiters)[2])
-        if self.error is not None or self._stopping:
-            self._wake_all_ready()
-        elif self._ready and self._idle:
+    def _release_waiters(self, target: int | None) -> None:
+        """Publish ``target`` as the flushed position: the waiters it covers go to the
+        ready queue (called with the lock held; threads going to sleep wake them, see
+        the module docstring), and every asyncio loop's are completed with one call.
+        None: after a failure or an abandon, every waiter is woken now, each raises."""
+        if target is None:
+            self._group.release_all()
+            ready = 0
+        else:
+            ready = self._group.publish(target)
+        if ready and self._idle:
             self._work.notify()  # the flush thread watches that they are woken
         flushed = self.flushed_position if self.error is None else None
         for waiters in self._loops.values():
@@ -440,22 +400,15 @@ class FlushService:
                 except RuntimeError:
                     pass  # that event loop is closed; nobody is waiting any more
 
-    def _wake_all_ready(self) -> None:
-        """Wake every covered waiter now (called with the lock held): after a failure
-        (each raises it) or once the store is closing (no writer goes to sleep again
-        to wake the next, and the flush thread ends)."""
-        while self._ready:
-            self._take_ready().wake()
-
     def _fail(self, error: OSError) -> None:
         failure = FlushFailed(
             f"flushing the commit log failed ({error}); writes after position "
             f"{self.flushed_position} may not be durable. Reopen the store to recover.")
         failure.__cause__ = error
         with self._lock:
-            self.error = failure
+            self._group.error = failure
             self._on_failure(failure)
-            self._release_waiters(lambda end: True)
+            self._release_waiters(None)
 
 
 class _LoopWaiters:

@@ -246,7 +246,7 @@ class Store:
             config, written=lambda: self.core.written_position, sync_log=self._sync_log,
             checkpoint=self._checkpoint, on_flushed=self._on_flushed,
             on_failure=self._on_flush_failure, flushed_position=end,
-            waiter=self.core_module.Waiter)
+            group=self.core_module.GroupCommit)
         self._flusher.start()
         self._maintenance = Maintenance(config, self.key_index,
                                         lambda: self.apply_retention())

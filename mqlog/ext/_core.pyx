@@ -117,7 +117,7 @@ from cpython.pythread cimport (
     PY_LOCK_INTR,
     PyThread_type_lock,
 )
-from cpython.ref cimport Py_XDECREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_Check, PyUnicode_DecodeUTF8
 from libc.stdint cimport INT64_MAX, INT64_MIN, int64_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy, memset

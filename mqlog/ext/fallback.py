@@ -42,10 +42,12 @@ raise InvalidPosition, a released core raises StoreClosed), never CorruptRecord.
 
 from __future__ import annotations
 
+import heapq
 import struct
 import threading
 import time
 from bisect import bisect_left, bisect_right
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -1296,6 +1298,139 @@ class Waiter:
         if wake is not None:
             wake.wake()
         return self._lock.acquire(timeout=-1 if timeout < 0 else timeout)
+
+
+WAIT_NOT_DURABLE = 0  # GroupCommit.wait's answers
+WAIT_DURABLE = 1
+WAIT_LEAD = 2
+
+
+class GroupCommit:
+    """Who waits for the log to be durable up to which position (engine/flush.py has
+    the protocol): the flushed position, the leader (the waiting writer that syncs for
+    all), a heap of waiters by end position, and the ready queue of covered waiters not
+    woken yet, which threads going to sleep wake one at a time. The C core's runs each
+    call under the GIL alone (see _waiter.pxi); this one takes a lock of its own, and
+    behaves the same otherwise (the same steps in the same order)."""
+
+    def __init__(self, flushed_position: int) -> None:
+        self._lock = threading.Lock()
+        self._heap: list[tuple[int, int, Waiter]] = []  # (end, arrival, waiter)
+        self._ready: deque[Waiter] = deque()
+        self._tie = 0
+        self._leader: Waiter | None = None
+        self.flushed_position = flushed_position
+        self.error: BaseException | None = None  # a FlushFailed: every waiter raises it
+        self.stopping = False  # the store is closing: covered waiters are woken at once
+        self.handoffs = 0  # waiters taken from the ready queue so far
+
+    @property
+    def ready_count(self) -> int:
+        """Covered waiters not woken yet."""
+        return len(self._ready)
+
+    @property
+    def waiting_count(self) -> int:
+        """Waiters not covered yet (the leader not counted)."""
+        return len(self._heap)
+
+    def wait(self, end: int, timeout: float) -> int:
+        """See the C core's: WAIT_DURABLE, WAIT_NOT_DURABLE or WAIT_LEAD."""
+        waiter = Waiter()
+        with self._lock:
+            if self.error is not None:
+                raise self.error
+            if self.flushed_position >= end:
+                return WAIT_DURABLE
+            handoff = self._take_ready()
+            leads = self._leader is None
+            if leads:
+                self._leader = waiter
+            else:
+                self._tie += 1
+                heapq.heappush(self._heap, (end, self._tie, waiter))
+        if leads:
+            if handoff is not None:
+                handoff.wake()
+            return WAIT_LEAD
+        if not waiter.wait(timeout, handoff):
+            with self._lock:  # the deadline: leave the queues, unless woken meanwhile
+                if self._leader is not waiter and self._forget(waiter) and \
+                        self.flushed_position < end:
+                    if self.error is not None:
+                        raise self.error
+                    return WAIT_NOT_DURABLE
+        with self._lock:
+            if self._leader is waiter:
+                return WAIT_LEAD
+            if self.error is not None:
+                raise self.error
+            return WAIT_DURABLE if self.flushed_position >= end else WAIT_NOT_DURABLE
+
+    def lead_done(self) -> None:
+        """See the C core's."""
+        with self._lock:
+            self._leader = None
+            while self._heap and self.error is None:
+                end, _tie, waiter = heapq.heappop(self._heap)
+                if end > self.flushed_position:
+                    self._leader = waiter
+                    break
+                self._ready.append(waiter)
+            wake = self._leader if self._leader is not None else self._take_ready()
+            if self.stopping:
+                self._wake_all_ready()
+        if wake is not None:
+            wake.wake()
+
+    def publish(self, target: int) -> int:
+        """See the C core's; the number of waiters ready."""
+        with self._lock:
+            if target > self.flushed_position:
+                self.flushed_position = target
+            self._release(target)
+            return len(self._ready)
+
+    def release_all(self) -> None:
+        with self._lock:
+            self._release(None)
+
+    def _release(self, target: int | None) -> None:
+        while self._heap and (target is None or self._heap[0][0] <= target):
+            self._ready.append(heapq.heappop(self._heap)[2])
+        if self.error is not None or self.stopping:
+            self._wake_all_ready()
+
+    def take_ready(self) -> Waiter | None:
+        with self._lock:
+            return self._take_ready()
+
+    def wake_all_ready(self) -> None:
+        with self._lock:
+            self._wake_all_ready()
+
+    def _take_ready(self) -> Waiter | None:
+        if not self._ready:
+            return None
+        self.handoffs += 1
+        return self._ready.popleft()
+
+    def _wake_all_ready(self) -> None:
+        while self._ready:
+            self._take_ready().wake()  # type: ignore[union-attr]
+
+    def _forget(self, waiter: Waiter) -> bool:
+        for index, entry in enumerate(self._heap):
+            if entry[2] is waiter:
+                self._heap[index] = self._heap[-1]
+                self._heap.pop()
+                heapq.heapify(self._heap)
+                return True
+        try:
+            self._ready.remove(waiter)
+            return True
+        except ValueError:
+            return False
 
 
 def _header_at(segment: _Segment, offset: int) -> Any:
