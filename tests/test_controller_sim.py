@@ -1,8 +1,10 @@
 """The controller simulator in the default run (``python -m mqlog.sim --layer controller
 --seed N``): fixed seeds, fresh seeds, determinism, what the seeds reach, and every
 controller ``--break`` caught by a fixed seed; the real broker agent (host.py) runs in it,
-and an agent broken on purpose is caught. The agent alone over a scripted IO: garbage
-answers, redirects, controllers that are all down."""
+and an agent broken on purpose is caught. Its metadata readers (sim/readers.py) read
+through the real ClusterClient: a client broken on purpose is caught, and so is the
+caught-up rule that answered a restarted controller's empty state. The agent alone over
+a scripted IO: garbage answers, redirects, controllers that are all down."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ import random
 
 import pytest
 
-from mqlog import errors
+from mqlog import cluster_client, errors
 from mqlog.replication.controller import host
 from mqlog.replication.controller.config import ControllerConfig
 from mqlog.replication.controller.service import TEST_BREAKS
-from mqlog.sim import controller
+from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.sim import controller, readers
 from tests.simseeds import assert_seeds_pass, fresh_seeds, verdict
 
 _fixed = functools.lru_cache(maxsize=None)(controller.run_seed)  # (each fixed seed runs once)
@@ -32,10 +35,22 @@ REGRESSION_SEEDS = {
     3100132: "checker: a broker's view begun from a snapshot is positioned past the last "
              "record (at a no-op) and never equalled the state although its content did",
 }
+# Seeds whose readers' answer checks (readers.ANSWER_CHECKS) failed on main before the
+# controller's caught-up fix: they run once those checks are on.
+CAUGHT_UP_SEEDS = {
+    3: "readers: a restarted controller that knew its leader only from a refused Entries "
+       "(nothing folded) answered describe with an empty state as if caught up; with that "
+       "fixed, one whose leader had restarted too and announced commit 0 before committing "
+       "in its own term did the same",
+    1009: "readers: the same, a restarted controller's empty state (tick 421)",
+    1011: "readers: the same (tick 254), and again after its leader's restart",
+    1012: "readers: the same, after snapshots and trims",
+}
 FRESH_SEED_COUNT = int(os.environ.get("MQLOG_SIM_SEEDS", 5))
 # (break, a fixed seed that catches it): found with `python -m mqlog.sim --layer controller
 # --break NAME --count 30`
 CAUGHT_BY = {"stale_working": 2, "keep_leaders": 9}
+SIM_CAUGHT_BY = {"caught_up_on_leader_known": 3}  # (the simulator's own breaks)
 
 
 @pytest.mark.parametrize("seed", FIXED_SEEDS)
@@ -51,12 +66,21 @@ def test_regression_seeds_pass_every_checker(seed):
     assert not result.violations, f"{REGRESSION_SEEDS[seed]}\n{verdict('controller', result)}"
 
 
+@pytest.mark.skipif(not readers.ANSWER_CHECKS, reason="the readers' answer checks wait for "
+                    "the controller's caught-up fix (readers.ANSWER_CHECKS)")
+@pytest.mark.parametrize("seed", sorted(CAUGHT_UP_SEEDS))
+def test_caught_up_seeds_pass_the_readers_answer_checks(seed):
+    result = run_seed(seed)
+    assert not result.violations, f"{CAUGHT_UP_SEEDS[seed]}\n{verdict('controller', result)}"
+
+
 def test_fresh_seeds_pass_every_checker(rng):
     assert_seeds_pass("controller", run_seed, fresh_seeds(rng, FRESH_SEED_COUNT))
 
 
 def test_the_seeds_exercise_failover_fencing_and_snapshots():
     results = [_fixed(seed) for seed in FIXED_SEEDS]
+    assert all(result.reads > 20 for result in results)  # metadata answers checked
     assert sum(result.leaders > 1 for result in results) >= 5  # controller failovers
     assert sum(result.fences > 0 for result in results) >= 5  # sessions that expired
     assert sum(result.trims > 0 for result in results) >= 2  # logs trimmed after snapshots
@@ -68,6 +92,26 @@ def test_every_break_is_caught(name):
     assert CAUGHT_BY.keys() == set(TEST_BREAKS)
     result = run_seed(CAUGHT_BY[name], name)
     assert result.violations, f"--break {name} went unnoticed by seed {CAUGHT_BY[name]}"
+
+
+@pytest.mark.parametrize("name", controller.SIM_BREAKS)
+def test_every_simulator_break_is_caught_by_the_readers(name):
+    """--break caught_up_on_leader_known: controllers take the caught-up rule of issue 16's
+    CI failure (knowing a leader is enough); the readers see the empty state it answers."""
+    assert SIM_CAUGHT_BY.keys() == set(controller.SIM_BREAKS)
+    result = run_seed(SIM_CAUGHT_BY[name], name)
+    assert any("answered an empty cluster state" in line for line in result.violations), \
+        f"--break {name} went unnoticed\n{verdict('controller', result, name)}"
+
+
+def test_the_readers_views_are_the_real_clients(monkeypatch):
+    """The readers merge through ClusterClient.metadata itself: break the client's decoding
+    (every answer an empty state) and a fixed seed's readers never converge."""
+    assert issubclass(readers.SimClusterClient, cluster_client.ClusterClient)
+    monkeypatch.setattr(cluster_client, "metadata_from", lambda answer: (ClusterMetadata(), []))
+    result = run_seed(1)
+    assert any("did not settle" in line and "view is at" in line
+               for line in result.violations), verdict("controller", result)
 
 
 def test_the_same_seed_gives_the_same_trace():

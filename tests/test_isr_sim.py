@@ -2,7 +2,9 @@
 brokers hosting real ISR and Raft partitions under the real controllers and broker agents
 (sim/brokers.py, sim/isr.py). Fixed seeds and fresh ones pass every checker, the same
 seed gives the same trace, the seeds reach what the checkers are for, and every ``--break``
-of the layer (the ISR core's and the controller's election) is caught by a fixed seed."""
+of the layer (the ISR core's and the controller's election) is caught by a fixed seed.
+The metadata readers' leader check (sim/readers.py) catches agents that learn no Raft
+leader: a client's view then names a broker that does not serve the partition."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import random
 
 import pytest
 
+from mqlog.replication.controller import host
 from mqlog.replication.isr import core as isr_core
 from mqlog.replication.isr import decisions as isr_decisions
-from mqlog.sim import isr
+from mqlog.sim import isr, readers
 from tests.simseeds import assert_seeds_pass, fresh_seeds, verdict
 
 _fixed = functools.lru_cache(maxsize=None)(isr.run_seed)  # (each fixed seed runs once)
@@ -30,10 +33,18 @@ REGRESSION_SEEDS = {
              "pulled) dropped the pending ISR; the high watermark passed the joining "
              "follower, which the controller then elected: committed records lost",
 }
+# Seeds whose readers' answer checks failed on main before the controller's caught-up fix
+# (sim/readers.py's ANSWER_CHECKS): they run once those checks are on.
+CAUGHT_UP_SEEDS = {
+    2026: "readers: a restarted controller answered a state older than it had answered "
+          "before its restart, its log still holding that",
+    2027: "readers: a restarted controller answered describe with an empty state as if "
+          "caught up (after the controller leader and a broker died at once)",
+}
 FRESH_SEED_COUNT = max(1, int(os.environ.get("MQLOG_SIM_SEEDS", 5)) // 5)
 # (break, a fixed seed that catches it): found with `python -m mqlog.sim --layer isr
 # --break NAME --count 30`
-CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 6, "truncate_to_hw": 1,
+CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 6, "truncate_to_hw": 6,
              "hw_below_min_isr": 1, "forget_stale_alter": 8100019}
 
 
@@ -50,6 +61,14 @@ def test_regression_seeds_pass_every_checker():
         assert not result.violations, f"{found}\n{verdict('isr', result)}"
 
 
+@pytest.mark.skipif(not readers.ANSWER_CHECKS, reason="the readers' answer checks wait for "
+                    "the controller's caught-up fix (readers.ANSWER_CHECKS)")
+def test_caught_up_seeds_pass_the_readers_answer_checks():
+    for seed, found in sorted(CAUGHT_UP_SEEDS.items()):
+        result = run_seed(seed)
+        assert not result.violations, f"{found}\n{verdict('isr', result)}"
+
+
 def test_fresh_seeds_pass_every_checker(rng):
     assert_seeds_pass("isr", run_seed, fresh_seeds(rng, FRESH_SEED_COUNT))
 
@@ -57,6 +76,10 @@ def test_fresh_seeds_pass_every_checker(rng):
 def test_the_seeds_exercise_elections_acks_and_power_loss():
     results = [_fixed(seed) for seed in FIXED_SEEDS]
     assert all(result.elections > 3 for result in results)  # leaders moved
+    assert all(result.reads > 20 for result in results)  # metadata answers checked
+    assert sum(result.combined_deaths for result in results) > 0
+    assert sum(result.unclean_shutdowns for result in results) > 0  # KIP-966's mark
+    assert sum(result.balanced for result in results) > 0  # leader balancing moved some
     assert sum(result.acked_one for result in results) > 0  # acks=1 writes too
     assert sum(result.refused for result in results) > 0  # NotEnoughReplicas, NotLeader
     assert any(result.options.power_loss for result in results)
@@ -89,4 +112,14 @@ def test_lost_acknowledged_writes_are_caught_by_their_own_checker(monkeypatch):
     monkeypatch.setattr(isr.IsrSwarm, "_check_insync_holders", lambda *args: None)
     result = run_seed(CAUGHT_BY["election_outside_isr"], "election_outside_isr")
     assert any("acknowledged with acks=all" in line and "was lost" in line
+               for line in result.violations), verdict("isr", result)
+
+
+def test_agents_that_learn_no_raft_leader_are_caught_by_the_readers(monkeypatch):
+    """Agents deaf to the leaders in heartbeat answers (and to their own): every
+    cluster_metadata answer shows the Raft partition led by its creation's guess; once
+    another broker leads it, the readers' views never name the broker that serves it."""
+    monkeypatch.setattr(host.BrokerAgent, "took_leaders", lambda agent, answer, leads: None)
+    result = run_seed(6)
+    assert any("ledger-0 led by" in line and "serves it" in line
                for line in result.violations), verdict("isr", result)

@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=1)
     breaks = sorted({*driver.TEST_BREAKS, *raft_core.TEST_BREAKS, *ms_core.TEST_BREAKS,
                      *controller_service.TEST_BREAKS,
-                     *controller_service.DECISION_BREAKS, *isr_core.TEST_BREAKS})
+                     *controller_service.DECISION_BREAKS, *isr_core.TEST_BREAKS,
+                     *controller.SIM_BREAKS})
     parser.add_argument("--break", dest="test_break", default="", choices=["", *breaks],
                         help="run a deliberately broken driver or core (the checkers must "
                              "catch it)")

@@ -33,7 +33,15 @@ Checkers (a list of violations; empty is a pass):
   unfenced, every dead one fenced; every broker's pulled view equals the controllers'
   state and it hosts exactly the Raft partitions that state assigns it; every controller
   up holds that same state;
-* an agent's note of a malformed answer (the controllers are real: never garbage).
+* an agent's note of a malformed answer (the controllers are real: never garbage);
+* the metadata readers' (sim/readers.py): producers' ClusterClients and operators'
+  describes read through the real handlers and the real client; no node answers an
+  older state than it answered before, nor an empty one once the cluster has brokers
+  (readers.ANSWER_CHECKS); once settled, every reader's view is the controller leader's
+  state, with each ISR partition led by a live broker that hosts it.
+
+``--break caught_up_on_leader_known`` (SIM_BREAKS: the simulator's own) gives the
+controllers the caught-up rule of issue 16's CI failure; the readers catch it.
 """
 
 from __future__ import annotations
@@ -56,8 +64,14 @@ from mqlog.sim import harness
 from mqlog.sim.harness import SeedResult, Simulation
 from mqlog.sim.network import NetworkOptions
 from mqlog.sim.raft import CORE_SETTINGS, RAFT_STORE_SETTINGS, RaftSimNode
+from mqlog.sim.readers import Readers
 
 TICK_MS = 10
+# Breaks of the simulator's own making (the real code's are its modules' TEST_BREAKS):
+# "caught_up_on_leader_known": controllers take the caught-up rule that answered a
+# restarted controller's empty state (the first liveness bug the readers were built for):
+# knowing a leader is enough, whether or not it folded the commit that leader announced.
+SIM_BREAKS = ("caught_up_on_leader_known",)
 STORE_SETTINGS: dict[str, Any] = dict(RAFT_STORE_SETTINGS, segment_size_bytes=64 * 1024,
                                       message_size_bytes_max=8 * 1024)
 
@@ -102,10 +116,22 @@ class ControllerSimNode(RaftSimNode):
 
     def start(self) -> None:
         super().start()
-        self.controller = Controller(self.controller_config, self.store, self.driver,
+        kind = _EagerController if self.test_break == "caught_up_on_leader_known" else \
+            Controller
+        self.controller = kind(self.controller_config, self.store, self.driver,
                                      tick_ms=TICK_MS, rng=random.Random(self.rng.random()),
                                      note=lambda text: self.sim.trace(f"{self.name}: {text}"),
                                      test_break=self.test_break)
+
+
+class _EagerController(Controller):
+    """A controller with the caught-up rule of SIM_BREAKS' caught_up_on_leader_known."""
+
+    @property
+    def caught_up(self) -> bool:
+        core = self.driver.core
+        return not self.rebuilding and (self.serving or bool(core.leader)
+                                        and core.leader != core.node_id)
 
 
 class SimAgentIo:
@@ -135,6 +161,7 @@ class SimAgentIo:
             settled[0] = True
             if answer is not None and header["kind"] == "register_broker":
                 sim.result.registrations += 1
+                sim.readers.registered()
             if answer is not None and "snapshot" in answer:
                 sim.result.snapshots_pulled += 1
             done(answer, error)
@@ -253,6 +280,7 @@ class ControllerSimResult(SeedResult):
     trims: int = 0  # the furthest log start any controller reached
     snapshots_pulled: int = 0
     topics_created: int = 0
+    reads: int = 0  # metadata answers the readers checked
 
     def summary(self) -> str:
         options = self.options
@@ -260,7 +288,8 @@ class ControllerSimResult(SeedResult):
                 f"brokers={options.brokers} leaders={self.leaders} "
                 f"registrations={self.registrations} fences={self.fences} "
                 f"topics={self.topics_created} log_start={self.trims} "
-                f"snapshots_pulled={self.snapshots_pulled} trace={self.digest}")
+                f"snapshots_pulled={self.snapshots_pulled} reads={self.reads} "
+                f"trace={self.digest}")
 
 
 class ControllerSwarm(Simulation):
@@ -302,6 +331,7 @@ class ControllerSwarm(Simulation):
         self.topic_count = 0
         self.faulty = True
         self.terms: set[int] = set()
+        self.readers = Readers(self, seed, check_answers=test_break in SIM_BREAKS)
         self.prepare(root, test_break)
         for node in self.nodes.values():
             node.start()
@@ -335,6 +365,10 @@ class ControllerSwarm(Simulation):
         """The groups a live broker hosts now."""
         return set(broker.host.groups)
 
+    def leads(self, broker: str, group: str) -> bool | None:
+        """Whether ``broker``'s replica of ``group`` serves it (None: no core runs it)."""
+        return None
+
     # --- the run (harness.py runs these) ------------------------------------------------
 
     def safety_tick(self, tick: int) -> None:
@@ -343,6 +377,7 @@ class ControllerSwarm(Simulation):
 
     def finish(self) -> None:
         self.result.leaders = len(self.terms)
+        self.result.reads = self.readers.answers
 
     def _step_all(self) -> None:
         self.advance_clock()
@@ -358,6 +393,7 @@ class ControllerSwarm(Simulation):
             node.complete_flushes()
             self._run(node)
         self._brokers_run()
+        self.readers.tick()
         if self.faulty and self.rng.random() < self.options.operator_probability:
             self._operator()
         for node in self.running():  # (what the brokers and the operator proposed)
@@ -467,6 +503,7 @@ class ControllerSwarm(Simulation):
             if node.up and rng.random() < options.crash_probability:
                 durable, kept = node.crash()
                 node.controller.stop()  # (its waiters: outcome unknown)
+                self.readers.crashed(node.name, durable)
                 self.trace(f"crash {node.name}: flushed {durable}, kept {kept}")
             elif not node.up and rng.random() < options.restart_probability:
                 node.start()
@@ -546,7 +583,7 @@ class ControllerSwarm(Simulation):
             if self.hosted(broker) != _assigned(state, broker.name):
                 return (f"broker {broker.name} hosts {sorted(self.hosted(broker))}, not what "
                         f"the state assigns it: {sorted(_assigned(state, broker.name))}")
-        return ""
+        return self.readers.unsettled(state, self.leads)
 
     def _check_final(self) -> None:
         state = self.running()[0].controller.committed

@@ -19,7 +19,15 @@ stop, what is sent to it waits, and it resumes where it was — fenced meanwhile
 and still believing what it believed). A broker dies whole: a SIGKILL on most seeds (its written
 bytes survive), a power loss on some (``power_loss``: what no flush made durable is lost,
 each group's store with it; the async flusher is simulated by a flush every
-``flush_every_ticks``).
+``flush_every_ticks``). On some seeds the controller leader and the broker that leads the
+Raft partition die in the same tick (``_combined_death``: Kafka's combined mode, where
+one process is both). Three choices are drawn apart from the seed's generator (so a seed
+where none applies runs as before they existed): those combined deaths; KIP-966's
+unclean-shutdown mark (``marks_unclean``: a broker's new life that finds its stores left
+open says so when it registers, as join_cluster does, and leaves every ELR); and the
+controller's automatic leader balancing (``balancing``: checked every
+``BALANCE_TICKS``; ISR partitions moved by PartitionChange, Raft ones by transfers that
+the agent hands to the core, attach_transfers).
 
 The client. One idempotent producer per partition: each write gets the next sequence,
 and goes, whenever it comes in a tick, to the replica that serves the partition now,
@@ -55,7 +63,10 @@ Checkers (a list of violations; empty is a pass):
 * liveness: with faults off and every broker back, each ISR partition's ISR is all its
   replicas, every replica's high watermark equals its log end, and the logs of each
   partition are byte-identical (so are each Raft group's), and every write the client
-  still waits on is acknowledged; plus the controller simulation's own checks.
+  still waits on is acknowledged; with balancing on, every partition is led by its
+  preferred replica; plus the controller simulation's own checks — among them the
+  metadata readers' (sim/readers.py): every client's view names, for each partition, the
+  broker whose replica serves it.
 
 ``--break`` switches: the ISR core's (hw_all_replicas, truncate_to_hw, hw_below_min_isr)
 and the controller's election_outside_isr (isr/decisions.py); tests/test_isr_sim.py names
@@ -73,13 +84,19 @@ from pathlib import Path
 from typing import Any
 
 from mqlog.errors import MqlogError
-from mqlog.replication.controller.host import BrokerGroups, attach_isr
+from mqlog.replication.controller.host import (
+    BrokerGroups,
+    attach_isr,
+    attach_transfers,
+    unclean_stores,
+)
 from mqlog.replication.idempotence import Stored
 from mqlog.results import PutStatus
 from mqlog.sim import harness
 from mqlog.sim.brokers import SimBroker, SimGroup
 from mqlog.sim.controller import (
     STORE_SETTINGS,
+    TICK_MS,
     BrokerSlot,
     ControllerOptions,
     ControllerSimResult,
@@ -95,6 +112,7 @@ MIN_INSYNC_REPLICAS = 2
 GROUP_STORE_SETTINGS: dict[str, Any] = dict(STORE_SETTINGS)
 BODY_PADDING = b"." * 200
 CREATE_RETRY_TICKS = 20
+BALANCE_TICKS = 200  # the leader imbalance check's interval, on seeds that balance
 
 
 @dataclass
@@ -163,6 +181,10 @@ class IsrSimResult(ControllerSimResult):
     shrinks: int = 0  # ISR shrinks a leader asked for
     expands: int = 0
     truncations: int = 0  # followers truncated by leader epoch (KIP-101/279/320)
+    combined_deaths: int = 0  # the controller leader and the Raft leader's broker at once
+    unclean_shutdowns: int = 0  # lives that registered with KIP-966's unclean mark
+    balancing: bool = False  # the controller's automatic leader balancing runs
+    balanced: int = 0  # leader imbalance checks that moved leaders
 
     def summary(self) -> str:
         options = self.options
@@ -172,7 +194,10 @@ class IsrSimResult(ControllerSimResult):
                 f"acked_one={self.acked_one} lost_one={self.lost_one} "
                 f"lost_excused={self.lost_excused} refused={self.refused} "
                 f"shrinks={self.shrinks} expands={self.expands} "
-                f"truncations={self.truncations} trace={self.digest}")
+                f"truncations={self.truncations} combined_deaths={self.combined_deaths} "
+                f"unclean_shutdowns={self.unclean_shutdowns} balancing={self.balancing} "
+                f"balanced={self.balanced} "
+                f"reads={self.reads} trace={self.digest}")
 
 
 class IsrSwarm(ControllerSwarm):
@@ -188,8 +213,14 @@ class IsrSwarm(ControllerSwarm):
     # --- set up (ControllerSwarm's hooks) ------------------------------------------------
 
     def partition_rules(self) -> dict[str, Any]:
+        # Leader balancing on half the seeds, checked every BALANCE_TICKS (its default of
+        # 300 s is past any run); drawn from a generator of its own, not the seed's.
+        self.balancing = random.Random(f"{self.result.seed}/balancing").random() < 0.5
+        self.result.balancing = self.balancing
+        balancing = {"leader_imbalance_check_interval_ms": BALANCE_TICKS * TICK_MS} \
+            if self.balancing else {"auto_leader_rebalance_enable": False}
         return {"min_insync_replicas": MIN_INSYNC_REPLICAS,
-                "replica_lag_time_ms": self.options.replica_lag_time_ms}
+                "replica_lag_time_ms": self.options.replica_lag_time_ms, **balancing}
 
     def prepare(self, root: Path, test_break: str) -> None:
         self.root, self.test_break = root, test_break
@@ -209,6 +240,12 @@ class IsrSwarm(ControllerSwarm):
         self.replicas_of: dict[str, tuple[str, ...]] = {}  # group -> its brokers
         self.paused: set[str] = set()  # brokers stopped (SIGSTOP)
         self.backlog: dict[str, list[tuple[str, Any]]] = {}  # what reached a paused broker
+        self.combined_rng = random.Random(f"{self.result.seed}/combined")  # (not self.rng)
+        # KIP-966's unclean-shutdown mark (join_cluster's) on half the seeds; the others
+        # run brokers without it. (Drawn apart from the seed's generator, like balancing
+        # and combined deaths: a seed with none of the three runs as it did before them.)
+        self.marks_unclean = random.Random(f"{self.result.seed}/unclean").random() < 0.5
+        self.combined_probability = self.combined_rng.choice([0.0, 0.003, 0.01])
 
     def new_host(self, broker: BrokerSlot) -> Any:
         sim_broker = SimBroker(self, broker.name, self.root / "brokers" / broker.name,
@@ -218,8 +255,18 @@ class IsrSwarm(ControllerSwarm):
         return BrokerGroups(sim_broker)
 
     def attach(self, broker: BrokerSlot) -> None:
+        """join_cluster's joins (ISR state, balancing's transfers), and on the seeds that
+        mark them (``marks_unclean``), KIP-966's mark: a life after a death finds its
+        stores left open (their abort markers), and its first registration says so."""
         assert broker.agent is not None
-        attach_isr(broker.agent, self.sim_brokers[broker.name])
+        sim_broker = self.sim_brokers[broker.name]
+        attach_isr(broker.agent, sim_broker)
+        attach_transfers(broker.agent, sim_broker)
+        left_open = unclean_stores(sim_broker.root, skip=set(sim_broker.groups)) \
+            if self.marks_unclean else []
+        broker.agent.unclean_shutdown = bool(left_open)
+        if left_open:
+            self.result.unclean_shutdowns += 1
 
     def host_dies(self, broker: BrokerSlot) -> None:
         sim_broker = self.sim_brokers.pop(broker.name)
@@ -242,6 +289,14 @@ class IsrSwarm(ControllerSwarm):
     def hosted(self, broker: BrokerSlot) -> set[str]:
         sim_broker = self.sim_brokers[broker.name]
         return set(sim_broker.groups) | set(sim_broker.recorded)
+
+    def leads(self, broker: str, group: str) -> bool | None:
+        if group not in {f"{name}-{index}" for name, (_layer, count) in self.topics.items()
+                         for index in range(count)}:
+            return None  # (a group the simulator runs no cores for)
+        sim_broker = self.sim_brokers.get(broker)
+        node = sim_broker.groups.get(group) if sim_broker is not None else None
+        return bool(node is not None and node.up and node.driver.serving)
 
     # --- the run -------------------------------------------------------------------------
 
@@ -270,6 +325,32 @@ class IsrSwarm(ControllerSwarm):
             self.trace(f"partition brokers {a} and {b}")
         elif self.peers.partitioned and rng.random() < HEAL_PROBABILITY:
             self.peers.heal()
+        self._combined_death()
+
+    def _combined_death(self) -> None:
+        """Kafka's combined mode, where a broker is also a controller: the controller
+        leader and the broker that leads the Raft partition die in the same tick (the
+        case of issue 16's process-test failure, where a client could not reach the
+        partitions the killed combined process had led). Drawn from a generator of its
+        own, so a seed where it never strikes runs as it did before there was one."""
+        if self.combined_rng.random() >= self.combined_probability:
+            return
+        leaders = sorted(node.name for node in self.running() if node.controller.serving)
+        brokers = sorted(name for name, sim_broker in self.sim_brokers.items()
+                         if name not in self.paused and any(
+                             group.up and group.driver.serving and
+                             group.spec.replication.layer == "raft"
+                             for group in sim_broker.groups.values()))
+        if not leaders or not brokers:
+            return
+        node = self.nodes[leaders[0]]
+        durable, kept = node.crash()
+        node.controller.stop()
+        self.readers.crashed(node.name, durable)
+        self._end_life(self.brokers[brokers[0]])
+        self.result.combined_deaths += 1
+        self.trace(f"controller leader {node.name} (flushed {durable}, kept {kept}) and the "
+                   f"Raft leader's broker {brokers[0]} die at once")
 
     def trace(self, text: str) -> None:
         super().trace(text)
@@ -279,6 +360,8 @@ class IsrSwarm(ControllerSwarm):
             self.result.expands += 1
         elif " truncated [" in text:
             self.result.truncations += 1
+        elif "leader balancing:" in text:
+            self.result.balanced += 1
 
     def _resume(self, name: str) -> None:
         self.paused.discard(name)
@@ -564,6 +647,9 @@ class IsrSwarm(ControllerSwarm):
                 return f"{group} has {len(serving)} serving leaders"
             if layer == "isr" and set(part.isr) != set(part.replicas):
                 return f"{group}'s ISR is {list(part.isr)}"
+            if self.balancing and serving[0].broker_id != part.replicas[0]:
+                return (f"{group} is led by {serving[0].broker_id}, not its preferred "
+                        f"replica {part.replicas[0]} (leader balancing is on)")
         return ""
 
     def check_end(self) -> None:

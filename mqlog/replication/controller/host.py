@@ -711,6 +711,20 @@ def attach_isr(agent: BrokerAgent, broker: Any) -> None:
     broker.alter_partition = lambda node, request: agent.request_alter(node.name, request)
 
 
+def attach_transfers(agent: BrokerAgent, broker: Any) -> None:
+    """Leader balancing's Raft moves: a transfer the controller asks for in a heartbeat
+    answer goes to the hosted group's core (the simulator's brokers are joined by this
+    same code)."""
+
+    def on_transfer(name: str, target: str) -> None:
+        node = broker.groups.get(name)
+        if node is not None and node.spec.replication.layer == "raft":
+            node.core.transfer_leadership(target)
+            node.schedule()
+
+    agent.on_transfer = on_transfer
+
+
 def join_cluster(broker: Any) -> BrokerAgent:
     """Start ``broker``'s agent (see the module docstring); call on its loop."""
     agent = BrokerAgent(BrokerGroups(broker), _config(broker), SocketIo(broker))
@@ -721,14 +735,7 @@ def join_cluster(broker: Any) -> BrokerAgent:
               f"{', '.join(left_open)}; the controller takes this broker out of every "
               "ELR (KIP-966)", flush=True)
     attach_isr(agent, broker)
-
-    def on_transfer(name: str, target: str) -> None:  # (leader balancing's Raft moves)
-        node = broker.groups.get(name)
-        if node is not None and node.spec.replication.layer == "raft":
-            node.core.transfer_leadership(target)
-            node.schedule()
-
-    agent.on_transfer = on_transfer
+    attach_transfers(agent, broker)
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         return agent.describe(), b""
