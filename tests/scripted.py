@@ -24,6 +24,8 @@ from mqlog.replication.driver import Driver
 from mqlog.replication.messages import Message
 from tests import datadriven
 
+STABILIZE_ROUNDS_MAX = 100  # of processing and delivering, before a script is said to loop
+
 
 class ScriptIo:
     """The driver's world in a script: the test network, a hard state saved (and synced)
@@ -74,6 +76,43 @@ class Interaction:
             return getattr(self, f"do_{command.replace('-', '_')}")(args, kwargs) or ""
         except MqlogError as error:
             return f"error: {type(error).__name__}: {error}"
+
+    def _up(self) -> list[str]:
+        return sorted(self.cores)
+
+    def _flush_ready(self, names: list[str]) -> str:
+        raise NotImplementedError  # (a layer's: carry out each node's Ready, say what it did)
+
+    def do_deliver(self, args: list[str], kwargs: dict[str, str]) -> str:
+        raise NotImplementedError  # (a layer's: deliver the queued messages, say which)
+
+    def do_stabilize(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """Process every node's Ready and deliver the messages until nothing happens."""
+        lines = []
+        for _ in range(STABILIZE_ROUNDS_MAX):
+            output = self._flush_ready(self._up())
+            delivered = self.do_deliver([], {})
+            if not output and not delivered:
+                return "\n".join(lines)
+            lines += [text for text in (output, delivered) if text]
+        raise AssertionError(f"did not stabilize in {STABILIZE_ROUNDS_MAX} rounds")
+
+    def do_flush(self, args: list[str], kwargs: dict[str, str]) -> str:
+        """The OS writes the named stores' pages out on its own: now durable."""
+        for name in args:
+            self.stores[name].flush()
+        return ""
+
+    def _lose_power(self, name: str) -> tuple[int, int]:
+        """``name`` loses what no Ready synced (its log cut back to the flushed position),
+        and its core and driver with it: (flushed, written) as they were."""
+        store = self.stores.pop(name)
+        durable, written = store.flushed_position, store.written_position
+        if written > durable:
+            store.truncate(durable)
+        store.close()
+        del self.cores[name], self.drivers[name]
+        return durable, written
 
 
 def run_script(path: Path, interaction: Interaction) -> None:

@@ -83,12 +83,7 @@ class Interaction(raft_harness.Interaction):
     def do_crash(self, args: list[str], kwargs: dict[str, str]) -> str:
         lines = []
         for name in args:
-            store = self.stores.pop(name)
-            durable, written = store.flushed_position, store.written_position
-            if written > durable:
-                store.truncate(durable)
-            store.close()
-            del self.cores[name], self.drivers[name]
+            durable, written = self._lose_power(name)
             lines.append(f"{name}: crashed, " + (f"lost [{durable}, {written})"
                                                  if written > durable else "lost nothing"))
         return "\n".join(lines)
@@ -101,11 +96,6 @@ class Interaction(raft_harness.Interaction):
             self.cores[name].apply_metadata(self.partition)  # type: ignore[attr-defined]
             lines += [line for line in [self._flush_ready([name])] if line]
         return "\n".join(lines)
-
-    def do_flush(self, args: list[str], kwargs: dict[str, str]) -> str:
-        for name in args:
-            self.stores[name].flush()
-        return ""
 
     # --- the controller --------------------------------------------------------------------
 

@@ -105,16 +105,6 @@ class Interaction(scripted.Interaction):
         self.network += list(self.network)
         return ""
 
-    def do_stabilize(self, args: list[str], kwargs: dict[str, str]) -> str:
-        lines = []
-        for _ in range(100):
-            output = self._flush_ready(sorted(self.cores))
-            delivered = self.do_deliver([], {})
-            if not output and not delivered:
-                return "\n".join(lines)
-            lines += [text for text in (output, delivered) if text]
-        raise AssertionError("did not stabilize in 100 rounds")
-
     def do_promote(self, args: list[str], kwargs: dict[str, str]) -> str:
         self.cores[args[0]].promote(kwargs.get("role", "SYNC_MASTER"),
                                     tuple(filter(None, kwargs.get("slaves", "").split(","))),
@@ -141,11 +131,6 @@ class Interaction(scripted.Interaction):
         flushed, _kept = power_off(self.stores.pop(name), None)
         self._start(name)
         return f"{name}: lost power, kept [.., {flushed})\n" + self._flush_ready([name])
-
-    def do_flush(self, args: list[str], kwargs: dict[str, str]) -> str:
-        for name in args:
-            self.stores[name].flush()
-        return ""
 
     def do_follow(self, args: list[str], kwargs: dict[str, str]) -> str:
         self.cores[args[0]].follow(kwargs["master"])

@@ -94,9 +94,6 @@ class Interaction(scripted.Interaction):
         self.starts: dict[str, int] = {}  # how often each node started (seeds its RNG)
         self.cut: set[str] = set()  # a partition: these nodes on one side, the rest
 
-    def _up(self) -> list[str]:
-        return sorted(self.cores)
-
     # --- nodes -------------------------------------------------------------------------
 
     def do_add(self, args: list[str], kwargs: dict[str, str]) -> str:
@@ -129,12 +126,7 @@ class Interaction(scripted.Interaction):
         """A power loss: what no Ready synced is gone, and so is the core's memory."""
         lines = []
         for name in args:
-            store = self.stores.pop(name)
-            durable, written = store.flushed_position, store.written_position
-            if written > durable:
-                store.truncate(durable)
-            store.close()
-            del self.cores[name], self.drivers[name]
+            durable, written = self._lose_power(name)
             lost = f"lost [{durable}, {written})" if written > durable else "lost nothing"
             lines.append(f"{name}: crashed, {lost}; hard state {_hard(self.hard_states[name])}")
         return "\n".join(lines)
@@ -240,16 +232,6 @@ class Interaction(scripted.Interaction):
         dropped = self._selected(args, kwargs)
         self.network = [message for message in self.network if message not in dropped]
         return "\n".join(f"dropped {describe_message(message)}" for message in dropped)
-
-    def do_stabilize(self, args: list[str], kwargs: dict[str, str]) -> str:
-        lines = []
-        for _ in range(100):
-            output = self._flush_ready(self._up())
-            delivered = self.do_deliver([], {})
-            if not output and not delivered:
-                return "\n".join(lines)
-            lines += [text for text in (output, delivered) if text]
-        raise AssertionError("did not stabilize in 100 rounds")
 
     def do_run(self, args: list[str], kwargs: dict[str, str]) -> str:
         """K rounds of: tick the nodes (every running node if none is named), then
