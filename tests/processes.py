@@ -22,12 +22,14 @@ a loaded machine is slow, not wrong); none waits a fixed time."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,6 +202,21 @@ class Writer(threading.Thread):
         self.done.set()
         self.join(timeout=DEADLINE_S * 2)
         assert not self.is_alive()
+
+
+@contextlib.contextmanager
+def writing(writers: list[Writer], first_acks: int) -> Iterator[list[Writer]]:
+    """The writers started, once each has ``first_acks`` acknowledged writes; each is
+    finished when the block ends, however it ends."""
+    for writer in writers:
+        writer.start()
+    try:
+        for writer in writers:
+            writer.wait_for_more(first_acks)
+        yield writers
+    finally:
+        for writer in writers:
+            writer.finish()
 
 
 def _keep(process: subprocess.Popen, lines: deque[str]) -> None:

@@ -43,6 +43,7 @@ from tests.processes import (
     store_image,
     use_core,
     wait_live_brokers,
+    writing,
 )
 
 NAMES = BROKERS
@@ -118,12 +119,7 @@ def test_master_sigkilled_in_sync_slave_promoted_no_acked_write_lost(
     slaves = [name for name in created.replicas if name != master]
     wait_until(lambda: set((cluster.group(master) or {}).get("slaves", ())) == set(slaves),
                f"{master} streaming to {slaves}", DEADLINE_S)
-    writers = [Writer(cluster, label) for label in ("a", "b")]
-    for writer in writers:
-        writer.start()
-    try:
-        for writer in writers:
-            writer.wait_for_more(30)
+    with writing([Writer(cluster, label) for label in ("a", "b")], 30) as writers:
         wait_until(lambda: set(_partition(cluster).isr) == set(NAMES),
                    "every slave in the sync state set", DEADLINE_S)
         promoted, epoch, sampled = _kill_the_master(cluster, master, slaves, writers)
@@ -135,9 +131,6 @@ def test_master_sigkilled_in_sync_slave_promoted_no_acked_write_lost(
                    f"{master} back in the sync state set", DEADLINE_S)
         for writer in writers:
             writer.wait_for_more(30)
-    finally:
-        for writer in writers:
-            writer.finish()
     failures = [failure for writer in writers for failure in writer.failures]
     assert not failures, f"writes failed: {failures[:3]}"
     acked = [body for writer in writers for body in writer.acked]

@@ -50,6 +50,7 @@ from tests.processes import (
     use_core,
     wait_controller_leader,
     wait_live_brokers,
+    writing,
 )
 
 PARTITIONS = 6
@@ -218,17 +219,9 @@ def test_sigkilled_broker_and_controller_leader_lose_no_acked_write(
                DEADLINE_S)
     created = cluster_state(controllers)
     _hosts_only_what_is_assigned(cluster, created)
-    writers = [Writer(cluster, label) for label in ("a", "b")]
-    for writer in writers:
-        writer.start()
-    try:
-        for writer in writers:
-            writer.wait_for_more(30)
+    with writing([Writer(cluster, label) for label in ("a", "b")], 30) as writers:
         _kill_a_partition_leader(cluster, writers)
         _kill_the_controller_leader(cluster, writers, created)
-    finally:
-        for writer in writers:
-            writer.finish()
     acked = [item for writer in writers for item in writer.acked]
     failures = [f for writer in writers for f in writer.failures]
     assert not failures, f"writes failed: {failures[:3]}"
