@@ -39,15 +39,17 @@ Two modes, as in RocketMQ:
   (below: at most ``max(checkpoint_interval_ms, flush_interval_ms)``) or
   ``flush_thorough_interval_ms``, whichever comes first.
 
-Either way, every ``checkpoint_interval_ms`` a checkpoint thread syncs the log, then the
-consume queues up to where they are, and writes the checkpoint: on its own thread, so
-that its fsyncs never stall a sync waiter. One log sync runs at a time (``_sync_lock``)
-and one checkpoint (``_checkpoint_lock``); ``paused()`` takes both, so a truncation
-never lands between a checkpoint's snapshot and its write. A checkpoint that fails for
-want of disk space or descriptors is only postponed (the log is durable; recovery would
-scan from the previous one): it never fences the store. A checkpoint whose position is
-the last one's is not written again: an idle store does no I/O, and its files hold still
-(a checkpoint replaces its file: on a full disk that gives room back and takes it again).
+Either way, every ``checkpoint_interval_ms`` a checkpoint syncs the log, then the
+consume queues up to where they are, and writes the checkpoint: on the process's
+checkpoint thread (checkpoints.py: one for every store open in the process, one
+checkpoint at a time), so that its fsyncs never stall a sync waiter. One log sync runs
+at a time (``_sync_lock``) and one checkpoint (``_checkpoint_lock``); ``paused()`` takes
+both, so a truncation never lands between a checkpoint's snapshot and its write. A
+checkpoint that fails for want of disk space or descriptors is only postponed (the log
+is durable; recovery would scan from the previous one): it never fences the store. A
+checkpoint whose position is the last one's is not written again: an idle store does no
+I/O, and its files hold still (a checkpoint replaces its file: on a full disk that gives
+room back and takes it again).
 
 A failed sync is never swallowed: the error is kept, every waiter raises FlushFailed,
 and the store is fenced (StoreFailed) until it is reopened and recovery finds out what
@@ -64,6 +66,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from mqlog.config import PAGE_SIZE, StoreConfig
+from mqlog.engine import checkpoints
 from mqlog.engine.files import typed_os_error
 from mqlog.errors import DiskFull, FlushFailed, TooManyOpenFiles
 
@@ -107,9 +110,7 @@ class FlushService:
         self.checkpointed_position = flushed_position
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="mqlog-flush", daemon=True)
-        self._checkpoints_end = threading.Event()
-        self._checkpointer = threading.Thread(target=self._run_checkpoints,
-                                              name="mqlog-checkpoint", daemon=True)
+        self._scheduled = False  # checkpoints by the process's scheduler (checkpoints.py)
 
     @property
     def flushed_position(self) -> int:
@@ -122,7 +123,9 @@ class FlushService:
     def start(self) -> None:
         if self._threaded:
             self._thread.start()
-            self._checkpointer.start()
+            checkpoints.SCHEDULER.add(self, self._checkpoint_interval_s(),
+                                      self._checkpoint_once)
+            self._scheduled = True
 
     def stop(self) -> None:
         """Flush what is written, checkpoint, and end the threads."""
@@ -133,8 +136,14 @@ class FlushService:
             self._stopping = self._group.stopping = True
             self._work.notify_all()
         self._thread.join()
-        self._checkpoints_end.set()
-        self._checkpointer.join()
+        self._unschedule()
+        self._checkpoint_once()  # (the last one: where the log ends now)
+
+    def _unschedule(self) -> None:
+        """No more scheduled checkpoints (one under way ends first)."""
+        if self._scheduled:
+            self._scheduled = False
+            checkpoints.SCHEDULER.remove(self)
 
     def abandon(self, reason: str) -> None:
         """End the threads with no flush and no checkpoint (Store.abandon: a crash).
@@ -147,10 +156,9 @@ class FlushService:
             self._stopping = self._group.stopping = True
             self._work.notify_all()
             self._release_waiters(None)
-        self._checkpoints_end.set()
-        for thread in (self._thread, self._checkpointer):
-            if thread.ident is not None:
-                thread.join()
+        self._unschedule()
+        if self._thread.ident is not None:
+            self._thread.join()
 
     # --- writers -----------------------------------------------------------------------
 
@@ -300,19 +308,16 @@ class FlushService:
             return self._group.take_ready()
         return None
 
-    def _run_checkpoints(self) -> None:
-        """The checkpoint thread: off the syncs' path, so that a checkpoint's fsyncs
-        never stall a sync-flush waiter; one more at the end."""
+    def _checkpoint_interval_s(self) -> float:
         config = self._config
         interval = config.checkpoint_interval_ms / 1000
         if config.flush_mode != "sync":  # a checkpoint flushes the log: no more often
             interval = max(interval, config.flush_interval_ms / 1000)
-        while not self._checkpoints_end.wait(interval):
-            if not self._checkpoint_once():
-                return
-        self._checkpoint_once()
+        return interval
 
     def _checkpoint_once(self) -> bool:
+        """One checkpoint (the scheduler's thread calls it: off the syncs' path, so its
+        fsyncs never stall a sync-flush waiter); False once the store is fenced."""
         try:
             with self._checkpoint_lock:
                 if self.error is not None:
