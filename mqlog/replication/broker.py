@@ -85,6 +85,9 @@ class PeerCounters:
     protocol_errors: int = 0  # connections closed because it sent garbage
     dropped_messages: int = 0  # messages its full send buffer refused
     misaddressed: int = 0  # messages for no hosted group, or not from it
+    messages_sent: int = 0  # replication messages written to it
+    writes: int = 0  # socket writes that carried them (one per peer per group's Ready)
+    bytes_sent: int = 0
 
 
 class Broker:
@@ -303,6 +306,10 @@ class Broker:
                     self._counters(peer).dropped_messages += len(frames)
                     continue
                 link.writer.write(data)
+                counters = self._counters(peer)
+                counters.messages_sent += len(frames)
+                counters.writes += 1
+                counters.bytes_sent += len(data)
             elif peer not in self._dialing and peer in self.peers and \
                     (now := asyncio.get_running_loop().time()) >= self._dial_after.get(peer, 0):
                 # At most one dial per interval: a peer that is down or refuses this one
