@@ -74,15 +74,15 @@ def produce_for(brokers: list[str], topic: str, partition: int, acks: Any, secon
         while time.perf_counter() - started < seconds:
             pending.append(client.send_batch(topic, bodies, partition=partition))
             while pending and (pending[0].done() or len(pending) > in_flight):
-                sent = pending.popleft().result()
-                assert sent.status is PutStatus.PUT_OK, sent
+                done = pending.popleft().result()
+                assert done.status is PutStatus.PUT_OK, done
             count += batch
         # The span ends when everything sent is on every ISR member: one acks=all write
         # last (replication that would otherwise spill into the next figure is counted
         # in this one; an acks=0 loop's sends are all stored or refused by then).
         barrier = client.send_batch(topic, bodies, partition=partition, acks="all")
-        for sent in (*pending, barrier):
-            assert sent.result().status is PutStatus.PUT_OK, sent
+        for last in (*pending, barrier):
+            assert last.result().status is PutStatus.PUT_OK, last.result()
         count += batch
         counts.append((count, time.perf_counter() - started, client.refused))
 
@@ -99,26 +99,45 @@ def cpu_seconds(processes: list[subprocess.Popen]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def peer_messages(brokers: list[str]) -> tuple[int, int]:
+    """Replication messages and their bytes the brokers sent each other so far
+    (``broker_metadata``'s per-peer counters)."""
+    messages = size = 0
+    for address in brokers:
+        answer = ask([address], {"kind": "broker_metadata"}) or {}
+        for counters in answer.get("counters", {}).values():
+            messages += counters.get("messages_sent", 0)
+            size += counters.get("bytes_sent", 0)
+    return messages, size
+
+
 def measure(brokers: list[str], mode: str, shape: int, seconds: float, batch: int,
-            processes: list[subprocess.Popen], in_flight: int = 1) -> tuple[float, float, int]:
+            processes: list[subprocess.Popen],
+            in_flight: int = 1) -> tuple[float, float, int, tuple[float, float]]:
     """Records/s of ``shape`` producers together (one per partition), the brokers' CPU
-    seconds per million records, and acks=0 refusals."""
+    seconds per million records, acks=0 refusals, and the peer messages per produce
+    request with their mean size in bytes (fetches and their answers: how well fetch
+    answers batch)."""
     topic, acks = MODES[mode]
     counts: list[tuple[int, float, int]] = []
     threads = [threading.Thread(target=produce_for, args=(
         brokers, topic, partition, acks, seconds, batch, in_flight, counts))
         for partition in range(shape)]
+    messages, size = peer_messages(brokers)
     cpu = cpu_seconds(processes)
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     cpu = cpu_seconds(processes) - cpu
+    after = peer_messages(brokers)
+    messages, size = after[0] - messages, after[1] - size
     if len(counts) != shape:
         raise RuntimeError(f"{shape - len(counts)} producer(s) of {mode} failed (see above)")
     records = sum(count for count, _, _ in counts)
     return (records / max(elapsed for _, elapsed, _ in counts), cpu / records * 1e6,
-            sum(refused for _, _, refused in counts))
+            sum(refused for _, _, refused in counts),
+            (messages / (records / batch), size / max(messages, 1)))
 
 
 def prepare(controllers: list[str], brokers: list[str]) -> None:
@@ -138,8 +157,10 @@ def prepare(controllers: list[str], brokers: list[str]) -> None:
 def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
         in_flight: int = 5) -> dict[tuple[str, int], list[float]]:
     """{(mode, partitions): [records/s per round]}, {(mode, -partitions): [CPU seconds
-    of every mqlog process per million records]}, and the acks=0 sends refused under
-    ("refused", 0). ``store``: KEY=VALUE lines of every process's [store] table."""
+    of every mqlog process per million records]}, {("MODE messages", partitions): [peer
+    messages per request]}, {("MODE bytes", partitions): [their mean size]}, and the
+    acks=0 sends refused under ("refused", 0). ``store``: KEY=VALUE lines of every
+    process's [store] table."""
     root = Path(tempfile.mkdtemp(prefix="mqlog-bench-isr-"))
     extra = "".join(f"{line}\n" for line in ("[store]", *store)) if store else ""
     addresses = write_configs(root, 3_000, "min_insync_replicas = 2\n" + extra)
@@ -154,10 +175,13 @@ def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
             turn = index % len(names)
             for mode in names[turn:] + names[:turn]:  # (rotated: no mode always first)
                 for shape in SHAPES:
-                    rate, cpu, refused = measure(brokers, mode, shape, seconds, batch,
-                                                 list(processes.values()), in_flight)
+                    rate, cpu, refused, (messages, size) = measure(
+                        brokers, mode, shape, seconds, batch, list(processes.values()),
+                        in_flight)
                     figures.setdefault((mode, shape), []).append(rate)
                     figures.setdefault((mode, -shape), []).append(cpu)
+                    figures.setdefault((f"{mode} messages", shape), []).append(messages)
+                    figures.setdefault((f"{mode} bytes", shape), []).append(size)
                     figures[("refused", 0)][0] += refused
     finally:
         stop_all(processes)
@@ -195,6 +219,16 @@ def report(figures: dict[tuple[str, int], list[float]], rounds: int, seconds: fl
             ratios = [base / value if value else 0.0 for value, base in
                       zip(values, figures[("unreplicated", -shape)], strict=True)]
             cells += [f"{statistics.median(values):.1f}", f"{statistics.median(ratios):.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Peer messages (fetches and their answers) per produce request, and their "
+              "mean size (median of the rounds): fewer and larger is batching",
+              "| mode | 1 partition | bytes | 6 partitions | bytes |",
+              "| --- | --- | --- | --- | --- |"]
+    for mode in list(MODES)[1:]:
+        cells = [mode]
+        for shape in SHAPES:
+            cells += [f"{statistics.median(figures[(f'{mode} messages', shape)]):.2f}",
+                      f"{statistics.median(figures[(f'{mode} bytes', shape)]):,.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(f"acks=0 sends refused (lost): {figures[('refused', 0)][0]:.0f}; load average "
                  f"at the end {os.getloadavg()[0]:.1f}")
