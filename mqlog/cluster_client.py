@@ -152,7 +152,10 @@ class PendingProduce:
     def result(self) -> ProducedRecord:
         """Wait for the outcome (the client's other requests move on meanwhile); raise
         the request's typed error if it failed (``produce``'s errors)."""
+        request = self._request
         while not self.done():
+            assert request in self._client._pipelines.get(
+                (request.topic, request.partition), ()), "an undecided request was lost"
             self._client._pump(wait=True)
         if self._request.error is not None:
             raise self._request.error
@@ -538,8 +541,8 @@ class ClusterClient:
         for address in addresses:
             try:
                 frames = self._connections[address].take_answers(wait)
-            except errors.NodeUnavailable:
-                self._drop(address)
+            except (errors.NodeUnavailable, errors.RemoteProtocolError):
+                self._drop(address)  # (garbage too: its requests go again, elsewhere)
                 continue
             for frame in frames:
                 request = self._sent.pop((address, frame.header.get("id")), None)
