@@ -13,6 +13,7 @@ of stores open in it (a broker hosts one store per partition replica).
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -69,7 +70,7 @@ def test_one_call_at_a_time_each_store_at_most_every_interval() -> None:
     assert not overlapped
     assert [len(calls[name]) for name in "abcd"] == [3, 3, 3, 1]
     for times in calls.values():
-        assert all(later - earlier >= 0.02 for earlier, later in zip(times, times[1:]))
+        assert all(later - earlier >= 0.02 for earlier, later in itertools.pairwise(times))
     wait_until(lambda: scheduler._thread is None, "the thread let go", 30)
 
 
