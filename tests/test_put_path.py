@@ -98,7 +98,8 @@ def test_put_cost_benchmark_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MQLOG_BENCH_DIR", str(tmp_path))
     root = Path(put_cost.__file__).resolve().parent.parent
     assert put_cost.main(["--baseline", str(root), "--rounds", "1", "--records", "3000",
-                          "--threads", "4", "--per-thread", "3"]) == 0
+                          "--threads", "4", "--per-thread", "3", "--batches", "3"]) == 0
     report = capsys.readouterr().out
-    for row in ("put, this tree", "sync, baseline", "put, ceiling", "sync, ceiling"):
+    for row in ("put, this tree", "sync, baseline", "put, ceiling", "sync, ceiling",
+                "durable, this tree", "durable, baseline", "durable, file + fdatasync"):
         assert f"| {row}" in report, report
