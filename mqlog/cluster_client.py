@@ -540,7 +540,10 @@ class ClusterClient:
         answered = 0
         for address in addresses:
             try:
-                frames = self._connections[address].take_answers(wait)
+                connection = self._connections.get(address)  # (a refresh may drop it)
+                if connection is None:
+                    continue  # (its requests were moved to _broken when it was dropped)
+                frames = connection.take_answers(wait)
             except (errors.NodeUnavailable, errors.RemoteProtocolError):
                 self._drop(address)  # (garbage too: its requests go again, elsewhere)
                 continue

@@ -174,6 +174,18 @@ class OutOfOrderSequence(InvalidArgument):
     remembers for it, or skips ahead: the producer must start a new producer id."""
 
 
+class PartiallyStored(OutOfOrderSequence):
+    """An idempotent retry found an earlier copy of its request holding only some of its
+    records (the copy a new leader had was cut at a record inside the request: the leader
+    that had it all failed before it was acknowledged). Those records are stored once;
+    the others are not, and this request is not answered as stored: the ``count`` records
+    from the first are, send the rest as a new request."""
+
+    def __init__(self, message: str, count: int = 0) -> None:
+        super().__init__(message)
+        self.count = count
+
+
 class SequenceGap(OutOfOrderSequence):
     """An idempotent produce said which sequence came before it (``previous``), and the
     leader has not stored that one: nothing was stored. Kafka's OutOfOrderSequence for a

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,16 @@ def test_a_request_after_one_not_stored_is_refused(cluster: Any) -> None:
             for previous in (4, 5, -1, "2", True):
                 with pytest.raises(errors.InvalidArgument, match="previous must be"):
                     _produce(raw, b"bad", "p", 4, previous=previous)
-        assert _bodies(client) == [b"first", b"one", b"two", b"three"]
+            # An acks=0 send takes a sequence too: its 5 must not let 6 pass 4, never
+            # stored (the newest stored was all the check once looked at).
+            raw.send_only({"kind": "produce", "topic": "orders", "queue_id": 0,
+                           "sizes": [4], "producer_id": "p", "sequence": 5, "acks": "0"},
+                          b"five")
+            producers = _node(cluster, leader).driver.producers
+            wait_until(lambda: producers.newest("p") == 5, "the acks=0 send stored", 60)
+            with pytest.raises(errors.SequenceGap, match="after 4"):
+                _produce(raw, b"six", "p", 6, previous=4)
+        assert _bodies(client) == [b"first", b"one", b"two", b"three", b"five"]
 
 
 def test_order_and_once_through_a_broken_connection_and_a_stopped_leader(
@@ -126,3 +136,41 @@ def test_the_window_of_requests_in_flight(cluster: Any) -> None:
         expected = [b"first", *[b"%d" % index for index in range(30) for _ in range(3)],
                     b"zero", b"last"]
         assert _bodies(client) == expected
+
+
+def test_a_connection_dropped_while_answers_are_read_is_passed_over() -> None:
+    """Deciding one connection's answer may refresh the metadata, which drops another
+    connection whose call fails; reading answers then looked the dropped one up and a
+    KeyError escaped send()/result()/flush() (a request already queued, so a caller's
+    retry stored it twice). Its requests are decided as broken instead."""
+    from mqlog.cluster_client import _Produce
+    from mqlog.replication.controller.state import ClusterMetadata
+    from mqlog.replication.wire import Frame
+
+    class Answering:
+        def __init__(self, frames: list[Frame]) -> None:
+            self.frames = frames
+
+        def take_answers(self, wait: bool) -> list[Frame]:
+            frames, self.frames = self.frames, []
+            return frames
+
+        def close(self) -> None:
+            pass
+
+    client = ClusterClient("127.0.0.1:1", retry_timeout_s=30)
+    refused = Frame({"kind": "error", "error": "UnknownGroup", "message": "not here",
+                     "id": 1}, b"")
+    client._connections = {"x:1": Answering([refused]), "y:1": Answering([])}
+
+    def metadata(refresh: bool = False) -> ClusterMetadata:  # (y's call fails, as real)
+        if refresh and "y:1" in client._connections:
+            client._drop("y:1")
+        return ClusterMetadata()
+    client.metadata = metadata  # type: ignore[method-assign]
+    deadline = time.monotonic() + 30
+    on_x = _Produce("t", 0, {}, b"", 1, deadline, address="x:1")
+    on_y = _Produce("t", 1, {}, b"", 1, deadline, address="y:1")
+    client._sent = {("x:1", 1): on_x, ("y:1", 1): on_y}
+    client._take_answers(["x:1", "y:1"], wait=False)  # (a KeyError escaped here)
+    assert not client._sent and not client._broken  # (y's request decided: broken)

@@ -119,3 +119,28 @@ def test_the_producer_table_reads_tags_through_format_py(tmp_path, impl):
             found = table.lookup(producer, sequence)
             assert found is not None and (found.position, found.offset) == (position, offset)
             assert found.end == store.read_record(position).end_position
+
+
+def test_a_request_cut_on_a_replica_is_never_answered_as_stored(tmp_path, impl):
+    """A replica's copy of a three-record request cut after its first record (a fetch or
+    an Entries ends at a record, not at a request): once that replica leads, a retry of
+    the request found only one record of three and was answered as stored, PUT_OK, with
+    two records missing. Now the rebuilt table says how many are there, and the retry is
+    refused (PartiallyStored), naming that count."""
+    from mqlog.errors import PartiallyStored
+    from mqlog.replication.idempotence import ProducerTable, producer_properties
+
+    with mqlog.open(tmp_path / "leader", implementation=impl, **SMALL) as leader, \
+            mqlog.open(tmp_path / "replica", implementation=impl, **SMALL) as replica:
+        whole = leader.put_batch("t", [b"x" * 300, b"y" * 300, b"z" * 300],
+                                 properties=producer_properties("p", 7))
+        first = leader.read_record(whole.position).end_position
+        replica.append_raw(0, leader.read_raw(0, first))  # (cut inside the request)
+        table = ProducerTable(1000)
+        assert table.rebuild(replica, 1 << 30) == 1
+        with pytest.raises(PartiallyStored, match="1 of its 3 records") as refused:
+            table.lookup("p", 7, count=3)
+        assert refused.value.count == 1
+        assert table.lookup("p", 7, count=1) is not None  # (what it sent: all there)
+        table.rebuild(leader, 1 << 30)
+        assert table.lookup("p", 7, count=3).count == 3

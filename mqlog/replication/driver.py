@@ -138,7 +138,7 @@ class Driver:
         this replica has). The caller checked ``check_writable`` since its last ``run``."""
         properties = None
         if producer is not None:
-            found = self.producers.lookup(*producer)
+            found = self.producers.lookup(*producer, count=len(bodies))
             if found is not None:
                 return found
             properties = producer_properties(*producer)

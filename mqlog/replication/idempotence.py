@@ -14,8 +14,11 @@ went, once it is committed (a Raft leader never drops its own records, so it wil
 a master answers by its role's rule, as for a new write).
 Each producer's table keeps its newest ``idempotence_sequences_max`` sequences; an older
 sequence is refused with OutOfOrderSequence rather than risk storing it twice. It also
-keeps each producer's newest sequence, which a pipelined request's ``previous`` is
-checked against (node.py: SequenceGap, so a later request never overtakes a refused one).
+keeps each producer's newest sequence.
+
+A request's records are one run in the log, but a replica may hold the first few only
+(a fetch or an Entries is cut at a record, not at a request): a retry whose copy here has
+fewer records than it sends is refused (PartiallyStored), never answered as stored.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 import msgpack
 
 from mqlog import format as fmt
-from mqlog.errors import OutOfOrderSequence
+from mqlog.errors import OutOfOrderSequence, PartiallyStored
 
 
 @dataclass(slots=True)
@@ -50,9 +53,10 @@ class ProducerTable:
         self._forgotten: dict[str, int] = {}  # the newest sequence dropped, per producer
         self._newest: dict[str, int] = {}  # the newest sequence stored, per producer
 
-    def lookup(self, producer_id: str, sequence: int) -> Stored | None:
+    def lookup(self, producer_id: str, sequence: int, count: int = 0) -> Stored | None:
         """The earlier outcome of this request, None if it is new; OutOfOrderSequence if
-        it is too old to tell."""
+        it is too old to tell; PartiallyStored if the request has ``count`` records and
+        the copy here fewer (a replica's copy cut inside it: never answered as stored)."""
         sequences = self._producers.get(producer_id)
         if sequences is None:
             return None
@@ -62,6 +66,12 @@ class ProducerTable:
                 f"producer {producer_id!r} sent sequence {sequence}, as old as ones this "
                 f"node no longer remembers (it keeps {self.sequences_max} per producer); it "
                 "may be stored already: start a new producer id")
+        if found is not None and found.count < count:
+            raise PartiallyStored(
+                f"producer {producer_id!r} sequence {sequence}: {found.count} of its {count} "
+                f"records are stored (offsets {found.offset}..), the rest are not (the "
+                "copy this leader has was cut inside the request, which was never "
+                "acknowledged): send the others again as a new request", found.count)
         return found
 
     def newest(self, producer_id: str) -> int | None:

@@ -355,14 +355,16 @@ class Node:
         the layer's verdict on the stored copy (NOT_ENOUGH_REPLICAS_AFTER_APPEND while
         the ISR is short)."""
         producer = _producer_tag(header)
-        return producer is not None and self.driver.producers.lookup(*producer) is not None
+        return producer is not None and self.driver.producers.lookup(
+            *producer, count=_record_count(header)) is not None
 
     def _in_order(self, header: dict[str, Any]) -> None:
         """A pipelined producer's request names the sequence it sent before (``previous``):
         SequenceGap (nothing stored) unless this leader stored that one — so a request
         refused (NotLeader, NotEnoughReplicas) or lost is never overtaken by the next
         one, and the producer's records stay in the order it sent them (Kafka's
-        OutOfOrderSequence). A producer this leader does not know is refused too: the
+        OutOfOrderSequence). That request itself, not just a later one: an acks=0 send
+        takes a sequence too. A producer this leader does not know is refused too: the
         client sends the request again without ``previous`` once nothing is pending
         before it. Read in order, so a request stored just before counts."""
         previous, producer = header.get("previous"), _producer_tag(header)
@@ -372,8 +374,12 @@ class Node:
                 or not 0 <= previous < producer[1]:
             raise errors.InvalidArgument("previous must be an int below the request's "
                                          "sequence, and needs producer_id and sequence")
+        try:  # (that one itself: an acks=0 send may have raised the newest past it)
+            stored = self.driver.producers.lookup(producer[0], previous) is not None
+        except errors.OutOfOrderSequence:
+            stored = True  # (older than the sequences kept: stored long before)
         newest = self.driver.producers.newest(producer[0])
-        if newest is None or newest < previous:
+        if not stored:
             raise errors.SequenceGap(
                 f"producer {producer[0]!r} sent sequence {producer[1]} after {previous}, "
                 f"which this leader has not stored (its newest: {newest}): nothing was "
@@ -594,6 +600,13 @@ def _producer_tag(header: dict[str, Any]) -> tuple[str, int] | None:
         raise errors.InvalidArgument("an idempotent produce needs producer_id, a non-empty "
                                      "string, and sequence, a non-negative int")
     return producer_id, sequence
+
+
+def _record_count(header: dict[str, Any]) -> int:
+    """How many records a produce request carries (its ``sizes``; 0 if malformed: the
+    store refuses it later with the reason)."""
+    sizes = header.get("sizes")
+    return len(sizes) if isinstance(sizes, list) else 0
 
 
 async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
