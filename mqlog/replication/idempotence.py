@@ -84,7 +84,9 @@ class ProducerTable:
         if sequences is None:
             sequences = self._producers[producer_id] = OrderedDict()
         earlier = sequences.get(sequence)
-        if earlier is not None and earlier.end == stored.position:  # one request, more records
+        # One request, more records: the next queue offsets (a blank may lie between, where
+        # the request's records went on in the next segment).
+        if earlier is not None and earlier.offset + earlier.count == stored.offset:
             stored = Stored(earlier.position, stored.end, earlier.offset,
                             earlier.count + stored.count)
         sequences[sequence] = stored
