@@ -220,7 +220,10 @@ def test_a_restarted_follower_answers_no_state_before_its_leaders_commit(make: A
     """CI failure (test_controller_failover): a restarted controller heard of its leader
     through an Entries it refused (its log did not match yet), so it knew a leader and
     nothing committed, and answered describe with an empty cluster (position 0) as if
-    caught up. Knowing the leader is not enough: the commit it announced must be folded."""
+    caught up. Knowing the leader is not enough: the commit it announced must be folded,
+    and only once that commit covers the leader's term's first record (a new leader's
+    commit lags until then: the simulator's readers, seed 3, saw a restarted leader
+    announce 0)."""
     one = make()
     _cluster(one)
     one.call(one.controller.create_topic("t", 4, 2, "isr"))
@@ -229,10 +232,11 @@ def test_a_restarted_follower_answers_no_state_before_its_leaders_commit(make: A
     one.store.close()
     follower = OneNode(one.path, node_id="c1", voters=("c0", "c1", "c2"))
     one.store = follower.store  # (so the fixture closes it)
-    term = follower.driver.core.term + 1
+    term = follower.driver.core.term  # (c0 leads on, in the term its log ends in)
 
-    def hear(prev_position: int, prev_epoch: int) -> None:
-        follower.driver.step(Entries("c0", "c1", term, prev_position, prev_epoch, -1, end))
+    def hear(prev_position: int, prev_epoch: int, in_term: int = term) -> None:
+        follower.driver.step(Entries("c0", "c1", in_term, prev_position, prev_epoch, -1,
+                                     end))
         follower.driver.run()
         follower.controller.after_run()
     hear(end + 64, term)  # (a probe past its log: refused)
@@ -245,6 +249,12 @@ def test_a_restarted_follower_answers_no_state_before_its_leaders_commit(make: A
     assert follower.controller.caught_up and follower.controller.applied_to == end
     assert follower.controller.committed == before
     assert follower.controller.describe()["position"] == end
+    follower.controller.stop()
+    follower.store.close()
+    again = OneNode(one.path, node_id="c1", voters=("c0", "c1", "c2"))
+    one.store, follower = again.store, again
+    hear(end, follower.store.epoch, term + 1)  # (a new leader: its first record not in)
+    assert follower.controller.applied_to == end and not follower.controller.caught_up
 
 
 def test_snapshots_trim_the_log_and_a_restart_starts_from_one(make: Any) -> None:

@@ -35,8 +35,8 @@ REGRESSION_SEEDS = {
     3100132: "checker: a broker's view begun from a snapshot is positioned past the last "
              "record (at a no-op) and never equalled the state although its content did",
 }
-# Seeds whose readers' answer checks (readers.ANSWER_CHECKS) failed on main before the
-# controller's caught-up fix: they run once those checks are on.
+# Seeds whose readers' answer checks (monotonic reads, no empty state) failed before the
+# controller's caught-up rule waited for a commit its leader made in its own term.
 CAUGHT_UP_SEEDS = {
     3: "readers: a restarted controller that knew its leader only from a refused Entries "
        "(nothing folded) answered describe with an empty state as if caught up; with that "
@@ -66,8 +66,6 @@ def test_regression_seeds_pass_every_checker(seed):
     assert not result.violations, f"{REGRESSION_SEEDS[seed]}\n{verdict('controller', result)}"
 
 
-@pytest.mark.skipif(not readers.ANSWER_CHECKS, reason="the readers' answer checks wait for "
-                    "the controller's caught-up fix (readers.ANSWER_CHECKS)")
 @pytest.mark.parametrize("seed", sorted(CAUGHT_UP_SEEDS))
 def test_caught_up_seeds_pass_the_readers_answer_checks(seed):
     result = run_seed(seed)

@@ -17,7 +17,7 @@ import pytest
 from mqlog.replication.controller import host
 from mqlog.replication.isr import core as isr_core
 from mqlog.replication.isr import decisions as isr_decisions
-from mqlog.sim import isr, readers
+from mqlog.sim import isr
 from tests.simseeds import assert_seeds_pass, fresh_seeds, verdict
 
 _fixed = functools.lru_cache(maxsize=None)(isr.run_seed)  # (each fixed seed runs once)
@@ -33,8 +33,8 @@ REGRESSION_SEEDS = {
              "pulled) dropped the pending ISR; the high watermark passed the joining "
              "follower, which the controller then elected: committed records lost",
 }
-# Seeds whose readers' answer checks failed on main before the controller's caught-up fix
-# (sim/readers.py's ANSWER_CHECKS): they run once those checks are on.
+# Seeds whose readers' answer checks (monotonic reads, no empty state) failed before the
+# controller's caught-up rule waited for a commit its leader made in its own term.
 CAUGHT_UP_SEEDS = {
     2026: "readers: a restarted controller answered a state older than it had answered "
           "before its restart, its log still holding that",
@@ -61,8 +61,6 @@ def test_regression_seeds_pass_every_checker():
         assert not result.violations, f"{found}\n{verdict('isr', result)}"
 
 
-@pytest.mark.skipif(not readers.ANSWER_CHECKS, reason="the readers' answer checks wait for "
-                    "the controller's caught-up fix (readers.ANSWER_CHECKS)")
 def test_caught_up_seeds_pass_the_readers_answer_checks():
     for seed, found in sorted(CAUGHT_UP_SEEDS.items()):
         result = run_seed(seed)

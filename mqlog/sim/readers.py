@@ -23,7 +23,8 @@ the simulation's: adding them changes no other choice of a run, so every seed's 
 and workload are what they were without them.
 
 Checkers. The first two check each answer when the node gives it, in the order it gives
-them (``ANSWER_CHECKS``: off on main until the controller's caught-up fix, see there):
+them (a controller is caught up only once it has folded a commit its leader made in its
+own term: --break caught_up_on_leader_known, the rule it had before, fails them):
 * monotonic reads per node: no answer shows a state (a position in the controller's log)
   older than one the same node answered before — a broker within one process life (a
   new life starts its view over), a controller across its restarts too, unless its
@@ -59,14 +60,6 @@ READ_PROBABILITY = 0.3  # per tick, per reader not waiting for an answer: it ask
 # hop). So an empty state is a violation once a registration was acknowledged this long
 # before: no lag explains it.
 EMPTY_GRACE_TICKS = 100
-# The answer checks (monotonic reads per node, no empty state) fail on main until the
-# controller's caught_up waits for a commit its leader made in its own term (issue 16:
-# a restarted controller answered an empty state; and, with the fix of that, a
-# controller whose leader had just restarted, whose announced commit was 0 until its
-# no-op committed, Raft's §5.4.2). Until then they run with --break
-# caught_up_on_leader_known (which shows they catch it) or when a test turns them on;
-# tests/test_controller_sim.py's CAUGHT_UP_SEEDS run once this is True.
-ANSWER_CHECKS = False
 
 
 class SimClusterClient(ClusterClient):
@@ -174,10 +167,8 @@ class Reader:
 class Readers:
     """The readers of one simulation, their network and their checks."""
 
-    def __init__(self, sim: Any, seed: int, count: int = READERS,
-                 check_answers: bool = False) -> None:
+    def __init__(self, sim: Any, seed: int, count: int = READERS) -> None:
         self.sim = sim
-        self.check_answers = check_answers or ANSWER_CHECKS
         self.rng = random.Random(f"{seed}/readers")  # (never the simulation's: see above)
         self.readers = [Reader(self, f"r{index}", operator=index >= count // 2)
                         for index in range(count)]
@@ -233,8 +224,7 @@ class Readers:
         try:
             answer = self.answer_of(kind, target)
             self.answers += 1
-            if self.check_answers:
-                self.check_answer(kind, target, answer)  # (in the order the node answers)
+            self.check_answer(kind, target, answer)  # (in the order the node answers)
         except MqlogError as refused:
             error = refused
         if not self._lost():

@@ -173,12 +173,17 @@ class RaftCore(EpochMirror, PeerMessages):
 
     @property
     def leader_commit(self) -> int:
-        """The commit the current leader last announced to this follower (-1: none yet in
-        this term). A follower that knows a leader may still know nothing committed (a
-        restarted node whose first Entries was refused): a reader that serves what it
-        has applied must wait until that reaches this."""
+        """The commit the current leader last announced to this follower, once it covers
+        the term's first record (-1 before). A follower that knows a leader may know
+        nothing committed (a restarted node whose first Entries was refused), and a new
+        leader's own commit lags the true one until its first record commits (§5.4.2: a
+        restarted leader announces 0): a reader that serves what it has applied must
+        wait until that reaches this."""
         leader, term, commit = self._announced
-        return commit if (leader, term) == (self.leader, self.term) and leader else -1
+        if (leader, term) != (self.leader, self.term) or not leader:
+            return -1
+        start = self._term_start()
+        return commit if start is not None and commit > start else -1
 
     @property
     def membership(self) -> Membership:
