@@ -50,6 +50,11 @@ class ConfigError(InvalidArgument):
     """A configuration value, or a combination of them, that mqlog cannot run with."""
 
 
+class CannotListen(ConfigError):
+    """A node cannot listen on its ``listen`` address: another process has the port, or
+    the host is not one of this machine's addresses. Nothing was served or changed."""
+
+
 # --- the store's state forbids the call ------------------------------------------------
 
 

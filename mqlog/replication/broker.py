@@ -52,7 +52,7 @@ from typing import Any
 from mqlog import errors
 from mqlog.config import BrokerConfig, GroupSpec
 from mqlog.replication import messages
-from mqlog.replication.node import Node, run_until_signalled, split_address
+from mqlog.replication.node import Node, run_until_signalled, split_address, start_listening
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 
 __all__ = ["Broker", "GroupSpec", "run_broker"]
@@ -216,8 +216,12 @@ class Broker:
     # --- running -------------------------------------------------------------------------
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
-        host, port = split_address(self.config.listen)
-        server = await asyncio.start_server(self._accepted, host, port, limit=_READ_SIZE_BYTES)
+        try:
+            server = await start_listening(self.config.listen, self._accepted,
+                                           limit=_READ_SIZE_BYTES)
+        except errors.CannotListen:
+            self._close_groups()  # (their stores were opened by __init__: unlock them)
+            raise
         self._running = True
         for node in list(self.groups.values()):
             node.start()

@@ -72,6 +72,19 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+async def start_listening(address: str, handler: Any, **options: Any) -> asyncio.Server:
+    """``asyncio.start_server`` on ``address``; a port that is taken or a host that is not
+    this machine's is CannotListen, naming the address and what to do."""
+    host, port = split_address(address)
+    try:
+        return await asyncio.start_server(handler, host, port, **options)
+    except OSError as error:
+        raise errors.CannotListen(
+            f"cannot listen on {address}: {error.strerror or error} (another process may "
+            "have the port: stop it or choose another `listen` host:port; the host must be "
+            "an address of this machine)") from None
+
+
 def unpack_bodies(payload: bytes, sizes: Any) -> list[bytes]:
     """The bodies of a produce request: ``payload`` cut at ``sizes``."""
     if type(sizes) is not list:
@@ -644,7 +657,14 @@ def run_until_signalled(server: Any, banner: Any) -> None:
             loop.add_signal_handler(signum, server.stop)
         ready = asyncio.Event()
         serving = asyncio.create_task(server.serve(ready))
-        await ready.wait()
+        listening = asyncio.create_task(ready.wait())
+        # serve() may fail before it listens (the port is taken): then ready is never set,
+        # and waiting on it alone would hang even through SIGTERM
+        await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)
+        if not ready.is_set():
+            listening.cancel()
+            await serving  # raises what stopped it (CannotListen...)
+            return
         print(banner(), flush=True)
         with contextlib.suppress(asyncio.CancelledError):
             await serving

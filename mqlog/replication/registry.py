@@ -83,10 +83,9 @@ class RegistryServer:
         self._stopping = asyncio.Event()
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
-        from mqlog.replication.node import split_address
+        from mqlog.replication.node import start_listening
 
-        host, port = split_address(self.listen)
-        server = await asyncio.start_server(self._connection, host, port)
+        server = await start_listening(self.listen, self._connection)
         if ready is not None:
             ready.set()
         try:
