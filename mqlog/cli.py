@@ -46,7 +46,7 @@ from typing import IO, Any
 import click
 
 import mqlog
-from mqlog import cli_repair, cli_topics
+from mqlog import cli_cluster, cli_repair, cli_topics
 from mqlog.config import StoreConfig
 from mqlog.config import load as load_config
 from mqlog.engine import queries
@@ -149,6 +149,21 @@ def config_option(function: Callable) -> Callable:
                         )(function)
 
 
+def store_or_cluster(function: Callable) -> Callable:
+    """DATA_DIR (optional) or --bootstrap, --config and --debug: produce and consume."""
+    function = click.option(
+        "--bootstrap", "-b", metavar="HOST:PORT[,...]",
+        help="Instead of DATA_DIR: a cluster's brokers (docs/CLUSTER.md); --queue then "
+        "names the partition.")(function)
+    function = click.argument("data_dir", metavar="[DATA_DIR]", required=False,
+                              type=click.Path(file_okay=False, path_type=Path))(function)
+    function = click.option(
+        "--timeout-s", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+        help="With --bootstrap: give up on a topic, a partition or its leader after this."
+    )(function)
+    return click.pass_context(config_option(debug_option(function)))
+
+
 def store_command(function: Callable) -> Callable:
     """DATA_DIR, --config and --debug: what every command that opens a store takes."""
     return store_dir_argument(config_option(debug_option(function)))
@@ -213,15 +228,17 @@ class _TimeRange(click.ParamType):
 @click.version_option(mqlog.__version__, prog_name="mqlog")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
-    """mqlog: look inside, write to and read from an mqlog store (a directory)."""
+    """mqlog: write to, read from and look inside an mqlog store (a directory) or a
+    cluster's topics; run and drive replicated nodes (docs/CLI.md)."""
     ctx.ensure_object(_State).debug |= debug
 
 
 @cli.command()
-@store_command
+@store_or_cluster
 @topic_option
-@click.option("--queue", "queue_id", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Queue id.")
+@click.option("--queue", "queue_id", type=click.IntRange(min=0), default=None,
+              help="Queue id (default 0); with --bootstrap the partition (default: by the "
+              "key's hash, round-robin without a key).")
 @click.option("--file", "-f", "source", type=click.File("rb"), default="-",
               help="Read lines from FILE instead of stdin.")
 @click.option("--key", "-k", help="Key of every record.")
@@ -234,16 +251,33 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="Store N lines per put_batch call.")
 @click.option("--sync", is_flag=True,
               help="flush_mode=sync: each put returns once its record is on disk.")
+@click.option("--acks", type=click.Choice(cli_cluster.ACKS), default="all", show_default=True,
+              help="With --bootstrap: Kafka's acks (all: committed by the partition's "
+              "replicas; 1: its leader stored it; 0: sent, not answered).")
 @json_option
-def produce(data_dir: Path, config_file: Path | None, topic: str, queue_id: int,
+def produce(ctx: click.Context, data_dir: Path | None, bootstrap: str | None,
+            timeout_s: float, config_file: Path | None, topic: str, queue_id: int | None,
             source: IO[bytes], key: str | None, key_separator: str | None, tags: str | None,
-            properties: tuple[str, ...], batch: int, sync: bool, as_json: bool) -> None:
-    """Store each line of stdin (or --file) as one record; the newline is not stored."""
+            properties: tuple[str, ...], batch: int, sync: bool, acks: str,
+            as_json: bool) -> None:
+    """Store each line of stdin (or --file) as one record; the newline is not stored.
+
+    Into the store DATA_DIR (created if it holds none), or with --bootstrap into a
+    cluster's topic (which `mqlog topics create` made)."""
     if key is not None and key_separator is not None:
         raise click.UsageError("use --key or --key-separator, not both")
     if batch > 1 and key_separator is not None:
         raise click.UsageError("--batch stores one key for all its records; it cannot be "
                                "combined with --key-separator")
+    cli_cluster.check_target(ctx, data_dir, bootstrap, cli_cluster.STORE_ONLY_PRODUCE,
+                             cli_cluster.CLUSTER_ONLY)
+    if bootstrap is not None:
+        cli_cluster.produce(bootstrap, topic, queue_id, _lines(source), key,
+                            None if key_separator is None else key_separator.encode(),
+                            tags, batch, acks, timeout_s, as_json)
+        return
+    assert data_dir is not None
+    queue_id = queue_id or 0
     fields = dict(key=key, tags=tags, properties=_parse_properties(properties) or None)
     overrides: dict[str, Any] = {"flush_mode": "sync"} if sync else {}
     with _opened(data_dir, config_file, create=True, **overrides) as store:
@@ -264,10 +298,11 @@ def produce(data_dir: Path, config_file: Path | None, topic: str, queue_id: int,
 
 
 @cli.command()
-@store_command
+@store_or_cluster
 @topic_option
 @click.option("--queue", "queue_id", type=click.IntRange(min=0),
-              help="Only this queue (default: every queue of the topic).")
+              help="Only this queue (default: every queue of the topic); with --bootstrap "
+              "the partition.")
 @click.option("--from-offset", type=click.IntRange(min=0), metavar="N",
               help="Start at offset N of each queue.")
 @click.option("--from-time", type=_Time(), help="Start at the first record stored at or "
@@ -285,13 +320,24 @@ def produce(data_dir: Path, config_file: Path | None, topic: str, queue_id: int,
 @click.option("--poll-ms", type=click.IntRange(min=1), default=100, show_default=True,
               help="With --follow: how often to look for new records.")
 @format_option
-def consume(data_dir: Path, config_file: Path | None, topic: str, queue_id: int | None,
+def consume(ctx: click.Context, data_dir: Path | None, bootstrap: str | None,
+            timeout_s: float, config_file: Path | None, topic: str, queue_id: int | None,
             from_offset: int | None, from_time: int | None, group: str | None, commit: bool,
             count_max: int | None, tags: str | None, follow: bool, timeout_ms: int | None,
             poll_ms: int, output: str, as_json: bool) -> None:
-    """Print the records of a topic, queue by queue in offset order (text: the bodies)."""
-    _check_start(from_offset, from_time, group, commit, follow)
+    """Print the records of a topic, queue by queue in offset order (text: the bodies).
+
+    From the store DATA_DIR, or with --bootstrap from a cluster's topic, partition by
+    partition, each from its leader (committed records only)."""
+    cli_cluster.check_target(ctx, data_dir, bootstrap, cli_cluster.STORE_ONLY_CONSUME,
+                             ("timeout_s",))
     write = _record_writer("json" if as_json else output, body_only=True)
+    if bootstrap is not None:
+        cli_cluster.consume(bootstrap, topic, queue_id, from_offset, count_max, timeout_s,
+                            write)
+        return
+    assert data_dir is not None
+    _check_start(from_offset, from_time, group, commit, follow)
     with _opened(data_dir, config_file, read_only=not commit) as store:
         names = queries.parse_subscription(tags, store.config.subscription_tags_max)
         queues = _topic_queues(store, topic, queue_id, wait=follow)

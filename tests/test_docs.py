@@ -79,6 +79,7 @@ def test_cluster_md_controllers_brokers_and_a_topic(tmp_path):
     context = f"{done.stdout[-4000:]}\n{done.stderr[-4000:]}\n{logs(tmp_path)}"
     assert done.returncode == 0, context
     out = done.stdout
+    # (stderr has `mqlog produce`'s summary, and must have no error)
     assert "Traceback" not in out + done.stderr and "mqlog: error" not in done.stderr, context
     assert len(re.findall(r"^b[123]\tepoch=\d+\t127\.0\.0\.1:\d+\tlive$", out, re.M)) == 3, \
         context
@@ -87,6 +88,10 @@ def test_cluster_md_controllers_brokers_and_a_topic(tmp_path):
     for key in ("alice", "bob", "carol"):
         assert re.search(rf"^{key} -> [0-5] PUT_OK offset 0$", out, re.M), context
     assert re.search(r"^\[b'(alice|bob|carol)'\]$", out, re.M), context
+    assert re.search(r"^produced 2 records to 'orders': partition \d: offsets", done.stderr,
+                     re.M), context
+    consumed = re.findall(r"^(alice|bob|carol|hello|world)$", out, re.M)
+    assert sorted(consumed) == ["alice", "bob", "carol", "hello", "world"], context
     described = re.findall(r"^  \d leader=(\S+) leader_epoch=(\d+) ", out, re.M)
     assert len(described) == 12, context  # twice six partitions
     assert all(leader != "-" and int(epoch) >= 1 for leader, epoch in described[6:]), context

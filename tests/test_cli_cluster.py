@@ -1,0 +1,55 @@
+"""`mqlog produce|consume --bootstrap`: what is refused before anything is sent (the
+happy path against a real cluster is tests/test_docs.py, docs/CLUSTER.md's block)."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from mqlog.replication.local import free_ports
+from tests.test_cli_node import MQLOG, one_error_line
+
+
+def mqlog(*args: object, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([MQLOG, *map(str, args)], input=stdin, capture_output=True,
+                          text=True, timeout=120)
+
+
+def usage_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mqlog: error: "), result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["produce", "consume"])
+def test_a_store_or_a_cluster_one_of_the_two(tmp_path, command):
+    for args in ((), (tmp_path / "s", "--bootstrap", "127.0.0.1:1")):
+        line = usage_error(mqlog(command, *args, "--topic", "t"))
+        assert "give DATA_DIR (a store directory) or --bootstrap" in line, line
+    assert not (tmp_path / "s").exists()  # nothing created on the way
+
+
+@pytest.mark.parametrize(("command", "option"), [
+    ("produce", ("--sync",)), ("produce", ("--property", "a=b")),
+    ("produce", ("--config", "x.toml")), ("consume", ("--group", "g")),
+    ("consume", ("--follow",)), ("consume", ("--from-time", "0")),
+    ("consume", ("--tags", "a"))])
+def test_store_only_options_are_refused_with_bootstrap(command, option):
+    line = usage_error(mqlog(command, "--bootstrap", "127.0.0.1:1", "-t", "t", *option))
+    assert f"{option[0]}: only for a store directory, not with --bootstrap" in line, line
+
+
+@pytest.mark.parametrize("option", [("--acks", "1"), ("--timeout-s", "3")])
+def test_cluster_only_options_are_refused_with_a_store(tmp_path, option):
+    line = usage_error(mqlog("produce", tmp_path / "s", "-t", "t", *option, stdin="x\n"))
+    assert f"{option[0]}: only for --bootstrap (a cluster), not with DATA_DIR" in line, line
+    assert not (tmp_path / "s").exists()
+
+
+def test_no_broker_answering_is_one_line_within_the_timeout():
+    port = free_ports(1)[0]
+    line = one_error_line(mqlog("consume", "-b", f"127.0.0.1:{port}", "-t", "t",
+                                "--timeout-s", "1"))
+    assert f"127.0.0.1:{port}" in line and "cannot reach" in line, line
