@@ -187,7 +187,7 @@ def reconcile_through_spark(directory: Path, table: Table) -> None:
                       "spark extra (pip install -e '.[spark]')")
         return
     started = time.perf_counter()
-    spark = session("mqlog demo", "local[2]")
+    spark = session("mqlog demo", "local[2]", verbose=False)  # Spark's own log: to a file
     try:
         register(spark)  # (the "mqlog" format: small replicas are reconciled without it)
         replicas = [str(directory / name) for name in ("m", "s1", "s2")]
@@ -287,17 +287,29 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     console.print(f"[bold]mqlog demo[/bold] — core: {mqlog.IMPLEMENTATION}, "
-                  f"{os.cpu_count()} cores, data in {work}")
+                  f"{os.cpu_count()} cores, data in {work}"
+                  + ("" if args.dir else " (removed at the end; --dir DIR keeps it)"))
     table = Table("step", "records", "result")
+    steps = [("the embedded store: write, reopen, read back",
+              lambda: write_and_read(work / "embedded", args.records, table)),
+             ("keys, tags, time, consumer groups, retention",
+              lambda: queries(work / "queries", table)),
+             ("sync flush: group commit from threads",
+              lambda: group_commit(work / "sync", table)),
+             ("sync flush: group commit from asyncio tasks",
+              lambda: group_commit_asyncio(work / "sync-asyncio", table)),
+             ("a writer SIGKILLed, then recovery", lambda: crash_and_recover(work / "crash",
+                                                                            table)),
+             ("master-slave processes, the master SIGKILLed",
+              lambda: replicated_cluster(work / "cluster", table)),
+             ("Spark: the replicas as DataFrames, reconciled",
+              lambda: reconcile_through_spark(work / "cluster", table)),
+             ("Raft processes, the leader SIGKILLed under writes",
+              lambda: raft_failover(work / "raft", table))]
     try:
-        write_and_read(work / "embedded", args.records, table)
-        queries(work / "queries", table)
-        group_commit(work / "sync", table)
-        group_commit_asyncio(work / "sync-asyncio", table)
-        crash_and_recover(work / "crash", table)
-        replicated_cluster(work / "cluster", table)
-        reconcile_through_spark(work / "cluster", table)
-        raft_failover(work / "raft", table)
+        for index, (what, run) in enumerate(steps, 1):
+            console.print(f"[dim]{index}/{len(steps)} {what}...[/dim]")  # (it takes a while)
+            run()
     finally:
         console.print(table)
         if args.dir is None:

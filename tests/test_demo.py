@@ -18,3 +18,8 @@ def test_the_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "no acknowledged record lost" in done.stdout, done.stdout[-4000:]
     assert "0 differences" in done.stdout, done.stdout[-4000:]
+    assert "8/8 Raft processes" in done.stdout, done.stdout[-4000:]  # each step announced
+    # readable: Spark's progress bars and start-up warnings go to its log file, not here
+    for noise in ("[Stage ", "WARN ", "log4j"):
+        assert noise not in done.stdout + done.stderr, (noise, done.stdout[-4000:],
+                                                        done.stderr[-4000:])
