@@ -50,6 +50,9 @@ def _ask(bootstrap: str, header: dict[str, Any], *, leader: bool,
             failures.append(f"{address}: {error}")
             if leader and error.leader_address and error.leader_address not in queue:
                 queue.insert(0, error.leader_address)
+        except errors.UnknownGroup:  # a broker (it hosts no controller group) was named
+            failures.append(f"{address} is not a controller (a broker? --bootstrap names "
+                            "controllers: the [controller] voters of the node configs)")
         except (errors.NodeUnavailable, errors.RemoteError) as error:
             failures.append(f"{address}: {error}")
     raise errors.NodeUnavailable("no controller could answer: " + "; ".join(failures))

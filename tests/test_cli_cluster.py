@@ -3,7 +3,10 @@ happy path against a real cluster is tests/test_docs.py, docs/CLUSTER.md's block
 
 from __future__ import annotations
 
+import signal
 import subprocess
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +56,52 @@ def test_no_broker_answering_is_one_line_within_the_timeout():
     line = one_error_line(mqlog("consume", "-b", f"127.0.0.1:{port}", "-t", "t",
                                 "--timeout-s", "1"))
     assert f"127.0.0.1:{port}" in line and "cannot reach" in line, line
+
+
+def start(config: Path) -> subprocess.Popen:
+    process = subprocess.Popen([MQLOG, "node", "--config", str(config)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "serving on" in line:
+            threading.Thread(target=process.stdout.read, daemon=True).start()  # drained
+            return process
+    process.wait()
+    pytest.fail(f"{config.name} ended before it listened: status {process.returncode}")
+
+
+def test_controllers_and_brokers_mixed_up_are_said_plainly(tmp_path):
+    """The two --bootstrap lists are not interchangeable (as in Kafka): produce and
+    consume name brokers, topics and brokers name controllers; each mix-up says so."""
+    controller_port, broker_port = free_ports(2)
+    controller, broker = tmp_path / "c1.toml", tmp_path / "b1.toml"
+    controller.write_text(f"""[node]
+id = "c1"
+listen = "127.0.0.1:{controller_port}"
+data_dir = "{tmp_path / 'c1'}"
+process_roles = "controller"
+
+[controller]
+voters = {{c1 = "127.0.0.1:{controller_port}"}}
+""")
+    broker.write_text(f"""[node]
+id = "b1"
+listen = "127.0.0.1:{broker_port}"
+data_dir = "{tmp_path / 'b1'}"
+
+[groups.orders]
+layer = "raft"
+voters = ["b1"]
+""")
+    processes = [start(controller), start(broker)]
+    try:
+        line = one_error_line(mqlog("consume", "-b", f"127.0.0.1:{controller_port}", "-t",
+                                    "orders", "--timeout-s", "1"))
+        assert "names controllers; produce and consume need brokers" in line, line
+        line = one_error_line(mqlog("topics", "list", "-b", f"127.0.0.1:{broker_port}"))
+        assert f"127.0.0.1:{broker_port} is not a controller" in line, line
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            process.wait(timeout=60)
