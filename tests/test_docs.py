@@ -18,17 +18,28 @@ import pytest
 
 from mqlog.replication.local import free_ports
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
 BLOCK_TIMEOUT_S = 240  # three controllers, three brokers, six Raft groups, a loaded machine
 
 
-def sh_block(document: Path, heading: str) -> str:
-    """The first ```sh block after ``heading`` in ``document``."""
+def sh_block(document: Path, heading: str, language: str = "sh") -> str:
+    """The first ```sh (or ``language``) block after ``heading`` in ``document``."""
     text = document.read_text()
     start = text.index(heading)
-    found = re.compile(r"^```sh\n(.*?)^```$", re.S | re.M).search(text, start)
-    assert found, f"no ```sh block after {heading!r} in {document}"
+    found = re.compile(rf"^```{language}\n(.*?)^```$", re.S | re.M).search(text, start)
+    assert found, f"no ```{language} block after {heading!r} in {document}"
     return found.group(1)
+
+
+def test_readme_embedded_example_runs_and_prints_what_it_says(tmp_path):
+    block = sh_block(ROOT / "README.md", "# mqlog", "python")
+    promised = re.search(r"# (PutStatus\.PUT_OK 0 0)", block)
+    assert promised, "the README's first example no longer says what it prints"
+    done = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[0] == promised.group(1), done.stdout
 
 
 def on_free_ports(block: str) -> str:
