@@ -180,6 +180,13 @@ class StoreConfig:
         known = {f.name for f in dataclasses.fields(self)}
         unknown = sorted(set(overrides) - known)
         if unknown:
+            import difflib
+
+            guesses = {name: difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+                       for name in unknown}
+            if all(guesses.values()):  # typos: the nearest names say it best
+                raise ConfigError("unknown store setting(s) " + ", ".join(
+                    f"{name!r} (did you mean {guesses[name][0]!r}?)" for name in unknown))
             raise ConfigError(f"unknown store setting(s) {', '.join(unknown)}; "
                               f"known settings: {', '.join(sorted(known))}")
         return dataclasses.replace(self, **overrides).validate()

@@ -128,3 +128,15 @@ voters = {{c1 = "127.0.0.1:{dead}"}}
             process.wait()
             pytest.fail(f"the broker did not stop within {STOP_TIMEOUT_S} s of SIGTERM")
     assert process.returncode == 0, process.returncode
+
+
+def test_a_store_setting_typo_names_the_nearest_and_creates_nothing(tmp_path):
+    config = tmp_path / "store.toml"
+    config.write_text("[store]\nsegment_size_byte = 67108864\n")
+    result = subprocess.run([MQLOG, "produce", str(tmp_path / "s"), "-t", "t", "--config",
+                             str(config)], input="x\n", capture_output=True, text=True,
+                            timeout=STOP_TIMEOUT_S)
+    line = one_error_line(result)
+    assert "'segment_size_byte' (did you mean 'segment_size_bytes'?)" in line, line
+    assert "known settings" not in line, line  # not forty names to read through
+    assert not (tmp_path / "s").exists()
