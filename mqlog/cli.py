@@ -637,8 +637,12 @@ def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
                          "ignored": ""})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
-        return
-    _print_tables([_rows_table("Nodes", rows)])
+    else:
+        _print_tables([_rows_table("Nodes", rows)])
+    if all(row["node"] == "-" for row in rows):  # a script must see that nothing answered
+        raise CommandFailed(f"no node answered at {', '.join(addresses)}: check the "
+                            "addresses (host:port of each node's `listen`) and that the "
+                            "nodes run")
 
 
 # --- produce -----------------------------------------------------------------------------

@@ -140,3 +140,11 @@ def test_a_store_setting_typo_names_the_nearest_and_creates_nothing(tmp_path):
     assert "'segment_size_byte' (did you mean 'segment_size_bytes'?)" in line, line
     assert "known settings" not in line, line  # not forty names to read through
     assert not (tmp_path / "s").exists()
+
+
+def test_cluster_status_with_no_node_answering_fails():
+    """A table of unreachable rows is still shown, but a script must see the failure."""
+    port = free_ports(1)[0]
+    result = run_to_end("cluster", "status", f"127.0.0.1:{port}", "localhost")
+    assert "unreachable" in result.stdout, result.stdout
+    assert f"no node answered at 127.0.0.1:{port}, localhost" in one_error_line(result)
