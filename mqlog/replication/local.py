@@ -4,6 +4,8 @@ processes, and waits for conditions with deadlines (never for a fixed time)."""
 
 from __future__ import annotations
 
+import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,15 +22,35 @@ from mqlog.errors import MqlogError
 STARTUP_TIMEOUT_S = 60.0
 
 
+LISTEN_PORTS = range(20_000, 32_768)  # below Linux's ephemeral range (32768-60999)
+FREE_PORT_DRAWS_MAX = 10_000  # ports tried before giving up (a machine out of ports)
+
+
 def free_ports(count: int) -> list[int]:
-    """Ports the kernel just handed out on 127.0.0.1 (free now; used at once)."""
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
+    """Ports free on 127.0.0.1 now (used at once), drawn below the kernel's ephemeral
+    range: a port the kernel handed out for a moment (bind to port 0) is handed out again
+    as the source port of any process's next outgoing connection, and one took a node's
+    port between this call and its bind on a busy machine (the node then exits: cannot
+    listen). The draw is random (not seeded: which port is picked changes nothing but
+    collisions between runs side by side); each port is checked by binding it."""
+    draw = random.Random(int.from_bytes(os.urandom(8), "little"))
+    ports: list[int] = []
+    for _ in range(FREE_PORT_DRAWS_MAX):
+        if len(ports) == count:
+            return ports
+        port = draw.choice(LISTEN_PORTS)
+        if port in ports:
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:  # taken: draw again
+                continue
+        ports.append(port)
+    if len(ports) == count:
+        return ports
+    raise OSError(f"no {count} free ports found in {FREE_PORT_DRAWS_MAX} draws from "
+                  f"{LISTEN_PORTS.start}..{LISTEN_PORTS.stop - 1} on 127.0.0.1")
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
