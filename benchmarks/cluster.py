@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -93,6 +94,7 @@ def started(prefix: str, session_ms: int,
         yield root, addresses, processes
     finally:
         stop_all(processes)
+        shutil.rmtree(root, ignore_errors=True)  # (a run writes gigabytes)
 
 
 def wait_live_brokers(controllers: list[str]) -> None:

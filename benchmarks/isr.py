@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -185,6 +186,7 @@ def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
                     figures[("refused", 0)][0] += refused
     finally:
         stop_all(processes)
+        shutil.rmtree(root, ignore_errors=True)  # (a run writes gigabytes)
     return figures
 
 

@@ -81,29 +81,21 @@ class Client:
     def send_only(self, header: dict[str, Any], payload: bytes = b"") -> None:
         """Send a request that is not answered unless refused (a produce with acks=0);
         answers already here to earlier ones are taken in first (``refusals``)."""
-        self._next_id += 1
-        header["id"] = self._next_id
-        if self.group is not None:
-            header.setdefault("group", self.group)
+        self._stamp(header)
         try:
             self._take_waiting_answers()
             self._socket.sendall(encode_frame(header, payload))
         except OSError as error:
-            raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
-                                         f"{error.strerror or error}") from None
+            raise self._lost(error) from None
 
     def send_request(self, header: dict[str, Any], payload: bytes = b"") -> int:
         """Send a request without waiting for its answer (several may be in flight);
         returns its id. Its answer comes from ``take_answers``."""
-        self._next_id += 1
-        header["id"] = self._next_id
-        if self.group is not None:
-            header.setdefault("group", self.group)
+        self._stamp(header)
         try:
             self._socket.sendall(encode_frame(header, payload))
         except OSError as error:
-            raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
-                                         f"{error.strerror or error}") from None
+            raise self._lost(error) from None
         self.outstanding.add(self._next_id)
         return self._next_id
 
@@ -115,15 +107,9 @@ class Client:
             while isinstance(frame := self._decoder.next_frame(), Frame):
                 self._note_earlier(frame)
             if wait and not self._answered:
-                data = self._socket.recv(1 << 16)
-                if not data:
-                    raise ConnectionResetError(0, "the node closed the connection")
-                self._decoder.feed(data)
-                while isinstance(frame := self._decoder.next_frame(), Frame):
-                    self._note_earlier(frame)
+                self._read_some()
         except OSError as error:
-            raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
-                                         f"{error.strerror or error}") from None
+            raise self._lost(error) from None
         answers, self._answered = list(self._answered), deque()
         return answers
 
@@ -185,10 +171,7 @@ class Client:
     def call(self, header: dict[str, Any], payload: bytes = b"") -> tuple[dict, bytes]:
         """Send one request frame and return the answer (header, payload); a node's
         error comes back raised as its mqlog.errors class."""
-        self._next_id += 1
-        header["id"] = self._next_id
-        if self.group is not None:
-            header.setdefault("group", self.group)
+        self._stamp(header)
         try:
             self._socket.sendall(encode_frame(header, payload))
             frame = self._receive()
@@ -196,11 +179,21 @@ class Client:
                 self._note_earlier(frame)  # (an acks=0 write's refusal)
                 frame = self._receive()
         except OSError as error:
-            raise errors.NodeUnavailable(f"lost the connection to {self.address}: "
-                                         f"{error.strerror or error}") from None
+            raise self._lost(error) from None
         if frame.header.get("kind") == "error":
             raise error_of(frame.header)
         return frame.header, frame.payload
+
+    def _stamp(self, header: dict[str, Any]) -> None:
+        """The next request id, and this connection's group unless the header names one."""
+        self._next_id += 1
+        header["id"] = self._next_id
+        if self.group is not None:
+            header.setdefault("group", self.group)
+
+    def _lost(self, error: OSError) -> errors.NodeUnavailable:
+        return errors.NodeUnavailable(f"lost the connection to {self.address}: "
+                                      f"{error.strerror or error}")
 
     def _note_earlier(self, frame: Frame) -> None:
         """An answer to an earlier request: a ``send_request``'s (kept for
@@ -221,12 +214,16 @@ class Client:
     def _take_waiting_answers(self) -> None:
         """Read, without waiting, the answers already on the socket (acks=0 refusals)."""
         while select.select([self._socket], [], [], 0)[0]:
-            data = self._socket.recv(1 << 16)
-            if not data:
-                raise ConnectionResetError(0, "the node closed the connection")
-            self._decoder.feed(data)
-            while isinstance(frame := self._decoder.next_frame(), Frame):
-                self._note_earlier(frame)
+            self._read_some()
+
+    def _read_some(self) -> None:
+        """What one read of the socket brings, each frame an earlier request's answer."""
+        data = self._socket.recv(1 << 16)
+        if not data:
+            raise ConnectionResetError(0, "the node closed the connection")
+        self._decoder.feed(data)
+        while isinstance(frame := self._decoder.next_frame(), Frame):
+            self._note_earlier(frame)
 
     def _receive(self) -> Frame:
         while not isinstance(frame := self._decoder.next_frame(), Frame):

@@ -16,7 +16,6 @@ ISR cluster of test_isr_client.py (three controllers, three brokers, min.insync 
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from pathlib import Path
@@ -29,21 +28,12 @@ from mqlog.client import Client
 from mqlog.cluster_client import IN_FLIGHT_REQUESTS_MAX, ClusterClient
 from mqlog.replication.local import wait_until
 from mqlog.results import PutStatus
-from tests.inprocess import CONTROLLERS, Cluster
-from tests.processes import change_metadata, wait_live_brokers
-from tests.test_isr_client import RACKS, _bodies, _brokers, _first_write, _leader, _node
-from tests.test_isr_cluster import _configs
+from tests.test_isr_client import _bodies, _brokers, _first_write, _leader, _node, isr_cluster
 
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Any:
-    configs = {name: dataclasses.replace(config, rack=RACKS.get(name, ""))
-               for name, config in _configs(tmp_path).items()}
-    with Cluster(configs) as running:
-        controllers = running.addresses(CONTROLLERS)
-        wait_live_brokers(controllers)
-        change_metadata(controllers, {"kind": "create_topic", "name": "orders", "partitions": 1,
-                                      "replication_factor": 3, "layer": "isr"})
+    with isr_cluster(tmp_path, partitions=1) as running:
         yield running
 
 

@@ -20,9 +20,11 @@ broker in its own rack), min_insync_replicas = 2.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +44,21 @@ RACKS = {"b1": "r1", "b2": "r2", "b3": "r3"}
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Any:
+    with isr_cluster(tmp_path, partitions=2) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def isr_cluster(tmp_path: Path, partitions: int) -> Iterator[Cluster]:
+    """The racked ISR cluster with topic "orders" of ``partitions`` × RF 3."""
     configs = {name: dataclasses.replace(config, rack=RACKS.get(name, ""))
                for name, config in _configs(tmp_path).items()}
     with Cluster(configs) as running:
         controllers = running.addresses(CONTROLLERS)
         wait_live_brokers(controllers)
-        change_metadata(controllers, {"kind": "create_topic", "name": "orders", "partitions": 2,
-                                      "replication_factor": 3, "layer": "isr"})
+        change_metadata(controllers, {"kind": "create_topic", "name": "orders",
+                                      "partitions": partitions, "replication_factor": 3,
+                                      "layer": "isr"})
         yield running
 
 
