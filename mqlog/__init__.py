@@ -26,13 +26,15 @@ if TYPE_CHECKING:
     from mqlog.client import Client
     from mqlog.cluster_client import ClusterClient, ProducedRecord
     from mqlog.group_client import GroupClient
+    from mqlog.replication.idempotence import new_producer_epoch
     from mqlog.routing import Producer, SendResult
 
 # The clients load asyncio and the replication layers: only when first asked for, so an
 # embedded store (DESIGN §2: ``import mqlog`` loads neither) starts in milliseconds.
 _LAZY = {"Client": "mqlog.client", "GroupClient": "mqlog.group_client",
          "ClusterClient": "mqlog.cluster_client", "ProducedRecord": "mqlog.cluster_client",
-         "Producer": "mqlog.routing", "SendResult": "mqlog.routing"}
+         "Producer": "mqlog.routing", "SendResult": "mqlog.routing",
+         "new_producer_epoch": "mqlog.replication.idempotence"}
 
 
 def __getattr__(name: str) -> Any:
@@ -60,6 +62,7 @@ __all__ = [
     "Store",
     "StoreConfig",
     "errors",
+    "new_producer_epoch",
     "open",
 ]
 __version__ = "0.1.0"

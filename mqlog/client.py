@@ -52,23 +52,30 @@ class Client:
 
     def produce(self, topic: str, body: bytes, queue_id: int = 0, key: str | None = None,
                 tags: str | None = None, acks: str | int = "replicated",
-                producer: tuple[str, int] | None = None) -> PutResult:
+                producer: tuple[str, int] | tuple[str, int, int] | None = None,
+                ) -> PutResult:
         """Store one record on the master (the leader). ``acks="all"`` (-1; mqlog's
         older word "replicated", the default) answers by the layer's rule (a SYNC_MASTER
         waits for its slaves, a Raft leader for a majority, an ISR leader for its ISR);
         ``acks="1"`` (1, "master") once the leader stored it; ``acks="0"`` (0) sends it
         and returns at once, PUT_OK with position and offset -1: nothing is known of its
         fate (a refusal comes back later and lands in ``refusals``; Kafka's acks=0).
-        ``producer=(producer_id, sequence)`` makes it idempotent (on a Raft group and on a
-        master-slave one): a retry with the same pair is answered with the first write's
-        place, not stored again. A SYNC_MASTER with too few slaves in sync answers
+        ``producer=(producer_id, sequence, epoch)`` makes it idempotent (on every
+        replicated layer): a retry with the same triple is answered with the first write's
+        place, not stored again. ``epoch`` is the life of ``producer_id``: take one
+        ``mqlog.new_producer_epoch()`` per life (per process that writes with that id),
+        never one per connection; a lower epoch than one stored is refused with
+        ProducerFenced. A pair (id, sequence) is epoch 0, the form of before epochs: a
+        process restarted with the same id and pairs would have its new sequences taken
+        for the old ones. A SYNC_MASTER with too few slaves in sync answers
         SLAVE_NOT_AVAILABLE with position -1: nothing was stored, a retry is safe."""
         return self.produce_batch(topic, [body], queue_id, key, tags, acks, producer)
 
     def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,
                       key: str | None = None, tags: str | None = None,
                       acks: str | int = "replicated",
-                      producer: tuple[str, int] | None = None) -> PutResult:
+                      producer: tuple[str, int] | tuple[str, int, int] | None = None,
+                ) -> PutResult:
         """``produce`` for many records of one queue in one request."""
         request = produce_request(topic, bodies, queue_id, key, tags, acks, producer)
         if request[0].get("acks") == "0":
@@ -237,7 +244,8 @@ class Client:
 def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
                     key: str | None = None, tags: str | None = None,
                     acks: str | int = "replicated",
-                    producer: tuple[str, int] | None = None) -> tuple[dict[str, Any], bytes]:
+                    producer: tuple[str, int] | tuple[str, int, int] | None = None,
+                    ) -> tuple[dict[str, Any], bytes]:
     """The header and payload of a produce request (docs/FORMAT.md); fields left at
     their defaults (no key, no tags, acks "replicated") are left out. ``acks`` in Kafka's
     words or mqlog's (InvalidArgument for anything else) goes as the node's word."""
@@ -251,7 +259,9 @@ def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
     if acks != "replicated":
         header["acks"] = acks
     if producer is not None:
-        header["producer_id"], header["sequence"] = producer
+        header["producer_id"], header["sequence"] = producer[0], producer[1]
+        if len(producer) > 2 and producer[2]:  # (epoch 0, the form of before, left out)
+            header["producer_epoch"] = producer[2]
     return header, b"".join(bodies)
 
 

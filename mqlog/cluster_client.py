@@ -30,6 +30,14 @@ Theory of operation.
   it, a typed error: NodeUnavailable (outcome unknown: retrying the same call is safe
   only through this client, which keeps the sequence), UnknownTopic (the metadata never
   showed the topic), InvalidArgument (a partition the topic does not have).
+* Producer epochs. Each client is one life of its producer id, with its own producer
+  epoch (``new_producer_epoch``: the wall clock, so a client made anew with the same
+  explicit ``producer_id`` — a restarted process — has a higher one, and its sequences,
+  which start over at 1, are not taken for the earlier life's). A leader that has
+  records of a higher epoch refuses the client's requests with ProducerFenced, nothing
+  stored: another client with the same id started later. It is raised (never retried)
+  from ``result``, and from every later ``send`` and ``flush``: a fenced client sends
+  nothing new, and what waited to be sent again fails with it.
 * Every layer. A partition of any layer is the group ``TOPIC-PARTITION`` on its
   replicas' brokers: an ISR partition's leader is the controller's (in the metadata), a
   master-slave partition's the master the controller promoted (a slave answers NotMaster:
@@ -84,6 +92,7 @@ from mqlog.replication.controller import records
 from mqlog.replication.controller.leaders import LeaderTable, leaders_from
 from mqlog.replication.controller.records import Snapshot
 from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.replication.idempotence import new_producer_epoch
 from mqlog.replication.node import acks_of
 from mqlog.results import PutStatus
 
@@ -210,6 +219,8 @@ class ClusterClient:
         self.acks = acks_of(acks)  # (InvalidArgument for a word it does not know)
         self.client_rack = client_rack  # Kafka's client.rack: "nearest" follower reads
         self.producer_id = producer_id or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.producer_epoch = new_producer_epoch()  # this client's life of producer_id
+        self.fenced: errors.ProducerFenced | None = None  # a newer life took producer_id
         self.retry_timeout_s, self.retry_backoff_ms = retry_timeout_s, retry_backoff_ms
         self.metadata_max_age_ms, self.timeout_s = metadata_max_age_ms, timeout_s
         self.retries = 0  # requests sent again (figures, tests)
@@ -261,6 +272,8 @@ class ClusterClient:
         oldest's answer first. Their records are stored in the order sent (see the
         module docstring), each request once."""
         acks = self.acks if acks is None else acks_of(acks)
+        if self.fenced is not None:
+            raise self.fenced
         deadline = time.monotonic() + self.retry_timeout_s
         count = self._partition_count(topic, deadline)
         if partition is None:
@@ -269,8 +282,8 @@ class ClusterClient:
         sequence = self._sequences.get((topic, partition), 0) + 1
         self._sequences[(topic, partition)] = sequence
         text_key = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
-        header, payload = produce_request(topic, bodies, partition, text_key, tags,
-                                          acks, (self.producer_id, sequence))
+        header, payload = produce_request(topic, bodies, partition, text_key, tags, acks,
+                                          (self.producer_id, sequence, self.producer_epoch))
         request = _Produce(topic, partition, header, payload, sequence, deadline)
         if acks == "0":
             self._send_only(topic, partition, header, payload, deadline)
@@ -284,9 +297,12 @@ class ClusterClient:
 
     def flush(self) -> None:
         """Wait until every request sent has its outcome (Kafka's ``flush``); the outcomes
-        are in what ``send`` returned (``result()`` raises a failed one's error)."""
+        are in what ``send`` returned (``result()`` raises a failed one's error).
+        ProducerFenced once a leader fenced this client (each request has its outcome)."""
         while any(self._pipelines.values()):
             self._pump(wait=True)
+        if self.fenced is not None:
+            raise self.fenced
 
     def _send_only(self, topic: str, partition: int, header: dict[str, Any], payload: bytes,
                    deadline: float) -> None:
@@ -310,6 +326,9 @@ class ClusterClient:
                 continue
             if connection.refused != refused:
                 self.refused += connection.refused - refused
+                self.fenced = self.fenced or next(
+                    (error for error in connection.refusals
+                     if isinstance(error, errors.ProducerFenced)), None)
                 self.metadata(refresh=True)
             return
 
@@ -591,6 +610,8 @@ class ClusterClient:
     def _finish(self, request: _Produce, *, outcome: ProducedRecord | None = None,
                 error: errors.MqlogError | None = None) -> None:
         request.outcome, request.error = outcome, error
+        if isinstance(error, errors.ProducerFenced):
+            self.fenced = self.fenced or error
         pipeline = self._pipelines[(request.topic, request.partition)]
         pipeline.remove(request)
         if not pipeline:
@@ -601,13 +622,26 @@ class ClusterClient:
         partition: one that must wait holds back those after it. Each names the
         sequence of the request before it still undecided (``previous``): the leader
         refuses it (SequenceGap, nothing stored) unless it has that one — so no request
-        overtakes one refused or lost, and records keep the order they were sent in."""
+        overtakes one refused or lost, and records keep the order they were sent in.
+        Once fenced, none goes again (a leader that lost the newer life's records with
+        a failover would take them): each fails with ProducerFenced."""
+        if self.fenced is not None:
+            self._fail_unsent(self.fenced)
         for pipeline in list(self._pipelines.values()):
             previous: int | None = None
             for request in list(pipeline):
                 if request.address is None and not self._send_one(request, previous):
                     break
                 previous = request.sequence
+
+    def _fail_unsent(self, fenced: errors.ProducerFenced) -> None:
+        for pipeline in list(self._pipelines.values()):
+            for request in [request for request in pipeline if request.address is None]:
+                earlier = (f"; an earlier attempt of sequence {request.sequence} may have "
+                           "stored it") if request.attempts.maybe_stored else \
+                    f"; sequence {request.sequence} was not stored"
+                self._finish(request, error=errors.ProducerFenced(
+                    f"not sent again, this client was fenced: {fenced}{earlier}"))
 
     def _send_one(self, request: _Produce, previous: int | None) -> bool:
         now = time.monotonic()

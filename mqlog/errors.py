@@ -198,6 +198,15 @@ class SequenceGap(OutOfOrderSequence):
     ClusterClient does, keeping its records in order)."""
 
 
+class ProducerFenced(MqlogError):
+    """An idempotent produce came from an older life of its producer id: the leader has
+    stored records of the same ``producer_id`` with a higher ``producer_epoch`` (another
+    client with that id started later, or this client's clock went back). Nothing was
+    stored; every later request of this client is refused the same way (Kafka's
+    ProducerFencedException). Stop this client: a producer id is one live client at a
+    time; a client created anew gets a newer epoch."""
+
+
 class PromotionRefused(InvalidArgument):
     """An operator's promotion that could lose acknowledged records or make two masters:
     another reachable node holds records the candidate lacks, or is a live master.

@@ -19,6 +19,12 @@ knowing its leader, and without storing a write twice when a retry follows a fai
   an earlier attempt of the same write was stored: then it is retried too. The leader answers a
   retry of a stored write with the first write's place (idempotence.py), so every write
   is stored once, wherever leadership went meanwhile.
+* Each client is one life of its producer id: its producer epoch (idempotence.py's
+  ``new_producer_epoch``, the wall clock) is higher than any earlier client's with the
+  same id, so a restarted process may reuse an explicit ``producer_id`` and start its
+  sequences over. A leader with records of a newer life refuses this one's requests
+  with ProducerFenced (nothing stored): raised at once, and by every later call (a
+  fenced client sends nothing more).
 * One thread at a time; one request in flight (use several clients, each with its own
   producer id, for more).
 """
@@ -32,6 +38,7 @@ from typing import Any
 
 from mqlog import errors
 from mqlog.client import Client, produce_request
+from mqlog.replication.idempotence import new_producer_epoch
 from mqlog.results import PutResult, PutStatus
 
 # Sent again: the outcome is unknown (stored, maybe committed later), or nothing was stored.
@@ -71,6 +78,8 @@ class GroupClient:
             raise errors.InvalidArgument("a GroupClient needs the address of at least one node")
         self.addresses = list(addresses)
         self.producer_id = producer_id or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.producer_epoch = new_producer_epoch()  # this client's life of producer_id
+        self.fenced: errors.ProducerFenced | None = None  # a newer life took producer_id
         self.retry_timeout_s = retry_timeout_s
         self.retry_backoff_ms = retry_backoff_ms
         self.timeout_s = timeout_s
@@ -87,9 +96,16 @@ class GroupClient:
 
     def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,
                       key: str | None = None, tags: str | None = None) -> PutResult:
+        if self.fenced is not None:
+            raise self.fenced
         self.sequence += 1
-        answer = self._until_decided(*produce_request(
-            topic, bodies, queue_id, key, tags, "replicated", (self.producer_id, self.sequence)))
+        producer = (self.producer_id, self.sequence, self.producer_epoch)
+        try:
+            answer = self._until_decided(*produce_request(
+                topic, bodies, queue_id, key, tags, "replicated", producer))
+        except errors.ProducerFenced as error:
+            self.fenced = error
+            raise
         return PutResult(PutStatus(answer["status"]), answer["position"], answer["offset"],
                          0, 0)
 

@@ -34,3 +34,18 @@ def assert_seeds_pass(layer: str, run_seed: Callable[[int], Any], seeds: list[in
     for seed in seeds:
         result = run_seed(seed)
         assert not result.violations, verdict(layer, result)
+
+
+def blind_to_epochs(monkeypatch: Any) -> None:
+    """The producer table of before producer epochs (issue 17's "acknowledged but not
+    stored"): every request taken as of one life, so a restarted client's sequences are
+    answered as the old life's. The simulators' restarting clients must catch it."""
+    from mqlog.replication.idempotence import ProducerTable
+
+    lookup, note = ProducerTable.lookup, ProducerTable.note
+    monkeypatch.setattr(ProducerTable, "lookup",
+                        lambda table, producer_id, sequence, _epoch, count=0:
+                        lookup(table, producer_id, sequence, 0, count))
+    monkeypatch.setattr(ProducerTable, "note",
+                        lambda table, producer_id, sequence, _epoch, stored:
+                        note(table, producer_id, sequence, 0, stored))

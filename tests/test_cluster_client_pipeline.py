@@ -74,7 +74,7 @@ def test_a_request_after_one_not_stored_is_refused(cluster: Any) -> None:
                            "sizes": [4], "producer_id": "p", "sequence": 5, "acks": "0"},
                           b"five")
             producers = _node(cluster, leader).driver.producers
-            wait_until(lambda: producers.newest("p") == 5, "the acks=0 send stored", 60)
+            wait_until(lambda: producers.newest("p", 0) == 5, "the acks=0 send stored", 60)
             with pytest.raises(errors.SequenceGap, match="after 4"):
                 _produce(raw, b"six", "p", 6, previous=4)
         assert _bodies(client) == [b"first", b"one", b"two", b"three", b"five"]

@@ -100,9 +100,9 @@ def test_a_new_leader_refuses_writes_until_its_term_started(tmp_path, impl):
         assert not driver.serving
         driver.run()  # the epoch, the no-op: the term starts
         driver.check_writable()
-        stored = driver.write("t", [b"new"], producer=("p", 1))
+        stored = driver.write("t", [b"new"], producer=("p", 1, 0))
         assert store.epoch_at(stored.end) == core.term
-        assert driver.producers.lookup("p", 1) == stored
+        assert driver.producers.lookup("p", 1, 0) == stored
     finally:
         store.close()
 

@@ -116,7 +116,7 @@ def test_the_producer_table_reads_tags_through_format_py(tmp_path, impl):
         table = ProducerTable(1000)
         assert table.rebuild(store, 1 << 30) == len(stored)
         for (producer, sequence), (position, offset) in stored.items():
-            found = table.lookup(producer, sequence)
+            found = table.lookup(producer, sequence, 0)
             assert found is not None and (found.position, found.offset) == (position, offset)
             assert found.end == store.read_record(position).end_position
 
@@ -133,22 +133,23 @@ def test_a_request_cut_on_a_replica_is_never_answered_as_stored(tmp_path, impl):
     with mqlog.open(tmp_path / "leader", implementation=impl, **SMALL) as leader, \
             mqlog.open(tmp_path / "replica", implementation=impl, **SMALL) as replica:
         whole = leader.put_batch("t", [b"x" * 300, b"y" * 300, b"z" * 300],
-                                 properties=producer_properties("p", 7))
+                                 properties=producer_properties("p", 7, 0))
         first = leader.read_record(whole.position).end_position
         replica.append_raw(0, leader.read_raw(0, first))  # (cut inside the request)
         table = ProducerTable(1000)
         assert table.rebuild(replica, 1 << 30) == 1
         with pytest.raises(PartiallyStored, match="1 of its 3 records") as refused:
-            table.lookup("p", 7, count=3)
+            table.lookup("p", 7, 0, count=3)
         assert refused.value.count == 1
-        assert table.lookup("p", 7, count=1) is not None  # (what it sent: all there)
+        assert table.lookup("p", 7, 0, count=1) is not None  # (what it sent: all there)
         table.rebuild(leader, 1 << 30)
-        assert table.lookup("p", 7, count=3).count == 3
+        assert table.lookup("p", 7, 0, count=3).count == 3
         # a request whose records go on in the next segment (a blank between) is whole
         while leader.written_position + 2 * 8192 < SMALL["segment_size_bytes"]:
             leader.put("t", b"f" * 8000)
-        split = leader.put_batch("t", [b"s" * 8000] * 3, properties=producer_properties("p", 8))
+        split = leader.put_batch("t", [b"s" * 8000] * 3,
+                                 properties=producer_properties("p", 8, 0))
         assert len({position // SMALL["segment_size_bytes"] for position in
                     (split.position, split.end_position - 1)}) == 2
         table.rebuild(leader, 1 << 30)
-        assert table.lookup("p", 8, count=3).count == 3
+        assert table.lookup("p", 8, 0, count=3).count == 3

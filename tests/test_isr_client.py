@@ -222,7 +222,8 @@ def test_stored_undecided_writes_are_retried_once(cluster: Any) -> None:
             sequence = client._sequences[("orders", 0)]
             with Client(cluster.configs[leader].listen, group="orders-0") as raw:
                 again = raw.produce("orders", b"stored, undecided", 0,
-                                    producer=(client.producer_id, sequence))
+                                    producer=(client.producer_id, sequence,
+                                              client.producer_epoch))
             assert again.status is PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND, again
         cluster.start(*followers)
         wait_until(lambda: _bodies(client).count(b"stored, undecided") == int(stored),

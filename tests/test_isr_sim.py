@@ -18,7 +18,7 @@ from mqlog.replication.controller import host
 from mqlog.replication.isr import core as isr_core
 from mqlog.replication.isr import decisions as isr_decisions
 from mqlog.sim import isr
-from tests.simseeds import assert_seeds_pass, fresh_seeds, verdict
+from tests.simseeds import assert_seeds_pass, blind_to_epochs, fresh_seeds, verdict
 
 _fixed = functools.lru_cache(maxsize=None)(isr.run_seed)  # (each fixed seed runs once)
 run_seed = isr.run_seed
@@ -84,6 +84,7 @@ def test_the_seeds_exercise_elections_acks_and_power_loss():
     assert sum(result.shrinks for result in results) > 0  # AlterPartition both ways
     assert sum(result.expands for result in results) > 0
     assert sum(result.truncations for result in results) > 0  # by leader epoch
+    assert any(result.client_lives > 1 for result in results)  # a restarted client
 
 
 @pytest.mark.parametrize("name", sorted(CAUGHT_BY))
@@ -109,6 +110,17 @@ def test_lost_acknowledged_writes_are_caught_by_their_own_checker(monkeypatch):
     monkeypatch.setattr(isr, "check_committed", lambda prefix, node, commit: "")
     monkeypatch.setattr(isr.IsrSwarm, "_check_insync_holders", lambda *args: None)
     result = run_seed(CAUGHT_BY["election_outside_isr"], "election_outside_isr")
+    assert any("acknowledged with acks=all" in line and "was lost" in line
+               for line in result.violations), verdict("isr", result)
+
+
+def test_a_table_blind_to_producer_epochs_is_caught(monkeypatch):
+    """Seed 110's client restarts twice with its producer ids: a leader that takes the new
+    lives' sequences for the first life's answers them with the old records' places
+    (acks=all writes acknowledged, never stored)."""
+    blind_to_epochs(monkeypatch)
+    result = run_seed(110)
+    assert result.client_lives > 1
     assert any("acknowledged with acks=all" in line and "was lost" in line
                for line in result.violations), verdict("isr", result)
 

@@ -12,7 +12,7 @@ import pytest
 
 from mqlog.sim.harness import SeedResult, Simulation
 from mqlog.sim.raft import run_seed
-from tests.simseeds import assert_seeds_pass, fresh_seeds, verdict
+from tests.simseeds import assert_seeds_pass, blind_to_epochs, fresh_seeds, verdict
 
 FIXED_SEEDS = list(range(1, 31))
 FRESH_SEED_COUNT = int(os.environ.get("MQLOG_SIM_SEEDS", 10))
@@ -31,9 +31,11 @@ def test_fresh_seeds_pass_every_checker(rng):
 
 def test_the_seeds_exercise_failover_and_retries():
     """The fixed seeds must reach what the checkers are for: new leaders, retried writes,
-    retries answered from the log (not stored twice), membership changes."""
+    retries answered from the log (not stored twice), membership changes, a client
+    restarted with its producer id (sim/lives.py)."""
     results = [run_seed(seed) for seed in FIXED_SEEDS[:10]]
     assert sum(result.leaders > 1 for result in results) >= 3
+    assert sum(result.client_lives > 1 for result in results) >= 2
     assert sum(result.deduplicated for result in results) > 0
     assert sum(result.retried for result in results) > 0
     assert sum(result.membership_changes for result in results) > 0
@@ -45,6 +47,17 @@ def test_the_seeds_exercise_retention_and_log_resets():
     results = [run_seed(seed) for seed in (2, 18, 21)]
     assert sum(result.log_starts > 0 for result in results) >= 2
     assert sum(result.resets for result in results) > 0
+
+
+def test_a_table_blind_to_producer_epochs_is_caught(monkeypatch):
+    """Seed 9's client restarts twice with its producer id: a leader that takes the new
+    lives' sequences for the first life's answers them with the old records' places, and
+    the acknowledged writes are not in the log."""
+    blind_to_epochs(monkeypatch)
+    result = run_seed(9)
+    assert result.client_lives > 1
+    assert any("acknowledged write" in line and "was lost" in line
+               for line in result.violations), verdict("raft", result)
 
 
 def test_the_same_seed_gives_the_same_trace():

@@ -784,14 +784,16 @@ def test_the_filter_check_refuses_unknown_names_only():
 
 def _raft_like(tmp_path):
     """A reference store with control records (a leader's no-ops: empty topic) and
-    records a producer tagged (producer_id, sequence), and a copy with one more record
-    in orders/0 and one more control record."""
+    records a producer tagged (producer_id, sequence; the later ones a second life's, with
+    producer_epoch), and a copy with one more record in orders/0 and one more control
+    record."""
     reference = tmp_path / "a"
     with mqlog.open(reference, **SMALL) as store:
         store.append_control()
         for index in range(20):
+            epoch = {"producer_epoch": 7} if index >= 10 else {}
             store.put("orders", b"o%d" % index, index % 2,
-                      properties={"producer_id": "p1", "sequence": index, "x": "1"})
+                      properties={"producer_id": "p1", "sequence": index, "x": "1", **epoch})
         store.set_epoch(2)
         store.append_control()
         store.put("orders", b"late", 0)
@@ -836,6 +838,7 @@ def test_replay_leaves_out_the_producer_tag_and_marks_records_with_strings(spark
         assert all(isinstance(value, str) for value in marks.values()), marks
         assert "producer_id" not in record.properties
         assert "sequence" not in record.properties
+        assert "producer_epoch" not in record.properties
     assert replay.to_parquet(frame, out) == 21
     written = spark.read.parquet(out).collect()
     assert {tuple(sorted(row.properties)) for row in written} == {("x",), ()}

@@ -45,7 +45,12 @@ from typing import Any, Protocol
 from mqlog.config import RECORD_HEADER_SIZE
 from mqlog.errors import NotLeader, StoreFailed
 from mqlog.replication.core import Ready
-from mqlog.replication.idempotence import ProducerTable, Stored, producer_properties
+from mqlog.replication.idempotence import (
+    ProducerTable,
+    ProducerTag,
+    Stored,
+    producer_properties,
+)
 from mqlog.replication.messages import (
     Entries,
     EntriesReply,
@@ -133,9 +138,10 @@ class Driver:
                             "in a moment", leader=core.node_id)
 
     def write(self, topic: Any, bodies: list[bytes], queue_id: Any = 0, key: Any = None,
-              tags: Any = None, producer: tuple[str, int] | None = None) -> Stored:
+              tags: Any = None, producer: ProducerTag | None = None) -> Stored:
         """Store one request's records (or find them: an idempotent retry of a write
-        this replica has). The caller checked ``check_writable`` since its last ``run``."""
+        this replica has; ``producer`` is (id, sequence, epoch)). The caller checked
+        ``check_writable`` since its last ``run``."""
         properties = None
         if producer is not None:
             found = self.producers.lookup(*producer, count=len(bodies))

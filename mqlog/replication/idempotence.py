@@ -1,15 +1,48 @@
-"""The idempotent producer (Kafka's, on a Raft group and a master-slave one): a retry
-after a failover does not store a write twice.
+"""The idempotent producer (Kafka's, on every replicated group: Raft, ISR, master-slave):
+a retry after a failover does not store a write twice, and a producer id's new life
+(a restarted client) is not taken for its old one.
 
-A producer tags every request with its ``producer_id`` (a string it picks, unique) and a
-``sequence`` (an int it never reuses for another request). The records of that request
-carry both in their properties (``producer_id``, ``sequence``), so the log itself is the
-state: a node that becomes leader rebuilds its table from the last
+A producer tags every request with its ``producer_id`` (a string it picks, unique), its
+``producer_epoch`` (the life of that id: see below) and a ``sequence`` (an int it never
+reuses for another request of that life). The records of that request carry all three
+in their properties (``producer_id``, ``producer_epoch``, ``sequence``; an epoch of 0 is
+left out, and a record without one, written before epochs existed, reads as epoch 0), so
+the log itself is the state: a node that becomes leader rebuilds its table from the last
 ``idempotence_window_bytes`` of its log (scanning from a segment start, where a record
 always begins), and adds each write it stores after that.
 
-A request whose (producer id, sequence) is in the table was stored already — by this
-leader or by an earlier one, committed or not yet: the leader answers with where it
+Epochs (Kafka's producer epoch). The table keeps one epoch per producer: the highest of
+its records here. A request with a higher epoch starts a new life: nothing of that life
+is stored yet (its sequences start over; the old life's are forgotten). A request with
+a lower one is refused with ProducerFenced, nothing stored: a client with the same id
+started later, and the older one (a zombie, or the earlier life of a restarted process)
+must stop. With the same epoch, the rules below.
+
+How a client picks its epoch (``new_producer_epoch``): the wall clock in microseconds,
+above every epoch the same process chose before. No storage on the client side: a
+client restarted with the same producer id starts after its earlier life did, so its
+epoch is higher, and its sequences may start over at 1 without being taken for the old
+life's. If the clock went back across the restart, the new life's epoch is lower and it
+is fenced — refused, loudly, never answered as a duplicate of the old life. Why it
+holds everywhere:
+
+* Retries. Every attempt of a request (the first request of a life included) carries
+  the life's one epoch, chosen once when the client was made; a retry is looked up as
+  before.
+* Failover. The epoch is in every stored record, and the table is a function of the
+  log: the newest epoch per producer among its records in the window, and that life's
+  sequences. A new leader rebuilds it from its log and decides as the old one would
+  have on the same log. A new life's first records that were lost with an old leader
+  (never acknowledged) are simply not there: the zombie is fenced again once the new
+  life's first write is stored on the new leader. Records of one producer are in
+  non-decreasing epoch order in every log (a leader refuses a lower epoch than any it
+  holds), which the simulators check.
+* Limits. A producer none of whose records is in the window is unknown: any epoch is
+  taken (as Kafka forgets producer state after its expiration). Epochs are compared, never
+  matched with the client's clock.
+
+A request whose (producer id, epoch, sequence) is in the table was stored already — by
+this leader or by an earlier one, committed or not yet: the leader answers with where it
 went, once it is committed (a Raft leader never drops its own records, so it will be;
 a master answers by its role's rule, as for a new write).
 Each producer's table keeps its newest ``idempotence_sequences_max`` sequences; an older
@@ -23,14 +56,19 @@ fewer records than it sends is refused (PartiallyStored), never answered as stor
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import msgpack
 
 from mqlog import format as fmt
-from mqlog.errors import OutOfOrderSequence, PartiallyStored
+from mqlog.errors import OutOfOrderSequence, PartiallyStored, ProducerFenced
+
+# (producer id, sequence, epoch): one request's tag, as the driver and node pass it
+ProducerTag = tuple[str, int, int]
 
 
 @dataclass(slots=True)
@@ -44,28 +82,45 @@ class Stored:
 
 
 class ProducerTable:
-    """(producer id, sequence) -> Stored, for the newest sequences of each producer."""
+    """(producer id, epoch, sequence) -> Stored, for the newest sequences of each
+    producer's newest epoch."""
 
     def __init__(self, sequences_max: int) -> None:
         assert sequences_max > 0
         self.sequences_max = sequences_max
         self._producers: dict[str, OrderedDict[int, Stored]] = {}
+        self._epochs: dict[str, int] = {}  # the newest epoch stored, per producer
         self._forgotten: dict[str, int] = {}  # the newest sequence dropped, per producer
         self._newest: dict[str, int] = {}  # the newest sequence stored, per producer
 
-    def lookup(self, producer_id: str, sequence: int, count: int = 0) -> Stored | None:
-        """The earlier outcome of this request, None if it is new; OutOfOrderSequence if
-        it is too old to tell; PartiallyStored if the request has ``count`` records and
-        the copy here fewer (a replica's copy cut inside it: never answered as stored)."""
+    def epoch(self, producer_id: str) -> int | None:
+        """The newest epoch of ``producer_id`` stored here (None: none known)."""
+        return self._epochs.get(producer_id)
+
+    def lookup(self, producer_id: str, sequence: int, epoch: int,
+               count: int = 0) -> Stored | None:
+        """The earlier outcome of this request, None if it is new; ProducerFenced if
+        ``epoch`` is older than the producer's newest here; OutOfOrderSequence if it is
+        too old to tell; PartiallyStored if the request has ``count`` records and the copy
+        here fewer (a replica's copy cut inside it: never answered as stored)."""
         sequences = self._producers.get(producer_id)
-        if sequences is None:
-            return None
+        if sequences is None or epoch > self._epochs[producer_id]:
+            return None  # (a producer not known here, or its new life)
+        if epoch < self._epochs[producer_id]:
+            raise ProducerFenced(
+                f"producer {producer_id!r} sent sequence {sequence} in epoch {epoch}, but "
+                f"this leader has records of its epoch {self._epochs[producer_id]}: another "
+                "client with this producer id started later (or this client's clock went "
+                "back): this attempt stored nothing (an earlier attempt of the same "
+                "request may have). Stop this client: one producer id is one live client "
+                "at a time (a client created anew gets a newer epoch)")
         found = sequences.get(sequence)
         if found is None and sequence <= self._forgotten.get(producer_id, -1):
             raise OutOfOrderSequence(
                 f"producer {producer_id!r} sent sequence {sequence}, as old as ones this "
                 f"node no longer remembers (it keeps {self.sequences_max} per producer); it "
-                "may be stored already: start a new producer id")
+                "may be stored already: start a new client (a new producer epoch) or use a "
+                "new producer id")
         if found is not None and found.count < count:
             raise PartiallyStored(
                 f"producer {producer_id!r} sequence {sequence}: {found.count} of its {count} "
@@ -74,11 +129,23 @@ class ProducerTable:
                 "acknowledged): send the others again as a new request", found.count)
         return found
 
-    def newest(self, producer_id: str) -> int | None:
-        """The newest sequence of ``producer_id`` stored here (None: none known)."""
+    def newest(self, producer_id: str, epoch: int) -> int | None:
+        """The newest sequence of ``producer_id``'s life ``epoch`` stored here (None: none
+        known)."""
+        if self._epochs.get(producer_id) != epoch:
+            return None
         return self._newest.get(producer_id)
 
-    def note(self, producer_id: str, sequence: int, stored: Stored) -> None:
+    def note(self, producer_id: str, sequence: int, epoch: int, stored: Stored) -> None:
+        """A request's records were stored (or read from the log, in log order). A newer
+        epoch starts the producer over; an older one (only a log written past a window
+        that forgot the newer) changes nothing."""
+        known = self._epochs.get(producer_id)
+        if known is not None and epoch < known:
+            return
+        if known is None or epoch > known:
+            self._forget(producer_id)
+            self._epochs[producer_id] = epoch
         self._newest[producer_id] = max(sequence, self._newest.get(producer_id, sequence))
         sequences = self._producers.get(producer_id)
         if sequences is None:
@@ -96,10 +163,13 @@ class ProducerTable:
             dropped, _ = sequences.popitem(last=False)
             self._forgotten[producer_id] = max(dropped, self._forgotten.get(producer_id, -1))
 
+    def _forget(self, producer_id: str) -> None:
+        for table in (self._producers, self._epochs, self._forgotten, self._newest):
+            table.pop(producer_id, None)
+
     def clear(self) -> None:
-        self._producers.clear()
-        self._forgotten.clear()
-        self._newest.clear()
+        for table in (self._producers, self._epochs, self._forgotten, self._newest):
+            table.clear()
 
     def rebuild(self, store: Any, window_bytes: int) -> int:
         """Read producer tags from the last ``window_bytes`` of ``store``'s log; return
@@ -126,18 +196,22 @@ class ProducerTable:
                     header.tags_size
                 tag = _producer_tag(view[start:start + header.properties_size])
                 if tag is not None:
-                    self.note(tag[0], tag[1], Stored(position + at, position + at + header.size,
-                                                     header.queue_offset, 1))
+                    self.note(*tag, Stored(position + at, position + at + header.size,
+                                           header.queue_offset, 1))
                     found += 1
             at += header.size
         return found
 
 
-def producer_properties(producer_id: str, sequence: int) -> dict[str, Any]:
+def producer_properties(producer_id: str, sequence: int, epoch: int) -> dict[str, Any]:
+    """The properties that tag a request's records (an epoch of 0 is left out: the records
+    of before epochs read as 0)."""
+    if epoch:
+        return {"producer_id": producer_id, "producer_epoch": epoch, "sequence": sequence}
     return {"producer_id": producer_id, "sequence": sequence}
 
 
-def _producer_tag(packed: memoryview) -> tuple[str, int] | None:
+def _producer_tag(packed: memoryview) -> ProducerTag | None:
     try:
         properties = msgpack.unpackb(packed, raw=False)
     except (ValueError, msgpack.UnpackException):
@@ -145,6 +219,33 @@ def _producer_tag(packed: memoryview) -> tuple[str, int] | None:
     if not isinstance(properties, dict):
         return None
     producer_id, sequence = properties.get("producer_id"), properties.get("sequence")
-    if isinstance(producer_id, str) and isinstance(sequence, int):
-        return producer_id, sequence
+    epoch = properties.get("producer_epoch", 0)
+    if isinstance(producer_id, str) and _count(sequence) and _count(epoch):
+        return producer_id, sequence, epoch
     return None
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# --- the client's side: a life's epoch -------------------------------------------------
+
+_last_epoch = 0
+_epoch_lock = threading.Lock()
+
+
+def producer_epoch(now_ns: int, after: int) -> int:
+    """The epoch of a life starting at wall-clock time ``now_ns`` (nanoseconds) in a
+    process whose last life had ``after``: microseconds, and above ``after``."""
+    return max(now_ns // 1000, after + 1)
+
+
+def new_producer_epoch() -> int:
+    """A new producer life's epoch (see the module docstring): higher than any this
+    process chose before, and than any an earlier process chose unless the clock went
+    back."""
+    global _last_epoch
+    with _epoch_lock:
+        _last_epoch = producer_epoch(time.time_ns(), _last_epoch)
+        return _last_epoch

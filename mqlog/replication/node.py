@@ -31,9 +31,11 @@ names the ``leader`` and its ``leader_address`` when the node knows them.
 
 Raft (``layer = "raft"``). The store's committed position is the group's commit
 (``committed_follows = "external"``), the hard state lives in ``raft-state`` beside the
-store (hardstate.py), and a produce with ``producer_id`` and ``sequence`` is idempotent:
-the leader looks the pair up in its producer table (idempotence.py), rebuilt from its
-log each time it gains leadership, and answers a retry with the first write's place.
+store (hardstate.py), and a produce with ``producer_id`` and ``sequence`` (and
+``producer_epoch``, the producer's life) is idempotent: the leader looks it up in its
+producer table (idempotence.py), rebuilt from its log each time it gains leadership,
+answers a retry with the first write's place, and refuses an older life of a producer
+id than one it has records of (ProducerFenced, nothing stored).
 """
 
 from __future__ import annotations
@@ -44,14 +46,14 @@ import itertools
 import os
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from mqlog import errors
 from mqlog.config import GroupSpec
 from mqlog.engine.store import open as open_store
 from mqlog.replication import core_for, hardstate, messages
 from mqlog.replication.driver import Driver
-from mqlog.replication.idempotence import Stored
+from mqlog.replication.idempotence import ProducerTag, Stored
 from mqlog.replication.isr.core import CONTROLLER, TEST_BREAKS
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
@@ -387,14 +389,15 @@ class Node:
                 or not 0 <= previous < producer[1]:
             raise errors.InvalidArgument("previous must be an int below the request's "
                                          "sequence, and needs producer_id and sequence")
+        producer_id, sequence, epoch = producer
         try:  # (that one itself: an acks=0 send may have raised the newest past it)
-            stored = self.driver.producers.lookup(producer[0], previous) is not None
+            stored = self.driver.producers.lookup(producer_id, previous, epoch) is not None
         except errors.OutOfOrderSequence:
             stored = True  # (older than the sequences kept: stored long before)
-        newest = self.driver.producers.newest(producer[0])
-        if not stored:
+        if not stored:  # (a new life has stored nothing: its first request names none)
+            newest = self.driver.producers.newest(producer_id, epoch)
             raise errors.SequenceGap(
-                f"producer {producer[0]!r} sent sequence {producer[1]} after {previous}, "
+                f"producer {producer_id!r} sent sequence {sequence} after {previous}, "
                 f"which this leader has not stored (its newest: {newest}): nothing was "
                 "stored; send the earlier request first, then this one again")
 
@@ -604,15 +607,23 @@ def _names(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(name, str) and name for name in value)
 
 
-def _producer_tag(header: dict[str, Any]) -> tuple[str, int] | None:
+def _producer_tag(header: dict[str, Any]) -> ProducerTag | None:
+    """An idempotent produce's (producer_id, sequence, producer_epoch); the epoch is 0
+    when left out (the clients of before epochs)."""
     producer_id, sequence = header.get("producer_id"), header.get("sequence")
-    if producer_id is None and sequence is None:
+    epoch = header.get("producer_epoch", 0)
+    if producer_id is None and sequence is None and "producer_epoch" not in header:
         return None
     if not isinstance(producer_id, str) or not producer_id or " " in producer_id or \
-            not isinstance(sequence, int) or isinstance(sequence, bool) or sequence < 0:
+            not _count(sequence) or not _count(epoch):
         raise errors.InvalidArgument("an idempotent produce needs producer_id, a non-empty "
-                                     "string, and sequence, a non-negative int")
-    return producer_id, sequence
+                                     "string, sequence, a non-negative int, and (optional) "
+                                     "producer_epoch, a non-negative int")
+    return producer_id, sequence, epoch
+
+
+def _count(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _record_count(header: dict[str, Any]) -> int:

@@ -36,7 +36,9 @@ write, and for acks=all the proposal whose verdict answers it). A write refused
 (NotEnoughReplicas, NotLeader: nothing stored) or answered NOT_ENOUGH_REPLICAS_AFTER_APPEND
 or REQUEST_TIMED_OUT (stored, may still commit) is sent again with the same sequence.
 acks=1 is answered once the leader wrote it. The Raft partition's writes are acks=all
-by Raft's rule (a majority flushed them).
+by Raft's rule (a majority flushed them). On some seeds the client restarts now and then
+(sim/lives.py): the same producer ids, a new epoch, sequences from 1 again, the writes it
+waited on forgotten.
 
 Checkers (a list of violations; empty is a pass):
 * at most one leader per (partition, leader epoch) — per (group, term) for Raft;
@@ -58,6 +60,8 @@ Checkers (a list of violations; empty is a pass):
   by design (docs/REPLICATION.md); on power-loss seeds a loss in an ISR partition one of
   whose replicas lost its power after the acknowledgement is counted, not failed (and
   so is a committed prefix that changed there);
+* each partition's producer has its epochs in non-decreasing order in the log, and no
+  (id, epoch, sequence) stored twice (sim/lives.py);
 * with acks=1, lost acknowledged writes are counted in the summary (the price of acks=1),
   never failed on;
 * liveness: with faults off and every broker back, each ISR partition's ISR is all its
@@ -103,8 +107,9 @@ from mqlog.sim.controller import (
     ControllerSwarm,
 )
 from mqlog.sim.harness import HEAL_PROBABILITY
+from mqlog.sim.lives import ProducerLives, tag_problems
 from mqlog.sim.network import NetworkOptions, SimNetwork
-from mqlog.sim.raft import _log_matching_problem, _read, _records, check_committed
+from mqlog.sim.raft import _log_matching_problem, _read, _records, _tags, check_committed
 
 ISR_TOPIC, RAFT_TOPIC = "events", "ledger"
 REPLICATION_FACTOR = 3
@@ -158,6 +163,7 @@ class Write:
     request: str = ""  # the request in flight for it ("" if none)
     broker: str = ""
     stored_tick: int = -1  # when a leader first stored it (-1: not yet)
+    producer: tuple[str, int, int] = ("", 0, 0)  # (id, sequence, epoch) of its life
 
 
 @dataclass
@@ -185,6 +191,7 @@ class IsrSimResult(ControllerSimResult):
     unclean_shutdowns: int = 0  # lives that registered with KIP-966's unclean mark
     balancing: bool = False  # the controller's automatic leader balancing runs
     balanced: int = 0  # leader imbalance checks that moved leaders
+    client_lives: int = 1  # the client's lives (sim/lives.py: restarts on some seeds)
 
     def summary(self) -> str:
         options = self.options
@@ -196,7 +203,7 @@ class IsrSimResult(ControllerSimResult):
                 f"shrinks={self.shrinks} expands={self.expands} "
                 f"truncations={self.truncations} combined_deaths={self.combined_deaths} "
                 f"unclean_shutdowns={self.unclean_shutdowns} balancing={self.balancing} "
-                f"balanced={self.balanced} "
+                f"balanced={self.balanced} client_lives={self.client_lives} "
                 f"reads={self.reads} trace={self.digest}")
 
 
@@ -231,7 +238,8 @@ class IsrSwarm(ControllerSwarm):
         self.topics = {ISR_TOPIC: ("isr", self.options.partitions), RAFT_TOPIC: ("raft", 1)}
         self.topic_asked: dict[str, int] = {}  # topic -> tick its create was last sent
         self.pending: dict[str, dict[int, Write]] = {}  # group -> sequence -> write
-        self.sequences: dict[str, int] = {}
+        self.sequences: dict[str, int] = {}  # group -> the client's write number, across lives
+        self.lives = ProducerLives(self.result.seed)
         self.acked: dict[str, dict[int, Acked]] = {}
         self.requests: dict[str, tuple[str, int]] = {}  # request -> (group, sequence)
         self.committed: dict[str, bytearray] = {}  # group -> its committed prefix
@@ -444,6 +452,10 @@ class IsrSwarm(ControllerSwarm):
                 if name in self.created for index in range(partitions)]
 
     def _new_writes(self) -> None:
+        if self.lives.maybe_restart(self.clock[0]):
+            self.pending.clear()  # (a new process: what the old one waited on, forgotten)
+            self.trace(f"the client restarts: life {self.lives.lives}, epoch "
+                       f"{self.lives.epoch}")
         for group, _topic, _index, layer in self._partition_groups():
             if self.rng.random() >= self.options.put_probability:
                 continue
@@ -452,7 +464,7 @@ class IsrSwarm(ControllerSwarm):
                 self.rng.random() < self.options.acks_all_share else "1"
             self.pending.setdefault(group, {})[sequence] = Write(
                 group, sequence, f"{self.result.seed}/{group}/{sequence}".encode()
-                + BODY_PADDING, acks)
+                + BODY_PADDING, acks, producer=self.lives.next(f"p-{group}"))
 
     def _serving(self, group: str) -> SimGroup | None:
         serving = [sim_broker.groups[group] for name, sim_broker in self.sim_brokers.items()
@@ -482,8 +494,7 @@ class IsrSwarm(ControllerSwarm):
             self.trace(f"{node.broker_id}/{node.name}: refused s{write.sequence}: "
                        f"{type(error).__name__}")
             return
-        stored = node.driver.write(topic, [write.body], index,
-                                   producer=(f"p-{write.group}", write.sequence))
+        stored = node.driver.write(topic, [write.body], index, producer=write.producer)
         if write.stored_tick < 0:
             write.stored_tick = self.clock[0]
         self.trace(f"{node.broker_id}/{node.name}: s{write.sequence} acks={write.acks} at "
@@ -506,7 +517,7 @@ class IsrSwarm(ControllerSwarm):
             return  # an answer to a request the client gave up on
         write.request = ""
         if status is PutStatus.PUT_OK:
-            stored = node.driver.producers.lookup(f"p-{group}", sequence)
+            stored = node.driver.producers.lookup(*write.producer)
             assert stored is not None, (group, sequence)
             self._acknowledge(write, stored)
 
@@ -664,6 +675,8 @@ class IsrSwarm(ControllerSwarm):
             if len(images) != 1:
                 self.violation(f"{group}: the replicas' logs differ after healing")
             self._check_acked(group, replicas[0])
+            for problem in tag_problems(_tags(replicas[0].store, topic, index)):
+                self.violation(f"{group}: {problem}")
 
     def _check_acked(self, group: str, replica: SimGroup) -> None:
         for sequence, acked in sorted(self.acked.get(group, {}).items()):
@@ -687,6 +700,7 @@ class IsrSwarm(ControllerSwarm):
             group.store.close()
         super().finish()
         self.result.elections = len(self.leaders_by_epoch)
+        self.result.client_lives = self.lives.lives
         self.result.misaddressed += sum(broker.misaddressed
                                         for broker in self.sim_brokers.values())
 

@@ -17,7 +17,9 @@ The client is one idempotent producer: each write gets the next sequence; it is 
 at any moment of a tick, to a node that claims leadership (which refuses it until its
 term has started) and retried, with the same sequence, whenever its outcome is unknown
 (timeout, step-down, a crashed leader). The leader looks the sequence up in its
-producer table (idempotence.py), rebuilt from its log when its term starts.
+producer table (idempotence.py), rebuilt from its log when its term starts. On some
+seeds the client restarts now and then (sim/lives.py): same producer id, a new epoch,
+sequences from 1 again, the writes it waited on forgotten.
 
 Checkers (a list of violations; empty is a pass):
 * at most one leader per term;
@@ -26,7 +28,9 @@ Checkers (a list of violations; empty is a pass):
 * leader completeness: a new leader's log holds the whole committed prefix;
 * log matching: two logs with a record of the same epoch at the same position are
   identical up to there (checked between every pair of nodes every 50 ticks);
-* no acknowledged write lost, and no write stored twice by the client's retries;
+* no acknowledged write lost (a restarted client's write answered with an earlier
+  life's place is one), no write stored twice by the client's retries, and the
+  producer's epochs never go down in the log (sim/lives.py);
 * a leader removed from the voters steps down once that commits (an operator changes
   the membership now and then: a spare learner is promoted, a voter demoted);
 * liveness (VOPR's rule): with the network healed and all but a minority up (one node
@@ -53,6 +57,7 @@ from mqlog.replication.raft.core import LEADER
 from mqlog.results import PutStatus
 from mqlog.sim import harness
 from mqlog.sim.harness import SeedResult, Simulation
+from mqlog.sim.lives import ProducerLives, tag_problems, tags_of
 from mqlog.sim.network import NetworkOptions
 from mqlog.sim.node import SimReplica
 from mqlog.sim.swarm import STORE_SETTINGS
@@ -134,10 +139,11 @@ class RaftSimNode(SimReplica):
 
 @dataclass
 class Write:
-    sequence: int
+    sequence: int  # the client's write number, across its lives
     body: bytes
     request: str = ""  # the request now in flight for it ("" if none)
     node: str = ""
+    producer: tuple[str, int, int] = (PRODUCER, 0, 0)  # (id, sequence, epoch) of its life
 
 
 @dataclass
@@ -148,6 +154,7 @@ class RaftSimResult(SeedResult):
     membership_changes: int = 0
     log_starts: int = 0  # the furthest any node's retention moved its log's start
     resets: int = 0  # followers started over at their leader's log start
+    client_lives: int = 1  # the client's lives (sim/lives.py: restarts on some seeds)
 
     def summary(self) -> str:
         options = self.options
@@ -157,7 +164,8 @@ class RaftSimResult(SeedResult):
                 f"acked={self.acked} retried={self.retried} "
                 f"deduplicated={self.deduplicated} "
                 f"membership_changes={self.membership_changes} "
-                f"log_start={self.log_starts} resets={self.resets} trace={self.digest}")
+                f"log_start={self.log_starts} resets={self.resets} "
+                f"client_lives={self.client_lives} trace={self.digest}")
 
 
 class RaftSwarm(Simulation):
@@ -185,6 +193,7 @@ class RaftSwarm(Simulation):
         self.acked_bodies: dict[int, bytes] = {}
         self.requests: dict[str, int] = {}  # request id -> sequence
         self.sequence = 0
+        self.lives = ProducerLives(seed)
         self.back_soon: set[str] = set()  # crashed just after saving a hard state
         self.faulty = True  # the safety phase (faults on)
         self.votes: dict[tuple[str, int], str] = {}  # (voter, term) -> its candidate
@@ -209,6 +218,7 @@ class RaftSwarm(Simulation):
 
     def finish(self) -> None:
         self.result.acked = len(self.acked)
+        self.result.client_lives = self.lives.lives
         self.result.leaders = sum(len(names) for names in self.leaders_by_term.values())
 
     def _step_all(self, new_writes: bool) -> None:
@@ -216,10 +226,15 @@ class RaftSwarm(Simulation):
         the client's writes (whenever they come), sees its due flushes complete, and
         then its driver carries out one Ready."""
         self.advance_clock()
+        if new_writes and self.lives.maybe_restart(self.clock[0]):
+            self.writes.clear()  # (a new process: what the old one waited on, forgotten)
+            self.result.trace.append(f"{self.clock[0]} the client restarts: life "
+                                     f"{self.lives.lives}, epoch {self.lives.epoch}")
         if new_writes and self.rng.random() < self.options.put_probability:
             self.sequence += 1
             self.writes[self.sequence] = Write(
-                self.sequence, f"{self.result.seed}/{self.sequence}".encode() + BODY_PADDING)
+                self.sequence, f"{self.result.seed}/{self.sequence}".encode() + BODY_PADDING,
+                producer=self.lives.next(PRODUCER))
         for node in self.running():
             node.driver.tick()
         arrived = self.network.due()
@@ -256,10 +271,10 @@ class RaftSwarm(Simulation):
         except MqlogError:
             return
         request = f"s{write.sequence}@{node.name}.{self.clock[0]}"
-        if node.driver.producers.lookup(PRODUCER, write.sequence) is not None:
+        if node.driver.producers.lookup(*write.producer) is not None:
             self.result.deduplicated += 1
         try:
-            found = node.driver.write("t", [write.body], producer=(PRODUCER, write.sequence))
+            found = node.driver.write("t", [write.body], producer=write.producer)
         except AssertionError as error:  # what a client would never hear about
             raise AssertionError(f"{node.name} failed a write it accepted: {error!r}") from None
         if write.node:
@@ -279,7 +294,7 @@ class RaftSwarm(Simulation):
             return  # an answer to a request the client gave up on
         write.request = ""
         if status is PutStatus.PUT_OK:
-            stored = node.driver.producers.lookup(PRODUCER, sequence)
+            stored = node.driver.producers.lookup(*write.producer)
             assert stored is not None
             self.acked[sequence], self.acked_bodies[sequence] = stored, write.body
             del self.writes[sequence]
@@ -512,12 +527,7 @@ class RaftSwarm(Simulation):
             if record is None or record.body != body:
                 self.result.violations.append(f"acknowledged write {sequence} at "
                                               f"{stored.position} was lost")
-        seen: dict[int, int] = {}
-        for sequence in _sequences(leader.store):
-            seen[sequence] = seen.get(sequence, 0) + 1
-        for sequence, count in sorted(seen.items()):
-            if count > 1:
-                self.result.violations.append(f"write {sequence} is stored {count} times")
+        self.result.violations += tag_problems(_tags(leader.store))
 
 
 def check_committed(committed: bytearray, node: Any, commit: int) -> str:
@@ -552,13 +562,14 @@ def _read(store: Any, start: int, end: int) -> bytes:
     return b"".join(chunks)[:end - start]
 
 
-def _sequences(store: Any) -> list[int]:
-    """The producer sequence of every committed record of topic "t", in log order."""
-    sequences, offset = [], store.min_offset("t", 0) if ("t", 0) in store.queues() else 0
-    while records := store.get("t", 0, offset, 1000, 1 << 24):
-        sequences += [record.properties.get("sequence") for record in records]
+def _tags(store: Any, topic: str = "t", queue_id: int = 0) -> list[tuple[str, int, int]]:
+    """The producer tag of every committed record of a queue, in log order."""
+    queue = (topic, queue_id)
+    tags, offset = [], store.min_offset(*queue) if queue in store.queues() else 0
+    while records := store.get(topic, queue_id, offset, 1000, 1 << 24):
+        tags += tags_of(records)
         offset = records[-1].offset + 1
-    return sequences
+    return tags
 
 
 def _records(store: Any) -> dict[int, tuple[int, int]]:

@@ -37,8 +37,8 @@ queue ranges read in offset order (planner.py).
   offset up to that record's, so running the same replay again writes nothing twice
   and an interrupted one resumes where it stopped.
 
-Neither output shows the idempotent producer's tag (the ``producer_id`` and
-``sequence`` properties a Raft group's producer stores with every record,
+Neither output shows the idempotent producer's tag (the ``producer_id``, ``sequence``
+and ``producer_epoch`` properties a replicated group's producer stores with every record,
 mqlog/replication/idempotence.py) as user properties: it names a request to the source's
 group, not to whoever reads the copy.
 """
@@ -89,12 +89,12 @@ def _number(value: Any) -> int | None:
     return None
 
 
-IDEMPOTENCE_PROPERTIES = ("producer_id", "sequence")
+IDEMPOTENCE_PROPERTIES = ("producer_id", "producer_epoch", "sequence")
 
 
 def user_properties(properties: dict) -> dict:
-    """``properties`` without the idempotent producer's tag (both fields, with their
-    types: a str producer id and an int sequence; see the module docstring)."""
+    """``properties`` without the idempotent producer's tag (a str producer id and an int
+    sequence, and the epoch if there; see the module docstring)."""
     producer, sequence = properties.get("producer_id"), properties.get("sequence")
     if isinstance(producer, str) and isinstance(sequence, int):
         return {key: value for key, value in properties.items()

@@ -1,0 +1,222 @@
+"""Producer epochs (idempotence.py): a client restarted with the same explicit producer id
+is a new life of it, not a retry of the old one; the older life is fenced.
+
+* The table alone (both cores: it is rebuilt from a store's log): a higher epoch starts a
+  new life with no sequence stored; a lower one is ProducerFenced; a rebuild keeps the
+  newest epoch of the log, and a lower epoch written after it (a log no leader of this
+  code writes) changes nothing; records without an epoch read as epoch 0.
+* A real in-process cluster (three controllers, three brokers), an ISR topic and a Raft
+  topic: the reviewer's case (a second ClusterClient with the same producer id after the
+  first wrote sequences 1..N: its writes, pipelined, are all stored and read back, none
+  answered as a duplicate — before epochs they were PUT_OK with the old records' places);
+  two live clients sharing an id (the newer fences the older: its send, result and flush
+  raise ProducerFenced and nothing of it is stored after); the same across a leader
+  failover (the new leader's table, rebuilt from its log, keeps the epoch); the raw
+  Client's (id, sequence, epoch) and the GroupClient on the Raft group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import mqlog
+from mqlog import errors
+from mqlog.client import Client
+from mqlog.cluster_client import ClusterClient
+from mqlog.group_client import GroupClient
+from mqlog.replication.idempotence import (
+    ProducerTable,
+    new_producer_epoch,
+    producer_epoch,
+    producer_properties,
+)
+from mqlog.results import PutStatus
+from tests.inprocess import BROKERS, CONTROLLERS, Cluster
+from tests.processes import change_metadata, wait_live_brokers
+from tests.test_format import SMALL
+from tests.test_isr_cluster import _configs
+
+# --- the table ---------------------------------------------------------------------------
+
+
+def test_a_new_epoch_starts_a_new_life_and_an_old_one_is_fenced(tmp_path: Path,
+                                                                impl: str) -> None:
+    with mqlog.open(tmp_path / "s", implementation=impl, **SMALL) as store:
+        store.put("t", b"old", properties={"producer_id": "p", "sequence": 1})  # (epoch 0)
+        for sequence in (1, 2):
+            store.put("t", b"a", properties=producer_properties("p", sequence, 5))
+        for epoch in ("9", -1, True):  # (no tag: a user's properties, not the producer's)
+            store.put("t", b"u", properties={"producer_id": "p", "sequence": 3,
+                                             "producer_epoch": epoch})
+        table = ProducerTable(1000)
+        assert table.rebuild(store, 1 << 30) == 3
+        assert table.epoch("p") == 5 and table.newest("p", 5) == 2
+        assert table.lookup("p", 1, 5) is not None  # (a retry of this life)
+        assert table.lookup("p", 1, 9) is None  # a new life: nothing of it stored
+        with pytest.raises(errors.ProducerFenced, match="epoch 0.*its epoch 5"):
+            table.lookup("p", 3, 0)
+        # a lower epoch after a higher one in the log (no leader of this code writes
+        # that) changes nothing; a higher one starts the producer over
+        store.put("t", b"z", properties=producer_properties("p", 7, 4))
+        table.rebuild(store, 1 << 30)
+        assert table.epoch("p") == 5 and table.newest("p", 5) == 2
+        store.put("t", b"b", properties=producer_properties("p", 1, 9))
+        table.rebuild(store, 1 << 30)
+        assert table.epoch("p") == 9 and table.newest("p", 9) == 1
+        assert table.newest("p", 5) is None
+        with pytest.raises(errors.ProducerFenced):
+            table.lookup("p", 1, 5)
+
+
+def test_epoch_zero_is_left_out_and_epochs_rise_within_a_process() -> None:
+    assert producer_properties("p", 3, 0) == {"producer_id": "p", "sequence": 3}
+    assert producer_properties("p", 3, 7)["producer_epoch"] == 7
+    assert producer_epoch(5_000_000, 0) == 5_000  # microseconds of the wall clock
+    assert producer_epoch(5_000_000, 9_000) == 9_001  # the clock went back: still above
+    epochs = [new_producer_epoch() for _ in range(1000)]
+    assert epochs == sorted(set(epochs))
+
+
+# --- a cluster ---------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _cluster(tmp_path: Path, layer: str) -> Iterator[Cluster]:
+    with Cluster(_configs(tmp_path)) as running:
+        controllers = running.addresses(CONTROLLERS)
+        wait_live_brokers(controllers)
+        change_metadata(controllers, {"kind": "create_topic", "name": "orders",
+                                      "partitions": 1, "replication_factor": 3,
+                                      "layer": layer})
+        yield running
+
+
+@pytest.fixture(params=["isr", "raft"])
+def cluster(request: Any, tmp_path: Path) -> Iterator[Cluster]:
+    with _cluster(tmp_path, request.param) as running:
+        yield running
+
+
+def _client(cluster: Cluster, **options: Any) -> ClusterClient:
+    return ClusterClient(cluster.addresses(BROKERS), retry_timeout_s=60, **options)
+
+
+def _bodies(client: ClusterClient) -> list[bytes]:
+    return [record.body for record in client.fetch("orders", 0, 0, 1000)]
+
+
+def _tags(client: ClusterClient) -> list[tuple[Any, ...]]:
+    return [(record.properties.get("producer_epoch", 0), record.properties["sequence"])
+            for record in client.fetch("orders", 0, 0, 1000)]
+
+
+def _write(client: ClusterClient, *bodies: bytes) -> list[Any]:
+    """Pipelined sends (five in flight), then every outcome."""
+    sent = [client.send("orders", body, partition=0) for body in bodies]
+    client.flush()
+    return [pending.result() for pending in sent]
+
+
+def test_a_restarted_client_with_the_same_producer_id_is_stored(cluster: Cluster) -> None:
+    """The reviewer's case: before epochs, the second client's sequences 1..3 were
+    answered PUT_OK with the places of the first client's records, and never stored."""
+    first_bodies = [f"before-{index}".encode() for index in range(5)]
+    after = [f"after-{index}".encode() for index in range(3)]
+    with _client(cluster, producer_id="app") as first:
+        _write(first, *first_bodies)
+        places = {(record.position, record.offset) for record in _write(first, b"more")}
+    with _client(cluster, producer_id="app") as second:  # (a new process, the same id)
+        assert second.producer_epoch > first.producer_epoch
+        results = _write(second, *after)
+        assert all(result.status is PutStatus.PUT_OK for result in results)
+        assert not places & {(result.position, result.offset) for result in results}
+        assert _bodies(second) == [*first_bodies, b"more", *after]
+        epochs = [epoch for epoch, _ in _tags(second)]
+        assert epochs == [first.producer_epoch] * 6 + [second.producer_epoch] * 3
+        assert [sequence for _, sequence in _tags(second)] == [1, 2, 3, 4, 5, 6, 1, 2, 3]
+
+
+def test_the_newer_client_fences_the_older(cluster: Cluster) -> None:
+    with _client(cluster, producer_id="shared") as older, \
+            _client(cluster, producer_id="shared") as newer:
+        _write(older, b"old-1", b"old-2")
+        _write(newer, b"new-1")
+        pending = [older.send("orders", b"old-%d" % index, partition=0) for index in (3, 4, 5)]
+        with pytest.raises(errors.ProducerFenced):
+            older.flush()  # (pipelined: each is refused, none retried)
+        for sent in pending:
+            with pytest.raises(errors.ProducerFenced, match="another client with this "
+                                                            "producer id started later"):
+                sent.result()
+        with pytest.raises(errors.ProducerFenced):  # at once: a fenced client sends nothing
+            older.send("orders", b"old-6", partition=0)
+        with pytest.raises(errors.ProducerFenced):
+            older.produce("orders", b"old-7", partition=0)
+        _write(newer, b"new-2")
+        assert _bodies(newer) == [b"old-1", b"old-2", b"new-1", b"new-2"]
+
+
+def test_fencing_survives_a_leader_failover(cluster: Cluster) -> None:
+    with _client(cluster, producer_id="shared") as older, \
+            _client(cluster, producer_id="shared") as newer:
+        _write(older, b"old-1", b"old-2")
+        _write(newer, b"new-1", b"new-2")
+        leader = newer.metadata(refresh=True).partition("orders", 0).leader
+        older.close()
+        newer.close()
+        cluster.stop(leader)  # the new leader rebuilds its table from its log
+        # before the newer writes there: the table rebuilt from the log fences the older
+        with pytest.raises(errors.ProducerFenced):
+            older.produce("orders", b"old-3", partition=0)
+        # and the newer life's retries are still deduplicated there: its sequence 2 again
+        again = _on_leader(cluster, [name for name in BROKERS if name != leader],
+                           b"new-2", ("shared", 2, newer.producer_epoch))
+        assert again.status is PutStatus.PUT_OK
+        _write(newer, b"new-3")
+        assert _bodies(newer) == [b"old-1", b"old-2", b"new-1", b"new-2", b"new-3"]
+
+
+def _on_leader(cluster: Cluster, names: list[str], body: bytes,
+               producer: tuple[str, int, int]) -> Any:
+    """One produce with a raw Client, on whichever of ``names`` leads "orders-0"."""
+    for name in names:
+        with Client(cluster.configs[name].listen, group="orders-0") as raw, \
+                contextlib.suppress(errors.NotMaster):
+            return raw.produce("orders", body, producer=producer)
+    raise AssertionError(f"none of {names} leads orders-0")
+
+
+def test_raw_client_triples_and_the_group_client(tmp_path: Path) -> None:
+    with _cluster(tmp_path, "raft") as cluster, _client(cluster) as client:
+        client.produce("orders", b"first", partition=0)  # (the group is hosted and led)
+        view = client.metadata(refresh=True)
+        address = view.brokers[view.partition("orders", 0).leader].address
+        old, new = new_producer_epoch(), new_producer_epoch()
+        with Client(address, group="orders-0") as raw:
+            one = raw.produce("orders", b"q-old", producer=("q", 1, old))
+            assert raw.produce("orders", b"q-new", producer=("q", 1, new)).position > \
+                one.position  # a new life: stored, not taken for the old life's 1
+            with pytest.raises(errors.ProducerFenced):
+                raw.produce("orders", b"q-zombie", producer=("q", 2, old))
+            with pytest.raises(errors.ProducerFenced):
+                raw.produce("orders", b"q-pair", producer=("q", 2))  # (a pair: epoch 0)
+            for epoch in (-1, "1", True, 1.5):
+                header = {"kind": "produce", "topic": "orders", "queue_id": 0, "sizes": [1],
+                          "producer_id": "q", "sequence": 3, "producer_epoch": epoch}
+                with pytest.raises(errors.InvalidArgument, match="producer_epoch"):
+                    raw.call(header, b"x")
+        addresses = cluster.addresses(BROKERS)
+        with GroupClient(addresses, producer_id="g", group="orders-0") as first:
+            first.produce("orders", b"g-1")
+            with GroupClient(addresses, producer_id="g", group="orders-0") as second:
+                second.produce("orders", b"g-2")  # (its sequence 1 too)
+                with pytest.raises(errors.ProducerFenced):
+                    first.produce("orders", b"g-zombie")
+                with pytest.raises(errors.ProducerFenced):  # (raised again, nothing sent)
+                    first.produce("orders", b"g-zombie")
+        assert _bodies(client) == [b"first", b"q-old", b"q-new", b"g-1", b"g-2"]
