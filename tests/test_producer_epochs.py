@@ -18,7 +18,8 @@ is a new life of it, not a retry of the old one; the older life is fenced.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ from tests.inprocess import BROKERS, CONTROLLERS, Cluster
 from tests.processes import change_metadata, wait_live_brokers
 from tests.test_format import SMALL
 from tests.test_isr_cluster import _configs
+
+LEADER_WAIT_S = 60.0  # for a partition's leader to be found (an election may be on)
 
 # --- the table ---------------------------------------------------------------------------
 
@@ -166,7 +169,7 @@ def test_fencing_survives_a_leader_failover(cluster: Cluster) -> None:
             _client(cluster, producer_id="shared") as newer:
         _write(older, b"old-1", b"old-2")
         _write(newer, b"new-1", b"new-2")
-        leader = newer.metadata(refresh=True).partition("orders", 0).leader
+        leader = _serving(cluster)  # (a Raft leader as reported may be stale)
         older.close()
         newer.close()
         cluster.stop(leader)  # the new leader rebuilds its table from its log
@@ -174,42 +177,57 @@ def test_fencing_survives_a_leader_failover(cluster: Cluster) -> None:
         with pytest.raises(errors.ProducerFenced):
             older.produce("orders", b"old-3", partition=0)
         # and the newer life's retries are still deduplicated there: its sequence 2 again
-        again = _on_leader(cluster, [name for name in BROKERS if name != leader],
-                           b"new-2", ("shared", 2, newer.producer_epoch))
+        again = _on_leader(cluster, lambda raw: raw.produce(
+            "orders", b"new-2", producer=("shared", 2, newer.producer_epoch)))
         assert again.status is PutStatus.PUT_OK
         _write(newer, b"new-3")
         assert _bodies(newer) == [b"old-1", b"old-2", b"new-1", b"new-2", b"new-3"]
 
 
-def _on_leader(cluster: Cluster, names: list[str], body: bytes,
-               producer: tuple[str, int, int]) -> Any:
-    """One produce with a raw Client, on whichever of ``names`` leads "orders-0"."""
-    for name in names:
-        with Client(cluster.configs[name].listen, group="orders-0") as raw, \
-                contextlib.suppress(errors.NotMaster):
-            return raw.produce("orders", body, producer=producer)
-    raise AssertionError(f"none of {names} leads orders-0")
+def _serving(cluster: Cluster) -> str:
+    """The broker whose replica of "orders-0" serves writes now."""
+    serving = [name for name in BROKERS if name in cluster.threads and
+               cluster.threads[name].broker.groups["orders-0"].driver.serving]
+    assert len(serving) == 1, serving
+    return serving[0]
+
+
+def _on_leader(cluster: Cluster, request: Callable[[Client], Any]) -> Any:
+    """``request(raw)`` with a raw Client of whichever running broker leads "orders-0" (a
+    Raft leader as reported may be stale), until one does (an election may be on)."""
+    deadline = time.monotonic() + LEADER_WAIT_S
+    while time.monotonic() < deadline:
+        for name in list(cluster.threads):
+            if name not in BROKERS:
+                continue
+            with Client(cluster.configs[name].listen, group="orders-0") as raw, \
+                    contextlib.suppress(errors.NotMaster, errors.UnknownGroup):
+                return request(raw)
+        time.sleep(0.1)  # a back-off: an election is under way
+    raise AssertionError(f"no broker led orders-0 within {LEADER_WAIT_S} s")
 
 
 def test_raw_client_triples_and_the_group_client(tmp_path: Path) -> None:
     with _cluster(tmp_path, "raft") as cluster, _client(cluster) as client:
         client.produce("orders", b"first", partition=0)  # (the group is hosted and led)
-        view = client.metadata(refresh=True)
-        address = view.brokers[view.partition("orders", 0).leader].address
         old, new = new_producer_epoch(), new_producer_epoch()
-        with Client(address, group="orders-0") as raw:
-            one = raw.produce("orders", b"q-old", producer=("q", 1, old))
-            assert raw.produce("orders", b"q-new", producer=("q", 1, new)).position > \
-                one.position  # a new life: stored, not taken for the old life's 1
-            with pytest.raises(errors.ProducerFenced):
-                raw.produce("orders", b"q-zombie", producer=("q", 2, old))
-            with pytest.raises(errors.ProducerFenced):
-                raw.produce("orders", b"q-pair", producer=("q", 2))  # (a pair: epoch 0)
-            for epoch in (-1, "1", True, 1.5):
-                header = {"kind": "produce", "topic": "orders", "queue_id": 0, "sizes": [1],
-                          "producer_id": "q", "sequence": 3, "producer_epoch": epoch}
-                with pytest.raises(errors.InvalidArgument, match="producer_epoch"):
-                    raw.call(header, b"x")
+
+        def produce(body: bytes, producer: tuple[Any, ...]) -> Any:
+            return _on_leader(cluster, lambda raw: raw.produce("orders", body,
+                                                               producer=producer))
+
+        one = produce(b"q-old", ("q", 1, old))
+        assert produce(b"q-new", ("q", 1, new)).position > one.position  # a new life:
+        # stored, not taken for the old life's 1
+        with pytest.raises(errors.ProducerFenced):
+            produce(b"q-zombie", ("q", 2, old))
+        with pytest.raises(errors.ProducerFenced):
+            produce(b"q-pair", ("q", 2))  # (a pair: epoch 0)
+        for epoch in (-1, "1", True, 1.5):
+            header = {"kind": "produce", "topic": "orders", "queue_id": 0, "sizes": [1],
+                      "producer_id": "q", "sequence": 3, "producer_epoch": epoch}
+            with pytest.raises(errors.InvalidArgument, match="producer_epoch"):
+                _on_leader(cluster, lambda raw, header=header: raw.call(header, b"x"))
         addresses = cluster.addresses(BROKERS)
         with GroupClient(addresses, producer_id="g", group="orders-0") as first:
             first.produce("orders", b"g-1")
