@@ -37,6 +37,8 @@ from mqlog.engine import consumequeue as cq
 from mqlog.engine import queries
 from mqlog.engine.control import control_bytes
 from mqlog.engine.files import (
+    SYNC_ZERO_WRITE_BYTES,
+    ZERO_WRITE_BYTES,
     MappedFile,
     SegmentAllocator,
     file_name,
@@ -210,7 +212,10 @@ class Store:
             ahead_bytes_max=(config.segment_prepare_ahead_bytes_max
                              if config.segment_preallocate else 0),
             warm=config.segment_preallocate, next_ahead=config.segment_prepare_ahead,
-            headroom_bytes=config.disk_headroom_bytes)
+            headroom_bytes=config.disk_headroom_bytes,
+            # (small page-cache folios, so a sync writes back little more than it must)
+            zero_write_bytes=(SYNC_ZERO_WRITE_BYTES if config.flush_mode == "sync"
+                              else ZERO_WRITE_BYTES))
         self.core = self.core_module.LogCore(
             segment_size_bytes=config.segment_size_bytes,
             message_size_bytes_max=config.message_size_bytes_max,
