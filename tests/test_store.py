@@ -501,6 +501,29 @@ def test_failed_flush_is_reported_and_fences_the_store(open_store):
         store.close()
 
 
+def test_failed_flush_is_raised_in_every_waiting_task(open_store):
+    """put_async awaits a future of its loop (FlushService.durable_future): a sync that
+    fails while tasks wait gives each of them FlushFailed, never PUT_OK or a timeout."""
+    store = open_store(flush_mode="sync")
+    store.put("t", b"durable")
+
+    def failing_sync(start: int, end: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    store._flusher._sync_log = failing_sync
+
+    async def main() -> list:
+        return await asyncio.gather(*(store.put_async("t", b"x") for _ in range(4)),
+                                    return_exceptions=True)
+
+    answers = asyncio.run(main())
+    assert [type(answer) for answer in answers] == [errors.FlushFailed] * 4, answers
+    with pytest.raises(errors.StoreFailed):
+        asyncio.run(store.put_async("t", b"refused"))
+    with pytest.raises(errors.FlushFailed):
+        store.close()
+
+
 def test_config_errors_name_the_setting(tmp_path):
     with pytest.raises(errors.ConfigError, match="segment_size_bytes"):
         mqlog.open(tmp_path, segment_size_bytes=1000)

@@ -151,6 +151,7 @@ class Store:
     def __init__(self, path: Path, config: StoreConfig, *, implementation: str | None = None,
                  clock_ms: Any = None, read_only: bool = False) -> None:
         self.config = config
+        self._sync_flush = config.flush_mode == "sync"  # (put_async's one look)
         self.paths = StorePaths(path)
         self.core_module: ModuleType = ext.load(implementation)
         self.implementation: str = self.core_module.IMPLEMENTATION
@@ -323,9 +324,10 @@ class Store:
                         born_timestamp: int | None = None) -> PutResult:
         """``put`` for asyncio: with sync flush, awaits the group commit instead of blocking."""
         result = self.core.put(topic, body, queue_id, key, tags, properties, born_timestamp)
-        if self.config.flush_mode == "sync" and not await self._flusher.wait_flushed_async(
-                result.position + result.size):
-            return result._replace(status=PutStatus.FLUSH_DISK_TIMEOUT)
+        if self._sync_flush:  # (one future awaited, no coroutine of ours: flush.py)
+            future = self._flusher.durable_future(result.position + result.size)
+            if future is not None and not self._flusher.outcome(await future):
+                return result._replace(status=PutStatus.FLUSH_DISK_TIMEOUT)
         return result
 
     async def put_batch_async(self, topic: str, bodies: Any, queue_id: int = 0,
