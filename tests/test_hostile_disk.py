@@ -133,11 +133,12 @@ filler = os.path.join(root, "filler")
 cut = files.MappedFile.zero_from
 
 
-def cut_then_fill(self, offset, preallocate=False):
-    # Recovery cuts the queue at entry 100, inside its first page: with 1 KiB blocks the
-    # blocks after the cut go and the page is partly a hole. The disk fills right then,
-    # before the rebuilt entries are written into that page.
-    cut(self, offset, preallocate)
+def cut_then_fill(self, offset):
+    # Recovery cuts the queue at entry 100, inside its first page. It keeps the blocks
+    # after the cut now (clear_from), but a hole there is what a queue started after
+    # tombstones has: punched here, with 1 KiB blocks the page is partly a hole. The disk
+    # fills right then, before the rebuilt entries are written into that page.
+    cut(self, offset)
     if "consumequeue" in str(self.path) and not os.path.exists(filler):
         gap = os.path.join(root, "gap")  # room for the prefill after the cut, no more
         with open(gap, "wb") as file:
@@ -152,7 +153,7 @@ def cut_then_fill(self, offset, preallocate=False):
         os.sync()
 
 
-files.MappedFile.zero_from = cut_then_fill
+files.MappedFile.clear_from = cut_then_fill
 try:
     mqlog.open(path, **settings).close()
     print("opened")

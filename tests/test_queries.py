@@ -177,6 +177,63 @@ def test_key_index_survives_reopen_crash_damage_and_truncate(tmp_path, impl, rng
     store.close()
 
 
+def test_keys_of_dropped_index_files_are_indexed_again_after_a_clean_open(
+        tmp_path, impl, rng):
+    """The core's keyed hint (where the last keyed record it put or scanned ends) knows
+    nothing of a clean open's records: an index file a truncation drops must be read
+    again all the same, or every key it held below the cut is lost."""
+    settings = dict(SMALL, **INDEX_SMALL)
+    path = tmp_path / "store"
+    with mqlog.open(path, implementation=impl, **settings) as store:
+        model = _fill(store, rng, 700)
+    with mqlog.open(path, implementation=impl, **settings) as store:  # nothing scanned
+        assert store.recovery_report.clean
+        cut = model[650]["position"]
+        store.truncate(cut)
+        model = [m for m in model if m["position"] < cut]
+        for key in {m["key"] for m in model[600:] if m["key"] is not None}:
+            assert [r.position for r in store.query("orders", key)] == \
+                _expected_by_key(model, key), key
+
+
+def test_keys_recovery_scanned_are_indexed(tmp_path, impl, rng):
+    """A crash with no checkpoint: the recovery scan notes the keyed records it reads
+    (and the indexer skips what follows the last one); none is missed."""
+    settings = dict(SMALL, **INDEX_SMALL)
+    path = tmp_path / "store"
+    store = mqlog.open(path, implementation=impl, **settings)
+    model = _fill(store, rng, 500)
+    model += [dict(key=None, position=store.put("orders", b"x" * 50).position)
+              for _ in range(200)]  # a keyless stretch at the end
+    store.flush()
+    _crash(store)
+    (path / "checkpoint").unlink()  # scan it all
+    for name in os.listdir(path / "index"):
+        os.unlink(path / "index" / name)
+    with mqlog.open(path, implementation=impl, **settings) as store:
+        assert store.recovery_report.scanned_from == 0
+        for key in {m["key"] for m in model if m["key"] is not None}:
+            assert [r.position for r in store.query("orders", key)] == \
+                _expected_by_key(model, key), key
+
+
+def test_a_replicas_copied_keys_are_indexed(tmp_path, impl, rng):
+    """append_raw notes the keyed records it copies (a follower's indexer skips what
+    follows the last one, a keyless stream costs it nothing): none is missed."""
+    settings = dict(SMALL, **INDEX_SMALL)
+    with mqlog.open(tmp_path / "leader", implementation=impl, **settings) as leader, \
+            mqlog.open(tmp_path / "replica", implementation=impl, **settings) as replica:
+        model = _fill(leader, rng, 500)
+        for _ in range(100):
+            leader.put("orders", b"no key")
+        while replica.written_position < leader.written_position:
+            replica.append_raw(replica.written_position,
+                               leader.read_raw(replica.written_position, 7_000))
+        for key in {m["key"] for m in model if m["key"] is not None}:
+            assert [r.position for r in replica.query("orders", key)] == \
+                _expected_by_key(model, key), key
+
+
 def test_the_indexer_skips_a_damaged_record(tmp_path, impl, rng):
     """Rot in bytes recovery did not scan: the indexer counts it and indexes the rest."""
     settings = dict(SMALL, **INDEX_SMALL)

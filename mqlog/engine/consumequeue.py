@@ -108,8 +108,9 @@ def trim_files(files: list[MappedFile], scan_from: int) -> list[MappedFile]:
     if files:
         # After a crash the tail may hold entries of lost records, with holes between
         # them; zero it whole so the live prefix stays contiguous for the next search.
+        # Its blocks stay: the scan that follows writes most of it again.
         last = files[-1]
         live = entries_before(last, scan_from)
         if live * ENTRY_SIZE < last.size:
-            last.zero_from(live * ENTRY_SIZE, preallocate=False)
+            last.clear_from(live * ENTRY_SIZE)
     return files

@@ -25,8 +25,10 @@ the maintenance thread every ``index_interval_ms``, and every query first, so a 
 sees every record committed before it began. Indexing runs in the log core (C), a
 bounded batch of records per call so the GIL is never held for long; the core also
 notes where the last keyed record it wrote ends, and a stretch of log after that is
-skipped unread (a store used without keys pays nothing for the index). Everything
-present at open, or copied in by ``append_raw``, counts as keyed until indexed. A file that fills
+skipped unread (a store used without keys pays nothing for the index). Records that
+recovery or ``append_raw`` index in the core count too; so does everything present at open
+that the index files do not cover and the recovery scan did not read, and everything a
+dropped index file covered (a truncation, a rebuild). A file that fills
 up is sealed (msync'd, then its header gets its CRC and is msync'd) and the next one
 starts where it stopped. On close the last file is sealed the same way; on open a file
 is trusted only if its header's CRC holds and it agrees with its neighbours and the
@@ -308,7 +310,13 @@ class KeyIndex:
         """Forget every entry at or after ``position`` (lock held): files that start at
         or after it go, and the one that holds it is rebuilt by the next catch-up."""
         while self._files and self._files[-1].end_position > position:
-            self._files.pop().mapped.remove()
+            self._reread(self._files.pop())
+
+    def _reread(self, dropped: IndexFile) -> None:
+        """Remove a file whose records the indexer must read again: the core's keyed
+        hint (where the last keyed record it noted ends) may know nothing of them."""
+        self._core.last_keyed_end = max(self._core.last_keyed_end, dropped.end_position)
+        dropped.mapped.remove()
 
     def damaged_at(self, position: int, reason: str) -> IndexDamaged:
         """IndexDamaged for the file whose entry names ``position``, which holds no
@@ -321,7 +329,7 @@ class KeyIndex:
         """Rebuild the file that starts at ``first_position`` and every later one from
         the log (lock held): a lookup found it damaged."""
         while self._files and self._files[-1].first_position >= first_position:
-            self._files.pop().mapped.remove()
+            self._reread(self._files.pop())
         self._rebuilt += 1
         self.catch_up()
 
@@ -349,6 +357,14 @@ class KeyIndex:
     @property
     def end_position(self) -> int:
         return self._files[-1].end_position if self._files else 0
+
+    @property
+    def resumes_at(self) -> int:
+        """Where indexing goes on from: every record before it is indexed."""
+        if self._files:
+            return self._files[-1].end_position
+        bases = self._core.segment_bases()
+        return bases[0] if bases else 0
 
     @property
     def damaged_count(self) -> int:

@@ -229,11 +229,14 @@ class Store:
         self.files = FileSet(paths, config, self.core)
         self.recovery_report = recover(self.files)
         end = self.recovery_report.end_position
-        self.core.last_keyed_end = end  # what is here already must be indexed
         self.key_index = KeyIndex(paths.index, self.core, self.core_module, config)
         index_files = len(numbered_files(paths.index))
         self.key_index.open(self.files.first_segment_base(), end,
                             crashed=not self.recovery_report.clean)
+        if self.key_index.resumes_at < self.recovery_report.scanned_from:
+            # The scan noted the keyed records it read (the core's last_keyed_end), but
+            # not those before it: the indexer reads all of that stretch.
+            self.core.last_keyed_end = end
         self.recovery_report.note_index(index_files, self.key_index.file_count)
         self._offsets = ConsumerOffsets(paths.consumer_offsets, config.group_name_length_max)
         self._sync_all_queues()
@@ -639,9 +642,7 @@ class Store:
     def append_raw(self, position: int, data: Any) -> int:
         """Append records received from another replica at the same position."""
         self._check_writable()
-        end = self.core.append_raw(position, data)
-        self.core.last_keyed_end = end  # replicated records may hold keys
-        return end
+        return self.core.append_raw(position, data)  # (its keyed records noted in the core)
 
     def append_control(self, body: bytes = b"") -> int:
         """Append a control record (no queue sees it: a Raft leader's no-op) in the current

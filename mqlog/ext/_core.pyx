@@ -185,7 +185,7 @@ cdef class LogCore:
     cdef public unsigned long long epoch
     cdef public list epoch_starts  # [(epoch, first position)], ascending
     cdef public long long last_store_timestamp
-    cdef public unsigned long long last_keyed_end  # just past the last keyed record put
+    cdef public unsigned long long last_keyed_end  # just past the last keyed record seen
     cdef readonly bint read_only  # mappings are held as plain, not writable, buffers
 
     cdef object _new_segment
@@ -1292,10 +1292,13 @@ cdef class LogCore:
         return 0
 
     cdef int _dispatch(self, const char *record, mq_header *header) except -1:
-        """Index a record that is already in the log (append_raw, recovery)."""
+        """Index a record that is already in the log (append_raw, recovery), and note
+        where it ends if it has a key (the key indexer skips the log after that unread)."""
         cdef _Queue queue
         cdef const char *entry
         cdef const char *tags
+        if header.key_size and header.position + header.size > self.last_keyed_end:
+            self.last_keyed_end = header.position + header.size
         if header.attributes & MQ_ATTR_CONTROL:
             return 0
         queue = self._dispatch_queue

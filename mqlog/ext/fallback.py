@@ -356,7 +356,7 @@ class LogCore:
         self.epoch = 0
         self.epoch_starts: list[tuple[int, int]] = []  # (epoch, first position), ascending
         self.last_store_timestamp = 0
-        self.last_keyed_end = 0  # just past the last keyed record put (the indexer's hint)
+        self.last_keyed_end = 0  # just past the last keyed record seen (the indexer's hint)
         self._fence: BaseException | None = None
         # Every method that unmaps, frees or zeroes (truncate, trim_front, detach,
         # drop_queues, release) makes the generation odd while it works and even again
@@ -1043,7 +1043,10 @@ class LogCore:
         self._advance(record.position + size)
 
     def _dispatch(self, record: Record) -> None:
-        """Index a record that is already in the log (append_raw, recovery)."""
+        """Index a record that is already in the log (append_raw, recovery), and note
+        where it ends if it has a key (the key indexer skips the log after that unread)."""
+        if record._sizes[1]:  # a key (its size: no decoding)
+            self.last_keyed_end = max(self.last_keyed_end, record.position + record.size)
         if record.attributes & ATTR_CONTROL:
             return
         queue = self._queues.get(record.topic, {}).get(record.queue_id)
