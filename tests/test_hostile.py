@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import mqlog
-from mqlog import errors, ext
+from mqlog import errors, ext, format
 from tests.conftest import IMPLEMENTATIONS, SMALL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -547,6 +547,43 @@ def test_twin_append_raw_garbage(data, at, prefix):
         core.truncate(0)
     position = cores[0].written_position if at == "end" else at
     _both(lambda core: core.append_raw(position, head + data), cores)
+    _both(lambda core: core.read_raw(0, 1 << 20), cores)
+
+
+@twin_only
+@TWIN_SETTINGS
+@given(kept=st.integers(0, 12), changed=st.integers(0, 11),
+       delta=st.sampled_from([-2, -1, 1, 3, 1 << 40]))
+def test_twin_append_raw_offset_gaps(kept, changed, delta):
+    """append_raw checks that each record continues its queue (issue 17: the C core now
+    follows the run of records of one queue without Python objects, and goes the slow way
+    at each change of queue): runs of records of four queues, the follower holding
+    the first ``kept`` of them, one of the rest with its queue offset moved by ``delta``
+    (CRC resealed): both cores refuse it alike, naming the queue and the offsets, and
+    take the same data whole once it is intact."""
+    cores = (_bare_core("cython")[0], _bare_core("python")[0])
+    for core in cores:  # runs of records of one queue, and changes of queue
+        for index in range(12):
+            core.put(f"t{index // 6}", bytes([index]) * 5, index // 3 % 2)
+    data = cores[0].read_raw(0, 1 << 20)
+    steps = [step for step in format.walk(data + bytes(16), 0) if step.kind == "record"]
+    for core in cores:
+        core.truncate(steps[kept].offset if kept < len(steps) else len(data))
+    rest = bytearray(data[steps[min(kept, len(steps) - 1)].offset:] if kept < len(steps)
+                     else b"")
+    start = len(data) - len(rest)
+    target = [step for step in steps if step.offset >= start][changed % max(1, len(
+        steps) - kept)] if rest else None
+    if target is not None:
+        at = target.offset - start
+        header = target.header
+        format.RECORD_HEADER.pack_into(rest, at, *header._replace(
+            queue_offset=max(0, header.queue_offset + delta)))
+        record = bytearray(rest[at:at + header.size])
+        format.seal_record(record)
+        rest[at:at + header.size] = record
+    _both(lambda core: core.append_raw(start, bytes(rest)), cores)
+    _both(lambda core: core.append_raw(start, data[start:]), cores)
     _both(lambda core: core.read_raw(0, 1 << 20), cores)
 
 

@@ -167,6 +167,27 @@ include "_arguments.pxi"
 include "_waiter.pxi"
 
 
+cdef struct QueueRun:
+    # The queue the last records planned by append_raw belong to (a replica's fetch holds
+    # one partition's records: most records continue it). topic NULL: none.
+    const char *topic  # the topic's bytes in the data being planned
+    uint16_t topic_size
+    uint32_t queue_id
+    uint64_t next_offset
+
+
+cdef inline bint _run_continues(QueueRun *run, const char *record, mq_header *header):
+    """Whether ``record`` is the next record of the run's queue (then the run moves on);
+    False sends it the slow way (``_plan_offset``), which also raises for a gap."""
+    if run.topic == NULL or header.queue_id != run.queue_id or \
+            header.topic_size != run.topic_size or \
+            header.queue_offset != run.next_offset or \
+            memcmp(record + MQ_HEADER_SIZE, run.topic, run.topic_size) != 0:
+        return False
+    run.next_offset += 1
+    return True
+
+
 # --- the core -------------------------------------------------------------------------
 
 @cython.final
@@ -1204,6 +1225,9 @@ cdef class LogCore:
         cdef int problem
         cdef mq_header header
         cdef dict next_offsets = {}
+        cdef QueueRun run
+        cdef object run_key = None  # (topic, queue_id) of the run
+        run.topic = NULL
         cdef list starts = self.epoch_starts
         # (wraparound is off in this module: no negative indexes)
         cdef object last_epoch = starts[len(starts) - 1][0] if starts else -1
@@ -1238,16 +1262,23 @@ cdef class LogCore:
                 raise ReplicaDataRejected(at, f"epoch {header.epoch} is older than {last_epoch}"
                                               ", the epoch before it")
             last_epoch = header.epoch
-            if not header.attributes & MQ_ATTR_CONTROL:
-                self._plan_offset(next_offsets, p + cursor, &header, at)
+            if not header.attributes & MQ_ATTR_CONTROL and not _run_continues(
+                    &run, p + cursor, &header):
+                if run.topic != NULL:  # the run ends: what it reached goes to the dict
+                    next_offsets[run_key] = run.next_offset
+                run_key = self._plan_offset(next_offsets, &run, p + cursor, &header, at)
             cursor += size
             if not in_segment:
                 segment_end, in_segment = at + <uint64_t>self.segment_size_bytes, True
         return 0
 
-    cdef int _plan_offset(self, dict next_offsets, const char *record, mq_header *header,
-                          uint64_t at) except -1:
-        """Check that a raw record continues its queue (offsets in order, no gap)."""
+    cdef object _plan_offset(self, dict next_offsets, QueueRun *run, const char *record,
+                             mq_header *header, uint64_t at):
+        """Check that a raw record continues its queue (offsets in order, no gap), and
+        make its queue the run ``_run_continues`` checks the next records against; return
+        its key. ``next_offsets`` holds the next offset of every queue met before (the
+        caller wrote the ended run's there)."""
+        run.topic = NULL
         topic = PyUnicode_DecodeUTF8(record + MQ_HEADER_SIZE, header.topic_size, NULL)
         key = (topic, header.queue_id)
         expected = next_offsets.get(key)
@@ -1258,7 +1289,10 @@ cdef class LogCore:
             raise ReplicaDataRejected(at, f"queue {topic!r}/{header.queue_id} expects offset "
                                           f"{expected}, record has {header.queue_offset}")
         next_offsets[key] = expected + 1
-        return 0
+        run.topic = record + MQ_HEADER_SIZE  # (inside the data being planned: alive)
+        run.topic_size, run.queue_id = header.topic_size, header.queue_id
+        run.next_offset = header.queue_offset + 1
+        return key
 
     cdef int _apply_raw(self, bytes data) except -1:
         """Copy planned raw data into the log, indexing each record (the twin's steps)."""
