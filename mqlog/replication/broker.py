@@ -86,7 +86,7 @@ class PeerCounters:
     dropped_messages: int = 0  # messages its full send buffer refused
     misaddressed: int = 0  # messages for no hosted group, or not from it
     messages_sent: int = 0  # replication messages written to it
-    writes: int = 0  # socket writes that carried them (one per peer per group's Ready)
+    writes: int = 0  # socket writes that carried them (one per peer per loop iteration)
     bytes_sent: int = 0
 
 
@@ -111,6 +111,7 @@ class Broker:
         self._dialing: set[str] = set()
         self._opening: set[str] = set()  # groups whose stores open on a thread now
         self._dial_after: dict[str, float] = {}  # peer -> loop time its next dial may start
+        self._outbox: dict[str, list[bytes]] = {}  # peer -> frames of this loop iteration
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._running = False
@@ -294,14 +295,21 @@ class Broker:
     # --- sending ---------------------------------------------------------------------------
 
     def send(self, group: str, outgoing: list[messages.Message]) -> None:
-        """Send a group's messages in order, one socket write per peer (a write is a
-        system call); see the module docstring for what is dropped."""
+        """Send a group's messages in order. They wait in a per-peer outbox until the
+        loop has run every callback ready now (the other groups' Readies among them), then
+        go in one socket write per peer (a write is a system call); see the module
+        docstring for what is dropped."""
         tag = "" if group == self.config.default_group else group
-        by_peer: dict[str, list[bytes]] = {}
+        outbox = self._outbox
+        if not outbox:
+            asyncio.get_running_loop().call_soon(self._write_outbox)
         for message in outgoing:
-            by_peer.setdefault(message.dst, []).append(messages.encode(message, tag))
+            outbox.setdefault(message.dst, []).append(messages.encode(message, tag))
+
+    def _write_outbox(self) -> None:
+        outbox, self._outbox = self._outbox, {}
         limit = self.config.peer_send_bytes_max
-        for peer, frames in by_peer.items():
+        for peer, frames in outbox.items():
             link = self._links.get(peer)
             if link is not None and not link.writer.is_closing():
                 queued = link.writer.transport.get_write_buffer_size()
