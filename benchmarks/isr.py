@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -59,6 +60,8 @@ RECORD = bytes(range(100))
 MODES = {"unreplicated": ("base", 1), "acks=0": ("orders", 0), "acks=1": ("orders", 1),
          "acks=all": ("orders", "all")}  # name -> (topic, acks)
 SHAPES = (1, PARTITIONS)  # partitions written at once
+ROLES = ("client", "leader", "follower", "controllers")
+LAST_CPU: dict[str, float] = {}  # measure()'s CPU seconds by process name, and records
 
 
 def produce_for(brokers: list[str], topic: str, partition: int, acks: Any, seconds: float,
@@ -100,6 +103,28 @@ def cpu_seconds(processes: list[subprocess.Popen]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def own_cpu_seconds() -> float:
+    """CPU time this process (the producers: the client) used so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def leader_of(controllers: list[str], topic: str, partition: int) -> str:
+    """The broker the controller names leader of ``topic``'s ``partition`` ("" if none)."""
+    found = state(ask(controllers, {"kind": "describe_cluster"}))
+    return found.partition(topic, partition).leader if found is not None else ""
+
+
+def by_role(cpu: dict[str, float], leader: str, records: int) -> dict[str, float]:
+    """CPU microseconds per record of each role: the client, the partition's leader,
+    each other broker (its followers; idle for the baseline), the three controllers."""
+    others = [name for name in BROKERS if name != leader]
+    per = 1e6 / max(records, 1)
+    return {"client": cpu["client"] * per, "leader": cpu.get(leader, 0.0) * per,
+            "follower": sum(cpu[name] for name in others) / len(others) * per,
+            "controllers": sum(cpu[name] for name in CONTROLLERS) * per}
+
+
 def peer_messages(brokers: list[str]) -> tuple[int, int]:
     """Replication messages and their bytes the brokers sent each other so far
     (``broker_metadata``'s per-peer counters)."""
@@ -113,29 +138,38 @@ def peer_messages(brokers: list[str]) -> tuple[int, int]:
 
 
 def measure(brokers: list[str], mode: str, shape: int, seconds: float, batch: int,
-            processes: list[subprocess.Popen],
-            in_flight: int = 1) -> tuple[float, float, int, tuple[float, float]]:
+            processes: list[subprocess.Popen], in_flight: int = 1,
+            names: dict[str, subprocess.Popen] | None = None,
+            ) -> tuple[float, float, int, tuple[float, float]]:
     """Records/s of ``shape`` producers together (one per partition), the brokers' CPU
     seconds per million records, acks=0 refusals, and the peer messages per produce
     request with their mean size in bytes (fetches and their answers: how well fetch
-    answers batch)."""
+    answers batch). ``names``: name -> process, whose CPU seconds (and the client's,
+    "client") are left in ``LAST_CPU`` with the records ("records")."""
     topic, acks = MODES[mode]
     counts: list[tuple[int, float, int]] = []
     threads = [threading.Thread(target=produce_for, args=(
         brokers, topic, partition, acks, seconds, batch, in_flight, counts))
         for partition in range(shape)]
     messages, size = peer_messages(brokers)
+    each = {name: cpu_seconds([process]) for name, process in (names or {}).items()}
+    each["client"] = own_cpu_seconds()
     cpu = cpu_seconds(processes)
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     cpu = cpu_seconds(processes) - cpu
+    LAST_CPU.clear()
+    LAST_CPU.update({name: cpu_seconds([process]) - each[name]
+                     for name, process in (names or {}).items()})
+    LAST_CPU["client"] = own_cpu_seconds() - each["client"]
     after = peer_messages(brokers)
     messages, size = after[0] - messages, after[1] - size
     if len(counts) != shape:
         raise RuntimeError(f"{shape - len(counts)} producer(s) of {mode} failed (see above)")
     records = sum(count for count, _, _ in counts)
+    LAST_CPU["records"] = records
     return (records / max(elapsed for _, elapsed, _ in counts), cpu / records * 1e6,
             sum(refused for _, _, refused in counts),
             (messages / (records / batch), size / max(messages, 1)))
@@ -155,6 +189,13 @@ def prepare(controllers: list[str], brokers: list[str]) -> None:
                 assert sent.status is PutStatus.PUT_OK, sent
 
 
+def idle_share(processes: list[subprocess.Popen], seconds: float = 2.0) -> float:
+    """Cores the processes keep busy with no writes (ticks, heartbeats, long polls)."""
+    before, started = cpu_seconds(processes), time.perf_counter()
+    time.sleep(seconds)
+    return (cpu_seconds(processes) - before) / (time.perf_counter() - started)
+
+
 def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
         in_flight: int = 5) -> dict[tuple[str, int], list[float]]:
     """{(mode, partitions): [records/s per round]}, {(mode, -partitions): [CPU seconds
@@ -171,14 +212,20 @@ def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
     figures: dict[tuple[str, int], list[float]] = {("refused", 0): [0.0]}
     try:
         prepare(controllers, brokers)
+        figures[("idle", 0)] = [idle_share(list(processes.values()))]
         names = list(MODES)
         for index in range(rounds):
             turn = index % len(names)
             for mode in names[turn:] + names[:turn]:  # (rotated: no mode always first)
                 for shape in SHAPES:
+                    leader = leader_of(controllers, MODES[mode][0], 0)
                     rate, cpu, refused, (messages, size) = measure(
                         brokers, mode, shape, seconds, batch, list(processes.values()),
-                        in_flight)
+                        in_flight, processes)
+                    if shape == 1:
+                        roles = by_role(LAST_CPU, leader, int(LAST_CPU["records"]))
+                        for role in ROLES:
+                            figures.setdefault((f"{mode} {role}", 0), []).append(roles[role])
                     figures.setdefault((mode, shape), []).append(rate)
                     figures.setdefault((mode, -shape), []).append(cpu)
                     figures.setdefault((f"{mode} messages", shape), []).append(messages)
@@ -232,8 +279,27 @@ def report(figures: dict[tuple[str, int], list[float]], rounds: int, seconds: fl
             cells += [f"{statistics.median(figures[(f'{mode} messages', shape)]):.2f}",
                       f"{statistics.median(figures[(f'{mode} bytes', shape)]):,.0f}"]
         lines.append("| " + " | ".join(cells) + " |")
+    if ("unreplicated client", 0) in figures:
+        lines += role_lines(figures)
     lines.append(f"acks=0 sends refused (lost): {figures[('refused', 0)][0]:.0f}; load average "
                  f"at the end {os.getloadavg()[0]:.1f}")
+    return lines
+
+
+def role_lines(figures: dict[tuple[str, int], list[float]]) -> list[str]:
+    """The fourth table: CPU per record by role, 1 partition (what bounds each ratio)."""
+    idle = figures.get(("idle", 0), [0.0])[0]
+    lines = ["", "CPU microseconds per record by role, 1 partition (median of the rounds): "
+             "the client (this process's producer), the partition's leader, each other "
+             f"broker (its followers), the three controllers; with no writes the six "
+             f"processes keep {idle:.2f} of a core busy",
+             "| mode | client | leader | each follower | controllers | sum |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for mode in MODES:
+        values = [statistics.median(figures[(f"{mode} {role}", 0)]) for role in ROLES]
+        total = values[0] + values[1] + 2 * values[2] + values[3]
+        lines.append("| " + " | ".join([mode, *(f"{value:.2f}" for value in values),
+                                        f"{total:.2f}"]) + " |")
     return lines
 
 

@@ -1,6 +1,6 @@
 """benchmarks/isr.py runs end to end on tiny sizes (one round, a fraction of a second per
 figure), so it cannot rot unnoticed: real processes (3 controllers + 3 brokers), both
-topics, every mode and shape measured, the three tables printed. No figure is asserted: a
+topics, every mode and shape measured, the four tables printed. No figure is asserted: a
 timed target belongs to the benchmark's own run (docs/BENCHMARKS.md), not here."""
 
 from __future__ import annotations
@@ -17,8 +17,12 @@ def test_the_isr_benchmark_runs_every_mode_and_shape() -> None:
             if mode != "unreplicated":  # (peer messages per request: a third table)
                 assert len(figures[(f"{mode} messages", shape)]) == 1
                 assert len(figures[(f"{mode} bytes", shape)]) == 1
+        for role in isr.ROLES:  # (CPU per record by role, 1 partition: a fourth table)
+            assert len(figures[(f"{mode} {role}", 0)]) == 1
+            assert figures[(f"{mode} {role}", 0)][0] >= 0
+    assert 0 < figures[("idle", 0)][0] < 6  # (cores the six processes use, no writes)
     lines = isr.report(figures, 1, 0.2, 5)
     for mode in isr.MODES:
-        rows = 2 if mode == "unreplicated" else 3
+        rows = 3 if mode == "unreplicated" else 4
         assert sum(line.startswith(f"| {mode} |") for line in lines) == rows, (mode, lines)
     assert any(line.startswith("acks=0 sends refused") for line in lines)
