@@ -196,20 +196,42 @@ def idle_share(processes: list[subprocess.Popen], seconds: float = 2.0) -> float
     return (cpu_seconds(processes) - before) / (time.perf_counter() - started)
 
 
+def new_page_cost(directory: Path, size: int = 64 << 20) -> float:
+    """CPU seconds per GB to put new pages in the page cache (zeros written with pwrite
+    into a new file, 1 MiB a write): what every byte a broker stores costs before the
+    record is copied in. On a virtual machine a page of memory the guest never touched
+    costs several times one it touched and freed before (docs/BENCHMARKS.md); replicated
+    modes store three times the baseline's bytes, so the figure says which machine ran."""
+    path = directory / "new-page-probe"
+    zeros = bytes(1 << 20)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        started = time.thread_time()
+        for offset in range(0, size, len(zeros)):
+            os.pwrite(fd, zeros, offset)
+        spent = time.thread_time() - started
+    finally:
+        os.close(fd)
+        path.unlink()
+    return spent / (size / 1e9)
+
+
 def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
         in_flight: int = 5) -> dict[tuple[str, int], list[float]]:
     """{(mode, partitions): [records/s per round]}, {(mode, -partitions): [CPU seconds
     of every mqlog process per million records]}, {("MODE messages", partitions): [peer
     messages per request]}, {("MODE bytes", partitions): [their mean size]}, and the
-    acks=0 sends refused under ("refused", 0). ``store``: KEY=VALUE lines of every
-    process's [store] table."""
+    acks=0 sends refused under ("refused", 0), and new_page_cost at the start and the
+    end under ("new pages", 0). ``store``: KEY=VALUE lines of every process's [store]
+    table."""
     root = Path(tempfile.mkdtemp(prefix="mqlog-bench-isr-"))
     extra = "".join(f"{line}\n" for line in ("[store]", *store)) if store else ""
     addresses = write_configs(root, 3_000, "min_insync_replicas = 2\n" + extra)
     controllers = [addresses[name] for name in CONTROLLERS]
     brokers = [addresses[name] for name in BROKERS]
     processes = {name: start(root, name) for name in CONTROLLERS + BROKERS}
-    figures: dict[tuple[str, int], list[float]] = {("refused", 0): [0.0]}
+    figures: dict[tuple[str, int], list[float]] = {("refused", 0): [0.0],
+                                                   ("new pages", 0): [new_page_cost(root)]}
     try:
         prepare(controllers, brokers)
         figures[("idle", 0)] = [idle_share(list(processes.values()))]
@@ -231,6 +253,7 @@ def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
                     figures.setdefault((f"{mode} messages", shape), []).append(messages)
                     figures.setdefault((f"{mode} bytes", shape), []).append(size)
                     figures[("refused", 0)][0] += refused
+        figures[("new pages", 0)].append(new_page_cost(root))
     finally:
         stop_all(processes)
         shutil.rmtree(root, ignore_errors=True)  # (a run writes gigabytes)
@@ -283,6 +306,11 @@ def report(figures: dict[tuple[str, int], list[float]], rounds: int, seconds: fl
         lines += role_lines(figures)
     lines.append(f"acks=0 sends refused (lost): {figures[('refused', 0)][0]:.0f}; load average "
                  f"at the end {os.getloadavg()[0]:.1f}")
+    if len(figures.get(("new pages", 0), ())) == 2:
+        start, end = figures[("new pages", 0)]
+        lines.append(f"new page cache: {start:.2f} s of CPU per GB at the start, {end:.2f} "
+                     "at the end (a VM's memory never touched before costs several times "
+                     "memory touched and freed: docs/BENCHMARKS.md)")
     return lines
 
 

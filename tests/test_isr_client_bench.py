@@ -21,8 +21,11 @@ def test_the_isr_benchmark_runs_every_mode_and_shape() -> None:
             assert len(figures[(f"{mode} {role}", 0)]) == 1
             assert figures[(f"{mode} {role}", 0)][0] >= 0
     assert 0 < figures[("idle", 0)][0] < 6  # (cores the six processes use, no writes)
+    assert len(figures[("new pages", 0)]) == 2  # (the page-cache probe, start and end)
+    assert all(cost > 0 for cost in figures[("new pages", 0)])
     lines = isr.report(figures, 1, 0.2, 5)
     for mode in isr.MODES:
         rows = 3 if mode == "unreplicated" else 4
         assert sum(line.startswith(f"| {mode} |") for line in lines) == rows, (mode, lines)
     assert any(line.startswith("acks=0 sends refused") for line in lines)
+    assert any(line.startswith("new page cache: ") for line in lines)
