@@ -196,3 +196,96 @@ def test_cluster_metadata_is_refused_until_the_first_pull_brings_something() -> 
     io.next_round()
     answer = agent.describe()
     assert answer["position"] == 200 and records.decode(answer["snapshot"]).topics
+
+
+# --- a round whose fold moved nothing (issue 17: an idle partition costs nothing) -------------
+
+
+class RecordingHost(FailingHost):
+    """FailingHost that counts ensure_group calls and reports master-slave roles: each
+    group a SLAVE that may be promoted (its core's own state, not the metadata's)."""
+
+    def __init__(self) -> None:
+        super().__init__(OSError("x"), set())
+        self.ensured = 0
+        self.changed: list[tuple[str, str]] = []
+
+    def ensure_group(self, spec: Any) -> None:
+        self.ensured += 1
+        super().ensure_group(spec)
+
+    def role(self, name: str) -> dict[str, Any] | None:
+        if name not in self.groups or self.groups[name].replication.layer != "master_slave":
+            return None
+        return {"role": "SLAVE", "master": "b2", "epoch": 0, "promotable": True,
+                "in_sync": None}
+
+    def change_role(self, name: str, header: dict[str, Any]) -> None:
+        self.changed.append((name, header["kind"]))
+
+
+def _pulls(*batches: list[Any]) -> Any:
+    """A script whose pulls bring ``batches`` of records, one per round, then nothing."""
+    pending = list(batches)
+
+    def script(header: dict[str, Any]) -> dict[str, Any]:
+        if header["kind"] != "metadata_since":
+            return _script(header)
+        found = pending.pop(0) if pending else []
+        return {"records": found, "position": header["position"] + 100 * len(found)}
+    return script
+
+
+def _built(monkeypatch: Any) -> list[str]:
+    """The names of the GroupSpecs built from now on (Raft ones: the agent's assigned())."""
+    from mqlog.config import GroupSpec
+
+    built: list[str] = []
+    raft = GroupSpec.raft
+
+    def counted(name: str, *args: Any, **kwargs: Any) -> Any:
+        built.append(name)
+        return raft(name, *args, **kwargs)
+    monkeypatch.setattr(GroupSpec, "raft", counted)
+    return built
+
+
+def test_a_round_whose_fold_moved_nothing_builds_and_hosts_no_group_spec(monkeypatch) -> None:
+    built = _built(monkeypatch)
+    more = [[0, records.encode(records.CreateTopic("u", "raft", (("b1",),)))]]
+    io = Io(_pulls(_metadata()[:1], _metadata()[1:], [], [], more))
+    recording = RecordingHost()
+    agent = host.BrokerAgent(recording, CONFIG, io, rng=random.Random(1))
+    agent.start()
+    io.run_due()  # registered: no topic yet
+    io.next_round()  # topic t: its two groups built and hosted
+    assert sorted(built) == ["t-0", "t-1"] and recording.ensured == 2
+    for _ in range(2):  # nothing new: nothing built, nothing asked of the host
+        io.next_round()
+    assert len(built) == 2 and recording.ensured == 2 and agent.rounds == 4
+    io.next_round()  # topic u: every spec built again (and compared by the host)
+    assert sorted(built[2:]) == ["t-0", "t-1", "u-0"] and recording.ensured == 5
+    assert set(recording.groups) == agent.hosted == {"t-0", "t-1", "u-0"}
+
+
+def test_a_round_whose_fold_moved_nothing_still_retries_and_applies_roles() -> None:
+    """What does not follow from the view is redone every round: a group whose hosting
+    failed is tried again, a master-slave core that is not what the metadata says is
+    made so (its role changes on its own, not through the metadata)."""
+    ms = [[0, records.encode(item)] for item in (
+        records.RegisterBroker("b1", 1, ADDRESS),
+        records.CreateTopic("m", "master_slave", (("b1",),)),
+        records.CreateTopic("t", "raft", (("b1",),)))]
+    io = Io(_pulls(ms))
+    recording = RecordingHost()
+    recording.failing = {"t-0"}
+    agent = host.BrokerAgent(recording, CONFIG, io, rng=random.Random(1))
+    agent.start()
+    io.run_due()
+    assert agent.hosted == {"m-0"} and agent.hosting_failures == 1
+    assert recording.changed == []  # (hosted this round, as the metadata says)
+    recording.failing = set()
+    io.next_round()  # the same view: t-0 tried again, m-0's core made its leader
+    assert agent.hosted == {"m-0", "t-0"} and recording.changed == [("m-0", "promote")]
+    io.next_round()
+    assert recording.changed == [("m-0", "promote")] * 2 and recording.ensured == 3

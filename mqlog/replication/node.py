@@ -4,12 +4,15 @@ asyncio ``Io`` of the one driver between them and the network.
 A broker (broker.py; ``mqlog node --config node.toml``) hosts one or more of these, one
 per replica group, and carries their messages over its connections; a node of the
 single-group configs of before is a broker hosting one group. A ``Node`` here is the
-per-group part: every ``tick_ms`` it ticks the core; every message a peer broker sent
-for its group is stepped in; once the loop iteration's events are all in (every frame
-read together), the driver carries out the core's Ready and asks this node to send
-(through the broker's one connection per peer), flush (on the store's flush thread: the
-loop goes on meanwhile) and answer. A Ready that cannot be carried out stops the broker
-loudly (exit status 1): a restart runs the engine's recovery.
+per-group part: every ``tick_ms`` the broker's one ticker (broker.py's ``Ticker``: one
+loop timer for all its groups of that ``tick_ms``, not a task each) ticks its core, then
+its tick callbacks; every message a peer broker sent for its group is stepped in; once
+the loop iteration's events are all in (every frame read together), the driver carries
+out the core's Ready — after a tick only if the core has one (``has_ready``: an idle
+follower's tick leaves none, and an idle group costs its tick, no driver run) — and
+asks this node to send (through the broker's one connection per peer), flush (on the
+store's flush thread: the loop goes on meanwhile) and answer. A Ready that cannot be
+carried out stops the broker loudly (exit status 1): a restart runs the engine's recovery.
 
 Clients (``mqlog.Client``) send requests, one frame each, and get one response frame;
 a request's ``group`` names the group (none: by its topic and queue, else the broker's
@@ -153,9 +156,10 @@ class Node:
 
     def start(self) -> None:
         """Run the driver once (a master already in its store's epoch takes writes at
-        once), then tick, and register with the route registries if any."""
+        once), then tick with the broker's other groups (broker.py's ``Ticker``), and
+        register with the route registries if any."""
         self.driver.run()
-        self._spawn(self._tick_forever())
+        self.broker.start_ticking(self)
         if self.broker.config.registries:
             self._spawn(self._register_forever())
 
@@ -165,6 +169,7 @@ class Node:
         if self.closed:
             return
         self.closed = True
+        self.broker.stop_ticking(self)
         for task in list(self._tasks):
             task.cancel()
         self.driver.abandon_waiting()
@@ -204,13 +209,17 @@ class Node:
 
     # --- the driver loop ----------------------------------------------------------------
 
-    async def _tick_forever(self) -> None:
-        interval = self.replication.tick_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            self.driver.tick()
-            for callback in self._tick_callbacks:
-                callback()
+    def tick(self) -> None:
+        """One tick (the broker's ticker calls it every ``tick_ms``): the core's, then the
+        tick callbacks'; then the driver runs once this loop iteration's events are in
+        — only if the core has something to carry out (``has_ready``: a leader always
+        does, a follower whose Ready is empty does not). A run of an empty Ready changes
+        nothing, and would cost an idle broker a driver run per group per tick."""
+        driver = self.driver
+        driver.tick()
+        for callback in self._tick_callbacks:
+            callback()
+        if driver.failure is None and driver.core.has_ready():
             self._schedule()
 
     async def _register_forever(self) -> None:

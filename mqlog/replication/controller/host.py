@@ -45,7 +45,10 @@ replication Driver does none: it asks an ``AgentIo`` to send a request to a cont
 and call back with the answer (never from inside ``request``), and to call it back after
 a delay (its only timer), and it hosts groups through a ``GroupHost``. A round is one
 chain of requests, one at a time (register if it has no epoch, heartbeat, pull), then
-the fold, the hosting, and a timer for the next round; an error ends the round early
+the fold, the hosting, and a timer for the next round. The hosting builds and compares
+every assigned group's spec only when the fold moved the view (or the last pass left a
+group to try again); an idle cluster's round re-applies what does not follow from the
+view (master-slave roles, ISR states) and nothing else. An error ends the round early
 (and a refused heartbeat that says "register again" drops the epoch). An unexpected
 exception (an OSError from opening a group's store on a full disk, say) ends the round,
 or when it is one group's hosting, skips that group, with a note: never the agent, whose
@@ -258,6 +261,11 @@ class BrokerAgent:
         self.position = 0
         self.epoch: int | None = None
         self.hosted: set[str] = set()  # groups this agent opened
+        # The view of the last hosting pass that did all it wanted (host_assigned), and
+        # the layer of each group that pass wanted, in its order
+        self._hosted_view: ClusterMetadata | None = None
+        self._hosted_layers: dict[str, str] = {}
+        self._troubled = False  # this pass noted a group it could not host (or spec)
         self.hosting_failures = 0  # ensure_group calls that failed unexpectedly (retried)
         self.rounds = 0  # rounds finished (with or without an error)
         self.leaders = LeaderTable()  # Raft partitions' leaders, reported (leaders.py)
@@ -431,39 +439,70 @@ class BrokerAgent:
                                                      members, self.host.broker_id)
             except errors.ConfigError as error:  # (say, a replica registered a bad
                 # address: the other partitions are still hosted)
+                self._troubled = True
                 self.io.note(f"broker {self.host.broker_id}: cannot host {name}: {error}")
         return wanted
 
     def host_assigned(self) -> None:
         """ensure_group each partition assigned here (an ISR one is handed its state); drop
         those no longer assigned; make the master-slave groups hosted already what the
-        metadata says (apply_role)."""
+        metadata says (apply_role). The specs are a function of the view alone: when the
+        fold left the view as it was at the last pass that hosted everything it wanted
+        (no hosting failed, no spec refused, nothing failed to drop), nothing is built or
+        compared again, and only what does not follow from the view is redone — each
+        hosted group's role made the metadata's (a master-slave core's role changes on
+        its own), each ISR group handed its state again — as a full pass would."""
+        if self.view is self._hosted_view:
+            self._refresh_hosted()
+            return
+        self._hosted_view, self._troubled = None, False
         wanted = self.assigned()
+        self._hosted_layers = {name: spec.replication.layer for name, spec in wanted.items()}
         for name, spec in wanted.items():
             if name in self.hosted and spec.replication.layer == "master_slave":
                 self._apply_role(name)
-                continue
-            try:
-                self.host.ensure_group(spec)
-            except errors.InvalidArgument as error:  # (a replica moved: not handled yet)
-                self.io.note(f"broker {self.host.broker_id}: cannot host {name}: {error}")
-                continue
-            except Exception as error:  # (an OSError opening its store: a full disk, say.
-                # One group's trouble must not end the agent, which keeps every other
-                # group's membership alive: skip it, the next round tries again)
-                self.hosting_failures += 1
-                self.io.note(f"broker {self.host.broker_id}: cannot host {name} now "
-                             f"({error!r}); the next round tries again")
-                continue
-            self.hosted.add(name)
-            where = self._isr_groups.get(name)
-            if where is not None and self.on_partition is not None:
-                topic, index = where
-                self.on_partition(name, PartitionState.of(
-                    self.view.topics[topic].partitions[index]))
+            elif self._host(name, spec):
+                self._hand_state(name)
         for name in sorted(self.hosted - set(wanted)):
             self.host.drop_group(name)
             self.hosted.discard(name)
+        if not self._troubled:
+            self._hosted_view = self.view
+
+    def _refresh_hosted(self) -> None:
+        """What a full pass does to the groups it hosts already (in the same order)."""
+        for name, layer in self._hosted_layers.items():
+            if layer == "master_slave":
+                self._apply_role(name)
+            else:
+                self._hand_state(name)
+
+    def _host(self, name: str, spec: Any) -> bool:
+        """ensure_group ``spec``; False (noted, retried next round) if that failed."""
+        try:
+            self.host.ensure_group(spec)
+        except errors.InvalidArgument as error:  # (a replica moved: not handled yet)
+            self._troubled = True
+            self.io.note(f"broker {self.host.broker_id}: cannot host {name}: {error}")
+            return False
+        except Exception as error:  # (an OSError opening its store: a full disk, say.
+            # One group's trouble must not end the agent, which keeps every other
+            # group's membership alive: skip it, the next round tries again)
+            self._troubled = True
+            self.hosting_failures += 1
+            self.io.note(f"broker {self.host.broker_id}: cannot host {name} now "
+                         f"({error!r}); the next round tries again")
+            return False
+        self.hosted.add(name)
+        return True
+
+    def _hand_state(self, name: str) -> None:
+        """A hosted ISR group gets the view's state of its partition (its core ignores a
+        state it has: one of the same partition epoch)."""
+        where = self._isr_groups.get(name)
+        if where is not None and self.on_partition is not None:
+            topic, index = where
+            self.on_partition(name, PartitionState.of(self.view.topics[topic].partitions[index]))
 
     def _partitions(self, layers: tuple[str, ...]) -> list[tuple[Any, int, Any]]:
         """(topic, index, partition) of each partition of ``layers`` replicated here."""

@@ -288,6 +288,14 @@ class IsrCore(EpochMirror, PeerMessages):
             self._answer_fetches()
         return self._ready
 
+    def has_ready(self) -> bool:
+        """Whether ``ready()`` may return a non-empty Ready: a leader builds it in ready()
+        (its own writes, the high watermark, the held fetches it answers), so always; a
+        follower (or a replica without a role) only adds to its pending Ready as it ticks
+        and steps, so exactly when that is not empty. (A driver may skip a run that would
+        find nothing: node.py after a tick.)"""
+        return self.role == LEADER or bool(self._ready)
+
     def advance(self, ready: Ready) -> None:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"
         self._ready = Ready()

@@ -344,6 +344,13 @@ class MasterSlaveCore(PeerMessages):
             self._pump_due = False
         return self._ready
 
+    def has_ready(self) -> bool:
+        """Whether ``ready()`` may return a non-empty Ready: a master builds it in ready()
+        (its Appends, a restarted master's recovery), so always; a slave only adds to its
+        pending Ready as it ticks and steps, so exactly when that is not empty. (A driver
+        may skip a run that would find nothing: node.py after a tick.)"""
+        return self.is_master or self._recovery is not None or bool(self._ready)
+
     def advance(self, ready: Ready) -> None:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"
         self._ready = Ready()
