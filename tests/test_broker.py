@@ -334,6 +334,36 @@ def test_a_broker_refused_by_its_peer_redials_at_most_once_per_interval(tmp_path
     assert 1 <= one.counters["b"].dialed <= elapsed / 0.1 + 1, (one.counters, elapsed)
 
 
+def test_an_empty_send_schedules_no_write(tmp_path):
+    """A send with no messages schedules no outbox write (it scheduled one, and when it
+    came first in a loop iteration the next real send scheduled a second: two passes
+    over the outbox per iteration instead of one)."""
+    broker = Broker(BrokerConfig("a", f"127.0.0.1:{free_ports(1)[0]}", tmp_path / "a",
+                                 {}).validate())
+    passes = []
+    write_outbox = broker._write_outbox
+
+    def counted() -> None:
+        passes.append(dict(broker._outbox))
+        write_outbox()
+
+    broker._write_outbox = counted  # type: ignore[method-assign]
+    vote = messages.Vote("a", "nobody", 0, position=0, last_epoch=-1, pre_vote=True,
+                         transfer=False)  # to no peer: the pass drops it, dials no one
+
+    async def main() -> None:
+        broker.send("gx", [])
+        await asyncio.sleep(0)  # one loop iteration: the callbacks scheduled before run
+        assert passes == [] and broker._outbox == {}
+        broker.send("gx", [])
+        broker.send("gx", [vote])
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    assert [list(outbox) for outbox in passes] == [["nobody"]], passes
+    assert broker.counters == {}  # nothing written to anyone
+
+
 # --- real processes --------------------------------------------------------------------------
 
 

@@ -384,6 +384,8 @@ class Broker:
         loop has run every callback ready now (the other groups' Readies among them), then
         go in one socket write per peer (a write is a system call); see the module
         docstring for what is dropped."""
+        if not outgoing:
+            return  # nothing to send: no write to schedule
         tag = "" if group == self.config.default_group else group
         outbox = self._outbox
         if not outbox:
