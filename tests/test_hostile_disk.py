@@ -167,6 +167,109 @@ with mqlog.open(path, **settings) as store:
 print("ok")
 """
 
+CLEAR_TAIL_CHILD = r"""
+import os, sys
+import mqlog
+from mqlog import errors
+from mqlog.engine import files
+
+root, impl, phase, lives = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+path = os.path.join(root, "store")
+settings = dict(implementation=impl, checkpoint_interval_ms=3_600_000,
+                index_interval_ms=3_600_000, segment_size_bytes=1 << 20,
+                message_size_bytes_max=1 << 16)
+bodies = [b"%d" % index for index in range(2100)]
+if phase == "write":  # 2,100 entries (42,000 bytes) flushed, a crash; with two lives, the
+    if lives == "two":  # first 100 checkpointed by a clean close (else none is)
+        with mqlog.open(path, **settings) as store:
+            for body in bodies[:100]:
+                store.put("t", body)
+    store = mqlog.open(path, **settings)
+    for body in bodies[100 if lives == "two" else 0:]:
+        store.put("t", body)
+    store.flush()
+    os._exit(0)
+
+
+def fill(name):
+    with open(os.path.join(root, name), "wb", buffering=0) as file:
+        try:
+            while True:
+                file.write(bytes(1024))
+        except OSError:
+            pass
+    os.sync()  # (ext4 gives back what it reserved for delayed allocation)
+
+
+fill("filler")
+fill("topup")
+try:
+    fill("probe")
+    with open(os.path.join(root, "probe"), "ab", buffering=0) as file:
+        file.write(bytes(1024))
+        os.fsync(file.fileno())
+    raise AssertionError("the disk is not full")
+except OSError:
+    pass
+
+
+def data_ranges(mapped, offset):
+    fd = os.open(mapped.path, os.O_RDONLY)
+    try:
+        return list(files._data_ranges(fd, offset, mapped.size))
+    finally:
+        os.close(fd)
+
+
+def room():
+    return os.statvfs(root).f_bfree
+
+
+clear_from, cleared = files.MappedFile.clear_from, []
+
+
+def watched(self, offset):
+    # Recovery zeroes the queue's entries past the checkpoint: over blocks it has, on a
+    # disk that has none to give.
+    before = (data_ranges(self, offset), os.stat(self.path).st_blocks, room())
+    clear_from(self, offset)
+    os.sync()
+    after = (data_ranges(self, offset), os.stat(self.path).st_blocks, room())
+    fd = os.open(self.path, os.O_RDONLY)  # (pread: a hole read through the mapping of
+    try:                                  # a full tmpfs is a SIGBUS)
+        assert os.pread(fd, self.size, offset) == bytes(self.size - offset), "not zeroed"
+    finally:
+        os.close(fd)
+    cleared.append((self.path.name, offset, before, after))
+
+
+files.MappedFile.clear_from = watched
+store = mqlog.open(path, **settings)  # recovery on the full disk
+assert cleared, "recovery zeroed no queue tail"
+for name, offset, before, after in cleared:
+    assert before[0] and offset < before[0][-1][1], (name, offset, before)  # blocks to zero
+    assert before == after, (name, offset, before, after)  # the same blocks, no new one
+assert [record.body for record in store.get("t", 0, 0, 3000, 1 << 20)] == bodies
+stored = 0
+try:  # what truly needs room is typed
+    for _ in range(1_000_000):
+        store.put("t", b"more")
+        stored += 1
+    raise AssertionError("the disk never filled")
+except errors.DiskFull as error:
+    assert "full" in str(error), str(error)
+for name in ("filler", "topup", "probe"):
+    os.unlink(os.path.join(root, name))
+os.sync()
+store.close()
+with mqlog.open(path, **settings) as store:
+    got = []
+    while records := store.get("t", 0, len(got), 4096, 1 << 24):
+        got += [record.body for record in records]
+    assert got == bodies + [b"more"] * stored, (len(got), stored)
+print("ok", cleared[0][:2], cleared[0][2], stored)
+"""
+
 DESCRIPTOR_CHILD = r"""
 import os, resource, sys, time
 import mqlog
@@ -312,6 +415,25 @@ def test_a_page_cut_in_the_middle_is_held_before_entries_go_into_it(small_fs, im
     _run_child(CUT_PAGE_CHILD, str(root), impl, "write")
     out = _run_child(CUT_PAGE_CHILD, str(root), impl, "reopen")
     assert out.rstrip().endswith("ok"), out
+
+
+@pytest.mark.parametrize("lives", ["one", "two"])
+def test_recovery_zeroes_a_queue_tail_on_a_full_disk_over_the_blocks_it_has(small_fs, impl,
+                                                                           lives):
+    """Recovery zeroes a consume queue's entries past where it scans from (all of them
+    with no checkpoint: one life; those past the checkpoint: two), keeping their blocks
+    for the scan to write again (MappedFile.clear_from writes zeros over the ranges that
+    hold blocks). On a disk filled before the open it takes no new block (the same data
+    ranges, block count and free blocks after it), the store opens and reads every
+    record, writes that need room say DiskFull, and nothing is lost once room returns.
+    On tmpfs the open died of SIGBUS (one life): the search for the queue's end read
+    holes through the mapping, and a tmpfs read fault allocates a page; it stops at the
+    first hole now. Zeros over the whole tail (SEEK_DATA's ranges ignored) fail it with
+    DiskFull, a punched hole instead with the blocks not kept."""
+    root, _filler = small_fs
+    _run_child(CLEAR_TAIL_CHILD, str(root), impl, "write", lives)
+    out = _run_child(CLEAR_TAIL_CHILD, str(root), impl, "reopen", lives)
+    assert out.startswith("ok"), out
 
 
 def test_running_out_of_descriptors_is_typed_and_does_not_fence(tmp_path, impl):

@@ -75,8 +75,10 @@ def _entry(mapped: MappedFile, index: int) -> tuple[int, int]:
 
 
 def entries_before(mapped: MappedFile, scan_from: int) -> int:
-    """How many leading entries are tombstones or point before ``scan_from``."""
-    low, high = 0, mapped.size // ENTRY_SIZE
+    """How many leading entries are tombstones or point before ``scan_from``. The search
+    stays below the file's first hole (it would read as zeros: the end of the run), which
+    on a full tmpfs cannot be read through the mapping (files.py)."""
+    low, high = 0, mapped.data_end() // ENTRY_SIZE
     while low < high:
         middle = (low + high) // 2
         position, size = _entry(mapped, middle)

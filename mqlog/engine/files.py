@@ -21,6 +21,10 @@ steps, ahead of whatever writes through its mapping:
   report ENOSPC instead, which becomes DiskFull (errors.py) and changes nothing. So the
   log core asks the engine (``prepare_segment``) before it writes past the backed part
   of a segment, and the consume-queue and key-index writers back their pages first too.
+* Nothing reads a hole through a mapping either: on tmpfs a read fault allocates a page
+  too (its page cache is its storage), so on a full tmpfs that read is a SIGBUS. The
+  consume-queue searches of an open stop at the file's first hole (``data_end``): a
+  hole reads as zeros, and an all-zero entry ends a queue's entries anyway.
 * The unit is the page, not the byte: a write fault backs the whole page it lands in,
   so on a file system whose blocks are smaller than a page (ext4 makes 1 KiB blocks on
   a small disk) a write into the backed first block of a page whose other blocks are
@@ -343,6 +347,21 @@ class MappedFile:
                 os.close(fd)
             if self.prepared is not None:
                 self.prepared = min(self.prepared, offset)
+
+    def data_end(self) -> int:
+        """Where the data from the file's start ends: its first hole (its size where the
+        file system cannot tell). Searches through the mapping stop there (see the module
+        docstring: a read of a hole of a full tmpfs is a SIGBUS)."""
+        with typed_errors(f"cannot open {self.path}"):
+            try:
+                fd = os.open(self.path, os.O_RDONLY)
+            except FileNotFoundError:  # gone since it was mapped (retention beside a
+                return self.size       # read-only snapshot): its mapping still reads
+            try:
+                start, end = next(_data_ranges(fd, 0, self.size), (0, 0))
+            finally:
+                os.close(fd)
+        return end if start == 0 else 0
 
     def clear_from(self, offset: int) -> None:
         """Zero [offset, size) keeping its blocks: zeros are written over the ranges that
