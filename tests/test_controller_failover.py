@@ -105,7 +105,17 @@ def cluster(tmp_path: Path, impl: str, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def _partition(cluster: FailoverCluster) -> PartitionInfo:
-    return cluster_state(cluster.addresses()).partition(TOPIC, 0)
+    """The partition as described by a controller that has folded the topic's creation:
+    the first to answer may be a follower not there yet ("no topic 'pay'")."""
+    found: list[PartitionInfo] = []
+
+    def known() -> bool:
+        state = cluster_state(cluster.addresses())
+        if TOPIC in state.topics:
+            found.append(state.partition(TOPIC, 0))
+        return bool(found)
+    wait_until(known, f"a controller that knows topic {TOPIC!r}", DEADLINE_S)
+    return found[-1]
 
 
 def test_master_sigkilled_in_sync_slave_promoted_no_acked_write_lost(
