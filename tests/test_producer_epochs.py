@@ -18,6 +18,7 @@ is a new life of it, not a retry of the old one; the older life is fenced.
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,16 +30,20 @@ import mqlog
 from mqlog import errors
 from mqlog.client import Client
 from mqlog.cluster_client import ClusterClient
+from mqlog.config import ReplicationConfig
 from mqlog.group_client import GroupClient
+from mqlog.replication.driver import Driver
 from mqlog.replication.idempotence import (
     ProducerTable,
     new_producer_epoch,
     producer_epoch,
     producer_properties,
 )
+from mqlog.replication.raft import RaftCore
 from mqlog.results import PutStatus
 from tests.inprocess import BROKERS, CONTROLLERS, Cluster
 from tests.processes import change_metadata, wait_live_brokers
+from tests.test_driver import RAFT, STORE, HeldIo, _elect
 from tests.test_format import SMALL
 from tests.test_isr_cluster import _configs
 
@@ -74,6 +79,83 @@ def test_a_new_epoch_starts_a_new_life_and_an_old_one_is_fenced(tmp_path: Path,
         assert table.newest("p", 5) is None
         with pytest.raises(errors.ProducerFenced):
             table.lookup("p", 1, 5)
+
+
+def _fill(store: Any, producer_id: str, sequences: range, epoch: int) -> None:
+    for sequence in sequences:  # (~1 KB a record: 64 a 64 KiB segment)
+        store.put("t", b"x" * 900, properties=producer_properties(producer_id, sequence,
+                                                                  epoch))
+
+
+def test_a_life_longer_than_the_window_is_not_stored_twice(tmp_path: Path,
+                                                           impl: str) -> None:
+    """Finding 1 of the review of 86f9688 (the window): a producer whose life began before
+    the window a new leader scans had only the sequences in the window in its rebuilt
+    table, and a retry of an older one (stored, answered by the old leader from its own
+    table) was taken as new: stored twice. Such a sequence is now forgotten, as one the
+    table dropped: OutOfOrderSequence, nothing stored."""
+    with mqlog.open(tmp_path / "s", implementation=impl, **SMALL) as store:
+        _fill(store, "p", range(1, 301), 7)
+        _fill(store, "other", range(1, 3), 1)
+        table = ProducerTable(1000)
+        assert table.rebuild(store, 100_000) < 300  # (the window holds the newest only)
+        for retry in (1, 50, table.newest("p", 7) - 120):
+            with pytest.raises(errors.OutOfOrderSequence, match="no longer remembers"):
+                table.lookup("p", retry, 7)
+        assert table.lookup("p", 300, 7) is not None  # (in the window: found)
+        assert table.lookup("p", 301, 7) is None  # (the next one: new)
+        assert table.lookup("p", 1, 8) is None  # (a new life: nothing of it stored)
+        assert table.lookup("other", 1, 1) is not None
+        whole = ProducerTable(1000)  # a window that reaches the log's start forgets nothing
+        whole.rebuild(store, 1 << 30)
+        assert whole.lookup("p", 1, 7) is not None
+
+
+def test_a_request_cut_by_the_window_is_not_said_to_be_partly_stored(
+        tmp_path: Path, impl: str) -> None:
+    """Finding 2 of the review of 86f9688: a request whose records went on in the next
+    segment, where the rebuild's scan starts, was found with the records after the cut
+    only, and its retry was refused with PartiallyStored ("the rest are not stored: send
+    them again as a new request": twice) though all were stored. It is forgotten now."""
+    with mqlog.open(tmp_path / "s", implementation=impl, **SMALL) as store:
+        _fill(store, "p", range(1, 63), 3)  # (the first segment, nearly full)
+        batch = store.put_batch("t", [b"y" * 900] * 4,
+                                properties=producer_properties("p", 63, 3))
+        second = store.segments()[1][0]
+        assert batch.position < second < batch.end_position  # (the request spans both)
+        _fill(store, "p", range(64, 70), 3)
+        table = ProducerTable(1000)
+        table.rebuild(store, store.written_position - second)  # (the scan starts there)
+        with pytest.raises(errors.OutOfOrderSequence) as refused:
+            table.lookup("p", 63, 3, count=4)
+        assert not isinstance(refused.value, errors.PartiallyStored), refused.value
+        assert table.lookup("p", 64, 3) is not None
+
+
+def test_a_new_raft_leader_refuses_a_retry_from_before_its_window(tmp_path: Path,
+                                                                    impl: str) -> None:
+    """Finding 1 through a Raft replica's driver: elected over a log an earlier leader
+    wrote (one life, sequences 1..300), with a window that holds the newest only. A retry
+    of sequence 50 was stored a second time; now it is refused and nothing is stored."""
+    store = mqlog.open(tmp_path / "n1", implementation=impl, clock_ms=lambda: 1_000,
+                       **STORE)
+    try:
+        _fill(store, "p", range(1, 301), 7)
+        core = RaftCore(ReplicationConfig(node_id="n1", **RAFT),  # type: ignore[arg-type]
+                        store, rng=random.Random(1))
+        io = HeldIo(store)
+        driver = Driver(store, core, io, window_bytes=100_000)
+        _elect(driver, io)
+        driver.run()  # (the term starts: the table is rebuilt from the log)
+        driver.check_writable()
+        end = store.written_position
+        with pytest.raises(errors.OutOfOrderSequence, match="no longer remembers"):
+            driver.write("t", [b"x" * 900], producer=("p", 50, 7))
+        assert store.written_position == end  # (nothing stored)
+        assert driver.write("t", [b"x" * 900], producer=("p", 300, 7)).end < end  # found
+        assert driver.write("t", [b"next"], producer=("p", 301, 7)).position == end
+    finally:
+        store.close()
 
 
 def test_epoch_zero_is_left_out_and_epochs_rise_within_a_process() -> None:
@@ -207,6 +289,19 @@ def _on_leader(cluster: Cluster, request: Callable[[Client], Any]) -> Any:
     raise AssertionError(f"no broker led orders-0 within {LEADER_WAIT_S} s")
 
 
+# Producer tags a node refuses (InvalidArgument, nothing stored). Finding 3 of the review
+# of 86f9688: an epoch of 2**63 and more was taken, stored, and fenced every real client
+# of that id (their epochs, the wall clock in microseconds, are lower) for as long as the
+# record stays in the window; a sequence up there left its life no next one to send.
+_GARBAGE_TAGS = (
+    *({"producer_id": "q", "sequence": 3, "producer_epoch": epoch}
+      for epoch in (-1, "1", True, 1.5, None, 1 << 63, (1 << 64) - 1)),
+    {"producer_id": "q", "sequence": 1 << 63, "producer_epoch": 1},
+    {"producer_id": "q"}, {"sequence": 3}, {"producer_epoch": 3},
+    {"producer_id": "q", "producer_epoch": 3}, {"sequence": 3, "producer_epoch": 3},
+)
+
+
 def test_raw_client_triples_and_the_group_client(tmp_path: Path) -> None:
     with _cluster(tmp_path, "raft") as cluster, _client(cluster) as client:
         client.produce("orders", b"first", partition=0)  # (the group is hosted and led)
@@ -223,9 +318,9 @@ def test_raw_client_triples_and_the_group_client(tmp_path: Path) -> None:
             produce(b"q-zombie", ("q", 2, old))
         with pytest.raises(errors.ProducerFenced):
             produce(b"q-pair", ("q", 2))  # (a pair: epoch 0)
-        for epoch in (-1, "1", True, 1.5):
+        for tag in _GARBAGE_TAGS:  # (each refused before anything is stored)
             header = {"kind": "produce", "topic": "orders", "queue_id": 0, "sizes": [1],
-                      "producer_id": "q", "sequence": 3, "producer_epoch": epoch}
+                      **tag}
             with pytest.raises(errors.InvalidArgument, match="producer_epoch"):
                 _on_leader(cluster, lambda raw, header=header: raw.call(header, b"x"))
         addresses = cluster.addresses(BROKERS)

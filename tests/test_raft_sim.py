@@ -60,6 +60,20 @@ def test_a_table_blind_to_producer_epochs_is_caught(monkeypatch):
                for line in result.violations), verdict("raft", result)
 
 
+def test_a_retry_of_a_write_retention_let_go_is_not_stored_again():
+    """Finding 1 of the review of 86f9688 (the window), as the simulator showed it: on seed
+    5129 n0 leads with the client's s26 in its log, retention lets s26 go, and the
+    client's retry of s26 (its outcome unknown) was stored a second time and acknowledged:
+    the table n0 rebuilt from what its log still held did not know s26, and the checker,
+    reading the leader's log, did not see the first copy. The checker now reads the whole
+    committed prefix; the leader refuses that retry as too old to tell (the client gives
+    up on it, outcome unknown)."""
+    result = run_seed(5129)
+    assert not result.violations, verdict("raft", result)
+    assert result.log_starts > 0
+    assert any(line.endswith("s26 refused as too old") for line in result.trace)
+
+
 def test_the_same_seed_gives_the_same_trace():
     seed = random.Random(11).randrange(1 << 31)
     assert run_seed(seed).digest == run_seed(seed).digest

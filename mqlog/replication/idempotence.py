@@ -38,8 +38,13 @@ holds everywhere:
   non-decreasing epoch order in every log (a leader refuses a lower epoch than any it
   holds), which the simulators check.
 * Limits. A producer none of whose records is in the window is unknown: any epoch is
-  taken (as Kafka forgets producer state after its expiration). Epochs are compared, never
-  matched with the client's clock.
+  taken (as Kafka forgets producer state after its expiration). A producer whose life
+  began before the window (or before retention let the log's front go) has its older
+  sequences forgotten on a new leader: refused with OutOfOrderSequence (may be stored),
+  like the ones a table drops past ``idempotence_sequences_max`` — and so is the request
+  whose record the scan starts at (its first records may lie before it). Taken as new,
+  a retry of one was stored twice. Epochs are compared, never matched with the client's
+  clock.
 
 A request whose (producer id, epoch, sequence) is in the table was stored already — by
 this leader or by an earlier one, committed or not yet: the leader answers with where it
@@ -59,6 +64,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -177,30 +183,51 @@ class ProducerTable:
         self.clear()
         end = store.written_position
         bases = [base for base, _size in store.segments() if base <= max(0, end - window_bytes)]
-        position = bases[-1] if bases else store.first_segment_base()
-        found = 0
+        start = position = bases[-1] if bases else store.first_segment_base()
+        found, first = 0, None
         while position < end:
             data = store.read_raw(position, 1 << 20)
-            found += self._scan(position, data)
+            for tag, stored in producer_tags(position, data):
+                self.note(*tag, stored)
+                found += 1
+                first = tag if stored.position == start else first
             position += len(data)
+        if start > 0:
+            self._forget_before_window(first)
         return found
 
-    def _scan(self, position: int, data: bytes) -> int:
-        found, at, view = 0, 0, memoryview(data)
-        while at + fmt.RECORD_HEADER_SIZE <= len(data):
-            header = fmt.RecordHeader._make(fmt.RECORD_HEADER.unpack_from(view, at))
-            if header.magic != fmt.RECORD_MAGIC:  # a blank record: the segment ends here
-                break
-            if header.properties_size and not header.control:
-                start = at + fmt.RECORD_HEADER_SIZE + header.topic_size + header.key_size + \
-                    header.tags_size
-                tag = _producer_tag(view[start:start + header.properties_size])
-                if tag is not None:
-                    self.note(*tag, Stored(position + at, position + at + header.size,
-                                           header.queue_offset, 1))
-                    found += 1
-            at += header.size
-        return found
+    def _forget_before_window(self, first: ProducerTag | None) -> None:
+        """The log goes on before the scan (past the window, or let go): the lives found
+        may have older sequences there, stored, which the old leader's table still had —
+        taken as new here, a retry of one would be stored twice. So each is forgotten, as
+        if this table had dropped it (sequences rise within a life, as every client of
+        mqlog sends them): below the lowest found, and the request of the record the scan
+        starts at, whose first records may lie before it (found cut, its retry would be
+        refused as PartiallyStored: "send the rest again", twice)."""
+        for producer_id, sequences in self._producers.items():
+            self._forgotten[producer_id] = max(self._forgotten.get(producer_id, -1),
+                                               min(sequences) - 1)
+        if first is not None and self._epochs.get(first[0]) == first[2]:
+            producer_id, sequence, _epoch = first
+            self._producers[producer_id].pop(sequence, None)
+            self._forgotten[producer_id] = max(self._forgotten[producer_id], sequence)
+
+
+def producer_tags(position: int, data: bytes) -> Iterator[tuple[ProducerTag, Stored]]:
+    """The producer tags of the records in ``data`` (read at ``position``), one a record."""
+    at, view = 0, memoryview(data)
+    while at + fmt.RECORD_HEADER_SIZE <= len(data):
+        header = fmt.RecordHeader._make(fmt.RECORD_HEADER.unpack_from(view, at))
+        if header.magic != fmt.RECORD_MAGIC:  # a blank record: the segment ends here
+            break
+        if header.properties_size and not header.control:
+            start = at + fmt.RECORD_HEADER_SIZE + header.topic_size + header.key_size + \
+                header.tags_size
+            tag = _producer_tag(view[start:start + header.properties_size])
+            if tag is not None:
+                yield tag, Stored(position + at, position + at + header.size,
+                                  header.queue_offset, 1)
+        at += header.size
 
 
 def producer_properties(producer_id: str, sequence: int, epoch: int) -> dict[str, Any]:

@@ -626,13 +626,16 @@ def _producer_tag(header: dict[str, Any]) -> ProducerTag | None:
     if not isinstance(producer_id, str) or not producer_id or " " in producer_id or \
             not _count(sequence) or not _count(epoch):
         raise errors.InvalidArgument("an idempotent produce needs producer_id, a non-empty "
-                                     "string, sequence, a non-negative int, and (optional) "
-                                     "producer_epoch, a non-negative int")
+                                     "string, sequence, an int in [0, 2**63), and "
+                                     "(optional) producer_epoch, an int in [0, 2**63)")
     return producer_id, sequence, epoch
 
 
 def _count(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A sequence or an epoch: an int64 (Kafka's are signed too), not negative. One at the
+    top of msgpack's uint64 would outlast every real one: an epoch there fences every
+    later client of its producer id (the wall clock in microseconds is far below)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
 
 
 def _record_count(header: dict[str, Any]) -> int:

@@ -30,7 +30,9 @@ Checkers (a list of violations; empty is a pass):
   identical up to there (checked between every pair of nodes every 50 ticks);
 * no acknowledged write lost (a restarted client's write answered with an earlier
   life's place is one), no write stored twice by the client's retries, and the
-  producer's epochs never go down in the log (sim/lives.py);
+  producer's epochs never go down in the log (sim/lives.py), read in the whole committed
+  prefix (retention may have let a first copy go); a retry a leader refuses as too old
+  to tell (OutOfOrderSequence) is given up, as a client does, and must be a retry;
 * a leader removed from the voters steps down once that commits (an operator changes
   the membership now and then: a spare learner is promoted, a voter demoted);
 * liveness (VOPR's rule): with the network healed and all but a minority up (one node
@@ -48,8 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from mqlog.config import ReplicationConfig
-from mqlog.errors import MqlogError
-from mqlog.replication.idempotence import Stored
+from mqlog.errors import MqlogError, OutOfOrderSequence
+from mqlog.replication.idempotence import Stored, producer_tags
 from mqlog.replication.messages import Vote, VoteReply
 from mqlog.replication.raft import RaftCore
 from mqlog.replication.raft import core as raft_core
@@ -271,10 +273,12 @@ class RaftSwarm(Simulation):
         except MqlogError:
             return
         request = f"s{write.sequence}@{node.name}.{self.clock[0]}"
-        if node.driver.producers.lookup(*write.producer) is not None:
-            self.result.deduplicated += 1
         try:
+            if node.driver.producers.lookup(*write.producer) is not None:
+                self.result.deduplicated += 1
             found = node.driver.write("t", [write.body], producer=write.producer)
+        except OutOfOrderSequence:  # older than the leader's table: it may be stored (its
+            return self._give_up(node, write)  # first copy let go by retention), unknown
         except AssertionError as error:  # what a client would never hear about
             raise AssertionError(f"{node.name} failed a write it accepted: {error!r}") from None
         if write.node:
@@ -283,6 +287,17 @@ class RaftSwarm(Simulation):
         self.requests[request] = write.sequence
         self.result.trace.append(f"{self.clock[0]} {node.name}: {request} at {found.position}")
         node.driver.propose(request, found.end)
+
+    def _give_up(self, node: RaftSimNode, write: Write) -> None:
+        """A leader refused a retry as too old to tell whether it is stored: the client
+        raises that (its outcome unknown) and the write is not checked. Only a retry: a
+        write never sent is not old."""
+        del self.writes[write.sequence]
+        self.result.trace.append(f"{self.clock[0]} {node.name}: s{write.sequence} refused "
+                                 "as too old")
+        if not write.node:
+            self.result.violations.append(f"tick {self.clock[0]}: {node.name} refused "
+                                          f"write {write.sequence}, never sent, as too old")
 
     def answered(self, node: RaftSimNode, request: str, status: PutStatus) -> None:
         self.result.trace.append(f"{self.clock[0]} {node.name}: {request} {status.value}")
@@ -527,7 +542,7 @@ class RaftSwarm(Simulation):
             if record is None or record.body != body:
                 self.result.violations.append(f"acknowledged write {sequence} at "
                                               f"{stored.position} was lost")
-        self.result.violations += tag_problems(_tags(leader.store))
+        self.result.violations += tag_problems(_committed_tags(bytes(self.committed)))
 
 
 def check_committed(committed: bytearray, node: Any, commit: int) -> str:
@@ -569,6 +584,21 @@ def _tags(store: Any, topic: str = "t", queue_id: int = 0) -> list[tuple[str, in
     while records := store.get(topic, queue_id, offset, 1000, 1 << 24):
         tags += tags_of(records)
         offset = records[-1].offset + 1
+    return tags
+
+
+def _committed_tags(committed: bytes) -> list[tuple[str, int, int]]:
+    """The producer tag of every record of a committed prefix (from position 0), in log
+    order: a write stored again after retention let its first copy go is stored twice."""
+    tags: list[tuple[str, int, int]] = []
+    at = 0
+    while at + _RECORD.size <= len(committed):
+        size, magic = _RECORD.unpack_from(committed, at)[:2]
+        if size < 8:  # (no record is this short: not a record boundary)
+            return tags
+        if magic == _RECORD_MAGIC:
+            tags += [tag for tag, _ in producer_tags(at, committed[at:at + size])]
+        at += size
     return tags
 
 
