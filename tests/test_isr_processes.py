@@ -310,6 +310,19 @@ def _led_by(cluster: IsrProcesses, name: str) -> list[int]:
     return [p for p, part in enumerate(_parts(cluster)) if part.leader == name]
 
 
+def _a_leader(cluster: IsrProcesses, rng: random.Random) -> str:
+    """A broker that leads partitions, drawn by ``rng`` — once the controller asked has
+    folded the topic (one that has not yet shows no leader at all)."""
+    leaders: list[str] = []
+
+    def found() -> bool:
+        leaders[:] = [name for name in BROKERS if _led_by(cluster, name)]
+        return bool(leaders)
+
+    wait_until(found, "a broker leading partitions (topics describe)", DEADLINE_S)
+    return rng.choice(leaders)
+
+
 def _all_led_without(cluster: IsrProcesses, name: str) -> bool:
     parts = _parts(cluster)
     return bool(parts) and all(part.leader and part.leader != name for part in parts)
@@ -317,7 +330,7 @@ def _all_led_without(cluster: IsrProcesses, name: str) -> bool:
 
 def _sigkill(cluster: IsrProcesses, writers: list[Writer], rng: random.Random) -> None:
     """SIGKILL a broker (it leads partitions), restart it once its partitions moved."""
-    victim = rng.choice([name for name in BROKERS if _led_by(cluster, name)])
+    victim = _a_leader(cluster, rng)
     led = _led_by(cluster, victim)
     print(f"SIGKILL {victim}, leader of partitions {led}")
     cluster.kill(victim)
@@ -355,7 +368,7 @@ def _partition(cluster: IsrProcesses, writers: list[Writer], rng: random.Random,
                kill: bool | None = None) -> None:
     """Cut a leader off from the other brokers: its ISRs shrink to itself, the others
     drop it; heal (or SIGKILL it first: the controller elects from the ELR)."""
-    victim = rng.choice([name for name in BROKERS if _led_by(cluster, name)])
+    victim = _a_leader(cluster, rng)
     led = _led_by(cluster, victim)
     others = [p for p in range(PARTITIONS) if p not in led]
     kill = rng.random() < 0.5 if kill is None else kill
