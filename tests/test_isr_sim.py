@@ -23,7 +23,7 @@ from tests.simseeds import assert_seeds_pass, blind_to_epochs, fresh_seeds, verd
 _fixed = functools.lru_cache(maxsize=None)(isr.run_seed)  # (each fixed seed runs once)
 run_seed = isr.run_seed
 
-FIXED_SEEDS = [1, 5]  # (5: power-loss deaths)
+FIXED_SEEDS = [1, 3, 5]  # (3: ISR shrinks by AlterPartition; 5: power-loss deaths)
 # Seeds that once failed, with what they found (each a one-line reproduction).
 REGRESSION_SEEDS = {
     1240: "checker: on a power-loss seed an acks=all write was lost to a follower's power "
@@ -40,12 +40,17 @@ CAUGHT_UP_SEEDS = {
           "before its restart, its log still holding that",
     2027: "readers: a restarted controller answered describe with an empty state as if "
           "caught up (after the controller leader and a broker died at once)",
+    13300081: "controller: a leader that lost power and restarted within its session led "
+              "the same leader epoch again from an empty log; a follower that had fetched "
+              "the lost records kept them (its epochs matched): the logs differed after "
+              "healing. A registration now ends the last life's leaderships if it was "
+              "not fenced yet",
 }
 FRESH_SEED_COUNT = max(1, int(os.environ.get("MQLOG_SIM_SEEDS", 5)) // 5)
 # (break, a fixed seed that catches it): found with `python -m mqlog.sim --layer isr
 # --break NAME --count 30`
-CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 6, "truncate_to_hw": 6,
-             "hw_below_min_isr": 1, "forget_stale_alter": 8100019}
+CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 1, "truncate_to_hw": 6,
+             "hw_below_min_isr": 1, "forget_stale_alter": 8100000}
 
 
 @pytest.mark.parametrize("seed", FIXED_SEEDS)

@@ -288,11 +288,21 @@ class Controller:
         epoch = 1 if known is None else known.broker_epoch + 1
         register = RegisterBroker(broker_id, epoch, address, rack, incarnation,
                                   unclean_shutdown)
-        # (a fenced broker's changes, as _finish_fences makes them, but in the same batch:
-        # out of every ELR before its first heartbeat can unfence it)
+        # A fenced broker's changes, as _finish_fences makes them, but in the same batch:
+        # after an unclean shutdown, out of every ELR before its first heartbeat can
+        # unfence it; and whenever its last life was not fenced yet (it restarted within
+        # its session), that life's ISR leaderships end now: a leader that lost what it
+        # had not flushed must not lead the same leader epoch again from a shorter log,
+        # which followers that fetched the lost records would not notice (their epochs
+        # match). (A master-slave failover waits for reports made after the fence, and
+        # its core never serves a restarted master's old epoch; Raft elects on its own.)
+        last_life_live = known is not None and not known.fenced
         changes = fence_changes(self.working.apply(register), broker_id,
                                 self.config.auto_failover, self._reported,
-                                **self._rules(broker_id)) if unclean_shutdown else []
+                                **self._rules(broker_id)) \
+            if unclean_shutdown or last_life_live else []
+        if not unclean_shutdown:
+            changes = [change for change in changes if change.layer == "isr"]
         if unclean_shutdown:
             self.note(f"broker {broker_id} registers after an unclean shutdown: out of "
                       f"every ELR ({len(changes)} partition changes)")
