@@ -558,3 +558,52 @@ def test_a_broker_back_from_an_unclean_shutdown_leaves_every_elr(make: Any) -> N
     assert any("after an unclean shutdown" in note for note in one.notes)
     one.call(controller.heartbeat(gone, 2))
     assert not controller.committed.brokers[gone].unclean_shutdown  # (unfenced: ordinary)
+
+
+def test_a_broker_restarted_within_its_session_loses_its_isr_leaderships(make: Any) -> None:
+    """A broker that restarted before its session ran out registers a new life while its
+    last one is still unfenced (c7a4dcb; ISR simulator seed 13300081): its ISR
+    leaderships end in the registration's batch, so it never leads its old leader epoch
+    again from a log that lost what it had not flushed. A master-slave master it leads
+    keeps waiting for reports made after the registration (no promotion without them);
+    a Raft partition elects on its own: the controller leaves it as it was."""
+    one = make(auto_failover=True)
+    epochs = _cluster(one)
+    controller = one.controller
+    for name, layer in (("i", "isr"), ("ms", "master_slave"), ("r", "raft")):
+        one.call(controller.create_topic(name, 3, 3, layer))
+    before = controller.committed
+    led = {name: [index for index, part in enumerate(before.topics[name].partitions)
+                  if part.leader == "b0"] for name in ("i", "ms")}
+    assert led["i"] and led["ms"], led
+    for name, epoch in epochs.items():  # (reports before the restart: not fresh ones)
+        controller.heartbeat(name, epoch, {("ms", index): (0, 100) for index in range(3)})
+    one.step()
+    assert not controller.committed.brokers["b0"].fenced
+    proposal = controller.register_broker("b0", "h:1", "", "life-2")
+    _fold_without_a_tick(one, proposal)  # (a tick's _finish_fences would move them too)
+    answer, state = proposal.answer, controller.committed  # (one batch: the registration
+    # and the ISR changes; a broker reading the metadata between two batches would see
+    # itself leading its last life's leader epoch)
+    assert answer["broker_epoch"] == state.brokers["b0"].broker_epoch == 2
+    assert state.brokers["b0"].fenced and not state.brokers["b0"].unclean_shutdown
+    for index in led["i"]:
+        was, part = before.topics["i"].partitions[index], state.topics["i"].partitions[index]
+        assert part.leader in ("b1", "b2") and "b0" not in part.isr, part
+        assert part.leader_epoch == was.leader_epoch + 1, part
+    for index in led["ms"]:  # (no report since the registration: the master stays)
+        assert state.topics["ms"].partitions[index] == before.topics["ms"].partitions[index]
+    assert state.topics["r"] == before.topics["r"]
+    one.step(2)  # (its registration made it fenced: what fences do is done already)
+    assert controller.committed.topics["ms"] == before.topics["ms"]
+    assert controller.committed.topics["i"] == state.topics["i"]
+
+
+def _fold_without_a_tick(one: OneNode, proposal: Any) -> None:
+    """Commit and fold ``proposal`` by driver runs alone: no controller tick between."""
+    answered: list[bool] = []
+    one.controller.wait(proposal, answered.append)
+    for _ in range(2):
+        one.driver.run()
+        one.controller.after_run()
+    assert answered == [True]
