@@ -19,7 +19,7 @@ from collections import deque
 from typing import Any
 
 from mqlog import errors, ext
-from mqlog.replication.node import acks_of, split_address
+from mqlog.replication.node import acks_of, check_producer_tag, split_address
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutResult, PutStatus
 
@@ -259,10 +259,21 @@ def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
     if acks != "replicated":
         header["acks"] = acks
     if producer is not None:
-        header["producer_id"], header["sequence"] = producer[0], producer[1]
-        if len(producer) > 2 and producer[2]:  # (epoch 0, the form of before, left out)
-            header["producer_epoch"] = producer[2]
+        producer_id, sequence, epoch = _producer(producer)
+        header["producer_id"], header["sequence"] = producer_id, sequence
+        if epoch:  # (epoch 0, the form of before, left out)
+            header["producer_epoch"] = epoch
     return header, b"".join(bodies)
+
+
+def _producer(producer: Any) -> tuple[str, int, int]:
+    """A produce's (producer_id, sequence[, epoch]), checked as the node checks it, before
+    anything is sent (an int msgpack cannot carry was an untyped OverflowError)."""
+    if not isinstance(producer, tuple | list) or len(producer) not in (2, 3):
+        raise errors.InvalidArgument(f"producer must be (producer_id, sequence) or "
+                                     f"(producer_id, sequence, epoch), got {producer!r}")
+    epoch = producer[2] if len(producer) == 3 else 0
+    return check_producer_tag(producer[0], producer[1], epoch)
 
 
 def error_of(header: dict[str, Any]) -> errors.MqlogError:

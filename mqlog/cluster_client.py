@@ -93,7 +93,7 @@ from mqlog.replication.controller.leaders import LeaderTable, leaders_from
 from mqlog.replication.controller.records import Snapshot
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.replication.idempotence import new_producer_epoch
-from mqlog.replication.node import acks_of
+from mqlog.replication.node import acks_of, check_producer_tag
 from mqlog.results import PutStatus
 
 
@@ -220,6 +220,7 @@ class ClusterClient:
         self.client_rack = client_rack  # Kafka's client.rack: "nearest" follower reads
         self.producer_id = producer_id or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.producer_epoch = new_producer_epoch()  # this client's life of producer_id
+        check_producer_tag(self.producer_id, 0, self.producer_epoch)  # (a bad id: typed)
         self.fenced: errors.ProducerFenced | None = None  # a newer life took producer_id
         self.retry_timeout_s, self.retry_backoff_ms = retry_timeout_s, retry_backoff_ms
         self.metadata_max_age_ms, self.timeout_s = metadata_max_age_ms, timeout_s
@@ -280,10 +281,10 @@ class ClusterClient:
             partition = choose_partition(key, topic, count, self._round_robin)
         self._check_partition(topic, partition, count)
         sequence = self._sequences.get((topic, partition), 0) + 1
-        self._sequences[(topic, partition)] = sequence
         text_key = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
         header, payload = produce_request(topic, bodies, partition, text_key, tags, acks,
                                           (self.producer_id, sequence, self.producer_epoch))
+        self._sequences[(topic, partition)] = sequence  # (a refused request takes none)
         request = _Produce(topic, partition, header, payload, sequence, deadline)
         if acks == "0":
             self._send_only(topic, partition, header, payload, deadline)

@@ -39,6 +39,7 @@ from typing import Any
 from mqlog import errors
 from mqlog.client import Client, produce_request
 from mqlog.replication.idempotence import new_producer_epoch
+from mqlog.replication.node import check_producer_tag
 from mqlog.results import PutResult, PutStatus
 
 # Sent again: the outcome is unknown (stored, maybe committed later), or nothing was stored.
@@ -79,6 +80,7 @@ class GroupClient:
         self.addresses = list(addresses)
         self.producer_id = producer_id or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.producer_epoch = new_producer_epoch()  # this client's life of producer_id
+        check_producer_tag(self.producer_id, 0, self.producer_epoch)  # (a bad id: typed)
         self.fenced: errors.ProducerFenced | None = None  # a newer life took producer_id
         self.retry_timeout_s = retry_timeout_s
         self.retry_backoff_ms = retry_backoff_ms
@@ -98,11 +100,11 @@ class GroupClient:
                       key: str | None = None, tags: str | None = None) -> PutResult:
         if self.fenced is not None:
             raise self.fenced
-        self.sequence += 1
-        producer = (self.producer_id, self.sequence, self.producer_epoch)
+        producer = (self.producer_id, self.sequence + 1, self.producer_epoch)
+        request = produce_request(topic, bodies, queue_id, key, tags, "replicated", producer)
+        self.sequence += 1  # (taken once the request is made: a refused one takes none)
         try:
-            answer = self._until_decided(*produce_request(
-                topic, bodies, queue_id, key, tags, "replicated", producer))
+            answer = self._until_decided(*request)
         except errors.ProducerFenced as error:
             self.fenced = error
             raise

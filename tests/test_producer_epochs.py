@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -165,6 +166,45 @@ def test_epoch_zero_is_left_out_and_epochs_rise_within_a_process() -> None:
     assert producer_epoch(5_000_000, 9_000) == 9_001  # the clock went back: still above
     epochs = [new_producer_epoch() for _ in range(1000)]
     assert epochs == sorted(set(epochs))
+
+
+# Producer tags out of range or malformed: each client refuses them (InvalidArgument,
+# naming the range) before it sends anything. An epoch or a sequence of 2**64 and more
+# was msgpack's untyped OverflowError; one in [2**63, 2**64) went out for the node to
+# refuse (_GARBAGE_TAGS below).
+_BAD_PRODUCERS = (("q", 1, 1 << 64), ("q", 1 << 64, 1), ("q", 1 << 64), ("q", 1, 1 << 63),
+                  ("q", 1 << 63, 1), ("q", -1), ("q", 1, -1), ("q", 1, None), ("q", True),
+                  ("", 1), ("a b", 1), (7, 1), ("q",), ("q", 1, 2, 3), "q1")
+
+
+def test_clients_refuse_a_producer_tag_out_of_range_before_sending() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:  # (a node that never answers)
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        with Client(address, timeout_s=5) as raw:
+            connection, _ = server.accept()
+            for producer in _BAD_PRODUCERS:
+                with pytest.raises(errors.InvalidArgument,
+                                   match=r"\[0, 2\*\*63\)|producer must be"):
+                    raw.produce("orders", b"x", producer=producer)
+            connection.setblocking(False)
+            with connection, pytest.raises(BlockingIOError):
+                connection.recv(1)  # (nothing was sent)
+        cluster = ClusterClient(address)
+        cluster._partition_count = lambda topic, deadline: 1  # type: ignore[method-assign]
+        group = GroupClient([address])
+        for client in (cluster, group):
+            client.producer_epoch = 1 << 64
+            with pytest.raises(errors.InvalidArgument, match=r"producer_epoch=18446744073"):
+                client.produce("orders", b"x")
+        cluster.producer_epoch = new_producer_epoch()
+        cluster._sequences[("orders", 0)] = (1 << 63) - 1
+        with pytest.raises(errors.InvalidArgument, match=r"sequence=9223372036854775808"):
+            cluster.produce("orders", b"x")
+        assert cluster._sequences == {("orders", 0): (1 << 63) - 1}  # (none taken)
+        assert group.sequence == 0
+        for make in (ClusterClient, GroupClient):
+            with pytest.raises(errors.InvalidArgument, match="without spaces"):
+                make([address], producer_id="a b")
 
 
 # --- a cluster ---------------------------------------------------------------------------

@@ -623,12 +623,27 @@ def _producer_tag(header: dict[str, Any]) -> ProducerTag | None:
     epoch = header.get("producer_epoch", 0)
     if producer_id is None and sequence is None and "producer_epoch" not in header:
         return None
+    return check_producer_tag(producer_id, sequence, epoch)
+
+
+def check_producer_tag(producer_id: Any, sequence: Any, epoch: Any) -> ProducerTag:
+    """An idempotent produce's tag, checked (the node's, and every client's before it
+    sends: msgpack cannot even carry an int of 2**64 and more)."""
     if not isinstance(producer_id, str) or not producer_id or " " in producer_id or \
             not _count(sequence) or not _count(epoch):
-        raise errors.InvalidArgument("an idempotent produce needs producer_id, a non-empty "
-                                     "string, sequence, an int in [0, 2**63), and "
-                                     "(optional) producer_epoch, an int in [0, 2**63)")
+        raise errors.InvalidArgument(
+            "an idempotent produce needs producer_id, a non-empty string without spaces, "
+            "sequence, an int in [0, 2**63), and (optional) producer_epoch, an int in "
+            "[0, 2**63) (mqlog.new_producer_epoch() makes one); got "
+            f"producer_id={_short(producer_id)}, sequence={_short(sequence)}, "
+            f"producer_epoch={_short(epoch)}")
     return producer_id, sequence, epoch
+
+
+def _short(value: Any) -> str:
+    """A value as an error message shows it (a long one cut)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _count(value: Any) -> TypeGuard[int]:
