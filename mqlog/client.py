@@ -283,6 +283,9 @@ def error_of(header: dict[str, Any]) -> errors.MqlogError:
     if cls is errors.NotLeader:
         return errors.NotLeader(message, leader=header.get("leader"),
                                 leader_address=header.get("leader_address"))
+    if cls is errors.PartiallyStored:
+        count = header.get("count")
+        return errors.PartiallyStored(message, count if isinstance(count, int) else 0)
     if isinstance(cls, type) and issubclass(cls, errors.MqlogError):
         try:
             return cls(message)

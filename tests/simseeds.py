@@ -44,8 +44,8 @@ def blind_to_epochs(monkeypatch: Any) -> None:
 
     lookup, note = ProducerTable.lookup, ProducerTable.note
     monkeypatch.setattr(ProducerTable, "lookup",
-                        lambda table, producer_id, sequence, _epoch, count=0:
-                        lookup(table, producer_id, sequence, 0, count))
+                        lambda table, producer_id, sequence, _epoch:
+                        lookup(table, producer_id, sequence, 0))
     monkeypatch.setattr(ProducerTable, "note",
                         lambda table, producer_id, sequence, _epoch, stored:
                         note(table, producer_id, sequence, 0, stored))

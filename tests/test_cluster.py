@@ -361,3 +361,37 @@ def test_a_sync_master_without_slaves_stores_nothing_and_producers_are_idempoten
             assert cluster.metadata("m")["written"] == written
     finally:
         cluster.stop_all()
+
+
+def test_a_retry_cut_on_the_master_is_refused_only_once_its_copy_is_committed(tmp_path):
+    """A master whose log holds the first record only of a three-record request (its copy
+    as a replica was cut inside the request, and the node that had it all failed before
+    answering; here that copy is made by sending the first record alone, acks=1, with
+    the request's producer id and sequence, while the slave is stopped). The retry was
+    refused at once with PartiallyStored ("one stored, send the other two"), though that
+    record was on no slave: had this master failed then, it was lost, and the client
+    never sent it again. Now the retry waits for the layer's verdict like a new write;
+    only once the slave has the record is it refused, naming the count, and nothing is
+    stored twice."""
+    bodies = [b"first" * 20, b"second" * 20, b"third" * 20]
+    cluster = LocalCluster(tmp_path, "SYNC_MASTER", slave_count=1,
+                           store_settings="segment_size_bytes = 16777216")
+    try:
+        cluster.start_all()
+        wait_until(lambda: cluster.metadata("m")["slaves"], "s1 to follow m")
+        cluster.pause("s1")
+        with mqlog.Client(cluster.address("m"), timeout_s=30) as client:
+            cut = client.produce("orders", bodies[0], acks="1", producer=("p", 7))
+            assert cut.status is PutStatus.PUT_OK
+            written = cluster.metadata("m")["written"]
+            waited = client.produce_batch("orders", bodies, producer=("p", 7))
+            assert waited.status is not PutStatus.PUT_OK  # (no slave has it: not committed)
+            cluster.resume("s1")
+            wait_until(lambda: cluster.metadata("s1")["written"] == written,
+                       "s1 to catch up")
+            with pytest.raises(errors.PartiallyStored, match="1 of its 3 records") as refused:
+                client.produce_batch("orders", bodies, producer=("p", 7))
+            assert refused.value.count == 1
+            assert cluster.metadata("m")["written"] == written  # (stored once)
+    finally:
+        cluster.stop_all()

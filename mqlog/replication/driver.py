@@ -141,10 +141,12 @@ class Driver:
               tags: Any = None, producer: ProducerTag | None = None) -> Stored:
         """Store one request's records (or find them: an idempotent retry of a write
         this replica has; ``producer`` is (id, sequence, epoch)). The caller checked
-        ``check_writable`` since its last ``run``."""
+        ``check_writable`` since its last ``run``. A copy found may hold fewer records
+        than ``bodies`` (cut inside the request on the replica that led before): the
+        caller must not answer it as stored (idempotence.partially_stored)."""
         properties = None
         if producer is not None:
-            found = self.producers.lookup(*producer, count=len(bodies))
+            found = self.producers.lookup(*producer)
             if found is not None:
                 return found
             properties = producer_properties(*producer)

@@ -56,7 +56,10 @@ keeps each producer's newest sequence.
 
 A request's records are one run in the log, but a replica may hold the first few only
 (a fetch or an Entries is cut at a record, not at a request): a retry whose copy here has
-fewer records than it sends is refused (PartiallyStored), never answered as stored.
+fewer records than it sends is never answered as stored. It is refused with
+PartiallyStored ("these are stored, send the rest"), and only once the copy is committed
+(node.py): a leader's uncommitted records may still be lost with it, and a client told
+they were stored would never send them again.
 """
 
 from __future__ import annotations
@@ -103,12 +106,12 @@ class ProducerTable:
         """The newest epoch of ``producer_id`` stored here (None: none known)."""
         return self._epochs.get(producer_id)
 
-    def lookup(self, producer_id: str, sequence: int, epoch: int,
-               count: int = 0) -> Stored | None:
+    def lookup(self, producer_id: str, sequence: int, epoch: int) -> Stored | None:
         """The earlier outcome of this request, None if it is new; ProducerFenced if
         ``epoch`` is older than the producer's newest here; OutOfOrderSequence if it is
-        too old to tell; PartiallyStored if the request has ``count`` records and the copy
-        here fewer (a replica's copy cut inside it: never answered as stored)."""
+        too old to tell. The copy found may hold fewer records than the request (a
+        replica's copy cut inside it): the caller compares ``count`` and never answers
+        such a copy as stored (``partially_stored``)."""
         sequences = self._producers.get(producer_id)
         if sequences is None or epoch > self._epochs[producer_id]:
             return None  # (a producer not known here, or its new life)
@@ -127,12 +130,6 @@ class ProducerTable:
                 f"node no longer remembers (it keeps {self.sequences_max} per producer); it "
                 "may be stored already: start a new client (a new producer epoch) or use a "
                 "new producer id")
-        if found is not None and found.count < count:
-            raise PartiallyStored(
-                f"producer {producer_id!r} sequence {sequence}: {found.count} of its {count} "
-                f"records are stored (offsets {found.offset}..), the rest are not (the "
-                "copy this leader has was cut inside the request, which was never "
-                "acknowledged): send the others again as a new request", found.count)
         return found
 
     def newest(self, producer_id: str, epoch: int) -> int | None:
@@ -211,6 +208,16 @@ class ProducerTable:
             producer_id, sequence, _epoch = first
             self._producers[producer_id].pop(sequence, None)
             self._forgotten[producer_id] = max(self._forgotten[producer_id], sequence)
+
+
+def partially_stored(producer_id: str, sequence: int, found: Stored,
+                     count: int) -> PartiallyStored:
+    """The refusal of a retry of ``count`` records whose committed copy holds fewer."""
+    return PartiallyStored(
+        f"producer {producer_id!r} sequence {sequence}: {found.count} of its {count} "
+        f"records are stored (offsets {found.offset}..), the rest are not (the copy this "
+        "leader has was cut inside the request, which was never acknowledged): send the "
+        "others again as a new request", found.count)
 
 
 def producer_tags(position: int, data: bytes) -> Iterator[tuple[ProducerTag, Stored]]:

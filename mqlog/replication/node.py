@@ -56,7 +56,7 @@ from mqlog.config import GroupSpec
 from mqlog.engine.store import open as open_store
 from mqlog.replication import core_for, hardstate, messages
 from mqlog.replication.driver import Driver
-from mqlog.replication.idempotence import ProducerTag, Stored
+from mqlog.replication.idempotence import ProducerTag, Stored, partially_stored
 from mqlog.replication.isr.core import CONTROLLER, TEST_BREAKS
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
@@ -328,6 +328,8 @@ class Node:
     def _error_header(self, error: errors.MqlogError) -> dict[str, Any]:
         header: dict[str, Any] = {"kind": "error", "error": type(error).__name__,
                                   "message": str(error)}
+        if isinstance(error, errors.PartiallyStored):
+            header["count"] = error.count
         if isinstance(error, errors.NotLeader) and error.leader:
             header["leader"] = error.leader
             header["leader_address"] = self.broker.peers.get(error.leader)
@@ -379,8 +381,7 @@ class Node:
         the layer's verdict on the stored copy (NOT_ENOUGH_REPLICAS_AFTER_APPEND while
         the ISR is short)."""
         producer = _producer_tag(header)
-        return producer is not None and self.driver.producers.lookup(
-            *producer, count=_record_count(header)) is not None
+        return producer is not None and self.driver.producers.lookup(*producer) is not None
 
     def _in_order(self, header: dict[str, Any]) -> None:
         """A pipelined producer's request names the sequence it sent before (``previous``):
@@ -415,7 +416,7 @@ class Node:
         The proposal goes in before anything is awaited, while this node is surely still
         the leader that stored the records: a verdict cannot be missed by stepping down."""
         end = max(item.end for _, item, _ in stored)
-        replicated = [item.end for _, item, acks in stored if acks == "replicated"]
+        replicated = [item.end for _, item, acks in stored if acks in ("replicated", PARTIAL)]
         decision: asyncio.Future[PutStatus] | errors.MqlogError | None = None
         if replicated:
             try:
@@ -429,12 +430,19 @@ class Node:
         for frame, item, acks in stored:
             status = PutStatus.PUT_OK if durable or flushed >= item.end else \
                 PutStatus.FLUSH_DISK_TIMEOUT
-            if acks == "replicated" and status is PutStatus.PUT_OK:
+            if acks in ("replicated", PARTIAL) and status is PutStatus.PUT_OK:
                 if isinstance(decided, errors.MqlogError):
                     answers.append((frame, self._error_header(decided)))
                     continue
                 assert decided is not None
                 status = decided
+            if acks == PARTIAL and status is PutStatus.PUT_OK:  # (committed: refuse now)
+                producer = _producer_tag(frame.header)
+                assert producer is not None
+                refusal = partially_stored(producer[0], producer[1], item,
+                                           _record_count(frame.header))
+                answers.append((frame, self._error_header(refusal)))
+                continue
             answers.append((frame, {"kind": "produced", "status": status.value,
                                     "position": item.position, "offset": item.offset,
                                     "count": item.count}))
@@ -491,8 +499,9 @@ class Node:
         acks = _acks(header)
         producer = _producer_tag(header)
         # (the store checks every field's type)
-        return self.driver.write(header.get("topic"), bodies, header.get("queue_id", 0),
-                                 header.get("key"), header.get("tags"), producer), acks
+        stored = self.driver.write(header.get("topic"), bodies, header.get("queue_id", 0),
+                                   header.get("key"), header.get("tags"), producer)
+        return stored, PARTIAL if stored.count < len(bodies) else acks
 
     def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
         # An ISR follower serves what is below its high watermark (KIP-392's follower
@@ -590,6 +599,13 @@ class Node:
 # refused — the client does not wait).
 ACKS = {"replicated": "replicated", "all": "replicated", "-1": "replicated", -1: "replicated",
         "master": "master", "1": "master", 1: "master", "0": "0", 0: "0"}
+
+
+# What a retry waits for whose copy here holds only its first records (cut inside the
+# request on the replica that led before): the layer's verdict, whatever its acks — an
+# uncommitted copy may still be lost with this leader, and a client told "these are
+# stored, send the rest" would never send them again —, then PartiallyStored.
+PARTIAL = "partial"
 
 
 def acks_of(value: Any) -> str:
