@@ -270,6 +270,60 @@ with mqlog.open(path, **settings) as store:
 print("ok", cleared[0][:2], cleared[0][2], stored)
 """
 
+FULL_AT_OPEN_CHILD = r"""
+import os, sys
+import mqlog
+from mqlog import errors
+
+root, impl, phase = sys.argv[1], sys.argv[2], sys.argv[3]
+path = os.path.join(root, "store")
+settings = dict(implementation=impl, segment_size_bytes=1 << 20,
+                message_size_bytes_max=1 << 16)
+bodies = [b"%d" % index * 50 for index in range(2000)]
+if phase == "write":  # flushed, then a crash: no clean close
+    store = mqlog.open(path, **settings)
+    for index, body in enumerate(bodies):
+        store.put("t", body, key="k%d" % index)
+    store.flush()
+    os._exit(0)
+
+
+def fill(name):
+    with open(os.path.join(root, name), "wb", buffering=0) as file:
+        try:
+            while True:
+                file.write(bytes(1024))
+        except OSError:
+            pass
+    os.sync()
+
+
+# Opening for writing needs room for the files it writes anew (the room recovery frees
+# at the log's end may be enough once): it opens, or says DiskFull naming the way to
+# read. Never a raw OSError.
+fill("filler")
+for attempt in range(1, 4):
+    fill("topup%d" % attempt)
+    try:
+        mqlog.open(path, **settings).close()
+    except errors.DiskFull as error:
+        assert "read_only=True" in str(error), str(error)
+        break
+else:
+    raise AssertionError("opened for writing on a full disk, three times")
+print("DiskFull at attempt", attempt)
+with mqlog.open(path, read_only=True, **settings) as store:
+    got = [record.body for record in store.get("t", 0, 0, 4000, 1 << 24)]
+    assert got == bodies, (len(got), len(bodies))
+os.unlink(os.path.join(root, "filler"))
+os.sync()
+with mqlog.open(path, **settings) as store:  # room again: recovery, then writes
+    store.put("t", b"after")
+    got = [record.body for record in store.get("t", 0, 0, 4000, 1 << 24)]
+    assert got == bodies + [b"after"], len(got)
+print("ok")
+"""
+
 DESCRIPTOR_CHILD = r"""
 import os, resource, sys, time
 import mqlog
@@ -434,6 +488,19 @@ def test_recovery_zeroes_a_queue_tail_on_a_full_disk_over_the_blocks_it_has(smal
     _run_child(CLEAR_TAIL_CHILD, str(root), impl, "write", lives)
     out = _run_child(CLEAR_TAIL_CHILD, str(root), impl, "reopen", lives)
     assert out.startswith("ok"), out
+
+
+def test_a_store_left_by_a_crash_on_a_disk_that_filled_opens_to_read(small_fs, impl):
+    """A writer crashed, then the disk filled. Opening the store for writing raised a raw
+    OSError (ENOSPC): its lock file was cut to 0 bytes, then the pid written into a block
+    it no longer had. Now the pid is written over the old one; opening for writing still
+    needs room for the files it writes anew (checkpoint, flushed position), so it is
+    DiskFull saying to open read_only=True meanwhile — and that open reads every record,
+    the tmpfs holes included (no SIGBUS). Once there is room, it opens and takes writes."""
+    root, _filler = small_fs
+    _run_child(FULL_AT_OPEN_CHILD, str(root), impl, "write")
+    out = _run_child(FULL_AT_OPEN_CHILD, str(root), impl, "reopen")
+    assert out.rstrip().endswith("ok"), out
 
 
 def test_running_out_of_descriptors_is_typed_and_does_not_fence(tmp_path, impl):

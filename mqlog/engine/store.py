@@ -20,6 +20,7 @@ written position (async) or the flushed one (sync); a replication layer sets
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import re
@@ -167,10 +168,14 @@ class Store:
         self._lock_fd = -1 if read_only else self._take_lock()
         try:
             self._open_snapshot() if read_only else self._open(clock_ms)
-        except BaseException:
+        except BaseException as error:
             self._release_files()
             if self._lock_fd >= 0:
                 os.close(self._lock_fd)
+            if isinstance(error, DiskFull) and not read_only:
+                raise DiskFull(f"cannot open store {path} for writing: {error} (opening "
+                               "writes the checkpoint and its companions anew). To read "
+                               "it meanwhile, open it with read_only=True") from error
             raise
 
     def _open_snapshot(self) -> None:
@@ -289,8 +294,14 @@ class Store:
             raise StoreLocked(f"store {self.paths.root} is open in another process (pid "
                               f"{holder}) or another Store object; close that one first") \
                 from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        # Who holds it, for StoreLocked's message only. Written over the old pid before
+        # the cut, so a store on a full disk still opens (the file keeps its block);
+        # where even that needs room (a new store), the holder shows as unknown.
+        pid = f"{os.getpid()}\n".encode()
+        with contextlib.suppress(OSError):
+            os.pwrite(fd, pid, 0)
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, len(pid))
         return fd
 
     # --- the public API ------------------------------------------------------------------
