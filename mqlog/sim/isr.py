@@ -21,13 +21,15 @@ bytes survive), a power loss on some (``power_loss``: what no flush made durable
 each group's store with it; the async flusher is simulated by a flush every
 ``flush_every_ticks``). On some seeds the controller leader and the broker that leads the
 Raft partition die in the same tick (``_combined_death``: Kafka's combined mode, where
-one process is both). Three choices are drawn apart from the seed's generator (so a seed
+one process is both). Four choices are drawn apart from the seed's generator (so a seed
 where none applies runs as before they existed): those combined deaths; KIP-966's
 unclean-shutdown mark (``marks_unclean``: a broker's new life that finds its stores left
-open says so when it registers, as join_cluster does, and leaves every ELR); and the
+open says so when it registers, as join_cluster does, and leaves every ELR); the
 controller's automatic leader balancing (``balancing``: checked every
 ``BALANCE_TICKS``; ISR partitions moved by PartitionChange, Raft ones by transfers that
-the agent hands to the core, attach_transfers).
+the agent hands to the core, attach_transfers); and retention (``_retention``: now and
+then one replica lets go all the committed front it may, so a follower may ask for
+what its leader no longer has; on SIGKILL seeds, with bodies padded to fill segments).
 
 The client. One idempotent producer per partition: each write gets the next sequence,
 and goes, whenever it comes in a tick, to the replica that serves the partition now,
@@ -61,7 +63,8 @@ Checkers (a list of violations; empty is a pass):
   whose replicas lost its power after the acknowledgement is counted, not failed (and
   so is a committed prefix that changed there);
 * each partition's producer has its epochs in non-decreasing order in the log, and no
-  (id, epoch, sequence) stored twice (sim/lives.py);
+  (id, epoch, sequence) stored twice (sim/lives.py) — over the committed prefix too,
+  on seeds with retention (a retry stored again after its first copy was let go);
 * with acks=1, lost acknowledged writes are counted in the summary (the price of acks=1),
   never failed on;
 * liveness: with faults off and every broker back, each ISR partition's ISR is all its
@@ -109,13 +112,21 @@ from mqlog.sim.controller import (
 from mqlog.sim.harness import HEAL_PROBABILITY
 from mqlog.sim.lives import ProducerLives, tag_problems
 from mqlog.sim.network import NetworkOptions, SimNetwork
-from mqlog.sim.raft import _log_matching_problem, _read, _records, _tags, check_committed
+from mqlog.sim.raft import (
+    _committed_tags,
+    _log_matching_problem,
+    _read,
+    _records,
+    _tags,
+    check_committed,
+)
 
 ISR_TOPIC, RAFT_TOPIC = "events", "ledger"
 REPLICATION_FACTOR = 3
 MIN_INSYNC_REPLICAS = 2
 GROUP_STORE_SETTINGS: dict[str, Any] = dict(STORE_SETTINGS)
 BODY_PADDING = b"." * 200
+RETENTION_BODY_PADDING = b"." * 1500  # (segments of 64 KiB fill, for retention to let go)
 CREATE_RETRY_TICKS = 20
 BALANCE_TICKS = 200  # the leader imbalance check's interval, on seeds that balance
 
@@ -192,6 +203,7 @@ class IsrSimResult(ControllerSimResult):
     balancing: bool = False  # the controller's automatic leader balancing runs
     balanced: int = 0  # leader imbalance checks that moved leaders
     client_lives: int = 1  # the client's lives (sim/lives.py: restarts on some seeds)
+    log_starts: int = 0  # the furthest any replica's retention moved its log's start
 
     def summary(self) -> str:
         options = self.options
@@ -204,6 +216,7 @@ class IsrSimResult(ControllerSimResult):
                 f"truncations={self.truncations} combined_deaths={self.combined_deaths} "
                 f"unclean_shutdowns={self.unclean_shutdowns} balancing={self.balancing} "
                 f"balanced={self.balanced} client_lives={self.client_lives} "
+                f"log_start={self.log_starts} "
                 f"reads={self.reads} trace={self.digest}")
 
 
@@ -254,6 +267,12 @@ class IsrSwarm(ControllerSwarm):
         # and combined deaths: a seed with none of the three runs as it did before them.)
         self.marks_unclean = random.Random(f"{self.result.seed}/unclean").random() < 0.5
         self.combined_probability = self.combined_rng.choice([0.0, 0.003, 0.01])
+        # Retention on half the SIGKILL seeds. (A power loss may replace a partition's
+        # committed prefix by a replica's log, read from its start: it must have one.)
+        self.retention_rng = random.Random(f"{self.result.seed}/retention")
+        self.retention_probability = 0.0 if self.options.power_loss else \
+            self.retention_rng.choice([0.0, 0.0, 0.01, 0.03])
+        self.padding = RETENTION_BODY_PADDING if self.retention_probability else BODY_PADDING
 
     def new_host(self, broker: BrokerSlot) -> Any:
         sim_broker = SimBroker(self, broker.name, self.root / "brokers" / broker.name,
@@ -334,6 +353,21 @@ class IsrSwarm(ControllerSwarm):
         elif self.peers.partitioned and rng.random() < HEAL_PROBABILITY:
             self.peers.heal()
         self._combined_death()
+        self._retention()
+
+    def _retention(self) -> None:
+        """An operator's apply_retention on one replica (a broker up, not paused): it
+        lets go every whole segment below what it committed and flushed. Drawn from a
+        generator of its own, like the combined deaths."""
+        if self.retention_rng.random() >= self.retention_probability:
+            return
+        groups = [(sim_broker, group) for sim_broker, group in self._groups() if group.up]
+        if not groups:
+            return
+        sim_broker, group = self.retention_rng.choice(groups)
+        start = group.store.apply_retention().log_start
+        self.result.log_starts = max(self.result.log_starts, start)
+        self.trace(f"{sim_broker.broker_id}/{group.name}: log starts at {start}")
 
     def _combined_death(self) -> None:
         """Kafka's combined mode, where a broker is also a controller: the controller
@@ -464,7 +498,7 @@ class IsrSwarm(ControllerSwarm):
                 self.rng.random() < self.options.acks_all_share else "1"
             self.pending.setdefault(group, {})[sequence] = Write(
                 group, sequence, f"{self.result.seed}/{group}/{sequence}".encode()
-                + BODY_PADDING, acks, producer=self.lives.next(f"p-{group}"))
+                + self.padding, acks, producer=self.lives.next(f"p-{group}"))
 
     def _serving(self, group: str) -> SimGroup | None:
         serving = [sim_broker.groups[group] for name, sim_broker in self.sim_brokers.items()
@@ -566,8 +600,9 @@ class IsrSwarm(ControllerSwarm):
         term) holds the partition's whole committed prefix (elected from the ISR or the
         ELR, which hold every committed record)."""
         prefix = self.committed.get(leader.name, bytearray())
+        start = min(leader.store.first_segment_base(), len(prefix))  # (retention)
         try:
-            complete = _read(leader.store, 0, len(prefix)) == bytes(prefix)
+            complete = _read(leader.store, start, len(prefix)) == bytes(prefix[start:])
         except MqlogError:  # (no record starts where the prefix ends, in its log)
             complete = False
         if complete or self._excused(leader.name, -1):
@@ -670,21 +705,23 @@ class IsrSwarm(ControllerSwarm):
         for group, topic, index, _layer in self._partition_groups():
             part = state.topics[topic].partitions[index]
             replicas = [self.sim_brokers[name].groups[group] for name in part.replicas]
-            images = {hashlib.sha256(_read(replica.store, 0, replica.store.written_position))
-                      .hexdigest() for replica in replicas}
+            common = max(replica.store.first_segment_base() for replica in replicas)
+            images = {hashlib.sha256(_read(replica.store, common,
+                                           replica.store.written_position)).hexdigest()
+                      for replica in replicas}
             if len(images) != 1:
-                self.violation(f"{group}: the replicas' logs differ after healing")
+                self.violation(f"{group}: the replicas' logs differ after healing (from "
+                               f"{common})")
             self._check_acked(group, replicas[0])
-            for problem in tag_problems(_tags(replicas[0].store, topic, index)):
+            tags = _tags(replicas[0].store, topic, index)
+            if self.retention_probability:  # (what the log let go was committed)
+                tags = _committed_tags(bytes(self.committed.get(group, b"")))
+            for problem in tag_problems(tags):
                 self.violation(f"{group}: {problem}")
 
     def _check_acked(self, group: str, replica: SimGroup) -> None:
         for sequence, acked in sorted(self.acked.get(group, {}).items()):
-            try:
-                record = replica.store.read_record(acked.stored.position)
-            except MqlogError:
-                record = None
-            if record is not None and record.body == acked.body:
+            if self._holds(group, replica, acked):
                 continue
             if acked.acks == "1":
                 self.result.lost_one += 1
@@ -694,6 +731,19 @@ class IsrSwarm(ControllerSwarm):
             else:
                 self.violation(f"{group}: write {sequence} acknowledged with acks=all at "
                                f"{acked.stored.position} (tick {acked.tick}) was lost")
+
+    def _holds(self, group: str, replica: SimGroup, acked: Acked) -> bool:
+        """The healed log has the write where it was acknowledged (before the log's start,
+        where retention let it go: the partition's committed prefix has it)."""
+        stored = acked.stored
+        if stored.position < replica.store.first_segment_base():
+            committed = self.committed.get(group, bytearray())
+            return bytes(committed[stored.position:stored.end]).endswith(acked.body)
+        try:
+            record = replica.store.read_record(stored.position)
+        except MqlogError:
+            return False
+        return record.body == acked.body
 
     def finish(self) -> None:
         for _, group in self._groups(running=False):  # (harness.py closes the controllers')
