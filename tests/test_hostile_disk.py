@@ -167,6 +167,21 @@ with mqlog.open(path, **settings) as store:
 print("ok")
 """
 
+# The child programs' way to fill a disk: ``fill(name)`` writes a file until ENOSPC.
+FILL_DISK = r"""
+
+def fill(name):
+    with open(os.path.join(root, name), "wb", buffering=0) as file:
+        try:
+            while True:
+                file.write(bytes(1024))
+        except OSError:
+            pass
+    os.sync()  # (ext4 gives back what it reserved for delayed allocation)
+
+
+"""
+
 CLEAR_TAIL_CHILD = r"""
 import os, sys
 import mqlog
@@ -190,17 +205,7 @@ if phase == "write":  # 2,100 entries (42,000 bytes) flushed, a crash; with two 
     store.flush()
     os._exit(0)
 
-
-def fill(name):
-    with open(os.path.join(root, name), "wb", buffering=0) as file:
-        try:
-            while True:
-                file.write(bytes(1024))
-        except OSError:
-            pass
-    os.sync()  # (ext4 gives back what it reserved for delayed allocation)
-
-
+""" + FILL_DISK + r"""
 fill("filler")
 fill("topup")
 try:
@@ -287,17 +292,7 @@ if phase == "write":  # flushed, then a crash: no clean close
     store.flush()
     os._exit(0)
 
-
-def fill(name):
-    with open(os.path.join(root, name), "wb", buffering=0) as file:
-        try:
-            while True:
-                file.write(bytes(1024))
-        except OSError:
-            pass
-    os.sync()
-
-
+""" + FILL_DISK + r"""
 # Opening for writing needs room for the files it writes anew (the room recovery frees
 # at the log's end may be enough once): it opens, or says DiskFull naming the way to
 # read. Never a raw OSError.
