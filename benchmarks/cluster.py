@@ -26,100 +26,39 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from mqlog import errors
 from mqlog.client import Client
-from mqlog.replication.controller import records
-from mqlog.replication.controller.state import ClusterMetadata
-from mqlog.replication.local import free_ports, wait_until
-
-CONTROLLERS, BROKERS = ("c1", "c2", "c3"), ("b1", "b2", "b3")
-
-
-def write_configs(root: Path, session_ms: int, controller: str = "") -> dict[str, str]:
-    """Every process's TOML in ``root``; ``controller``: more [controller] lines."""
-    names = CONTROLLERS + BROKERS
-    addresses = {name: f"127.0.0.1:{port}"
-                 for name, port in zip(names, free_ports(len(names)), strict=True)}
-    voters = ", ".join(f'{name} = "{addresses[name]}"' for name in CONTROLLERS)
-    peers = "\n".join(f'{name} = "{address}"' for name, address in addresses.items())
-    for name in names:
-        role = "controller" if name in CONTROLLERS else "broker"
-        (root / f"{name}.toml").write_text(
-            f'[node]\nid = "{name}"\nlisten = "{addresses[name]}"\n'
-            f'data_dir = "{root / "data" / name}"\nprocess_roles = "{role}"\n'
-            f'[node.peers]\n{peers}\n[controller]\nvoters = {{{voters}}}\n'
-            f"broker_session_timeout_ms = {session_ms}\n"
-            f"broker_heartbeat_interval_ms = {max(1, session_ms // 5)}\n{controller}")
-    return addresses
-
-
-def start(root: Path, name: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mqlog.cli", "node", "--config",
-                             str(root / f"{name}.toml")], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-
-
-def stop_all(processes: dict[str, subprocess.Popen]) -> None:
-    """SIGTERM every process still running, then wait for each (SIGKILL after 20 s)."""
-    for process in processes.values():
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    for process in processes.values():
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+from mqlog.replication import local_controller
+from mqlog.replication.local import wait_until
+from mqlog.replication.local_controller import (  # noqa: F401  (benchmarks/isr.py's, router.py's)
+    BROKERS,
+    CONTROLLERS,
+    ask,
+    start,
+    state,
+    stop_all,
+    write_configs,
+)
 
 
 @contextlib.contextmanager
 def started(prefix: str, session_ms: int,
             controller: str = "") -> Iterator[tuple[Path, dict[str, str],
                                                     dict[str, subprocess.Popen]]]:
-    """The six processes, in a new temporary directory named ``prefix``..., with three
-    live brokers: (that directory, name -> address, name -> process). Every process in
-    that dict when the block ends is stopped (``stop_all``), however it ends."""
+    """local_controller.started in a new temporary directory named ``prefix``...:
+    (that directory, name -> address, name -> process); the directory is removed at the
+    end (a run writes gigabytes)."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
-    addresses = write_configs(root, session_ms, controller)
-    processes = {name: start(root, name) for name in CONTROLLERS + BROKERS}
     try:
-        wait_live_brokers([addresses[name] for name in CONTROLLERS])
-        yield root, addresses, processes
+        with local_controller.started(root, session_ms, controller) as (addresses, processes):
+            yield root, addresses, processes
     finally:
-        stop_all(processes)
-        shutil.rmtree(root, ignore_errors=True)  # (a run writes gigabytes)
-
-
-def wait_live_brokers(controllers: list[str]) -> None:
-    wait_until(lambda: (found := state(ask(controllers, {"kind": "describe_cluster"})))
-               is not None and len(found.live_brokers()) == len(BROKERS),
-               "three live brokers", 60)
-
-
-def ask(addresses: list[str], header: dict[str, Any]) -> dict[str, Any] | None:
-    for address in addresses:
-        try:
-            with Client(address, timeout_s=5) as client:
-                return client.call(dict(header))[0]
-        except errors.NotLeader as error:
-            if error.leader_address:
-                addresses = [error.leader_address, *addresses]
-        except (errors.NodeUnavailable, errors.RemoteError, errors.UnknownGroup):
-            continue
-    return None
-
-
-def state(answer: dict[str, Any] | None) -> ClusterMetadata | None:
-    if answer is None:
-        return None
-    return ClusterMetadata().apply(records.decode(answer["snapshot"]), answer["position"])
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def fenced_at(addresses: list[str], broker: str, kind: str) -> bool:
