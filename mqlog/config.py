@@ -55,6 +55,8 @@ class StoreConfig:
     consume_queue_entries_per_file: int = 300_000  # RocketMQ's figure: 6,000,000 bytes
     # Written ahead of a queue's end with pwrite: a write fault on a hole of a shared
     # mapping costs milliseconds here, which thousands of queues would pay on every page.
+    # A file's first prefill is a page; each later one as large as its entries so far,
+    # at most this (a queue of a few entries holds a page)
     consume_queue_prefill_bytes: int = 64 * KiB
     # --- flush --------------------------------------------------------------------
     flush_mode: FlushMode = "async"

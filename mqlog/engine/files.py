@@ -52,9 +52,13 @@ steps, ahead of whatever writes through its mapping:
   behind a fast writer (1.4x the put loop's wall time with 16 KiB writes); an interval
   flush rewriting one large folio costs nobody a wait.
 * The SegmentAllocator (RocketMQ's AllocateMappedFileService, bounded): the writer
-  backs the step it needs itself, under the core's write lock, if it is not backed yet
-  (only the pages it needs when a step would eat into the headroom);
-  a background thread keeps backing and warming ahead of it, as far as the writer goes
+  backs what its write needs itself, under the core's write lock, if it is not backed
+  yet: 64 KiB at a time (only the pages it needs when that would eat into the headroom),
+  never the whole step. A step's fresh pages cost the first toucher ~3 ms of CPU per
+  MiB on this VM, and a store's first durable put used to pay a whole step before its
+  sync could start: the slowest acks of a new store's first group commit (issue 14,
+  tenth session). The rest of the step is the background thread's, which keeps backing
+  and warming ahead of the writer, as far as the writer goes
   in 100 ms at its current rate, at most twice what it wrote since the store opened and
   at most ``segment_prepare_ahead_bytes_max``. A store that holds four records costs one
   step, a durable writer (tens of MB/s) a step or two, and a fast sustained writer finds
@@ -91,6 +95,10 @@ ZERO_WRITE_BYTES = 1 << 20  # zeros per pwrite, backing a file (the docstring sa
 SYNC_ZERO_WRITE_BYTES = 16 << 10  # the same for a sync-flush log's segments
 _ZEROS = bytes(ZERO_WRITE_BYTES)
 _CHUNK_BYTES = 1 << 20  # the background thread backs this much per hold of a file's lock
+# The writer backs itself only the pages its write needs, in pieces of this much; the
+# rest of the step is the background thread's (a step's fresh pages cost ms of CPU here,
+# and a durable first put waits for them)
+_WRITER_BYTES = 64 << 10
 _AHEAD_SECONDS = 0.1  # back what the writer would write in this long, up to the maximum
 _NO_ROOM = (errno.ENOSPC, errno.EDQUOT)
 _NO_DESCRIPTOR = (errno.EMFILE, errno.ENFILE)
@@ -415,6 +423,9 @@ class SegmentAllocator:
         self._start = 0  # the written position at open: how far the writer went since
         self._last = (0, 0.0)  # (end, time) of the last ensure: the writer's rate
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mqlog-alloc")
+        # The executor starts its thread at the first submit, and Thread.start waits until
+        # the new thread runs (ms on a busy machine): here, not in the first put's ensure.
+        self._executor.submit(int)
 
     def start(self, position: int) -> None:
         """The writer resumes at ``position`` (open, reset)."""
@@ -435,9 +446,9 @@ class SegmentAllocator:
         """Back the segment at ``base`` up to at least ``end`` (a position) now, ask the
         background thread to go further, and return the position it is backed to."""
         needed = end - base
-        want = _round_up(needed, self._step)
+        want = _round_up(needed, min(self._step, _WRITER_BYTES))  # (the step: below)
         if want > (mapped.prepared or 0) and not self._has_room(want - (mapped.prepared or 0)):
-            want = needed  # a nearly full disk: the pages this write needs, no step more
+            want = needed  # a nearly full disk: the pages this write needs, no more
         ready = mapped.prepare_to(want, self._warm, self._piece)
         if ready < needed:
             raise AssertionError(f"segment {mapped.path} is closed")

@@ -944,7 +944,11 @@ class Store:
         """Back the next pages of a queue's last file with written (zero) blocks, from the
         first page boundary at or after ``offset``'s entry (the bytes before it are in
         use); return the offset up to which entries are backed. Called under the core's
-        write lock, once every ``consume_queue_prefill_bytes`` of entries."""
+        write lock when the entries reach what is backed. A file's prefill grows with it:
+        as much as its entries take already (a page at first), at most
+        ``consume_queue_prefill_bytes``; so a queue of a few entries holds a page, and a
+        new store's first puts into many queues do not fault in 64 KiB of fresh pages
+        each before their sync can start (issue 14, tenth session)."""
         mapped = self.files.last_queue_file((topic, queue_id))
         base = int(mapped.path.name)
         at = (offset - base) * cq.ENTRY_SIZE
@@ -952,7 +956,8 @@ class Store:
         # Entries before ``at`` may share its page (tombstones, a cut: files.py), and that
         # page may be partly a hole: hold it, or the entry's write fault is a SIGBUS.
         mapped.hold(page, start)
-        end = min(mapped.size, start + self.config.consume_queue_prefill_bytes)
+        grow = min(self.config.consume_queue_prefill_bytes, max(PAGE_SIZE, start))
+        end = min(mapped.size, start + grow)
         try:
             mapped.back(start, end)
         except DiskFull:
