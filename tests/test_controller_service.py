@@ -20,7 +20,7 @@ from mqlog.errors import (
     NodeUnavailable,
     NotLeader,
 )
-from mqlog.replication.controller import records
+from mqlog.replication.controller import records, service
 from mqlog.replication.controller.config import ControllerConfig
 from mqlog.replication.controller.records import METADATA_TOPIC
 from mqlog.replication.controller.service import Controller
@@ -607,3 +607,87 @@ def _fold_without_a_tick(one: OneNode, proposal: Any) -> None:
         one.driver.run()
         one.controller.after_run()
     assert answered == [True]
+
+
+
+def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The brokers fence_changes is asked about, as the controller asks (in order)."""
+    scans: list[str] = []
+    real = service.fence_changes
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        scans.append(args[1])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(service, "fence_changes", counted)
+    return scans
+
+
+def _idle(one: OneNode, epochs: dict[str, int], live: list[str], ticks: int,
+          reports: dict | None = None) -> None:
+    """``ticks`` ticks in which the ``live`` brokers heartbeat (with ``reports``)."""
+    for _ in range(ticks):
+        for name in live:
+            one.controller.heartbeat(name, epochs[name], reports)
+        one.step()
+
+
+def test_an_idle_leader_rescans_a_fenced_brokers_partitions_only_when_inputs_move(
+        make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """_finish_fences scans every partition per fenced broker (fence_changes); with a
+    broker down for long an idle leader made that scan every tick (1000 partitions: 2 ms
+    a tick). A scan that found nothing is not made again until the state, the reports or
+    the term move: a fresh report still promotes a waiting master-slave group at once."""
+    scans = _count_scans(monkeypatch)
+    one = make(auto_failover=True)
+    epochs = _cluster(one)
+    controller = one.controller
+    one.call(controller.create_topic("ms", 1, 3, "master_slave"))
+    master, *live = controller.committed.partition("ms", 0).replicas
+    _idle(one, epochs, live, controller.session_ticks + 2)
+    assert controller.committed.brokers[master].fenced
+    assert controller.committed.partition("ms", 0).leader == master  # (no fresh report)
+    scans.clear()
+    _idle(one, epochs, live, 20)
+    assert scans == []  # (without the skip: a scan a tick, 20)
+    _idle(one, epochs, live, 1, {("ms", 0): (0, 700)})  # fresh reports: scanned, promoted
+    assert scans and set(scans) == {master}
+    assert controller.committed.partition("ms", 0).leader in live
+
+
+
+def test_fence_changes_whose_proposal_failed_are_tried_again(
+        make: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fence committed without its partition changes (its leader failed between them):
+    the next leader's _finish_fences proposes them; when that fails (a full disk, say)
+    the next tick tries again, though nothing it reads moved; once they are in, it
+    settles."""
+    one = make()
+    epochs = _cluster(one)
+    one.call(one.controller.create_topic("i", 1, 3, "isr"))
+    victim = one.controller.committed.partition("i", 0).leader
+    live = [name for name in epochs if name != victim]
+    real = service.fence_changes
+    monkeypatch.setattr(service, "fence_changes", lambda *args, **kwargs: [])
+    _idle(one, epochs, live, one.controller.session_ticks + 2)  # fenced, still the leader
+    assert one.controller.committed.brokers[victim].fenced
+    monkeypatch.setattr(service, "fence_changes", real)
+    scans = _count_scans(monkeypatch)
+    one = one.reopen()  # (the next leader)
+    controller = one.controller
+    failures, real_propose = [NodeUnavailable("a full disk, say")], controller._propose
+
+    def propose_failing_once(items: list) -> int:
+        if failures and scans:
+            raise failures.pop()
+        return real_propose(items)
+    monkeypatch.setattr(controller, "_propose", propose_failing_once)
+    one.lead()
+    while not scans:
+        _idle(one, epochs, live, 1)
+    assert scans == [victim] and not failures  # the change found, its proposal failed
+    assert controller.committed.partition("i", 0).leader == victim
+    _idle(one, epochs, live, 1)  # found again, proposed
+    assert scans == [victim, victim]
+    assert controller.committed.partition("i", 0).leader in live
+    _idle(one, epochs, live, 5)
+    assert scans == [victim] * 3  # (the scan after the change: it found nothing, settled)
