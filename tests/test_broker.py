@@ -191,6 +191,36 @@ def test_groups_are_added_and_dropped_at_runtime(tmp_path):
             running.call(broker.drop_group, "p0")
 
 
+def test_a_write_meeting_its_replica_closing_is_answered_retryable(tmp_path):
+    """A broker stopping (SIGTERM: a rolling restart) closes its groups' stores; a write
+    that met the closing store was answered StoreClosed, which no client retries, so
+    the caller could not tell whether it was stored (2 of 10 runs of a SIGTERM variant of
+    test_isr_processes' quick restart). Now it is NodeUnavailable (outcome unknown,
+    retried): a GroupClient's retry with the same sequence stores the record once."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1").validate()
+    with BrokerThread(config) as running:
+        node = running.call(running.broker.ensure_group, _one_voter("p0", address))
+        with mqlog.Client(address, group="p0") as client:
+            _produce_when_leader(client, "orders", b"first")
+        put_nowait = node.store.put_nowait
+
+        def closing_once(*args, **kwargs):
+            node.store.put_nowait = put_nowait  # (the next attempt finds it open)
+            raise errors.StoreClosed("the store was closed; open it again to use it")
+
+        node.store.put_nowait = closing_once
+        with mqlog.Client(address, group="p0") as client, \
+                pytest.raises(errors.NodeUnavailable, match="is closing.*retry it"):
+            client.produce("orders", b"lost?")
+        node.store.put_nowait = closing_once
+        with mqlog.GroupClient([address], group="p0", retry_timeout_s=30) as client:
+            assert client.produce("orders", b"second").status is PutStatus.PUT_OK
+            assert client.retries == 1
+        with mqlog.Client(address, group="p0") as client:
+            assert [r.body for r in client.fetch("orders", 0, 0)] == [b"first", b"second"]
+
+
 def test_a_group_opened_on_a_thread_takes_writes_and_a_second_open_is_refused(tmp_path):
     address = f"127.0.0.1:{free_ports(1)[0]}"
     config = BrokerConfig("b1", address, tmp_path / "b1").validate()

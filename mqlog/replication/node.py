@@ -326,6 +326,11 @@ class Node:
         await _write(writer, encode_frame(header, payload))
 
     def _error_header(self, error: errors.MqlogError) -> dict[str, Any]:
+        if isinstance(error, errors.StoreClosed):  # (a client retries NodeUnavailable)
+            error = errors.NodeUnavailable(
+                f"node {self.node_id}'s replica of group {self.name} is closing (the node "
+                "stops, or the group left it): the request's outcome is unknown; retry it "
+                "(with the same producer id and sequence it is stored once)")
         header: dict[str, Any] = {"kind": "error", "error": type(error).__name__,
                                   "message": str(error)}
         if isinstance(error, errors.PartiallyStored):
