@@ -46,6 +46,12 @@ class OffsetOutOfRange(MqlogError, LookupError):
         self.max_offset = max_offset
 
 
+class StoreChanged(MqlogError):
+    """A read planned from one snapshot of a store found records it was to read deleted
+    (retention, a truncation, a replica's reset) or replaced since: its rows could mix
+    two histories, so it returns none. Plan the read again (load the DataFrame again)."""
+
+
 class ConfigError(InvalidArgument):
     """A configuration value, or a combination of them, that mqlog cannot run with."""
 

@@ -54,7 +54,9 @@ def open_snapshot(files: FileSet) -> RecoveryReport:
         report = RecoveryReport(clean=False, scanned_from=scan_from)
         _find_end(files, report, scan_from)
     end = report.end_position
-    files.close_segments_from(end + 1)
+    files.close_segments_from(end + 1)  # (segments past the end: a live writer's)
+    if not _in_last_segment(files, end):
+        raise CorruptStore(_cut_short(files, end))
     _map_queues(files, end)
     epochs = cp.read_epochs(paths.epochs) or []
     core.epoch_starts = [(epoch, start) for epoch, start in epochs if start < end]
@@ -115,6 +117,17 @@ def _in_last_segment(files: FileSet, position: int) -> bool:
     if not bases:
         return position == 0
     return bases[-1] <= position <= bases[-1] + files.segment_file(bases[-1]).size
+
+
+def _cut_short(files: FileSet, end: int) -> str:
+    """Why a log whose checkpoint says it reaches ``end`` cannot be opened: its segment
+    files end before that (the last one was cut short, or is missing)."""
+    bases = files.segment_bases()
+    log_end = bases[-1] + files.segment_file(bases[-1]).size if bases else 0
+    return (f"the commit log of {files.paths.root} ends at position {log_end}, but its "
+            f"checkpoint says records were written up to {end}: the last segment file was "
+            "cut short or is missing (an incomplete copy?). Open the store read-write once: "
+            "recovery says what is lost and how to repair it")
 
 
 def _find_end(files: FileSet, report: RecoveryReport, scan_from: int) -> None:

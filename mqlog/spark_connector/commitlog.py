@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from mqlog import ext
+from mqlog.errors import StoreChanged
 from mqlog.spark_connector import layout
 from mqlog.spark_connector.options import SegmentRange
 from mqlog.spark_connector.reader import Counters
@@ -51,7 +52,14 @@ def read_segment(part: SegmentRange, counters: Counters,
                  arrow: pa.Schema = ARROW_SCHEMA) -> Iterator[pa.RecordBatch]:
     """The records starting in ``part``'s position range, as Arrow batches."""
     name = os.path.join(part.path, "commitlog", f"{part.base:020d}")
-    with open(name, "rb") as segment:
+    try:
+        segment = open(name, "rb")  # noqa: SIM115 - closed by the with below
+    except FileNotFoundError:
+        raise StoreChanged(f"mqlog source: the segment file {name} was deleted after this "
+                           "read was planned (retention, a truncation or a replica's "
+                           "reset); load the DataFrame again to read what the store holds "
+                           "now") from None
+    with segment:
         size = os.fstat(segment.fileno()).st_size
         walk = _Walk(segment, part.base, size, arrow)
         yield from walk.batches(part, counters)

@@ -52,7 +52,12 @@ MODES = ("queue", "commitlog")
 
 @dataclass(frozen=True)
 class QueueRange(InputPartition):
-    """Offsets [start, end) of one queue of one store."""
+    """Offsets [start, end) of one queue of one store.
+
+    ``marks``: (position, CRC32C) of the range's first and last records as the planner
+    saw them (reader.py checks that they are still there: nothing was deleted or
+    replaced since); empty when unknown. ``skip_lost``: a streaming read with
+    failOnDataLoss=false, which skips what retention deleted meanwhile."""
 
     path: str
     replica: str
@@ -60,6 +65,8 @@ class QueueRange(InputPartition):
     queue_id: int
     start: int
     end: int
+    marks: tuple[tuple[int, int], ...] = ()
+    skip_lost: bool = False
 
     @property
     def count(self) -> int:

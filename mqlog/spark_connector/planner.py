@@ -10,6 +10,9 @@ than the session has task slots, packed into fewer partitions by ``options.pack`
 (``QueueBytes``: the sizes the consume-queue entries carry, summed), so a queue of large
 records and one of small ones give tasks of equal work; ``maxRecordsPerPartition``
 still caps each partition's records.
+Each range is then marked (``mark_ranges``) with the position and CRC32C of its first
+and last records, so that the task reading it can tell the store changed under it
+(reader.py).
 
 Commit-log mode cuts by what the stores hold, never by the files' allocated size (an
 engine may preallocate a 1 GiB segment for a few records). Each segment file of each
@@ -33,11 +36,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
 import mqlog
+from mqlog.engine.files import numbered_files
 from mqlog.engine.store import Store
 from mqlog.errors import MqlogError, StoreNotFound
 from mqlog.spark_connector.options import (
@@ -59,13 +65,46 @@ def plan(options: ReadOptions) -> list[QueueRange | QueueRanges] | \
         return plan_segments(options)
     ranges: list[QueueRange] = []
     weights = QueueBytes()
-    for path, replica in _wanted_paths(options):
-        with open_store(path) as store:
+    with ExitStack() as opened:
+        stores = {}
+        for path, replica in _wanted_paths(options):
+            store = stores[path] = opened.enter_context(open_store(path))
             found = queue_ranges(store, options, path, replica)
             for part in found:
                 weights.add(store, part)
             ranges.extend(found)
-    return pack_queue_ranges(ranges, options, weights)
+        return mark_ranges(pack_queue_ranges(ranges, options, weights), stores)
+
+
+def mark_ranges(parts: list[QueueRange | QueueRanges],
+                stores: dict[str, Store]) -> list[QueueRange | QueueRanges]:
+    """Each queue range with its ``marks``: where its first and last records are and
+    their CRCs, as the open ``stores`` (the plan's snapshot) show them, so that the
+    reader can tell that they are still the same records (reader.py)."""
+    def marked(part: QueueRange) -> QueueRange:
+        store = stores[part.path]
+        marks = [_mark(store, part.topic, part.queue_id, offset)
+                 for offset in sorted({part.start, part.end - 1})]
+        if None in marks:  # damage: the read reports it
+            return part
+        return replace(part, marks=tuple(mark for mark in marks if mark is not None))
+
+    return [QueueRanges(tuple(marked(piece) for piece in part.ranges))
+            if isinstance(part, QueueRanges) else marked(part) for part in parts]
+
+
+def _mark(store: Store, topic: str, queue_id: int, offset: int) -> tuple[int, int] | None:
+    """(position, CRC32C) of a queue's record at ``offset``; None if it cannot be read."""
+    from mqlog.spark_connector.reader import queue_entries
+
+    try:
+        entry = queue_entries(store, topic, queue_id, offset, offset + 1)[0]
+        raw = store.read_raw(int(entry["position"]), int(entry["size"]))
+    except (MqlogError, OSError):
+        return None
+    if len(raw) != int(entry["size"]):
+        return None
+    return int(entry["position"]), int.from_bytes(raw[8:12], "little")
 
 
 def pack_queue_ranges(ranges: list[QueueRange], options: ReadOptions,
@@ -215,11 +254,8 @@ def segment_spans(path: str, replica: str, bounds: tuple[int | None, int | None]
     written = _written_position(path)
     low, high = bounds
     spans = []
-    for name in sorted(os.listdir(directory)):
-        if len(name) != 20 or not name.isdigit():
-            continue
-        base = int(name)
-        end = base + os.path.getsize(os.path.join(directory, name))
+    for base, file in numbered_files(Path(directory)):  # (as the engine: no stray file)
+        end = base + os.path.getsize(file)
         start, stop = max(base, low or 0), min(end, end if high is None else high)
         if start < stop:
             held_end = stop if written is None else min(stop, max(written, start))
@@ -317,15 +353,11 @@ def _queue_entries(store: Store, topic: str, queue_id: int, start: int,
     [start, end), memory-mapped."""
     from mqlog.spark_connector.layout import CQ_ENTRY
 
-    directory = store.paths.queue_dir(topic, queue_id)
-    for name in os.listdir(directory):
-        if not name.isdigit():
-            continue
-        base = int(name)
-        count = os.path.getsize(directory / name) // CQ_ENTRY.itemsize
+    for base, file in numbered_files(store.paths.queue_dir(topic, queue_id)):
+        count = os.path.getsize(file) // CQ_ENTRY.itemsize
         first, last = max(start, base), min(end, base + count)
         if first < last:
-            entries = np.memmap(directory / name, CQ_ENTRY, "r", shape=(count,))
+            entries = np.memmap(file, CQ_ENTRY, "r", shape=(count,))
             yield first, entries[first - base:last - base]
 
 

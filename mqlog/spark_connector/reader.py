@@ -4,7 +4,16 @@ Theory of operation. ``read_queue`` is what a Spark task runs for a ``QueueRange
 ``QueueRanges`` partition, several small queues packed into one task, is read range
 after range: see options.pack). It opens the store read-only (a snapshot: no lock,
 beside a live writer, on a crashed copy) and never trusts more than the snapshot shows:
-the range is clamped to the queue's ``min_offset``/``max_offset``.
+the range must lie within the queue's ``min_offset``/``max_offset`` there.
+
+0. Same records. The planner read the range from its own snapshot, earlier; since then
+   retention may have deleted its first records, or a truncation (or a replica's reset)
+   cut or replaced its last ones. The range's ``marks`` (position and CRC32C of its
+   first and last records, as planned) are checked against the segment files before
+   reading (``_readable``) and the last one again after (``unchanged``): a log changes
+   only at its ends, so while both stand every record between them is the one planned.
+   Otherwise the read fails with ``StoreChanged``, as does an error met while reading
+   when the marks moved meanwhile (the error came from the change, not from damage).
 
 1. Entries. The consume-queue entries of the range (docs/FORMAT.md: position, size,
    tag hash) are read with numpy straight from the queue's files, 20 bytes an entry.
@@ -53,6 +62,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import NoReturn
 
 import numpy as np
@@ -60,8 +70,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import mqlog
+from mqlog.engine.files import numbered_files
 from mqlog.engine.store import Store
-from mqlog.errors import ConsumeQueueMismatch, InvalidPosition
+from mqlog.errors import ConsumeQueueMismatch, InvalidPosition, MqlogError, StoreChanged
 from mqlog.spark_connector import layout
 from mqlog.spark_connector.options import QueueRange
 from mqlog.spark_connector.schema import ARROW_SCHEMA
@@ -124,9 +135,22 @@ def keep_freed_memory() -> bool:
 def read_queue(part: QueueRange, counters: Counters,
                arrow: pa.Schema = ARROW_SCHEMA) -> Iterator[pa.RecordBatch]:
     """The records of ``part`` as Arrow batches, in offset order."""
+    try:
+        yield from _read_queue(part, counters, arrow)
+    except (MqlogError, OSError) as error:
+        if isinstance(error, StoreChanged) or unchanged(part):
+            raise
+        raise _changed(part, "records it was to read were replaced or deleted while it "
+                       f"read them ({type(error).__name__}: {error})") from error
+    if not unchanged(part, last_only=True):  # a truncation under the read: rows of 2 logs
+        raise _changed(part, "records it read were replaced (a truncation) while it read "
+                       "them")
+
+
+def _read_queue(part: QueueRange, counters: Counters,
+                arrow: pa.Schema) -> Iterator[pa.RecordBatch]:
     with mqlog.open(part.path, read_only=True) as store:
-        low = max(part.start, store.min_offset(part.topic, part.queue_id))
-        high = min(part.end, store.max_offset(part.topic, part.queue_id))
+        low, high = _readable(store, part)
         previous_end = 0  # where the record of the entry before ``start`` ends
         for start in range(low, high, ENTRY_RECORDS):
             entries = queue_entries(store, part.topic, part.queue_id, start,
@@ -142,6 +166,66 @@ def read_queue(part: QueueRange, counters: Counters,
                 counters.records += len(chunk)
                 counters.batches += 1
                 yield batch
+
+
+def _readable(store: Store, part: QueueRange) -> tuple[int, int]:
+    """The offsets of ``part`` that this snapshot holds: all of them, unless retention or
+    a truncation took some since the planner saw them (then ``StoreChanged``; a lenient
+    stream skips what retention took)."""
+    low = store.min_offset(part.topic, part.queue_id)
+    high = store.max_offset(part.topic, part.queue_id)
+    if not part.marks and not part.skip_lost:
+        return max(part.start, low), min(part.end, high)  # unplanned: as the store is now
+    if low > part.start and not part.skip_lost:
+        raise _changed(part, f"offsets [{part.start}, {min(low, part.end)}) were deleted "
+                       "since (retention, or a replica's reset)")
+    if high < part.end:
+        raise _changed(part, f"offsets [{high}, {part.end}) are gone: the log was truncated "
+                       "(or reset) since")
+    if not unchanged(part, last_only=part.skip_lost):
+        raise _changed(part, "records it was to read were replaced since (a truncation "
+                       "and new writes)")
+    return max(part.start, low), part.end
+
+
+def unchanged(part: QueueRange, last_only: bool = False) -> bool:
+    """Whether the records the planner marked (the range's first and last) are still in
+    the segment files, at the same positions with the same CRC32C. A truncation cuts the
+    log's tail, and retention its head: while both marks stand, every record between
+    them is the one the planner saw (``last_only``: once read, retention may take them;
+    a truncation below the last one would still show). Read from the files, not through
+    a snapshot, whose mappings may still show a file that was deleted and written again."""
+    for position, crc in part.marks[-1:] if last_only else part.marks:
+        header = _header_on_disk(part.path, position)
+        if header is None or int(header["position"]) != position or \
+                int(header["crc"]) != crc or not layout.magic_ok(header):
+            return False
+    return True
+
+
+def _header_on_disk(path: str, position: int) -> np.ndarray | None:
+    """The record header at commit-log ``position`` of the store at ``path``, read from
+    its segment file; None if there is none."""
+    try:
+        segments = [(base, file) for base, file in numbered_files(Path(path) / "commitlog")
+                    if base <= position]
+        if not segments:
+            return None
+        base, file = segments[-1]
+        with open(file, "rb") as segment:
+            raw = os.pread(segment.fileno(), layout.HEADER_SIZE, position - base)
+    except OSError:
+        return None
+    if len(raw) < layout.HEADER_SIZE:
+        return None
+    return np.frombuffer(raw, layout.HEADER, count=1)[0]
+
+
+def _changed(part: QueueRange, what: str) -> StoreChanged:
+    return StoreChanged(f"mqlog source: the store {part.path} changed after this read was "
+                        f"planned: in {part.topic}/{part.queue_id} (offsets {part.start} to "
+                        f"{part.end - 1}), {what}; load the DataFrame again to read what it "
+                        "holds now")
 
 
 def _check_order(entries: np.ndarray, previous_end: int, part: QueueRange,
@@ -165,12 +249,8 @@ def _check_order(entries: np.ndarray, previous_end: int, part: QueueRange,
 
 def queue_entries(store: Store, topic: str, queue_id: int, low: int, high: int) -> np.ndarray:
     """Consume-queue entries of offsets [low, high), read from the queue's files."""
-    directory = store.paths.queue_dir(topic, queue_id)
     parts = []
-    for name in sorted(os.listdir(directory)):
-        if not name.isdigit():
-            continue
-        base, path = int(name), directory / name
+    for base, path in numbered_files(store.paths.queue_dir(topic, queue_id)):
         count = os.path.getsize(path) // layout.CQ_ENTRY.itemsize
         first, last = max(low, base), min(high, base + count)
         if first < last:

@@ -18,7 +18,9 @@ state of its own across runs:
   source's. If retention deleted
   records the query had not read yet (its start is below the queue's minimum offset),
   the batch fails with OffsetOutOfRange — Kafka's ``failOnDataLoss``, true by default —
-  or, with ``failOnDataLoss=false``, starts at the minimum and says what it skipped.
+  or, with ``failOnDataLoss=false``, starts at the minimum and says what it skipped
+  (then also what retention deletes between planning and reading: ``skip_lost``). A
+  truncation between the two fails the batch with ``StoreChanged`` (reader.py).
 """
 
 from __future__ import annotations
@@ -114,12 +116,14 @@ class MqlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     first = self._check_loss(topic, queue, start.get(topic, {}).get(queue),
                                              low, store.max_offset(topic, int(queue)))
                     if first < stop:
-                        ranges.append(QueueRange(self.path, self.replica, topic, int(queue),
-                                                 first, stop))
+                        ranges.append(QueueRange(
+                            self.path, self.replica, topic, int(queue), first, stop,
+                            skip_lost=not self.options.fail_on_data_loss))
                         weights.add(store, ranges[-1])
-        per_partition = self.options.records_per_partition
-        return pack(split(ranges, per_partition, 1, weights), self.options.slots,
-                    per_partition, 1, weights)
+            per_partition = self.options.records_per_partition
+            return planner.mark_ranges(
+                pack(split(ranges, per_partition, 1, weights), self.options.slots,
+                     per_partition, 1, weights), {self.path: store})
 
     def _check_loss(self, topic: str, queue: str, first: int | None, low: int,
                     high: int) -> int:
