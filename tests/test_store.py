@@ -384,8 +384,12 @@ def test_a_first_put_backs_only_what_it_writes(tmp_path, impl):
         for queue_id in range(16):
             store.put("t", b"m" * 100, queue_id)
         dirtied = _bytes_dirtied_by_this_thread() - before
-        # (~8 KiB a new queue: its prefill's page and one more; 2.1 MiB before)
-        assert dirtied <= 256 * 1024, f"{dirtied / 1024:.0f} KiB"
+        # ~8 KiB a new queue (its prefill's page and one more) and a 64 KiB piece of the
+        # segment: ~190 KiB; 2 runs in 10 of the twin saw 276-332 KiB on a loaded machine
+        # (not explained: a folio dirtied whole by this thread may be larger). The bound
+        # catches either part backed whole again (1 MiB of segment step, or 16 x 64 KiB
+        # of queue prefill: 2.1 MiB both, before).
+        assert dirtied <= 768 * 1024, f"{dirtied / 1024:.0f} KiB"
         while store.written_position < 2 * mqlog.config.MiB:  # the step is backed anyway
             store.put_batch("t", [b"m" * 1000] * 100, 3)
         for queue_id in range(16):
