@@ -3,7 +3,8 @@
 This is the role JNA's ``LibC`` plays in RocketMQ: range ``msync`` (Python's
 ``mmap.flush`` holds the GIL while it syncs; cffi calls release it), ``madvise``,
 ``mlock``/``munlock``, ``mincore`` and ``fallocate`` (hole punching to zero a dead tail
-without touching its pages). Nothing here is compiled: libc is opened at import.
+without touching its pages); and glibc's ``mallopt``, to keep freed buffers for reuse
+(``keep_freed_buffers``). Nothing here is compiled: libc is opened at import.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ ffi.cdef("""
     int munlock(const void *addr, size_t len);
     int mincore(void *addr, size_t length, unsigned char *vec);
     int fallocate(int fd, int mode, long offset, long len);
+    int mallopt(int param, int value);
 """)
 _libc = ffi.dlopen(None)
 
@@ -30,6 +32,8 @@ MS_SYNC = 4  # <sys/mman.h> on Linux
 MADV_WILLNEED = 3
 MADV_DONTNEED = 4
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, as a write would
+M_TRIM_THRESHOLD = -1  # <malloc.h> (glibc)
+M_MMAP_THRESHOLD = -3
 FALLOC_FL_KEEP_SIZE = 0x01
 FALLOC_FL_PUNCH_HOLE = 0x02
 
@@ -94,3 +98,21 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
         return False
     _check(result, "fallocate(PUNCH_HOLE)")
     return True
+
+
+def keep_freed_buffers(mmap_threshold: int, trim_threshold: int) -> bool:
+    """Have glibc's malloc serve blocks below ``mmap_threshold`` bytes from its heap and
+    keep up to ``trim_threshold`` bytes of freed heap instead of returning them to the
+    kernel; False where the C library has no ``mallopt`` (not glibc) or refused.
+
+    Why: by default a block of a few hundred KB (a fetch answer read from the log, its
+    frame, a socket read) may be mmap'd and unmapped, or the heap top it was on trimmed,
+    each time; the next one faults fresh zeroed pages in again. A broker serving fetches
+    took 250 minor page faults per 1,000 replicated records that way (docs/BENCHMARKS.md,
+    tenth session), and a page fault is not cheap on a virtual machine."""
+    try:
+        mallopt = _libc.mallopt
+    except AttributeError:  # (cffi finds a symbol when it is first used)
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and \
+        bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))

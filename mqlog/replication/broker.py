@@ -58,6 +58,7 @@ from typing import Any
 
 from mqlog import errors
 from mqlog.config import BrokerConfig, GroupSpec
+from mqlog.ext import libc
 from mqlog.replication import messages
 from mqlog.replication.node import Node, run_until_signalled, split_address, start_listening
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
@@ -68,6 +69,10 @@ PEER_HELLO = "peer_hello"
 _REPLICATION_KINDS = frozenset(messages.KINDS)
 _READ_SIZE_BYTES = 1 << 20  # per read from a connection: requests read together go together
 _DIAL_TIMEOUT_S = 5.0  # a peer that does not accept within this is down for now
+# malloc's heap serves blocks up to this (frames are at most frame_size_bytes_max, 16 MiB
+# by default) and keeps this much freed: see keep_freed_buffers in run_broker.
+_HEAP_BLOCK_BYTES_MAX = 32 << 20
+_HEAP_KEPT_BYTES = 64 << 20
 
 Handler = Callable[[dict[str, Any], bytes], Awaitable[tuple[dict[str, Any], bytes]]]
 
@@ -650,7 +655,11 @@ async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
 
 
 def run_broker(config: BrokerConfig) -> None:
-    """Serve until SIGTERM or SIGINT; used by ``mqlog node``."""
+    """Serve until SIGTERM or SIGINT; used by ``mqlog node``. The process's malloc keeps
+    its freed buffers (libc.keep_freed_buffers): a replicated record passes through a
+    few buffers of a fetch answer's size on each broker, which otherwise fault fresh
+    pages in again for every fetch."""
+    libc.keep_freed_buffers(_HEAP_BLOCK_BYTES_MAX, _HEAP_KEPT_BYTES)
     broker = Broker(config)
     run_until_signalled(broker, broker.banner)
     if broker.failure is not None:
