@@ -210,21 +210,30 @@ KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
 _TYPES = {"str": str, "int": int, "bytes": bytes, "bool": bool}
 _FIELD_TYPES = {cls: {item.name: _TYPES[str(item.type)] for item in dataclasses.fields(cls)}
                 for cls in KINDS.values()}  # message class -> {field: exact type}
+# message class -> its header fields in order (all but the payload); filled on first use
+_HEADER_FIELDS: dict[type[Message], tuple[str, ...]] = {}
+
+
+def _header_fields(cls: type[Message]) -> tuple[str, ...]:
+    names = _HEADER_FIELDS.get(cls)
+    if names is None:
+        names = _HEADER_FIELDS[cls] = tuple(item.name for item in dataclasses.fields(cls)
+                                            if item.name != "payload")
+    return names
 
 
 def encode(message: Message, group: str = "") -> bytes:
     """The frame that carries ``message``; ``group`` names the replica group it is for
-    (a broker's header key ``group``; left out, the receiving broker's default group)."""
+    (a broker's header key ``group``; left out, the receiving broker's default group).
+    (Every fetch and its answer is coded here: the field names are looked up once per
+    class, not with ``dataclasses.fields`` per message.)"""
     header: dict[str, Any] = {"kind": message.kind}
     if group:
         header["group"] = group
-    payload = b""
-    for item in dataclasses.fields(message):
-        if item.name == "payload":
-            payload = message.payload  # type: ignore[attr-defined]
-        else:
-            header[item.name] = getattr(message, item.name)
-    return encode_frame(header, payload)
+    values = message.__dict__
+    for name in _header_fields(type(message)):
+        header[name] = values[name]
+    return encode_frame(header, values.get("payload", b""))
 
 
 def decode(frame: Frame) -> Message:
@@ -244,4 +253,8 @@ def decode(frame: Frame) -> Message:
     for name, value in header.items():
         if type(value) is not types[name]:  # exact: a bool is not an int here
             raise RemoteProtocolError(f"{cls.kind}.{name} must be {types[name].__name__}")
-    return cls(**header)
+    # Every field is there and checked: the object __init__ would make, without its
+    # frozen per-field setattr (a FetchReply has 14 fields; this is the fetch path).
+    message = object.__new__(cls)
+    message.__dict__.update(header)
+    return message
