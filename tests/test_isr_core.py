@@ -129,6 +129,30 @@ def test_a_new_leader_waits_for_each_isr_follower_to_fetch_in_its_epoch():
     assert leader.ready().resolved == [("p1", PutStatus.PUT_OK)] and leader.hw == 300
 
 
+def test_followers_held_at_one_position_are_answered_from_one_read():
+    """Both followers wait at the same position: one read of the log answers both (a read
+    is a copy of up to fetch_bytes_max bytes); one at another position gets its own."""
+    log = FakeLog(300, ((1, 0),))
+    leader = _core("n1", log, _state(epoch=2))
+    reads = []
+    read_raw = log.read_raw
+    log.read_raw = lambda position, size: reads.append(position) or read_raw(position, size)
+    leader.step(Fetch("n2", "n1", 2, 1, 0, -1))
+    leader.step(Fetch("n3", "n1", 2, 1, 0, -1))
+    replies = [m for m in _sent(leader) if isinstance(m, FetchReply)]
+    assert [(m.dst, m.position, len(m.payload)) for m in replies] == [("n2", 0, 300),
+                                                                      ("n3", 0, 300)]
+    assert reads == [0]
+    leader.advance(leader.ready())
+    log.written_position = 500
+    leader.step(Fetch("n2", "n1", 2, 2, 300, 1))
+    leader.step(Fetch("n3", "n1", 2, 2, 200, 1))
+    replies = [m for m in _sent(leader) if isinstance(m, FetchReply)]
+    assert [(m.dst, m.position, len(m.payload)) for m in replies] == [("n2", 300, 200),
+                                                                      ("n3", 200, 100)]
+    assert reads == [0, 300, 200]  # (n3's answer ends where leader epoch 2 starts)
+
+
 def test_losing_leadership_answers_waiting_writes_request_timed_out():
     log = FakeLog(300, ((1, 0),))
     leader = _core("n1", log, _state(epoch=2))

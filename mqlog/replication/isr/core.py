@@ -523,7 +523,11 @@ class IsrCore(EpochMirror, PeerMessages):
         progress.log_end = position
 
     def _answer_fetches(self) -> None:
-        """Answer each held fetch that has enough bytes to send, or waited long enough."""
+        """Answer each held fetch that has enough bytes to send, or waited long enough.
+        Followers held at one position get the bytes of one read (the log does not change
+        within this call): caught-up followers wait at the same end, and each read is a
+        copy of up to fetch_bytes_max bytes."""
+        reads: dict[tuple[int, int], bytes] = {}
         for progress in self.followers.values():
             fetch = progress.waiting
             if fetch is None:
@@ -531,10 +535,13 @@ class IsrCore(EpochMirror, PeerMessages):
             available = self._end - fetch.position
             if available >= self.config.fetch_bytes_min or progress.answer_now:
                 progress.waiting, progress.answer_now = None, False
-                self._reply(fetch)
+                self._reply(fetch, reads=reads)
 
     def _reply(self, fetch: Fetch, *, error: str = "",
-               diverging: tuple[int, int] = (-1, -1)) -> None:
+               diverging: tuple[int, int] = (-1, -1),
+               reads: dict[tuple[int, int], bytes] | None = None) -> None:
+        """Answer ``fetch``; ``reads``: (position, limit) -> the bytes read there already
+        (filled with this read)."""
         log_start = self.log.first_segment_base()
         data, records_epoch, start_epoch, start_epoch_start = b"", -1, -1, -1
         if error == "OFFSET_OUT_OF_RANGE":
@@ -543,7 +550,12 @@ class IsrCore(EpochMirror, PeerMessages):
             limit = min(self.config.fetch_bytes_max,
                         self._epoch_range_end(fetch.position) - fetch.position)
             try:
-                data = self.log.read_raw(fetch.position, limit)
+                key = (fetch.position, limit)
+                data = reads.get(key, b"") if reads is not None else b""
+                if not data:
+                    data = self.log.read_raw(fetch.position, limit)
+                    if reads is not None:
+                        reads[key] = data
                 records_epoch = self._epoch_from(fetch.position)
             except MqlogError as failure:  # not a record boundary: a peer's bug, not ours
                 error = "INVALID_POSITION"
