@@ -71,6 +71,28 @@ def test_a_byte_at_a_time():
     assert [f.payload for f in frames] == [b"payload"] * 3
 
 
+def test_bytes_that_end_on_a_frame_are_decoded_where_they_lie():
+    """A read that ends where a frame ends is decoded in place, not copied into the
+    decoder's buffer first (a fetch answer is a few hundred KB); a frame cut by the read
+    is kept, and a bytearray fed is copied (its owner may change it afterwards)."""
+    first, second = encode_frame({"n": 1}, b"a" * 500), encode_frame({"n": 2}, b"b" * 500)
+    decoder = FrameDecoder(1 << 20)
+    data = first + second
+    decoder.feed(data)
+    assert decoder._buffer is data  # (not a copy)
+    assert [f.header["n"] for f in _drain(decoder)] == [1, 2]
+    decoder.feed(first + second[:100])
+    assert [f.header["n"] for f in _drain(decoder)] == [1]
+    decoder.feed(second[100:])
+    assert [f.header["n"] for f in _drain(decoder)] == [2]
+    mutable = bytearray(second[:300])
+    decoder.feed(mutable)
+    mutable[:] = bytes(300)
+    decoder.feed(second[300:])
+    assert [(f.header, f.payload) for f in _drain(decoder)] == [({"n": 2}, b"b" * 500)]
+    assert decoder.buffered_size == 0
+
+
 @given(any_message)
 def test_messages_round_trip(message):
     decoder = FrameDecoder(1 << 20)

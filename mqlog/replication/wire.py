@@ -51,16 +51,27 @@ class FrameDecoder:
     def __init__(self, frame_size_bytes_max: int) -> None:
         assert frame_size_bytes_max >= PREFIX_SIZE
         self.frame_size_bytes_max = frame_size_bytes_max
-        self._buffer = bytearray()
+        # What was fed and is not decoded yet, from _start on: the bytes fed last as they
+        # are while everything before them was decoded (a read that ends on a frame's end
+        # is decoded where it lies: a fetch answer is not copied once more), else a
+        # bytearray they were copied into.
+        self._buffer: bytes | bytearray = b""
         self._start = 0  # where the next undecoded frame begins in _buffer
         self._decoded: list[Frame] = []  # frames decoded, not yet handed out
         self._next = 0  # the next of them to hand out
 
     def feed(self, data: bytes) -> None:
-        if self._start and self._start * 2 >= len(self._buffer):
-            del self._buffer[:self._start]  # compact: amortised O(1) per byte
+        buffer = self._buffer
+        if self._start == len(buffer):  # all decoded: start over with these bytes
+            self._buffer, self._start = (data if type(data) is bytes else bytes(data)), 0
+            return
+        if isinstance(buffer, bytes):  # a frame's start is left of the last bytes fed
+            buffer = self._buffer = bytearray(memoryview(buffer)[self._start:])
             self._start = 0
-        self._buffer += data
+        elif self._start and self._start * 2 >= len(buffer):
+            del buffer[:self._start]  # compact: amortised O(1) per byte
+            self._start = 0
+        buffer += data
 
     @property
     def buffered_size(self) -> int:
