@@ -171,7 +171,8 @@ def test_a_broker_process_keeps_freed_buffers(tmp_path, monkeypatch):
                         lambda *limits: calls.append(limits) or True)
     monkeypatch.setattr(broker_module, "run_until_signalled",
                         lambda broker, banner: broker._close_groups())
-    config = _load(tmp_path, NODE + 'layer = "raft"\nvoters = ["b1"]\n')
+    text = NODE.replace('data_dir = "d"', f'data_dir = "{tmp_path / "d"}"')
+    config = _load(tmp_path, text + 'layer = "raft"\nvoters = ["b1"]\n')
     broker_module.run_broker(config)
     [(block_max, kept)] = calls
     assert block_max > config.frame_size_bytes_max and kept >= block_max
