@@ -29,6 +29,10 @@ REGRESSION_SEEDS = {
     1240: "checker: on a power-loss seed an acks=all write was lost to a follower's power "
           "loss two ticks BEFORE its acknowledgement (its fetch, counted by the leader, was "
           "on the way): the loss replica_ack = written allows; counted from the store tick",
+    14400067: "core: a follower whose log lacked the leader's diverging epoch truncated "
+              "to that epoch's end in the leader's log, inside one of its own records "
+              "(InvalidPosition: the replica stopped); it truncates to the end of its own "
+              "older epoch and asks again (KIP-279's next round)",
     8100019: "core: a retried expand refused as stale (its first copy accepted, not yet "
              "pulled) dropped the pending ISR; the high watermark passed the joining "
              "follower, which the controller then elected: committed records lost",

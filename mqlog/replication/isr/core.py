@@ -14,6 +14,9 @@ leader's newest epoch not newer than it and where it ends (``diverging_epoch``,
 ``diverging_end``); the follower truncates to the sooner of that end and the end of its
 own newest epoch not newer than it — by leader epoch, never to the high watermark
 (KIP-101's bug) — and fetches again: one round trip per diverged epoch (KIP-279). A
+follower that does not have the leader's epoch truncates to the end of its own newest
+epoch older than it only (the epochs after that one are in no leader's log) and asks
+again from there: the leader's end of that epoch may lie before the end it named. A
 fetch before the leader's log start is answered OFFSET_OUT_OF_RANGE: the follower starts
 its log over, empty, at the leader's log start. Otherwise the leader answers with raw
 records of one epoch from the fetch position (at most ``fetch_bytes_max``), its high
@@ -631,11 +634,16 @@ class IsrCore(EpochMirror, PeerMessages):
         if reply.diverging_end >= 0:
             shared = self._newest_epoch_up_to(reply.diverging_epoch)
             own = self._end_of_epoch(shared) if shared >= 0 else self.log.first_segment_base()
-            target = min(reply.diverging_end, own, self._end)
+            if shared == reply.diverging_epoch:
+                target = min(reply.diverging_end, own, self._end)
+                why = f"where leader epoch {shared} ends in {reply.src}'s log"
+            else:  # (the leader's end of epoch ``shared`` may lie sooner: the next round)
+                target = min(own, self._end)
+                why = (f"the end of its epoch {shared} ({reply.src}'s log has none of its "
+                       "later epochs)")
             if target < self.log.first_segment_base():
                 return self._start_over(reply)
-            self._truncate(target, f"where leader epoch {reply.diverging_epoch} ends in "
-                                   f"{reply.src}'s log")
+            self._truncate(target, why)
         elif reply.position != self._end:
             pass  # (a truncation moved this log since the fetch: fetch again from its end)
         elif reply.payload:
