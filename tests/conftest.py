@@ -57,3 +57,25 @@ def seed() -> int:
 def rng(seed: int) -> random.Random:
     """A Random drawn from the ``seed`` fixture."""
     return random.Random(seed)
+
+
+def local_spark_session():
+    """The tests' Spark session: local[2], no UI, UTC, the "mqlog" format registered
+    (getOrCreate: one per process, whichever module asks first)."""
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    from mqlog.spark_connector import register
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    session = (SparkSession.builder.master("local[2]").appName("mqlog-tests")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.session.timeZone", "UTC")
+               .getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    return session

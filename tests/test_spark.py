@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,12 +17,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import mqlog
-from tests.conftest import SMALL
+from tests.conftest import SMALL, local_spark_session
 
 pyspark = pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (the spark extra)")
 
-from mqlog.spark_connector import register  # noqa: E402
 from mqlog.spark_connector.reader import load_counters  # noqa: E402
 
 TOPICS = ("orders", "payments")
@@ -31,18 +29,7 @@ TOPICS = ("orders", "payments")
 
 @pytest.fixture(scope="session")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("mqlog-tests")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    session = local_spark_session()
     yield session
     session.stop()
 

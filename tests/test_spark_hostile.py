@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import sys
 import threading
 
 import pytest
@@ -22,31 +21,19 @@ import pytest
 import mqlog
 from mqlog.config import PAGE_SIZE
 from mqlog.errors import CorruptStore, StoreChanged
-from tests.conftest import SMALL
+from tests.conftest import SMALL, local_spark_session
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (the spark extra)")
 
 from mqlog.spark_connector import options as opts  # noqa: E402
-from mqlog.spark_connector import planner, register  # noqa: E402
+from mqlog.spark_connector import planner  # noqa: E402
 from mqlog.spark_connector.datasource import read_partition  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
-
-    session = (SparkSession.builder.master("local[2]").appName("mqlog-tests")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.ui.enabled", "false")
-               .config("spark.ui.showConsoleProgress", "false")
-               .config("spark.sql.session.timeZone", "UTC")
-               .getOrCreate())  # the session test_spark.py's fixture made, if it ran
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    return session
+    return local_spark_session()  # (the session test_spark.py's fixture made, if it ran)
 
 
 def _fill(path, rng, count=600, impl=None):
