@@ -251,11 +251,15 @@ def queue_entries(store: Store, topic: str, queue_id: int, low: int, high: int) 
     """Consume-queue entries of offsets [low, high), read from the queue's files."""
     parts = []
     for base, path in numbered_files(store.paths.queue_dir(topic, queue_id)):
-        count = os.path.getsize(path) // layout.CQ_ENTRY.itemsize
-        first, last = max(low, base), min(high, base + count)
-        if first < last:
-            parts.append(np.fromfile(path, layout.CQ_ENTRY, count=last - first,
-                                     offset=(first - base) * layout.CQ_ENTRY.itemsize))
+        try:  # (retention or a truncation beside the read may delete a file listed: one
+            # outside [low, high) changes nothing, one inside leaves entries missing below)
+            count = os.path.getsize(path) // layout.CQ_ENTRY.itemsize
+            first, last = max(low, base), min(high, base + count)
+            if first < last:
+                parts.append(np.fromfile(path, layout.CQ_ENTRY, count=last - first,
+                                         offset=(first - base) * layout.CQ_ENTRY.itemsize))
+        except FileNotFoundError:
+            continue
     entries = parts[0] if len(parts) == 1 else \
         np.concatenate(parts) if parts else np.empty(0, layout.CQ_ENTRY)
     if len(entries) != high - low or (entries["size"] == 0).any() or \
