@@ -35,15 +35,7 @@ from mqlog import errors
 from mqlog.client import Client
 from mqlog.replication import local_controller
 from mqlog.replication.local import wait_until
-from mqlog.replication.local_controller import (  # noqa: F401  (benchmarks/isr.py's, router.py's)
-    BROKERS,
-    CONTROLLERS,
-    ask,
-    start,
-    state,
-    stop_all,
-    write_configs,
-)
+from mqlog.replication.local_controller import BROKERS, CONTROLLERS, ask, start, state
 
 
 @contextlib.contextmanager

@@ -50,9 +50,17 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cluster import BROKERS, CONTROLLERS, ask, start, state, stop_all, write_configs
 from mqlog.cluster_client import ClusterClient, PendingProduce
 from mqlog.replication.local import wait_until
+from mqlog.replication.local_controller import (
+    BROKERS,
+    CONTROLLERS,
+    ask,
+    start,
+    state,
+    stop_all,
+    write_configs,
+)
 from mqlog.results import PutStatus
 
 PARTITIONS = 6

@@ -23,11 +23,12 @@ import argparse
 import statistics
 import time
 
-from benchmarks.cluster import BROKERS, CONTROLLERS, ask, started
+from benchmarks.cluster import started
 from mqlog.cluster_client import ClusterClient
 from mqlog.group_client import GroupClient
 from mqlog.partitioner import partition_for_key
 from mqlog.replication.local import wait_until
+from mqlog.replication.local_controller import BROKERS, CONTROLLERS, ask
 from mqlog.results import PutStatus
 
 PARTITIONS = 6

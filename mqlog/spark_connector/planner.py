@@ -46,6 +46,7 @@ import mqlog
 from mqlog.engine.files import numbered_files
 from mqlog.engine.store import Store
 from mqlog.errors import MqlogError, StoreNotFound
+from mqlog.spark_connector import layout
 from mqlog.spark_connector.options import (
     QueueRange,
     QueueRanges,
@@ -104,7 +105,7 @@ def _mark(store: Store, topic: str, queue_id: int, offset: int) -> tuple[int, in
         return None
     if len(raw) != int(entry["size"]):
         return None
-    return int(entry["position"]), int.from_bytes(raw[8:12], "little")
+    return int(entry["position"]), int(np.frombuffer(raw, layout.HEADER, count=1)[0]["crc"])
 
 
 def pack_queue_ranges(ranges: list[QueueRange], options: ReadOptions,

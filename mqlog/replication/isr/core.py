@@ -554,11 +554,10 @@ class IsrCore(EpochMirror, PeerMessages):
                         self._epoch_range_end(fetch.position) - fetch.position)
             try:
                 key = (fetch.position, limit)
-                data = reads.get(key, b"") if reads is not None else b""
-                if not data:
-                    data = self.log.read_raw(fetch.position, limit)
-                    if reads is not None:
-                        reads[key] = data
+                cached = reads.get(key) if reads is not None else None
+                data = cached if cached is not None else self.log.read_raw(*key)
+                if reads is not None:
+                    reads[key] = data
                 records_epoch = self._epoch_from(fetch.position)
             except MqlogError as failure:  # not a record boundary: a peer's bug, not ours
                 error = "INVALID_POSITION"
