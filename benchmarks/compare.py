@@ -305,6 +305,34 @@ def lmdb_cursor(root: Path, sizes: Sizes) -> float:
         env.close()
 
 
+def thread_handoff_ceiling(sizes: Sizes) -> float:
+    """What CPython lets ``sizes.producers`` threads do at most, here and now: hand-offs a
+    second of a ring in which each thread only waits for its lock and releases the
+    next one's. A thread's sync put blocks and is woken at least once per record, so this
+    bounds "sync put, N threads" however the store wakes its waiters (the GIL lets one
+    thread run at a time; each hand-off is a futex wake and a GIL transfer)."""
+    count = sizes.producers
+    locks = [threading.Lock() for _ in range(count)]
+    for lock in locks:
+        lock.acquire()
+
+    def relay(index: int) -> None:
+        mine, following = locks[index], locks[(index + 1) % count]
+        for _ in range(sizes.per_producer):
+            mine.acquire()
+            following.release()
+
+    def run() -> int:
+        relays = [threading.Thread(target=relay, args=(index,)) for index in range(count)]
+        for thread in relays:
+            thread.start()
+        locks[0].release()
+        for thread in relays:
+            thread.join()
+        return count * sizes.per_producer
+    return _timed(run)
+
+
 def fdatasync_each(root: Path, sizes: Sizes) -> float:
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -360,6 +388,7 @@ def run(sizes: Sizes, work: Path) -> tuple[dict[str, Row], list[str]]:
     extra: list[str] = []
     per_fsync: dict[str, list[float]] = {"sync_threads": [], "sync_asyncio": []}
     cold_starts: dict[int, list[float]] = {}
+    ceilings: list[float] = []
     scans: list[tuple[float, float]] = []
     for _ in range(sizes.rounds):
         rows["put"].add(mqlog_put(work / "m", sizes), file_append(work / "b", sizes))
@@ -371,6 +400,7 @@ def run(sizes: Sizes, work: Path) -> tuple[dict[str, Row], list[str]]:
             rate, records_per_fsync = measure(work / "m", sizes)
             rows[name].add(rate, fdatasync_each(work / "b", sizes))
             per_fsync[name].append(records_per_fsync)
+        ceilings.append(thread_handoff_ceiling(sizes))
         durable = durable_batches(work, sizes)
         if "file" in durable:
             rows["durable_file"].add(durable["mqlog"], durable["file"])
@@ -381,6 +411,10 @@ def run(sizes: Sizes, work: Path) -> tuple[dict[str, Row], list[str]]:
             rows[f"latency_{tasks}"].add(latency * 1e3, floor * 1e3)
             cold_starts.setdefault(tasks, []).append(cold * 1e3)
         scans.append(mqlog_recovery(work / "m", sizes))
+    extra.append(f"{rows['sync_threads'].name}: CPython's ceiling here, a ring of "
+                 f"{sizes.producers} threads passing a lock (no store), made "
+                 f"{statistics.median(ceilings) / 1e3:.0f} k hand-offs/s (median; a sync put "
+                 "from a thread needs at least one)")
     for tasks, values in cold_starts.items():
         extra.append(f"sync-flush, {tasks} asyncio tasks: the first round of a new store "
                      f"(each task's first put, each making a consume queue; not in p99.9) "
