@@ -45,6 +45,13 @@ class StoreConfig:
     # this would stay free: the room a full disk gives back goes to writes and close().
     disk_headroom_bytes: int = 4 * MiB
     segment_prepare_ahead: bool = True  # make the next segment before the writer needs it
+    # After each checkpoint, the log's pages more than this far behind it are dropped
+    # from memory (madvise + posix_fadvise DONTNEED: they are synced and stay on disk; a
+    # reader that goes back faults them in again), so a store's page cache stays bounded
+    # as its log grows and new writes reuse memory that was freed instead of taking
+    # memory never used (on a VM that costs ~7x the CPU: docs/BENCHMARKS.md). PostgreSQL
+    # does the same with its WAL. 0: keep them (the kernel decides, under pressure).
+    page_cache_window_bytes: int = 256 * MiB
     message_size_bytes_max: int = 4 * MiB  # whole record, header included
     key_size_bytes_max: int = 1 * KiB
     tags_size_bytes_max: int = 255
@@ -145,6 +152,9 @@ class StoreConfig:
             raise ConfigError("flushed_position_save_interval_ms must be -1 (never), 0 "
                               "(after every log sync) or a positive interval, got "
                               f"{self.flushed_position_save_interval_ms}")
+        if self.page_cache_window_bytes < 0:
+            raise ConfigError(f"page_cache_window_bytes must be 0 (keep every page) or "
+                              f"more, got {self.page_cache_window_bytes}")
         if self.disk_headroom_bytes < 0:
             raise ConfigError(f"disk_headroom_bytes must be 0 or more, got "
                               f"{self.disk_headroom_bytes}")

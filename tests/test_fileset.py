@@ -7,10 +7,16 @@ private attributes (pebble's commitEnv). The first test greps the code for it.
 
 from __future__ import annotations
 
+import mmap
 import re
 from pathlib import Path
 
+import pytest
+
 import mqlog
+from mqlog.engine.files import file_name
+from mqlog.ext import libc
+from mqlog.replication.local import wait_until
 from tests.conftest import SMALL
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,3 +85,40 @@ def test_the_file_set_tracks_segments_and_queues(tmp_path, impl):
     with mqlog.open(tmp_path / "s", implementation=impl, read_only=True, **settings) as snap:
         assert snap.files.segment_bases() == [1 << 24]
         assert [r.body for r in snap.get("t0", 0, 0, 5)] == [b"after the reset"]
+
+
+@pytest.mark.parametrize("window", [1 << 20, 0])
+def test_log_pages_behind_the_window_leave_memory(tmp_path, impl, window):
+    """StoreConfig.page_cache_window_bytes: after a checkpoint, the log's pages more than
+    the window behind it are out of the page cache (mincore on a mapping of our own), and
+    every record still reads back (from the disk). window=0 keeps them: the control that
+    shows the residency check can fail."""
+    body = bytes(range(256)) * 4
+    with mqlog.open(tmp_path / "s", implementation=impl, segment_size_bytes=8 << 20,
+                    checkpoint_interval_ms=20, page_cache_window_bytes=window) as store:
+        for _ in range(5):
+            store.put_batch("t", [body] * 1000)
+        end = store.written_position
+        wait_until(lambda: store.checkpointed_position >= end, "a checkpoint at the end", 30)
+        (base, _size), = store.segments()
+        below = 3 << 20  # at least what the window drops: end - 1 MiB, in whole MiB
+        assert end - (1 << 20) >= below
+        resident = _resident_pages(tmp_path / "s" / "commitlog" / file_name(base), below)
+        if window:
+            assert resident == 0, f"{resident} pages below {below} still cached"
+        else:
+            assert resident == below // mmap.PAGESIZE
+        records = store.get("t", 0, 0, 5000, 64 << 20)
+        assert [r.offset for r in records] == list(range(5000))
+        assert all(r.body == body for r in records)
+
+
+def _resident_pages(path: Path, length: int) -> int:
+    """How many of the file's first ``length`` bytes' pages are in the page cache."""
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), length,
+                                             access=mmap.ACCESS_READ) as mapped:
+        mapping = libc.Mapping(mapped)
+        try:
+            return mapping.resident_pages()
+        finally:
+            mapping.release()

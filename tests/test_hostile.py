@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 RACE_RECORD_BYTES = 70 * 1024  # above the cores' GIL_FREE_BYTES: CRCs run without the GIL
 RACE_SEGMENT_BYTES = 256 * 1024  # three records fill a segment
-RACE_ROUNDS = {"truncate": 800, "reset": 250, "retention": 400, "close": 50}
+RACE_ROUNDS = {"truncate": 800, "reset": 250, "retention": 400, "close": 50, "drop": 400}
 
 
 def _race_store(path: Path, impl: str, **overrides: object) -> mqlog.Store:
@@ -107,7 +107,11 @@ def _race(directory: str, impl: str, mode: str, rounds: int) -> None:
                                                 errors.OffsetOutOfRange)
     if mode == "close":
         allowed += (errors.StoreClosed,)
-    overrides = {"retention_bytes": 2 * RACE_SEGMENT_BYTES} if mode == "retention" else {}
+    overrides: dict[str, object] = {}
+    if mode == "retention":
+        overrides = {"retention_bytes": 2 * RACE_SEGMENT_BYTES}
+    elif mode == "drop":  # every checkpoint drops every sealed segment's pages
+        overrides = {"page_cache_window_bytes": 1, "checkpoint_interval_ms": 1}
     store = _race_store(path / "store", impl, **overrides)
     with _Readers(allowed) as readers:
         readers.store = store
@@ -118,7 +122,10 @@ def _race(directory: str, impl: str, mode: str, rounds: int) -> None:
             # a truncation to ``start`` unmaps while a reader may be checking the fifth.
             results = [store.put("t", _body(first + i)) for i in range(5)]
             readers.target = (results[3].position, first, 5)
-            if mode == "truncate":
+            if mode == "drop":
+                if round_index % 2:  # (else the log grows a round)
+                    store.truncate(start)
+            elif mode == "truncate":
                 store.truncate(start)
             elif mode == "reset":
                 store.reset(store.written_position + 8, [])
@@ -165,14 +172,16 @@ def fast_path(tmp_path):
         shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.parametrize("mode", ["truncate", "reset", "retention", "close"])
+@pytest.mark.parametrize("mode", ["truncate", "reset", "retention", "close", "drop"])
 def test_reads_beside_a_change_that_unmaps_never_crash(fast_path, impl, mode):
     """Issue 14, items 1 and 9: read_raw kept a raw segment pointer across its GIL-free
     CRC pass while truncate unmapped the segment (SIGSEGV, C core); close() during reads
     gave AssertionError (C) or ``ValueError: mmap closed`` (twin) instead of StoreClosed;
     readers beside a truncation saw ``CorruptRecord ... run recovery`` for healthy records
     being dropped. Readers (read_raw, read_record, get) run beside truncate, reset,
-    retention or close for hundreds of rounds: only typed "gone" errors are allowed, and
+    retention or close for hundreds of rounds ("drop": beside the checkpoint thread
+    dropping every sealed segment's pages from memory, page_cache_window_bytes, and
+    truncations): only typed "gone" errors are allowed, and
     every record returned must be the one asked for."""
     output = _run_child("_race", str(fast_path), impl, mode, RACE_ROUNDS[mode])
     assert f"{mode}: {RACE_ROUNDS[mode]} rounds" in output

@@ -328,6 +328,21 @@ class MappedFile:
             finally:
                 os.close(fd)
 
+    def drop_cached(self, start: int, end: int) -> None:
+        """Drop [start, end)'s pages from this mapping and from the page cache: the
+        file keeps them, the next read faults them in again. Only clean pages leave the
+        cache (a dirty one stays until it is written back), so call it on synced bytes."""
+        with self._lock:  # (close() waits: never madvise a released mapping)
+            if self._closing or end <= start:
+                return
+            self.mapping.madvise(start, end, libc.MADV_DONTNEED)
+            with typed_errors(f"cannot open {self.path}"):
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+
     def write_at(self, offset: int, data: bytes) -> None:
         """Write ``data`` at ``offset`` with pwrite (allocating its blocks, or DiskFull)."""
         with typed_errors(f"cannot write to {self.path}"):

@@ -30,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 from mqlog.config import StoreConfig
 from mqlog.engine import consumequeue as cq
 from mqlog.engine.files import MappedFile, file_name
-from mqlog.errors import ConsumeQueueMismatch
+from mqlog.errors import ConsumeQueueMismatch, MqlogError
 
 if TYPE_CHECKING:
     from mqlog.engine.store import StorePaths
+
+_DROP_GRANULE_BYTES = 1 << 20  # pages leave memory a MiB at a time
 
 
 class FileSet:
@@ -47,6 +49,7 @@ class FileSet:
         self._queue_files: dict[tuple[str, int], list[MappedFile]] = {}
         self.queue_flushed: dict[tuple[str, int], int] = {}
         self.epochs_saved: list[tuple[int, int]] = []
+        self._dropped: dict[int, int] = {}  # segment base -> its bytes dropped from memory
 
     # --- segments ------------------------------------------------------------------------
 
@@ -95,6 +98,24 @@ class FileSet:
         for base, mapped in list(self._segments.items()):
             if base < end and start < base + mapped.size:
                 mapped.sync(max(start, base) - base, min(end, base + mapped.size) - base)
+
+    def drop_cached_below(self, position: int) -> None:
+        """Drop the log's pages below ``position`` (synced) from memory, each once: whole
+        segments, and whole MiB of the one ``position`` is in
+        (StoreConfig.page_cache_window_bytes). Advisory: a failure (no free
+        descriptor) leaves the pages cached and is tried again next time."""
+        live = dict(self._segments)
+        self._dropped = {base: done for base, done in self._dropped.items() if base in live}
+        for base, mapped in live.items():
+            end = position - base
+            end = mapped.size if end >= mapped.size else end - end % _DROP_GRANULE_BYTES
+            done = self._dropped.get(base, 0)
+            if end > done:
+                try:
+                    mapped.drop_cached(done, end)
+                except (MqlogError, OSError):
+                    return
+            self._dropped[base] = max(0, end)  # (moves back after a truncation)
 
     # --- consume queues --------------------------------------------------------------------
 

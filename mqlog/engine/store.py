@@ -1018,6 +1018,8 @@ class Store:
         self._save_queues(force=False)
         cp.write_checkpoint(self.paths.checkpoint,
                             cp.Checkpoint(log_position, log_position, _now_ms()))
+        if self.config.page_cache_window_bytes:  # (the log is synced up to log_position)
+            self.files.drop_cached_below(log_position - self.config.page_cache_window_bytes)
 
     def _checkpoint_position(self) -> int:
         checkpoint = cp.read_checkpoint(self.paths.checkpoint)
