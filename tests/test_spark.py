@@ -508,6 +508,64 @@ def test_reconcile_on_the_driver_and_by_shuffles_give_the_same_answer(spark, tmp
     context.setJobGroup("after", "after")
 
 
+def _retained_copies(tmp_path, rng):
+    """A reference store, a copy whose retention took its first segments, and a copy of
+    that retained copy with its last records truncated: the first differs from the
+    reference only in what it no longer holds, the second in its tail too."""
+    reference = _fill(tmp_path / "full", rng, count=600)
+    retained, cut = tmp_path / "retained", tmp_path / "retained-cut"
+    shutil.copytree(reference, retained)
+    with mqlog.open(retained, **{**SMALL, "retention_bytes": 64 * 1024}) as store:
+        assert store.apply_retention().segments_deleted
+    shutil.copytree(retained, cut)
+    rows = sorted(_engine_rows(reference), key=lambda row: row[3])
+    tail = rows[-40:]
+    with mqlog.open(cut, **SMALL) as store:
+        store.truncate(tail[0][3])
+    return reference, retained, cut, tail
+
+
+def test_reconcile_does_not_call_what_retention_took_missing(tmp_path, rng):
+    """A replica that keeps less history (retention took its first segments) is not
+    missing those records, nor is the reference's longer history extra when the
+    retained copy is the reference; what a truncation took from its end still is. The
+    summary says where each replica's copy of a queue starts (held_from). On the driver:
+    no Spark session at all."""
+    from mqlog.spark_connector.reconcile import reconcile
+
+    reference, retained, cut, tail = _retained_copies(tmp_path, rng)
+    with mqlog.open(retained, read_only=True) as store:
+        starts = {queue: store.min_offset(*queue) for queue in store.queues()}
+        log_start = store.first_segment_base()
+    assert log_start > 0 and any(start > 0 for start in starts.values())
+    found = reconcile(None, [str(reference), str(retained), str(cut)])
+    assert found.counts == {("log", "missing"): len(tail), ("queue", "missing"): len(tail)}
+    rows = {(r["replica"], r["topic"], r["queue_id"]): r for r in found.summary_rows()}
+    for (topic, queue_id), start in starts.items():
+        for copy in (retained, cut):
+            assert rows[(str(copy), topic, queue_id)]["held_from"] == start
+        assert rows[(str(retained), topic, queue_id)]["missing"] == 0
+    reverse = reconcile(None, [str(retained), str(reference)])
+    assert reverse.counts == {}, reverse.counts
+
+
+def test_reconcile_of_retained_replicas_by_shuffles_agrees_with_the_driver(spark,
+                                                                            tmp_path, rng):
+    """The same retained and truncated copies compared by shuffles: the same findings,
+    counts and summary as on the driver."""
+    from mqlog.spark_connector.reconcile import reconcile
+
+    reference, retained, cut, _tail = _retained_copies(tmp_path, rng)
+    paths = [str(reference), str(retained), str(cut)]
+    answers = []
+    for limit in (1 << 30, 0):
+        found = reconcile(spark, paths, driver_bytes_max=limit)
+        answers.append((sorted(tuple(row) for row in found.findings.collect()),
+                        found.counts, found.summary_rows()))
+    assert answers[0] == answers[1]
+    assert answers[0][1] == {("log", "missing"): 40, ("queue", "missing"): 40}
+
+
 def test_reconcile_refuses_a_bad_driver_limit(spark, tmp_path, rng):
     from mqlog.errors import InvalidArgument
     from mqlog.spark_connector.reconcile import reconcile

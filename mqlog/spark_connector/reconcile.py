@@ -30,13 +30,18 @@ replicas take the shuffles.
 Each comparison is one shuffle: the rows are grouped by their key with one column per
 replica (a pivot), ``stage_tasks`` partitions (the task slots, more only for large
 data). A key only the reference has is ``missing`` from the replica, one only the
-replica has is ``extra``, one both have with different hashes is ``divergent``. A
+replica has is ``extra``, one both have with different hashes is ``divergent``. Keys
+before a replica's start are neither: each replica's log start (its first segment) and
+queue starts (``min_offset``), read from the stores on the driver (``_starts``), say
+what retention or a reset took from it, so a replica that keeps less history than the
+reference is not reported missing what it deleted (nor the reference, extra). A
 record whose CRC fails is ``corrupt`` (log level, left out of the comparisons). The
 report is one DataFrame with a row per finding (``REPORT_COLUMNS``; cached), its counts
 per level and kind (``counts``), and a summary per replica and queue, computed on the
 driver from small aggregates: the count of each kind among that queue's queue-level
-findings and corrupt records, and the common prefix — the first offset at which the
-replica and the reference disagree (the queue's end when they never do).
+findings and corrupt records, the replica's start in that queue (``held_from``), and
+the common prefix — the first offset at which the replica and the reference disagree
+(the queue's end when they never do).
 """
 
 from __future__ import annotations
@@ -44,9 +49,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import mqlog
 from mqlog.errors import InvalidArgument
 
 REPORT_COLUMNS = ("level", "kind", "replica", "reference", "topic", "queue_id", "offset",
@@ -137,17 +144,45 @@ def reconcile(spark: Any, paths: Sequence[str],
         raise InvalidArgument(f"driver_bytes_max must be an int >= 0 (bytes), not "
                               f"{driver_bytes_max!r}")
     held = held_bytes(paths)
+    starts = _starts(paths)
     if held <= driver_bytes_max:
-        return _reconcile_on_driver(spark, paths)
+        return _reconcile_on_driver(spark, paths, starts)
     if spark is None:
         raise InvalidArgument(f"the replicas hold {held} bytes of records, more than "
                               f"driver_bytes_max={driver_bytes_max}: comparing them needs a "
                               "Spark session")
     register(spark)
-    return _reconcile_shuffled(spark, paths, held)
+    return _reconcile_shuffled(spark, paths, held, starts)
 
 
-def _reconcile_shuffled(spark: Any, paths: list[str], held: int) -> Reconciliation:
+@dataclass(frozen=True)
+class _Starts:
+    """Where each replica's log and queues start now, by replica index: a record
+    before a replica's start is one retention (or a reset) took from it, not one it
+    lacks. A queue a replica has no consume queue for has no start there (None)."""
+
+    log: list[int]
+    queues: dict[tuple[str, int], list[int | None]]
+
+    def queue(self, topic: str, queue_id: int) -> list[int | None]:
+        return self.queues.get((topic, queue_id)) or [None] * len(self.log)
+
+
+def _starts(paths: list[str]) -> _Starts:
+    """Each replica's log start and queue starts, from read-only opens on the driver."""
+    logs: list[int] = []
+    queues: dict[tuple[str, int], list[int | None]] = {}
+    for index, path in enumerate(paths):
+        with mqlog.open(path, read_only=True) as store:
+            logs.append(store.first_segment_base())
+            for topic, queue_id in store.queues():
+                queues.setdefault((topic, queue_id), [None] * len(paths))[index] = \
+                    store.min_offset(topic, queue_id)
+    return _Starts(logs, queues)
+
+
+def _reconcile_shuffled(spark: Any, paths: list[str], held: int,
+                        starts: _Starts) -> Reconciliation:
     """The comparisons as Spark shuffles, one per level (large replicas)."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -161,9 +196,12 @@ def _reconcile_shuffled(spark: Any, paths: list[str], held: int) -> Reconciliati
         F.lit("log").alias("level"), F.lit("corrupt").alias("kind"), "replica",
         F.lit(paths[0]).alias("reference"), "topic", "queue_id", "offset", "position",
         "epoch", F.lit(None).cast("bigint").alias("reference_epoch"))
-    logs = _compare(good, paths, ["position"], "content", "log")
+    logs = _compare(good, paths, ["position"], "content", "log",
+                    lambda number: F.col("position") < F.lit(starts.log[number]))
     queues = _compare(good.filter(F.col("topic") != ""), paths,
-                      ["topic", "queue_id", "offset"], "body_hash", "queue")
+                      ["topic", "queue_id", "offset"], "body_hash", "queue",
+                      lambda number: F.col("offset") < F.col(f"start_{number}"),
+                      _queue_starts_frame(spark, starts))
     with shuffle_partitions(spark, partitions):  # (a cache's plan is made at persist)
         findings = corrupt.unionByName(logs).unionByName(queues).coalesce(partitions) \
             .persist(StorageLevel.MEMORY_AND_DISK)
@@ -176,21 +214,21 @@ def _reconcile_shuffled(spark: Any, paths: list[str], held: int) -> Reconciliati
         ends = {(row["topic"], row["queue_id"]): int(row["queue_end"]) for row in
                 good.filter(F.col("topic") != "").groupBy("topic", "queue_id")
                 .agg((F.max("offset") + 1).alias("queue_end")).collect()}
-        rows = _summary(ends, groups, paths)
+        rows = _summary(ends, groups, paths, starts)
     hashed.unpersist()
     return Reconciliation(spark, findings, counts, rows)
 
 
-def _reconcile_on_driver(spark: Any, paths: list[str]) -> Reconciliation:
+def _reconcile_on_driver(spark: Any, paths: list[str], starts: _Starts) -> Reconciliation:
     """The comparisons in Python over every replica's records, read on the driver with
     the source's own planner and reader (small replicas: no Spark job)."""
     import pyarrow as pa
 
-    compared = _DriverComparison(paths, _driver_rows(paths))
+    compared = _DriverComparison(paths, _driver_rows(paths), starts)
     columns: list[Any] = list(zip(*compared.findings, strict=True)) or \
         [[] for _ in REPORT_COLUMNS]
     findings = pa.table(columns, schema=_findings_arrow())
-    rows = _summary(compared.ends, compared.groups(), paths)
+    rows = _summary(compared.ends, compared.groups(), paths, starts)
     return Reconciliation(spark, findings, compared.counts(), rows)
 
 
@@ -223,8 +261,9 @@ class _DriverComparison:
     order: the findings as tuples in ``REPORT_COLUMNS`` order, their groups and counts,
     and each queue's end (its highest offset among good records, plus 1)."""
 
-    def __init__(self, paths: list[str], rows: list[tuple]) -> None:
+    def __init__(self, paths: list[str], rows: list[tuple], starts: _Starts) -> None:
         self.paths = paths
+        self.starts = starts
         number = {path: index for index, path in enumerate(paths)}
         self.findings: list[tuple] = []
         self.ends: dict[tuple[str, int], int] = {}
@@ -249,12 +288,16 @@ class _DriverComparison:
         self._compare(queues, "queue")
 
     def _compare(self, grouped: dict[tuple, list], level: str) -> None:
-        for slots in grouped.values():
+        for key, slots in grouped.items():
             reference = slots[0]
+            starts = self.starts.log if level == "log" else self.starts.queue(*key[:2])
             for number in range(1, len(self.paths)):
                 theirs = slots[number]
                 if theirs is None and reference is None:
                     continue
+                if theirs is None and _before(key[-1], starts[number]) or \
+                        reference is None and _before(key[-1], starts[0]):
+                    continue  # (before the start of the replica without it: taken)
                 kind = "missing" if theirs is None else "extra" if reference is None \
                     else "divergent" if theirs[0] != reference[0] else None
                 if kind is None:
@@ -284,6 +327,12 @@ class _DriverComparison:
         for finding in self.findings:
             counted[finding[:2]] = counted.get(finding[:2], 0) + 1
         return counted
+
+
+def _before(at: int, start: int | None) -> bool:
+    """Whether position or offset ``at`` lies before a replica's ``start`` (no start
+    known: not before; Spark's comparison with a null is not true either)."""
+    return start is not None and at < start
 
 
 def _first(grouped: dict[tuple, list], key: tuple, index: int, replicas: int,
@@ -327,9 +376,25 @@ def _hashed(spark: Any, paths: list[str]) -> Any:
         F.xxhash64("body").alias("body_hash"))
 
 
-def _compare(rows: Any, paths: list[str], keys: list[str], digest: str, level: str) -> Any:
+def _queue_starts_frame(spark: Any, starts: _Starts) -> Any:
+    """Each queue's start in every replica: columns topic, queue_id, start_0, ..."""
+    from pyspark.sql import types as T
+
+    replicas = len(starts.log)
+    schema = T.StructType([T.StructField("topic", T.StringType()),
+                           T.StructField("queue_id", T.IntegerType()),
+                           *(T.StructField(f"start_{number}", T.LongType())
+                             for number in range(replicas))])
+    return spark.createDataFrame([(topic, queue_id, *found) for (topic, queue_id), found
+                                  in sorted(starts.queues.items())], schema)
+
+
+def _compare(rows: Any, paths: list[str], keys: list[str], digest: str, level: str,
+             before_start: Callable[[int], Any], starts: Any = None) -> Any:
     """Findings of one level: rows grouped by ``keys`` with a column per replica (its
-    record's fields, by replica index), each other replica checked against the first."""
+    record's fields, by replica index), each other replica checked against the first.
+    ``before_start(number)``: whether a key lies before that replica's start (a column,
+    over ``starts`` joined on the keys but the last, when given)."""
     from pyspark.sql import functions as F
 
     index = F.lit(None).cast("int")
@@ -341,11 +406,15 @@ def _compare(rows: Any, paths: list[str], keys: list[str], digest: str, level: s
                .groupBy(*keys)
                .pivot("replica_index", list(range(len(paths))))
                .agg(F.first("record", ignorenulls=True)))
+    if starts is not None:
+        grouped = grouped.join(F.broadcast(starts), keys[:-1], "left")
     reference = F.col("0")
     found = []
     for number in range(1, len(paths)):
         theirs = F.col(str(number))
         kind = (F.when(theirs.isNull() & reference.isNull(), F.lit(None))  # others' key
+                .when(theirs.isNull() & before_start(number), F.lit(None))  # taken there
+                .when(reference.isNull() & before_start(0), F.lit(None))
                 .when(theirs.isNull(), "missing").when(reference.isNull(), "extra")
                 .when(theirs["digest"] != reference["digest"], "divergent"))
         record = F.when(theirs.isNull(), reference).otherwise(theirs)
@@ -367,7 +436,8 @@ def _findings_arrow() -> Any:
     return pa.schema([pa.field(name, kinds.get(name, pa.string())) for name in REPORT_COLUMNS])
 
 
-_SUMMARY_COLUMNS = ("replica", "topic", "queue_id", *KINDS, "common_prefix", "queue_end")
+_SUMMARY_COLUMNS = ("replica", "topic", "queue_id", *KINDS, "held_from", "common_prefix",
+                    "queue_end")
 
 
 def _summary_frame(spark: Any, rows: list[dict]) -> Any:
@@ -381,12 +451,12 @@ def _summary_frame(spark: Any, rows: list[dict]) -> Any:
 
 
 def _summary(ends: dict[tuple[str, int], int], groups: list[Any],
-             paths: list[str]) -> list[dict]:
+             paths: list[str], starts: _Starts) -> list[dict]:
     """Per (replica, topic, queue_id) of the replicas compared: counts of each kind (queue
     level, and corrupt records), and the common prefix; see the module docstring.
     ``ends``: each queue's end among the good records of all replicas; ``groups``: the
     findings counted per (level, kind, replica, topic, queue_id), with the first offset
-    of each."""
+    of each; ``starts``: each replica's queue starts (``held_from``)."""
     counted: dict[tuple[str, str, int], dict[str, Any]] = {}
     for group in groups:
         if group["level"] != "queue" and group["kind"] != "corrupt":
@@ -399,12 +469,13 @@ def _summary(ends: dict[tuple[str, int], int], groups: list[Any],
             row["first_difference"] = group["first"] if first is None else \
                 min(first, group["first"])
     rows = []
-    for replica in paths[1:]:
+    for number, replica in enumerate(paths[1:], 1):
         for (topic, queue_id), end in sorted(ends.items()):
             found = counted.get((replica, topic, queue_id), {})
             first = found.get("first_difference")
             rows.append({"replica": replica, "topic": topic, "queue_id": queue_id,
                          **{kind: int(found.get(kind, 0)) for kind in KINDS},
+                         "held_from": starts.queue(topic, queue_id)[number],
                          "common_prefix": end if first is None else int(first),
                          "queue_end": end})
     return rows
@@ -426,7 +497,7 @@ def format_counts(found: Reconciliation) -> str:
 
 def format_summary(rows: list[dict]) -> str:
     """The summary as an aligned text table."""
-    headers = ["replica", "topic", "queue_id", *KINDS, "common_prefix", "queue_end"]
+    headers = list(_SUMMARY_COLUMNS)
     table = [[str(row[name]) for name in headers] for row in rows]
     widths = [max(len(name), *(len(line[i]) for line in table)) if table else len(name)
               for i, name in enumerate(headers)]
