@@ -11,6 +11,8 @@ the change can be made between the two; one goes through a real Spark session.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import random
 import shutil
@@ -118,60 +120,96 @@ def test_commitlog_mode_over_a_deleted_segment_fails_typed(tmp_path, rng):
         _read(options, parts)
 
 
+def _change_at_random(store, rng, lock, done):
+    """Append, truncate or trim (retention) at random, a step per hold of ``lock``,
+    until ``done``."""
+    while not done.is_set():
+        with lock:
+            step = rng.random()
+            if step < 0.6:
+                for index in range(rng.randrange(1, 40)):
+                    store.put("t", rng.randbytes(rng.randrange(1, 300)), index % 2)
+            elif step < 0.85:
+                low = store.min_offset("t", 0)
+                high = store.max_offset("t", 0)
+                if high - low > 50:
+                    at = rng.randrange(low + 1, high)
+                    store.truncate(store.get("t", 0, at, 1)[0].position)
+            else:
+                store.trim_front(max(0, store.written_position - (48 << 10)))
+
+
+_WRITER_SETTINGS = {**SMALL, "retention_check_interval_ms": 1 << 30}
+
+
+def _writer_process(path, seed, lock, done, ready):
+    """The writer of the cross-process case: its own interpreter, the store open
+    writable there (the reads are planned and read in the test's process)."""
+    with mqlog.open(path, **_WRITER_SETTINGS) as store:
+        ready.set()
+        _change_at_random(store, random.Random(seed), lock, done)
+
+
+@contextlib.contextmanager
+def _writer_beside(path, where, seed):
+    """A writer changing the store at ``path`` at random, in a thread of this process or
+    in a process of its own; yields the lock each of its steps holds."""
+    if where == "thread":
+        lock, done, failures = threading.Lock(), threading.Event(), []
+
+        def write(store):
+            try:
+                _change_at_random(store, random.Random(seed), lock, done)
+            except BaseException as error:  # noqa: BLE001 - the test reports it
+                failures.append(error)
+
+        with mqlog.open(path, **_WRITER_SETTINGS) as store:
+            writer = threading.Thread(target=write, args=(store,))
+            writer.start()
+            try:
+                yield lock
+            finally:
+                done.set()
+                writer.join()
+        assert not failures, failures
+        return
+    context = multiprocessing.get_context("spawn")
+    lock, done, ready = context.Lock(), context.Event(), context.Event()
+    child = context.Process(target=_writer_process, args=(str(path), seed, lock, done, ready))
+    child.start()
+    try:
+        assert ready.wait(120), "the writer process did not open the store"
+        yield lock
+    finally:
+        done.set()
+        child.join(120)
+    assert child.exitcode == 0, f"the writer process ended with {child.exitcode}"
+
+
+@pytest.mark.parametrize("where", ["thread", "process"])
 def test_reads_beside_a_writer_that_appends_truncates_and_trims_are_exact_or_fail(tmp_path,
-                                                                                  seed):
-    """A writer thread appends, truncates and trims (retention) at random while reads
-    are planned and read: each read gives exactly the rows the engine showed when it was
-    planned, or StoreChanged."""
+                                                                                  seed, where):
+    """A writer appends, truncates and trims (retention) at random while reads are
+    planned and read: each read gives exactly the rows the engine showed when it was
+    planned, or StoreChanged. The writer is a thread of this process, or a process of
+    its own (what a Spark job reading a live broker's store sees: the store's files
+    change under mappings another process writes through)."""
     rng = random.Random(seed)
     path = _fill(tmp_path / "s", rng, count=400)
-    lock, done = threading.Lock(), threading.Event()
     outcomes = {"exact": 0, "changed": 0}
-    failures = []
-
-    def write(store, writer_rng):
-        try:
-            change(store, writer_rng)
-        except BaseException as error:  # noqa: BLE001 - the test reports it
-            failures.append(error)
-
-    def change(store, writer_rng):
-        while not done.is_set():
+    with _writer_beside(path, where, rng.random()) as lock:
+        for _round in range(25):
             with lock:
-                step = writer_rng.random()
-                if step < 0.6:
-                    for index in range(writer_rng.randrange(1, 40)):
-                        store.put("t", writer_rng.randbytes(writer_rng.randrange(1, 300)),
-                                  index % 2)
-                elif step < 0.85:
-                    low = store.min_offset("t", 0)
-                    high = store.max_offset("t", 0)
-                    if high - low > 50:
-                        at = writer_rng.randrange(low + 1, high)
-                        store.truncate(store.get("t", 0, at, 1)[0].position)
-                else:
-                    store.trim_front(max(0, store.written_position - (48 << 10)))
-
-    with mqlog.open(path, **{**SMALL, "retention_check_interval_ms": 1 << 30}) as store:
-        writer = threading.Thread(target=write, args=(store, random.Random(rng.random())))
-        writer.start()
-        try:
-            for _round in range(25):
-                with lock:
-                    options, parts = _plan(path)
-                    with mqlog.open(path, read_only=True) as snapshot:
-                        expected = _engine(snapshot)
-                try:
-                    got = _read(options, parts)
-                except StoreChanged:
-                    outcomes["changed"] += 1
-                    continue
-                assert got == expected, f"seed {seed}: rows of another snapshot"
-                outcomes["exact"] += 1
-        finally:
-            done.set()
-            writer.join()
-    assert not failures, failures
+                options, parts = _plan(path)
+                with mqlog.open(path, read_only=True) as snapshot:
+                    expected = _engine(snapshot)
+            try:
+                got = _read(options, parts)
+            except StoreChanged:
+                outcomes["changed"] += 1
+                continue
+            assert got == expected, f"seed {seed}: rows of another snapshot"
+            outcomes["exact"] += 1
     assert outcomes["exact"] + outcomes["changed"] == 25, outcomes
     print(outcomes)
 
