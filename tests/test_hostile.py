@@ -111,7 +111,8 @@ def _race(directory: str, impl: str, mode: str, rounds: int) -> None:
     if mode == "retention":
         overrides = {"retention_bytes": 2 * RACE_SEGMENT_BYTES}
     elif mode == "drop":  # every checkpoint drops every sealed segment's pages
-        overrides = {"page_cache_window_bytes": 1, "checkpoint_interval_ms": 1}
+        overrides = {"page_cache_window_bytes": 1, "checkpoint_interval_ms": 1,
+                     "retention_bytes": 4 * RACE_SEGMENT_BYTES}
     store = _race_store(path / "store", impl, **overrides)
     with _Readers(allowed) as readers:
         readers.store = store
@@ -122,9 +123,11 @@ def _race(directory: str, impl: str, mode: str, rounds: int) -> None:
             # a truncation to ``start`` unmaps while a reader may be checking the fifth.
             results = [store.put("t", _body(first + i)) for i in range(5)]
             readers.target = (results[3].position, first, 5)
-            if mode == "drop":
-                if round_index % 2:  # (else the log grows a round)
+            if mode == "drop":  # a truncation, retention, or the log grows a round
+                if round_index % 3 == 1:
                     store.truncate(start)
+                elif round_index % 3 == 2:
+                    store.apply_retention()
             elif mode == "truncate":
                 store.truncate(start)
             elif mode == "reset":
@@ -180,8 +183,8 @@ def test_reads_beside_a_change_that_unmaps_never_crash(fast_path, impl, mode):
     readers beside a truncation saw ``CorruptRecord ... run recovery`` for healthy records
     being dropped. Readers (read_raw, read_record, get) run beside truncate, reset,
     retention or close for hundreds of rounds ("drop": beside the checkpoint thread
-    dropping every sealed segment's pages from memory, page_cache_window_bytes, and
-    truncations): only typed "gone" errors are allowed, and
+    dropping every sealed segment's pages from memory, page_cache_window_bytes, with
+    truncations and retention): only typed "gone" errors are allowed, and
     every record returned must be the one asked for."""
     output = _run_child("_race", str(fast_path), impl, mode, RACE_ROUNDS[mode])
     assert f"{mode}: {RACE_ROUNDS[mode]} rounds" in output
