@@ -156,7 +156,7 @@ class Store:
         self.paths = StorePaths(path)
         self.core_module: ModuleType = ext.load(implementation)
         self.implementation: str = self.core_module.IMPLEMENTATION
-        self._queues_saved: list[tuple[str, int, int]] | None = None
+        self._queues_saved: list[tuple[str, int, int, int]] | None = None
         self._names_unsynced: set[int] = set()  # segments made since commitlog/ was synced
         self._commitlog_fd = -1  # commitlog/, open for _sync_log's fsync (writable stores)
         self._flushed_file: cp.FlushedPosition | None = None  # saved after log syncs
@@ -700,6 +700,9 @@ class Store:
         self._flusher.reset(position, start)
         self.files.lower_queue_flushed()
         self._save_epochs()
+        # The manifest's next offsets are too high now: the next checkpoint rewrites it
+        # (until then a read-only open walks the log past each cut queue's end).
+        self._queues_saved = None
 
     def reset(self, position: int, epoch_starts: list[tuple[int, int]]) -> None:
         """Start the log over, empty, at ``position``: a replica too far behind its
@@ -1034,13 +1037,17 @@ class Store:
             self.files.epochs_saved = current
 
     def _save_queues(self, force: bool) -> None:
-        """Rewrite the queue manifest when a queue appeared or its minimum moved (or always,
-        at open and close, when the next offsets must be exact too)."""
+        """Rewrite the queue manifest when a queue appeared, its minimum moved or it began
+        a new file (or always, at open and close, when the next offsets must be exact
+        too): its next offsets then reach into every queue's last file, so a read-only
+        open notices a lost one (queuecheck.py)."""
         current = []
         for topic, queue_id in sorted(self.core.queue_ids()):
             offsets = self.core.queue_offsets(topic, queue_id)
             current.append((topic, queue_id, offsets[0], offsets[1]))
-        shape = [(topic, queue_id, low) for topic, queue_id, low, _ in current]
+        per_file = self.config.consume_queue_entries_per_file
+        shape = [(topic, queue_id, low, (high - 1) // per_file)
+                 for topic, queue_id, low, high in current]
         if force or shape != self._queues_saved:
             cp.write_queues(self.paths.queues, current)
             self._queues_saved = shape
