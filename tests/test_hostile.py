@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -352,6 +353,267 @@ def test_a_damaged_offsets_file_does_not_brick_the_store(open_store, tmp_path):
     store = open_store()
     store.commit_offset("g", "t", 0, 2)
     assert store.committed_offset("g", "t", 0) == 2
+
+
+# --- lost consume-queue files, read-only ---------------------------------------------------
+
+LOST_PUTS = 600  # queues t/0 and t/1: offsets 0..299 each, in five files of 64 entries
+
+
+def _queue_body(queue_id: int, offset: int) -> bytes:
+    return b"%d/%d|" % (queue_id, offset) + bytes([offset % 251]) * (20 + offset % 200)
+
+
+def _fill_queues(store: mqlog.Store, count: int, queues: int = 2) -> None:
+    for index in range(count):
+        queue_id = index % queues
+        store.put("t", _queue_body(queue_id, store.max_offset("t", queue_id)), queue_id)
+
+
+def _queue_contents(store: mqlog.Store) -> dict[tuple[str, int], list[tuple[int, bytes]]]:
+    """Every queue's (offset, body) pairs, from its minimum to its end."""
+    found = {}
+    for topic, queue_id in store.queues():
+        low, high = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id)
+        got: list[Any] = []
+        while len(got) < high - low:
+            got += store.get(topic, queue_id, low + len(got), 256, 1 << 24)
+        found[(topic, queue_id)] = [(record.offset, record.body) for record in got]
+    return found
+
+
+def _as_written(contents: dict[tuple[str, int], list[tuple[int, bytes]]]) -> None:
+    """Each queue holds consecutive offsets, each with the body written there."""
+    for (_topic, queue_id), pairs in contents.items():
+        low = pairs[0][0] if pairs else 0
+        assert pairs == [(offset, _queue_body(queue_id, offset))
+                         for offset in range(low, low + len(pairs))], queue_id
+
+
+def _read_only(path: Path, impl: str, **overrides: object) -> mqlog.Store:
+    return mqlog.open(path, implementation=impl, read_only=True, **{**SMALL, **overrides})
+
+
+def _manifest(path: Path) -> dict[tuple[str, int], tuple[int, int]]:
+    from mqlog.engine import checkpoint as cp
+
+    manifest = cp.read_queues(path / "queues")
+    assert manifest is not None
+    return manifest
+
+
+def _await_checkpoint(store: mqlog.Store, queue: tuple[str, int], next_offset: int) -> None:
+    """Until checkpoints (every 50 ms, on the flush thread) covered every record written
+    and saved a queue manifest in which ``queue`` reaches ``next_offset``."""
+    from mqlog.engine import checkpoint as cp
+
+    store.flush()
+    deadline = time.monotonic() + 60
+    while _manifest(store.paths.root).get(queue, (0, 0))[1] < next_offset or \
+            cp.read_checkpoint(store.paths.checkpoint).log_position < store.written_position:
+        assert time.monotonic() < deadline, "no checkpoint covered the records"
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("writer", ["closed", "crashed", "live"])
+@pytest.mark.parametrize("lost", ["first file", "middle file", "last file", "every file"])
+def test_a_read_only_open_refuses_a_queue_that_lost_a_file(open_store, tmp_path, impl,
+                                                            lost, writer):
+    """Issue 14 (derived files rebuilt from the log when missing or damaged, and the
+    rebuild reported): a read-only open of a store one of whose consume-queue files was
+    deleted served that queue short with no error: a lost first file raised its minimum
+    to 64, a lost last one ended it at 256 (of 300), a lost queue vanished (a lost
+    middle file was a plain CorruptStore). It raises ConsumeQueueMismatch, naming the
+    queue, a record it lacks and what to do: open the store for writing once, which
+    rebuilds the queues and says so in its report; read-only opens then serve all.
+    After a crash the writable open rebuilt nothing for a lost last file (it served the
+    queue short too); beside a live writer the manifest did not reach the last file
+    (it was rewritten when a queue appeared, not when one began a file)."""
+    store = open_store()
+    _fill_queues(store, LOST_PUTS // 2)
+    if writer == "live":  # the manifest lists the queues, then they grow by two files
+        _await_checkpoint(store, ("t", 0), LOST_PUTS // 4)
+    _fill_queues(store, LOST_PUTS // 2)
+    expected = _queue_contents(store)
+    if writer == "live":
+        _await_checkpoint(store, ("t", 0), 257)
+    else:
+        store.close()
+    if writer == "crashed":
+        open_store().abandon("simulated crash")
+    directory = tmp_path / "store" / "consumequeue" / "t" / "0"
+    files = sorted(directory.iterdir())
+    assert len(files) == 5, "test set-up"
+    if lost == "every file":
+        shutil.rmtree(directory)
+    else:
+        files[{"first file": 0, "middle file": 2, "last file": -1}[lost]].unlink()
+    with pytest.raises(errors.ConsumeQueueMismatch,
+                       match=r"consume queue \('t', 0\).*for writing once"):
+        _read_only(tmp_path / "store", impl)
+    store.close()
+    store = open_store()
+    rebuilt = store.recovery_report.rebuilt
+    store.close()
+    assert any("consume queues rebuilt" in what for what in rebuilt), rebuilt
+    with _read_only(tmp_path / "store", impl) as snapshot:
+        assert _queue_contents(snapshot) == expected
+
+
+@pytest.mark.parametrize("size", [0, 333, 10 * format.CQ_ENTRY_SIZE],
+                         ids=["empty", "odd size", "ten whole entries"])
+@pytest.mark.parametrize("which", [0, -1], ids=["first file", "last file"])
+def test_a_read_only_open_refuses_a_queue_file_cut_short(open_store, tmp_path, impl, size,
+                                                         which):
+    """Issue 14 (derived files rebuilt from the log when missing or damaged, and the
+    rebuild reported): a consume-queue file cut to 0 bytes, to an odd size or to fewer
+    whole entries made a read-only open raise a plain CorruptStore whose message named
+    another file's size. It is a ConsumeQueueMismatch that names the file cut and its
+    size, and says to open the store for writing once (which rebuilds the queue)."""
+    store = open_store()
+    _fill_queues(store, LOST_PUTS)
+    expected = _queue_contents(store)
+    store.close()
+    victim = sorted((tmp_path / "store" / "consumequeue" / "t" / "1").iterdir())[which]
+    os.truncate(victim, size)
+    with pytest.raises(errors.ConsumeQueueMismatch,
+                       match=rf"\('t', 1\) has a file of {size} bytes \({victim.name};"
+                             r".*for writing once"):
+        _read_only(tmp_path / "store", impl)
+    open_store().close()
+    with _read_only(tmp_path / "store", impl) as snapshot:
+        assert _queue_contents(snapshot) == expected
+
+
+@pytest.mark.parametrize("writer", ["live", "crashed"])
+def test_a_read_only_open_beside_a_truncation_refuses_nothing(open_store, tmp_path, impl,
+                                                              writer):
+    """Issue 14 (derived files rebuilt from the log when missing or damaged, and the
+    rebuild reported), the other side: after a truncation the queue manifest says the
+    queues reach further than their files do (until the next checkpoint, or for good if
+    the writer crashed first). That is no lost file: read-only opens, beside the live
+    writer or after its crash, serve every record, and so does the writable open."""
+    store = open_store(checkpoint_interval_ms=3_600_000)  # the manifest stays stale
+    _fill_queues(store, LOST_PUTS)
+    store.close()
+    store = open_store(checkpoint_interval_ms=3_600_000)  # (its manifest is exact)
+    store.truncate(store.get("t", 0, 100, 1)[0].position)  # t/0's last three files go
+    _fill_queues(store, 40)  # offsets 100.. and 101.. again
+    expected = _queue_contents(store)
+    assert _manifest(tmp_path / "store")[("t", 0)][1] == 300 > store.max_offset("t", 0), \
+        "test set-up: the manifest is stale"
+    if writer == "crashed":
+        store.abandon("simulated crash")
+    with _read_only(tmp_path / "store", impl) as snapshot:
+        assert _queue_contents(snapshot) == expected
+    store.close()
+    store = open_store()
+    assert _queue_contents(store) == expected and not store.recovery_report.rebuilt
+
+
+@pytest.mark.parametrize("writer", ["live", "crashed before the manifest"])
+def test_a_read_only_open_after_retention_refuses_nothing(open_store, tmp_path, impl,
+                                                          writer):
+    """Issue 14 (derived files rebuilt from the log when missing or damaged, and the
+    rebuild reported), the other side: retention deletes a queue's oldest files and then
+    rewrites the queue manifest; a crash between the two leaves a manifest whose
+    minimum offsets are too low. Neither is a lost file: read-only opens serve each
+    queue from its new minimum."""
+    config = {"retention_bytes": 2 * SMALL["segment_size_bytes"]}
+    store = open_store(**config)
+    _fill_queues(store, 3 * LOST_PUTS)
+    store.close()
+    store = open_store(**config)  # (its manifest is exact: every queue from offset 0)
+    before = (tmp_path / "store" / "queues").read_bytes()
+    assert store.apply_retention().segments_deleted, "test set-up"
+    expected = _queue_contents(store)
+    assert min(pairs[0][0] for pairs in expected.values()) > 64, "test set-up: files went"
+    if writer != "live":
+        store.abandon("simulated crash")
+        (tmp_path / "store" / "queues").write_bytes(before)  # as the crash left it
+        assert _manifest(tmp_path / "store")[("t", 0)][0] == 0, "test set-up"
+    with _read_only(tmp_path / "store", impl, **config) as snapshot:
+        assert _queue_contents(snapshot) == expected
+
+
+BESIDE_CONFIG = {**SMALL, "retention_bytes": 4 * SMALL["segment_size_bytes"],
+                 "consume_queue_entries_per_file": 32, "checkpoint_interval_ms": 20,
+                 "retention_check_interval_ms": 1 << 30}
+BESIDE_GOAL = 25  # truncations and retention passes each, while the reader opens
+
+
+def _write_beside_readers(directory: str, impl: str, seed: int) -> None:
+    """The child's work: put into three queues, truncate (holding ``truncating``, so no
+    read-only open runs across a truncation), and apply retention, until stdin closes;
+    ``progress`` holds how many truncations and retention passes it did."""
+    import fcntl
+    import json
+    import random
+
+    path, local, stop = Path(directory), random.Random(seed), threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    done = {"truncations": 0, "retentions": 0}
+    with mqlog.open(path / "store", implementation=impl, **BESIDE_CONFIG) as store, \
+            open(path / "truncating", "wb") as lock:
+        print("ready", flush=True)
+        while not stop.is_set():
+            step, queue_id = local.random(), local.randrange(3)
+            low, high = store.min_offset("t", queue_id), store.max_offset("t", queue_id)
+            if step < 0.7 or high - low < 10:
+                _fill_queues(store, local.randrange(1, 60), queues=3)
+            elif step < 0.85:
+                at = local.randrange(max(low + 1, high - 20), high)  # (the log grows)
+                cut = store.get("t", queue_id, at, 1)[0]
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    store.truncate(cut.position)
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+                done["truncations"] += 1
+            else:
+                store.flush()
+                done["retentions"] += bool(store.apply_retention().segments_deleted)
+            (path / "progress.tmp").write_text(json.dumps(done))
+            os.replace(path / "progress.tmp", path / "progress")
+
+
+def test_read_only_opens_beside_a_writer_in_another_process_refuse_nothing(fast_path, impl,
+                                                                           rng):
+    """Issue 14 (derived files rebuilt from the log when missing or damaged, and the
+    rebuild reported), the other side: read-only opens beside a writer in another
+    process, which truncates its queues (the manifest then says they reach further)
+    and lets retention delete their oldest files (the manifest's minimum lags), while
+    checkpoints rewrite the manifest every 20 ms. No open may take that for a lost
+    file: each serves every queue as consecutive offsets with the bodies written there.
+    Runs until the writer did 25 truncations and 25 retention passes (its seed is drawn
+    from the rng fixture's); the opens' interleaving with it is the machine's."""
+    import fcntl
+    import json
+
+    code = (f"from tests.test_hostile import _write_beside_readers; "
+            f"_write_beside_readers({str(fast_path)!r}, {impl!r}, {rng.randrange(1 << 32)})")
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    opens, done = 0, {"truncations": 0, "retentions": 0}
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        with open(fast_path / "truncating", "wb") as lock:
+            while min(done.values()) < BESIDE_GOAL and child.poll() is None:
+                opens += 1
+                assert opens <= 20_000, f"the writer did only {done}"
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    with _read_only(fast_path / "store", impl, **BESIDE_CONFIG) as snapshot:
+                        _as_written(_queue_contents(snapshot))
+                finally:
+                    fcntl.flock(lock, fcntl.LOCK_UN)
+                if (fast_path / "progress").exists():
+                    done = json.loads((fast_path / "progress").read_text())
+    finally:
+        _output, error = child.communicate(input="", timeout=120)
+    assert child.returncode == 0, error
+    assert min(done.values()) >= BESIDE_GOAL, (done, error)
 
 
 # --- the maintenance thread ---------------------------------------------------------------

@@ -45,13 +45,14 @@ def queue_directories(root: Path) -> Iterator[tuple[tuple[str, int], Path]]:
 def checked_files(key: tuple[str, int], directory: Path) -> list[tuple[int, Path]]:
     """A queue's files, once their sizes are checked (see the module docstring)."""
     found = numbered_files(directory)
-    sizes = {path.stat().st_size for _, path in found}
-    for size in sizes:
-        if size == 0 or size % ENTRY_SIZE or len(sizes) > 1:
+    sizes = [(path.stat().st_size, path) for _, path in found]
+    whole = max((size for size, _ in sizes), default=0)  # (each file is made whole)
+    for size, path in sizes:
+        if size == 0 or size % ENTRY_SIZE or size != whole:
             raise ConsumeQueueMismatch(
-                f"consume queue {key} has a file of {size} bytes (its files hold "
-                f"{sorted(sizes)} bytes; each must be the same whole number of "
-                f"{ENTRY_SIZE}-byte entries)")
+                f"consume queue {key} has a file of {size} bytes ({path.name}; its files "
+                f"hold {sorted({size for size, _ in sizes})} bytes; each must be the same "
+                f"whole number of {ENTRY_SIZE}-byte entries)")
     return found
 
 
@@ -69,7 +70,8 @@ def remove_all(root: Path) -> None:
             topic_dir.rmdir()
 
 
-def _entry(mapped: MappedFile, index: int) -> tuple[int, int]:
+def entry(mapped: MappedFile, index: int) -> tuple[int, int]:
+    """(position, size) of a file's entry ``index``."""
     position, size, _tag_hash = fmt.CQ_ENTRY.unpack_from(mapped.buffer, index * ENTRY_SIZE)
     return position, size
 
@@ -81,7 +83,7 @@ def entries_before(mapped: MappedFile, scan_from: int) -> int:
     low, high = 0, mapped.data_end() // ENTRY_SIZE
     while low < high:
         middle = (low + high) // 2
-        position, size = _entry(mapped, middle)
+        position, size = entry(mapped, middle)
         if size == TOMBSTONE_SIZE or (size != 0 and position < scan_from):
             low = middle + 1
         else:
@@ -94,7 +96,7 @@ def first_live_entry(mapped: MappedFile, log_start: int) -> int:
     low, high = 0, entries_before(mapped, 1 << 64)
     while low < high:
         middle = (low + high) // 2
-        position, size = _entry(mapped, middle)
+        position, size = entry(mapped, middle)
         if size == TOMBSTONE_SIZE or position < log_start:
             low = middle + 1
         else:

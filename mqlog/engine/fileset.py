@@ -125,6 +125,14 @@ class FileSet:
     def last_queue_file(self, key: tuple[str, int]) -> MappedFile:
         return self._queue_files[key][-1]
 
+    def queue_entry(self, key: tuple[str, int], offset: int) -> tuple[int, int]:
+        """(position, size) of the entry of ``offset`` in a mapped queue's files."""
+        for mapped in self._queue_files[key]:
+            base = int(mapped.path.name)
+            if base <= offset < base + mapped.size // cq.ENTRY_SIZE:
+                return cq.entry(mapped, offset - base)
+        raise KeyError(offset)
+
     def attach_queue(self, key: tuple[str, int], files: list[MappedFile], min_offset: int,
                      next_offset: int, per_file: int) -> None:
         """Add a queue whose files (contiguous, ascending) hold [min, next) offsets."""

@@ -62,6 +62,7 @@ from mqlog import format as fmt
 from mqlog.config import PAGE_SIZE
 from mqlog.engine.checkpoint import read_checkpoint, read_epochs, read_flushed, read_queues
 from mqlog.engine.files import MappedFile, file_name, numbered_files
+from mqlog.engine.queuecheck import find_lost_entry
 from mqlog.errors import ConsumeQueueMismatch, CorruptStore
 
 if TYPE_CHECKING:
@@ -281,6 +282,11 @@ def _scan(files: FileSet, report: RecoveryReport, scan_from: int,
         files.open_queues(scan_from=scan_from, manifest=manifest, exact=False)
         files.restore_epochs(epochs, scan_from)
         _scan_segments(files, report, scan_from)
+        # A queue may end short of the manifest: records past the checkpoint lost in the
+        # crash, or a lost queue file. Only the log tells them apart.
+        lost = find_lost_entry(files, manifest, report.end_position)
+        if lost is not None:
+            raise ConsumeQueueMismatch(lost)
     except ConsumeQueueMismatch as mismatch:
         _rebuild(files, report, str(mismatch))
 

@@ -11,9 +11,13 @@ another process has the store open for writing, and on a copy of one that crashe
    what a crash left intact. Nothing past it is visible; nothing is cut.
 3. Each queue's entries are taken up to that end; entries a live writer added since
    are ignored. Entries of records that retention deleted are skipped.
+4. The queues are checked against the queue manifest and the log (queuecheck.py): a
+   queue that lacks records of the log — a consume-queue file lost — is refused.
 
 The snapshot does not move: reopen to see newer records. A store whose consume-queue
-files disagree with each other (a gap) needs a read-write open to recover first.
+files were lost or damaged (a gap, a file of the wrong size, entries missing) cannot be
+rebuilt without writing: the open raises ConsumeQueueMismatch (a CorruptStore) saying
+to open the store for writing once, which rebuilds them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from mqlog.config import PAGE_SIZE
 from mqlog.engine import checkpoint as cp
 from mqlog.engine import consumequeue as cq
 from mqlog.engine.files import MappedFile, numbered_files
+from mqlog.engine.queuecheck import check_queues, rebuild_advice
 from mqlog.engine.recovery import RecoveryReport
 from mqlog.errors import ConsumeQueueMismatch, CorruptStore
 
@@ -39,6 +44,7 @@ def open_snapshot(files: FileSet) -> RecoveryReport:
     started = time.perf_counter()
     paths, core = files.paths, files.core
     checkpoint = cp.read_checkpoint(paths.checkpoint)
+    manifest = cp.read_queues(paths.queues)  # before any file: see queuecheck.py
     _map_segments(files)
     first = files.first_segment_base()
     clean = checkpoint is not None and not paths.abort.exists() and \
@@ -63,6 +69,9 @@ def open_snapshot(files: FileSet) -> RecoveryReport:
     core.epoch = core.epoch_starts[-1][0] if core.epoch_starts else 0
     core.restore(end)
     core.committed_position = end
+    # Entries of records past the checkpoint may still be on their way (a live
+    # writer's puts in flight): only those before it must be in the files.
+    check_queues(files, manifest, min(end, checkpoint.log_position) if checkpoint else 0)
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
 
@@ -157,7 +166,7 @@ def _map_queues(files: FileSet, end: int) -> None:
 
 def _map_queue(file_set: FileSet, key: tuple[str, int], directory: Path, log_start: int,
                end: int) -> None:
-    files = _map_queue_files(key, directory)
+    files = _map_queue_files(key, directory, file_set.paths.root)
     while len(files) > 1 and cq.entries_before(files[-1], end) == 0:
         files.pop().close()  # entries a live writer added past the snapshot
     while len(files) > 1 and cq.first_live_entry(files[1], log_start) > 0:
@@ -169,14 +178,15 @@ def _map_queue(file_set: FileSet, key: tuple[str, int], directory: Path, log_sta
     if bases != list(range(bases[0], bases[0] + per_file * len(bases), per_file)):
         for mapped in files:
             mapped.close()
-        raise CorruptStore(f"consume queue {key} has a gap between its files; open the "
-                           "store read-write once to rebuild it")
+        raise ConsumeQueueMismatch(f"consume queue {key} has a gap between its files: "
+                                   "one was deleted or lost; "
+                                   + rebuild_advice(file_set.paths.root))
     next_offset = bases[-1] + cq.entries_before(files[-1], end)
     min_offset = min(next_offset, bases[0] + cq.first_live_entry(files[0], log_start))
     file_set.attach_queue(key, files, min_offset, next_offset, per_file)
 
 
-def _map_queue_files(key: tuple[str, int], directory: Path) -> list[MappedFile]:
+def _map_queue_files(key: tuple[str, int], directory: Path, root: Path) -> list[MappedFile]:
     """A queue's files, all of one listing, mapped; listed again when one vanishes before
     it is mapped (retention drops the oldest files of a queue)."""
     for _attempt in range(LISTING_ATTEMPTS_MAX):
@@ -191,8 +201,7 @@ def _map_queue_files(key: tuple[str, int], directory: Path) -> list[MappedFile]:
         except ConsumeQueueMismatch as mismatch:
             for file in files:
                 file.close()
-            raise CorruptStore(f"{mismatch}; open the store read-write once to rebuild "
-                               "it") from None
+            raise ConsumeQueueMismatch(f"{mismatch}; {rebuild_advice(root)}") from None
         except BaseException:
             for file in files:
                 file.close()
