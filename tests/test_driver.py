@@ -12,7 +12,7 @@ import pytest
 
 import mqlog
 from mqlog.config import ReplicationConfig
-from mqlog.errors import NotLeader, StoreFailed
+from mqlog.errors import NotLeader, PartiallyStored, StoreFailed
 from mqlog.replication.driver import Driver
 from mqlog.replication.messages import Entries, EntriesReply, Message, Vote, VoteReply
 from mqlog.replication.raft import RaftCore
@@ -228,5 +228,54 @@ def test_a_master_whose_store_has_its_epoch_takes_writes_from_the_start(tmp_path
         driver.run()
         driver.check_writable()
         assert driver.serving
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("test_break", ["", "partial_early"])
+def test_a_write_stored_in_part_is_refused_only_after_the_verdict(tmp_path, impl, test_break):
+    """The PartiallyStored rule, in the driver for every layer (propose_write): a retry of
+    three records finds a copy of one (cut inside the request) and is answered
+    PartiallyStored, naming that one, only once a majority has it — a Raft leader's
+    uncommitted records may still be lost with it. ``partial_early`` answers at once."""
+    store, core, driver, io = _replica(tmp_path, impl, "n1")
+    driver = Driver(store, core, io, test_break=test_break)
+    try:
+        _elect(driver, io)
+        driver.run()  # (the term starts)
+        driver.write("t", [b"first"], producer=("p", 7, 0))  # (the copy cut inside it)
+        found = driver.write("t", [b"first", b"second", b"third"], producer=("p", 7, 0))
+        assert (found.count, store.written_position) == (1, found.end)  # (stored once)
+        driver.propose_write("retry", found, 3, ("p", 7, 0))
+        driver.run()
+        io.complete_flushes()
+        driver.run()
+        if test_break:  # (answered before any follower has the record: caught here)
+            assert [type(answer) for _, answer in io.answers] == [PartiallyStored]
+            return
+        assert io.answers == [], "answered before the verdict"
+        driver.step(EntriesReply("n2", "n1", core.term, True, store.written_position, 0, 0))
+        driver.run()
+        [(request, answer)] = io.answers
+        assert request == "retry" and isinstance(answer, PartiallyStored)
+        assert answer.count == 1 and "1 of its 3 records" in str(answer)
+        assert store.committed_position >= found.end
+    finally:
+        store.close()
+
+
+def test_a_write_stored_in_part_whose_verdict_is_unknown_is_answered_so(tmp_path, impl):
+    """A leader that steps down (here: its core replaced) before the verdict answers the
+    write stored in part as any other whose fate is unknown, not PartiallyStored."""
+    store, core, driver, io = _replica(tmp_path, impl, "n1")
+    try:
+        _elect(driver, io)
+        driver.run()
+        driver.write("t", [b"first"], producer=("p", 7, 0))
+        found = driver.write("t", [b"first", b"second"], producer=("p", 7, 0))
+        driver.propose_write("retry", found, 2, ("p", 7, 0))
+        driver.abandon_waiting()
+        assert io.answers == [("retry", PutStatus.FLUSH_SLAVE_TIMEOUT)]
+        assert driver.cuts == {}
     finally:
         store.close()

@@ -28,6 +28,19 @@ producer table is rebuilt from the log, ``check_writable`` answers NotLeader: a 
 taken earlier would be stored under the previous epoch and checked against a stale
 producer table (issue 13, finding 1).
 
+Partly stored writes. A client's request whose records are stored only in part — the
+store cut the batch (a batch limit, a disk full mid-batch), or an idempotent retry found
+a copy cut inside the request on the replica that led before (a fetch or an Entries ends
+at a record, not at a request) — is proposed with ``propose_write`` like any other, and
+waits for the layer's verdict whatever its acks: the records stored may still be lost
+with this leader, and a client told "these are stored, send the rest" would never send
+them again. Only a verdict that committed them (PUT_OK) becomes the answer
+PartiallyStored (idempotence.partially_stored, carrying the count stored); any other
+verdict is answered as it is (the outcome is unknown: the client retries the whole
+request, and finds the same copy). This is the one place the rule lives: the node
+(node.py) turns the answer into its wire header, the simulators (mqlog/sim/partial.py)
+check it under leader changes, and ``--break partial_early`` answers before the verdict.
+
 Failure. A Ready that cannot be carried out (the store refuses an append, a disk error,
 a hard state that cannot be saved) leaves the replica's memory and its disk disagreeing
 in ways nobody can tell. The driver then stops for good: it records the error, tells the
@@ -43,12 +56,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from mqlog.config import RECORD_HEADER_SIZE
-from mqlog.errors import NotLeader, StoreFailed
+from mqlog.errors import NotLeader, PartiallyStored, StoreFailed
 from mqlog.replication.core import Ready
 from mqlog.replication.idempotence import (
     ProducerTable,
     ProducerTag,
     Stored,
+    partially_stored,
     producer_properties,
 )
 from mqlog.replication.messages import (
@@ -64,7 +78,27 @@ from mqlog.replication.messages import (
 )
 from mqlog.results import PutStatus
 
-TEST_BREAKS = ("serve_early", "ack_before_flush", "vote_not_saved", "term_not_saved")
+TEST_BREAKS = ("serve_early", "ack_before_flush", "vote_not_saved", "term_not_saved",
+               "partial_early")
+
+# What a proposal is answered with: the layer's verdict, or (a write stored in part, whose
+# stored records that verdict committed) the refusal that names how many are stored.
+Answer = PutStatus | PartiallyStored
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cut:
+    """A request stored in part: its producer tag, where its records went, how many the
+    client sent."""
+
+    producer: ProducerTag
+    stored: Stored
+    sent: int
+
+
+def is_cut(stored: Stored, sent: int) -> bool:
+    """Whether a request of ``sent`` records is stored in part (``write``'s answer)."""
+    return stored.count < sent
 
 
 class Io(Protocol):
@@ -80,8 +114,9 @@ class Io(Protocol):
         """Flush the store's log up to its written position; call ``done(ok)`` once that
         is durable (``ok`` False: the flush failed) — at once, or later."""
 
-    def answer(self, request: Any, status: PutStatus) -> None:
-        """A proposal was decided."""
+    def answer(self, request: Any, status: Answer) -> None:
+        """A proposal was decided (a PartiallyStored only for ``propose_write``'s cut
+        requests)."""
 
     def note(self, event: str) -> None:
         """News for the operator's log."""
@@ -100,12 +135,15 @@ class Driver:
         # catch it (one of TEST_BREAKS: "serve_early": take writes before the term
         # started; "ack_before_flush": send what waits for a flush without waiting;
         # "vote_not_saved": save a vote for another node as no vote; "term_not_saved":
-        # save nothing of a candidate's new term and self-vote). Others are ignored.
+        # save nothing of a candidate's new term and self-vote; "partial_early": answer
+        # a write stored in part PartiallyStored at once, before the verdict). Others
+        # are ignored.
         self._test_break = test_break
         self.store, self.core, self.io = store, core, io
         self.producers = ProducerTable(sequences_max)
         self.window_bytes = window_bytes
         self.waiting: set[Any] = set()  # proposals not yet answered
+        self.cuts: dict[Any, Cut] = {}  # the waiting proposals of writes stored in part
         self.failure: BaseException | None = None
         self.describe = describe
         self.described: list[str] = []  # what the last run() did (describe=True)
@@ -143,7 +181,8 @@ class Driver:
         this replica has; ``producer`` is (id, sequence, epoch)). The caller checked
         ``check_writable`` since its last ``run``. A copy found may hold fewer records
         than ``bodies`` (cut inside the request on the replica that led before): the
-        caller must not answer it as stored (idempotence.partially_stored)."""
+        caller must not answer it as stored: ``propose_write`` answers it. So may a new
+        write's: the store may store the first records of a batch only."""
         properties = None
         if producer is not None:
             found = self.producers.lookup(*producer)
@@ -165,6 +204,22 @@ class Driver:
         """Everything up to ``end`` is stored: answer ``request`` with the layer's verdict."""
         self.core.propose(request, end)
         self.waiting.add(request)
+
+    def propose_write(self, request: Any, stored: Stored, sent: int,
+                      producer: ProducerTag | None) -> None:
+        """A client's write of ``sent`` records went where ``stored`` says (``write``'s
+        answer): answer ``request`` with the layer's verdict on it — or, stored in part
+        (``is_cut``), PartiallyStored once that verdict committed its records, never
+        before (the module docstring). A write stored in part is an idempotent
+        producer's: only its tag lets the client send the rest once."""
+        if not is_cut(stored, sent):
+            return self.propose(request, stored.end)
+        assert producer is not None, "a write stored in part needs its producer tag"
+        cut = Cut(producer, stored, sent)
+        if self._test_break == "partial_early":
+            return self.io.answer(request, _refusal(cut))
+        self.propose(request, stored.end)
+        self.cuts[request] = cut
 
     def change_membership(self, request: Any, voters: tuple[str, ...],
                           learners: tuple[str, ...], addresses: dict[str, str]) -> tuple[int, int]:
@@ -315,11 +370,19 @@ class Driver:
             self._serving_epoch = -1
 
     def _answer(self, request: Any, status: PutStatus) -> None:
+        """The layer's verdict on ``request``; a write stored in part whose records it
+        committed is refused: PartiallyStored, naming how many are stored."""
         self.waiting.discard(request)
-        self.io.answer(request, status)
+        cut = self.cuts.pop(request, None)
+        if cut is not None and status is PutStatus.PUT_OK:
+            self.io.answer(request, _refusal(cut))
+        else:
+            self.io.answer(request, status)
 
     def _answer_all(self, status: PutStatus) -> None:
+        """Not PUT_OK: a write stored in part gets it as any other (its fate unknown)."""
         waiting, self.waiting = self.waiting, set()
+        self.cuts = {}
         for request in waiting:
             self.io.answer(request, status)
 
@@ -329,6 +392,11 @@ class Driver:
         self.io.note(f"a Ready could not be carried out; this replica stops: {error!r}")
         self._answer_all(PutStatus.FLUSH_SLAVE_TIMEOUT)
         self.io.failed(error)
+
+
+def _refusal(cut: Cut) -> PartiallyStored:
+    producer_id, sequence, _epoch = cut.producer
+    return partially_stored(producer_id, sequence, cut.stored, cut.sent)
 
 
 # --- describing what a driver did (the datadriven tests print it) ------------------------

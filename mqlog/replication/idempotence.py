@@ -58,8 +58,8 @@ A request's records are one run in the log, but a replica may hold the first few
 (a fetch or an Entries is cut at a record, not at a request): a retry whose copy here has
 fewer records than it sends is never answered as stored. It is refused with
 PartiallyStored ("these are stored, send the rest"), and only once the copy is committed
-(node.py): a leader's uncommitted records may still be lost with it, and a client told
-they were stored would never send them again.
+(driver.py's ``propose_write``, for every layer): a leader's uncommitted records may
+still be lost with it, and a client told they were stored would never send them again.
 """
 
 from __future__ import annotations

@@ -38,13 +38,17 @@ store (hardstate.py), and a produce with ``producer_id`` and ``sequence`` (and
 ``producer_epoch``, the producer's life) is idempotent: the leader looks it up in its
 producer table (idempotence.py), rebuilt from its log each time it gains leadership,
 answers a retry with the first write's place, and refuses an older life of a producer
-id than one it has records of (ProducerFenced, nothing stored).
+id than one it has records of (ProducerFenced, nothing stored). A request stored in part
+(a retry whose copy here was cut inside it, or a batch the store cut) is answered as the
+driver decides (driver.py's ``propose_write``: PartiallyStored, with its ``count``, only
+after the layer's verdict committed the stored records); this node writes the header.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import os
 import random
@@ -55,8 +59,8 @@ from mqlog import errors
 from mqlog.config import GroupSpec
 from mqlog.engine.store import open as open_store
 from mqlog.replication import core_for, hardstate, messages
-from mqlog.replication.driver import Driver
-from mqlog.replication.idempotence import ProducerTag, Stored, partially_stored
+from mqlog.replication.driver import Answer, Driver, is_cut
+from mqlog.replication.idempotence import ProducerTag, Stored
 from mqlog.replication.isr.core import CONTROLLER, TEST_BREAKS
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from mqlog.results import PutStatus
@@ -129,7 +133,7 @@ class Node:
                              sequences_max=spec.replication.idempotence_sequences_max)
         self.failure: BaseException | None = None
         self._learn_addresses()
-        self._waiting: dict[Any, asyncio.Future[PutStatus]] = {}
+        self._waiting: dict[Any, asyncio.Future[Answer]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._scheduled = False
         self._requests = 0
@@ -289,7 +293,7 @@ class Node:
         done(True)
         self._schedule()  # a leader's own flush may let it commit
 
-    def answer(self, request: Any, status: PutStatus) -> None:
+    def answer(self, request: Any, status: Answer) -> None:
         future = self._waiting.pop(request, None)
         if future is not None and not future.done():
             future.set_result(status)
@@ -418,50 +422,55 @@ class Node:
 
     async def _settle(self, stored: list[tuple[Frame, Stored, str]]) -> list[tuple[Frame, dict]]:
         """Wait for the flush and (for acks=replicated) the layer's rule, for all at once.
-        The proposal goes in before anything is awaited, while this node is surely still
-        the leader that stored the records: a verdict cannot be missed by stepping down."""
+        The proposals go in before anything is awaited, while this node is surely still
+        the leader that stored the records: a verdict cannot be missed by stepping down.
+        A request stored in part (PARTIAL) is proposed on its own, and its answer is the
+        driver's (driver.py: PartiallyStored only once the verdict committed its
+        records); this node only makes it a header."""
         end = max(item.end for _, item, _ in stored)
-        replicated = [item.end for _, item, acks in stored if acks in ("replicated", PARTIAL)]
-        decision: asyncio.Future[PutStatus] | errors.MqlogError | None = None
-        if replicated:
-            try:
-                decision = self._propose(max(replicated))
-            except errors.MqlogError as error:
-                decision = error
+        replicated = [item.end for _, item, acks in stored if acks == "replicated"]
+        decision = self._propose(functools.partial(self.driver.propose, end=max(replicated))) \
+            if replicated else None
+        cuts = {index: self._propose(functools.partial(
+            self.driver.propose_write, stored=item, sent=_record_count(frame.header),
+            producer=_producer_tag(frame.header)))
+            for index, (frame, item, acks) in enumerate(stored) if acks == PARTIAL}
         durable = await self.store.flushed_async(end)
         flushed = self.store.flushed_position
         decided = await decision if isinstance(decision, asyncio.Future) else decision
         answers = []
-        for frame, item, acks in stored:
+        for index, (frame, item, acks) in enumerate(stored):
             status = PutStatus.PUT_OK if durable or flushed >= item.end else \
                 PutStatus.FLUSH_DISK_TIMEOUT
             if acks in ("replicated", PARTIAL) and status is PutStatus.PUT_OK:
-                if isinstance(decided, errors.MqlogError):
-                    answers.append((frame, self._error_header(decided)))
+                answer = decided if acks == "replicated" else await _settled(cuts[index])
+                if isinstance(answer, errors.MqlogError):  # (PartiallyStored too)
+                    answers.append((frame, self._error_header(answer)))
                     continue
-                assert decided is not None
-                status = decided
-            if acks == PARTIAL and status is PutStatus.PUT_OK:  # (committed: refuse now)
-                producer = _producer_tag(frame.header)
-                assert producer is not None
-                refusal = partially_stored(producer[0], producer[1], item,
-                                           _record_count(frame.header))
-                answers.append((frame, self._error_header(refusal)))
-                continue
+                assert answer is not None
+                status = answer
             answers.append((frame, {"kind": "produced", "status": status.value,
                                     "position": item.position, "offset": item.offset,
                                     "count": item.count}))
         return answers
 
-    def _propose(self, end: int) -> asyncio.Future[PutStatus]:
-        """Propose everything up to ``end``; the future has the layer's verdict."""
-        self.driver.check_writable()  # (it may have stepped down since they were stored)
+    def _propose(self, propose: Callable[[Any], None]) -> asyncio.Future[Answer] | \
+            errors.MqlogError:
+        """``propose(request)`` through the driver; the future has its answer (the layer's
+        verdict, or the driver's refusal of a write stored in part), or the error if this
+        node takes no writes now."""
+        try:
+            self.driver.check_writable()  # (it may have stepped down since they were stored)
+        except errors.MqlogError as error:
+            return error
         request = self._new_request()
         future = self._waiting[request]
         try:
-            self.driver.propose(request, end)
-        except BaseException:
+            propose(request)
+        except BaseException as error:
             self._waiting.pop(request)
+            if isinstance(error, errors.MqlogError):
+                return error
             raise
         self._schedule()
         return future
@@ -506,7 +515,7 @@ class Node:
         # (the store checks every field's type)
         stored = self.driver.write(header.get("topic"), bodies, header.get("queue_id", 0),
                                    header.get("key"), header.get("tags"), producer)
-        return stored, PARTIAL if stored.count < len(bodies) else acks
+        return stored, PARTIAL if is_cut(stored, len(bodies)) else acks
 
     def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
         # An ISR follower serves what is below its high watermark (KIP-392's follower
@@ -586,6 +595,7 @@ class Node:
             raise
         self._schedule()
         status = await self._waiting[request]
+        assert isinstance(status, PutStatus)  # (a membership change is never a write)
         return {"kind": "membership", "status": status.value, "voters": list(voters),
                 "learners": list(learners)}
 
@@ -606,10 +616,9 @@ ACKS = {"replicated": "replicated", "all": "replicated", "-1": "replicated", -1:
         "master": "master", "1": "master", 1: "master", "0": "0", 0: "0"}
 
 
-# What a retry waits for whose copy here holds only its first records (cut inside the
-# request on the replica that led before): the layer's verdict, whatever its acks — an
-# uncommitted copy may still be lost with this leader, and a client told "these are
-# stored, send the rest" would never send them again —, then PartiallyStored.
+# A request stored in part (a retry whose copy here holds only its first records, cut
+# inside the request on the replica that led before; or a batch the store cut): proposed
+# through the driver's propose_write whatever its acks, which answers it (driver.py).
 PARTIAL = "partial"
 
 
@@ -729,3 +738,9 @@ def run_until_signalled(server: Any, banner: Any) -> None:
             await serving
 
     asyncio.run(main())
+
+
+async def _settled(decision: asyncio.Future[Answer] | errors.MqlogError) -> Answer | \
+        errors.MqlogError:
+    """A proposal's answer, or the error that kept it from being proposed."""
+    return await decision if isinstance(decision, asyncio.Future) else decision
