@@ -49,3 +49,11 @@ def blind_to_epochs(monkeypatch: Any) -> None:
     monkeypatch.setattr(ProducerTable, "note",
                         lambda table, producer_id, sequence, _epoch, stored:
                         note(table, producer_id, sequence, 0, stored))
+
+
+def without_batches(monkeypatch: Any) -> None:
+    """The single-record workload of before requests of several records (sim/partial.py;
+    ``--no-batches``): a seed found then, whose test tells its run, runs as it did."""
+    from mqlog.sim import partial
+
+    monkeypatch.setattr(partial, "BATCH_SEED_SHARE", 0.0)

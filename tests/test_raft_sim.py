@@ -12,7 +12,13 @@ import pytest
 
 from mqlog.sim.harness import SeedResult, Simulation
 from mqlog.sim.raft import run_seed
-from tests.simseeds import assert_seeds_pass, blind_to_epochs, fresh_seeds, verdict
+from tests.simseeds import (
+    assert_seeds_pass,
+    blind_to_epochs,
+    fresh_seeds,
+    verdict,
+    without_batches,
+)
 
 FIXED_SEEDS = list(range(1, 31))
 FRESH_SEED_COUNT = int(os.environ.get("MQLOG_SIM_SEEDS", 10))
@@ -60,18 +66,54 @@ def test_a_table_blind_to_producer_epochs_is_caught(monkeypatch):
                for line in result.violations), verdict("raft", result)
 
 
-def test_a_retry_of_a_write_retention_let_go_is_not_stored_again():
+def test_a_retry_of_a_write_retention_let_go_is_not_stored_again(monkeypatch):
     """Finding 1 of the review of 86f9688 (the window), as the simulator showed it: on seed
     5129 n0 leads with the client's s26 in its log, retention lets s26 go, and the
     client's retry of s26 (its outcome unknown) was stored a second time and acknowledged:
     the table n0 rebuilt from what its log still held did not know s26, and the checker,
     reading the leader's log, did not see the first copy. The checker now reads the whole
     committed prefix; the leader refuses that retry as too old to tell (the client gives
-    up on it, outcome unknown)."""
+    up on it, outcome unknown). (Found before requests of several records: it runs that
+    workload, ``--no-batches``.)"""
+    without_batches(monkeypatch)
     result = run_seed(5129)
     assert not result.violations, verdict("raft", result)
     assert result.log_starts > 0
     assert any(line.endswith("s26 refused as too old") for line in result.trace)
+
+
+def test_the_seeds_exercise_partly_stored_requests():
+    """On the fixed seeds with batches (sim/partial.py) the store cuts requests short and
+    the leader answers PartiallyStored, and retries find copies cut inside their request
+    (a follower's, after a leader change, or the store's) — every answer checked by
+    partial.py's invariant."""
+    results = [run_seed(seed) for seed in (3, 7, 8)]
+    assert all(result.partial > 0 for result in results)
+    assert sum(result.cut_retries for result in results) > 0
+
+
+def test_partially_stored_before_the_verdict_is_caught_at_the_answer():
+    """``--break partial_early``: the driver answers a write stored in part at once; the
+    answer names records no verdict committed yet (regression seed 1: the first such
+    answer, at tick 374, names records ending at 19436 with nothing committed)."""
+    result = run_seed(1, "partial_early")
+    assert any("answered PartiallyStored" in line and "before its records were committed"
+               in line for line in result.violations), verdict("raft", result, "partial_early")
+
+
+def test_partially_stored_before_the_verdict_loses_records_the_end_check_sees(monkeypatch):
+    """The same break with the answer-time check blinded: on seed 8 the leader that
+    answered PartiallyStored(1) early loses that record with its leadership, and the end
+    check of the committed log (partial.py) finds the request's record missing."""
+    from mqlog.sim.partial import PartialChecker
+
+    answered = PartialChecker.answered
+    monkeypatch.setattr(PartialChecker, "answered", lambda checker, producer, bodies, answer,
+                        stored, _committed, may_lose=False: answered(
+                            checker, producer, bodies, answer, stored, 1 << 62, may_lose))
+    result = run_seed(8, "partial_early")
+    assert any("the client was told 1 records were committed; the log has 0" in line
+               for line in result.violations), verdict("raft", result, "partial_early")
 
 
 def test_the_same_seed_gives_the_same_trace():

@@ -42,12 +42,11 @@ import mqlog
 from mqlog.config import GroupSpec
 from mqlog.errors import InvalidArgument, UnknownGroup
 from mqlog.replication import core_for
-from mqlog.replication.driver import Driver
+from mqlog.replication.driver import Answer, Driver
 from mqlog.replication.isr import core as isr_core
 from mqlog.replication.isr.core import CONTROLLER
 from mqlog.replication.messages import Message
 from mqlog.replication.raft import core as raft_core
-from mqlog.results import PutStatus
 from mqlog.sim.node import SimReplica
 
 
@@ -71,7 +70,7 @@ class SimGroup(SimReplica):
         self.checked = self.commit_seen = 0
         self.core = self.new_core()
         replication = self.spec.replication
-        self.driver = Driver(self.store, self.core, self,
+        self.driver = Driver(self.driver_store(), self.core, self,
                              window_bytes=replication.idempotence_window_bytes,
                              sequences_max=replication.idempotence_sequences_max,
                              test_break=self.test_break)
@@ -113,7 +112,7 @@ class SimGroup(SimReplica):
         self.sim.violation(f"{self.broker_id}/{self.name} could not carry out its Ready: "
                            f"{error!r}")
 
-    def answer(self, request: Any, status: PutStatus) -> None:
+    def answer(self, request: Any, status: Answer) -> None:
         self.sim.answered(self, request, status)
 
     def schedule(self) -> None:

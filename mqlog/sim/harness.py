@@ -18,6 +18,8 @@ share, so that they share it exactly:
   ``RunEnded``; every store still open is closed, whatever happened;
 * the result: violations (empty is a pass) and a trace whose digest shows that the same
   seed gives the same run;
+* the stores' batch limit (``batch_limit``, sim/partial.py: the Raft and ISR layers cut
+  some requests of several records short, on some seeds);
 * the faults drawn alike in several layers (a minority cut off by a partition, healed
   now and then);
 * the seed loop: seeds N..N+K-1, one verdict line each, the one-line reproduction of a
@@ -75,6 +77,9 @@ class Simulation:
     # What ends a run as a violation rather than as an exception (empty: nothing).
     fatal: tuple[type[BaseException], ...] = (AssertionError, MqlogError)
     prefix = "mqlog-sim-"  # of its temporary directory
+    # What the simulated stores impose on a batch (partial.py: how many of ``count``
+    # records a put stores); None: they store every record.
+    batch_limit: Callable[[int], int] | None = None
 
     def __init__(self, seed: int, options_type: Any, result_type: type[SeedResult]) -> None:
         self.rng = random.Random(seed)
@@ -184,10 +189,11 @@ def run_seed(simulation: Callable[[int, Path, str], Simulation], seed: int,
 
 
 def run_seeds(layer: str, run: Callable[[int, str], SeedResult], first: int, count: int,
-              test_break: str = "", verbose: bool = False) -> int:
+              test_break: str = "", verbose: bool = False, workload: str = "") -> int:
     """Seeds ``first``..``first + count - 1``: a verdict line each (and, for a failure,
-    its first violation, or ten with ``verbose``, and its reproduction); the number
-    that failed."""
+    its first violation, or ten with ``verbose``, and its reproduction, ending with
+    ``workload``: the command line's options of the workload); the number that
+    failed."""
     failed = 0
     for seed in range(first, first + count):
         result = run(seed, test_break)
@@ -197,5 +203,5 @@ def run_seeds(layer: str, run: Callable[[int, str], SeedResult], first: int, cou
             for violation in result.violations[:10 if verbose else 1]:
                 print(f"  {violation}")
             print(f"  reproduce: python -m mqlog.sim --layer {layer} --seed {seed}"
-                  + (f" --break {test_break}" if test_break else ""))
+                  + (f" --break {test_break}" if test_break else "") + workload)
     return failed

@@ -40,7 +40,12 @@ or REQUEST_TIMED_OUT (stored, may still commit) is sent again with the same sequ
 acks=1 is answered once the leader wrote it. The Raft partition's writes are acks=all
 by Raft's rule (a majority flushed them). On some seeds the client restarts now and then
 (sim/lives.py): the same producer ids, a new epoch, sequences from 1 again, the writes it
-waited on forgotten.
+waited on forgotten. On some seeds a write is a request of several records and the
+stores cut some batches short (sim/partial.py): a request stored in part waits for the
+layer's verdict whatever its acks, and the driver (``propose_write``) answers it
+PartiallyStored once that verdict committed its records; the client sends the rest as a
+new request. A follower's fetch ends at a record, so its copy may be cut inside a
+request too, and a leader change makes it the copy a retry finds.
 
 Checkers (a list of violations; empty is a pass):
 * at most one leader per (partition, leader epoch) — per (group, term) for Raft;
@@ -65,6 +70,11 @@ Checkers (a list of violations; empty is a pass):
 * each partition's producer has its epochs in non-decreasing order in the log, and no
   (id, epoch, sequence) stored twice (sim/lives.py) — over the committed prefix too,
   on seeds with retention (a retry stored again after its first copy was let go);
+* the PartiallyStored rule (sim/partial.py's invariant): such an answer comes only once
+  the answering leader committed the records it names, and each partition's committed
+  log holds, under each answered request's tag, exactly the records the client was told
+  are stored — never one it was told is not (acks=1 answers may lose records, never gain
+  them; a power loss of a replica waives the partition's check, as above);
 * with acks=1, lost acknowledged writes are counted in the summary (the price of acks=1),
   never failed on;
 * liveness: with faults off and every broker back, each ISR partition's ISR is all its
@@ -75,9 +85,10 @@ Checkers (a list of violations; empty is a pass):
   metadata readers' (sim/readers.py): every client's view names, for each partition, the
   broker whose replica serves it.
 
-``--break`` switches: the ISR core's (hw_all_replicas, truncate_to_hw, hw_below_min_isr)
-and the controller's election_outside_isr (isr/decisions.py); tests/test_isr_sim.py names
-a seed that catches each.
+``--break`` switches: the ISR core's (hw_all_replicas, truncate_to_hw, hw_below_min_isr),
+the controller's election_outside_isr (isr/decisions.py) and the driver's partial_early
+(PartiallyStored before the verdict); tests/test_isr_sim.py names a seed that catches
+each.
 """
 
 from __future__ import annotations
@@ -90,13 +101,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mqlog.errors import MqlogError
+from mqlog.errors import MqlogError, PartiallyStored
 from mqlog.replication.controller.host import (
     BrokerGroups,
     attach_isr,
     attach_transfers,
     unclean_stores,
 )
+from mqlog.replication.driver import Answer, is_cut
 from mqlog.replication.idempotence import Stored
 from mqlog.results import PutStatus
 from mqlog.sim import harness
@@ -112,6 +124,7 @@ from mqlog.sim.controller import (
 from mqlog.sim.harness import HEAL_PROBABILITY
 from mqlog.sim.lives import ProducerLives, tag_problems
 from mqlog.sim.network import NetworkOptions, SimNetwork
+from mqlog.sim.partial import Batches, PartialChecker, bodies_of, describe
 from mqlog.sim.raft import (
     _committed_tags,
     _log_matching_problem,
@@ -169,7 +182,7 @@ class IsrOptions(ControllerOptions):
 class Write:
     group: str
     sequence: int
-    body: bytes
+    bodies: list[bytes]  # its records (one on seeds without batches: sim/partial.py)
     acks: str  # "all" or "1"
     request: str = ""  # the request in flight for it ("" if none)
     broker: str = ""
@@ -180,7 +193,7 @@ class Write:
 @dataclass
 class Acked:
     stored: Stored
-    body: bytes
+    bodies: list[bytes]  # the records the client was told are stored
     acks: str
     tick: int  # when it was acknowledged
     stored_tick: int  # when a leader first stored it (copies were made since)
@@ -204,6 +217,7 @@ class IsrSimResult(ControllerSimResult):
     balanced: int = 0  # leader imbalance checks that moved leaders
     client_lives: int = 1  # the client's lives (sim/lives.py: restarts on some seeds)
     log_starts: int = 0  # the furthest any replica's retention moved its log's start
+    partial: int = 0  # PartiallyStored answers (sim/partial.py: batches on some seeds)
 
     def summary(self) -> str:
         options = self.options
@@ -216,7 +230,7 @@ class IsrSimResult(ControllerSimResult):
                 f"truncations={self.truncations} combined_deaths={self.combined_deaths} "
                 f"unclean_shutdowns={self.unclean_shutdowns} balancing={self.balancing} "
                 f"balanced={self.balanced} client_lives={self.client_lives} "
-                f"log_start={self.log_starts} "
+                f"log_start={self.log_starts} partial={self.partial} "
                 f"reads={self.reads} trace={self.digest}")
 
 
@@ -273,6 +287,9 @@ class IsrSwarm(ControllerSwarm):
         self.retention_probability = 0.0 if self.options.power_loss else \
             self.retention_rng.choice([0.0, 0.0, 0.01, 0.03])
         self.padding = RETENTION_BODY_PADDING if self.retention_probability else BODY_PADDING
+        self.batches = Batches(self.result.seed)  # requests of several records, cut short
+        self.batch_limit = self.batches.batch_limit
+        self.partials: dict[str, PartialChecker] = {}  # group -> its answers' checker
 
     def new_host(self, broker: BrokerSlot) -> Any:
         sim_broker = SimBroker(self, broker.name, self.root / "brokers" / broker.name,
@@ -493,12 +510,17 @@ class IsrSwarm(ControllerSwarm):
         for group, _topic, _index, layer in self._partition_groups():
             if self.rng.random() >= self.options.put_probability:
                 continue
-            sequence = self.sequences[group] = self.sequences.get(group, 0) + 1
+            sequence = self.sequences.get(group, 0) + 1
             acks = "all" if layer == "raft" or \
                 self.rng.random() < self.options.acks_all_share else "1"
-            self.pending.setdefault(group, {})[sequence] = Write(
-                group, sequence, f"{self.result.seed}/{group}/{sequence}".encode()
-                + self.padding, acks, producer=self.lives.next(f"p-{group}"))
+            self._new_write(group, acks, bodies_of(f"{self.result.seed}/{group}/{sequence}",
+                                                   self.batches.records(), self.padding))
+
+    def _new_write(self, group: str, acks: str, bodies: list[bytes]) -> None:
+        """The client's next write to ``group`` (the next sequence of its producer)."""
+        sequence = self.sequences[group] = self.sequences.get(group, 0) + 1
+        self.pending.setdefault(group, {})[sequence] = Write(
+            group, sequence, bodies, acks, producer=self.lives.next(f"p-{group}"))
 
     def _serving(self, group: str) -> SimGroup | None:
         serving = [sim_broker.groups[group] for name, sim_broker in self.sim_brokers.items()
@@ -528,41 +550,55 @@ class IsrSwarm(ControllerSwarm):
             self.trace(f"{node.broker_id}/{node.name}: refused s{write.sequence}: "
                        f"{type(error).__name__}")
             return
-        stored = node.driver.write(topic, [write.body], index, producer=write.producer)
+        stored = node.driver.write(topic, write.bodies, index, producer=write.producer)
         if write.stored_tick < 0:
             write.stored_tick = self.clock[0]
+        cut = is_cut(stored, len(write.bodies))
         self.trace(f"{node.broker_id}/{node.name}: s{write.sequence} acks={write.acks} at "
-                   f"{stored.position}")
-        if write.acks == "1":  # the leader's write is its answer
-            self._acknowledge(write, stored)
+                   f"{stored.position}" + (f", {stored.count} of {len(write.bodies)} records"
+                                           if cut else ""))
+        if write.acks == "1" and not cut:  # the leader's write is its answer
+            self._acknowledge(node, write, stored, PutStatus.PUT_OK)
             return
         request = f"{write.group}/s{write.sequence}@{node.broker_id}.{self.clock[0]}"
         write.request, write.broker = request, node.broker_id
         self.requests[request] = (write.group, write.sequence)
-        node.driver.propose(request, stored.end)
+        node.driver.propose_write(request, stored, len(write.bodies), write.producer)
 
-    def answered(self, node: Any, request: Any, status: PutStatus) -> None:
+    def answered(self, node: Any, request: Any, status: Answer) -> None:
         if not isinstance(node, SimGroup):
             return  # (a controller's own proposals)
-        self.trace(f"{node.broker_id}/{node.name}: {request} {status.value}")
+        self.trace(f"{node.broker_id}/{node.name}: {request} {describe(status)}")
         group, sequence = self.requests.pop(request, ("", 0))
         write = self.pending.get(group, {}).get(sequence)
         if write is None or write.request != request:
             return  # an answer to a request the client gave up on
         write.request = ""
-        if status is PutStatus.PUT_OK:
+        if status is PutStatus.PUT_OK or isinstance(status, PartiallyStored):
             stored = node.driver.producers.lookup(*write.producer)
             assert stored is not None, (group, sequence)
-            self._acknowledge(write, stored)
+            self._acknowledge(node, write, stored, status)
 
-    def _acknowledge(self, write: Write, stored: Stored) -> None:
+    def _acknowledge(self, node: SimGroup, write: Write, stored: Stored,
+                     answer: Answer) -> None:
+        """The client was told ``answer`` (PUT_OK, or PartiallyStored: then it sends the
+        other records again as a new request)."""
+        checker = self.partials.setdefault(write.group, PartialChecker())
+        problem = checker.answered(write.producer, write.bodies, answer, stored,
+                                   node.store.committed_position,
+                                   may_lose=write.acks == "1" and answer is PutStatus.PUT_OK)
+        if problem:
+            self.violation(f"{node.broker_id}/{node.name} {problem}")
+        told = stored.count if isinstance(answer, PartiallyStored) else len(write.bodies)
         del self.pending[write.group][write.sequence]
         self.acked.setdefault(write.group, {})[write.sequence] = Acked(
-            stored, write.body, write.acks, self.clock[0], write.stored_tick)
+            stored, write.bodies[:told], write.acks, self.clock[0], write.stored_tick)
         if write.acks == "all":
             self.result.acked_all += 1
         else:
             self.result.acked_one += 1
+        if told < len(write.bodies):
+            self._new_write(write.group, write.acks, write.bodies[told:])
 
     # --- checkers ----------------------------------------------------------------------------
 
@@ -718,6 +754,19 @@ class IsrSwarm(ControllerSwarm):
                 tags = _committed_tags(bytes(self.committed.get(group, b"")))
             for problem in tag_problems(tags):
                 self.violation(f"{group}: {problem}")
+            self._check_partial(group)
+
+    def _check_partial(self, group: str) -> None:
+        """sim/partial.py's invariant over the partition's committed log (a power loss of
+        one of its replicas, under replica_ack = "written", waives it: what was committed
+        may be gone)."""
+        checker = self.partials.get(group)
+        if checker is None:
+            return
+        excused = self._excused(group, -1)
+        log = bytes(self.committed.get(group, b""))
+        for problem in checker.check(log, lambda _producer: excused):
+            self.violation(f"{group}: {problem}")
 
     def _check_acked(self, group: str, replica: SimGroup) -> None:
         for sequence, acked in sorted(self.acked.get(group, {}).items()):
@@ -738,12 +787,12 @@ class IsrSwarm(ControllerSwarm):
         stored = acked.stored
         if stored.position < replica.store.first_segment_base():
             committed = self.committed.get(group, bytearray())
-            return bytes(committed[stored.position:stored.end]).endswith(acked.body)
+            return bytes(committed[stored.position:stored.end]).endswith(acked.bodies[-1])
         try:
             record = replica.store.read_record(stored.position)
         except MqlogError:
             return False
-        return record.body == acked.body
+        return record.body == acked.bodies[0]
 
     def finish(self) -> None:
         for _, group in self._groups(running=False):  # (harness.py closes the controllers')
@@ -751,6 +800,7 @@ class IsrSwarm(ControllerSwarm):
         super().finish()
         self.result.elections = len(self.leaders_by_epoch)
         self.result.client_lives = self.lives.lives
+        self.result.partial = sum(checker.partial for checker in self.partials.values())
         self.result.misaddressed += sum(broker.misaddressed
                                         for broker in self.sim_brokers.values())
 

@@ -14,7 +14,9 @@ old records' places: the simulators' "acknowledged write lost" checkers see it.
 
 ``tag_problems``: in a log, each producer's records are in non-decreasing epoch order (a
 leader refuses a lower epoch than one it holds), and no (id, epoch, sequence) is stored
-twice.
+twice. A request of several records (partial.py) is one run of records with its tag, in
+one queue: a second run of the same tag is a second copy. (How many records one run holds
+is partial.py's check.)
 """
 
 from __future__ import annotations
@@ -71,13 +73,16 @@ def tag_problems(tags: list[ProducerTag]) -> list[str]:
     problems: list[str] = []
     epochs: dict[str, int] = {}
     seen: dict[ProducerTag, int] = {}
+    previous: ProducerTag | None = None
     for producer_id, sequence, epoch in tags:
         if epoch < epochs.get(producer_id, epoch):
             problems.append(f"producer {producer_id}'s epoch {epoch} (sequence {sequence}) "
                             f"stored after its epoch {epochs[producer_id]}")
         epochs[producer_id] = max(epoch, epochs.get(producer_id, epoch))
         key = (producer_id, sequence, epoch)
-        seen[key] = seen.get(key, 0) + 1
+        if key != previous:  # (the next record of one request's run is not a copy)
+            seen[key] = seen.get(key, 0) + 1
+        previous = key
     problems += [f"write {producer_id} e{epoch} s{sequence} is stored {count} times"
                  for (producer_id, sequence, epoch), count in sorted(seen.items()) if count > 1]
     return problems

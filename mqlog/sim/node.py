@@ -5,7 +5,9 @@ The Io. ``send`` puts messages on the SimNetwork; ``save_hard_state`` makes the 
 state durable at once (its file is synced before the call returns on a real node);
 ``start_flush`` is a flush that completes ``0..flush_delay_ticks_max`` ticks later, in
 order: until then the bytes are written but not durable, and the messages the driver
-holds for it wait. ``answer`` and ``note`` go to the simulator.
+holds for it wait. ``answer`` and ``note`` go to the simulator (an answer is the layer's
+verdict, or the driver's PartiallyStored for a request stored in part: partial.py). The
+driver writes through the simulation's batch limit, if it has one (``driver_store``).
 
 The disk. The store runs without background threads (``background_threads = False``):
 it is flushed only when a completion above comes due, and its indexer runs when the
@@ -26,9 +28,9 @@ from typing import Any
 
 import mqlog
 from mqlog.engine.files import file_name
-from mqlog.replication.driver import Driver
+from mqlog.replication.driver import Answer, Driver
 from mqlog.replication.messages import Message
-from mqlog.results import PutStatus
+from mqlog.sim.partial import BatchLimitedStore
 
 
 @dataclass
@@ -61,8 +63,14 @@ class SimReplica:
         self.incarnation += 1
         self.flushes = []
         self.core = self.new_core()
-        self.driver = Driver(self.store, self.core, self, test_break=self.test_break)
+        self.driver = Driver(self.driver_store(), self.core, self, test_break=self.test_break)
         self.up, self.paused = True, False
+
+    def driver_store(self) -> Any:
+        """The store as the driver writes through it: cut by the simulation's batch
+        limit, if it has one (partial.py)."""
+        limit = self.sim.batch_limit
+        return self.store if limit is None else BatchLimitedStore(self.store, limit)
 
     def new_core(self) -> Any:
         """A fresh core over ``store`` (each layer's simulator says which)."""
@@ -85,7 +93,7 @@ class SimReplica:
             due = max(due, self.flushes[-1][0])  # flushes complete in order
         self.flushes.append((due, self.incarnation, done))
 
-    def answer(self, request: Any, status: PutStatus) -> None:
+    def answer(self, request: Any, status: Answer) -> None:
         self.sim.answered(self, request, status)
 
     def note(self, event: str) -> None:

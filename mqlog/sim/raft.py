@@ -19,7 +19,12 @@ term has started) and retried, with the same sequence, whenever its outcome is u
 (timeout, step-down, a crashed leader). The leader looks the sequence up in its
 producer table (idempotence.py), rebuilt from its log when its term starts. On some
 seeds the client restarts now and then (sim/lives.py): same producer id, a new epoch,
-sequences from 1 again, the writes it waited on forgotten.
+sequences from 1 again, the writes it waited on forgotten. On some seeds a write is a
+request of several records, and the store cuts some batches short (sim/partial.py); a
+request stored in part is proposed through the driver's ``propose_write``, which alone
+decides its answer (PartiallyStored once the verdict committed its records), and the
+client sends the rest as a new request. Entries end at a record, so a follower's copy may
+be cut inside a request too, and a leader change makes it the copy a retry finds.
 
 Checkers (a list of violations; empty is a pass):
 * at most one leader per term;
@@ -33,6 +38,10 @@ Checkers (a list of violations; empty is a pass):
   producer's epochs never go down in the log (sim/lives.py), read in the whole committed
   prefix (retention may have let a first copy go); a retry a leader refuses as too old
   to tell (OutOfOrderSequence) is given up, as a client does, and must be a retry;
+* the PartiallyStored rule (sim/partial.py's invariant): such an answer comes only once
+  the answering leader committed the records it names, and the committed log holds, under
+  each answered request's tag, exactly the records the client was told are stored — never
+  one the client was told is not (it sent that one again as a new request);
 * a leader removed from the voters steps down once that commits (an operator changes
   the membership now and then: a spare learner is promoted, a voter demoted);
 * liveness (VOPR's rule): with the network healed and all but a minority up (one node
@@ -50,7 +59,8 @@ from pathlib import Path
 from typing import Any
 
 from mqlog.config import ReplicationConfig
-from mqlog.errors import MqlogError, OutOfOrderSequence
+from mqlog.errors import MqlogError, OutOfOrderSequence, PartiallyStored
+from mqlog.replication.driver import Answer, is_cut
 from mqlog.replication.idempotence import Stored, producer_tags
 from mqlog.replication.messages import Vote, VoteReply
 from mqlog.replication.raft import RaftCore
@@ -62,6 +72,7 @@ from mqlog.sim.harness import SeedResult, Simulation
 from mqlog.sim.lives import ProducerLives, tag_problems, tags_of
 from mqlog.sim.network import NetworkOptions
 from mqlog.sim.node import SimReplica
+from mqlog.sim.partial import Batches, PartialChecker, bodies_of, describe
 from mqlog.sim.swarm import STORE_SETTINGS
 
 # Retention lets a segment go only when the operator runs it (then all it may).
@@ -142,7 +153,7 @@ class RaftSimNode(SimReplica):
 @dataclass
 class Write:
     sequence: int  # the client's write number, across its lives
-    body: bytes
+    bodies: list[bytes]  # its records (one on seeds without batches: partial.py)
     request: str = ""  # the request now in flight for it ("" if none)
     node: str = ""
     producer: tuple[str, int, int] = (PRODUCER, 0, 0)  # (id, sequence, epoch) of its life
@@ -157,6 +168,8 @@ class RaftSimResult(SeedResult):
     log_starts: int = 0  # the furthest any node's retention moved its log's start
     resets: int = 0  # followers started over at their leader's log start
     client_lives: int = 1  # the client's lives (sim/lives.py: restarts on some seeds)
+    partial: int = 0  # PartiallyStored answers (sim/partial.py: batches on some seeds)
+    cut_retries: int = 0  # retries that found their request's copy cut (stored in part)
 
     def summary(self) -> str:
         options = self.options
@@ -167,7 +180,9 @@ class RaftSimResult(SeedResult):
                 f"deduplicated={self.deduplicated} "
                 f"membership_changes={self.membership_changes} "
                 f"log_start={self.log_starts} resets={self.resets} "
-                f"client_lives={self.client_lives} trace={self.digest}")
+                f"client_lives={self.client_lives} partial={self.partial} "
+                f"cut_retries={self.cut_retries} "
+                f"trace={self.digest}")
 
 
 class RaftSwarm(Simulation):
@@ -192,7 +207,10 @@ class RaftSwarm(Simulation):
         self.committed = bytearray()  # the longest committed prefix any node showed
         self.writes: dict[int, Write] = {}  # sequence -> a write not yet acknowledged
         self.acked: dict[int, Stored] = {}
-        self.acked_bodies: dict[int, bytes] = {}
+        self.acked_bodies: dict[int, list[bytes]] = {}  # the records acknowledged stored
+        self.batches = Batches(seed)  # requests of several records, cut by the store
+        self.batch_limit = self.batches.batch_limit
+        self.partial = PartialChecker()
         self.requests: dict[str, int] = {}  # request id -> sequence
         self.sequence = 0
         self.lives = ProducerLives(seed)
@@ -220,6 +238,7 @@ class RaftSwarm(Simulation):
 
     def finish(self) -> None:
         self.result.acked = len(self.acked)
+        self.result.partial = self.partial.partial
         self.result.client_lives = self.lives.lives
         self.result.leaders = sum(len(names) for names in self.leaders_by_term.values())
 
@@ -234,9 +253,8 @@ class RaftSwarm(Simulation):
                                      f"{self.lives.lives}, epoch {self.lives.epoch}")
         if new_writes and self.rng.random() < self.options.put_probability:
             self.sequence += 1
-            self.writes[self.sequence] = Write(
-                self.sequence, f"{self.result.seed}/{self.sequence}".encode() + BODY_PADDING,
-                producer=self.lives.next(PRODUCER))
+            self._new_write(bodies_of(f"{self.result.seed}/{self.sequence}",
+                                      self.batches.records(), BODY_PADDING))
         for node in self.running():
             node.driver.tick()
         arrived = self.network.due()
@@ -276,17 +294,25 @@ class RaftSwarm(Simulation):
         try:
             if node.driver.producers.lookup(*write.producer) is not None:
                 self.result.deduplicated += 1
-            found = node.driver.write("t", [write.body], producer=write.producer)
+            found = node.driver.write("t", write.bodies, producer=write.producer)
         except OutOfOrderSequence:  # older than the leader's table: it may be stored (its
             return self._give_up(node, write)  # first copy let go by retention), unknown
         except AssertionError as error:  # what a client would never hear about
             raise AssertionError(f"{node.name} failed a write it accepted: {error!r}") from None
         if write.node:
             self.result.retried += 1
+            self.result.cut_retries += is_cut(found, len(write.bodies))
         write.request, write.node = request, node.name
         self.requests[request] = write.sequence
-        self.result.trace.append(f"{self.clock[0]} {node.name}: {request} at {found.position}")
-        node.driver.propose(request, found.end)
+        self.result.trace.append(f"{self.clock[0]} {node.name}: {request} at {found.position}"
+                                 + (f", {found.count} of {len(write.bodies)} records"
+                                    if is_cut(found, len(write.bodies)) else ""))
+        node.driver.propose_write(request, found, len(write.bodies), write.producer)
+
+    def _new_write(self, bodies: list[bytes]) -> None:
+        """The client's next write (the next sequence of its producer's life)."""
+        self.writes[self.sequence] = Write(self.sequence, bodies,
+                                           producer=self.lives.next(PRODUCER))
 
     def _give_up(self, node: RaftSimNode, write: Write) -> None:
         """A leader refused a retry as too old to tell whether it is stored: the client
@@ -299,8 +325,8 @@ class RaftSwarm(Simulation):
             self.result.violations.append(f"tick {self.clock[0]}: {node.name} refused "
                                           f"write {write.sequence}, never sent, as too old")
 
-    def answered(self, node: RaftSimNode, request: str, status: PutStatus) -> None:
-        self.result.trace.append(f"{self.clock[0]} {node.name}: {request} {status.value}")
+    def answered(self, node: RaftSimNode, request: str, status: Answer) -> None:
+        self.result.trace.append(f"{self.clock[0]} {node.name}: {request} {describe(status)}")
         if request not in self.requests:
             return  # an operator's membership change
         sequence = self.requests.pop(request)
@@ -308,11 +334,20 @@ class RaftSwarm(Simulation):
         if write is None or write.request != request:
             return  # an answer to a request the client gave up on
         write.request = ""
-        if status is PutStatus.PUT_OK:
-            stored = node.driver.producers.lookup(*write.producer)
-            assert stored is not None
-            self.acked[sequence], self.acked_bodies[sequence] = stored, write.body
-            del self.writes[sequence]
+        if status is not PutStatus.PUT_OK and not isinstance(status, PartiallyStored):
+            return  # (its outcome unknown: sent again, whole)
+        stored = node.driver.producers.lookup(*write.producer)
+        problem = self.partial.answered(write.producer, write.bodies, status, stored,
+                                        node.store.committed_position)
+        if problem:
+            self.result.violations.append(f"tick {self.clock[0]}: {node.name} {problem}")
+        assert stored is not None
+        told = len(write.bodies) if status is PutStatus.PUT_OK else stored.count
+        self.acked[sequence], self.acked_bodies[sequence] = stored, write.bodies[:told]
+        del self.writes[sequence]
+        if told < len(write.bodies):  # "send the others again as a new request"
+            self.sequence += 1
+            self._new_write(write.bodies[told:])
 
     def trace(self, text: str) -> None:
         self.result.trace.append(f"{self.clock[0]} {text}")
@@ -529,9 +564,9 @@ class RaftSwarm(Simulation):
         leader = next((node for node in up if node.core.role == LEADER), up[0])
         log_start = leader.store.first_segment_base()
         for sequence, stored in sorted(self.acked.items()):
-            body = self.acked_bodies[sequence]
+            bodies = self.acked_bodies[sequence]
             if stored.position < log_start:  # retention let it go: it was committed, though
-                if not bytes(self.committed[stored.position:stored.end]).endswith(body):
+                if not bytes(self.committed[stored.position:stored.end]).endswith(bodies[-1]):
                     self.result.violations.append(f"acknowledged write {sequence} at "
                                                   f"{stored.position} was never committed")
                 continue
@@ -539,10 +574,11 @@ class RaftSwarm(Simulation):
                 record = leader.store.read_record(stored.position)
             except MqlogError:
                 record = None
-            if record is None or record.body != body:
+            if record is None or record.body != bodies[0]:
                 self.result.violations.append(f"acknowledged write {sequence} at "
                                               f"{stored.position} was lost")
         self.result.violations += tag_problems(_committed_tags(bytes(self.committed)))
+        self.result.violations += self.partial.check(bytes(self.committed))
 
 
 def check_committed(committed: bytearray, node: Any, commit: int) -> str:
