@@ -116,6 +116,33 @@ def test_partially_stored_before_the_verdict_loses_records_the_end_check_sees(mo
                for line in result.violations), verdict("raft", result, "partial_early")
 
 
+def test_a_leader_blind_to_cut_copies_is_caught(monkeypatch):
+    """A leader whose write ignores a copy cut inside its request stores the request again
+    under its tag, after the records already there: on seed 4 they lie next to each other,
+    one run of seven records where the client was told four (PartiallyStored(4) of a
+    retry, elsewhere): lives.py's copies-of-a-tag check cannot tell; partial.py's count
+    can."""
+    from mqlog.replication.driver import Driver
+
+    write = Driver.write
+
+    def blind_write(driver, topic, bodies, queue_id=0, key=None, tags=None, producer=None):
+        found = driver.producers.lookup(*producer) if producer else None
+        if found is None or found.count == len(bodies):
+            return write(driver, topic, bodies, queue_id, key, tags, producer)
+        table = driver.producers
+        table.lookup = lambda *tag: None  # (this write only: the copy is not seen)
+        try:
+            return write(driver, topic, bodies, queue_id, key, tags, producer)
+        finally:
+            del table.lookup
+
+    monkeypatch.setattr(Driver, "write", blind_write)
+    result = run_seed(4)
+    assert any("7 records committed under its tag, the client was told 4" in line
+               for line in result.violations), verdict("raft", result)
+
+
 def test_the_same_seed_gives_the_same_trace():
     seed = random.Random(11).randrange(1 << 31)
     assert run_seed(seed).digest == run_seed(seed).digest
