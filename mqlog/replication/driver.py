@@ -28,10 +28,11 @@ producer table is rebuilt from the log, ``check_writable`` answers NotLeader: a 
 taken earlier would be stored under the previous epoch and checked against a stale
 producer table (issue 13, finding 1).
 
-Partly stored writes. A client's request whose records are stored only in part — the
-store cut the batch (a batch limit, a disk full mid-batch), or an idempotent retry found
-a copy cut inside the request on the replica that led before (a fetch or an Entries ends
-at a record, not at a request) — is proposed with ``propose_write`` like any other, and
+Partly stored writes. A client's request whose records are stored only in part — an
+idempotent retry found a copy cut inside the request on the replica that led before (a
+fetch or an Entries ends at a record, not at a request), or the store cut the batch (a
+batch limit, a disk full mid-batch: the engine's put_batch stores all or refuses today,
+the simulators' store cuts some) — is proposed with ``propose_write`` like any other, and
 waits for the layer's verdict whatever its acks: the records stored may still be lost
 with this leader, and a client told "these are stored, send the rest" would never send
 them again. Only a verdict that committed them (PUT_OK) becomes the answer
@@ -181,8 +182,9 @@ class Driver:
         this replica has; ``producer`` is (id, sequence, epoch)). The caller checked
         ``check_writable`` since its last ``run``. A copy found may hold fewer records
         than ``bodies`` (cut inside the request on the replica that led before): the
-        caller must not answer it as stored: ``propose_write`` answers it. So may a new
-        write's: the store may store the first records of a batch only."""
+        caller must not answer it as stored: ``propose_write`` answers it. So would a new
+        write's, were the store to store a batch's first records only (the engine's
+        put_batch stores all or refuses; the simulators' store cuts some)."""
         properties = None
         if producer is not None:
             found = self.producers.lookup(*producer)

@@ -13,7 +13,9 @@ like lives.py's restarts: a seed without batches runs as it did before them; wit
 ``--no-batches``, none has them: a seed found before them runs as it did) the client
 sends requests of 1..``RECORDS_MAX`` records, and the store a driver writes through
 (``BatchLimitedStore``) stores only the first few records of some batches
-(``CUT_PROBABILITY``): a batch limit, a disk full mid-batch. The rest of the run cuts
+(``CUT_PROBABILITY``): a batch limit, a disk full mid-batch (the engine's put_batch
+stores all or refuses; the driver's rule covers a store that cuts, and the cuts here
+make partly stored requests common). The rest of the run cuts
 copies too: a follower's copy ends where an Entries or a fetch ended, at a record, and a
 leader change makes that copy the one a retry finds. A client told PartiallyStored(k)
 sends the request's other records again as a new request (a new sequence).
