@@ -45,13 +45,14 @@ class StoreConfig:
     # this would stay free: the room a full disk gives back goes to writes and close().
     disk_headroom_bytes: int = 4 * MiB
     segment_prepare_ahead: bool = True  # make the next segment before the writer needs it
-    # After each checkpoint, the log's pages more than this far behind it are dropped
-    # from memory (madvise + posix_fadvise DONTNEED: they are synced and stay on disk; a
-    # reader that goes back faults them in again), so a store's page cache stays bounded
-    # as its log grows and new writes reuse memory that was freed instead of taking
-    # memory never used (on a VM that costs ~7x the CPU: docs/BENCHMARKS.md). PostgreSQL
-    # does the same with its WAL. 0: keep them (the kernel decides, under pressure).
-    page_cache_window_bytes: int = 256 * MiB
+    # > 0: after each checkpoint, the log's pages more than this far behind it are
+    # dropped from memory (madvise + posix_fadvise DONTNEED: they are synced and stay on
+    # disk; a reader that goes back reads them from the disk again), so a store's page
+    # cache stays bounded as its log grows and new writes reuse memory that was freed
+    # instead of taking memory never used (on a VM that hands freed memory back to its
+    # host that costs ~7x the CPU: docs/BENCHMARKS.md). PostgreSQL does the same with
+    # its WAL. 0 (the default, as Kafka and RocketMQ do): the kernel decides.
+    page_cache_window_bytes: int = 0
     message_size_bytes_max: int = 4 * MiB  # whole record, header included
     key_size_bytes_max: int = 1 * KiB
     tags_size_bytes_max: int = 255
