@@ -55,6 +55,12 @@ BLANK_MAGIC = int.from_bytes(b"MQB\x01", "little")
 # --- consume-queue entries ------------------------------------------------------------
 CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
 CQ_ENTRY_SIZE = CQ_ENTRY.size
+CQ_AT_POSITION, CQ_AT_SIZE, CQ_AT_HASH = 0, 8, 12
+# An entry is published by its size, written last (a writer may be filling an entry
+# while a reader in another process reads it): read the size first, and only a non-zero
+# size makes the position and hash beside it valid.
+CQ_SIZE = struct.Struct("<I")
+CQ_POSITION = struct.Struct("<Q")
 CQ_TOMBSTONE_SIZE = 0xFFFF_FFFF  # the size of an entry before a queue's first offset
 CQ_TOMBSTONE = CQ_ENTRY.pack(0xFFFF_FFFF_FFFF_FFFF, CQ_TOMBSTONE_SIZE, 0)
 

@@ -14,8 +14,9 @@ raises ConsumeQueueMismatch, and recovery rebuilds every queue from the log.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from mqlog import format as fmt
 from mqlog.engine.files import MappedFile, numbered_files
@@ -71,8 +72,13 @@ def remove_all(root: Path) -> None:
 
 
 def entry(mapped: MappedFile, index: int) -> tuple[int, int]:
-    """(position, size) of a file's entry ``index``."""
-    position, size, _tag_hash = fmt.CQ_ENTRY.unpack_from(mapped.buffer, index * ENTRY_SIZE)
+    """(position, size) of a file's entry ``index``. The size is read first: a writer in
+    another process stores it last, so a non-zero size comes with its entry's position
+    (format.py); read the other way round, a half-written entry could pair the new size
+    with the zeros of a position not yet stored."""
+    at = index * ENTRY_SIZE
+    (size,) = fmt.CQ_SIZE.unpack_from(mapped.buffer, at + fmt.CQ_AT_SIZE)
+    (position,) = fmt.CQ_POSITION.unpack_from(mapped.buffer, at + fmt.CQ_AT_POSITION)
     return position, size
 
 
@@ -91,6 +97,62 @@ def entries_before(mapped: MappedFile, scan_from: int) -> int:
     return low
 
 
+# Whether the log holds, at ``position`` and ``size`` bytes long, the queue's record of
+# ``offset``: (offset, position, size) -> True or False, or None when the log cannot
+# tell (retention deleted that part of it). See FileSet.entry_check.
+EntryCheck = Callable[[int, int, int], "bool | None"]
+
+
+def entries_held(mapped: MappedFile, scan_from: int, check: EntryCheck) -> int:
+    """``entries_before``, less the entries at the end of that run that name no record of
+    the log: two entries in 1,024 have part of their position on one page and their
+    size on the next, and the entries of records past the last checkpoint are not
+    synced, so a crash can leave one with its size and without its position (zeros, or
+    an older file's bytes). The run is searched as usual, then walked back from its end
+    while an entry fails ``check``: such entries come only after the entries the
+    checkpoint synced, and every one of those holds."""
+    count = entries_before(mapped, scan_from)
+    base = int(mapped.path.name)
+    while count and not _holds(mapped, base, count - 1, scan_from, check):
+        count -= 1
+    return count
+
+
+def _holds(mapped: MappedFile, base: int, index: int, scan_from: int,
+           check: EntryCheck) -> bool:
+    position, size = entry(mapped, index)
+    if size == TOMBSTONE_SIZE:
+        return True
+    if size == 0 or position + size > scan_from:
+        return False
+    verdict = check(base + index, position, size)
+    if verdict is not None:
+        return verdict
+    # Retention deleted its record: it must at least come after the entry before it.
+    if index == 0:
+        return True
+    before, before_size = entry(mapped, index - 1)
+    return before_size == TOMBSTONE_SIZE or \
+        before_size != 0 and position >= before + before_size
+
+
+def names_record(buffer: Any, at: int, position: int, size: int, queue: tuple[str, int],
+                 offset: int) -> bool:
+    """Whether the bytes at ``at`` of a segment's ``buffer`` (log position ``position``)
+    start the record of ``queue`` and ``offset``, ``size`` bytes long: the header fields
+    and the topic, as the cores' reads check an entry's record (not its CRC: the records
+    an open counts entries for were checkpointed or scanned)."""
+    topic = queue[0].encode()
+    if at < 0 or at + fmt.RECORD_HEADER_SIZE + len(topic) > len(buffer):
+        return False
+    header = fmt.RecordHeader._make(fmt.RECORD_HEADER.unpack_from(buffer, at))
+    name_at = at + fmt.RECORD_HEADER_SIZE
+    return header.magic == fmt.RECORD_MAGIC and header.size == size and \
+        header.position == position and header.queue_id == queue[1] and \
+        header.queue_offset == offset and not header.control and \
+        header.topic_size == len(topic) and bytes(buffer[name_at:name_at + len(topic)]) == topic
+
+
 def first_live_entry(mapped: MappedFile, log_start: int) -> int:
     """Index of the first entry of a record still in the log (one past the prefix if none)."""
     low, high = 0, entries_before(mapped, 1 << 64)
@@ -104,17 +166,19 @@ def first_live_entry(mapped: MappedFile, log_start: int) -> int:
     return low
 
 
-def trim_files(files: list[MappedFile], scan_from: int) -> list[MappedFile]:
-    """Drop entries at or past ``scan_from``: later files go, the last one kept is zeroed
-    past its live prefix. Returns the files kept (the first one always, if any)."""
-    while len(files) > 1 and entries_before(files[-1], scan_from) == 0:
+def trim_files(files: list[MappedFile], scan_from: int, check: EntryCheck
+               ) -> list[MappedFile]:
+    """Drop entries at or past ``scan_from``, and torn ones (``entries_held``): later
+    files go, the last one kept is zeroed past its live prefix. Returns the files kept
+    (the first one always, if any)."""
+    while len(files) > 1 and entries_held(files[-1], scan_from, check) == 0:
         files.pop().remove()
     if files:
         # After a crash the tail may hold entries of lost records, with holes between
         # them; zero it whole so the live prefix stays contiguous for the next search.
         # Its blocks stay: the scan that follows writes most of it again.
         last = files[-1]
-        live = entries_before(last, scan_from)
+        live = entries_held(last, scan_from, check)
         if live * ENTRY_SIZE < last.size:
             last.clear_from(live * ENTRY_SIZE)
     return files

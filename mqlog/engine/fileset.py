@@ -24,6 +24,7 @@ its core (tests/test_fileset.py greps for it).
 
 from __future__ import annotations
 
+import bisect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,7 +183,8 @@ class FileSet:
         try:
             for _, path in cq.checked_files(key, directory):
                 files.append(MappedFile.open(path))
-            kept = cq.trim_files(files, scan_from)
+            check = self.entry_check(key)
+            kept = cq.trim_files(files, scan_from, check)
             log_start = self.first_segment_base()
             while len(kept) > 1 and cq.first_live_entry(kept[1], log_start) > 0:
                 kept.pop(0).remove()  # retention was cut short: only older entries here
@@ -192,7 +194,7 @@ class FileSet:
             bases = [int(mapped.path.name) for mapped in kept]
             if bases != list(range(bases[0], bases[0] + per_file * len(bases), per_file)):
                 raise ConsumeQueueMismatch(f"consume queue {key} has a gap between its files")
-            next_offset = bases[-1] + cq.entries_before(kept[-1], scan_from)
+            next_offset = bases[-1] + cq.entries_held(kept[-1], scan_from, check)
             min_offset = bases[0] + cq.first_live_entry(kept[0], log_start)
             if expected is not None and (min_offset > expected[0] or
                                          exact and next_offset != expected[1]):
@@ -204,6 +206,19 @@ class FileSet:
                 mapped.close()
             raise
         self.attach_queue(key, kept, min_offset, next_offset, per_file)
+
+    def entry_check(self, queue: tuple[str, int]) -> cq.EntryCheck:
+        """How an open checks that the log holds the record a queue's entry names (see
+        cq.entries_held): None below the log's start, where retention deleted it."""
+        bases = self.segment_bases()
+
+        def check(offset: int, position: int, size: int) -> bool | None:
+            if not bases or position < bases[0]:
+                return None
+            base = bases[bisect.bisect_right(bases, position) - 1]
+            return cq.names_record(self._segments[base].buffer, position - base, position,
+                                   size, queue, offset)
+        return check
 
     def drop_all_queues(self) -> None:
         """Delete every consume queue (recovery rebuilds them from the log)."""

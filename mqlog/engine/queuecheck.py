@@ -51,6 +51,7 @@ manifest is rebuilt only if the log holds the proof.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -171,16 +172,17 @@ def _entry_on_disk(files: FileSet, queue: Queue, offset: int) -> int | None:
     if not listed:
         return None
     base, path = listed[-1]
+    at = (offset - base) * cq.ENTRY_SIZE
     try:
-        with open(path, "rb") as file:
-            file.seek((offset - base) * cq.ENTRY_SIZE)
-            entry = file.read(cq.ENTRY_SIZE)
+        with open(path, "rb") as file:  # the size first: see consumequeue.entry
+            size = os.pread(file.fileno(), fmt.CQ_SIZE.size, at + fmt.CQ_AT_SIZE)
+            position = os.pread(file.fileno(), fmt.CQ_POSITION.size, at + fmt.CQ_AT_POSITION)
     except OSError:  # deleted since it was listed
         return None
-    if len(entry) < cq.ENTRY_SIZE:
+    if len(size) < fmt.CQ_SIZE.size or len(position) < fmt.CQ_POSITION.size or \
+            fmt.CQ_SIZE.unpack(size)[0] in (0, cq.TOMBSTONE_SIZE):
         return None
-    position, size, _tag_hash = fmt.CQ_ENTRY.unpack(entry)
-    return None if size in (0, cq.TOMBSTONE_SIZE) else position
+    return int(fmt.CQ_POSITION.unpack(position)[0])
 
 
 def _lost_entry(files: FileSet, queue: Queue, offset: int, position: int,

@@ -10,7 +10,10 @@ another process has the store open for writing, and on a copy of one that crashe
    size, magic, position or CRC is wrong — the end of what a writer had finished, or of
    what a crash left intact. Nothing past it is visible; nothing is cut.
 3. Each queue's entries are taken up to that end; entries a live writer added since
-   are ignored. Entries of records that retention deleted are skipped.
+   are ignored. Entries of records that retention deleted are skipped. A writer stores
+   an entry's size last and the snapshot reads it first (consumequeue.entry), so an
+   entry being written is either whole or not yet there; the last entry taken must name
+   its record in the log (consumequeue.entries_held: a crash can tear one).
 4. The queues are checked against the queue manifest and the log (queuecheck.py): a
    queue that lacks records of the log — a consume-queue file lost — is refused.
 
@@ -167,7 +170,8 @@ def _map_queues(files: FileSet, end: int) -> None:
 def _map_queue(file_set: FileSet, key: tuple[str, int], directory: Path, log_start: int,
                end: int) -> None:
     files = _map_queue_files(key, directory, file_set.paths.root)
-    while len(files) > 1 and cq.entries_before(files[-1], end) == 0:
+    check = file_set.entry_check(key)
+    while len(files) > 1 and cq.entries_held(files[-1], end, check) == 0:
         files.pop().close()  # entries a live writer added past the snapshot
     while len(files) > 1 and cq.first_live_entry(files[1], log_start) > 0:
         files.pop(0).close()  # retention deleted every record of this one
@@ -181,7 +185,7 @@ def _map_queue(file_set: FileSet, key: tuple[str, int], directory: Path, log_sta
         raise ConsumeQueueMismatch(f"consume queue {key} has a gap between its files: "
                                    "one was deleted or lost; "
                                    + rebuild_advice(file_set.paths.root))
-    next_offset = bases[-1] + cq.entries_before(files[-1], end)
+    next_offset = bases[-1] + cq.entries_held(files[-1], end, check)
     min_offset = min(next_offset, bases[0] + cq.first_live_entry(files[0], log_start))
     file_set.attach_queue(key, files, min_offset, next_offset, per_file)
 

@@ -85,6 +85,7 @@ BLANK_SIZE_MIN = 8
 BLANK = struct.Struct("<II")
 CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
 CQ_ENTRY_SIZE = CQ_ENTRY.size
+CQ_AT_POSITION, CQ_AT_SIZE, CQ_AT_HASH = 0, 8, 12  # the size is written last (layout.h)
 ATTR_CONTROL = 0x0001  # reserved: control records (no consume-queue entry)
 _PROPERTIES_DEPTH_MAX = 512  # containers checked for non-str keys this deep (msgpack: 511)
 INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")  # the key-index file (docs/FORMAT.md)
@@ -110,8 +111,9 @@ def _check_layout():
              (BLANK_MAGIC, MQ_BLANK_MAGIC), (BLANK_SIZE_MIN, MQ_BLANK_SIZE_MIN),
              (CQ_ENTRY_SIZE, MQ_CQ_ENTRY_SIZE), (ATTR_CONTROL, MQ_ATTR_CONTROL),
              (HEADER_SIZE, 72), (CQ_ENTRY_SIZE, 20), (BLANK.size, MQ_BLANK_SIZE_MIN),
-             (offsets, c_offsets), ([0, 8, 12], [MQ_CQ_AT_POSITION, MQ_CQ_AT_SIZE,
-                                                 MQ_CQ_AT_HASH]),
+             (offsets, c_offsets),
+             ([CQ_AT_POSITION, CQ_AT_SIZE, CQ_AT_HASH], [MQ_CQ_AT_POSITION, MQ_CQ_AT_SIZE,
+                                                         MQ_CQ_AT_HASH]),
              ([INDEX_HEADER_SIZE, INDEX_ENTRY_SIZE, INDEX_ENTRY_CRC_AT],
               [IX_HEADER_SIZE, IX_ENTRY_SIZE, IX_ENTRY_CRC_AT])]
     for python_value, c_value in pairs:

@@ -82,6 +82,8 @@ BLANK_SIZE_MIN = _fmt.BLANK_SIZE_MIN
 BLANK = _fmt.BLANK
 CQ_ENTRY = _fmt.CQ_ENTRY  # position u64, size u32, tag hash u64
 CQ_ENTRY_SIZE = _fmt.CQ_ENTRY_SIZE
+CQ_AT_POSITION, CQ_AT_SIZE, CQ_AT_HASH = _fmt.CQ_AT_POSITION, _fmt.CQ_AT_SIZE, _fmt.CQ_AT_HASH
+_U32, _U64 = _fmt.CQ_SIZE, _fmt.CQ_POSITION
 ATTR_CONTROL = _fmt.ATTR_CONTROL  # control records (no consume-queue entry)
 _PROPERTIES_DEPTH_MAX = 512  # containers checked for non-str keys this deep (msgpack: 511)
 _ZERO_CHUNK = bytes(1 << 20)
@@ -672,8 +674,11 @@ class LogCore:
 
     def _index(self, queue: _Queue, position: int, size: int, hash_value: int) -> None:
         base, buffer = queue.files[-1]
-        CQ_ENTRY.pack_into(buffer, (queue.next_offset - base) * CQ_ENTRY_SIZE,
-                           position, size, hash_value)
+        at = (queue.next_offset - base) * CQ_ENTRY_SIZE
+        # The size last: it publishes the entry to readers in other processes (layout.h).
+        _U64.pack_into(buffer, at + CQ_AT_POSITION, position)
+        _U64.pack_into(buffer, at + CQ_AT_HASH, hash_value)
+        _U32.pack_into(buffer, at + CQ_AT_SIZE, size)
         queue.next_offset += 1
 
     def _note_epoch(self, epoch: int, position: int) -> None:

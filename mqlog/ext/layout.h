@@ -162,12 +162,16 @@ static inline char *mq_write_record_head(char *record, const mq_header *h,
     return mq_append_bytes(cursor, properties, h->properties_size);
 }
 
+/* An entry's size is stored last: a non-zero size publishes the entry to a reader in
+ * another process, which reads the size first (consumequeue.py). The release fence keeps
+ * the compiler from moving the position and hash stores after it; x86 keeps the order. */
 static inline void mq_write_cq_entry(char *p, uint64_t position, uint32_t size,
                                      uint64_t tag_hash)
 {
     mq_put_u64(p + MQ_CQ_AT_POSITION, position);
-    mq_put_u32(p + MQ_CQ_AT_SIZE, size);
     mq_put_u64(p + MQ_CQ_AT_HASH, tag_hash);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    mq_put_u32(p + MQ_CQ_AT_SIZE, size);
 }
 
 static inline uint64_t mq_fnv1a64(const unsigned char *p, size_t n)
