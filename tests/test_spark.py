@@ -153,9 +153,15 @@ def test_the_narrowing_reader_reads_only_what_pushed_filters_leave(tmp_path, rng
     from mqlog.spark_connector import options
     from mqlog.spark_connector.datasource import NarrowingReader, read_partition
 
-    path = _fill(tmp_path / "store", rng, count=900)
+    # Store timestamps come from the coarse clock (a tick is 1-10 ms), and 900 puts can
+    # fit in one tick on an idle machine: every record then shares the cut's timestamp
+    # and nothing is left to narrow. The last 100 records come a tick after the rest.
+    path = _fill(tmp_path / "store", rng, count=800)
+    _await_clock_past(max(row[5] for row in _engine_rows(path)))
+    _fill(path, rng, count=100)
     expected = _engine_rows(path)
     cut = sorted(row[5] for row in expected)[800]
+    assert cut > sorted(row[5] for row in expected)[799], "test set-up"
     when = dt.datetime.fromtimestamp(cut / 1000, dt.UTC)
     cases = [
         ([EqualTo(("topic",), "orders"), EqualTo(("queue_id",), 1),
@@ -176,6 +182,16 @@ def test_the_narrowing_reader_reads_only_what_pushed_filters_leave(tmp_path, rng
         wanted = sorted(r[:3] for r in expected if keep(r))
         assert sorted(read) == wanted if not residual else set(wanted) <= set(read)
         assert len(read) < len(expected)
+
+
+def _await_clock_past(timestamp_ms: int) -> None:
+    """Until the store's clock (the coarse wall clock, fallback.py) is past ``timestamp_ms``."""
+    import time
+
+    from mqlog.ext.fallback import CLOCK_REALTIME_COARSE
+
+    while time.clock_gettime_ns(CLOCK_REALTIME_COARSE) // 1_000_000 <= timestamp_ms:
+        time.sleep(0.001)
 
 
 def _seven(path):
