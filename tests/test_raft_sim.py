@@ -82,6 +82,20 @@ def test_a_retry_of_a_write_retention_let_go_is_not_stored_again(monkeypatch):
     assert any(line.endswith("s26 refused as too old") for line in result.trace)
 
 
+def test_entries_sent_before_a_log_reset_cut_nothing():
+    """Seed 7300002630, from a soak of fresh seeds: leader n1 probes empty n4 down to
+    position 0 and sends it entries from there; retention then moves n1's log start to
+    131072 and n1 sends a LogReset, which n4 takes (its log starts over at 131072, all of
+    it committed). The entries from 0, delayed, arrive after it: their prev position 0
+    "matched" (no epoch ends at 0 in either log) and n4 went to cut its log at 0, below
+    its commit (an assertion stopped it). Entries below a log's start are answered as a
+    LogReset below it is: compare at the start."""
+    result = run_seed(7300002630)
+    assert not result.violations, verdict("raft", result)
+    assert result.resets > 0
+    assert any("below its log start" in line for line in result.trace)
+
+
 def test_the_seeds_exercise_partly_stored_requests():
     """On the fixed seeds with batches (sim/partial.py) the store cuts requests short and
     the leader answers PartiallyStored, and retries find copies cut inside their request

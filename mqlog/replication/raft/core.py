@@ -722,6 +722,13 @@ class RaftCore(EpochMirror, PeerMessages):
         self.leader, self._elapsed, self._votes = entries.src, 0, {}
         self._announced = (entries.src, self.term, max(entries.commit, self.leader_commit))
         prev = entries.prev_position
+        if prev < self.log.first_segment_base():
+            # Bytes below this log's start (a LogReset, or its own retention, let them
+            # go): an Entries sent before the reset and delivered after it. They cannot
+            # be compared here, and must not cut what the log holds.
+            self._ready.events.append(f"{self.node_id} got entries from {prev}, below its "
+                                      f"log start: it asks {entries.src} to compare there")
+            return self._agree_at_start(entries.src)
         if prev > self._end or self._epoch_at(prev) != entries.prev_epoch:
             return self._refuse(entries)
         end = prev + len(entries.payload)
@@ -753,14 +760,9 @@ class RaftCore(EpochMirror, PeerMessages):
         self.role = FOLLOWER if self.node_id in self.voters else LEARNER
         self.leader, self._elapsed, self._votes = reset.src, 0, {}
         position = reset.position
-        own_start = self.log.first_segment_base()
-        if position < own_start:
-            # Its own retention went further: it cannot compare logs below its start, and
-            # must not drop what it holds (the record ending at its start was committed
-            # when retention let the rest go, so the logs agree there). Compare there.
-            self._send(EntriesReply(self.node_id, reset.src, self.term, False, 0, own_start,
-                                    self._epoch_at(own_start)))
-            return
+        if position < self.log.first_segment_base():
+            # Its own retention went further: it cannot compare logs below its start.
+            return self._agree_at_start(reset.src)
         if position > self._end or self._epoch_at(position) != reset.last_epoch:
             assert self.commit <= position, "committed records always match the leader's"
             epochs = reset.epoch_starts()
@@ -785,11 +787,23 @@ class RaftCore(EpochMirror, PeerMessages):
 
     def _refuse(self, entries: Entries) -> None:
         """Where this log agrees with the leader's at most: the end of its newest epoch not
-        newer than prev_epoch (no sooner than that epoch's records it has)."""
+        newer than prev_epoch (no sooner than that epoch's records it has), and never
+        below its start."""
         epoch = self._newest_epoch_up_to(entries.prev_epoch)
         agreed = min(self._end_of_epoch(epoch) if epoch >= 0 else 0, entries.prev_position,
                      self._end)
+        if agreed < self.log.first_segment_base():
+            return self._agree_at_start(entries.src)
         self._send(EntriesReply(self.node_id, entries.src, self.term, False, 0, agreed, epoch))
+
+    def _agree_at_start(self, leader: str) -> None:
+        """Tell ``leader`` to compare logs at this log's start: nothing below it is here,
+        and what it holds must not be dropped (the record ending at its start was
+        committed when retention or a LogReset let the rest go, so the logs agree
+        there)."""
+        start = self.log.first_segment_base()
+        self._send(EntriesReply(self.node_id, leader, self.term, False, 0, start,
+                                self._epoch_at(start)))
 
     def _accept(self, position: int, data: bytes, epoch: int) -> None:
         """Skip what this log already has (same position, same epoch: the same bytes),
