@@ -96,6 +96,19 @@ def test_entries_sent_before_a_log_reset_cut_nothing():
     assert any("below its log start" in line for line in result.trace)
 
 
+def test_a_copy_cut_in_an_older_term_waits_for_a_record_of_this_term():
+    """Seed 7400001690, from a soak of fresh seeds: n1 led term 5 and stored s2's three
+    records; n0 got only the first (the committed position, 3316, fell inside s2). Leading
+    term 8, n0 found that copy cut inside s2 and, the first record being committed,
+    answered PartiallyStored(1) at once; the client sent records 2 and 3 again. But n1
+    still held them, in term 5: leading again later, it committed them, and the log held
+    them twice. A copy stored in part is answered only once a record of the answering
+    leader's own term after it is committed (Driver._settled_end)."""
+    result = run_seed(7400001690)
+    assert not result.violations, verdict("raft", result)
+    assert any(" PartiallyStored(" in line for line in result.trace)
+
+
 def test_the_seeds_exercise_partly_stored_requests():
     """On the fixed seeds with batches (sim/partial.py) the store cuts requests short and
     the leader answers PartiallyStored, and retries find copies cut inside their request

@@ -220,8 +220,24 @@ class Driver:
         cut = Cut(producer, stored, sent)
         if self._test_break == "partial_early":
             return self.io.answer(request, _refusal(cut))
-        self.propose(request, stored.end)
+        self.propose(request, self._settled_end(stored))
         self.cuts[request] = cut
+
+    def _settled_end(self, stored: Stored) -> int:
+        """How far the commit must reach before a copy stored in part may be answered
+        PartiallyStored: past the copy, and past the start of the first record of this
+        replica's epoch. A copy cut on the replica that led before may hold the rest of
+        its request on another replica, in an older epoch, past where this log's copy
+        ends; it is dead only once a record of the current epoch after the copy is
+        committed (Raft's §5.4.2: no later leader lacks that record; ISR: every member
+        fetched it from this leader, cutting what diverged). Committed in an older epoch
+        is not enough (raft seed 7400001690: the rest was committed by a later leader,
+        and the client had sent it again). Without a record of this epoch yet, a later
+        one must come."""
+        epoch = self.store.epoch
+        start = next((start for started, start in self.store.epoch_starts()
+                      if started == epoch), None)
+        return max(stored.end, (self.store.written_position if start is None else start) + 1)
 
     def change_membership(self, request: Any, voters: tuple[str, ...],
                           learners: tuple[str, ...], addresses: dict[str, str]) -> tuple[int, int]:
