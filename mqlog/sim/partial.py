@@ -5,8 +5,10 @@ The rule (driver.py's ``propose_write``, the one code path every layer and node.
 a request whose records are stored in part — the store cut the batch, or a retry found a
 copy cut inside the request on the replica that led before — is answered PartiallyStored
 (naming ``count``, the records stored: "these are stored, send the rest as a new
-request") only after the layer's verdict committed them; any other verdict is answered
-as it is (the outcome is unknown: the client retries the whole request).
+request") only after the layer's verdict committed them and a record of the answering
+leader's own epoch after them (then no later leader holds the rest of the request); any
+other verdict is answered as it is (the outcome is unknown: the client retries the
+whole request).
 
 The workload. On some seeds (``BATCH_SEED_SHARE``, drawn apart from the seed's generator,
 like lives.py's restarts: a seed without batches runs as it did before them; with
