@@ -722,7 +722,7 @@ class RaftCore(EpochMirror, PeerMessages):
         self.leader, self._elapsed, self._votes = entries.src, 0, {}
         self._announced = (entries.src, self.term, max(entries.commit, self.leader_commit))
         prev = entries.prev_position
-        if prev < self.log.first_segment_base():
+        if prev < self._log_start():
             # Bytes below this log's start (a LogReset, or its own retention, let them
             # go): an Entries sent before the reset and delivered after it. They cannot
             # be compared here, and must not cut what the log holds.
@@ -760,7 +760,7 @@ class RaftCore(EpochMirror, PeerMessages):
         self.role = FOLLOWER if self.node_id in self.voters else LEARNER
         self.leader, self._elapsed, self._votes = reset.src, 0, {}
         position = reset.position
-        if position < self.log.first_segment_base():
+        if position < self._log_start():
             # Its own retention went further: it cannot compare logs below its start.
             return self._agree_at_start(reset.src)
         if position > self._end or self._epoch_at(position) != reset.last_epoch:
@@ -792,7 +792,7 @@ class RaftCore(EpochMirror, PeerMessages):
         epoch = self._newest_epoch_up_to(entries.prev_epoch)
         agreed = min(self._end_of_epoch(epoch) if epoch >= 0 else 0, entries.prev_position,
                      self._end)
-        if agreed < self.log.first_segment_base():
+        if agreed < self._log_start():
             return self._agree_at_start(entries.src)
         self._send(EntriesReply(self.node_id, entries.src, self.term, False, 0, agreed, epoch))
 
@@ -801,9 +801,14 @@ class RaftCore(EpochMirror, PeerMessages):
         and what it holds must not be dropped (the record ending at its start was
         committed when retention or a LogReset let the rest go, so the logs agree
         there)."""
-        start = self.log.first_segment_base()
+        start = self._log_start()
         self._send(EntriesReply(self.node_id, leader, self.term, False, 0, start,
                                 self._epoch_at(start)))
+
+    def _log_start(self) -> int:
+        """Where this log starts: a LogReset taken but not yet carried out counts."""
+        pending = self._ready.reset_log
+        return pending[0] if pending is not None else self.log.first_segment_base()
 
     def _accept(self, position: int, data: bytes, epoch: int) -> None:
         """Skip what this log already has (same position, same epoch: the same bytes),
