@@ -234,12 +234,15 @@ class Driver:
         committed (Raft's §5.4.2: no later leader lacks that record; ISR: every member
         fetched it from this leader, cutting what diverged). Committed in an older epoch
         is not enough (raft seed 7400001690: the rest was committed by a later leader,
-        and the client had sent it again). Without a record of this epoch yet, a later
-        one must come."""
+        and the client had sent it again). A Raft leader's epoch always holds a record
+        (its no-op); an ISR or master-slave leader's holds none before its first write,
+        and then the copy's own commit is taken, as before this rule (waiting for a
+        write that may never come left retries of the copy waiting for good: ISR seed
+        7700000028)."""
         epoch = self.store.epoch
         start = next((start for started, start in self.store.epoch_starts()
                       if started == epoch), None)
-        return max(stored.end, (self.store.written_position if start is None else start) + 1)
+        return stored.end if start is None else max(stored.end, start + 1)
 
     def change_membership(self, request: Any, voters: tuple[str, ...],
                           learners: tuple[str, ...], addresses: dict[str, str]) -> tuple[int, int]:
