@@ -101,7 +101,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mqlog.errors import MqlogError, PartiallyStored
+from mqlog.errors import MqlogError, OutOfOrderSequence, PartiallyStored
 from mqlog.replication.controller.host import (
     BrokerGroups,
     attach_isr,
@@ -550,7 +550,10 @@ class IsrSwarm(ControllerSwarm):
             self.trace(f"{node.broker_id}/{node.name}: refused s{write.sequence}: "
                        f"{type(error).__name__}")
             return
-        stored = node.driver.write(topic, write.bodies, index, producer=write.producer)
+        try:
+            stored = node.driver.write(topic, write.bodies, index, producer=write.producer)
+        except OutOfOrderSequence:  # older than the leader's table: it may be stored (its
+            return self._give_up(node, write)  # first copy let go by retention), unknown
         if write.stored_tick < 0:
             write.stored_tick = self.clock[0]
         cut = is_cut(stored, len(write.bodies))
@@ -564,6 +567,17 @@ class IsrSwarm(ControllerSwarm):
         write.request, write.broker = request, node.broker_id
         self.requests[request] = (write.group, write.sequence)
         node.driver.propose_write(request, stored, len(write.bodies), write.producer)
+
+    def _give_up(self, node: SimGroup, write: Write) -> None:
+        """A leader refused a retry as too old to tell whether it is stored (the raft
+        simulator's rule): the client raises that, its outcome unknown, and the write is
+        not checked. Only a retry: a write no leader stored is not old."""
+        del self.pending[write.group][write.sequence]
+        self.trace(f"{node.broker_id}/{node.name}: s{write.sequence} refused as too old")
+        if write.stored_tick < 0:
+            self.result.violations.append(
+                f"tick {self.clock[0]}: {node.broker_id}/{node.name} refused write "
+                f"{write.sequence}, never stored, as too old")
 
     def answered(self, node: Any, request: Any, status: Answer) -> None:
         if not isinstance(node, SimGroup):
