@@ -36,8 +36,9 @@ the simulators' store cuts some) — is proposed with ``propose_write`` like any
 waits for the layer's verdict whatever its acks: the records stored may still be lost
 with this leader, and a client told "these are stored, send the rest" would never send
 them again. Only a verdict that committed them, and a record of this replica's epoch
-after them (``_settled_end``: the rest of the request may sit on the replica that led
-before, and be committed when it leads again), becomes the answer PartiallyStored
+after them if the epoch holds one yet (``_settled_end``: the rest of the request may sit
+on the replica that led before, and be committed when it leads again), becomes the
+answer PartiallyStored
 (idempotence.partially_stored, carrying the count stored); any other
 verdict is answered as it is (the outcome is unknown: the client retries the whole
 request, and finds the same copy). This is the one place the rule lives: the node
