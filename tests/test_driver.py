@@ -264,6 +264,41 @@ def test_a_write_stored_in_part_is_refused_only_after_the_verdict(tmp_path, impl
         store.close()
 
 
+def test_a_copy_cut_in_an_older_epoch_waits_for_a_record_of_this_one(tmp_path, impl):
+    """A master-slave master (an ISR leader likewise) whose epoch holds no record yet
+    finds a retry's copy cut inside the request, stored in an older epoch: the rest of
+    the request may sit on the replica that led then, and be committed if it leads again
+    (raft seed 7400001690 showed it for Raft). The driver appends an empty control record
+    of this epoch after the copy, as a Raft leader's no-op, and answers PartiallyStored
+    only once that is committed."""
+    from mqlog.replication.master_slave import MasterSlaveCore
+
+    store = mqlog.open(tmp_path / "m", implementation=impl, **dict(STORE, committed_follows="auto"))
+    try:
+        io = HeldIo(store)
+        for epoch in (0, 1):  # the old epoch stores the copy cut inside the request
+            if epoch:
+                store.set_epoch(store.epoch + 1)
+            core = MasterSlaveCore(ReplicationConfig(node_id="m", role="ASYNC_MASTER"), store)
+            driver = Driver(store, core, io)
+            driver.run()
+            if not epoch:
+                driver.write("t", [b"first"], producer=("p", 7, 0))
+        found = driver.write("t", [b"first", b"second", b"third"], producer=("p", 7, 0))
+        assert found.count == 1 and store.written_position == found.end  # (stored once)
+        driver.propose_write("retry", found, 3, ("p", 7, 0))
+        assert store.epoch_starts()[-1] == (store.epoch, found.end)  # the no-op
+        assert store.written_position > found.end
+        for _ in range(3):
+            driver.run()
+            io.complete_flushes()
+        [(request, answer)] = io.answers
+        assert request == "retry" and isinstance(answer, PartiallyStored) and answer.count == 1
+        assert store.committed_position > found.end
+    finally:
+        store.close()
+
+
 def test_a_write_stored_in_part_whose_verdict_is_unknown_is_answered_so(tmp_path, impl):
     """A leader that steps down (here: its core replaced) before the verdict answers the
     write stored in part as any other whose fate is unknown, not PartiallyStored."""

@@ -36,9 +36,9 @@ the simulators' store cuts some) — is proposed with ``propose_write`` like any
 waits for the layer's verdict whatever its acks: the records stored may still be lost
 with this leader, and a client told "these are stored, send the rest" would never send
 them again. Only a verdict that committed them, and a record of this replica's epoch
-after them if the epoch holds one yet (``_settled_end``: the rest of the request may sit
-on the replica that led before, and be committed when it leads again), becomes the
-answer PartiallyStored
+after them (``_settled_end``: the rest of the request may sit on the replica that led
+before, and be committed when it leads again; the driver appends an empty control record
+if the epoch has none yet), becomes the answer PartiallyStored
 (idempotence.partially_stored, carrying the count stored); any other
 verdict is answered as it is (the outcome is unknown: the client retries the whole
 request, and finds the same copy). This is the one place the rule lives: the node
@@ -237,13 +237,16 @@ class Driver:
         is not enough (raft seed 7400001690: the rest was committed by a later leader,
         and the client had sent it again). A Raft leader's epoch always holds a record
         (its no-op); an ISR or master-slave leader's holds none before its first write,
-        and then the copy's own commit is taken, as before this rule (waiting for a
-        write that may never come left retries of the copy waiting for good: ISR seed
-        7700000028)."""
+        so the driver appends one then, an empty control record as Raft's no-op
+        (waiting for a client's write instead, which may never come, left retries of the
+        copy waiting for good: ISR seed 7700000028)."""
         epoch = self.store.epoch
         start = next((start for started, start in self.store.epoch_starts()
                       if started == epoch), None)
-        return stored.end if start is None else max(stored.end, start + 1)
+        if start is None:  # an ISR or master-slave leader before its first write
+            start = self.store.written_position
+            self.store.append_control()  # (as a Raft leader's no-op)
+        return max(stored.end, start + 1)
 
     def change_membership(self, request: Any, voters: tuple[str, ...],
                           learners: tuple[str, ...], addresses: dict[str, str]) -> tuple[int, int]:

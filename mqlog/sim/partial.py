@@ -6,8 +6,7 @@ a request whose records are stored in part — the store cut the batch, or a ret
 copy cut inside the request on the replica that led before — is answered PartiallyStored
 (naming ``count``, the records stored: "these are stored, send the rest as a new
 request") only after the layer's verdict committed them and a record of the answering
-leader's own epoch after them, if that epoch holds one yet (then no later leader holds
-the rest of the request); any
+leader's own epoch after them (then no later leader holds the rest of the request); any
 other verdict is answered as it is (the outcome is unknown: the client retries the
 whole request).
 
