@@ -215,17 +215,23 @@ def test_acks_to_two_leaders_in_one_ready_never_merge(tmp_path, impl, test_break
         store.close()
 
 
+def _master(store: Any, io: HeldIo) -> Driver:
+    """A master-slave master's driver over ``store``, its first Ready carried out."""
+    from mqlog.replication.master_slave import MasterSlaveCore
+
+    core = MasterSlaveCore(ReplicationConfig(node_id="m", role="ASYNC_MASTER"), store)
+    driver = Driver(store, core, io)
+    driver.run()
+    return driver
+
+
 def test_a_master_whose_store_has_its_epoch_takes_writes_from_the_start(tmp_path, impl):
     """A master-slave master started over a store already in its epoch has nothing to
     start: it takes writes after its first Ready, empty (a node runs one before it
     listens, so a fresh node's first produce is taken)."""
-    from mqlog.replication.master_slave import MasterSlaveCore
-
     store = mqlog.open(tmp_path / "m", implementation=impl, **dict(STORE, committed_follows="auto"))
     try:
-        core = MasterSlaveCore(ReplicationConfig(node_id="m", role="ASYNC_MASTER"), store)
-        driver = Driver(store, core, HeldIo(store))
-        driver.run()
+        driver = _master(store, HeldIo(store))
         driver.check_writable()
         assert driver.serving
     finally:
@@ -271,19 +277,12 @@ def test_a_copy_cut_in_an_older_epoch_waits_for_a_record_of_this_one(tmp_path, i
     (raft seed 7400001690 showed it for Raft). The driver appends an empty control record
     of this epoch after the copy, as a Raft leader's no-op, and answers PartiallyStored
     only once that is committed."""
-    from mqlog.replication.master_slave import MasterSlaveCore
-
     store = mqlog.open(tmp_path / "m", implementation=impl, **dict(STORE, committed_follows="auto"))
     try:
         io = HeldIo(store)
-        for epoch in (0, 1):  # the old epoch stores the copy cut inside the request
-            if epoch:
-                store.set_epoch(store.epoch + 1)
-            core = MasterSlaveCore(ReplicationConfig(node_id="m", role="ASYNC_MASTER"), store)
-            driver = Driver(store, core, io)
-            driver.run()
-            if not epoch:
-                driver.write("t", [b"first"], producer=("p", 7, 0))
+        _master(store, io).write("t", [b"first"], producer=("p", 7, 0))  # (an older epoch's)
+        store.set_epoch(store.epoch + 1)
+        driver = _master(store, io)
         found = driver.write("t", [b"first", b"second", b"third"], producer=("p", 7, 0))
         assert found.count == 1 and store.written_position == found.end  # (stored once)
         driver.propose_write("retry", found, 3, ("p", 7, 0))

@@ -103,7 +103,7 @@ def test_a_copy_cut_in_an_older_term_waits_for_a_record_of_this_term():
     answered PartiallyStored(1) at once; the client sent records 2 and 3 again. But n1
     still held them, in term 5: leading again later, it committed them, and the log held
     them twice. A copy stored in part is answered only once a record of the answering
-    leader's own term after it is committed (Driver._settled_end)."""
+    leader's own term after it is committed (Driver._epoch_record_start)."""
     result = run_seed(7400001690)
     assert not result.violations, verdict("raft", result)
     assert any(" PartiallyStored(" in line for line in result.trace)

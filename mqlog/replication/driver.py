@@ -36,7 +36,7 @@ the simulators' store cuts some) — is proposed with ``propose_write`` like any
 waits for the layer's verdict whatever its acks: the records stored may still be lost
 with this leader, and a client told "these are stored, send the rest" would never send
 them again. Only a verdict that committed them, and a record of this replica's epoch
-after them (``_settled_end``: the rest of the request may sit on the replica that led
+after them (``_epoch_record_start``: the rest of the request may sit on the replica that led
 before, and be committed when it leads again; the driver appends an empty control record
 if the epoch has none yet), becomes the answer PartiallyStored
 (idempotence.partially_stored, carrying the count stored); any other
@@ -223,16 +223,16 @@ class Driver:
         cut = Cut(producer, stored, sent)
         if self._test_break == "partial_early":
             return self.io.answer(request, _refusal(cut))
-        self.propose(request, self._settled_end(stored))
+        self.propose(request, max(stored.end, self._epoch_record_start() + 1))
         self.cuts[request] = cut
 
-    def _settled_end(self, stored: Stored) -> int:
-        """How far the commit must reach before a copy stored in part may be answered
-        PartiallyStored: past the copy, and past the start of the first record of this
-        replica's epoch. A copy cut on the replica that led before may hold the rest of
-        its request on another replica, in an older epoch, past where this log's copy
-        ends; it is dead only once a record of the current epoch after the copy is
-        committed (Raft's §5.4.2: no later leader lacks that record; ISR: every member
+    def _epoch_record_start(self) -> int:
+        """Where this replica's epoch's first record starts (appending one, an empty
+        control record, if the epoch has none yet): a copy stored in part is answered
+        PartiallyStored only once the commit passes the copy and this record. A copy cut
+        on the replica that led before may hold the rest of its request on another
+        replica, in an older epoch, past where this log's copy ends; it is dead only
+        once a record of the current epoch after the copy is committed (Raft's §5.4.2: no later leader lacks that record; ISR: every member
         fetched it from this leader, cutting what diverged). Committed in an older epoch
         is not enough (raft seed 7400001690: the rest was committed by a later leader,
         and the client had sent it again). A Raft leader's epoch always holds a record
@@ -246,7 +246,7 @@ class Driver:
         if start is None:  # an ISR or master-slave leader before its first write
             start = self.store.written_position
             self.store.append_control()  # (as a Raft leader's no-op)
-        return max(stored.end, start + 1)
+        return start
 
     def change_membership(self, request: Any, voters: tuple[str, ...],
                           learners: tuple[str, ...], addresses: dict[str, str]) -> tuple[int, int]:
