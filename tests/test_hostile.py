@@ -488,26 +488,35 @@ def test_a_read_only_open_refuses_a_queue_file_cut_short(open_store, tmp_path, i
         assert _queue_contents(snapshot) == expected
 
 
-@pytest.mark.parametrize("position", ["zeros", "another record's"])
+@pytest.mark.parametrize("position", ["zeros", "zeros, below the log's start",
+                                      "another record's"])
 @pytest.mark.parametrize("reader", ["read-only", "writable"])
 def test_a_queue_entry_torn_by_a_crash_is_not_served(open_store, tmp_path, impl, position,
                                                      reader):
     """Issue 14, item 4 (a garbage entry past the committed position makes get return []
-    below max_offset, or fail): a consume-queue entry straddles a page boundary every
-    1,024 entries (its position on one page, its size on the next), and the entries of
-    records past the last checkpoint are not synced. A crash can keep the page with the
-    size and lose the one with the position: the entry then names position 0 (or, in a
-    file written before, an older record's) with a size, so an open counted it as an
-    entry of a record before the checkpoint. Each open now checks the last entry it
-    counts against the record it names in the log, and leaves out a torn one."""
-    store = open_store()
+    below max_offset, or fail): two consume-queue entries in 1,024 have part of their
+    position on one page and their size on the next, and the entries of records past the
+    last checkpoint are not synced. A crash can keep the page with the size and lose the
+    one with the position: the entry then names position 0 (or, in a file written
+    before, an older record's) with a size, so an open counted it as an entry of a
+    record before the checkpoint. Each open now checks the last entry it counts against
+    the record it names in the log, and leaves out a torn one; below the log's start
+    (retention deleted that part), where no record can be checked, it must at least lie
+    past the entry before it."""
+    retained = position == "zeros, below the log's start"
+    store = open_store(retention_bytes=SMALL["segment_size_bytes"] // 4) if retained else \
+        open_store()
     _fill_queues(store, LOST_PUTS)
+    if retained:
+        store.flush()
+        store.apply_retention()
+        assert store.first_segment_base() > 0, "test set-up"
     expected = _queue_contents(store)
     end = store.max_offset("t", 0)
     _await_checkpoint(store, ("t", 0), end)
-    other = store.get("t", 1, 0, 2)[1]  # (not at position 0)
-    torn_at, size = {"zeros": (0, len(store.get("t", 0, 0, 1)[0].raw)),
-                     "another record's": (other.position, len(other.raw))}[position]
+    other = store.get("t", 1, end - 2, 1)[0]  # (not at position 0)
+    torn_at = 0 if position.startswith("zeros") else other.position
+    size = len(other.raw)
     store.abandon("simulated crash")
     last = sorted((tmp_path / "store" / "consumequeue" / "t" / "0").iterdir())[-1]
     with open(last, "r+b") as file:
