@@ -232,14 +232,15 @@ class Driver:
         PartiallyStored only once the commit passes the copy and this record. A copy cut
         on the replica that led before may hold the rest of its request on another
         replica, in an older epoch, past where this log's copy ends; it is dead only
-        once a record of the current epoch after the copy is committed (Raft's §5.4.2: no later leader lacks that record; ISR: every member
-        fetched it from this leader, cutting what diverged). Committed in an older epoch
-        is not enough (raft seed 7400001690: the rest was committed by a later leader,
-        and the client had sent it again). A Raft leader's epoch always holds a record
-        (its no-op); an ISR or master-slave leader's holds none before its first write,
-        so the driver appends one then, an empty control record as Raft's no-op
-        (waiting for a client's write instead, which may never come, left retries of the
-        copy waiting for good: ISR seed 7700000028)."""
+        once a record of the current epoch after the copy is committed (Raft's §5.4.2:
+        no later leader lacks that record; ISR: every member fetched it from this
+        leader, cutting what diverged). Committed in an older epoch is not enough (raft
+        seed 7400001690: the rest was committed by a later leader, and the client had
+        sent it again). A Raft leader's epoch always holds a record (its no-op); an ISR
+        or master-slave leader's holds none before its first write, so the driver
+        appends one then, as Raft's no-op (waiting for a client's write instead, which
+        may never come, left retries of the copy waiting for good: ISR seed
+        7700000028)."""
         epoch = self.store.epoch
         start = next((start for started, start in self.store.epoch_starts()
                       if started == epoch), None)
