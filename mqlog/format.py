@@ -150,6 +150,19 @@ def check_record(raw: Any, position: int) -> str:
     return ""
 
 
+def names_queue_record(buffer: Any, at: int, queue_id: int, offset: int,
+                       topic: bytes) -> bool:
+    """Whether the record at ``at`` of ``buffer`` is the one a consume-queue entry for
+    ``offset`` of queue (``topic``, ``queue_id``) names: its queue id, queue offset and
+    topic, and not a control record (the C core's twin: _is_queue_record, _queues.pxi).
+    A read checks this beside the CRC; an open checks the last entry it counts."""
+    header = RECORD_HEADER.unpack_from(buffer, at)  # (fields in RecordHeader's order)
+    name_at = at + RECORD_HEADER_SIZE
+    return header[5] == queue_id and header[8] == offset and \
+        not header[3] & ATTR_CONTROL and header[4] == len(topic) and \
+        buffer[name_at:name_at + len(topic)] == topic
+
+
 def seal_record(record: bytearray) -> None:
     """Store the CRC32C of a record's bytes [12, size) at bytes [8, 12)."""
     struct.pack_into("<I", record, CRC_AT, crc32c(memoryview(record)[CRC_START:]))

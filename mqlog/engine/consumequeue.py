@@ -139,18 +139,16 @@ def _holds(mapped: MappedFile, base: int, index: int, scan_from: int,
 def names_record(buffer: Any, at: int, position: int, size: int, queue: tuple[str, int],
                  offset: int) -> bool:
     """Whether the bytes at ``at`` of a segment's ``buffer`` (log position ``position``)
-    start the record of ``queue`` and ``offset``, ``size`` bytes long: the header fields
-    and the topic, as the cores' reads check an entry's record (not its CRC: the records
-    an open counts entries for were checkpointed or scanned)."""
+    start the record of ``queue`` and ``offset``, ``size`` bytes long: a record header
+    there, then what a read checks of an entry's record (format.names_queue_record; not
+    its CRC: the records an open counts entries for were checkpointed or scanned)."""
     topic = queue[0].encode()
     if at < 0 or at + fmt.RECORD_HEADER_SIZE + len(topic) > len(buffer):
         return False
-    header = fmt.RecordHeader._make(fmt.RECORD_HEADER.unpack_from(buffer, at))
-    name_at = at + fmt.RECORD_HEADER_SIZE
-    return header.magic == fmt.RECORD_MAGIC and header.size == size and \
-        header.position == position and header.queue_id == queue[1] and \
-        header.queue_offset == offset and not header.control and \
-        header.topic_size == len(topic) and bytes(buffer[name_at:name_at + len(topic)]) == topic
+    size_found, magic = fmt.BLANK.unpack_from(buffer, at)  # (size, magic: any header's)
+    (position_found,) = fmt.CQ_POSITION.unpack_from(buffer, at + fmt.POSITION_AT)
+    return magic == fmt.RECORD_MAGIC and size_found == size and position_found == position \
+        and fmt.names_queue_record(buffer, at, queue[1], offset, topic)
 
 
 def first_live_entry(mapped: MappedFile, log_start: int) -> int:

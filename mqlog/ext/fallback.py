@@ -1579,10 +1579,7 @@ _IDENTITY = "another record"  # an intact record, of another queue or offset
 
 def _is_queue_record(raw: bytes, queue: _Queue, offset: int) -> bool:
     """Whether the intact record ``raw`` is the one ``queue``'s entry for ``offset`` names."""
-    header = HEADER.unpack_from(raw)
-    return header[5] == queue.queue_id and header[8] == offset and \
-        not header[3] & ATTR_CONTROL and \
-        raw[HEADER_SIZE:HEADER_SIZE + header[4]] == queue.topic_bytes
+    return _fmt.names_queue_record(raw, 0, queue.queue_id, offset, queue.topic_bytes)
 
 
 def _mismatch_text(topic: str, queue_id: int, offset: int, position: int, size: int,
