@@ -191,6 +191,75 @@ def test_reads_beside_a_change_that_unmaps_never_crash(fast_path, impl, mode):
     assert f"{mode}: {RACE_ROUNDS[mode]} rounds" in output
 
 
+REWRITE_READS_MIN = 50_000  # read_raw calls beside the rewriter, at least ...
+REWRITE_REFUSALS_MIN = 1_000  # ... and this many of them refused (it ran between them)
+REWRITE_READS_MAX = 5_000_000
+
+
+def _rewrite_sizes(segment: str, offsets: list[int]) -> None:
+    """The rewriter process: zero the size field of the records at ``offsets`` and put
+    it back, again and again, until stdin closes (says "ready" after the first pass)."""
+    import mmap
+
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    with open(segment, "r+b") as file, mmap.mmap(file.fileno(), 0) as mapping:
+        sizes = [mapping[at:at + 4] for at in offsets]
+        ready = False
+        while not stop.is_set():
+            for at in offsets:
+                mapping[at:at + 4] = bytes(4)
+            for at, size in zip(offsets, sizes, strict=True):
+                mapping[at:at + 4] = size
+            if not ready:
+                print("ready", flush=True)
+                ready = True
+
+
+def _read_beside_a_rewriter(directory: str, impl: str) -> None:
+    """The child's work: read_raw over records whose sizes another process keeps
+    zeroing and restoring; every answer must be the records as written."""
+    path = Path(directory) / "store"
+    with _race_store(path, impl) as store:
+        for index in range(200):
+            store.put("t", _body(index)[:300])
+        offsets = [record.position for record in store.get("t", 0, 10, 190, 1 << 24)[::7]]
+        written = store.read_raw(0, 1 << 20)
+    code = (f"from tests.test_hostile import _rewrite_sizes; "
+            f"_rewrite_sizes({str(path / 'commitlog' / f'{0:020d}')!r}, {offsets!r})")
+    rewriter = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    reads = refused = 0
+    try:
+        assert rewriter.stdout is not None and rewriter.stdout.readline() == "ready\n"
+        with mqlog.open(path, read_only=True, implementation=impl) as snapshot:
+            while reads < REWRITE_READS_MIN or refused < REWRITE_REFUSALS_MIN:
+                assert reads < REWRITE_READS_MAX, f"the rewriter ran beside {refused} reads"
+                reads += 1
+                try:
+                    answer = snapshot.read_raw(0, 1 << 20)
+                except (errors.CorruptRecord, errors.InvalidPosition):
+                    refused += 1
+                    continue
+                assert answer == written[:len(answer)], f"read {reads}: torn bytes returned"
+    finally:
+        rewriter.communicate(input="", timeout=60)
+    print(f"{reads} reads, {refused} refused")
+
+
+def test_read_raw_beside_a_process_rewriting_the_records_never_crashes_nor_tears(
+        fast_path, impl):
+    """The Spark source's reads beside a writer process (CI, 2026-12-03): the C core
+    walked a run of records on the mapping, copied it, and ran the CRCs over the copy
+    with the sizes read again from it; a size rewritten in between (a truncation's
+    zeroing) ran the CRC past the copy: SIGSEGV. The twin checked each record and then
+    copied the run again: it returned bytes it never checked. Another process zeroes and
+    restores record sizes here while read_raw runs: each answer is refused (a typed
+    error) or the records as written. Both failed within a second before their fix."""
+    output = _run_child("_read_beside_a_rewriter", str(fast_path), impl)
+    assert " reads, " in output
+
+
 # --- damaged consume-queue entries ---------------------------------------------------------
 
 

@@ -1054,7 +1054,10 @@ cdef class LogCore:
             segment = self._locate(position)
             p = segment.data + (position - segment.base)
             mq_read_header(p, &header)
-            topic = PyUnicode_DecodeUTF8(p + MQ_HEADER_SIZE, header.topic_size, "replace")
+            # (bounded again: another process may have rewritten the header since)
+            topic = PyUnicode_DecodeUTF8(
+                p + MQ_HEADER_SIZE, min(header.topic_size, segment.size - MQ_HEADER_SIZE -
+                                        (position - segment.base)), "replace")
             _entry_mismatch(queue, offset, position, size,
                             f"which holds the record of {topic!r}/{header.queue_id} offset "
                             f"{header.queue_offset} ({header.size} bytes)")

@@ -473,10 +473,17 @@ cdef void _walk_raw(const char *data, uint64_t segment_size, uint64_t base,
 
 
 cdef uint64_t _first_bad_crc(const char *records, uint64_t size) noexcept nogil:
-    """Offset of the first record whose CRC32C is wrong in whole records; else size."""
+    """Offset of the first record whose CRC32C is wrong in whole records; else size.
+    The sizes are read again from ``records``, a copy of a mapping that another process
+    may have rewritten since the walk that found them whole: a size that does not fit
+    is a wrong record too (trusted, it ran the CRC past the copy: a SIGSEGV)."""
     cdef uint64_t at = 0, length
     while at < size:
+        if size - at < MQ_HEADER_SIZE:
+            return at
         length = mq_u32(records + at + MQ_AT_SIZE)
+        if length < MQ_HEADER_SIZE or length > size - at:
+            return at
         if mq_crc32c(0, records + at + MQ_CRC_START, length - MQ_CRC_START) != \
                 mq_u32(records + at + MQ_AT_CRC):
             return at

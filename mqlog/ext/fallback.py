@@ -943,11 +943,15 @@ class LogCore:
         segment, offset = self._locate(position)
         end = offset
         limit = min(segment.size, self.written_position - segment.base)
+        # The answer is the copies that were checked, never a second copy: another
+        # process may rewrite the mapping between a check and a copy (as the C core's
+        # CRC pass runs on its answer's own bytes).
+        answer: list[bytes] = []
         while end < limit:
             size, magic = BLANK.unpack_from(segment.buffer, end)
             at = segment.base + end
             if magic == BLANK_MAGIC and end + size == segment.size:
-                end = segment.size
+                answer.append(bytes(segment.buffer[end:segment.size]))
                 break
             raw = bytes(segment.buffer[end:end + size]) if end + size <= limit else b""
             problem = _check_record(raw, at, True)
@@ -959,8 +963,9 @@ class LogCore:
                 raise CorruptRecord(at, problem)
             if end > offset and end + size - offset > max_bytes:
                 break
+            answer.append(raw)
             end += size
-        return bytes(segment.buffer[offset:end])
+        return b"".join(answer)
 
     def append_raw(self, position: int, data: Any) -> int:
         """Append records copied from another replica at the same position.
