@@ -103,8 +103,13 @@ FLUSHED_SLOT = struct.Struct("<4sIQQII")
 FLUSHED_MAGIC = b"MQFP"
 FLUSHED_SLOTS = 2
 
+# The change count (``changes``, 16 bytes), overwritten in place, never synced:
+#  magic "MQCH" | version u32 | count u64 (odd while a truncation, reset or retention runs)
+CHANGES = struct.Struct("<4sIQ")
+CHANGES_MAGIC = b"MQCH"
+
 assert RECORD_HEADER_SIZE == 72 and CQ_ENTRY_SIZE == 20 and CHECKPOINT.size == 36
-assert FLUSHED_SLOT.size == 32
+assert FLUSHED_SLOT.size == 32 and CHANGES.size == 16
 assert INDEX_HEADER_SIZE == 64 and INDEX_ENTRY_SIZE == 32
 
 

@@ -22,7 +22,9 @@ import pytest
 
 import mqlog
 from mqlog.config import PAGE_SIZE
-from mqlog.errors import CorruptStore, StoreChanged
+from mqlog.engine.checkpoint import ChangeCount
+from mqlog.engine.store import StorePaths
+from mqlog.errors import ConsumeQueueMismatch, CorruptStore, StoreChanged
 from tests.conftest import SMALL, local_spark_session
 
 pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
@@ -109,6 +111,50 @@ def test_a_store_changed_between_planning_and_reading_fails_the_read(tmp_path, r
     options, parts = _plan(path)  # planned again: what the store holds now
     with mqlog.open(path, read_only=True) as store:
         assert _read(options, parts) == _engine(store)
+
+
+def test_a_range_ending_before_a_segments_closing_blank_is_marked(tmp_path, impl):
+    """read_raw answers a segment's last record with the blank that closes the segment:
+    the planner took that for an unreadable record and left the range unmarked, so its
+    read clamped to what the store held by then (a truncation lost rows without an
+    error; CI seed 3833965536 of the test above)."""
+    path = tmp_path / "s"
+    with mqlog.open(path, implementation=impl, **SMALL) as store:
+        body = bytes(100)
+        while SMALL["segment_size_bytes"] - store.written_position > 2 * len(body):
+            store.put("t", body, 0)
+        store.put("u", bytes(4 * len(body)), 0)  # does not fit: a blank closes segment 0
+        assert store.get("u", 0, 0, 1)[0].position == store.segments()[1][0]
+    options, parts = _plan(path)
+    assert all(piece.marks for part in parts for piece in getattr(part, "ranges", [part]))
+    with mqlog.open(path, implementation=impl, **SMALL) as store:
+        _truncation(store, None)
+    with pytest.raises(StoreChanged, match="load the DataFrame again"):
+        _read(options, parts)
+
+
+@pytest.mark.parametrize("under_way", [True, False])
+def test_a_read_failing_during_a_change_that_has_not_reached_the_marks_is_store_changed(
+        tmp_path, rng, under_way):
+    """A truncation in another process cuts queue entries before the records (and
+    lowers the flushed position before either): a read failing in between, with both
+    marked records still on disk, raised the raw ConsumeQueueMismatch or CorruptRecord
+    (1 run in 20 of the writer-process test below). The change count tells: changed
+    since planning is StoreChanged; the same count is damage, and said so."""
+    path = _fill(tmp_path / "s", rng)
+    options, parts = _plan(path)
+    last_queue_file = max((tmp_path / "s" / "consumequeue" / "t" / "1").iterdir())
+    if under_way:  # a change's first step: its entries cut, its records not yet
+        counter = ChangeCount(StorePaths(path).changes)
+        with counter.changing():
+            last_queue_file.unlink()
+            with pytest.raises(StoreChanged, match="load the DataFrame again"):
+                _read(options, parts)
+        counter.close()
+    else:
+        last_queue_file.unlink()
+        with pytest.raises(ConsumeQueueMismatch, match="lacks entries"):
+            _read(options, parts)
 
 
 def test_commitlog_mode_over_a_deleted_segment_fails_typed(tmp_path, rng):

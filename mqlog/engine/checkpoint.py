@@ -16,6 +16,14 @@ damage there is the medium's, not a crash's), where without it a damaged acknowl
 tail past the last checkpoint was cut as a torn one. Two slots, written alternately: a
 write torn by a crash leaves the other, older and still true.
 
+The change count tells a reader in another process a change of the store under it
+from damage (``changes``): a truncation, a reset or retention makes it odd before its
+first step and even again after its last. A read that meets missing or unreadable data
+compares the count with the one it noted before it looked: the same and even, nothing
+was cut meanwhile, so the data is damaged; else the store changed under it. Written in
+place without a sync: only live readers look, and the count survives a crash anyway
+(or is lost with the page cache, where no reader survives either).
+
 The epoch file lists the first position of each epoch, like Kafka's
 leader-epoch-checkpoint; the queue manifest lists every queue with its minimum and next
 offset, so recovery notices lost consume-queue files; the consumer-offsets file holds
@@ -30,6 +38,8 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -213,6 +223,56 @@ class FlushedPosition:
 
     def close(self) -> None:
         self.stop()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_changes(path: Path) -> int | None:
+    """The change count of the store whose ``changes`` file is ``path``; None if there is
+    none (a store not opened writable since the file came in)."""
+    try:
+        with open(path, "rb") as file:
+            data = file.read(fmt.CHANGES.size)
+    except FileNotFoundError:
+        return None
+    if len(data) != fmt.CHANGES.size:
+        return None
+    magic, version, count = fmt.CHANGES.unpack(data)
+    return count if magic == fmt.CHANGES_MAGIC and version == FORMAT_VERSION else None
+
+
+class ChangeCount:
+    """The open ``changes`` file of a writable store (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        count = read_changes(path)
+        with typed_errors(f"cannot open {path}"):
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.count = 0 if count is None else count + count % 2  # (odd: a crash cut one)
+        try:
+            if count != self.count:
+                self._write(self.count)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    @contextmanager
+    def changing(self) -> Iterator[None]:
+        """Around a change that cuts what readers may have planned to read."""
+        self._write(self.count + 1)
+        try:
+            yield
+        finally:
+            self._write(self.count + 1)
+
+    def _write(self, count: int) -> None:
+        with typed_errors(f"cannot write {self._path}"):
+            os.pwrite(self._fd, fmt.CHANGES.pack(fmt.CHANGES_MAGIC, FORMAT_VERSION, count), 0)
+        self.count = count
+
+    def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

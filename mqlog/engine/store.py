@@ -110,6 +110,10 @@ class StorePaths:
         return self.root / "epochs"
 
     @property
+    def changes(self) -> Path:
+        return self.root / "changes"
+
+    @property
     def meta(self) -> Path:
         return self.root / "meta.json"
 
@@ -160,6 +164,8 @@ class Store:
         self._names_unsynced: set[int] = set()  # segments made since commitlog/ was synced
         self._commitlog_fd = -1  # commitlog/, open for _sync_log's fsync (writable stores)
         self._flushed_file: cp.FlushedPosition | None = None  # saved after log syncs
+        self._changes: cp.ChangeCount | None = None  # (writable stores)
+        self._snapshot_changes: int | None = None  # (read-only ones: the count at open)
         self._retired: list[MappedFile] = []  # deleted by retention, unmapped next pass
         self._clock_ms = clock_ms
         self._closed = False
@@ -183,6 +189,7 @@ class Store:
             raise StoreNotFound(f"{self.paths.root} is not an mqlog store (it has no "
                                 "meta.json); check the path")
         cp.check_meta(self.paths.meta)
+        self._snapshot_changes = cp.read_changes(self.paths.changes)  # (before any look)
         self.core = self.core_module.LogCore(
             segment_size_bytes=self.config.segment_size_bytes,
             message_size_bytes_max=self.config.message_size_bytes_max,
@@ -232,7 +239,9 @@ class Store:
             clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read,
             prepare_queue=self._prepare_queue, prepare_segment=self._prepare_segment)
         self.files = FileSet(paths, config, self.core)
-        self.recovery_report = recover(self.files)
+        self._changes = cp.ChangeCount(paths.changes)
+        with self._changes.changing():  # (it may cut a torn tail, drop queue entries)
+            self.recovery_report = recover(self.files)
         end = self.recovery_report.end_position
         self.key_index = KeyIndex(paths.index, self.core, self.core_module, config)
         index_files = len(numbered_files(paths.index))
@@ -549,10 +558,11 @@ class Store:
             start = plan()
             if start == before:
                 return RetentionReport(before)
-            dropped, _files = self.core.trim_front(start, self._delete_front)
-            self.key_index.trim_front(start)
-            self._save_queues(force=True)
-            self._save_epochs()
+            with self._changing():
+                dropped, _files = self.core.trim_front(start, self._delete_front)
+                self.key_index.trim_front(start)
+                self._save_queues(force=True)
+                self._save_epochs()
         return RetentionReport(start, dropped, start - before)
 
     def _delete_front(self, dropped_segments: list[int],
@@ -683,7 +693,7 @@ class Store:
         Other threads may keep writing: they continue from ``position`` afterwards.
         """
         self._check_writable()
-        with self._flusher.paused(), self.key_index.lock:
+        with self._flusher.paused(), self.key_index.lock, self._changing():
             self._truncate(position)
 
     def _truncate(self, position: int) -> None:
@@ -724,7 +734,7 @@ class Store:
         # In this order, so that a crash never pairs the new epochs with old records. The
         # key index's lock is held throughout: an indexer running while the log has no
         # segment would start an index file at position 0.
-        with self._flusher.paused(), self.key_index.lock:
+        with self._flusher.paused(), self.key_index.lock, self._changing():
             self._lower_flushed(position)
             bases = self.core.segment_bases()
             if bases:
@@ -748,6 +758,20 @@ class Store:
             self._save_queues(force=True)
             cp.write_checkpoint(self.paths.checkpoint,
                                 cp.Checkpoint(position, position, _now_ms()))
+
+    @property
+    def change_count(self) -> int | None:
+        """How many changes that cut records (truncations, resets, retention, writable
+        opens) the store had seen: now, or for a read-only snapshot when it was opened
+        (odd: one was under way). None: not known (no ``changes`` file yet)."""
+        return self._snapshot_changes if self.read_only else \
+            self._changes.count if self._changes is not None else None
+
+    def _changing(self) -> contextlib.AbstractContextManager[None]:
+        """Around a change that cuts records or queue entries: readers in other processes
+        tell it from damage by the change count (checkpoint.py)."""
+        assert self._changes is not None
+        return self._changes.changing()
 
     def _lower_flushed(self, position: int) -> None:
         if self._flushed_file is not None:
@@ -895,6 +919,8 @@ class Store:
             self._commitlog_fd = -1
         if self._flushed_file is not None:
             self._flushed_file.close()
+        if self._changes is not None:
+            self._changes.close()
         if hasattr(self, "_allocator"):
             self._allocator.close()
         if hasattr(self, "key_index"):

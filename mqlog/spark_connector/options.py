@@ -56,8 +56,10 @@ class QueueRange(InputPartition):
 
     ``marks``: (position, CRC32C) of the range's first and last records as the planner
     saw them (reader.py checks that they are still there: nothing was deleted or
-    replaced since); empty when unknown. ``skip_lost``: a streaming read with
-    failOnDataLoss=false, which skips what retention deleted meanwhile."""
+    replaced since); empty when unknown. ``changes``: the store's change count when the
+    planner looked (``Store.change_count``), by which a read that fails tells a change
+    under it from damage. ``skip_lost``: a streaming read with failOnDataLoss=false,
+    which skips what retention deleted meanwhile."""
 
     path: str
     replica: str
@@ -66,6 +68,7 @@ class QueueRange(InputPartition):
     start: int
     end: int
     marks: tuple[tuple[int, int], ...] = ()
+    changes: int | None = None
     skip_lost: bool = False
 
     @property

@@ -88,7 +88,8 @@ def mark_ranges(parts: list[QueueRange | QueueRanges],
                  for offset in sorted({part.start, part.end - 1})]
         if None in marks:  # damage: the read reports it
             return part
-        return replace(part, marks=tuple(mark for mark in marks if mark is not None))
+        return replace(part, marks=tuple(mark for mark in marks if mark is not None),
+                       changes=store.change_count)
 
     return [QueueRanges(tuple(marked(piece) for piece in part.ranges))
             if isinstance(part, QueueRanges) else marked(part) for part in parts]
@@ -103,7 +104,7 @@ def _mark(store: Store, topic: str, queue_id: int, offset: int) -> tuple[int, in
         raw = store.read_raw(int(entry["position"]), int(entry["size"]))
     except (MqlogError, OSError):
         return None
-    if len(raw) != int(entry["size"]):
+    if len(raw) < int(entry["size"]):  # (more: read_raw adds a segment's closing blank)
         return None
     return int(entry["position"]), int(np.frombuffer(raw, layout.HEADER, count=1)[0]["crc"])
 

@@ -13,7 +13,11 @@ the range must lie within the queue's ``min_offset``/``max_offset`` there.
    reading (``_readable``) and the last one again after (``unchanged``): a log changes
    only at its ends, so while both stand every record between them is the one planned.
    Otherwise the read fails with ``StoreChanged``, as does an error met while reading
-   when the marks moved meanwhile (the error came from the change, not from damage).
+   when the marks moved meanwhile or the store's change count (``changes``, bumped
+   before a truncation, reset or retention takes its first step) is not the planner's:
+   the error came from the change, not from damage. The marks alone do not tell: a
+   change in another process may have cut the queue's entries, or lowered what a
+   snapshot opened during it holds, before it reaches the marked records.
 
 1. Entries. The consume-queue entries of the range (docs/FORMAT.md: position, size,
    tag hash) are read with numpy straight from the queue's files, 20 bytes an entry.
@@ -70,8 +74,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 import mqlog
+from mqlog.engine.checkpoint import read_changes
 from mqlog.engine.files import numbered_files
-from mqlog.engine.store import Store
+from mqlog.engine.store import Store, StorePaths
 from mqlog.errors import ConsumeQueueMismatch, InvalidPosition, MqlogError, StoreChanged
 from mqlog.spark_connector import layout
 from mqlog.spark_connector.options import QueueRange
@@ -138,7 +143,7 @@ def read_queue(part: QueueRange, counters: Counters,
     try:
         yield from _read_queue(part, counters, arrow)
     except (MqlogError, OSError) as error:
-        if isinstance(error, StoreChanged) or unchanged(part):
+        if isinstance(error, StoreChanged) or (unchanged(part) and not changed_since(part)):
             raise
         raise _changed(part, "records it was to read were replaced or deleted while it "
                        f"read them ({type(error).__name__}: {error})") from error
@@ -201,6 +206,15 @@ def unchanged(part: QueueRange, last_only: bool = False) -> bool:
                 int(header["crc"]) != crc or not layout.magic_ok(header):
             return False
     return True
+
+
+def changed_since(part: QueueRange) -> bool:
+    """Whether a change that cuts records ran on ``part``'s store, or was under way, since
+    the planner looked (the change count: checkpoint.py). False when not known."""
+    if part.changes is None:
+        return False
+    now = read_changes(StorePaths(Path(part.path)).changes)
+    return part.changes % 2 == 1 or now != part.changes
 
 
 def _header_on_disk(path: str, position: int) -> np.ndarray | None:
