@@ -90,6 +90,17 @@ def test_a_retry_too_old_to_tell_is_given_up():
     assert any(line.endswith("refused as too old") for line in result.trace)
 
 
+def test_a_restarted_clients_first_write_is_not_refused_as_too_old():
+    """Seed 8200000978, from a soak of fresh seeds: the restarted client's first request
+    was refused for want of replicas, its next ones stored; the leader elected next
+    rebuilt its table past the log's front (retention) and forgot the life's sequences
+    below the lowest it found, so the first request's retry was refused as too old to
+    tell, never stored (idempotence.py: a life the scan saw begin forgets nothing)."""
+    result = run_seed(8200000978)
+    assert not result.violations, verdict("isr", result)
+    assert result.client_lives == 2 and result.log_starts > 0
+
+
 def test_regression_seeds_pass_every_checker(monkeypatch):
     without_batches(monkeypatch)  # (found before requests of several records)
     for seed, found in sorted(REGRESSION_SEEDS.items()):

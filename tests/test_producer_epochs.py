@@ -112,6 +112,25 @@ def test_a_life_longer_than_the_window_is_not_stored_twice(tmp_path: Path,
         assert whole.lookup("p", 1, 7) is not None
 
 
+def test_a_life_begun_inside_the_window_forgets_nothing(tmp_path: Path, impl: str) -> None:
+    """ISR seed 8200000978: a restarted client's first request (its sequence 1) was
+    refused for want of replicas while its next ones were stored; a new leader, its scan
+    starting past the log's front (retention), forgot every sequence below the lowest it
+    found, and refused the first request's retry as too old to tell, though it was never
+    stored. A life whose scan met an earlier life of the producer first began inside the
+    window (epochs never go down in a log): nothing of it is forgotten."""
+    with mqlog.open(tmp_path / "s", implementation=impl, **SMALL) as store:
+        _fill(store, "p", range(1, 130), 7)
+        _fill(store, "p", range(2, 6), 8)  # (the new life's sequence 1 was never stored)
+        _fill(store, "q", range(3, 6), 1)  # (a life the scan meets whole, or maybe not)
+        table = ProducerTable(1000)
+        table.rebuild(store, 50_000)
+        assert table.epoch("p") == 8 and table.lookup("p", 1, 8) is None  # (new: stored)
+        assert table.lookup("p", 2, 8) is not None
+        with pytest.raises(errors.OutOfOrderSequence, match="no longer remembers"):
+            table.lookup("q", 2, 1)  # (sequences 1 and 2 may lie before the scan)
+
+
 def test_a_request_cut_by_the_window_is_not_said_to_be_partly_stored(
         tmp_path: Path, impl: str) -> None:
     """Finding 2 of the review of 86f9688: a request whose records went on in the next

@@ -39,8 +39,9 @@ holds everywhere:
   holds), which the simulators check.
 * Limits. A producer none of whose records is in the window is unknown: any epoch is
   taken (as Kafka forgets producer state after its expiration). A producer whose life
-  began before the window (or before retention let the log's front go) has its older
-  sequences forgotten on a new leader: refused with OutOfOrderSequence (may be stored),
+  may have begun before the window (or before retention let the log's front go: no
+  record of an earlier life of it comes first in the window) has its older sequences
+  forgotten on a new leader: refused with OutOfOrderSequence (may be stored),
   like the ones a table drops past ``idempotence_sequences_max`` — and so is the request
   whose record the scan starts at (its first records may lie before it). Taken as new,
   a retry of one was stored twice. Epochs are compared, never matched with the client's
@@ -182,26 +183,36 @@ class ProducerTable:
         bases = [base for base, _size in store.segments() if base <= max(0, end - window_bytes)]
         start = position = bases[-1] if bases else store.first_segment_base()
         found, first = 0, None
+        first_epochs: dict[str, int] = {}  # each producer's first epoch in the scan
         while position < end:
             data = store.read_raw(position, 1 << 20)
             for tag, stored in producer_tags(position, data):
                 self.note(*tag, stored)
                 found += 1
                 first = tag if stored.position == start else first
+                first_epochs.setdefault(tag[0], tag[2])
             position += len(data)
         if start > 0:
-            self._forget_before_window(first)
+            self._forget_before_window(first, {
+                producer_id for producer_id, epoch in first_epochs.items()
+                if self._epochs.get(producer_id, epoch) > epoch})
         return found
 
-    def _forget_before_window(self, first: ProducerTag | None) -> None:
+    def _forget_before_window(self, first: ProducerTag | None, begun_here: set[str]) -> None:
         """The log goes on before the scan (past the window, or let go): the lives found
         may have older sequences there, stored, which the old leader's table still had —
         taken as new here, a retry of one would be stored twice. So each is forgotten, as
         if this table had dropped it (sequences rise within a life, as every client of
         mqlog sends them): below the lowest found, and the request of the record the scan
         starts at, whose first records may lie before it (found cut, its retry would be
-        refused as PartiallyStored: "send the rest again", twice)."""
+        refused as PartiallyStored: "send the rest again", twice). Not for a life
+        ``begun_here``: the scan met a record of an earlier life of that producer first,
+        and a producer's epochs never go down in a log, so the whole life is in the scan
+        (a never-stored first request of it, forgotten, was refused as too old to tell:
+        ISR seed 8200000978)."""
         for producer_id, sequences in self._producers.items():
+            if producer_id in begun_here:
+                continue
             self._forgotten[producer_id] = max(self._forgotten.get(producer_id, -1),
                                                min(sequences) - 1)
         if first is not None and self._epochs.get(first[0]) == first[2]:
