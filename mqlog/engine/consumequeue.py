@@ -99,7 +99,8 @@ def entries_before(mapped: MappedFile, scan_from: int) -> int:
 
 # Whether the log holds, at ``position`` and ``size`` bytes long, the queue's record of
 # ``offset``: (offset, position, size) -> True or False, or None when the log cannot
-# tell (retention deleted that part of it). See FileSet.entry_check.
+# tell (retention deleted that part of it, or the record there is damaged). See
+# FileSet.entry_check.
 EntryCheck = Callable[[int, int, int], "bool | None"]
 
 
@@ -110,7 +111,9 @@ def entries_held(mapped: MappedFile, scan_from: int, check: EntryCheck) -> int:
     synced, so a crash can leave one with its size and without its position (zeros, or
     an older file's bytes). The run is searched as usual, then walked back from its end
     while an entry fails ``check``: such entries come only after the entries the
-    checkpoint synced, and every one of those holds."""
+    checkpoint synced, and every one of those names its record (or, where damage hit
+    the record since, one the check cannot tell: it holds if it follows the entry
+    before it)."""
     count = entries_before(mapped, scan_from)
     base = int(mapped.path.name)
     while count and not _holds(mapped, base, count - 1, scan_from, check):
@@ -128,7 +131,8 @@ def _holds(mapped: MappedFile, base: int, index: int, scan_from: int,
     verdict = check(base + index, position, size)
     if verdict is not None:
         return verdict
-    # Retention deleted its record: it must at least come after the entry before it.
+    # Retention deleted its record, or damage hit it: it must at least come after the
+    # entry before it.
     if index == 0:
         return True
     before, before_size = entry(mapped, index - 1)

@@ -28,6 +28,7 @@ import bisect
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mqlog import format as fmt
 from mqlog.config import StoreConfig
 from mqlog.engine import consumequeue as cq
 from mqlog.engine.files import MappedFile, file_name
@@ -209,16 +210,38 @@ class FileSet:
 
     def entry_check(self, queue: tuple[str, int]) -> cq.EntryCheck:
         """How an open checks that the log holds the record a queue's entry names (see
-        cq.entries_held): None below the log's start, where retention deleted it."""
+        cq.entries_held). False where it holds another intact record (a torn entry names
+        an older record, or position 0) or where the entry's span does not end at a
+        record's start. None where the log cannot tell: below its start (retention
+        deleted the record), or a damaged record whose span ends where a record starts
+        (a bit flip in a checkpointed record: the entry holds, and reads refuse the
+        record; counted torn, it made the open refuse the store)."""
         bases = self.segment_bases()
 
         def check(offset: int, position: int, size: int) -> bool | None:
             if not bases or position < bases[0]:
                 return None
             base = bases[bisect.bisect_right(bases, position) - 1]
-            return cq.names_record(self._segments[base].buffer, position - base, position,
-                                   size, queue, offset)
+            buffer = self._segments[base].buffer
+            if cq.names_record(buffer, position - base, position, size, queue, offset):
+                return True
+            if fmt.intact_header(buffer, base, position - base) is not None:
+                return False
+            return None if self._record_starts(bases, position + size) else False
         return check
+
+    def _record_starts(self, bases: list[int], position: int) -> bool:
+        """Whether an intact record, a blank record or a segment starts at ``position``."""
+        base = bases[bisect.bisect_right(bases, position) - 1]
+        buffer = self._segments[base].buffer
+        at = position - base
+        if at == len(buffer) or position in self._segments:
+            return True
+        if at > len(buffer) - fmt.BLANK_SIZE_MIN:
+            return False
+        size, magic = fmt.BLANK.unpack_from(buffer, at)
+        return magic == fmt.BLANK_MAGIC and at + size == len(buffer) or \
+            fmt.intact_header(buffer, base, at) is not None
 
     def drop_all_queues(self) -> None:
         """Delete every consume queue (recovery rebuilds them from the log)."""
