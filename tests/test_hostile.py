@@ -604,36 +604,42 @@ def test_a_queue_entry_torn_by_a_crash_is_not_served(open_store, tmp_path, impl,
 
 
 @pytest.mark.parametrize("field", [format.QUEUE_OFFSET_AT, format.POSITION_AT,
-                                   format.RECORD_HEADER_SIZE + 2])  # (in the topic name)
+                                   format.RECORD_HEADER_SIZE])  # (the topic's name)
 @pytest.mark.parametrize("reader", ["read-only", "writable"])
+@pytest.mark.parametrize("last", ["a queue's", "the log's"])
 def test_a_damaged_checkpointed_record_at_a_queues_end_is_refused_by_reads_not_opens(
-        open_store, tmp_path, impl, field, reader):
+        open_store, tmp_path, impl, field, reader, last):
     """The torn-entry check (above) took the last entry of a queue whose record, before
     the checkpoint, a bit flip had damaged, for a torn entry: left out, the recovery
     scan then found the queue's next record one offset past its end, rebuilt every queue
     from the log's start, met the damage and refused to open (CorruptStore; the bit-flip
-    test's seed 2396515097). Such an entry still ends where a record starts, which a
-    torn one does not: it is counted, the open works and reads refuse the record."""
+    test's seed 2396515097). Such an entry still ends where a record starts, or where
+    the log ends, which a torn one does not: it is counted, the open works and reads
+    refuse the record."""
     store = open_store()
     _fill_queues(store, LOST_PUTS)
-    _fill_queues(store, 2, queues=1)  # (t/0's last record is not the log's)
-    end = store.max_offset("t", 1)
-    _await_checkpoint(store, ("t", 1), end)
-    last = store.get("t", 1, end - 1, 1)[0]
+    if last == "a queue's":
+        _fill_queues(store, 2, queues=1)  # (t/1's last record is not the log's)
+    queue = ("t", 1)
+    end = store.max_offset(*queue)
+    _await_checkpoint(store, queue, end)
+    record = store.get(*queue, end - 1, 1)[0]
+    assert (record.position + len(record.raw) == store.written_position) == \
+        (last == "the log's"), "test set-up"
     store.abandon("simulated crash")
     segment = max(path for path in (tmp_path / "store" / "commitlog").iterdir()
-                  if int(path.name) <= last.position)
+                  if int(path.name) <= record.position)
     with open(segment, "r+b") as file:
-        file.seek(last.position - int(segment.name) + field)
+        file.seek(record.position - int(segment.name) + field)
         byte = file.read(1)[0]
         file.seek(-1, os.SEEK_CUR)
         file.write(bytes([byte ^ 0x10]))
     opened = _read_only(tmp_path / "store", impl) if reader == "read-only" else open_store()
     with opened:
-        assert opened.max_offset("t", 1) == end
-        assert len(opened.get("t", 1, end - 2, 1)) == 1
+        assert opened.max_offset(*queue) == end
+        assert len(opened.get(*queue, end - 2, 1)) == 1
         with pytest.raises((errors.CorruptRecord, errors.ConsumeQueueMismatch)):
-            opened.get("t", 1, end - 1, 1)
+            opened.get(*queue, end - 1, 1)
 
 
 @pytest.mark.parametrize("writer", ["live", "crashed"])

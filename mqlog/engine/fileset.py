@@ -231,7 +231,8 @@ class FileSet:
         return check
 
     def _record_starts(self, bases: list[int], position: int) -> bool:
-        """Whether an intact record, a blank record or a segment starts at ``position``."""
+        """Whether an intact record, a blank record, a segment or the log's unwritten end
+        (zeros) starts at ``position``."""
         base = bases[bisect.bisect_right(bases, position) - 1]
         buffer = self._segments[base].buffer
         at = position - base
@@ -240,8 +241,8 @@ class FileSet:
         if at > len(buffer) - fmt.BLANK_SIZE_MIN:
             return False
         size, magic = fmt.BLANK.unpack_from(buffer, at)
-        return magic == fmt.BLANK_MAGIC and at + size == len(buffer) or \
-            fmt.intact_header(buffer, base, at) is not None
+        return size == magic == 0 or magic == fmt.BLANK_MAGIC and at + size == len(buffer) \
+            or fmt.intact_header(buffer, base, at) is not None
 
     def drop_all_queues(self) -> None:
         """Delete every consume queue (recovery rebuilds them from the log)."""
