@@ -137,6 +137,22 @@ def test_repair_blanks_exactly_the_damaged_records(tmp_path, impl, capsys):
         assert piece.read_bytes() == before[f"{base:020d}"][start - base:end - base]
 
 
+def test_repair_is_a_change_to_readers_in_other_processes(tmp_path, impl):
+    """Repair rewrites records while read-only readers (the Spark source's) may read:
+    like a truncation it moves the change count (docs/FORMAT.md, ``changes``), so such
+    a reader says StoreChanged rather than damage; a dry run changes nothing."""
+    from mqlog.engine.checkpoint import read_changes
+
+    store = tmp_path / "store"
+    _build(store, impl)
+    before = read_changes(store / "changes")
+    _flip(store, 3000)
+    repair(store, dry_run=True)
+    assert read_changes(store / "changes") == before
+    repair(store)
+    assert read_changes(store / "changes") == before + 2
+
+
 def test_repair_from_a_replica_loses_nothing(tmp_path, impl, capsys):
     store, replica = tmp_path / "store", tmp_path / "replica"
     _build(store, impl)

@@ -157,6 +157,20 @@ def test_a_read_failing_during_a_change_that_has_not_reached_the_marks_is_store_
             _read(options, parts)
 
 
+def test_a_read_planned_during_a_change_says_how_to_mend_a_dead_writers(tmp_path, rng):
+    """Planned while the count was odd, a failing read is StoreChanged; if the change's
+    writer died part way, the count stays odd until a writable open, and so does every
+    such read: the error says what to do."""
+    path = _fill(tmp_path / "s", rng)
+    counter = ChangeCount(StorePaths(path).changes)
+    with counter.changing():
+        options, parts = _plan(path)
+    counter.close()
+    max((tmp_path / "s" / "consumequeue" / "t" / "1").iterdir()).unlink()
+    with pytest.raises(StoreChanged, match="open the store for writing once"):
+        _read(options, parts)
+
+
 def test_commitlog_mode_over_a_deleted_segment_fails_typed(tmp_path, rng):
     path = _fill(tmp_path / "s", rng)
     options, parts = _plan(path, "commitlog")

@@ -43,6 +43,7 @@ the queue offsets lost.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
@@ -52,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mqlog import format as fmt
-from mqlog.engine.checkpoint import FlushedPosition, read_flushed, read_queues
+from mqlog.engine.checkpoint import ChangeCount, FlushedPosition, read_flushed, read_queues
 from mqlog.engine.files import file_name, fsync_directory, numbered_files
 from mqlog.errors import CorruptStore, StoreLocked, StoreNotFound
 
@@ -120,36 +121,46 @@ def repair(root: Path, replica: Path | None = None, dry_run: bool = False) -> Re
     if not (root / "meta.json").is_file() or not (root / "commitlog").is_dir():
         raise StoreNotFound(f"{root} is not an mqlog store (no meta.json or commitlog/)")
     lock = _take_lock(root)
+    # (readers in other processes, the Spark source's, may be reading: a change to them)
+    changes = None if dry_run else ChangeCount(root / "changes")
     try:
-        report = RepairReport()
-        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        saved = root / "repair" / stamp
-        holes = _mend_files(root, report, saved, dry_run)
-        pieces, lost, last_offsets = survey(root, holes)
-        if replica is not None and pieces:
-            copied = [piece for piece in pieces if _copy_from(root, replica, piece, saved,
-                                                               dry_run)]
-            report.pieces += copied
-            if copied and not dry_run:
-                pieces, lost, last_offsets = survey(root, holes)
-            else:
-                pieces = [piece for piece in pieces if piece not in copied]
-        _place_fillers(pieces, lost)
-        if not dry_run:
-            for piece in pieces:
-                _write(root, piece.start, filler_bytes(piece), saved)
-        # (after the ranges intact records follow are mended: what is left is the end)
-        report.acknowledged_tail = _mend_acknowledged_tail(root, replica, saved, dry_run)
-        report.pieces = sorted(report.pieces + pieces, key=lambda piece: piece.start)
-        report.lost = lost
-        if not report.clean:
-            report.queue_tails_lost = _queue_tails(root, last_offsets)
-            if not dry_run:
-                _drop_derived(root)
-                report.saved_to = saved if saved.exists() else None
-        return report
+        with changes.changing() if changes is not None else contextlib.nullcontext():
+            return _repair(root, replica, dry_run)
     finally:
+        if changes is not None:
+            changes.close()
         os.close(lock)
+
+
+def _repair(root: Path, replica: Path | None, dry_run: bool) -> RepairReport:
+    """``repair``'s work, under its lock and (unless a dry run) the change count."""
+    report = RepairReport()
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    saved = root / "repair" / stamp
+    holes = _mend_files(root, report, saved, dry_run)
+    pieces, lost, last_offsets = survey(root, holes)
+    if replica is not None and pieces:
+        copied = [piece for piece in pieces if _copy_from(root, replica, piece, saved,
+                                                           dry_run)]
+        report.pieces += copied
+        if copied and not dry_run:
+            pieces, lost, last_offsets = survey(root, holes)
+        else:
+            pieces = [piece for piece in pieces if piece not in copied]
+    _place_fillers(pieces, lost)
+    if not dry_run:
+        for piece in pieces:
+            _write(root, piece.start, filler_bytes(piece), saved)
+    # (after the ranges intact records follow are mended: what is left is the end)
+    report.acknowledged_tail = _mend_acknowledged_tail(root, replica, saved, dry_run)
+    report.pieces = sorted(report.pieces + pieces, key=lambda piece: piece.start)
+    report.lost = lost
+    if not report.clean:
+        report.queue_tails_lost = _queue_tails(root, last_offsets)
+        if not dry_run:
+            _drop_derived(root)
+            report.saved_to = saved if saved.exists() else None
+    return report
 
 
 def _take_lock(root: Path) -> int:

@@ -145,8 +145,10 @@ def read_queue(part: QueueRange, counters: Counters,
     except (MqlogError, OSError) as error:
         if isinstance(error, StoreChanged) or (unchanged(part) and not changed_since(part)):
             raise
+        under_way = " (a change was under way when it was planned: if its writer died " \
+            "then, open the store for writing once)" if (part.changes or 0) % 2 else ""
         raise _changed(part, "records it was to read were replaced or deleted while it "
-                       f"read them ({type(error).__name__}: {error})") from error
+                       f"read them ({type(error).__name__}: {error}){under_way}") from error
     if not unchanged(part, last_only=True):  # a truncation under the read: rows of 2 logs
         raise _changed(part, "records it read were replaced (a truncation) while it read "
                        "them")
