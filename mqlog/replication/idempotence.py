@@ -209,7 +209,10 @@ class ProducerTable:
         ``begun_here``: the scan met a record of an earlier life of that producer first,
         and a producer's epochs never go down in a log, so the whole life is in the scan
         (a never-stored first request of it, forgotten, was refused as too old to tell:
-        ISR seed 8200000978)."""
+        ISR seed 8200000978). Only a leader that had forgotten the producer (the Limits
+        above: none of its records in that leader's window) takes an older epoch after
+        a newer one; a retry of the newer life's forgotten sequences is then new to that
+        leader, and to this rule after it."""
         for producer_id, sequences in self._producers.items():
             if producer_id in begun_here:
                 continue
