@@ -204,7 +204,12 @@ _WRITER_SETTINGS = {**SMALL, "retention_check_interval_ms": 1 << 30}
 
 def _writer_process(path, seed, lock, done, ready):
     """The writer of the cross-process case: its own interpreter, the store open
-    writable there (the reads are planned and read in the test's process)."""
+    writable there (the reads are planned and read in the test's process). It ends
+    with the test's process, however that ends (a crash there once left it writing for
+    hours, a lock held by the dead process or not)."""
+    parent = multiprocessing.parent_process()
+    assert parent is not None
+    threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
     with mqlog.open(path, **_WRITER_SETTINGS) as store:
         ready.set()
         _change_at_random(store, random.Random(seed), lock, done)
