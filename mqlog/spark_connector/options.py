@@ -58,8 +58,9 @@ class QueueRange(InputPartition):
     saw them (reader.py checks that they are still there: nothing was deleted or
     replaced since); empty when unknown. ``changes``: the store's change count when the
     planner looked (``Store.change_count``), by which a read that fails tells a change
-    under it from damage. ``skip_lost``: a streaming read with failOnDataLoss=false,
-    which skips what retention deleted meanwhile."""
+    under it from damage; neither (a range not planned, or from a store with no count
+    yet) reads what the store holds when it is read. ``skip_lost``: a streaming read
+    with failOnDataLoss=false, which skips what retention deleted meanwhile."""
 
     path: str
     replica: str

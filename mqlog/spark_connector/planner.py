@@ -86,8 +86,8 @@ def mark_ranges(parts: list[QueueRange | QueueRanges],
         store = stores[part.path]
         marks = [_mark(store, part.topic, part.queue_id, offset)
                  for offset in sorted({part.start, part.end - 1})]
-        if None in marks:  # damage: the read reports it
-            return part
+        if None in marks:  # damage: the read reports it (the range is planned all the same)
+            return replace(part, changes=store.change_count)
         return replace(part, marks=tuple(mark for mark in marks if mark is not None),
                        changes=store.change_count)
 

@@ -181,7 +181,7 @@ def _readable(store: Store, part: QueueRange) -> tuple[int, int]:
     stream skips what retention took)."""
     low = store.min_offset(part.topic, part.queue_id)
     high = store.max_offset(part.topic, part.queue_id)
-    if not part.marks and not part.skip_lost:
+    if not part.marks and part.changes is None and not part.skip_lost:
         return max(part.start, low), min(part.end, high)  # unplanned: as the store is now
     if low > part.start and not part.skip_lost:
         raise _changed(part, f"offsets [{part.start}, {min(low, part.end)}) were deleted "
