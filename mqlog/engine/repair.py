@@ -121,9 +121,11 @@ def repair(root: Path, replica: Path | None = None, dry_run: bool = False) -> Re
     if not (root / "meta.json").is_file() or not (root / "commitlog").is_dir():
         raise StoreNotFound(f"{root} is not an mqlog store (no meta.json or commitlog/)")
     lock = _take_lock(root)
-    # (readers in other processes, the Spark source's, may be reading: a change to them)
-    changes = None if dry_run else ChangeCount(root / "changes")
+    changes = None
     try:
+        # (readers in other processes, the Spark source's, may be reading: a change to
+        # them)
+        changes = None if dry_run else ChangeCount(root / "changes")
         with changes.changing() if changes is not None else contextlib.nullcontext():
             return _repair(root, replica, dry_run)
     finally:
