@@ -467,6 +467,9 @@ class BrokerConfig:
     process_roles: tuple[str, ...] = ("broker",)  # Kafka's process.roles
     default_group: str = ""  # a request or message naming no group goes here ("": refused)
     groups: tuple[GroupSpec, ...] = ()
+    # [store]: the settings of every group it hosts that has none of its own (the groups
+    # a controller assigns it, and the default of each [groups.NAME.store])
+    store: StoreConfig = dataclasses.field(default_factory=StoreConfig)
     registries: tuple[str, ...] = ()  # route registries ("host:port"), master-slave's
     register_interval_ms: int = 1_000
     frame_size_bytes_max: int = 16 * MiB  # any frame a connection accepts
@@ -669,8 +672,8 @@ def _broker_from_document(document: dict[str, Any], source: str) -> BrokerConfig
         raise ConfigError(f"{source}: [controller] must be a table")
     config = BrokerConfig(broker_id, broker.pop("listen"), Path(broker.pop("data_dir")),
                           dict(broker.pop("peers", {})), process_roles=roles, groups=specs,
-                          registries=tuple(broker.pop("registries", ())), controller=controller,
-                          source=source, **broker)
+                          store=store, registries=tuple(broker.pop("registries", ())),
+                          controller=controller, source=source, **broker)
     return config.validate()
 
 

@@ -289,3 +289,39 @@ def test_a_round_whose_fold_moved_nothing_still_retries_and_applies_roles() -> N
     assert agent.hosted == {"m-0", "t-0"} and recording.changed == [("m-0", "promote")]
     io.next_round()
     assert recording.changed == [("m-0", "promote")] * 2 and recording.ensured == 3
+
+
+# --- the broker's [store] table reaches the partitions it is assigned --------------------
+
+
+def test_the_partitions_a_controller_assigns_take_the_brokers_store_settings() -> None:
+    """Every layer's groups open with the broker's [store] settings: before, a broker
+    under a controller dropped its [store] table, and a `flush_mode = "sync"` there left
+    every partition it hosted flushing asynchronously, without a word."""
+    from mqlog.config import StoreConfig
+
+    store = StoreConfig(flush_mode="sync", segment_size_bytes=8 << 20)
+    topics = [[0, records.encode(item)] for item in (
+        records.RegisterBroker("b1", 1, ADDRESS),
+        records.CreateTopic("r", "raft", (("b1",),)),
+        records.CreateTopic("i", "isr", (("b1",),)),
+        records.CreateTopic("m", "master_slave", (("b1",),)))]
+    io = Io(_pulls(topics))
+    recording = RecordingHost()
+    agent = host.BrokerAgent(recording, CONFIG, io, rng=random.Random(1), store=store)
+    agent.start()
+    io.run_due()
+    assert {name: spec.replication.layer for name, spec in recording.groups.items()} == {
+        "r-0": "raft", "i-0": "isr", "m-0": "master_slave"}
+    assert all(spec.store == store for spec in recording.groups.values())
+
+
+def test_a_cluster_members_store_table_is_read_not_dropped(tmp_path: Any) -> None:
+    from mqlog.config import BrokerConfig
+
+    path = tmp_path / "b1.toml"
+    path.write_text('[node]\nid = "b1"\nlisten = "127.0.0.1:9001"\ndata_dir = "d"\n'
+                    '[controller]\nvoters = {c1 = "127.0.0.1:7001"}\n'
+                    '[store]\nflush_mode = "sync"\n')
+    config = BrokerConfig.load(path)
+    assert config.groups == () and config.store.flush_mode == "sync"

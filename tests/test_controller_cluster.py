@@ -8,6 +8,7 @@ the metadata intact; everything restarted, the same metadata."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 
 from mqlog import errors
 from mqlog.client import Client
+from mqlog.config import StoreConfig
 from mqlog.partitioner import partition_for_key
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.replication.local import wait_until
@@ -112,3 +114,27 @@ def test_raft_topics_over_three_brokers(cluster: Cluster) -> None:
     again = seen[0]
     assert again.topics == {**before.topics, "later": again.topics["later"]}
     assert set(again.brokers) == set(BROKERS)
+
+
+def test_brokers_open_the_partitions_they_are_assigned_with_their_store_settings(
+        tmp_path: Path) -> None:
+    """A broker's [store] table (BrokerConfig.store) is what its assigned partitions'
+    stores open with, whatever their layer; the controller's own group keeps its own."""
+    store = StoreConfig(flush_mode="sync", segment_size_bytes=8 << 20)
+    configs = {name: dataclasses.replace(config, store=store)
+               for name, config in inprocess.configs(tmp_path).items()}
+    with Cluster(configs) as cluster:
+        wait_live_brokers(cluster.controllers)
+        for topic, layer in (("r", "raft"), ("i", "isr"), ("m", "master_slave")):
+            change_metadata(cluster.controllers, {"kind": "create_topic", "name": topic,
+                                                  "partitions": 1, "replication_factor": 3,
+                                                  "layer": layer})
+        groups = [cluster.threads[name].broker.groups for name in BROKERS]
+        wait_until(lambda: all({"r-0", "i-0", "m-0"} <= set(hosted) for hosted in groups),
+                   "every broker hosting the three partitions", 60)
+        for hosted in groups:
+            for name in ("r-0", "i-0", "m-0"):
+                opened = hosted[name].store.config
+                assert (opened.flush_mode, opened.segment_size_bytes) == ("sync", 8 << 20)
+        controller = cluster.threads["c1"].broker.groups["__controller"].store.config
+        assert controller.segment_size_bytes != 8 << 20

@@ -71,6 +71,7 @@ from typing import Any, Protocol
 
 from mqlog import errors
 from mqlog.client import Client
+from mqlog.config import GroupSpec, ReplicationConfig, StoreConfig
 from mqlog.replication.controller import records
 from mqlog.replication.controller.config import CONTROLLER_GROUP, ControllerConfig
 from mqlog.replication.controller.leaders import LeaderTable, leaders_from, leads_from
@@ -159,8 +160,6 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
 
 def host_controller(broker: Any) -> Controller:
     """Host the controller group in ``broker`` and serve its requests (see the docstring)."""
-    from mqlog.config import GroupSpec, StoreConfig
-
     config = _config(broker)
     if broker.broker_id not in config.voters:
         raise errors.ConfigError(f"[controller] voters {sorted(config.voters)} must name this "
@@ -251,8 +250,11 @@ class BrokerAgent:
     docstring)."""
 
     def __init__(self, host: GroupHost, config: ControllerConfig, io: AgentIo,
-                 rng: random.Random | None = None, incarnation: str = "") -> None:
+                 rng: random.Random | None = None, incarnation: str = "",
+                 store: StoreConfig | None = None) -> None:
         self.host, self.config, self.io = host, config, io
+        # the store settings of every group it hosts (the broker's [store] table)
+        self.store = store if store is not None else StoreConfig()
         # this process life's name (KIP-631's incarnation id): a retried registration of
         # the same life is answered with the epoch it got, not a new one
         self.incarnation = incarnation or uuid.uuid4().hex
@@ -412,12 +414,10 @@ class BrokerAgent:
         self.position = answer["position"]
         self.leaders.prune(self.view)
 
-    def assigned(self) -> dict[str, Any]:
+    def assigned(self) -> dict[str, GroupSpec]:
         """group name -> GroupSpec of each Raft, ISR or master-slave partition the view
         assigns here (a master-slave one as it would be hosted first: master_slave_spec)."""
-        from mqlog.config import GroupSpec
-
-        wanted = {}
+        wanted: dict[str, GroupSpec] = {}
         self._isr_groups = {}
         isr: dict[str, Any] = {"min_insync_replicas": self.config.min_insync_replicas,
                "replica_lag_time_ms": self.config.replica_lag_time_ms}
@@ -426,17 +426,17 @@ class BrokerAgent:
             members = {member: self.view.brokers[member].address for member in part.replicas}
             try:
                 if topic.layer == "raft":
-                    wanted[name] = GroupSpec.raft(name, members,
+                    wanted[name] = GroupSpec.raft(name, members, store=self.store,
                                                   partitions=((topic.name, index),))
                 elif topic.layer == "isr":  # (the topic's own min.insync, if it has one)
-                    wanted[name] = GroupSpec.isr(name, members, partitions=(
+                    wanted[name] = GroupSpec.isr(name, members, store=self.store, partitions=(
                         (topic.name, index),), **{**isr, "min_insync_replicas":
                                                   topic.min_insync_replicas or
                                                   isr["min_insync_replicas"]})
                     self._isr_groups[name] = (topic.name, index)
                 else:
                     wanted[name] = master_slave_spec(name, (topic.name, index), part,
-                                                     members, self.host.broker_id)
+                                                     members, self.host.broker_id, self.store)
             except errors.ConfigError as error:  # (say, a replica registered a bad
                 # address: the other partitions are still hosted)
                 self._troubled = True
@@ -669,14 +669,13 @@ class BrokerGroups:
 
 
 def master_slave_spec(name: str, partition: tuple[str, int], part: records.PartitionInfo,
-                      members: dict[str, str], broker_id: str) -> Any:
+                      members: dict[str, str], broker_id: str,
+                      store: StoreConfig | None = None) -> GroupSpec:
     """The spec of a master-slave partition as ``broker_id`` first hosts it: its role is
     the metadata's (the leader: SYNC_MASTER of the other replicas, a write acknowledged
     once one slave has it, RocketMQ's default; the others: slaves of the leader). A
     restarted broker's saved role state wins over it (node.py), and ``apply_role`` makes
     the group what the metadata says from then on."""
-    from mqlog.config import GroupSpec, ReplicationConfig
-
     others = tuple(member for member in part.replicas if member != broker_id)
     if part.leader == broker_id:
         replication = ReplicationConfig(layer="master_slave", cluster_id=name,
@@ -686,7 +685,8 @@ def master_slave_spec(name: str, partition: tuple[str, int], part: records.Parti
         replication = ReplicationConfig(layer="master_slave", cluster_id=name,
                                         node_id=broker_id, role="SLAVE",
                                         master=part.leader or others[0])
-    return GroupSpec(name, replication, dict(members), partitions=(partition,)).validate()
+    return GroupSpec(name, replication, dict(members), store or StoreConfig(),
+                     partitions=(partition,)).validate()
 
 
 def apply_role(status: dict[str, Any] | None, part: records.PartitionInfo,
@@ -766,7 +766,8 @@ def attach_transfers(agent: BrokerAgent, broker: Any) -> None:
 
 def join_cluster(broker: Any) -> BrokerAgent:
     """Start ``broker``'s agent (see the module docstring); call on its loop."""
-    agent = BrokerAgent(BrokerGroups(broker), _config(broker), SocketIo(broker))
+    agent = BrokerAgent(BrokerGroups(broker), _config(broker), SocketIo(broker),
+                        store=broker.config.store)
     left_open = unclean_stores(broker.config.data_dir, skip=set(broker.groups))
     agent.unclean_shutdown = bool(left_open)
     if left_open:
