@@ -33,6 +33,7 @@ bench: setup
 	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m benchmarks.compare
 	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m benchmarks.replication
 	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m benchmarks.raft --seconds 2
+	MQLOG_REQUIRE_EXTENSION=1 $(PY) -m benchmarks.isr
 
 lint: setup
 	$(PY) -m ruff check mqlog tests benchmarks

@@ -31,7 +31,16 @@ rounds; and the CPU time of all six processes per record (from /proc), which the
 other work on the machine does not change as much. Absolute rates on two shared cores
 are noise; the ratios are the figure.
 
+Every store of every process runs with a page-cache window (``--page-cache-window``,
+StoreConfig.page_cache_window_bytes; 64 MiB, the baseline's too): the log's synced pages
+more than that far behind are dropped, and new pages reuse them. This VM hands freed
+memory back to its host, and a page it never touched since costs 3-5 s of CPU per GB to
+bring into the page cache (1 MiB per ms, 20-30 times a reused one: docs/BENCHMARKS.md,
+fourteenth session); a replicated mode stores every byte three times, so without the
+window the figures measure the VM's memory more than replication (0 shows that).
+
     python -m benchmarks.isr [--rounds 3] [--seconds 3] [--batch 100] [--in-flight 5]
+                             [--page-cache-window BYTES]
                              [--store checkpoint_interval_ms=1000 ...]
 """
 
@@ -69,6 +78,7 @@ MODES = {"unreplicated": ("base", 1), "acks=0": ("orders", 0), "acks=1": ("order
          "acks=all": ("orders", "all")}  # name -> (topic, acks)
 SHAPES = (1, PARTITIONS)  # partitions written at once
 ROLES = ("client", "leader", "follower", "controllers")
+WINDOW_BYTES = 64 << 20  # every store's page-cache window (the docstring says why)
 LAST_CPU: dict[str, float] = {}  # measure()'s CPU seconds by process name, and records
 
 
@@ -225,15 +235,16 @@ def new_page_cost(directory: Path, size: int = 64 << 20) -> float:
 
 
 def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
-        in_flight: int = 5) -> dict[tuple[str, int], list[float]]:
+        in_flight: int = 5, window: int = WINDOW_BYTES) -> dict[tuple[str, int], list[float]]:
     """{(mode, partitions): [records/s per round]}, {(mode, -partitions): [CPU seconds
     of every mqlog process per million records]}, {("MODE messages", partitions): [peer
     messages per request]}, {("MODE bytes", partitions): [their mean size]}, and the
     acks=0 sends refused under ("refused", 0), and new_page_cost at the start and the
     end under ("new pages", 0). ``store``: KEY=VALUE lines of every process's [store]
-    table."""
+    table, after ``page_cache_window_bytes = window``."""
     root = Path(tempfile.mkdtemp(prefix="mqlog-bench-isr-"))
-    extra = "".join(f"{line}\n" for line in ("[store]", *store)) if store else ""
+    lines = ("[store]", f"page_cache_window_bytes = {window}", *store)
+    extra = "".join(f"{line}\n" for line in lines)
     addresses = write_configs(root, 3_000, "min_insync_replicas = 2\n" + extra)
     controllers = [addresses[name] for name in CONTROLLERS]
     brokers = [addresses[name] for name in BROKERS]
@@ -269,10 +280,12 @@ def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
 
 
 def report(figures: dict[tuple[str, int], list[float]], rounds: int, seconds: float,
-           batch: int, in_flight: int = 1) -> list[str]:
+           batch: int, in_flight: int = 1, window: int = WINDOW_BYTES) -> list[str]:
     lines = [f"ISR produce, 3 controllers + 3 brokers, {PARTITIONS} partitions, 100-byte "
              f"records in batches of {batch}, {in_flight} request(s) in flight per "
-             f"producer, {rounds} rounds x {seconds} s per figure",
+             f"producer, {rounds} rounds x {seconds} s per figure, page-cache window "
+             f"{window >> 20} MiB per store" + (" (off: the kernel decides)" if not window
+                                               else ""),
              "| mode | 1 partition rec/s | ratio | 6 partitions rec/s total | per partition "
              "| ratio |", "| --- | --- | --- | --- | --- | --- |"]
     for mode in MODES:
@@ -347,12 +360,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-flight", type=int, default=5,
                         help="requests in flight per producer (ClusterClient's "
                         "max_in_flight_requests; 1: one at a time)")
+    parser.add_argument("--page-cache-window", type=int, default=WINDOW_BYTES,
+                        metavar="BYTES", help="every store's page_cache_window_bytes "
+                        "(0: the kernel decides, the store's default)")
     parser.add_argument("--store", action="append", default=[], metavar="KEY=VALUE",
                         help="a line of every process's [store] table (TOML), repeatable")
     args = parser.parse_args(argv)
-    figures = run(args.rounds, args.seconds, args.batch, tuple(args.store), args.in_flight)
-    print("\n".join(report(figures, args.rounds, args.seconds, args.batch, args.in_flight)),
-          flush=True)
+    figures = run(args.rounds, args.seconds, args.batch, tuple(args.store), args.in_flight,
+                  args.page_cache_window)
+    print("\n".join(report(figures, args.rounds, args.seconds, args.batch, args.in_flight,
+                           args.page_cache_window)), flush=True)
     return 0
 
 
