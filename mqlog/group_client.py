@@ -112,7 +112,7 @@ class GroupClient:
                          0, 0)
 
     def metadata(self) -> dict[str, Any]:
-        return self._client_now().metadata()
+        return self._client_now(time.monotonic() + self.retry_timeout_s).metadata()
 
     def _until_decided(self, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
         deadline = time.monotonic() + self.retry_timeout_s
@@ -122,7 +122,13 @@ class GroupClient:
         maybe_stored = False  # an earlier attempt may have stored it
         while True:
             try:
-                answer = self._client_now().call(dict(header), payload)[0]
+                client = self._client_now(deadline)
+            except errors.NodeUnavailable as error:  # none reachable in time: nothing sent
+                failures.append(str(error))
+                raise undecided(last, self.producer_id, self.sequence, self.retry_timeout_s,
+                                failures) from error
+            try:
+                answer = client.call(dict(header), payload)[0]
                 unknown = 0
                 last = status = PutStatus(answer["status"])
                 if status not in RETRIED:
@@ -156,13 +162,17 @@ class GroupClient:
                                 failures)
             self.retries += 1
 
-    def _client_now(self) -> Client:
+    def _client_now(self, deadline: float) -> Client:
+        """A connection to the node in turn, or to the next one that answers; the last
+        NodeUnavailable once ``deadline`` (time.monotonic) has passed without one."""
         while self._client is None:
             address = self.addresses[self._turn % len(self.addresses)]
             try:
                 self._client = Client(address, timeout_s=self.timeout_s, group=self.group)
             except errors.NodeUnavailable:
                 self._turn += 1
+                if time.monotonic() >= deadline:
+                    raise
                 time.sleep(self.retry_backoff_ms / 1000)  # a back-off, not a synchronisation
         return self._client
 

@@ -637,3 +637,26 @@ def test_a_message_for_a_group_not_hosted_is_counted_not_fatal(tmp_path):
             wait_until(lambda: brokers.broker_metadata("b1")["counters"]["b3"]
                        ["misaddressed"] == 2, "two misaddressed messages counted")
             assert "b3" in brokers.broker_metadata("b1")["links"]  # still connected
+
+
+@pytest.mark.parametrize("call", ["produce", "metadata"])
+def test_a_group_client_with_no_node_to_reach_gives_up_at_its_retry_timeout(call: str) -> None:
+    """Nothing listens at the one address: NodeUnavailable once retry_timeout_s has
+    passed (it used to try to connect forever, whatever retry_timeout_s said)."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    outcome: list[object] = []
+
+    def attempt() -> None:
+        with mqlog.GroupClient([address], retry_timeout_s=0.3, retry_backoff_ms=10,
+                               timeout_s=0.2) as client:
+            try:
+                outcome.append(client.produce("t", b"x") if call == "produce"
+                               else client.metadata())
+            except errors.MqlogError as error:
+                outcome.append(error)
+    thread = threading.Thread(target=attempt, daemon=True)
+    thread.start()
+    thread.join(60)  # (generous: the bound under test is 0.3 s; a hang fails here)
+    assert not thread.is_alive(), "the client is still trying after 60 s"
+    assert len(outcome) == 1 and isinstance(outcome[0], errors.NodeUnavailable), outcome
+    assert address in str(outcome[0])
