@@ -338,6 +338,11 @@ def consume(ctx: click.Context, data_dir: Path | None, bootstrap: str | None,
         return
     assert data_dir is not None
     _check_start(from_offset, from_time, group, commit, follow)
+    given = [flag for name, flag in (("timeout_ms", "--timeout-ms"), ("poll_ms", "--poll-ms"))
+             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT]
+    if given and not follow:
+        raise click.UsageError(f"{' and '.join(given)}: only with --follow (without it, "
+                               "consume prints what is there and stops)")
     with _opened(data_dir, config_file, read_only=not commit) as store:
         names = queries.parse_subscription(tags, store.config.subscription_tags_max)
         queues = _topic_queues(store, topic, queue_id, wait=follow)

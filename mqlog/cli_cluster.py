@@ -44,7 +44,7 @@ ACKS = ("all", "1", "0")
 CLUSTER_ONLY = ("acks", "timeout_s")
 STORE_ONLY_PRODUCE = ("config_file", "sync", "properties")
 STORE_ONLY_CONSUME = ("config_file", "from_time", "group", "commit", "tags", "follow",
-                      "timeout_ms")
+                      "timeout_ms", "poll_ms")
 
 
 def check_target(ctx: click.Context, data_dir: Any, bootstrap: str | None,

@@ -343,6 +343,20 @@ class ReplicationConfig:
         return dataclasses.replace(self, **overrides).validate()
 
 
+def _check_hosted_store(store: StoreConfig, where: str, layer: str | None) -> None:
+    """Store settings that a store a broker hosts cannot work with; ``layer``: the
+    group's, None for a cluster member's [store] (any layer may be assigned)."""
+    if not store.background_threads:
+        raise ConfigError(f"{where} background_threads = false: nothing in a broker runs a "
+                          "store's flushes, checkpoints and retention in their place (only "
+                          "an embedding program can); remove it")
+    if store.committed_follows == "external" and layer in ("master_slave", None):
+        raise ConfigError(f"{where} committed_follows = 'external' would leave every write "
+                          "of a master-slave group unreadable (its readers see what is "
+                          "written or flushed; Raft and ISR groups move it themselves); use "
+                          "'auto', 'written' or 'flushed'")
+
+
 def _require_positive(config: Any, *names: str) -> None:
     for name in names:
         if getattr(config, name) <= 0:
@@ -441,6 +455,8 @@ class GroupSpec:
                               f"most {self.group_name_length_max} characters, without '/'")
         self.replication.validate()
         self.store.validate()
+        _check_hosted_store(self.store, f"group {self.name!r}: [store]",
+                            self.replication.layer)
         for member, address in self.addresses.items():
             if not isinstance(member, str) or not isinstance(address, str) or \
                     not _is_address(address):
@@ -510,6 +526,8 @@ class BrokerConfig:
                               f"the groups {names}")
         for spec in self.groups:
             self._check_members(spec)
+        if self.controller and "broker" in self.process_roles:  # (assigned partitions)
+            _check_hosted_store(self.store, f"{self.source}: [store]", None)
         return self
 
     def _check_members(self, spec: GroupSpec) -> None:
@@ -551,6 +569,10 @@ _BROKER_KEYS = {"id": "str", "listen": "str", "data_dir": "str", "peers": "addre
 _GROUP_KEYS = {"slave_read_enable": "bool", "group": "str", "topics": "counts",
                "partitions": "partitions", "store_dir": "str"}
 _TOP_TABLES = ("node", "store", "groups", "controller")
+# Broker keys that are replication keys too: in [node] they are both. A group may name its
+# own cluster_id; not its own frame or send limit, which are its broker's connections'.
+_SHARED_KEYS = ("cluster_id", "frame_size_bytes_max", "peer_send_bytes_max")
+_BROKER_WIDE_KEYS = ("frame_size_bytes_max", "peer_send_bytes_max")
 
 
 def _replication_kinds() -> dict[str, str]:
@@ -643,6 +665,9 @@ def _broker_from_document(document: dict[str, Any], source: str) -> BrokerConfig
     broker = {key: node.pop(key) for key in list(node) if key in _BROKER_KEYS}
     broker_id = broker.pop("id")
     replication = {key: node.pop(key) for key in list(node) if key in replication_kinds}
+    # keys of both the broker and its groups (_SHARED_KEYS): [node]'s value is the
+    # broker's and every group's (a group's sizes are checked against the broker's frame)
+    replication.update({key: broker[key] for key in _SHARED_KEYS if key in broker})
     if grouped:
         tables = document["groups"]
         if not isinstance(tables, dict) or not tables:
@@ -652,17 +677,13 @@ def _broker_from_document(document: dict[str, Any], source: str) -> BrokerConfig
     elif "controller" in document:  # a cluster member hosts what the controller assigns
         _refuse_group_keys(node, replication, source)
         specs = ()
-    else:  # the single-group node of before: its store is data_dir itself
-        node["store_dir"] = broker["data_dir"]
+    else:  # the single-group node of before: its store is data_dir itself (or store_dir)
+        node.setdefault("store_dir", broker["data_dir"])
         node["group"] = node.get("group", "") or broker_id  # its name in route registries
         specs = (_group_spec(DEFAULT_GROUP, node, replication, store, broker_id,
                              f"{source}: [node]"),)
         broker.setdefault("default_group", DEFAULT_GROUP)
-        broker.setdefault("cluster_id", specs[0].replication.cluster_id)
     roles = tuple(role.strip() for role in broker.pop("process_roles", "broker").split(","))
-    for key in ("frame_size_bytes_max", "peer_send_bytes_max"):  # the group's are the default
-        if key in replication:
-            broker.setdefault(key, replication[key])
     peers = dict(broker.get("peers", {}))
     specs = tuple(dataclasses.replace(spec, addresses={
         **({name: peers[name] for name in spec.members if name in peers and name != broker_id}
@@ -670,11 +691,27 @@ def _broker_from_document(document: dict[str, Any], source: str) -> BrokerConfig
     controller = document.get("controller", {})
     if not isinstance(controller, dict):
         raise ConfigError(f"{source}: [controller] must be a table")
+    if "controller" in document:
+        _check_controller(controller, source)
     config = BrokerConfig(broker_id, broker.pop("listen"), Path(broker.pop("data_dir")),
                           dict(broker.pop("peers", {})), process_roles=roles, groups=specs,
                           store=store, registries=tuple(broker.pop("registries", ())),
                           controller=controller, source=source, **broker)
     return config.validate()
+
+
+def _check_controller(table: dict[str, Any], source: str) -> None:
+    """The [controller] table as the process will use it, checked now: before, a broker
+    read it only once serving, and one whose ``voters`` key was misspelt served alone."""
+    from mqlog.replication.controller.config import ControllerConfig  # (it imports this)
+
+    try:
+        config = ControllerConfig.from_table(table)
+    except (ConfigError, TypeError) as error:
+        raise ConfigError(f"{source}: {error}") from None
+    if not config.voters:
+        raise ConfigError(f"{source}: [controller] needs voters (each controller's id = "
+                          "\"host:port\"): without them this process joins no cluster")
 
 
 def _refuse_group_keys(node: dict[str, Any], replication: dict[str, Any], source: str) -> None:
@@ -699,6 +736,10 @@ def _group_from(name: str, table: Any, defaults: dict[str, Any], store: StoreCon
     table = _check_kinds({key: value for key, value in table.items() if key != "store"},
                          {key: kind for key, kind in kinds.items() if kind != "table"}, where)
     group_store = _store_from(store_table, store, f"{where}.store")
+    for key in _BROKER_WIDE_KEYS:
+        if key in table:
+            raise ConfigError(f"{where} {key} is a limit of the broker's connections, which "
+                              "carry every group's messages: set it in [node]")
     own = {key: table.pop(key) for key in list(table) if key not in _GROUP_KEYS}
     return _group_spec(name, table, {**defaults, **own}, group_store, broker_id, where)
 

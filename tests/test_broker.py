@@ -67,6 +67,32 @@ PEERS = '[node.peers]\nb2 = "127.0.0.1:7002"\nb3 = "127.0.0.1:7003"\n'
     (NODE + '[groups."a/b"]\nlayer = "raft"\nvoters = ["b1"]\n', "must be a non-empty directory"),
     (NODE + 'role = "BOSS"\n', "role must be"),
     ('[nodes]\nid = "b1"\n', "unknown key 'nodes' in "),
+    # store settings a hosted store cannot work with (they were accepted: a store that
+    # never flushed, checkpointed nor trimmed; master-slave writes acked, never readable)
+    (NODE + 'role = "ASYNC_MASTER"\n[store]\nbackground_threads = false\n',
+     "background_threads = false: nothing in a broker runs"),
+    (NODE + 'role = "ASYNC_MASTER"\n[store]\ncommitted_follows = "external"\n',
+     "committed_follows = 'external' would leave every write"),
+    (NODE + '[controller]\nvoters = {c1 = "127.0.0.1:7101"}\n[store]\n'
+     'background_threads = false\n', "[store] background_threads = false"),
+    (NODE + '[controller]\nvoters = {c1 = "127.0.0.1:7101"}\n[store]\n'
+     'committed_follows = "external"\n', "[store] committed_follows = 'external'"),
+    # a group's own frame limit was accepted and never used (its broker's connections
+    # dropped its larger frames: a follower never caught up)
+    (NODE + 'voters = ["b1"]\n[groups.g]\nlayer = "raft"\nframe_size_bytes_max = 67108864\n',
+     "[groups.g] frame_size_bytes_max is a limit of the broker's connections"),
+    (NODE + 'voters = ["b1"]\n[groups.g]\nlayer = "raft"\npeer_send_bytes_max = 1048576\n',
+     "[groups.g] peer_send_bytes_max is a limit of the broker's connections"),
+    # [controller] is checked at load (a broker read it once serving: a misspelt voters
+    # left it serving alone, and an ISR lag at or below the fetch wait hosted nothing)
+    (NODE + '[controller]\nvoter = {c1 = "127.0.0.1:7101"}\n',
+     "unknown key 'voter' in [controller]; did you mean 'voters'?"),
+    (NODE + '[controller]\nmin_insync_replicas = 2\n', "[controller] needs voters"),
+    (NODE + '[controller]\nvoters = {c1 = "127.0.0.1:7101"}\n'
+     'broker_heartbeat_interval_ms = "often"\n',
+     "[controller] broker_heartbeat_interval_ms must be a positive integer"),
+    (NODE + '[controller]\nvoters = {c1 = "127.0.0.1:7101"}\nreplica_lag_time_ms = 500\n',
+     "[controller] replica_lag_time_ms=500 must exceed"),
 ])
 def test_node_toml_mistakes_are_named_with_key_and_file(tmp_path, text, expected):
     with pytest.raises(errors.ConfigError) as raised:
@@ -89,6 +115,26 @@ def test_single_group_configs_load_as_one_default_group_in_data_dir(tmp_path):
     config = BrokerConfig.load(tmp_path / "ms" / "s1.toml")
     assert config.groups[0].replication.role == "SLAVE"
     assert config.group_dir(config.groups[0]) == tmp_path / "ms" / "s1"
+
+
+def test_node_keys_of_both_the_broker_and_its_groups_reach_both(tmp_path):
+    """[node] store_dir is where a single-group node's store lives (it was ignored for
+    data_dir); cluster_id and the frame limits in [node] are the broker's and each group's: a
+    group's sizes are checked against the frame its broker's connections accept (a 32 MiB
+    append_bytes_max under a 64 MiB frame was refused), and its messages carry the
+    cluster_id (they carried "")."""
+    single = _load(tmp_path, NODE + 'layer = "raft"\nvoters = ["b1"]\ncluster_id = "eu"\n'
+                   'frame_size_bytes_max = 67108864\nappend_bytes_max = 33554432\n')
+    (spec,) = single.groups
+    assert (single.cluster_id, spec.replication.cluster_id) == ("eu", "eu")
+    assert single.frame_size_bytes_max == spec.replication.frame_size_bytes_max == 64 << 20
+    elsewhere = _load(tmp_path, NODE + 'layer = "raft"\nvoters = ["b1"]\nstore_dir = "e"\n')
+    assert elsewhere.group_dir(elsewhere.groups[0]) == Path("e")  # (it was data_dir: "d")
+    grouped = _load(tmp_path, NODE + 'voters = ["b1"]\ncluster_id = "eu"\n'
+                    'peer_send_bytes_max = 1048576\n[groups.g1]\nlayer = "raft"\n'
+                    '[groups.g2]\nlayer = "raft"\ncluster_id = "g2-own"\n')
+    assert [spec.replication.cluster_id for spec in grouped.groups] == ["eu", "g2-own"]
+    assert {spec.replication.peer_send_bytes_max for spec in grouped.groups} == {1 << 20}
 
 
 def test_groups_get_their_own_directory_store_settings_and_routes(tmp_path):

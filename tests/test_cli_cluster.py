@@ -38,7 +38,7 @@ def test_a_store_or_a_cluster_one_of_the_two(tmp_path, command):
     ("produce", ("--sync",)), ("produce", ("--property", "a=b")),
     ("produce", ("--config", "x.toml")), ("consume", ("--group", "g")),
     ("consume", ("--follow",)), ("consume", ("--from-time", "0")),
-    ("consume", ("--tags", "a"))])
+    ("consume", ("--tags", "a")), ("consume", ("--poll-ms", "5"))])
 def test_store_only_options_are_refused_with_bootstrap(command, option):
     line = usage_error(mqlog(command, "--bootstrap", "127.0.0.1:1", "-t", "t", *option))
     assert f"{option[0]}: only for a store directory, not with --bootstrap" in line, line
@@ -49,6 +49,14 @@ def test_cluster_only_options_are_refused_with_a_store(tmp_path, option):
     line = usage_error(mqlog("produce", tmp_path / "s", "-t", "t", *option, stdin="x\n"))
     assert f"{option[0]}: only for --bootstrap (a cluster), not with DATA_DIR" in line, line
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("option", [("--timeout-ms", "5"), ("--poll-ms", "5")])
+def test_follow_only_options_are_refused_without_follow(tmp_path, option):
+    """They were taken and did nothing: consume without --follow prints what is there."""
+    mqlog("produce", tmp_path / "s", "-t", "t", stdin="a\n")
+    line = usage_error(mqlog("consume", tmp_path / "s", "-t", "t", *option))
+    assert f"{option[0]}: only with --follow" in line, line
 
 
 def test_no_broker_answering_is_one_line_within_the_timeout():

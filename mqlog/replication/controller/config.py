@@ -13,6 +13,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from mqlog.config import ReplicationConfig
 from mqlog.errors import ConfigError
 
 CONTROLLER_GROUP = "__controller"  # the controller's Raft group (and store directory)
@@ -71,6 +72,13 @@ class ControllerConfig:
         if self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms:
             raise ConfigError("[controller] broker_session_timeout_ms must be at least twice "
                               "broker_heartbeat_interval_ms, or one late heartbeat fences")
+        isr = ReplicationConfig()  # (an assigned ISR partition's fetch wait and tick)
+        if self.replica_lag_time_ms <= isr.fetch_wait_ms_max + isr.tick_ms:
+            raise ConfigError(f"[controller] replica_lag_time_ms={self.replica_lag_time_ms} "
+                              f"must exceed the followers' fetch wait of "
+                              f"{isr.fetch_wait_ms_max} ms plus a tick ({isr.tick_ms} ms): an "
+                              "idle follower waiting on its fetch would leave the ISR (no "
+                              "broker could host an ISR partition)")
         return self
 
     def session_ticks(self, tick_ms: int) -> int:
