@@ -457,6 +457,12 @@ class GroupSpec:
         self.store.validate()
         _check_hosted_store(self.store, f"group {self.name!r}: [store]",
                             self.replication.layer)
+        if self.store.message_size_bytes_max + _FRAME_HEADER_ROOM > \
+                self.replication.frame_size_bytes_max:
+            raise ConfigError(f"group {name!r}: [store] message_size_bytes_max="
+                              f"{self.store.message_size_bytes_max} must leave 4 KiB of "
+                              f"frame_size_bytes_max={self.replication.frame_size_bytes_max} "
+                              "([node]): a larger record could be stored and never sent")
         for member, address in self.addresses.items():
             if not isinstance(member, str) or not isinstance(address, str) or \
                     not _is_address(address):
@@ -528,6 +534,14 @@ class BrokerConfig:
             self._check_members(spec)
         if self.controller and "broker" in self.process_roles:  # (assigned partitions)
             _check_hosted_store(self.store, f"{self.source}: [store]", None)
+            defaults = ReplicationConfig()
+            largest = max(self.store.message_size_bytes_max, defaults.append_bytes_max,
+                          defaults.fetch_bytes_max)
+            if largest + _FRAME_HEADER_ROOM > self.frame_size_bytes_max:
+                raise ConfigError(f"{where} frame_size_bytes_max={self.frame_size_bytes_max} "
+                                  f"must exceed by 4 KiB the largest message the partitions "
+                                  f"assigned here send ({largest} bytes: [store] "
+                                  "message_size_bytes_max, or a replication batch)")
         return self
 
     def _check_members(self, spec: GroupSpec) -> None:
@@ -569,6 +583,7 @@ _BROKER_KEYS = {"id": "str", "listen": "str", "data_dir": "str", "peers": "addre
 _GROUP_KEYS = {"slave_read_enable": "bool", "group": "str", "topics": "counts",
                "partitions": "partitions", "store_dir": "str"}
 _TOP_TABLES = ("node", "store", "groups", "controller")
+_FRAME_HEADER_ROOM = 4096  # a frame's room for its header beside the log bytes it carries
 # Broker keys that are replication keys too: in [node] they are both. A group may name its
 # own cluster_id; not its own frame or send limit, which are its broker's connections'.
 _SHARED_KEYS = ("cluster_id", "frame_size_bytes_max", "peer_send_bytes_max")
@@ -667,12 +682,12 @@ def _broker_from_document(document: dict[str, Any], source: str) -> BrokerConfig
     replication = {key: node.pop(key) for key in list(node) if key in replication_kinds}
     # keys of both the broker and its groups (_SHARED_KEYS): [node]'s value is the
     # broker's and every group's (a group's sizes are checked against the broker's frame)
-    replication.update({key: broker[key] for key in _SHARED_KEYS if key in broker})
+    defaults = {**replication, **{key: broker[key] for key in _SHARED_KEYS if key in broker}}
     if grouped:
         tables = document["groups"]
         if not isinstance(tables, dict) or not tables:
             raise ConfigError(f"{source}: [groups] must hold at least one [groups.NAME] table")
-        specs = tuple(_group_from(name, table, replication, store, broker_id, source)
+        specs = tuple(_group_from(name, table, defaults, store, broker_id, source)
                       for name, table in tables.items())
     elif "controller" in document:  # a cluster member hosts what the controller assigns
         _refuse_group_keys(node, replication, source)
@@ -680,7 +695,7 @@ def _broker_from_document(document: dict[str, Any], source: str) -> BrokerConfig
     else:  # the single-group node of before: its store is data_dir itself (or store_dir)
         node.setdefault("store_dir", broker["data_dir"])
         node["group"] = node.get("group", "") or broker_id  # its name in route registries
-        specs = (_group_spec(DEFAULT_GROUP, node, replication, store, broker_id,
+        specs = (_group_spec(DEFAULT_GROUP, node, defaults, store, broker_id,
                              f"{source}: [node]"),)
         broker.setdefault("default_group", DEFAULT_GROUP)
     roles = tuple(role.strip() for role in broker.pop("process_roles", "broker").split(","))

@@ -93,6 +93,11 @@ PEERS = '[node.peers]\nb2 = "127.0.0.1:7002"\nb3 = "127.0.0.1:7003"\n'
      "[controller] broker_heartbeat_interval_ms must be a positive integer"),
     (NODE + '[controller]\nvoters = {c1 = "127.0.0.1:7101"}\nreplica_lag_time_ms = 500\n',
      "[controller] replica_lag_time_ms=500 must exceed"),
+    # a record the store takes must fit a frame its broker's connections accept
+    (NODE + 'role = "ASYNC_MASTER"\n[store]\nmessage_size_bytes_max = 20971520\n',
+     "message_size_bytes_max=20971520 must leave 4 KiB of frame_size_bytes_max=16777216"),
+    (NODE + 'frame_size_bytes_max = 65536\n[controller]\nvoters = {c1 = "127.0.0.1:7101"}\n',
+     "frame_size_bytes_max=65536 must exceed by 4 KiB the largest message"),
 ])
 def test_node_toml_mistakes_are_named_with_key_and_file(tmp_path, text, expected):
     with pytest.raises(errors.ConfigError) as raised:
@@ -706,3 +711,13 @@ def test_a_group_client_with_no_node_to_reach_gives_up_at_its_retry_timeout(call
     assert not thread.is_alive(), "the client is still trying after 60 s"
     assert len(outcome) == 1 and isinstance(outcome[0], errors.NodeUnavailable), outcome
     assert address in str(outcome[0])
+
+
+def test_a_cluster_members_node_keys_of_the_broker_are_taken(tmp_path):
+    """cluster_id and the connection limits are the broker's own keys: a cluster member
+    (which describes no group) takes them."""
+    config = _load(tmp_path, NODE + 'cluster_id = "eu"\nframe_size_bytes_max = 33554432\n'
+                   'peer_send_bytes_max = 1048576\n[controller]\n'
+                   'voters = {c1 = "127.0.0.1:7101"}\n')
+    assert (config.cluster_id, config.frame_size_bytes_max, config.peer_send_bytes_max,
+            config.groups) == ("eu", 32 << 20, 1 << 20, ())
