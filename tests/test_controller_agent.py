@@ -52,14 +52,16 @@ class FailingHost:
 
     def __init__(self, failure: BaseException, failing: set[str]) -> None:
         self.failure, self.failing, self.groups = failure, failing, {}
+        self.deleted: list[str] = []  # groups dropped with their data
 
     def ensure_group(self, spec: Any) -> None:
         if spec.name in self.failing:
             raise self.failure
         self.groups[spec.name] = spec
 
-    def drop_group(self, name: str) -> None:
+    def drop_group(self, name: str, delete_data: bool = False) -> None:
         del self.groups[name]
+        self.deleted.extend([name] if delete_data else [])
 
     def reports(self) -> list:
         return []
@@ -325,3 +327,27 @@ def test_a_cluster_members_store_table_is_read_not_dropped(tmp_path: Any) -> Non
                     '[store]\nflush_mode = "sync"\n')
     config = BrokerConfig.load(path)
     assert config.groups == () and config.store.flush_mode == "sync"
+
+
+def test_a_deleted_topics_partitions_are_dropped_with_their_data_and_no_other() -> None:
+    """A topic created again under a deleted one's name must start empty: its brokers
+    delete the old partitions' stores (they were reopened: the deleted records came back,
+    and an ISR partition refused every write). A group dropped because its spec could not
+    be built (a replica registered again with a bad address) keeps its data."""
+    created = [[0, records.encode(item)] for item in (
+        records.RegisterBroker("b1", 1, ADDRESS),
+        records.RegisterBroker("b2", 1, "127.0.0.1:9002"),
+        records.CreateTopic("gone", "raft", (("b1",),)),
+        records.CreateTopic("pair", "raft", (("b1", "b2"),)))]
+    deleted = [[0, records.encode(records.DeleteTopic("gone"))]]
+    bad = [[0, records.encode(records.RegisterBroker("b2", 2, "no-port"))]]
+    io = Io(_pulls(created, deleted, bad))
+    recording = RecordingHost()
+    agent = host.BrokerAgent(recording, CONFIG, io, rng=random.Random(1))
+    agent.start()
+    io.run_due()
+    assert agent.hosted == {"gone-0", "pair-0"}
+    io.next_round()
+    assert agent.hosted == {"pair-0"} and recording.deleted == ["gone-0"]
+    io.next_round()
+    assert agent.hosted == set() and recording.deleted == ["gone-0"]

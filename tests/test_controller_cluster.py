@@ -138,3 +138,28 @@ def test_brokers_open_the_partitions_they_are_assigned_with_their_store_settings
                 assert (opened.flush_mode, opened.segment_size_bytes) == ("sync", 8 << 20)
         controller = cluster.threads["c1"].broker.groups["__controller"].store.config
         assert controller.segment_size_bytes != 8 << 20
+
+
+@pytest.mark.parametrize("layer", ["raft", "isr"])
+def test_a_topic_created_again_under_a_deleted_ones_name_starts_empty(
+        tmp_path: Path, layer: str) -> None:
+    """Its brokers delete the deleted topic's partition stores: before, they reopened
+    them, so the deleted records came back (Raft) or the partition refused every write
+    (ISR: its store's leader epochs were ahead of the new topic's)."""
+    from mqlog.cluster_client import ClusterClient
+
+    with Cluster(inprocess.configs(tmp_path)) as cluster:
+        controllers, brokers = cluster.controllers, cluster.addresses()
+        wait_live_brokers(controllers)
+        create = {"kind": "create_topic", "name": "t", "partitions": 1,
+                  "replication_factor": 3, "layer": layer}
+        groups = [cluster.threads[name].broker.groups for name in BROKERS]
+        for body in (b"old", b"new"):
+            change_metadata(controllers, create)
+            with ClusterClient(brokers, retry_timeout_s=60) as client:
+                assert client.produce("t", body, partition=0, acks="all").offset == 0
+                assert [record.body for record in client.fetch("t", 0)] == [body]
+            change_metadata(controllers, {"kind": "delete_topic", "name": "t"})
+            wait_until(lambda: all("t-0" not in hosted for hosted in groups) and not any(
+                (tmp_path / name / "t-0").exists() for name in BROKERS),
+                "every broker dropping t-0 and deleting its store", 60)

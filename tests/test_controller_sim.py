@@ -184,7 +184,7 @@ class Host:
     def ensure_group(self, spec):
         self.groups[spec.name] = spec
 
-    def drop_group(self, name):
+    def drop_group(self, name, delete_data=False):
         del self.groups[name]
 
     def reports(self):

@@ -164,7 +164,8 @@ class SimBroker:
                        f"[{store.first_segment_base()}, {store.written_position})")
         return group
 
-    def drop_group(self, name: str) -> None:
+    def drop_group(self, name: str, delete_data: bool = False) -> None:
+        del delete_data  # (no simulated topic is ever deleted)
         group = self.groups.pop(name, None)
         if group is None and self.recorded.pop(name, None) is None:
             raise UnknownGroup(f"broker {self.broker_id} hosts no group {name!r}")

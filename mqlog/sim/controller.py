@@ -241,7 +241,8 @@ class SimGroupHost:
             raise InvalidArgument(f"group {spec.name} is hosted with another spec")
         self.groups[spec.name] = spec
 
-    def drop_group(self, name: str) -> None:
+    def drop_group(self, name: str, delete_data: bool = False) -> None:
+        del delete_data  # (no store to delete: the record of a spec goes)
         self.groups.pop(name, None)
 
     def reports(self) -> list[list[Any]]:

@@ -227,8 +227,8 @@ class GroupHost(Protocol):
     def ensure_group(self, spec: Any) -> None:
         """Host ``spec``'s group (idempotent); InvalidArgument if it cannot."""
 
-    def drop_group(self, name: str) -> None:
-        """Stop hosting group ``name``."""
+    def drop_group(self, name: str, delete_data: bool = False) -> None:
+        """Stop hosting group ``name`` (and delete its store if ``delete_data``)."""
 
     def reports(self) -> list[list[Any]]:
         """[topic, partition, epoch, written position] of each partition group hosted (a
@@ -464,7 +464,13 @@ class BrokerAgent:
             elif self._host(name, spec):
                 self._hand_state(name)
         for name in sorted(self.hosted - set(wanted)):
-            self.host.drop_group(name)
+            # A deleted topic's partitions leave no store behind: one created again under
+            # its name starts empty, as Kafka's does (its old store reopened brought the
+            # deleted records back, and an ISR one's leader epochs refused every write).
+            # A group unwanted for another reason (its spec could not be built this round)
+            # keeps its store.
+            topic = name.rpartition("-")[0]
+            self.host.drop_group(name, delete_data=topic not in self.view.topics)
             self.hosted.discard(name)
         if not self._troubled:
             self._hosted_view = self.view
@@ -632,8 +638,8 @@ class BrokerGroups:
     def ensure_group(self, spec: Any) -> None:
         self.broker.ensure_group(spec)
 
-    def drop_group(self, name: str) -> None:
-        self.broker.drop_group(name)
+    def drop_group(self, name: str, delete_data: bool = False) -> None:
+        self.broker.drop_group(name, delete_data)
 
     def reports(self) -> list[list[Any]]:
         found = []
