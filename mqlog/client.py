@@ -276,6 +276,10 @@ def _producer(producer: Any) -> tuple[str, int, int]:
     return check_producer_tag(producer[0], producer[1], epoch)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def error_of(header: dict[str, Any]) -> errors.MqlogError:
     """The typed error a node's error answer stands for (its mqlog.errors class)."""
     cls = getattr(errors, str(header.get("error")), None)
@@ -286,6 +290,10 @@ def error_of(header: dict[str, Any]) -> errors.MqlogError:
     if cls is errors.PartiallyStored:
         count = header.get("count")
         return errors.PartiallyStored(message, count if isinstance(count, int) else 0)
+    if cls is errors.OffsetOutOfRange:  # (-1: an older node that did not say)
+        low, high = header.get("min_offset"), header.get("max_offset")
+        return errors.OffsetOutOfRange(message, min_offset=low if _is_int(low) else -1,
+                                       max_offset=high if _is_int(high) else -1)
     if isinstance(cls, type) and issubclass(cls, errors.MqlogError):
         try:
             return cls(message)

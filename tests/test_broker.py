@@ -721,3 +721,17 @@ def test_a_cluster_members_node_keys_of_the_broker_are_taken(tmp_path):
                    'voters = {c1 = "127.0.0.1:7101"}\n')
     assert (config.cluster_id, config.frame_size_bytes_max, config.peer_send_bytes_max,
             config.groups) == ("eu", 32 << 20, 1 << 20, ())
+
+
+def test_a_fetch_out_of_range_is_offset_out_of_range_with_the_queues_bounds(tmp_path):
+    """It came back as RemoteError (OffsetOutOfRange needs its bounds, which the answer
+    did not carry): a consumer could neither catch it by type nor reset from it."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    with BrokerThread(BrokerConfig("b1", address, tmp_path / "b1").validate()) as running:
+        running.call(running.broker.ensure_group, _one_voter("p0", address))
+        with mqlog.Client(address, group="p0") as client:
+            _produce_when_leader(client, "orders", b"first")
+            _produce_when_leader(client, "orders", b"second")
+            with pytest.raises(errors.OffsetOutOfRange) as raised:
+                client.fetch("orders", 0, 5)
+    assert (raised.value.min_offset, raised.value.max_offset) == (0, 2)

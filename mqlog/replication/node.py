@@ -339,6 +339,8 @@ class Node:
                                   "message": str(error)}
         if isinstance(error, errors.PartiallyStored):
             header["count"] = error.count
+        if isinstance(error, errors.OffsetOutOfRange):  # (a consumer resets from these)
+            header["min_offset"], header["max_offset"] = error.min_offset, error.max_offset
         if isinstance(error, errors.NotLeader) and error.leader:
             header["leader"] = error.leader
             header["leader_address"] = self.broker.peers.get(error.leader)
