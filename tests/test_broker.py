@@ -735,3 +735,26 @@ def test_a_fetch_out_of_range_is_offset_out_of_range_with_the_queues_bounds(tmp_
             with pytest.raises(errors.OffsetOutOfRange) as raised:
                 client.fetch("orders", 0, 5)
     assert (raised.value.min_offset, raised.value.max_offset) == (0, 2)
+
+
+def test_a_group_serves_only_the_partitions_it_names(tmp_path):
+    """A write naming a group for another partition was acknowledged and stored where no
+    reader of that partition looks; a fetch without a topic was never answered (a KeyError
+    escaped the handler)."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    with BrokerThread(BrokerConfig("b1", address, tmp_path / "b1").validate()) as running:
+        node = running.call(running.broker.ensure_group,
+                            _one_voter("p0", address, partitions=(("orders", 0),)))
+        with mqlog.Client(address, group="p0", timeout_s=10) as client:
+            _produce_when_leader(client, "orders", b"first")
+            for topic, queue_id in (("orders", 1), ("other", 0)):
+                with pytest.raises(errors.InvalidArgument, match="serves orders/0, not"):
+                    client.produce(topic, b"misplaced", queue_id)
+                with pytest.raises(errors.InvalidArgument, match="serves orders/0, not"):
+                    client.fetch(topic, queue_id, 0)
+            with pytest.raises(errors.MqlogError) as raised:
+                client.call({"kind": "fetch"})
+            assert not isinstance(raised.value, errors.NodeUnavailable), raised.value
+        assert node.store.written_position == node.store.committed_position
+        with mqlog.Client(address, group="p0") as client:
+            assert [r.body for r in client.fetch("orders", 0, 0)] == [b"first"]

@@ -326,6 +326,10 @@ class Node:
             header, payload = await self._request(frame.header.get("kind"), frame)
         except errors.MqlogError as error:
             header, payload = self._error_header(error), b""
+        except Exception as error:  # a bug: the client is answered, not left waiting
+            self.note(f"a {frame.header.get('kind')!r} request failed: {error!r}")
+            header, payload = {"kind": "error", "error": type(error).__name__,
+                               "message": str(error)}, b""
         header["id"] = frame.header.get("id")
         await _write(writer, encode_frame(header, payload))
 
@@ -505,10 +509,22 @@ class Node:
             return await self._change_membership(frame.header), b""
         raise errors.RemoteProtocolError(f"unknown request kind {kind!r}")
 
+    def _check_served(self, header: dict[str, Any]) -> None:
+        """A group that names its partitions serves those only: a write to another would
+        be acknowledged and stored where no reader of that partition looks."""
+        served = self.spec.partitions
+        wanted = (header.get("topic"), header.get("queue_id", 0))
+        if served and wanted not in served:
+            raise errors.InvalidArgument(
+                f"group {self.name} serves {', '.join(f'{t}/{q}' for t, q in served)}, not "
+                f"{wanted[0]!r} queue {wanted[1]!r}: send it to the group of that "
+                "partition (or name no group: the broker routes it)")
+
     def _store_request(self, header: dict[str, Any], payload: bytes) -> tuple[Stored, str]:
         """Store one produce request's records (or find them: an idempotent retry);
         where they went, and what the client waits for. (The caller checked that this
         node leads.)"""
+        self._check_served(header)
         bodies = unpack_bodies(payload, header.get("sizes"))
         if not bodies:
             raise errors.InvalidArgument("a produce request needs at least one body")
@@ -528,7 +544,8 @@ class Node:
             raise errors.NotMaster(f"node {self.node_id} is a slave and slave_read_enable "
                                    "is off; fetch from the master")
         header = frame.header
-        records = self.store.get(header["topic"], header.get("queue_id", 0),
+        self._check_served(header)
+        records = self.store.get(header.get("topic"), header.get("queue_id", 0),
                                  header.get("offset", 0), header.get("max_count", 32),
                                  header.get("max_bytes", 1 << 20))
         next_offset = records[-1].offset + 1 if records else header.get("offset", 0)
