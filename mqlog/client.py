@@ -13,6 +13,7 @@ mqlog/replication/node.py. A node's typed error comes back as the same class fro
 
 from __future__ import annotations
 
+import math
 import select
 import socket
 from collections import deque
@@ -29,6 +30,7 @@ ANSWERS_KEPT = 100  # acks=0 refusals kept for the caller to look at (the newest
 class Client:
     def __init__(self, address: str, timeout_s: float = 30.0,
                  frame_size_bytes_max: int = 64 << 20, group: str | None = None) -> None:
+        check_positive("timeout_s", timeout_s)
         self.address = address
         self.group = group  # the broker's replica group every request names (None: default)
         host, port = split_address(address)
@@ -126,6 +128,9 @@ class Client:
     def fetch(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
               max_bytes: int = 1 << 20) -> list:
         """Records of one queue from ``offset``, each checked by its CRC on arrival."""
+        for name, value in (("queue_id", queue_id), ("offset", offset),
+                            ("max_count", max_count), ("max_bytes", max_bytes)):
+            check_wire_int(name, value)
         header, payload = self.call({"kind": "fetch", "topic": topic, "queue_id": queue_id,
                                       "offset": offset, "max_count": max_count,
                                       "max_bytes": max_bytes})
@@ -249,8 +254,9 @@ def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
     """The header and payload of a produce request (docs/FORMAT.md); fields left at
     their defaults (no key, no tags, acks "replicated") are left out. ``acks`` in Kafka's
     words or mqlog's (InvalidArgument for anything else) goes as the node's word."""
+    check_wire_int("queue_id", queue_id)
     header: dict[str, Any] = {"kind": "produce", "topic": topic, "queue_id": queue_id,
-                              "sizes": [len(body) for body in bodies]}
+                              "sizes": [len(body) for body in _checked_bodies(bodies)]}
     if key is not None:
         header["key"] = key
     if tags is not None:
@@ -264,6 +270,35 @@ def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
         if epoch:  # (epoch 0, the form of before, left out)
             header["producer_epoch"] = epoch
     return header, b"".join(bodies)
+
+
+def _checked_bodies(bodies: Any) -> Any:
+    """``bodies`` if it is a list or tuple of bytes-like bodies, else InvalidArgument (a
+    str or one bytes object where a list belongs was an untyped TypeError)."""
+    if not isinstance(bodies, list | tuple):
+        raise errors.InvalidArgument(f"bodies must be a list of bytes, got "
+                                     f"{type(bodies).__name__}")
+    for index, body in enumerate(bodies):
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise errors.InvalidArgument(f"body {index} must be bytes, got "
+                                         f"{type(body).__name__} (encode text first)")
+    return bodies
+
+
+def check_wire_int(name: str, value: Any) -> None:
+    """An int a request carries: a non-negative int64 (msgpack cannot carry one of 2**64
+    or more: that was an untyped OverflowError)."""
+    if not _is_int(value) or not 0 <= value < 1 << 63:
+        raise errors.InvalidArgument(f"{name} must be an int from 0 to 2**63 - 1, got "
+                                     f"{value!r}")
+
+
+def check_positive(name: str, value: Any) -> None:
+    """A time or an interval: a finite number above 0 (nan and inf passed ``> 0`` checks
+    and then failed untyped, or waited forever)."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or \
+            not math.isfinite(value) or value <= 0:
+        raise errors.InvalidArgument(f"{name} must be a finite number above 0, got {value!r}")
 
 
 def _producer(producer: Any) -> tuple[str, int, int]:
@@ -280,6 +315,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _int_or(value: Any, default: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
 def error_of(header: dict[str, Any]) -> errors.MqlogError:
     """The typed error a node's error answer stands for (its mqlog.errors class)."""
     cls = getattr(errors, str(header.get("error")), None)
@@ -291,9 +330,9 @@ def error_of(header: dict[str, Any]) -> errors.MqlogError:
         count = header.get("count")
         return errors.PartiallyStored(message, count if isinstance(count, int) else 0)
     if cls is errors.OffsetOutOfRange:  # (-1: an older node that did not say)
-        low, high = header.get("min_offset"), header.get("max_offset")
-        return errors.OffsetOutOfRange(message, min_offset=low if _is_int(low) else -1,
-                                       max_offset=high if _is_int(high) else -1)
+        low, high = (header.get(name) for name in ("min_offset", "max_offset"))
+        return errors.OffsetOutOfRange(message, min_offset=_int_or(low, -1),
+                                       max_offset=_int_or(high, -1))
     if isinstance(cls, type) and issubclass(cls, errors.MqlogError):
         try:
             return cls(message)

@@ -85,7 +85,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqlog import errors
-from mqlog.client import Client, error_of, produce_request
+from mqlog.client import Client, check_positive, error_of, produce_request
 from mqlog.group_client import RETRIED, STORED_UNDECIDED, undecided
 from mqlog.partitioner import RoundRobin, choose_partition
 from mqlog.replication.controller import records
@@ -197,6 +197,10 @@ class ClusterClient:
                  metadata_max_age_ms: int = 5_000, timeout_s: float = 5.0,
                  acks: str | int = "all", client_rack: str = "",
                  max_in_flight_requests: int = 5) -> None:
+        if not isinstance(bootstrap, str | list | tuple) or not all(
+                isinstance(item, str) for item in bootstrap):
+            raise errors.InvalidArgument(f"bootstrap must be 'host:port[,...]' or a list of "
+                                         f"host:port strings, got {bootstrap!r}")
         addresses = bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
         self.bootstrap = [item.strip() for item in addresses if item and item.strip()]
         if not self.bootstrap:
@@ -205,8 +209,7 @@ class ClusterClient:
         for name, value in (("retry_timeout_s", retry_timeout_s), ("timeout_s", timeout_s),
                             ("retry_backoff_ms", retry_backoff_ms),
                             ("metadata_max_age_ms", metadata_max_age_ms)):
-            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-                raise errors.InvalidArgument(f"{name} must be a positive number, got {value!r}")
+            check_positive(name, value)
         if not isinstance(max_in_flight_requests, int) or \
                 isinstance(max_in_flight_requests, bool) or \
                 not 1 <= max_in_flight_requests <= IN_FLIGHT_REQUESTS_MAX:

@@ -37,7 +37,7 @@ import uuid
 from typing import Any
 
 from mqlog import errors
-from mqlog.client import Client, produce_request
+from mqlog.client import Client, check_positive, produce_request
 from mqlog.replication.idempotence import new_producer_epoch
 from mqlog.replication.node import check_producer_tag
 from mqlog.results import PutResult, PutStatus
@@ -75,8 +75,13 @@ class GroupClient:
     def __init__(self, addresses: list[str], *, producer_id: str | None = None,
                  retry_timeout_s: float = 15.0, retry_backoff_ms: int = 50,
                  timeout_s: float = 5.0, group: str | None = None) -> None:
-        if not addresses:
-            raise errors.InvalidArgument("a GroupClient needs the address of at least one node")
+        if not addresses or isinstance(addresses, str) or \
+                not all(isinstance(address, str) for address in addresses):
+            raise errors.InvalidArgument(f"a GroupClient needs a list of node addresses "
+                                         f"(host:port), got {addresses!r}")
+        for name, value in (("retry_timeout_s", retry_timeout_s), ("timeout_s", timeout_s),
+                            ("retry_backoff_ms", retry_backoff_ms)):
+            check_positive(name, value)
         self.addresses = list(addresses)
         self.producer_id = producer_id or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.producer_epoch = new_producer_epoch()  # this client's life of producer_id

@@ -758,3 +758,46 @@ def test_a_group_serves_only_the_partitions_it_names(tmp_path):
         assert node.store.written_position == node.store.committed_position
         with mqlog.Client(address, group="p0") as client:
             assert [r.body for r in client.fetch("orders", 0, 0)] == [b"first"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda: mqlog.Client(12345), lambda: mqlog.Client(None),
+    lambda: mqlog.Client("127.0.0.1:1", timeout_s=float("nan")),
+    lambda: mqlog.Client("127.0.0.1:1", timeout_s=float("inf")),
+    lambda: mqlog.Client("127.0.0.1:1", timeout_s=-1),
+    lambda: mqlog.Client("127.0.0.1:1", timeout_s="5"),
+    lambda: mqlog.GroupClient([12345]), lambda: mqlog.GroupClient("127.0.0.1:1"),
+    lambda: mqlog.GroupClient(["127.0.0.1:1"], retry_timeout_s=float("nan")),
+    lambda: mqlog.GroupClient(["127.0.0.1:1"], retry_timeout_s=None),
+    lambda: mqlog.ClusterClient([12345]), lambda: mqlog.ClusterClient(None),
+    lambda: mqlog.ClusterClient(["127.0.0.1:1"], timeout_s=float("inf")),
+    lambda: mqlog.ClusterClient(["127.0.0.1:1"], retry_backoff_ms=float("nan")),
+])
+def test_a_client_made_with_bad_arguments_is_refused_typed(make):
+    """They were raw AttributeError, TypeError, ValueError or OverflowError, or (nan,
+    inf) a client that waited forever."""
+    with pytest.raises(errors.InvalidArgument):
+        make()
+
+
+def test_bad_request_arguments_are_refused_typed_before_anything_is_sent(tmp_path):
+    """Bodies that are not bytes and ints msgpack cannot carry were raw TypeError and
+    OverflowError."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    with BrokerThread(BrokerConfig("b1", address, tmp_path / "b1").validate()) as running:
+        node = running.call(running.broker.ensure_group, _one_voter("p0", address))
+        with mqlog.Client(address, group="p0") as client:
+            _produce_when_leader(client, "orders", b"first")
+            for body in ("text", 7, None):
+                with pytest.raises(errors.InvalidArgument, match="body 0 must be bytes"):
+                    client.produce("orders", body)
+            for bodies in (b"ab", None, [b"a", "b"]):
+                with pytest.raises(errors.InvalidArgument, match="bod"):
+                    client.produce_batch("orders", bodies)
+            with pytest.raises(errors.InvalidArgument, match="queue_id must be an int"):
+                client.produce("orders", b"x", 1 << 64)
+            for name in ("queue_id", "offset", "max_count", "max_bytes"):
+                with pytest.raises(errors.InvalidArgument, match=f"{name} must be an int"):
+                    client.fetch("orders", **{"queue_id": 0, name: 1 << 64})
+            assert [r.body for r in client.fetch("orders", 0, 0)] == [b"first"]
+        assert node.store.max_offset("orders", 0) == 1

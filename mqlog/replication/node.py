@@ -75,6 +75,8 @@ ISR_TEST_BREAK_VARIABLE = "MQLOG_ISR_TEST_BREAK"
 
 
 def split_address(address: str) -> tuple[str, int]:
+    if not isinstance(address, str):
+        raise errors.ConfigError(f"address {address!r} must be a 'host:port' string")
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise errors.ConfigError(f"address {address!r} must be host:port")
@@ -545,7 +547,8 @@ class Node:
                                    "is off; fetch from the master")
         header = frame.header
         self._check_served(header)
-        records = self.store.get(header.get("topic"), header.get("queue_id", 0),
+        topic: Any = header.get("topic")  # (the store checks its type)
+        records = self.store.get(topic, header.get("queue_id", 0),
                                  header.get("offset", 0), header.get("max_count", 32),
                                  header.get("max_bytes", 1 << 20))
         next_offset = records[-1].offset + 1 if records else header.get("offset", 0)
