@@ -70,19 +70,24 @@ Theory of operation.
   wrote there, or beyond the leader's ``idempotence_window_bytes``) takes it. acks=0
   sends are not pipelined: they go at once, as before, and may pass undecided ones.
 
-One thread at a time (the client's requests move on only inside its calls: ``send``,
-``result``, ``flush``). Use one client per thread.
+Threads may share a client, as Kafka's producer (its requests move on only inside its
+calls: ``send``, ``result``, ``flush``): each call holds the client's lock, so calls from
+several threads take turns, and a thread waiting in ``result`` moves every thread's
+requests on. (Calls from two threads at once once failed with an untyped ValueError.)
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import select
+import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from mqlog import errors
 from mqlog.client import Client, check_positive, error_of, produce_request
@@ -162,10 +167,11 @@ class PendingProduce:
         """Wait for the outcome (the client's other requests move on meanwhile); raise
         the request's typed error if it failed (``produce``'s errors)."""
         request = self._request
-        while not self.done():
-            assert request in self._client._pipelines.get(
-                (request.topic, request.partition), ()), "an undecided request was lost"
-            self._client._pump(wait=True)
+        with self._client._lock:
+            while not self.done():
+                assert request in self._client._pipelines.get(
+                    (request.topic, request.partition), ()), "an undecided request was lost"
+                self._client._pump(wait=True)
         if self._request.error is not None:
             raise self._request.error
         assert self._request.outcome is not None
@@ -189,6 +195,18 @@ def metadata_from(answer: dict[str, Any]) -> tuple[ClusterMetadata, list[Any]]:
         return ClusterMetadata().apply(snapshot, position), leaders
     except (KeyError, TypeError, errors.InvalidArgument, errors.InvalidMetadataRecord) as error:
         raise errors.RemoteProtocolError(f"a malformed metadata answer: {error!r}") from None
+
+
+Method = TypeVar("Method", bound=Callable[..., Any])
+
+
+def _serialized(method: Method) -> Method:
+    """The method holds its client's lock (re-entrant: methods call each other)."""
+    @functools.wraps(method)
+    def locked(self: ClusterClient, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return cast(Method, locked)
 
 
 class ClusterClient:
@@ -243,6 +261,7 @@ class ClusterClient:
         self._pipelines: dict[tuple[str, int], deque[_Produce]] = {}
         self._sent: dict[tuple[str, Any], _Produce] = {}
         self._broken: list[tuple[_Produce, str]] = []
+        self._lock = threading.RLock()  # held by every public call (the docstring)
 
     # --- producing -----------------------------------------------------------------------
 
@@ -267,6 +286,7 @@ class ClusterClient:
         ``send_batch``."""
         return self.send_batch(topic, [body], key, partition, tags, acks)
 
+    @_serialized
     def send_batch(self, topic: str, bodies: list[bytes], key: str | bytes | None = None,
                    partition: int | None = None, tags: str | None = None,
                    acks: str | int | None = None) -> PendingProduce:
@@ -299,6 +319,7 @@ class ClusterClient:
         self._pump(wait=False)  # (sends it; takes in the answers already here)
         return PendingProduce(self, request)
 
+    @_serialized
     def flush(self) -> None:
         """Wait until every request sent has its outcome (Kafka's ``flush``); the outcomes
         are in what ``send`` returned (``result()`` raises a failed one's error).
@@ -336,6 +357,7 @@ class ClusterClient:
                 self.metadata(refresh=True)
             return
 
+    @_serialized
     def partitions_for(self, topic: str) -> int:
         """How many partitions ``topic`` has (UnknownTopic if the metadata never shows it
         within retry_timeout_s)."""
@@ -343,6 +365,7 @@ class ClusterClient:
 
     # --- reading -------------------------------------------------------------------------
 
+    @_serialized
     def fetch(self, topic: str, partition: int, offset: int = 0, max_count: int = 32,
               max_bytes: int = 1 << 20, replica: str | None = None) -> list:
         """Committed records of one partition from ``offset`` (never past the high
@@ -388,6 +411,7 @@ class ClusterClient:
 
     # --- metadata --------------------------------------------------------------------------
 
+    @_serialized
     def metadata(self, refresh: bool = False) -> ClusterMetadata:
         """The cluster's metadata (cached ``metadata_max_age_ms``; ``refresh``: ask now)."""
         age_ms = (time.monotonic() - self._fetched_at) * 1000
@@ -717,6 +741,7 @@ class ClusterClient:
         for key in [key for key in self._sent if key[0] == address]:
             self._broken.append((self._sent.pop(key), address))
 
+    @_serialized
     def close(self) -> None:
         """Close the connections; requests still undecided fail with NodeUnavailable
         (their outcome unknown)."""
