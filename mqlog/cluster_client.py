@@ -26,10 +26,13 @@ Theory of operation.
   same producer id and sequence, so the leader that has it answers with its first place
   instead of storing it twice
   (idempotence.py; Kafka's idempotent producer: one producer id, a sequence per
-  partition). All of it within ``retry_timeout_s`` (Kafka's delivery.timeout.ms); after
-  it, a typed error: NodeUnavailable (outcome unknown: retrying the same call is safe
-  only through this client, which keeps the sequence), UnknownTopic (the metadata never
-  showed the topic), InvalidArgument (a partition the topic does not have).
+  partition). All of it within ``retry_timeout_s`` (Kafka's delivery.timeout.ms), plus at
+  most one attempt's ``timeout_s``: an attempt under way at the deadline is waited for, as
+  Kafka lets an in-flight request reach its request.timeout.ms (keep ``retry_timeout_s``
+  at least ``timeout_s``, as Kafka asks of delivery.timeout.ms); after it, a typed
+  error: NodeUnavailable (outcome unknown: retrying the same call is safe only through
+  this client, which keeps the sequence), UnknownTopic (the metadata never showed the
+  topic), InvalidArgument (a partition the topic does not have).
 * Producer epochs. Each client is one life of its producer id, with its own producer
   epoch (``new_producer_epoch``: the wall clock, so a client made anew with the same
   explicit ``producer_id`` — a restarted process — has a higher one, and its sequences,
