@@ -17,7 +17,7 @@ import math
 import select
 import socket
 from collections import deque
-from typing import Any
+from typing import Any, TypeGuard
 
 from mqlog import errors, ext
 from mqlog.replication.node import acks_of, check_producer_tag, split_address
@@ -311,12 +311,8 @@ def _producer(producer: Any) -> tuple[str, int, int]:
     return check_producer_tag(producer[0], producer[1], epoch)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_or(value: Any, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def error_of(header: dict[str, Any]) -> errors.MqlogError:
@@ -331,8 +327,8 @@ def error_of(header: dict[str, Any]) -> errors.MqlogError:
         return errors.PartiallyStored(message, count if isinstance(count, int) else 0)
     if cls is errors.OffsetOutOfRange:  # (-1: an older node that did not say)
         low, high = (header.get(name) for name in ("min_offset", "max_offset"))
-        return errors.OffsetOutOfRange(message, min_offset=_int_or(low, -1),
-                                       max_offset=_int_or(high, -1))
+        return errors.OffsetOutOfRange(message, min_offset=low if _is_int(low) else -1,
+                                       max_offset=high if _is_int(high) else -1)
     if isinstance(cls, type) and issubclass(cls, errors.MqlogError):
         try:
             return cls(message)

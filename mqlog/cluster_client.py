@@ -76,7 +76,8 @@ Theory of operation.
 Threads may share a client, as Kafka's producer (its requests move on only inside its
 calls: ``send``, ``result``, ``flush``): each call holds the client's lock, so calls from
 several threads take turns, and a thread waiting in ``result`` moves every thread's
-requests on. (Calls from two threads at once once failed with an untyped ValueError.)
+requests on. (Before the lock, two threads calling at the same time could fail with an
+untyped ValueError, or hang.)
 """
 
 from __future__ import annotations
