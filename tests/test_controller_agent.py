@@ -351,3 +351,21 @@ def test_a_deleted_topics_partitions_are_dropped_with_their_data_and_no_other() 
     assert agent.hosted == {"pair-0"} and recording.deleted == ["gone-0"]
     io.next_round()
     assert agent.hosted == set() and recording.deleted == ["gone-0"]
+
+
+def test_a_topic_deleted_and_created_again_in_one_pull_starts_empty() -> None:
+    """`topics delete t; topics create t` within one heartbeat: the pull brings both, the
+    view after it has the topic, and its group was kept with the deleted topic's store."""
+    created = [[0, records.encode(item)] for item in (
+        records.RegisterBroker("b1", 1, ADDRESS), records.CreateTopic("t", "raft", (("b1",),)))]
+    again = [[0, records.encode(item)] for item in (
+        records.DeleteTopic("t"), records.CreateTopic("t", "raft", (("b1",),)))]
+    io = Io(_pulls(created, again))
+    recording = RecordingHost()
+    agent = host.BrokerAgent(recording, CONFIG, io, rng=random.Random(1))
+    agent.start()
+    io.run_due()
+    assert agent.hosted == {"t-0"} and recording.ensured == 1
+    io.next_round()
+    assert recording.deleted == ["t-0"]
+    assert agent.hosted == {"t-0"} and recording.ensured == 2  # hosted anew, empty

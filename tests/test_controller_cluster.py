@@ -140,6 +140,15 @@ def test_brokers_open_the_partitions_they_are_assigned_with_their_store_settings
         assert controller.segment_size_bytes != 8 << 20
 
 
+def _written(client: Any, body: bytes) -> bool:
+    """Whether ``body`` was produced (acks=all) at offset 0: while the brokers drop and
+    host the topic's partition anew, a write may fail (retried by the caller)."""
+    try:
+        return client.produce("t", body, partition=0, acks="all").offset == 0
+    except errors.MqlogError:
+        return False
+
+
 @pytest.mark.parametrize("layer", ["raft", "isr"])
 def test_a_topic_created_again_under_a_deleted_ones_name_starts_empty(
         tmp_path: Path, layer: str) -> None:
@@ -163,3 +172,10 @@ def test_a_topic_created_again_under_a_deleted_ones_name_starts_empty(
             wait_until(lambda: all("t-0" not in hosted for hosted in groups) and not any(
                 (tmp_path / name / "t-0").exists() for name in BROKERS),
                 "every broker dropping t-0 and deleting its store", 60)
+        change_metadata(controllers, create)  # deleted and created again at once: the
+        with ClusterClient(brokers, retry_timeout_s=60) as client:  # brokers may fold both
+            client.produce("t", b"kept?", partition=0, acks="all")  # in one pull
+            change_metadata(controllers, {"kind": "delete_topic", "name": "t"})
+            change_metadata(controllers, create)
+            wait_until(lambda: _written(client, b"newest"), "t-0 taking a write", 60)
+            assert [record.body for record in client.fetch("t", 0)] == [b"newest"]

@@ -263,6 +263,7 @@ class BrokerAgent:
         self.position = 0
         self.epoch: int | None = None
         self.hosted: set[str] = set()  # groups this agent opened
+        self._deleted_topics: set[str] = set()  # DeleteTopic folded since the last pass
         # The view of the last hosting pass that did all it wanted (host_assigned), and
         # the layer of each group that pass wanted, in its order
         self._hosted_view: ClusterMetadata | None = None
@@ -410,7 +411,10 @@ class BrokerAgent:
             self.view = ClusterMetadata().apply(records.decode(answer["snapshot"]),
                                                 answer["position"])
         for end, body in answer["records"]:
-            self.view = self.view.apply(records.decode(body), end)
+            record = records.decode(body)
+            if isinstance(record, records.DeleteTopic):  # (created again in the same pull,
+                self._deleted_topics.add(record.name)     # it is in the view: see below)
+            self.view = self.view.apply(record, end)
         self.position = answer["position"]
         self.leaders.prune(self.view)
 
@@ -456,6 +460,7 @@ class BrokerAgent:
             self._refresh_hosted()
             return
         self._hosted_view, self._troubled = None, False
+        self._drop_deleted()
         wanted = self.assigned()
         self._hosted_layers = {name: spec.replication.layer for name, spec in wanted.items()}
         for name, spec in wanted.items():
@@ -464,16 +469,26 @@ class BrokerAgent:
             elif self._host(name, spec):
                 self._hand_state(name)
         for name in sorted(self.hosted - set(wanted)):
-            # A deleted topic's partitions leave no store behind: one created again under
-            # its name starts empty, as Kafka's does (its old store reopened brought the
-            # deleted records back, and an ISR one's leader epochs refused every write).
-            # A group unwanted for another reason (its spec could not be built this round)
-            # keeps its store.
+            # (a group unwanted for another reason than its topic's deletion, say its spec
+            # could not be built this round, keeps its store)
             topic = name.rpartition("-")[0]
             self.host.drop_group(name, delete_data=topic not in self.view.topics)
             self.hosted.discard(name)
         if not self._troubled:
             self._hosted_view = self.view
+
+    def _drop_deleted(self) -> None:
+        """A deleted topic's partitions leave no store behind, so that one created again
+        under its name starts empty, as Kafka's does (the old store reopened brought the
+        deleted records back, and an ISR one's leader epochs refused every write). Those
+        whose DeleteTopic this agent folded go first, even when the same pull created
+        the topic again (``topics delete t; topics create t``); a deletion a snapshot
+        hid is seen by the topic's absence (host_assigned)."""
+        for name in sorted(self.hosted):
+            if name.rpartition("-")[0] in self._deleted_topics:
+                self.host.drop_group(name, delete_data=True)
+                self.hosted.discard(name)
+        self._deleted_topics.clear()
 
     def _refresh_hosted(self) -> None:
         """What a full pass does to the groups it hosts already (in the same order)."""
