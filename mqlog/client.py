@@ -255,8 +255,9 @@ def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
     their defaults (no key, no tags, acks "replicated") are left out. ``acks`` in Kafka's
     words or mqlog's (InvalidArgument for anything else) goes as the node's word."""
     check_wire_int("queue_id", queue_id)
+    payload = _joined(bodies)
     header: dict[str, Any] = {"kind": "produce", "topic": topic, "queue_id": queue_id,
-                              "sizes": [len(body) for body in _checked_bodies(bodies)]}
+                              "sizes": [len(body) for body in bodies]}
     if key is not None:
         header["key"] = key
     if tags is not None:
@@ -269,20 +270,22 @@ def produce_request(topic: str, bodies: list[bytes], queue_id: int = 0,
         header["producer_id"], header["sequence"] = producer_id, sequence
         if epoch:  # (epoch 0, the form of before, left out)
             header["producer_epoch"] = epoch
-    return header, b"".join(bodies)
+    return header, payload
 
 
-def _checked_bodies(bodies: Any) -> Any:
-    """``bodies`` if it is a list or tuple of bytes-like bodies, else InvalidArgument (a
-    str or one bytes object where a list belongs was an untyped TypeError)."""
+def _joined(bodies: Any) -> bytes:
+    """The bodies, one after the other, if ``bodies`` is a list or tuple of bytes-like
+    bodies, else InvalidArgument (a str, or one bytes object where a list belongs, was an
+    untyped TypeError). The join checks each body's type itself, in C: a check per body
+    in Python cost the client 0.13 us a record, a third of its CPU."""
     if not isinstance(bodies, list | tuple):
         raise errors.InvalidArgument(f"bodies must be a list of bytes, got "
                                      f"{type(bodies).__name__}")
-    for index, body in enumerate(bodies):
-        if not isinstance(body, bytes | bytearray | memoryview):
-            raise errors.InvalidArgument(f"body {index} must be bytes, got "
-                                         f"{type(body).__name__} (encode text first)")
-    return bodies
+    try:
+        return b"".join(bodies)
+    except TypeError as error:  # (names the first body it could not take)
+        raise errors.InvalidArgument(f"bodies must be bytes (encode text first; a "
+                                     f"memoryview must be contiguous): {error}") from None
 
 
 def check_wire_int(name: str, value: Any) -> None:

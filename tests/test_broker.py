@@ -788,8 +788,8 @@ def test_bad_request_arguments_are_refused_typed_before_anything_is_sent(tmp_pat
         node = running.call(running.broker.ensure_group, _one_voter("p0", address))
         with mqlog.Client(address, group="p0") as client:
             _produce_when_leader(client, "orders", b"first")
-            for body in ("text", 7, None):
-                with pytest.raises(errors.InvalidArgument, match="body 0 must be bytes"):
+            for body in ("text", 7, None, memoryview(b"abcd")[::2]):
+                with pytest.raises(errors.InvalidArgument, match="sequence item 0"):
                     client.produce("orders", body)
             for bodies in (b"ab", None, [b"a", "b"]):
                 with pytest.raises(errors.InvalidArgument, match="bod"):
