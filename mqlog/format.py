@@ -222,22 +222,31 @@ def walk(buffer: Any, base: int, start: int = 0) -> Iterator[Step]:
     size = len(buffer)
     offset = start
     while offset < size:
-        if size - offset < BLANK_SIZE_MIN:
-            yield Step(offset, "damage", size - offset, None)
-            return
-        length, magic = BLANK.unpack_from(buffer, offset)
-        if length == 0 and magic == 0:
-            yield Step(offset, "end", 0, None)
-            return
-        if magic == BLANK_MAGIC and offset + length == size:
-            yield Step(offset, "blank", length, None)
-            return
-        header = intact_header(buffer, base, offset)
-        if header is not None:
-            yield Step(offset, "record", header.size, header)
-            offset += header.size
+        step = step_at(buffer, base, offset)
+        if step is not None:
+            yield step
+            if step.kind != "record":
+                return
+            offset += step.size
             continue
-        following = find_intact(buffer, base, offset + 1)
+        following = None if size - offset < BLANK_SIZE_MIN else \
+            find_intact(buffer, base, offset + 1)
         stop = size if following is None else following
         yield Step(offset, "damage", stop - offset, None)
         offset = stop
+
+
+def step_at(buffer: Any, base: int, offset: int) -> Step | None:
+    """What starts at ``offset`` (< the segment's size) if it is an intact record, the
+    blank that fills the segment's tail or the zeros that end its data; None if none of
+    them (damage, or too few bytes left for any)."""
+    size = len(buffer)
+    if size - offset < BLANK_SIZE_MIN:
+        return None
+    length, magic = BLANK.unpack_from(buffer, offset)
+    if length == 0 and magic == 0:
+        return Step(offset, "end", 0, None)
+    if magic == BLANK_MAGIC and offset + length == size:
+        return Step(offset, "blank", length, None)
+    header = intact_header(buffer, base, offset)
+    return None if header is None else Step(offset, "record", header.size, header)

@@ -236,13 +236,8 @@ class FileSet:
         base = bases[bisect.bisect_right(bases, position) - 1]
         buffer = self._segments[base].buffer
         at = position - base
-        if at == len(buffer) or position in self._segments:
-            return True
-        if at > len(buffer) - fmt.BLANK_SIZE_MIN:
-            return False
-        size, magic = fmt.BLANK.unpack_from(buffer, at)
-        return size == magic == 0 or magic == fmt.BLANK_MAGIC and at + size == len(buffer) \
-            or fmt.intact_header(buffer, base, at) is not None
+        return at == len(buffer) or position in self._segments or \
+            fmt.step_at(buffer, base, at) is not None
 
     def drop_all_queues(self) -> None:
         """Delete every consume queue (recovery rebuilds them from the log)."""
