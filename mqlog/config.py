@@ -78,9 +78,11 @@ class StoreConfig:
     checkpoint_interval_ms: int = 1_000
     # The flushed position is saved (file ``flushed``, an fdatasync of its own, on a
     # thread of its own) after log syncs at most this often, so that recovery refuses to
-    # cut acknowledged records (checkpoint.py); 0: as soon as a sync ends (coalesced);
-    # -1: never (a damaged tail past the last checkpoint is cut, as a torn one is).
-    flushed_position_save_interval_ms: int = 0
+    # cut acknowledged records (checkpoint.py): damage in what was acknowledged in the
+    # last interval is cut as a torn tail (and reported). 0: as soon as a sync ends (a
+    # second device flush per group commit: 0.89x the durable put_batch rate of 50 ms,
+    # docs/BENCHMARKS.md); -1: never (a damaged tail past the last checkpoint is cut).
+    flushed_position_save_interval_ms: int = 50
     # False: no flush or maintenance thread; the owner flushes (``flush``) and runs the
     # chores (``run_chores``) itself, on its own clock (a deterministic simulator).
     background_threads: bool = True

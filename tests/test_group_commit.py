@@ -309,7 +309,8 @@ def test_a_flushed_save_failing_at_close_is_typed_and_lets_the_store_go(
     background threads (saves inline) a sync put whose save fails raises FlushFailed."""
     faults = FailingSaves(monkeypatch)
     store = mqlog.open(tmp_path / "s", implementation=impl, flush_mode="sync",
-                       background_threads=threads, **SMALL)
+                       background_threads=threads, flushed_position_save_interval_ms=0,
+                       **SMALL)  # (every sync saves: the inline put's save fails)
     written = [store.put("t", f"r{i}".encode()).offset for i in range(20)]
     faults.armed = True
     if not threads:
