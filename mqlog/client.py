@@ -126,14 +126,18 @@ class Client:
         return self._socket.fileno()
 
     def fetch(self, topic: str, queue_id: int = 0, offset: int = 0, max_count: int = 32,
-              max_bytes: int = 1 << 20) -> list:
-        """Records of one queue from ``offset``, each checked by its CRC on arrival."""
+              max_bytes: int = 1 << 20, leader_only: bool = False) -> list:
+        """Records of one queue from ``offset``, each checked by its CRC on arrival.
+        ``leader_only``: a replica that does not lead refuses (NotLeader, naming the
+        leader it knows) instead of serving what is below its own high watermark."""
         for name, value in (("queue_id", queue_id), ("offset", offset),
                             ("max_count", max_count), ("max_bytes", max_bytes)):
             check_wire_int(name, value)
-        header, payload = self.call({"kind": "fetch", "topic": topic, "queue_id": queue_id,
-                                      "offset": offset, "max_count": max_count,
-                                      "max_bytes": max_bytes})
+        request = {"kind": "fetch", "topic": topic, "queue_id": queue_id, "offset": offset,
+                   "max_count": max_count, "max_bytes": max_bytes}
+        if leader_only:
+            request["leader_only"] = True
+        header, payload = self.call(request)
         records, at = [], 0
         for _ in range(header["count"]):
             size = int.from_bytes(payload[at:at + 4], "little")

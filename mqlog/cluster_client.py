@@ -392,8 +392,10 @@ class ClusterClient:
                 self.retries += 1  # (to the leader, below)
         found: list[list] = []
 
-        def read(client: Client) -> dict[str, Any]:
-            found.append(client.fetch(topic, partition, offset, max_count, max_bytes))
+        def read(client: Client) -> dict[str, Any]:  # (a follower the view still shows as
+            # leader would answer below its own high watermark: fewer records, or none)
+            found.append(client.fetch(topic, partition, offset, max_count, max_bytes,
+                                      leader_only=True))
             return {"status": PutStatus.PUT_OK.value}
         self._until_decided(topic, partition, deadline, "fetch", read)
         return found[-1]

@@ -276,3 +276,30 @@ def test_threads_sharing_a_client_take_turns_and_store_every_record_once(
     for thread in range(4):  # each thread's records in the order it sent them
         mine = [body for body in stored if body.startswith(f"{thread}:".encode())]
         assert mine == [f"{thread}:{index}".encode() for index in range(250)]
+
+
+def test_a_fetch_meant_for_the_leader_is_not_served_by_a_follower(
+        cluster: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A consumer's fetch goes to the leader its view shows; a view that still shows a
+    follower (a NotLeader answer named the new leader, so produces went there, but the
+    cached view kept the old one) sent it to that follower, which served what lay below
+    its own high watermark: after an acks=all write, none of it (test_controller_cluster's
+    topic created again, about one run in three). Now such a fetch says it is meant for
+    the leader (as Kafka's consumer fetch without a preferred replica); a follower
+    refuses it, naming the leader, and the client reads there."""
+    with ClusterClient(_brokers(cluster), retry_timeout_s=60) as client:
+        _first_write(client)
+        leader, followers = _leader(cluster, client)
+        with Client(cluster.configs[followers[0]].listen, group="orders-0") as raw:
+            with pytest.raises(errors.NotLeader, match=f"the leader is {leader}") as refused:
+                raw.fetch("orders", 0, leader_only=True)
+            assert refused.value.leader_address == cluster.configs[leader].listen
+            assert [r.body for r in raw.fetch("orders", 0)] in ([], [b"first"])  # (reads)
+        stale = cluster.configs[followers[0]].listen
+        real = client._leader_address
+        monkeypatch.setattr(client, "_leader_address", lambda topic, partition, failed,
+                            tried=None: stale if failed is None else real(
+                                topic, partition, failed, tried))
+        retries = client.retries
+        assert _bodies(client) == [b"first"]
+        assert client.retries == retries + 1  # (refused there, read at the leader)

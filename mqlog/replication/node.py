@@ -540,6 +540,12 @@ class Node:
     def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
         # An ISR follower serves what is below its high watermark (KIP-392's follower
         # fetching): its store's committed position, the leader's HW capped at its end.
+        # Not a fetch meant for the leader (``leader_only``, as Kafka's consumer fetch
+        # without a preferred replica): sent here by a stale view, it would read fewer
+        # records than were acknowledged, or none, without a word.
+        if frame.header.get("leader_only") is True and not self.core.is_master:
+            self.core.check_master()  # (NotLeader naming the leader, when it knows it)
+            raise errors.NotMaster(f"node {self.node_id} does not lead {self.name}")
         if not self.core.is_master and not self.spec.slave_read_enable and not self.isr:
             if self.raft:
                 self.core.check_master()  # (NotLeader naming the leader, when it knows it)
