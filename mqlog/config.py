@@ -409,11 +409,15 @@ class GroupSpec:
     registry_group: str = ""  # the group's name in route registries ("": name)
     topics: dict[str, int] = dataclasses.field(default_factory=dict)  # registered topics
     group_name_length_max: int = 200  # a directory name, with room for suffixes
+    # The topic id of the partition it holds (KIP-516; 0: none, a group of a config): its
+    # peer messages and its store directory carry it, so the replicas of a deleted topic
+    # and of one created again under its name never take each other's records
+    incarnation: int = 0
 
     @classmethod
     def raft(cls, name: str, voters: dict[str, str], *, learners: dict[str, str] | None = None,
              store: StoreConfig | None = None, partitions: tuple[tuple[str, int], ...] = (),
-             **replication: Any) -> GroupSpec:
+             incarnation: int = 0, **replication: Any) -> GroupSpec:
         """A Raft group over the brokers in ``voters`` (broker id -> host:port); what the
         controller hands a broker ("host partition P with voters A, B, C")."""
         learners = dict(learners or {})
@@ -421,17 +425,18 @@ class GroupSpec:
                                    voters=tuple(voters), learners=tuple(learners),
                                    **replication)
         return cls(name, config, {**voters, **learners}, store or StoreConfig(),
-                   partitions=tuple(partitions)).validate()
+                   partitions=tuple(partitions), incarnation=incarnation).validate()
 
     @classmethod
     def isr(cls, name: str, replicas: dict[str, str], *, store: StoreConfig | None = None,
-            partitions: tuple[tuple[str, int], ...] = (), **replication: Any) -> GroupSpec:
+            partitions: tuple[tuple[str, int], ...] = (), incarnation: int = 0,
+            **replication: Any) -> GroupSpec:
         """An ISR partition over the brokers in ``replicas`` (broker id -> host:port); its
         leader and ISR come from the controller, later (IsrCore.apply_metadata)."""
         config = ReplicationConfig(layer="isr", node_id=next(iter(replicas), ""),
                                    replicas=tuple(replicas), **replication)
         return cls(name, config, dict(replicas), store or StoreConfig(),
-                   partitions=tuple(partitions)).validate()
+                   partitions=tuple(partitions), incarnation=incarnation).validate()
 
     @property
     def members(self) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ on the wire.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import mqlog
 from mqlog import errors
 from mqlog.config import BrokerConfig, GroupSpec, StoreConfig
 from mqlog.replication import broker as broker_module
-from mqlog.replication import messages
+from mqlog.replication import hardstate, messages
 from mqlog.replication.broker import Broker
 from mqlog.replication.local import LocalCluster, LocalRaftCluster, free_ports, wait_until
 from mqlog.replication.local_brokers import LocalBrokers
@@ -158,16 +159,19 @@ def test_groups_get_their_own_directory_store_settings_and_routes(tmp_path):
 def test_a_frame_names_its_group_and_the_default_group_is_left_out():
     vote = messages.Vote("b1", "b2", 3, position=10, last_epoch=2, pre_vote=False,
                          transfer=False, cluster_id="c")
-    plain, named = messages.encode(vote), messages.encode(vote, "g7")
+    plain, named = messages.encode(vote), messages.encode(vote, "g7", incarnation=12)
     decoder = FrameDecoder(1 << 20)
-    decoder.feed(plain + named + encode_frame({**_header(named), "group": 5}))
-    first, second, third = (decoder.next_frame() for _ in range(3))
+    decoder.feed(plain + named + encode_frame({**_header(named), "group": 5})
+                 + encode_frame({**_header(named), "incarnation": "12"}))
+    first, second, third, fourth = (decoder.next_frame() for _ in range(4))
     assert isinstance(first, Frame) and isinstance(second, Frame)
-    assert "group" not in first.header and second.header["group"] == "g7"
+    assert "group" not in first.header and "incarnation" not in first.header
+    assert second.header["group"] == "g7" and second.header["incarnation"] == 12
     assert messages.decode(first) == messages.decode(second) == vote
-    assert isinstance(third, Frame)
-    with pytest.raises(errors.RemoteProtocolError):
-        messages.decode(third)
+    for bad in (third, fourth):
+        assert isinstance(bad, Frame)
+        with pytest.raises(errors.RemoteProtocolError):
+            messages.decode(bad)
 
 
 def _header(frame: bytes) -> dict:
@@ -684,9 +688,11 @@ def test_a_message_for_a_group_not_hosted_is_counted_not_fatal(tmp_path):
                                  transfer=False)
             sock.sendall(messages.encode(vote, "g404") + messages.encode(
                 messages.Vote("b2", "b1", 0, position=0, last_epoch=-1, pre_vote=True,
-                              transfer=False), "g1"))  # not from the broker at the other end
+                              transfer=False), "g1")  # not from the broker at the other end
+                         # g1 of another topic id (a deleted topic's replica of that name)
+                         + messages.encode(vote, "g1", incarnation=7))
             wait_until(lambda: brokers.broker_metadata("b1")["counters"]["b3"]
-                       ["misaddressed"] == 2, "two misaddressed messages counted")
+                       ["misaddressed"] == 3, "three misaddressed messages counted")
             assert "b3" in brokers.broker_metadata("b1")["links"]  # still connected
 
 
@@ -801,3 +807,31 @@ def test_bad_request_arguments_are_refused_typed_before_anything_is_sent(tmp_pat
                     client.fetch("orders", **{"queue_id": 0, name: 1 << 64})
             assert [r.body for r in client.fetch("orders", 0, 0)] == [b"first"]
         assert node.store.max_offset("orders", 0) == 1
+
+
+def test_a_partition_of_another_topic_id_does_not_take_the_old_store(tmp_path):
+    """A broker away while a topic was deleted and created again (or whose view had the
+    deletion hidden in a snapshot) kept the old partition's store and reopened it for the
+    new partition: the deleted records came back. The store now holds its topic id
+    (``topic-id``, KIP-516's partition.metadata); a group of another id deletes it first,
+    one of the same id (a restart) keeps it, and a store from before ids is taken."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1", cluster_id="c").validate()
+    with BrokerThread(config) as running:
+        broker = running.broker
+
+        def host(incarnation: int) -> list[bytes]:
+            spec = dataclasses.replace(_one_voter("t-0", address, (("t", 0),)),
+                                       incarnation=incarnation)
+            running.call(broker.ensure_group, spec)
+            with mqlog.Client(address, group="t-0") as client:
+                assert _produce_when_leader(client, "t", b"%d" % incarnation).status is \
+                    PutStatus.PUT_OK
+                bodies = [r.body for r in client.fetch("t", 0, 0)]
+            running.call(broker.drop_group, "t-0")  # (its store stays, as if missed)
+            return bodies
+        assert host(0) == [b"0"]  # a group of a config: no id
+        assert host(5) == [b"0", b"5"]  # (a store from before ids: taken)
+        assert host(5) == [b"0", b"5", b"5"]  # the same topic: a restart keeps it
+        assert host(9) == [b"9"]  # another topic of the name: the old store is gone
+        assert hardstate.load_topic_id(tmp_path / "b1" / "t-0") == 9

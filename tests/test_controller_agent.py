@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from mqlog import errors
-from mqlog.replication.controller import host, records
+from mqlog.replication.controller import host, records, state
 from mqlog.replication.controller.config import ControllerConfig
 
 CONFIG = ControllerConfig(voters={"c1": "127.0.0.1:7001"}).validate()
@@ -366,6 +366,32 @@ def test_a_topic_deleted_and_created_again_in_one_pull_starts_empty() -> None:
     agent.start()
     io.run_due()
     assert agent.hosted == {"t-0"} and recording.ensured == 1
+    io.next_round()
+    assert recording.deleted == ["t-0"]
+    assert agent.hosted == {"t-0"} and recording.ensured == 2  # hosted anew, empty
+
+
+def test_a_topic_created_again_behind_a_snapshot_starts_empty() -> None:
+    """A pull that answers with a snapshot shows no DeleteTopic: the topic is there, with
+    another topic id (KIP-516), and its partitions are dropped with their data and hosted
+    anew (before ids the agent kept the old store, and then refused the new spec)."""
+    broker = records.RegisterBroker("b1", 1, ADDRESS)
+    created = [[0, records.encode(item)] for item in (
+        broker, records.CreateTopic("t", "raft", (("b1",),), topic_id=3))]
+    again = state.fold([broker, records.CreateTopic("t", "raft", (("b1",),), topic_id=8)])
+    pulls = _pulls(created)
+
+    def script(header: dict[str, Any]) -> dict[str, Any]:
+        if header["kind"] == "metadata_since" and header["position"] >= 200:
+            return {"snapshot": records.encode(again.snapshot()), "position": 900,
+                    "records": []}
+        return pulls(header)
+    io = Io(script)
+    recording = RecordingHost()
+    agent = host.BrokerAgent(recording, CONFIG, io, rng=random.Random(1))
+    agent.start()
+    io.run_due()
+    assert agent.hosted == {"t-0"} and recording.ensured == 1 and recording.deleted == []
     io.next_round()
     assert recording.deleted == ["t-0"]
     assert agent.hosted == {"t-0"} and recording.ensured == 2  # hosted anew, empty

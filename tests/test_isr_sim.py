@@ -63,7 +63,7 @@ RETENTION_SEED = 14000046
 FRESH_SEED_COUNT = max(1, int(os.environ.get("MQLOG_SIM_SEEDS", 5)) // 5)
 # (break, a fixed seed that catches it): found with `python -m mqlog.sim --layer isr
 # --break NAME --count 30` (truncate_to_hw's seed 6 draws retention now, which it misses)
-CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 4, "truncate_to_hw": 12,
+CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 3, "truncate_to_hw": 8,
              "hw_below_min_isr": 1, "forget_stale_alter": 8100000,
              "partial_early": 1}  # (the driver's: PartiallyStored before the verdict)
 # Seeds found before requests of several records (sim/partial.py), which catch their break

@@ -384,11 +384,12 @@ class Broker:
 
     # --- sending ---------------------------------------------------------------------------
 
-    def send(self, group: str, outgoing: list[messages.Message]) -> None:
+    def send(self, group: str, outgoing: list[messages.Message], incarnation: int = 0) -> None:
         """Send a group's messages in order. They wait in a per-peer outbox until the
         loop has run every callback ready now (the other groups' Readies among them), then
         go in one socket write per peer (a write is a system call); see the module
-        docstring for what is dropped."""
+        docstring for what is dropped. ``incarnation``: the group's topic id, which the
+        receiving group must have too (GroupSpec.incarnation)."""
         if not outgoing:
             return  # nothing to send: no write to schedule
         tag = "" if group == self.config.default_group else group
@@ -396,7 +397,8 @@ class Broker:
         if not outbox:
             asyncio.get_running_loop().call_soon(self._write_outbox)
         for message in outgoing:
-            outbox.setdefault(message.dst, []).append(messages.encode(message, tag))
+            outbox.setdefault(message.dst, []).append(messages.encode(message, tag,
+                                                                      incarnation))
 
     def _write_outbox(self) -> None:
         outbox, self._outbox = self._outbox, {}
@@ -565,7 +567,10 @@ class Broker:
                                              "on a peer connection")
         message = messages.decode(frame)
         node = self.groups.get(header.get("group", self.config.default_group))
-        if node is None or message.src != link.peer:
+        if node is None or message.src != link.peer or \
+                header.get("incarnation", 0) != node.spec.incarnation:
+            # (a deleted topic's replica and one of the topic created again under its
+            # name: the same group name, another topic id; neither may step the other)
             self._counters(link.peer).misaddressed += 1
             return
         node.driver.step(message)

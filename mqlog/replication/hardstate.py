@@ -2,7 +2,10 @@
 are in its log — in one small file beside the store; and a master-slave node's role
 state — the role and epoch it last took by an operator's promotion or ``follow``, its
 master or slaves — in another, which wins over the node's TOML on a restart (an old
-master restarted with its own file must not come back as a master after a failover).
+master restarted with its own file must not come back as a master after a failover); and
+the topic id of a controller-assigned partition's store (KIP-516's partition.metadata), so
+that a broker that was away while the topic was deleted and created again does not take
+the old store for the new partition's.
 
 It must be durable before the node answers anyone (a vote given and forgotten in a crash
 lets one term have two leaders), so each save writes a new file, syncs it, renames it over
@@ -30,6 +33,8 @@ FILE_NAME = "raft-state"
 _MAGIC = "mqlog-raft-state 2"
 ROLE_FILE_NAME = "master-slave-state"
 _ROLE_MAGIC = "mqlog-master-slave-state 1"
+TOPIC_ID_FILE_NAME = "topic-id"
+_TOPIC_ID_MAGIC = "mqlog-topic-id 1"
 
 
 @dataclass(frozen=True)
@@ -118,17 +123,40 @@ def load(directory: Path) -> HardState:
                            "node's data and add it to the group again") from None
 
 
+def load_topic_id(directory: Path) -> int | None:
+    """The topic id of the partition whose store ``directory`` is (KIP-516's
+    partition.metadata); None if none was saved (a store from before ids, or no store)."""
+    path = directory / TOPIC_ID_FILE_NAME
+    try:
+        document = _read(path, _TOPIC_ID_MAGIC)
+    except FileNotFoundError:
+        return None
+    value = document.get("topic_id") if isinstance(document, dict) else None
+    if type(value) is not int or value <= 0:
+        raise CorruptStore(f"{path} is damaged (topic_id {value!r}): which topic this store "
+                           "belongs to is unknown; delete the file if the topic was never "
+                           "deleted and created again, else the store")
+    return value
+
+
+def save_topic_id(directory: Path, topic_id: int) -> None:
+    _write(directory, TOPIC_ID_FILE_NAME, _TOPIC_ID_MAGIC, {"topic_id": topic_id})
+
+
 def save(directory: Path, state: HardState | RoleState) -> None:
     """Write ``state`` durably (see the module docstring): a Raft HardState, or a
     master-slave RoleState, each to its own file."""
     if isinstance(state, RoleState):
-        name, magic = ROLE_FILE_NAME, _ROLE_MAGIC
-        document: dict[str, Any] = {"role": state.role, "epoch": state.epoch,
-                                    "master": state.master, "slaves": list(state.slaves)}
+        _write(directory, ROLE_FILE_NAME, _ROLE_MAGIC,
+               {"role": state.role, "epoch": state.epoch, "master": state.master,
+                "slaves": list(state.slaves)})
     else:
-        name, magic = FILE_NAME, _MAGIC
-        document = {"term": state.term, "vote": state.vote,
-                    "memberships": [item.to_json() for item in state.memberships]}
+        _write(directory, FILE_NAME, _MAGIC,
+               {"term": state.term, "vote": state.vote,
+                "memberships": [item.to_json() for item in state.memberships]})
+
+
+def _write(directory: Path, name: str, magic: str, document: dict[str, Any]) -> None:
     body = f"{magic} {json.dumps(document, separators=(',', ':'))}"
     temporary = directory / (name + ".tmp")
     with open(temporary, "w") as file:

@@ -52,6 +52,7 @@ import functools
 import itertools
 import os
 import random
+import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -124,6 +125,8 @@ class Node:
         self.store_dir = broker.config.group_dir(spec)
         store_config = spec.store.replace(committed_follows="external") \
             if self.raft or self.isr else spec.store
+        if spec.incarnation:
+            self._claim_store(spec.incarnation)
         self.store = open_store(self.store_dir, store_config)
         try:
             core = self._new_core()
@@ -144,6 +147,23 @@ class Node:
         self._run_callbacks: list[Callable[[], None]] = []
         self._tick_callbacks: list[Callable[[], None]] = []
         self.closed = False
+
+    def _claim_store(self, topic_id: int) -> None:
+        """Make the store directory this partition's (topic ``topic_id``): one saved for
+        another topic id held a deleted topic's partition of the same name (this broker
+        was away when it was deleted, or a snapshot hid the deletion) and is deleted, as
+        Kafka deletes a stray log (KIP-516); one without an id (written before them) is
+        taken as it is."""
+        held = hardstate.load_topic_id(self.store_dir) if self.store_dir.is_dir() else None
+        if held == topic_id:
+            return
+        if held is not None:
+            print(f"[{self.node_id}/{self.name}] deleting the store of topic id {held}: this "
+                  f"partition is of topic id {topic_id} (its topic was deleted and created "
+                  "again)", flush=True)
+            shutil.rmtree(self.store_dir)
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        hardstate.save_topic_id(self.store_dir, topic_id)
 
     @property
     def core(self) -> Any:
@@ -276,7 +296,7 @@ class Node:
                 else:
                     self.broker.alter_partition(self, request)
         if peers:
-            self.broker.send(self.name, peers)
+            self.broker.send(self.name, peers, self.spec.incarnation)
 
     def save_hard_state(self, state: Any) -> None:
         hardstate.save(self.store_dir, state)

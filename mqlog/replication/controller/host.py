@@ -263,6 +263,7 @@ class BrokerAgent:
         self.position = 0
         self.epoch: int | None = None
         self.hosted: set[str] = set()  # groups this agent opened
+        self._incarnations: dict[str, int] = {}  # hosted group -> its spec's topic id
         self._deleted_topics: set[str] = set()  # DeleteTopic folded since the last pass
         # The view of the last hosting pass that did all it wanted (host_assigned), and
         # the layer of each group that pass wanted, in its order
@@ -431,16 +432,18 @@ class BrokerAgent:
             try:
                 if topic.layer == "raft":
                     wanted[name] = GroupSpec.raft(name, members, store=self.store,
-                                                  partitions=((topic.name, index),))
+                                                  partitions=((topic.name, index),),
+                                                  incarnation=topic.topic_id)
                 elif topic.layer == "isr":  # (the topic's own min.insync, if it has one)
                     wanted[name] = GroupSpec.isr(name, members, store=self.store, partitions=(
-                        (topic.name, index),), **{**isr, "min_insync_replicas":
-                                                  topic.min_insync_replicas or
-                                                  isr["min_insync_replicas"]})
+                        (topic.name, index),), incarnation=topic.topic_id,
+                        **{**isr, "min_insync_replicas": topic.min_insync_replicas or
+                           isr["min_insync_replicas"]})
                     self._isr_groups[name] = (topic.name, index)
                 else:
                     wanted[name] = master_slave_spec(name, (topic.name, index), part,
-                                                     members, self.host.broker_id, self.store)
+                                                     members, self.host.broker_id, self.store,
+                                                     incarnation=topic.topic_id)
             except errors.ConfigError as error:  # (say, a replica registered a bad
                 # address: the other partitions are still hosted)
                 self._troubled = True
@@ -462,6 +465,7 @@ class BrokerAgent:
         self._hosted_view, self._troubled = None, False
         self._drop_deleted()
         wanted = self.assigned()
+        self._drop_replaced(wanted)
         self._hosted_layers = {name: spec.replication.layer for name, spec in wanted.items()}
         for name, spec in wanted.items():
             if name in self.hosted and spec.replication.layer == "master_slave":
@@ -490,6 +494,14 @@ class BrokerAgent:
                 self.hosted.discard(name)
         self._deleted_topics.clear()
 
+    def _drop_replaced(self, wanted: dict[str, GroupSpec]) -> None:
+        """Hosted partitions of a topic deleted and created again that the fold did not
+        show deleted (a snapshot hid the DeleteTopic): their topic id differs (KIP-516)."""
+        for name in sorted(self.hosted & set(wanted)):
+            if self._incarnations.get(name, 0) != wanted[name].incarnation:
+                self.host.drop_group(name, delete_data=True)
+                self.hosted.discard(name)
+
     def _refresh_hosted(self) -> None:
         """What a full pass does to the groups it hosts already (in the same order)."""
         for name, layer in self._hosted_layers.items():
@@ -515,6 +527,7 @@ class BrokerAgent:
                          f"({error!r}); the next round tries again")
             return False
         self.hosted.add(name)
+        self._incarnations[name] = spec.incarnation
         return True
 
     def _hand_state(self, name: str) -> None:
@@ -691,7 +704,7 @@ class BrokerGroups:
 
 def master_slave_spec(name: str, partition: tuple[str, int], part: records.PartitionInfo,
                       members: dict[str, str], broker_id: str,
-                      store: StoreConfig | None = None) -> GroupSpec:
+                      store: StoreConfig | None = None, incarnation: int = 0) -> GroupSpec:
     """The spec of a master-slave partition as ``broker_id`` first hosts it: its role is
     the metadata's (the leader: SYNC_MASTER of the other replicas, a write acknowledged
     once one slave has it, RocketMQ's default; the others: slaves of the leader). A
@@ -707,7 +720,7 @@ def master_slave_spec(name: str, partition: tuple[str, int], part: records.Parti
                                         node_id=broker_id, role="SLAVE",
                                         master=part.leader or others[0])
     return GroupSpec(name, replication, dict(members), store or StoreConfig(),
-                     partitions=(partition,)).validate()
+                     partitions=(partition,), incarnation=incarnation).validate()
 
 
 def apply_role(status: dict[str, Any] | None, part: records.PartitionInfo,

@@ -86,6 +86,7 @@ class TopicInfo:
     layer: str
     partitions: tuple[PartitionInfo, ...]
     min_insync_replicas: int = 0  # an ISR topic's own; 0: the [controller] value
+    topic_id: int = 0  # its CreateTopic's (KIP-516); 0: a topic created before ids
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,9 @@ class CreateTopic:
     layer: str
     assignment: tuple[tuple[str, ...], ...]  # the replicas of each partition, in order
     min_insync_replicas: int = 0  # an ISR topic's own (1..RF); 0: the [controller] value
+    # Random, never 0 (Kafka's topic id, KIP-516): tells this topic's partitions from
+    # those of a deleted one of the same name, in peer messages and in a broker's stores
+    topic_id: int = 0
 
 
 @dataclass(frozen=True)

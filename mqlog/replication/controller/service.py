@@ -448,7 +448,8 @@ class Controller:
             raise MetadataChangeRefused(f"topic {name!r} exists already (delete it first)")
         assignment = assign_replicas(self.working.live_brokers(), partitions,
                                      replication_factor, self.rng)
-        record = CreateTopic(name, layer, assignment, min_insync)
+        record = CreateTopic(name, layer, assignment, min_insync,
+                             topic_id=self.rng.getrandbits(63) | 1)
         return Proposal(self._propose([record]), {"assignment": assignment})
 
     def delete_topic(self, name: str) -> Proposal:

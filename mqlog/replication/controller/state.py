@@ -225,7 +225,7 @@ def _create(state: ClusterMetadata, record: CreateTopic) -> ClusterMetadata:
         _check_replicas(state, f"partition {index} of {record.name!r}", replicas)
         partitions.append(PartitionInfo(replicas, replicas[0], 0, 0, replicas, ()))
     topic = TopicInfo(record.name, record.layer, tuple(partitions),
-                      record.min_insync_replicas)
+                      record.min_insync_replicas, record.topic_id)
     return replace(state, topics=_frozen({**state.topics, record.name: topic}))
 
 
