@@ -814,7 +814,9 @@ def test_a_partition_of_another_topic_id_does_not_take_the_old_store(tmp_path):
     deletion hidden in a snapshot) kept the old partition's store and reopened it for the
     new partition: the deleted records came back. The store now holds its topic id
     (``topic-id``, KIP-516's partition.metadata); a group of another id deletes it first,
-    one of the same id (a restart) keeps it, and a store from before ids is taken."""
+    one of the same id (a restart) keeps it; so is a store without the file (what a
+    deletion cut short by a crash leaves, with its ``topic-id`` gone first), and a
+    deletion leaves nothing under the group's name at any moment."""
     address = f"127.0.0.1:{free_ports(1)[0]}"
     config = BrokerConfig("b1", address, tmp_path / "b1", cluster_id="c").validate()
     with BrokerThread(config) as running:
@@ -831,7 +833,22 @@ def test_a_partition_of_another_topic_id_does_not_take_the_old_store(tmp_path):
             running.call(broker.drop_group, "t-0")  # (its store stays, as if missed)
             return bodies
         assert host(0) == [b"0"]  # a group of a config: no id
-        assert host(5) == [b"0", b"5"]  # (a store from before ids: taken)
-        assert host(5) == [b"0", b"5", b"5"]  # the same topic: a restart keeps it
+        assert host(5) == [b"5"]  # files and no id: not this topic's
+        assert host(5) == [b"5", b"5"]  # the same topic: a restart keeps it
         assert host(9) == [b"9"]  # another topic of the name: the old store is gone
         assert hardstate.load_topic_id(tmp_path / "b1" / "t-0") == 9
+        (tmp_path / "b1" / "t-0.deleting").mkdir()  # (left by a crash part way)
+        hardstate.delete_store(tmp_path / "b1" / "t-0")
+        assert sorted(path.name for path in (tmp_path / "b1").iterdir() if "t-0" in
+                      path.name) == []
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe not text", b"mqlog-topic-id 1 {} 0", b""])
+def test_a_damaged_topic_id_file_is_corrupt_store(tmp_path, content):
+    """Not UTF-8 (an untyped UnicodeDecodeError before), no id, or empty: CorruptStore
+    naming the file, and the partition stays unhosted until someone looks."""
+    hardstate.save_topic_id(tmp_path, 5)
+    assert hardstate.load_topic_id(tmp_path) == 5
+    (tmp_path / hardstate.TOPIC_ID_FILE_NAME).write_bytes(content)
+    with pytest.raises(errors.CorruptStore, match="topic-id"):
+        hardstate.load_topic_id(tmp_path)

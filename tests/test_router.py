@@ -265,7 +265,8 @@ def test_refusals_naming_no_leader_go_round_the_replicas() -> None:
         def __init__(self, address: str) -> None:
             self.address = address
 
-        def fetch(self, *args: Any) -> list[str]:
+        def fetch(self, *args: Any, leader_only: bool = False) -> list[str]:
+            assert leader_only  # (a follower would serve it otherwise)
             asked.append(self.address)
             if self.address != "127.0.0.1:3":
                 raise errors.NotMaster(f"{self.address} does not lead")

@@ -51,7 +51,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import shutil
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -59,7 +58,7 @@ from typing import Any
 from mqlog import errors
 from mqlog.config import BrokerConfig, GroupSpec
 from mqlog.ext import libc
-from mqlog.replication import messages
+from mqlog.replication import hardstate, messages
 from mqlog.replication.node import Node, run_until_signalled, split_address, start_listening
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 
@@ -262,7 +261,11 @@ class Broker:
         self.routes = {key: group for key, group in self.routes.items() if group != name}
         node.close()
         if delete_data:
-            shutil.rmtree(node.store_dir, ignore_errors=True)
+            try:
+                hardstate.delete_store(node.store_dir)
+            except OSError as error:  # (a group of that name hosted again deletes it then)
+                print(f"broker {self.broker_id}: cannot delete {node.store_dir}: {error}",
+                      flush=True)
 
     def add_service(self, kinds: tuple[str, ...], handler: Handler) -> None:
         """Client requests of these kinds go to ``handler(header, payload)``, whose answer

@@ -52,7 +52,6 @@ import functools
 import itertools
 import os
 import random
-import shutil
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -152,18 +151,20 @@ class Node:
         """Make the store directory this partition's (topic ``topic_id``): one saved for
         another topic id held a deleted topic's partition of the same name (this broker
         was away when it was deleted, or a snapshot hid the deletion) and is deleted, as
-        Kafka deletes a stray log (KIP-516); one without an id (written before them) is
-        taken as it is."""
-        held = hardstate.load_topic_id(self.store_dir) if self.store_dir.is_dir() else None
+        Kafka deletes a stray log (KIP-516). So is one that holds files but no id: every
+        store of a topic with an id gets the file before anything else, so that is what
+        a deletion cut short left, or a store of a topic from before ids."""
+        directory = self.store_dir
+        held = hardstate.load_topic_id(directory) if directory.is_dir() else None
         if held == topic_id:
             return
-        if held is not None:
-            print(f"[{self.node_id}/{self.name}] deleting the store of topic id {held}: this "
-                  f"partition is of topic id {topic_id} (its topic was deleted and created "
-                  "again)", flush=True)
-            shutil.rmtree(self.store_dir)
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        hardstate.save_topic_id(self.store_dir, topic_id)
+        if held is not None or (directory.is_dir() and any(directory.iterdir())):
+            print(f"[{self.node_id}/{self.name}] deleting the store of topic id "
+                  f"{held or 'unknown'}: this partition is of topic id {topic_id} (its "
+                  "topic was deleted and created again)", flush=True)
+            hardstate.delete_store(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        hardstate.save_topic_id(directory, topic_id)
 
     @property
     def core(self) -> Any:
