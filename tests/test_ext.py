@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -77,3 +78,29 @@ def test_the_extension_is_the_default_when_built():
 def test_load_rejects_unknown_names():
     with pytest.raises(ValueError):
         ext.load("rust")
+
+
+def test_write_zeros_agrees_between_cores(core, tmp_path):
+    """files.write_zeros's work (backing a file with blocks): zeros over exactly [start,
+    end), in pieces, the file grown as needed; a piece out of 1..1 MiB is a ValueError,
+    a descriptor that cannot be written an OSError with its errno."""
+    path = tmp_path / "f"
+    path.write_bytes(b"\xff" * 100_000)
+    fd = os.open(path, os.O_RDWR)
+    try:
+        core.write_zeros(fd, 1_000, 70_001, 16 << 10)
+        core.write_zeros(fd, 99_000, 150_000, 1 << 20)
+        for piece in (0, (1 << 20) + 1):
+            with pytest.raises(ValueError, match="piece"):
+                core.write_zeros(fd, 0, 10, piece)
+    finally:
+        os.close(fd)
+    data = path.read_bytes()
+    assert data == b"\xff" * 1_000 + bytes(69_001) + b"\xff" * 28_999 + bytes(51_000)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as refused:
+            core.write_zeros(fd, 0, 10, 4096)
+        assert refused.value.errno == errno.EBADF  #: not open for writing
+    finally:
+        os.close(fd)

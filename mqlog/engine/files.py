@@ -85,6 +85,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from mqlog import ext
 from mqlog.config import PAGE_SIZE
 from mqlog.errors import DiskFull, MqlogError, TooManyOpenFiles
 from mqlog.ext import libc
@@ -93,7 +94,6 @@ NAME_DIGITS = 20
 _NAME = re.compile(r"^\d{20}$")
 ZERO_WRITE_BYTES = 1 << 20  # zeros per pwrite, backing a file (the docstring says why)
 SYNC_ZERO_WRITE_BYTES = 16 << 10  # the same for a sync-flush log's segments
-_ZEROS = bytes(ZERO_WRITE_BYTES)
 _CHUNK_BYTES = 1 << 20  # the background thread backs this much per hold of a file's lock
 # The writer backs itself only the pages its write needs, in pieces of this much; the
 # rest of the step is the background thread's (a step's fresh pages cost ms of CPU here,
@@ -164,12 +164,7 @@ def room_bytes(directory: Path) -> int:
 def write_zeros(fd: int, start: int, end: int, piece: int = ZERO_WRITE_BYTES) -> None:
     """Write zeros over [start, end) with pwrite: allocates the blocks, or ENOSPC. At
     most ``piece`` bytes a write: the page cache's folios are that large (docstring)."""
-    view = memoryview(_ZEROS)[:piece]
-    while start < end:
-        written = os.pwrite(fd, view[:min(end - start, piece)], start)
-        if written <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        start += written
+    ext.core.write_zeros(fd, start, end, piece)  # (the C core's lets the GIL go once)
 
 
 def _data_ranges(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:

@@ -42,7 +42,9 @@ raise InvalidPosition, a released core raises StoreClosed), never CorruptRecord.
 
 from __future__ import annotations
 
+import errno
 import heapq
+import os
 import struct
 import threading
 import time
@@ -116,6 +118,23 @@ def tag_hash(tags: str | bytes | None) -> int:
     for byte in data:
         value = ((value ^ byte) * _FNV_PRIME) & 0xFFFF_FFFF_FFFF_FFFF
     return value
+
+
+_ZEROS = bytes(1 << 20)
+
+
+def write_zeros(fd: int, start: int, end: int, piece: int) -> None:
+    """Write zeros over [start, end) of file ``fd`` with pwrite, ``piece`` bytes (at most
+    1 MiB) a write: it allocates the blocks (OSError ENOSPC if it cannot; part of the
+    range may be written then). The engine backs files so (engine/files.py)."""
+    if not 0 < piece <= len(_ZEROS):
+        raise ValueError(f"piece must be 1..{len(_ZEROS)} bytes, got {piece}")
+    view = memoryview(_ZEROS)[:piece]
+    while start < end:
+        written = os.pwrite(fd, view[:min(end - start, piece)], start)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        start += written
 
 
 def key_hash(topic: str, key: str, hash_bits: int = 64) -> int:
