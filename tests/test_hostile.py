@@ -1072,3 +1072,27 @@ def test_twin_bad_put_and_get_arguments(topic, queue_id, key, tags, properties, 
           cores)
     _both(lambda core: core.get(topic, queue_id, offset, count, 1 << 20), cores)
     _both(lambda core: core.written_position, cores)
+
+
+def test_a_read_only_open_over_a_topic_name_that_is_not_utf8_is_corrupt_store(
+        open_store, tmp_path, impl):
+    """Beside a writer in another process that truncated and wrote again, a read-only
+    open looking for a queue's lost entries read a record header whose topic bytes were
+    not UTF-8 and raised a raw UnicodeDecodeError (test_spark_hostile, a seed in a few
+    hundred), which the Spark reader could not tell from a bug, so no StoreChanged. It is
+    a CorruptStore naming the record (the reader turns it into StoreChanged when the
+    store's change count moved)."""
+    store = open_store()
+    results = [store.put("t", _queue_body(0, offset), 0) for offset in range(LOST_PUTS // 2)]
+    store.close()
+    files = sorted((tmp_path / "store" / "consumequeue" / "t" / "0").iterdir())
+    files[-1].unlink()  # (a lost entry: the open looks for its record in the log)
+    segments = sorted((tmp_path / "store" / "commitlog").iterdir())
+    for result in results:
+        at = result.position + format.RECORD_HEADER_SIZE
+        path = [path for path in segments if int(path.name) <= at][-1]
+        with open(path, "r+b") as segment:
+            segment.seek(at - int(path.name))
+            segment.write(b"\xc4")  # (a first byte of two, with no second)
+    with pytest.raises(errors.CorruptStore, match="not UTF-8"):
+        _read_only(tmp_path / "store", impl)

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 from mqlog import format as fmt
 from mqlog.engine import consumequeue as cq
 from mqlog.engine.files import numbered_files
-from mqlog.errors import ConsumeQueueMismatch
+from mqlog.errors import ConsumeQueueMismatch, CorruptStore
 
 if TYPE_CHECKING:
     from mqlog.engine.fileset import FileSet
@@ -159,7 +159,13 @@ def _queue_records(files: FileSet, start: int, end: int, queue_ids: set[int]
                 break  # the blank that fills the segment's tail (or the end)
             if header.queue_id in queue_ids and not header.control:
                 name_at = at + fmt.RECORD_HEADER_SIZE
-                topic = bytes(buffer[name_at:name_at + header.topic_size]).decode()
+                try:
+                    topic = bytes(buffer[name_at:name_at + header.topic_size]).decode()
+                except UnicodeDecodeError:  # (a writer in another process changing the
+                    # log under a read-only open; else damage): typed, so a reader tells
+                    raise CorruptStore(f"the record at {base + at} names a topic that is not "
+                                       "UTF-8: the log is damaged there, or was changed while "
+                                       "it was read") from None
                 yield base + at, (topic, header.queue_id), header.queue_offset
             at += header.size
 
