@@ -228,3 +228,18 @@ def test_the_agent_reports_its_leads_and_keeps_the_leaders_it_is_told() -> None:
     assert sent[2]["leaders_seen"] == ["c1:2", 4]
     assert agent.rounds == 2 and any("leader is [topic" in note for note in io.notes)
     assert agent.leaders.entries() == [["r", 0, "b2", 3], ["r", 1, "b1", 7]]
+
+
+def test_a_lead_of_a_deleted_topics_partition_is_left_out() -> None:
+    """A broker that still leads the Raft partition of a topic deleted since (it folds
+    the deletion at its next pull) reported it, in its old term, as leading the topic
+    created again under the name: the controller's table named it leader, clients went
+    there, and the new leader's lower terms were ignored. A lead carries its topic id
+    now; one of another id is left out (one without an id, of a group of before ids,
+    counts as before)."""
+    state = fold([RegisterBroker("b1", 1, "h:b1"),
+                  CreateTopic("r", "raft", (("b1",), ("b1",)), topic_id=41)])
+    leads = [["r", 0, 7, 33], ["r", 1, 2, 41], ["gone", 0, 1, 5]]
+    assert leads_from(leads, state) == {("r", 1): 2, ("gone", 0): 1}
+    assert leads_from([["r", 0, 7]], state) == {("r", 0): 7}
+    assert leads_from(leads) == {("r", 0): 7, ("r", 1): 2, ("gone", 0): 1}  # (no state)

@@ -141,7 +141,8 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
                                           arg("unclean_shutdown", False))
     if kind == "broker_heartbeat":
         return controller.heartbeat(arg("broker_id"), arg("broker_epoch"),
-                                    _reports_from(arg("reports")), leads_from(arg("leads")),
+                                    _reports_from(arg("reports")),
+                                    leads_from(arg("leads"), controller.working),
                                     _seen(arg("leaders_seen")),
                                     sync_states=_sync_states_from(arg("sync_states")))
     if kind == "create_topic":
@@ -242,7 +243,8 @@ class GroupHost(Protocol):
         """The operator's promote or follow (``header["kind"]``) on a hosted group."""
 
     def leads(self) -> list[list[Any]]:
-        """[topic, partition, term] of each Raft partition group this broker leads now."""
+        """[topic, partition, term] of each Raft partition group this broker leads now, and
+        its topic id when it has one (leaders.leads_from)."""
 
 
 class BrokerAgent:
@@ -358,7 +360,7 @@ class BrokerAgent:
         if isinstance(changes, dict):
             self.leaders.merge_all(leaders_from(changes.get("leaders")))
             self._leaders_seen = [changes.get("token", ""), changes.get("seq", 0)]
-        for topic, partition, term in leads:
+        for (topic, partition), term in leads_from(leads, self.view).items():
             self.leaders.merge(topic, partition, self.host.broker_id, term)
 
     def request_alter(self, group: str, request: AlterPartition) -> None:
@@ -685,7 +687,8 @@ class BrokerGroups:
         for node in self.broker.groups.values():
             status = node.core.status()
             if status.get("layer") == "raft" and status.get("role") == "LEADER":
-                found += [[topic, partition, status["term"]]
+                tag = [node.spec.incarnation] if node.spec.incarnation else []
+                found += [[topic, partition, status["term"], *tag]
                           for topic, partition in node.spec.partitions]
         return found
 

@@ -133,9 +133,12 @@ class LeaderTable:
         return replace(state, topics=MappingProxyType(topics))
 
 
-def leads_from(value: Any) -> dict[Key, int]:
-    """A heartbeat's ``leads``: [[topic, partition, term], ...] -> {(topic, partition): term}
-    (garbage from a peer is InvalidArgument)."""
+def leads_from(value: Any, state: ClusterMetadata | None = None) -> dict[Key, int]:
+    """A heartbeat's ``leads``: [[topic, partition, term(, topic id)], ...] ->
+    {(topic, partition): term} (garbage from a peer is InvalidArgument). A lead whose
+    topic id is not that of ``state``'s topic of the name is left out: the broker still
+    leads the partition of a topic deleted since (its term must not stand for the
+    partition of the topic created again under the name)."""
     if value is None:
         return {}
     if not isinstance(value, list):
@@ -143,10 +146,13 @@ def leads_from(value: Any) -> dict[Key, int]:
                               f"{type(value).__name__}")
     found: dict[Key, int] = {}
     for item in value:
-        if not (isinstance(item, list | tuple) and len(item) == 3 and isinstance(item[0], str)
-                and all(_count(part) for part in item[1:])):
-            raise InvalidArgument(f"a lead is [topic, partition, term] (a name and two "
-                                  f"non-negative ints), got {item!r}")
+        if not (isinstance(item, list | tuple) and len(item) in (3, 4) and
+                isinstance(item[0], str) and all(_count(part) for part in item[1:])):
+            raise InvalidArgument(f"a lead is [topic, partition, term] and maybe a topic id "
+                                  f"(a name and non-negative ints), got {item!r}")
+        info = state.topics.get(item[0]) if state is not None and len(item) == 4 else None
+        if info is not None and info.topic_id and item[3] != info.topic_id:
+            continue
         found[(item[0], item[1])] = item[2]
     return found
 
