@@ -691,3 +691,30 @@ def test_fence_changes_whose_proposal_failed_are_tried_again(
     assert controller.committed.partition("i", 0).leader in live
     _idle(one, epochs, live, 5)
     assert scans == [victim] * 3  # (the scan after the change: it found nothing, settled)
+
+
+def test_an_alter_partition_of_a_deleted_topics_partition_is_refused_stale(make: Any) -> None:
+    """The leader of a deleted topic's ISR partition (until its next pull) asked to shrink
+    the ISR in epochs the partition of the topic created again under the name has too (a
+    new topic starts at 0), and the controller applied it to the new one. Its request
+    carries its topic id now: another one is refused as stale (the leader waits for the
+    metadata, which drops its partition); the new partition's own request is taken."""
+    one = make()
+    epochs = _cluster(one)
+    controller = one.controller
+    one.call(controller.create_topic("i", 1, 3, "isr"))
+    old_id = controller.committed.topics["i"].topic_id
+    one.call(controller.delete_topic("i"))
+    one.call(controller.create_topic("i", 1, 3, "isr"))
+    info = controller.committed.topics["i"]
+    part = info.partitions[0]
+    assert info.topic_id not in (0, old_id)
+    item = ["i", 0, part.leader_epoch, part.partition_epoch, [part.leader]]
+    answer = one.call(controller.alter_partitions(part.leader, epochs[part.leader],
+                                                  [[*item, old_id]]))
+    assert "deleted and created again" in answer["results"][0] and answer["stale"] == [True]
+    assert controller.committed.topics["i"].partitions[0].isr == part.isr
+    answer = one.call(controller.alter_partitions(part.leader, epochs[part.leader],
+                                                  [[*item, info.topic_id]]))
+    assert answer["results"] == [""]
+    assert controller.committed.topics["i"].partitions[0].isr == (part.leader,)

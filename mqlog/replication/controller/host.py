@@ -376,7 +376,9 @@ class BrokerAgent:
             self._pull()
             return
         items = [[*self._isr_groups[group], request.epoch, request.partition_epoch,
-                  list(request.isr)] for group, request in sent]
+                  list(request.isr), *([self._incarnations[group]]
+                                       if self._incarnations.get(group) else [])]
+                 for group, request in sent]
         self._ask({"kind": "alter_partitions", "broker_id": self.host.broker_id,
                    "broker_epoch": self.epoch, "items": items}, True,
                   lambda answer: self._altered(sent, answer))

@@ -404,16 +404,23 @@ class Controller:
         return Proposal(end, {"results": results, "stale": stale})
 
     def _alter_partition(self, broker_id: str, item: Any, working: ClusterMetadata) -> Any:
-        if not (isinstance(item, list) and len(item) == 5 and isinstance(item[0], str)
+        if not (isinstance(item, list) and len(item) in (5, 6) and isinstance(item[0], str)
                 and all(isinstance(value, int) and not isinstance(value, bool)
-                        for value in item[1:4]) and isinstance(item[4], list)
+                        for value in (*item[1:4], *item[5:])) and isinstance(item[4], list)
                 and all(isinstance(name, str) for name in item[4])):
             raise InvalidArgument(f"an AlterPartition item is [topic, partition, "
-                                  f"leader_epoch, partition_epoch, [isr...]], got {item!r}")
-        topic, partition, leader_epoch, partition_epoch, isr = item
+                                  f"leader_epoch, partition_epoch, [isr...]] and maybe a "
+                                  f"topic id, got {item!r}")
+        topic, partition, leader_epoch, partition_epoch, isr = item[:5]
         info = working.topics.get(topic)
         if info is None or info.layer != "isr" or not 0 <= partition < len(info.partitions):
             raise MetadataChangeRefused(f"{topic}/{partition} is no ISR partition")
+        if len(item) == 6 and info.topic_id and item[5] != info.topic_id:
+            # (the leader of a deleted topic's partition, until it folds the deletion: its
+            # epochs may equal those of the partition of the topic created again)
+            raise StaleAlterPartition(f"{topic}/{partition} is of topic id {info.topic_id}, "
+                                      f"not {item[5]}: the topic was deleted and created "
+                                      "again")
         current = PartitionState.of(info.partitions[partition])
         request = AlterPartition(broker_id, "controller", leader_epoch, partition_epoch,
                                  tuple(isr))
