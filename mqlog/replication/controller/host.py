@@ -92,16 +92,24 @@ MALFORMED = "the round ends; the next one asks again (check the controllers' ver
 Answer = Callable[[dict[str, Any] | None, errors.MqlogError | None], None]
 
 
-def _reports_from(value: Any) -> dict[Any, Any]:
-    """[[topic, partition, epoch, position], ...] -> {(topic, partition): (epoch, position)}
-    (the controller checks the values' types)."""
+def _reports_from(value: Any, state: ClusterMetadata | None = None) -> dict[Any, Any]:
+    """[[topic, partition, epoch, position(, topic id)], ...] -> {(topic, partition):
+    (epoch, position)} (the controller checks the values' types). A report whose topic id
+    is not that of ``state``'s topic of the name is left out: the log end of a deleted
+    topic's partition the broker still hosts, not of the one created again."""
     if value is None:
         return {}
     if not isinstance(value, list) or not all(
-            isinstance(item, list) and len(item) == 4 for item in value):
+            isinstance(item, list) and len(item) in (4, 5) for item in value):
         raise errors.InvalidArgument("reports must be a list of [topic, partition, epoch, "
-                                     "position]")
-    return {(item[0], item[1]): (item[2], item[3]) for item in value}
+                                     "position] (and maybe a topic id)")
+    found = {}
+    for item in value:
+        info = state.topics.get(item[0]) if state is not None and len(item) == 5 and \
+            isinstance(item[0], str) else None
+        if info is None or not info.topic_id or item[4] == info.topic_id:
+            found[(item[0], item[1])] = (item[2], item[3])
+    return found
 
 
 def _seen(value: Any) -> tuple[Any, Any]:
@@ -141,7 +149,7 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
                                           arg("unclean_shutdown", False))
     if kind == "broker_heartbeat":
         return controller.heartbeat(arg("broker_id"), arg("broker_epoch"),
-                                    _reports_from(arg("reports")),
+                                    _reports_from(arg("reports"), controller.working),
                                     leads_from(arg("leads"), controller.working),
                                     _seen(arg("leaders_seen")),
                                     sync_states=_sync_states_from(arg("sync_states")))
@@ -233,7 +241,8 @@ class GroupHost(Protocol):
 
     def reports(self) -> list[list[Any]]:
         """[topic, partition, epoch, written position] of each partition group hosted (a
-        master-slave group's epoch: its last record's, what a failover compares)."""
+        master-slave group's epoch: its last record's, what a failover compares), and its
+        topic id when it has one (_reports_from)."""
 
     def role(self, name: str) -> dict[str, Any] | None:
         """A hosted master-slave group's core: {"role", "master", "epoch", "promotable",
@@ -680,8 +689,9 @@ class BrokerGroups:
             if node.spec.replication.layer == "master_slave":
                 last = store.epoch_at(store.written_position)
                 epoch = 0 if last is None else last  # (an empty log: (0, 0), behind all)
+            tag = [node.spec.incarnation] if node.spec.incarnation else []
             for topic, partition in node.spec.partitions:
-                found.append([topic, partition, epoch, store.written_position])
+                found.append([topic, partition, epoch, store.written_position, *tag])
         return found
 
     def leads(self) -> list[list[Any]]:
