@@ -22,6 +22,7 @@ import pytest
 import mqlog
 from mqlog import errors
 from mqlog.config import BrokerConfig, GroupSpec, StoreConfig
+from mqlog.engine.files import delete_store
 from mqlog.replication import broker as broker_module
 from mqlog.replication import hardstate, messages
 from mqlog.replication.broker import Broker
@@ -838,7 +839,7 @@ def test_a_partition_of_another_topic_id_does_not_take_the_old_store(tmp_path):
         assert host(9) == [b"9"]  # another topic of the name: the old store is gone
         assert hardstate.load_topic_id(tmp_path / "b1" / "t-0") == 9
         (tmp_path / "b1" / "t-0.deleting").mkdir()  # (left by a crash part way)
-        hardstate.delete_store(tmp_path / "b1" / "t-0")
+        delete_store(tmp_path / "b1" / "t-0")
         assert sorted(path.name for path in (tmp_path / "b1").iterdir() if "t-0" in
                       path.name) == []
 

@@ -78,6 +78,7 @@ import errno
 import mmap
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -123,6 +124,19 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def delete_store(directory: Path) -> None:
+    """Delete a store directory so that no crash part way leaves a part of it under its
+    name, where the next store of that name would open it: renamed aside (synced) first,
+    then removed; what a crash left aside goes at the next delete of that name."""
+    aside = directory.with_name(directory.name + ".deleting")
+    shutil.rmtree(aside, ignore_errors=True)
+    if not directory.exists():
+        return
+    os.replace(directory, aside)
+    fsync_directory(directory.parent)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def typed_os_error(error: OSError, what: str) -> Exception:

@@ -57,8 +57,9 @@ from typing import Any
 
 from mqlog import errors
 from mqlog.config import BrokerConfig, GroupSpec
+from mqlog.engine.files import delete_store
 from mqlog.ext import libc
-from mqlog.replication import hardstate, messages
+from mqlog.replication import messages
 from mqlog.replication.node import Node, run_until_signalled, split_address, start_listening
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 
@@ -262,7 +263,7 @@ class Broker:
         node.close()
         if delete_data:
             try:
-                hardstate.delete_store(node.store_dir)
+                delete_store(node.store_dir)
             except OSError as error:  # (a group of that name hosted again deletes it then)
                 print(f"broker {self.broker_id}: cannot delete {node.store_dir}: {error}",
                       flush=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,23 +142,6 @@ def load_topic_id(directory: Path) -> int | None:
 def save_topic_id(directory: Path, topic_id: int) -> None:
     _write(directory, TOPIC_ID_FILE_NAME, _TOPIC_ID_MAGIC, {"topic_id": topic_id})
 
-
-def delete_store(directory: Path) -> None:
-    """Delete a group's store directory so that no crash part way leaves a part of it under
-    its name (which the next group of that name would open): renamed aside first (synced),
-    then removed; what a crash leaves aside is removed by the next delete of that name."""
-    aside = directory.with_name(directory.name + ".deleting")
-    if aside.exists():
-        shutil.rmtree(aside, ignore_errors=True)
-    if not directory.exists():
-        return
-    os.replace(directory, aside)
-    descriptor = os.open(directory.parent, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-    shutil.rmtree(aside, ignore_errors=True)
 
 
 def save(directory: Path, state: HardState | RoleState) -> None:

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from mqlog import errors
 from mqlog.config import GroupSpec
+from mqlog.engine.files import delete_store
 from mqlog.engine.store import open as open_store
 from mqlog.replication import core_for, hardstate, messages
 from mqlog.replication.driver import Answer, Driver, is_cut
@@ -162,7 +163,7 @@ class Node:
             print(f"[{self.node_id}/{self.name}] deleting the store of topic id "
                   f"{held or 'unknown'}: this partition is of topic id {topic_id} (its "
                   "topic was deleted and created again)", flush=True)
-            hardstate.delete_store(directory)
+            delete_store(directory)
         directory.mkdir(parents=True, exist_ok=True)
         hardstate.save_topic_id(directory, topic_id)
 

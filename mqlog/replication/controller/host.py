@@ -105,9 +105,7 @@ def _reports_from(value: Any, state: ClusterMetadata | None = None) -> dict[Any,
                                      "position] (and maybe a topic id)")
     found = {}
     for item in value:
-        info = state.topics.get(item[0]) if state is not None and len(item) == 5 and \
-            isinstance(item[0], str) else None
-        if info is None or not info.topic_id or item[4] == info.topic_id:
+        if state is None or len(item) == 4 or not state.other_topic(item[0], item[4]):
             found[(item[0], item[1])] = (item[2], item[3])
     return found
 
@@ -503,8 +501,7 @@ class BrokerAgent:
         hid is seen by the topic's absence (host_assigned)."""
         for name in sorted(self.hosted):
             if name.rpartition("-")[0] in self._deleted_topics:
-                self.host.drop_group(name, delete_data=True)
-                self.hosted.discard(name)
+                self._drop_with_data(name)
         self._deleted_topics.clear()
 
     def _drop_replaced(self, wanted: dict[str, GroupSpec]) -> None:
@@ -512,8 +509,11 @@ class BrokerAgent:
         show deleted (a snapshot hid the DeleteTopic): their topic id differs (KIP-516)."""
         for name in sorted(self.hosted & set(wanted)):
             if self._incarnations.get(name, 0) != wanted[name].incarnation:
-                self.host.drop_group(name, delete_data=True)
-                self.hosted.discard(name)
+                self._drop_with_data(name)
+
+    def _drop_with_data(self, name: str) -> None:
+        self.host.drop_group(name, delete_data=True)
+        self.hosted.discard(name)
 
     def _refresh_hosted(self) -> None:
         """What a full pass does to the groups it hosts already (in the same order)."""
@@ -689,9 +689,9 @@ class BrokerGroups:
             if node.spec.replication.layer == "master_slave":
                 last = store.epoch_at(store.written_position)
                 epoch = 0 if last is None else last  # (an empty log: (0, 0), behind all)
-            tag = [node.spec.incarnation] if node.spec.incarnation else []
             for topic, partition in node.spec.partitions:
-                found.append([topic, partition, epoch, store.written_position, *tag])
+                found.append([topic, partition, epoch, store.written_position,
+                              *_topic_id_of(node.spec)])
         return found
 
     def leads(self) -> list[list[Any]]:
@@ -699,8 +699,7 @@ class BrokerGroups:
         for node in self.broker.groups.values():
             status = node.core.status()
             if status.get("layer") == "raft" and status.get("role") == "LEADER":
-                tag = [node.spec.incarnation] if node.spec.incarnation else []
-                found += [[topic, partition, status["term"], *tag]
+                found += [[topic, partition, status["term"], *_topic_id_of(node.spec)]
                           for topic, partition in node.spec.partitions]
         return found
 
@@ -715,6 +714,12 @@ class BrokerGroups:
 
     def change_role(self, name: str, header: dict[str, Any]) -> None:
         self.broker.groups[name].change_role(header)
+
+
+def _topic_id_of(spec: GroupSpec) -> list[int]:
+    """What a report about a partition of ``spec`` ends with: its topic id, if it has one
+    (ClusterMetadata.other_topic; a group from before ids, or of a config, adds none)."""
+    return [spec.incarnation] if spec.incarnation else []
 
 
 def master_slave_spec(name: str, partition: tuple[str, int], part: records.PartitionInfo,

@@ -150,8 +150,7 @@ def leads_from(value: Any, state: ClusterMetadata | None = None) -> dict[Key, in
                 isinstance(item[0], str) and all(_count(part) for part in item[1:])):
             raise InvalidArgument(f"a lead is [topic, partition, term] and maybe a topic id "
                                   f"(a name and non-negative ints), got {item!r}")
-        info = state.topics.get(item[0]) if state is not None and len(item) == 4 else None
-        if info is not None and info.topic_id and item[3] != info.topic_id:
+        if state is not None and len(item) == 4 and state.other_topic(item[0], item[3]):
             continue
         found[(item[0], item[1])] = item[2]
     return found

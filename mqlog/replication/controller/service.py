@@ -415,7 +415,7 @@ class Controller:
         info = working.topics.get(topic)
         if info is None or info.layer != "isr" or not 0 <= partition < len(info.partitions):
             raise MetadataChangeRefused(f"{topic}/{partition} is no ISR partition")
-        if len(item) == 6 and info.topic_id and item[5] != info.topic_id:
+        if len(item) == 6 and working.other_topic(topic, item[5]):
             # (the leader of a deleted topic's partition, until it folds the deletion: its
             # epochs may equal those of the partition of the topic created again)
             raise StaleAlterPartition(f"{topic}/{partition} is of topic id {info.topic_id}, "

@@ -90,6 +90,14 @@ class ClusterMetadata:
 
     # --- reading -----------------------------------------------------------------------
 
+    def other_topic(self, name: Any, topic_id: Any) -> bool:
+        """Whether ``topic_id`` (a broker's word about a partition of topic ``name``) is
+        another topic's than the one of that name here: a deleted topic's, whose
+        partitions a broker hosts until it folds the deletion (KIP-516). A topic from
+        before ids, or one not here, says nothing: False."""
+        info = self.topics.get(name) if isinstance(name, str) else None
+        return info is not None and info.topic_id != 0 and topic_id != info.topic_id
+
     def partition(self, topic: str, index: int) -> PartitionInfo:
         info = self.topics.get(topic)
         if info is None:
