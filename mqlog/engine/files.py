@@ -38,6 +38,9 @@ steps, ahead of whatever writes through its mapping:
 * A step is backed by writing zeros with ``pwrite``: that allocates the blocks and
   brings the pages into the page cache in one pass (~1-1.5 GB/s here), after which
   MADV_POPULATE_WRITE maps them (~5 GB/s) and the writer takes no page fault at all.
+  A sync-flush store maps them with MADV_POPULATE_READ instead (write-protected): a sync
+  write-protects every page mapped writable again, a TLB flush per page, and its
+  batches are written with ``pwrite`` anyway (``write_records``, into backed blocks).
   ``posix_fallocate`` leaves unwritten extents whose first touch runs at ~0.5 GB/s, so
   it only backs what may already hold data (``mark_held``: it never changes a byte).
 * A sync-flush store's segments get their zeros in 16 KiB writes, not 1 MiB ones: the
@@ -209,7 +212,8 @@ class MappedFile:
     ``mark_held`` says how much of it holds data.
     """
 
-    __slots__ = ("path", "buffer", "mapping", "size", "prepared", "_closing", "_lock")
+    __slots__ = ("path", "buffer", "mapping", "size", "prepared", "_closing", "_lock",
+                 "_write_fd")
 
     def __init__(self, path: Path, fd: int, size: int, writable: bool = True,
                  prepared: int | None = None) -> None:
@@ -223,6 +227,7 @@ class MappedFile:
         self.prepared = prepared
         self._closing = False
         self._lock = threading.Lock()  # close() must not unmap mid-warm; backs in order
+        self._write_fd = -1  # write_records' descriptor, opened at its first call
 
     @classmethod
     def create(cls, path: Path, size: int) -> MappedFile:
@@ -297,11 +302,12 @@ class MappedFile:
             finally:
                 os.close(fd)
 
-    def prepare_to(self, end: int, warm: bool = False, piece: int = ZERO_WRITE_BYTES) -> int:
+    def prepare_to(self, end: int, warm: int = 0, piece: int = ZERO_WRITE_BYTES) -> int:
         """Back [prepared, end) with blocks by writing zeros over it (nothing below
         ``prepared`` is touched; ``end`` goes up to a page boundary), ``piece`` bytes a
-        write, then, with ``warm``, map its pages in; return how far the file is backed.
-        DiskFull or TooManyOpenFiles if it cannot be, with the room it took given back."""
+        write, then map its pages in with the madvise advice ``warm`` (MADV_POPULATE_WRITE
+        or _READ; 0: not); return how far the file is backed. DiskFull or
+        TooManyOpenFiles if it cannot be, with the room it took given back."""
         end = min(_round_up(end, PAGE_SIZE), self.size)
         with self._lock:
             start = self.prepared
@@ -312,7 +318,7 @@ class MappedFile:
             self.prepared = end
             if warm:
                 try:
-                    self.mapping.madvise(start, end, libc.MADV_POPULATE_WRITE)
+                    self.mapping.madvise(start, end, warm)
                 except OSError:
                     pass  # an older kernel: the writer faults the cached pages in
             return end
@@ -366,6 +372,24 @@ class MappedFile:
             finally:
                 os.close(fd)
 
+    def write_records(self, offset: int, data: bytes) -> None:
+        """Write ``data`` at ``offset``, below ``prepared`` (backed: no block to allocate),
+        with pwrite, through a descriptor kept for it until ``close`` (the log core's
+        ``write_segment``: only the last segment is written to, so a store holds one more
+        descriptor). A write that fails zeroes what it wrote first: the caller is told
+        nothing was stored, and a recovery must not find whole records there."""
+        with typed_errors(f"cannot write to {self.path}"):
+            if self._write_fd < 0:
+                self._write_fd = os.open(self.path, os.O_WRONLY)
+            fd, written = self._write_fd, 0
+            try:
+                while written < len(data):
+                    written += os.pwrite(fd, memoryview(data)[written:], offset + written)
+            except OSError:
+                with suppress(OSError):
+                    write_zeros(fd, offset, offset + written)
+                raise
+
     def zero_from(self, offset: int, preallocate: bool = False) -> None:
         """Zero [offset, size): punch a hole (no page is touched), or write zeros.
         What is past ``offset`` is backed again when a writer comes near it."""
@@ -412,6 +436,9 @@ class MappedFile:
     def close(self) -> None:
         with self._lock:  # waits for at most one backing step
             self._closing = True
+        if self._write_fd >= 0:  # (writes end first: they run under the core's lock)
+            os.close(self._write_fd)
+            self._write_fd = -1
         self.mapping.release()
         self.buffer.close()
 
@@ -428,7 +455,7 @@ class SegmentAllocator:
     """Creates segments and backs them ahead of the writer; see the module docstring."""
 
     def __init__(self, directory: Path, size: int, *, step_bytes: int,
-                 ahead_bytes_max: int, warm: bool, next_ahead: bool,
+                 ahead_bytes_max: int, warm: int, next_ahead: bool,
                  headroom_bytes: int = 0, zero_write_bytes: int = ZERO_WRITE_BYTES) -> None:
         self._directory = directory
         self._piece = zero_write_bytes  # SYNC_ZERO_WRITE_BYTES for a sync-flush log
@@ -436,7 +463,7 @@ class SegmentAllocator:
         self._size = size
         self._step = step_bytes
         self._ahead_max = ahead_bytes_max
-        self._warm = warm
+        self._warm = warm  # the madvise advice that maps backed pages in (0: none)
         self._next_ahead = next_ahead
         self._lock = threading.Lock()
         self._pending: dict[int, Future[MappedFile]] = {}

@@ -72,6 +72,7 @@ from mqlog.errors import (
     StoreReadOnly,
     TooManyOpenFiles,
 )
+from mqlog.ext import libc
 from mqlog.results import PullResult, PutResult, PutStatus
 
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._%|-]+$")
@@ -219,16 +220,23 @@ class Store:
         self._commitlog_fd = os.open(paths.commitlog, os.O_RDONLY | os.O_DIRECTORY)
         paths.consumequeue.mkdir(exist_ok=True)
         cp.check_meta(paths.meta)
+        # A sync-flush log writes its batches with pwrite, and its pages are mapped in
+        # ahead of the writer write-protected: every sync write-protects each page stored
+        # into through the mapping again, a TLB flush per page, an interrupt to each core
+        # the process runs on (docs/BENCHMARKS.md, sixteenth session). An async log syncs
+        # a page once, and stores into pages mapped writable faster than pwrite copies.
+        sync = config.flush_mode == "sync"
+        warm = libc.MADV_POPULATE_READ if sync else libc.MADV_POPULATE_WRITE
         self._allocator = SegmentAllocator(
             paths.commitlog, config.segment_size_bytes,
             step_bytes=config.segment_allocate_step_bytes,
             ahead_bytes_max=(config.segment_prepare_ahead_bytes_max
                              if config.segment_preallocate else 0),
-            warm=config.segment_preallocate, next_ahead=config.segment_prepare_ahead,
+            warm=warm if config.segment_preallocate else 0,
+            next_ahead=config.segment_prepare_ahead,
             headroom_bytes=config.disk_headroom_bytes,
             # (small page-cache folios, so a sync writes back little more than it must)
-            zero_write_bytes=(SYNC_ZERO_WRITE_BYTES if config.flush_mode == "sync"
-                              else ZERO_WRITE_BYTES))
+            zero_write_bytes=SYNC_ZERO_WRITE_BYTES if sync else ZERO_WRITE_BYTES)
         self.core = self.core_module.LogCore(
             segment_size_bytes=config.segment_size_bytes,
             message_size_bytes_max=config.message_size_bytes_max,
@@ -237,7 +245,8 @@ class Store:
             batch_count_max=config.batch_count_max,
             new_segment=self._new_segment, new_queue_file=self._new_queue_file,
             clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read,
-            prepare_queue=self._prepare_queue, prepare_segment=self._prepare_segment)
+            prepare_queue=self._prepare_queue, prepare_segment=self._prepare_segment,
+            write_segment=self._write_segment if sync else None)
         self.files = FileSet(paths, config, self.core)
         self._changes = cp.ChangeCount(paths.changes)
         with self._changes.changing():  # (it may cut a torn tail, drop queue entries)
@@ -948,6 +957,22 @@ class Store:
         if mapped.prepared is None:  # opened, not made here: it holds data up to the end
             mapped.mark_held(self.core.written_position - base)
         return self._allocator.ensure(mapped, base, end)
+
+    def _write_segment(self, base: int, offset: int, data: Any) -> None:
+        """Write a put_batch's records into the backed part of segment ``base`` (called
+        under the core's write lock, before it publishes them). DiskFull or
+        TooManyOpenFiles change nothing; any other failure (EIO) fences the store, as a
+        failed flush does: the device is failing, and what it holds is recovery's to say."""
+        try:
+            self.files.segment_file(base).write_records(offset, data)
+        except MqlogError:
+            raise
+        except OSError as error:
+            failure = StoreFailed(f"store {self.paths.root} stopped accepting writes: "
+                                  f"writing the commit log failed ({error}); nothing of "
+                                  "this put_batch was stored. Reopen the store to recover.")
+            self.core.fence(failure)
+            raise failure from error
 
     def _new_queue_file(self, topic: str, queue_id: int, base_offset: int) -> None:
         key, first = (topic, queue_id), base_offset

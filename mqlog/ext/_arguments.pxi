@@ -143,6 +143,29 @@ cdef bytes _as_bytes(object value):
         PyBuffer_Release(&body.view)
 
 
+cdef inline void _fill_header(mq_header *header, Fields *fields, uint32_t queue_id,
+                              uint32_t size, Py_ssize_t body_size, uint64_t epoch,
+                              uint64_t queue_offset, uint64_t position,
+                              int64_t store_timestamp) noexcept:
+    """The header of a record of ``fields`` (its CRC is _encode's)."""
+    header.size = size
+    header.magic = MQ_MAGIC
+    header.crc = 0
+    header.attributes = 0
+    header.topic_size = <uint16_t>fields.topic_size
+    header.queue_id = queue_id
+    header.body_size = <uint32_t>body_size
+    header.epoch = epoch
+    header.queue_offset = queue_offset
+    header.position = position
+    header.born_timestamp = (fields.born_timestamp if fields.has_born_timestamp
+                             else store_timestamp)
+    header.store_timestamp = store_timestamp
+    header.key_size = <uint16_t>fields.key_size
+    header.tags_size = <uint16_t>fields.tags_size
+    header.properties_size = <uint32_t>fields.properties_size
+
+
 cdef void _encode(char *record, mq_header *header, Fields *fields,
                   const char *body) noexcept:
     """Write a record (its header says every size) and its CRC32C."""

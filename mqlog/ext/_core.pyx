@@ -18,7 +18,10 @@ Write path: validate (nothing is touched if the arguments are bad) → take the 
 lock → find or create the queue → make room in its consume-queue file → assign the
 position (a record that does not fit leaves a blank record and rolls to a new segment),
 offset and store timestamp → encode the record straight into the mapping → append the
-consume-queue entry → advance the written (and maybe committed) position → release.
+consume-queue entry → advance the written (and maybe committed) position → release. With
+``write_segment`` (a sync-flush store), a put_batch that fits in its segment and
+consume-queue file is encoded into a staging buffer, written with one pwrite, and then
+published: the written position, then the entries (the twin's _put_staged).
 
 Readers take no lock. They read a queue's next offset and the committed position, which
 a writer publishes only after the bytes and the consume-queue entry they cover are in
@@ -85,6 +88,7 @@ cimport cython
 from cpython.bool cimport PyBool_Check
 from cpython.buffer cimport (
     PyBUF_C_CONTIGUOUS,
+    PyBUF_READ,
     PyBUF_SIMPLE,
     PyBUF_WRITABLE,
     PyBuffer_Release,
@@ -105,6 +109,7 @@ from cpython.long cimport (
     PyLong_Check,
 )
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from cpython.object cimport PyObject
 from cpython.pythread cimport (
     NOWAIT_LOCK,
@@ -214,6 +219,9 @@ cdef class LogCore:
     cdef object _new_queue_file
     cdef object _prepare_queue
     cdef object _prepare_segment
+    cdef object _write_segment  # put_batch's records go with pwrite (see the twin)
+    cdef char *_stage  # where _put_staged encodes them (kept: a new buffer per batch
+    cdef Py_ssize_t _stage_capacity  # this large would be mapped and faulted in anew)
     # Bytes of the last segment below this position have blocks behind them (the engine
     # said so); 0 after any change to the segments: the next write asks again.
     cdef uint64_t _ready_end
@@ -259,7 +267,7 @@ cdef class LogCore:
     def __init__(self, *, segment_size_bytes, message_size_bytes_max, key_size_bytes_max,
                  tags_size_bytes_max, new_segment, new_queue_file, clock_ms=None,
                  verify_crc_on_read=True, read_only=False, prepare_queue=None,
-                 prepare_segment=None, batch_count_max=-1):
+                 prepare_segment=None, batch_count_max=-1, write_segment=None):
         self.read_only = read_only
         self.segment_size_bytes = segment_size_bytes
         self.message_size_bytes_max = message_size_bytes_max
@@ -270,6 +278,7 @@ cdef class LogCore:
         self._new_queue_file = new_queue_file
         self._prepare_queue = prepare_queue
         self._prepare_segment = prepare_segment
+        self._write_segment = write_segment
         self._clock_ms = clock_ms
         self.verify_crc_on_read = verify_crc_on_read
 
@@ -277,6 +286,7 @@ cdef class LogCore:
         self._drop_segments(0)
         PyMem_Free(self._segments)
         pthread_mutex_destroy(&self._mutex)
+        PyMem_Free(self._stage)
         Py_XDECREF(self._spare_results[0])
         Py_XDECREF(self._spare_results[1])
 
@@ -581,9 +591,15 @@ cdef class LogCore:
         timestamps, when given one per body) already checked."""
         cdef _Queue queue = self._writable_queue(fields, topic, queue_id)
         cdef int64_t store_timestamp = self._next_timestamp()
-        cdef uint64_t first_offset = queue.next_offset, position, first_position = 0
+        cdef uint64_t first_offset = queue.next_offset, position
+        cdef uint64_t first_position = self.written_position
         cdef Py_ssize_t index, count = len(items), body_size
         cdef bytes body
+        if self._write_segment is not None and \
+                self._put_staged(queue, fields, items, borns, store_timestamp):
+            return _tuple6(_BatchPutResult, _PUT_OK, first_position, first_offset, count,
+                           store_timestamp, self.written_position)
+        first_position = 0
         for index in range(count):
             body = <bytes>items[index]
             body_size = PyBytes_GET_SIZE(body)
@@ -597,6 +613,87 @@ cdef class LogCore:
                 first_position = position
         return _tuple6(_BatchPutResult, _PUT_OK, first_position, first_offset, count,
                        store_timestamp, self.written_position)
+
+    cdef bint _put_staged(self, _Queue queue, Fields *fields, tuple items, list borns,
+                          int64_t store_timestamp) except -1:
+        """put_batch with ``write_segment``: the records encoded into one buffer, written
+        with one pwrite, then published; False, with nothing written, when the batch must
+        go record by record (the twin's _put_staged)."""
+        cdef Py_ssize_t index, count = len(items)
+        cdef uint64_t total = 0, at = 0, start, epoch
+        cdef uint32_t size
+        cdef Segment *segment
+        cdef bytes body
+        cdef char *cursor
+        cdef mq_header header
+        for index in range(count):
+            total += fields.fixed_size + <uint64_t>PyBytes_GET_SIZE(<bytes>items[index])
+        if total > STAGE_BYTES_MAX or not self._queue_room_for(queue, count):
+            return False
+        self._ensure_segment()
+        segment = self._writable_segment()
+        start = self.written_position
+        if start - segment.base + total + MQ_BLANK_SIZE_MIN > segment.size:
+            return False
+        self._ensure_ready(segment, start + total + MQ_BLANK_SIZE_MIN)
+        if fields.too_wide:  # as the twin's HEADER.pack_into
+            raise _struct_error("ushort format requires 0 <= number <= 65535")
+        epoch = self.epoch  # (the callbacks ran Python code)
+        cursor = self._staging(<Py_ssize_t>total)
+        for index in range(count):
+            body = <bytes>items[index]
+            if borns is not None:
+                fields.has_born_timestamp = True
+                fields.born_timestamp = PyLong_AsLongLong(borns[index])
+            size = <uint32_t>(fields.fixed_size + PyBytes_GET_SIZE(body))
+            _fill_header(&header, fields, queue.queue_id, size, PyBytes_GET_SIZE(body), epoch,
+                         queue.next_offset + <uint64_t>index, start + at, store_timestamp)
+            _encode(cursor + at, &header, fields, PyBytes_AS_STRING(body))
+            at += size
+        staged = PyMemoryView_FromMemory(cursor, <Py_ssize_t>total, PyBUF_READ)
+        try:
+            self._write_segment(segment.base, start - segment.base, staged)
+        finally:
+            staged.release()  # (the buffer is the next batch's: no view may outlive this)
+        # Readers never meet an entry whose record is not in the file: records first.
+        self._note_epoch(epoch, start)
+        self._advance(start + total)
+        at = start
+        for index in range(count):
+            size = <uint32_t>(fields.fixed_size + PyBytes_GET_SIZE(<bytes>items[index]))
+            self._index(queue, at, size, fields.tag_hash)
+            at += size
+        if fields.key_size:
+            self.last_keyed_end = start + total
+        return True
+
+    cdef char *_staging(self, Py_ssize_t size) except NULL:
+        """The staging buffer, at least ``size`` bytes (at most STAGE_BYTES_MAX)."""
+        cdef char *grown
+        if size > self._stage_capacity:
+            grown = <char *>PyMem_Realloc(self._stage, size)
+            if grown == NULL:
+                raise MemoryError()
+            self._stage, self._stage_capacity = grown, size
+        return self._stage
+
+    cdef bint _queue_room_for(self, _Queue queue, uint64_t count) except -1:
+        """Whether ``count`` more entries fit in the queue's last consume-queue file; if
+        so, they are backed too."""
+        cdef uint64_t ready
+        self._ensure_queue_room(queue)
+        if queue.next_offset + count > queue.last_base + queue.entries_per_file:
+            return False
+        while queue.next_offset + count > queue.ready_end:
+            if self._prepare_queue is None:
+                queue.ready_end = 0xFFFF_FFFF_FFFF_FFFF
+                break
+            ready = self._prepare_queue(queue.topic, queue.queue_id, queue.ready_end)
+            if ready <= queue.ready_end:
+                _fail(f"prepare_queue answered {ready} for entries ready to "
+                      f"{queue.ready_end}")
+            queue.ready_end = ready
+        return True
 
     cdef object _prepare(self, Fields *fields, object topic, object queue_id, object key,
                          object tags, object properties, object born_timestamp):
@@ -682,22 +779,8 @@ cdef class LogCore:
         if fields.too_wide:  # as the twin's HEADER.pack_into
             raise _struct_error("ushort format requires 0 <= number <= 65535")
         position = self.written_position
-        header.size = size
-        header.magic = MQ_MAGIC
-        header.crc = 0
-        header.attributes = 0
-        header.topic_size = <uint16_t>fields.topic_size
-        header.queue_id = queue.queue_id
-        header.body_size = <uint32_t>body_size
-        header.epoch = epoch
-        header.queue_offset = queue.next_offset
-        header.position = position
-        header.born_timestamp = (fields.born_timestamp if fields.has_born_timestamp
-                                 else store_timestamp)
-        header.store_timestamp = store_timestamp
-        header.key_size = <uint16_t>fields.key_size
-        header.tags_size = <uint16_t>fields.tags_size
-        header.properties_size = <uint32_t>fields.properties_size
+        _fill_header(&header, fields, queue.queue_id, size, body_size, epoch,
+                     queue.next_offset, position, store_timestamp)
         _encode(record, &header, fields, body)
         self._note_epoch(epoch, position)
         self._index(queue, position, size, fields.tag_hash)

@@ -128,6 +128,9 @@ cdef enum:
     # Copies and CRCs at least this long run with the GIL released; shorter ones are
     # cheaper than releasing and re-taking it.
     GIL_FREE_BYTES = 64 * 1024
+    # put_batch encodes at most this many bytes into its staging buffer for one pwrite
+    # (write_segment); a larger batch is written record by record through the mapping.
+    STAGE_BYTES_MAX = 4 * 1024 * 1024
     # Queues with ids below this are also kept in a list indexed by id (put's lookup).
     QUEUE_LIST_IDS = 4096
     U16_MAX = 0xFFFF

@@ -24,7 +24,12 @@ once per allocation step: a write through a mapping into a hole of a full disk i
 SIGBUS, never an error) → encode the record straight into the mapping → append the
 consume-queue entry → advance the written position (and the committed position, when
 it follows the written one) → release the lock. Waiting for a flush or for replicas is
-the engine's business.
+the engine's business. Given ``write_segment``, a put_batch that fits in its segment and
+its consume-queue file is encoded into one buffer instead, which the engine writes with
+pwrite into the backed part of the segment; then the written position moves, then each
+entry is appended (``_put_staged``: the engine of a sync-flush store does this, because
+each page stored into through a shared mapping must be write-protected again at every
+sync, a TLB flush per page).
 
 Readers take no lock: they read a queue's end offset and the committed position, which
 the writer publishes only after the bytes they cover are in place, and they check every
@@ -70,6 +75,9 @@ from mqlog.errors import (
 from mqlog.results import PUT_OK, BatchPutResult, PutResult
 
 IMPLEMENTATION = "python"
+# put_batch encodes at most this many bytes for one pwrite (write_segment); a larger
+# batch is written record by record through the mapping.
+STAGE_BYTES_MAX = 4 << 20
 
 # --- the byte layouts: mqlog/format.py is their one definition (docs/FORMAT.md) ------
 # The record: a 72-byte header (HEADER, in RecordHeader's field order), then topic | key
@@ -345,7 +353,8 @@ class LogCore:
                  verify_crc_on_read: bool = True, read_only: bool = False,
                  prepare_queue: Callable[[str, int, int], int] | None = None,
                  prepare_segment: Callable[[int, int], int] | None = None,
-                 batch_count_max: int = -1) -> None:
+                 batch_count_max: int = -1,
+                 write_segment: Callable[[int, int, Any], None] | None = None) -> None:
         # read_only: the engine maps files read-only and fences writes; the C core then
         # asks for plain buffers instead of writable ones.
         self.read_only = read_only
@@ -365,6 +374,12 @@ class LogCore:
         # through a mapping into a hole: on a full disk that is a SIGBUS, not an error.
         self._prepare_segment = prepare_segment
         self._ready_end = 0  # 0 after any change to the segments: the next write asks
+        # write_segment(base, offset, data): the engine writes a put_batch's records into
+        # the backed part of segment ``base`` with pwrite, not through the mapping
+        # (None: through the mapping). Pages stored into through a shared mapping are
+        # write-protected again at every sync, a TLB flush per page (an interrupt to
+        # every other core the process runs on); pwrite leaves none to clean.
+        self._write_segment = write_segment
         self._clock_ms = clock_ms
         self.verify_crc_on_read = verify_crc_on_read
         self._lock = threading.Lock()
@@ -561,6 +576,10 @@ class LogCore:
             queue = self._writable_queue(topic, queue_id)
             store_timestamp = self._next_timestamp()
             first_offset = queue.next_offset
+            first_position = self.written_position
+            if self._put_staged(queue, fields, bodies, sizes, borns, store_timestamp):
+                return BatchPutResult(PUT_OK, first_position, first_offset, len(bodies),
+                                      store_timestamp, self.written_position)
             first_position = -1
             for index, (body, size) in enumerate(zip(bodies, sizes, strict=True)):
                 if borns is not None:
@@ -570,6 +589,55 @@ class LogCore:
                     first_position = position
             return BatchPutResult(PUT_OK, first_position, first_offset, len(bodies),
                                   store_timestamp, self.written_position)
+
+    def _put_staged(self, queue: _Queue, fields: tuple, bodies: list[bytes],
+                    sizes: list[int], borns: list | None, store_timestamp: int) -> bool:
+        """put_batch with ``write_segment``: the records encoded into one buffer, written
+        with one pwrite, then published (the written position, then each entry: a reader
+        never meets an entry whose record is not in the file). False, with nothing
+        written, when the batch crosses the end of its segment or of its consume-queue
+        file: then it goes record by record, through the mapping."""
+        total = sum(sizes)
+        if self._write_segment is None or total > STAGE_BYTES_MAX or \
+                not self._queue_room_for(queue, len(bodies)):
+            return False
+        self._ensure_segment()
+        segment = self._segments[-1]
+        start = self.written_position
+        if start - segment.base + total + BLANK_SIZE_MIN > segment.size:
+            return False
+        self._ensure_ready(segment, start + total + BLANK_SIZE_MIN)
+        staged = bytearray()
+        for index, (body, size) in enumerate(zip(bodies, sizes, strict=True)):
+            if borns is not None:
+                fields = (*fields[:4], borns[index], fields[5])
+            staged += self._encode(queue, fields, body, size, start + len(staged),
+                                   queue.next_offset + index, store_timestamp)
+        self._write_segment(segment.base, start - segment.base, bytes(staged))
+        self._note_epoch(self.epoch, start)
+        self._advance(start + total)
+        position = start
+        for size in sizes:
+            self._index(queue, position, size, fields[5])
+            position += size
+        if fields[1]:
+            self.last_keyed_end = start + total
+        return True
+
+    def _queue_room_for(self, queue: _Queue, count: int) -> bool:
+        """Whether ``count`` more entries fit in the queue's last consume-queue file;
+        if so, they are backed too."""
+        self._ensure_queue_room(queue)
+        base, _ = queue.files[-1]
+        if queue.next_offset + count > base + queue.entries_per_file:
+            return False
+        while self._prepare_queue is not None and \
+                queue.next_offset + count > queue.ready_end:
+            ready = self._prepare_queue(queue.topic, queue.queue_id, queue.ready_end)
+            assert ready > queue.ready_end, \
+                f"prepare_queue answered {ready} for entries ready to {queue.ready_end}"
+            queue.ready_end = ready
+        return True
 
     def _check_fence(self) -> None:
         if self._fence is not None:
@@ -630,21 +698,27 @@ class LogCore:
         self._ensure_queue_room(queue)
         segment, offset = self._reserve(size)
         position = segment.base + offset
-        topic_bytes, key_bytes, tags_bytes, props_bytes, born, hash_value = fields
+        segment.buffer[offset:offset + size] = self._encode(
+            queue, fields, body, size, position, queue.next_offset, store_timestamp)
+        self._note_epoch(self.epoch, position)
+        self._index(queue, position, size, fields[5])
+        if fields[1]:
+            self.last_keyed_end = position + size
+        self._advance(position + size)
+        return position
+
+    def _encode(self, queue: _Queue, fields: tuple, body: bytes, size: int, position: int,
+                offset: int, store_timestamp: int) -> bytearray:
+        """The bytes of one record of ``queue`` at ``position`` and ``offset``."""
+        topic_bytes, key_bytes, tags_bytes, props_bytes, born, _ = fields
         record = bytearray(size)
         HEADER.pack_into(record, 0, size, MAGIC, 0, 0, len(topic_bytes), queue.queue_id,
-                         len(body), self.epoch, queue.next_offset, position,
+                         len(body), self.epoch, offset, position,
                          store_timestamp if born is None else born, store_timestamp,
                          len(key_bytes), len(tags_bytes), len(props_bytes))
         record[HEADER_SIZE:] = topic_bytes + key_bytes + tags_bytes + props_bytes + body
         struct.pack_into("<I", record, 8, crc32c(memoryview(record)[CRC_START:]))
-        segment.buffer[offset:offset + size] = record
-        self._note_epoch(self.epoch, position)
-        self._index(queue, position, size, hash_value)
-        if key_bytes:
-            self.last_keyed_end = position + size
-        self._advance(position + size)
-        return position
+        return record
 
     def _ensure_queue_room(self, queue: _Queue) -> None:
         base, _ = queue.files[-1]

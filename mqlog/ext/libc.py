@@ -31,6 +31,7 @@ PAGE_SIZE = mmap.PAGESIZE
 MS_SYNC = 4  # <sys/mman.h> on Linux
 MADV_WILLNEED = 3
 MADV_DONTNEED = 4
+MADV_POPULATE_READ = 22  # Linux 5.14+: fault pages in as a read would (write-protected)
 MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, as a write would
 M_TRIM_THRESHOLD = -1  # <malloc.h> (glibc)
 M_MMAP_THRESHOLD = -3

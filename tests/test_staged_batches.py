@@ -1,0 +1,204 @@
+"""A sync-flush store writes each put_batch with one pwrite (the log core's
+``write_segment``), not through the mapping: the files must be the bytes the mapping
+path writes, readers beside it must never meet an entry whose record is not there yet,
+and a write that fails must leave nothing a reader or a recovery could find.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import sys
+import threading
+
+import pytest
+
+import mqlog
+from mqlog.engine import files
+from mqlog.errors import DiskFull, StoreFailed
+from tests.conftest import SMALL
+
+SEEDS = (1, 2, 3)
+BODY = b"staged batch body "
+
+
+@pytest.fixture
+def staged_writes(monkeypatch):
+    """How many batches went through write_segment (a test of the staged path that
+    never took it would prove nothing)."""
+    calls = []
+    original = files.MappedFile.write_records
+
+    def counted(self, offset, data):
+        calls.append(len(data))
+        return original(self, offset, data)
+
+    monkeypatch.setattr(files.MappedFile, "write_records", counted)
+    return calls
+
+
+@pytest.fixture
+def fast_switching():
+    """The interpreter switches threads every microsecond while the test runs."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(interval)
+
+
+def _batches(seed: int) -> list[dict]:
+    """put_batch arguments: 1-40 bodies of 0-300 bytes, in three queues, some with a key,
+    tags, properties or a born timestamp per body (SMALL's 64 KiB segments and 64
+    entries per consume-queue file make batches cross both ends)."""
+    rng = random.Random(seed)
+    found = []
+    for index in range(120):
+        count = rng.randint(1, 40)
+        arguments: dict = {"bodies": [BODY[:rng.randint(0, len(BODY))] * rng.randint(0, 16)
+                                      for _ in range(count)],
+                           "queue_id": rng.randint(0, 2)}
+        if rng.random() < 0.3:
+            arguments["key"] = f"key-{index}"
+        if rng.random() < 0.3:
+            arguments["tags"] = rng.choice(["a", "b"])
+        if rng.random() < 0.2:
+            arguments["properties"] = {"n": index}
+        if rng.random() < 0.2:
+            arguments["born_timestamp"] = [rng.randint(1, 10**12) for _ in range(count)]
+        found.append(arguments)
+    return found
+
+
+def _files_of(root) -> dict[str, bytes]:
+    """The commit log's and the consume queues' bytes, by path under the store."""
+    return {str(path.relative_to(root)): path.read_bytes()
+            for directory in ("commitlog", "consumequeue")
+            for path in sorted((root / directory).rglob("*")) if path.is_file()}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_staged_batches_write_the_bytes_the_mapping_writes(tmp_path, impl, seed,
+                                                           staged_writes):
+    """The same batches into a sync-flush store (pwrite) and an async one (the
+    mapping), the clock fixed: the same answers and byte-identical files."""
+    answers = {}
+    for mode in ("sync", "async"):
+        with mqlog.open(tmp_path / mode, implementation=impl, flush_mode=mode,
+                        clock_ms=lambda: 1_700_000_000_000, **SMALL) as store:
+            answers[mode] = [tuple(store.put_batch("t", **arguments))
+                             for arguments in _batches(seed)]
+        if mode == "sync":
+            staged = len(staged_writes)
+    assert answers["sync"] == answers["async"], f"seed {seed}"
+    assert 60 <= staged < len(_batches(seed)), \
+        f"seed {seed}: {staged} batches staged (the rest cross a file's end)"
+    assert _files_of(tmp_path / "sync") == _files_of(tmp_path / "async"), f"seed {seed}"
+
+
+def test_readers_beside_staged_batches_see_whole_batches(open_store, staged_writes,
+                                                        fast_switching):
+    """Readers by queue (get) and by position (read_raw, what a follower fetches) run
+    beside a writer of staged batches: every record is the one its entry names, and
+    never an entry whose record is not written yet (records are published first). The
+    interpreter switches threads every microsecond, so the twin's readers run between
+    its steps."""
+    store = open_store(flush_mode="sync", segment_size_bytes=1 << 20)
+    batches, per_batch = 150, 20
+    problems: list[BaseException] = []
+    done = threading.Event()
+
+    def by_queue() -> None:
+        offset = 0
+        while offset < batches * per_batch and not problems:
+            for record in store.get("t", 0, offset, 1000):
+                assert record.offset == offset and record.body == b"%d" % offset
+                offset += 1
+
+    def by_position() -> None:
+        position = 0
+        while not (done.is_set() and position == store.written_position) and not problems:
+            if position < store.written_position:
+                position += len(store.read_raw(position, 64 << 10))
+
+    def guarded(target) -> threading.Thread:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as error:  # reported below, with the writer stopped
+                problems.append(error)
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    readers = [guarded(by_queue), guarded(by_position)]
+    for batch in range(batches):
+        if problems:
+            break
+        first = batch * per_batch
+        store.put_batch("t", [b"%d" % offset for offset in range(first, first + per_batch)])
+    done.set()
+    for reader in readers:
+        reader.join()
+    assert not problems, problems
+    assert batches // 2 <= len(staged_writes) < batches  # (some cross a queue file's end)
+
+
+def _failing_pwrite(monkeypatch, error: int):
+    """os.pwrite whose next use writes half of what it is given, the one after raises
+    ``error``; then the real one again."""
+    real, uses = os.pwrite, []
+
+    def pwrite(fd, data, offset):
+        uses.append(len(data))
+        if len(uses) == 1:
+            return real(fd, memoryview(data)[:len(data) // 2], offset)
+        if len(uses) == 2:
+            raise OSError(error, os.strerror(error))
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+    return uses
+
+
+def test_a_failed_write_fences_the_store_and_leaves_no_records(tmp_path, impl, monkeypatch):
+    """EIO half way through a batch's pwrite: StoreFailed and the store fenced; the half
+    that reached the file is zeroed, so a recovery after a crash finds only what was
+    acknowledged (without the zeroing it finds the first half of the failed batch)."""
+    path = tmp_path / "store"
+    store = mqlog.open(path, implementation=impl, flush_mode="sync", **SMALL)
+    acknowledged = store.put_batch("t", [b"kept"] * 10)
+    uses = _failing_pwrite(monkeypatch, errno.EIO)
+    with pytest.raises(StoreFailed, match="nothing of this put_batch was stored"):
+        store.put_batch("t", [b"failed"] * 40)
+    monkeypatch.undo()
+    assert len(uses) >= 2
+    assert store.written_position == acknowledged.end_position
+    assert store.max_offset("t", 0) == 10
+    with pytest.raises(StoreFailed):
+        store.put("t", b"after")
+    store.abandon("a crash after the failed write")
+    with mqlog.open(path, implementation=impl, flush_mode="sync", **SMALL) as store:
+        assert [record.body for record in store.get("t", 0, 0, 100)] == [b"kept"] * 10
+        assert store.written_position == acknowledged.end_position
+
+
+def test_a_full_disk_on_a_batch_changes_nothing(tmp_path, impl, monkeypatch):
+    """ENOSPC half way through: DiskFull, nothing published or left in the file (a crash
+    right after finds only what was acknowledged), and the next batch goes where the
+    failed one would have."""
+    path = tmp_path / "store"
+    store = mqlog.open(path, implementation=impl, flush_mode="sync", **SMALL)
+    store.put_batch("t", [b"kept"] * 10)
+    end = store.written_position
+    _failing_pwrite(monkeypatch, errno.ENOSPC)
+    with pytest.raises(DiskFull):
+        store.put_batch("t", [b"failed"] * 40)
+    monkeypatch.undo()
+    assert store.written_position == end and store.max_offset("t", 0) == 10
+    store.abandon("a crash after the full disk")
+    with mqlog.open(path, implementation=impl, flush_mode="sync", **SMALL) as store:
+        assert [record.body for record in store.get("t", 0, 0, 100)] == [b"kept"] * 10
+        assert store.put_batch("t", [b"next"] * 5).position == end
+        bodies = [record.body for record in store.get("t", 0, 0, 100)]
+        assert bodies == [b"kept"] * 10 + [b"next"] * 5
