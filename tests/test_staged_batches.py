@@ -202,3 +202,28 @@ def test_a_full_disk_on_a_batch_changes_nothing(tmp_path, impl, monkeypatch):
         assert store.put_batch("t", [b"next"] * 5).position == end
         bodies = [record.body for record in store.get("t", 0, 0, 100)]
         assert bodies == [b"kept"] * 10 + [b"next"] * 5
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_descriptors_do_not_pile_up_as_the_log_rolls(tmp_path, impl, staged_writes):
+    """write_records keeps a descriptor on the segment it writes to; the next segment
+    closes the last one's (one per segment ever written would reach the process's limit
+    on a long-lived store). Each mapped file holds one descriptor of its own (files.py)."""
+    root = tmp_path / "store"
+
+    def mapped_files() -> int:
+        return sum(1 for directory in ("commitlog", "consumequeue")
+                   for path in (root / directory).rglob("*") if path.is_file())
+
+    with mqlog.open(root, implementation=impl, flush_mode="sync", **SMALL) as store:
+        store.put_batch("t", [b"x" * 1000] * 20)
+        descriptors, files_before = _open_descriptors(), mapped_files()
+        for _ in range(60):  # ~20 KB a batch: a 64 KiB segment every three batches
+            store.put_batch("t", [b"x" * 1000] * 20)
+        new_files = mapped_files() - files_before
+        assert len(store.files.segments()) > 15 and len(staged_writes) > 30
+        assert _open_descriptors() - descriptors <= new_files + 1

@@ -374,10 +374,11 @@ class MappedFile:
 
     def write_records(self, offset: int, data: bytes) -> None:
         """Write ``data`` at ``offset``, below ``prepared`` (backed: no block to allocate),
-        with pwrite, through a descriptor kept for it until ``close`` (the log core's
-        ``write_segment``: only the last segment is written to, so a store holds one more
-        descriptor). A write that fails zeroes what it wrote first: the caller is told
-        nothing was stored, and a recovery must not find whole records there."""
+        with pwrite, through a descriptor kept for it until ``end_writes`` or ``close``
+        (the log core's ``write_segment``: only the last segment is written to, so a store
+        holds one more descriptor). A write that fails zeroes what it wrote first: the
+        caller is told nothing was stored, and a recovery must not find whole records
+        there."""
         with typed_errors(f"cannot write to {self.path}"):
             if self._write_fd < 0:
                 self._write_fd = os.open(self.path, os.O_WRONLY)
@@ -433,12 +434,16 @@ class MappedFile:
             finally:
                 os.close(fd)
 
-    def close(self) -> None:
-        with self._lock:  # waits for at most one backing step
-            self._closing = True
+    def end_writes(self) -> None:
+        """Close write_records' descriptor (the log moved on to the next segment)."""
         if self._write_fd >= 0:  # (writes end first: they run under the core's lock)
             os.close(self._write_fd)
             self._write_fd = -1
+
+    def close(self) -> None:
+        with self._lock:  # waits for at most one backing step
+            self._closing = True
+        self.end_writes()
         self.mapping.release()
         self.buffer.close()
 

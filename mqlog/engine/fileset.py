@@ -65,6 +65,10 @@ class FileSet:
     def segment_file(self, base: int) -> MappedFile:
         return self._segments[base]
 
+    def last_segment_file(self) -> MappedFile | None:
+        bases = self.core.segment_bases()
+        return self._segments[bases[-1]] if bases else None
+
     def segments(self) -> list[tuple[int, int]]:
         """(base, size in bytes) of every segment, ascending."""
         return [(base, self._segments[base].size) for base in self.core.segment_bases()]

@@ -945,6 +945,9 @@ class Store:
     # --- callbacks from the core (called under its write lock) -------------------------
 
     def _new_segment(self, base: int) -> None:
+        last = self.files.last_segment_file()
+        if last is not None:  # (written to no more: its write_records descriptor goes)
+            last.end_writes()
         mapped = self._allocator.take(base)
         self._names_unsynced.add(base)  # _sync_log syncs commitlog/ before acking in it
         self.files.attach_segment(base, mapped)
