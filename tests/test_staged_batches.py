@@ -15,8 +15,10 @@ import threading
 import pytest
 
 import mqlog
+from mqlog import ext
 from mqlog.engine import files
 from mqlog.errors import DiskFull, StoreFailed
+from mqlog.ext import fallback
 from tests.conftest import SMALL
 
 SEEDS = (1, 2, 3)
@@ -144,6 +146,83 @@ def test_readers_beside_staged_batches_see_whole_batches(open_store, staged_writ
     assert batches // 2 <= len(staged_writes) < batches  # (some cross a queue file's end)
 
 
+def _bare_core(impl: str, writes: list[int], after_write=None):  # noqa: ANN001
+    """A log core on in-memory segments whose write_segment copies the batch in, as the
+    engine's pwrite does, notes its size in ``writes`` and calls ``after_write(core)``
+    if given; 1 MiB segments, consume queues of 65,536 entries a file."""
+    module, buffers = ext.load(impl), {}
+    entries = 1 << 16
+
+    def new_segment(base: int) -> None:
+        buffers[base] = bytearray(1 << 20)
+        core.attach_segment(base, buffers[base])
+
+    def new_queue_file(topic: str, queue_id: int, base_offset: int) -> None:
+        core.add_queue(topic, queue_id, base_offset, base_offset, entries)
+        core.attach_queue_file(topic, queue_id, base_offset, bytearray(entries * 20))
+
+    def write_segment(base: int, offset: int, data) -> None:  # noqa: ANN001
+        buffers[base][offset:offset + len(data)] = data
+        writes.append(len(data))
+        if after_write is not None:
+            after_write(core)
+
+    core = module.LogCore(segment_size_bytes=1 << 20, message_size_bytes_max=4096,
+                          key_size_bytes_max=255, tags_size_bytes_max=255,
+                          new_segment=new_segment, new_queue_file=new_queue_file,
+                          write_segment=write_segment)
+    core.restore(0)
+    return core
+
+
+def test_the_written_position_moves_last():
+    """What a checkpoint and the key index read without the write lock: once the written
+    position covers a batch, its entries and its keyed end are in place (published the
+    other way round, a checkpoint could save a position past its queues' synced entries,
+    and the key index skip a keyed batch). Checked at every line the twin runs while
+    it stores (a trace function: a thread switch may land between any two); the C core
+    publishes under the GIL in one step, which no Python thread can split."""
+    writes: list[int] = []
+    core, problems = _bare_core("python", writes), []
+    size = core.put_batch("t", [b"0123456789"], key="k").end_position
+
+    def check(frame, event, argument):  # noqa: ANN001, ANN202  (sys.settrace's shape)
+        written = core.written_position
+        next_offset, keyed_end = core.queue_offsets("t", 0)[1], core.last_keyed_end
+        if next_offset < written // size or keyed_end < written:
+            problems.append(f"{frame.f_code.co_name}:{frame.f_lineno}: written {written}, "
+                            f"{next_offset} entries, keyed end {keyed_end}")
+        return check
+
+    def trace(frame, event, argument):  # noqa: ANN001, ANN202
+        return check if frame.f_code.co_filename == fallback.__file__ else None
+
+    sys.settrace(trace)
+    try:
+        for _ in range(20):
+            core.put_batch("t", [b"0123456789"] * 10, key="k")
+    finally:
+        sys.settrace(None)
+    assert not problems, problems[:3]
+    assert len(writes) == 21
+
+
+def test_a_new_epoch_set_during_the_write_is_not_the_batch_s(impl):
+    """set_epoch takes no write lock, and the engine's pwrite lets the GIL go: the batch
+    keeps the epoch it was encoded with, and the epochs noted say so (the next put starts
+    the new epoch)."""
+    def new_epoch(core) -> None:  # noqa: ANN001
+        core.epoch = 7  # (what Store.set_epoch does to the core)
+
+    writes: list[int] = []
+    core = _bare_core(impl, writes, after_write=new_epoch)
+    core.put_batch("t", [b"epoch zero"] * 3)
+    third = core.put("t", b"epoch seven")
+    assert len(writes) == 1
+    assert [record.epoch for record in core.get("t", 0, 0, 10, 1 << 20)] == [0] * 3 + [7]
+    assert core.epoch_starts == [(0, 0), (7, third.position)]
+
+
 def _failing_pwrite(monkeypatch, error: int):
     """os.pwrite whose next use writes half of what it is given, the one after raises
     ``error``; then the real one again."""
@@ -161,10 +240,13 @@ def _failing_pwrite(monkeypatch, error: int):
     return uses
 
 
-def test_a_failed_write_fences_the_store_and_leaves_no_records(tmp_path, impl, monkeypatch):
+@pytest.mark.parametrize("end", ["close", "crash"])
+def test_a_failed_write_fences_the_store_and_leaves_no_records(tmp_path, impl, monkeypatch,
+                                                                end):
     """EIO half way through a batch's pwrite: StoreFailed and the store fenced; the half
-    that reached the file is zeroed, so a recovery after a crash finds only what was
-    acknowledged (without the zeroing it finds the first half of the failed batch)."""
+    that reached the file is zeroed, so a recovery finds only what was acknowledged
+    (without the zeroing it finds the first half of the failed batch), and close()
+    raises the failure and leaves the store for recovery, as after a failed flush."""
     path = tmp_path / "store"
     store = mqlog.open(path, implementation=impl, flush_mode="sync", **SMALL)
     acknowledged = store.put_batch("t", [b"kept"] * 10)
@@ -177,8 +259,13 @@ def test_a_failed_write_fences_the_store_and_leaves_no_records(tmp_path, impl, m
     assert store.max_offset("t", 0) == 10
     with pytest.raises(StoreFailed):
         store.put("t", b"after")
-    store.abandon("a crash after the failed write")
+    if end == "close":
+        with pytest.raises(StoreFailed, match="writing the commit log failed"):
+            store.close()
+    else:
+        store.abandon("a crash after the failed write")
     with mqlog.open(path, implementation=impl, flush_mode="sync", **SMALL) as store:
+        assert not store.recovery_report.clean
         assert [record.body for record in store.get("t", 0, 0, 100)] == [b"kept"] * 10
         assert store.written_position == acknowledged.end_position
 

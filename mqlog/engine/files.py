@@ -71,8 +71,10 @@ steps, ahead of whatever writes through its mapping:
   renamed into place, so a crash never leaves a half-made one.
 * Descriptors: a mapping keeps the one ``mmap`` duplicates; the file's own descriptor
   is closed right after mapping. Backing a step opens the file for that moment only,
-  so a store holds one descriptor per mapped file, and running out of descriptors
-  (EMFILE) is a TooManyOpenFiles that changes nothing, never a fenced store.
+  so a store holds one descriptor per mapped file (and a sync-flush store one more, on
+  the segment its batches are written to with pwrite: ``write_records``), and running
+  out of descriptors (EMFILE) is a TooManyOpenFiles that changes nothing, never a fenced
+  store.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 from mqlog import ext
 from mqlog.config import PAGE_SIZE
@@ -182,6 +185,16 @@ def write_zeros(fd: int, start: int, end: int, piece: int = ZERO_WRITE_BYTES) ->
     """Write zeros over [start, end) with pwrite: allocates the blocks, or ENOSPC. At
     most ``piece`` bytes a write: the page cache's folios are that large (docstring)."""
     ext.core.write_zeros(fd, start, end, piece)  # (the C core's lets the GIL go once)
+
+
+def _pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """pwrite all of ``data`` at ``offset`` (a write of nothing is a full disk)."""
+    view = memoryview(data)
+    while view:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        view, offset = view[written:], offset + written
 
 
 def _data_ranges(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
@@ -363,12 +376,7 @@ class MappedFile:
         with typed_errors(f"cannot write to {self.path}"):
             fd = os.open(self.path, os.O_WRONLY)
             try:
-                view = memoryview(data)
-                while view:
-                    written = os.pwrite(fd, view, offset)
-                    if written <= 0:
-                        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                    view, offset = view[written:], offset + written
+                _pwrite_all(fd, data, offset)
             finally:
                 os.close(fd)
 
@@ -376,19 +384,17 @@ class MappedFile:
         """Write ``data`` at ``offset``, below ``prepared`` (backed: no block to allocate),
         with pwrite, through a descriptor kept for it until ``end_writes`` or ``close``
         (the log core's ``write_segment``: only the last segment is written to, so a store
-        holds one more descriptor). A write that fails zeroes what it wrote first: the
-        caller is told nothing was stored, and a recovery must not find whole records
-        there."""
+        holds one more descriptor). A write that fails zeroes the range first (it is
+        backed, and nothing lives there yet): the caller is told nothing was stored, and
+        a recovery must not find whole records there."""
         with typed_errors(f"cannot write to {self.path}"):
             if self._write_fd < 0:
                 self._write_fd = os.open(self.path, os.O_WRONLY)
-            fd, written = self._write_fd, 0
             try:
-                while written < len(data):
-                    written += os.pwrite(fd, memoryview(data)[written:], offset + written)
+                _pwrite_all(self._write_fd, data, offset)
             except OSError:
                 with suppress(OSError):
-                    write_zeros(fd, offset, offset + written)
+                    write_zeros(self._write_fd, offset, offset + len(data))
                 raise
 
     def zero_from(self, offset: int, preallocate: bool = False) -> None:

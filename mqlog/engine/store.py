@@ -168,6 +168,7 @@ class Store:
         self._changes: cp.ChangeCount | None = None  # (writable stores)
         self._snapshot_changes: int | None = None  # (read-only ones: the count at open)
         self._retired: list[MappedFile] = []  # deleted by retention, unmapped next pass
+        self._write_failure: StoreFailed | None = None  # a batch's pwrite failed (EIO)
         self._clock_ms = clock_ms
         self._closed = False
         self.read_only = read_only
@@ -852,7 +853,7 @@ class Store:
             self._flusher.stop()
         except FlushFailed:
             pass  # (inline flushes) kept as the flusher's error: raised once files are let go
-        failed: MqlogError | None = self._flusher.error
+        failed: MqlogError | None = self._flusher.error or self._write_failure
         if failed is None:
             try:
                 self._close_cleanly()
@@ -963,9 +964,11 @@ class Store:
 
     def _write_segment(self, base: int, offset: int, data: Any) -> None:
         """Write a put_batch's records into the backed part of segment ``base`` (called
-        under the core's write lock, before it publishes them). DiskFull or
-        TooManyOpenFiles change nothing; any other failure (EIO) fences the store, as a
-        failed flush does: the device is failing, and what it holds is recovery's to say."""
+        under the core's write lock, before it publishes them; ``data`` is valid only
+        during the call). DiskFull or TooManyOpenFiles change nothing; any other failure
+        (EIO) fences the store as a failed flush does, and close() leaves it for recovery
+        (no clean checkpoint): the device is failing, and what it holds is recovery's to
+        say."""
         try:
             self.files.segment_file(base).write_records(offset, data)
         except MqlogError:
@@ -974,6 +977,8 @@ class Store:
             failure = StoreFailed(f"store {self.paths.root} stopped accepting writes: "
                                   f"writing the commit log failed ({error}); nothing of "
                                   "this put_batch was stored. Reopen the store to recover.")
+            failure.__cause__ = error  # (kept for close(), which raises it again)
+            self._write_failure = failure
             self.core.fence(failure)
             raise failure from error
 

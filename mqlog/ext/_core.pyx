@@ -222,6 +222,7 @@ cdef class LogCore:
     cdef object _write_segment  # put_batch's records go with pwrite (see the twin)
     cdef char *_stage  # where _put_staged encodes them (kept: a new buffer per batch
     cdef Py_ssize_t _stage_capacity  # this large would be mapped and faulted in anew)
+    cdef uint64_t _publishing_end  # a staged batch's end while its entries go in (twin)
     # Bytes of the last segment below this position have blocks behind them (the engine
     # said so); 0 after any change to the segments: the next write asks again.
     cdef uint64_t _ready_end
@@ -617,8 +618,9 @@ cdef class LogCore:
     cdef bint _put_staged(self, _Queue queue, Fields *fields, tuple items, list borns,
                           int64_t store_timestamp) except -1:
         """put_batch with ``write_segment``: the records encoded into one buffer, written
-        with one pwrite, then published; False, with nothing written, when the batch must
-        go record by record (the twin's _put_staged)."""
+        with one pwrite, then published as _append publishes one; False, with nothing
+        written, when the batch must go record by record (the twin's _put_staged). The
+        callback's view of the buffer is valid only during the call."""
         cdef Py_ssize_t index, count = len(items)
         cdef uint64_t total = 0, at = 0, start, epoch
         cdef uint32_t size
@@ -655,9 +657,9 @@ cdef class LogCore:
             self._write_segment(segment.base, start - segment.base, staged)
         finally:
             staged.release()  # (the buffer is the next batch's: no view may outlive this)
-        # Readers never meet an entry whose record is not in the file: records first.
+            self._shrink_stage()
         self._note_epoch(epoch, start)
-        self._advance(start + total)
+        self._publishing_end = start + total
         at = start
         for index in range(count):
             size = <uint32_t>(fields.fixed_size + PyBytes_GET_SIZE(<bytes>items[index]))
@@ -665,6 +667,8 @@ cdef class LogCore:
             at += size
         if fields.key_size:
             self.last_keyed_end = start + total
+        self._advance(start + total)
+        self._publishing_end = 0
         return True
 
     cdef char *_staging(self, Py_ssize_t size) except NULL:
@@ -676,6 +680,12 @@ cdef class LogCore:
                 raise MemoryError()
             self._stage, self._stage_capacity = grown, size
         return self._stage
+
+    cdef void _shrink_stage(self) noexcept:
+        """Give a staging buffer grown past STAGE_KEPT_BYTES back (a store holds one)."""
+        if self._stage_capacity > STAGE_KEPT_BYTES:
+            PyMem_Free(self._stage)
+            self._stage, self._stage_capacity = NULL, 0
 
     cdef bint _queue_room_for(self, _Queue queue, uint64_t count) except -1:
         """Whether ``count`` more entries fit in the queue's last consume-queue file; if
@@ -1078,12 +1088,21 @@ cdef class LogCore:
         cdef uint64_t committed = self.committed_position, written = self.written_position
         if position <= committed and size <= committed - position:
             return True
-        if (position > written or size > written - position) and \
-                not (offset + 1 == queue.next_offset and position == written) and \
-                not self._changed(generation):  # (the twin publishes the entry first)
-            _entry_mismatch(queue, offset, position, size,
-                            f"past the end of the log ({written})")
-        return False
+        if (position <= written and size <= written - position) or \
+                self._yet_to_come(queue, offset, position, size, written):
+            return False
+        if self._changed(generation):
+            return False
+        _entry_mismatch(queue, offset, position, size,
+                        f"past the end of the log ({written})")
+
+    cdef inline bint _yet_to_come(self, _Queue queue, uint64_t offset, uint64_t position,
+                                  uint32_t size, uint64_t written) noexcept:
+        """Whether an entry past the written position (as read, ``written``) is one a
+        writer publishes before it moves the written position over its record."""
+        return (offset + 1 == queue.next_offset and position == written) or \
+            (position >= written and position + size <= self._publishing_end) or \
+            position + size <= self.written_position  # (published since)
 
     cdef Record _read_entry(self, _Queue queue, uint64_t offset, uint64_t position,
                             uint32_t size, uint64_t generation):

@@ -131,6 +131,8 @@ cdef enum:
     # put_batch encodes at most this many bytes into its staging buffer for one pwrite
     # (write_segment); a larger batch is written record by record through the mapping.
     STAGE_BYTES_MAX = 4 * 1024 * 1024
+    # ... and keeps at most this much of it between batches.
+    STAGE_KEPT_BYTES = 1024 * 1024
     # read_raw's walk over record headers asks for the log this far ahead of it.
     PREFETCH_BYTES = 1024
     CACHE_LINE_BYTES = 64

@@ -26,10 +26,10 @@ consume-queue entry → advance the written position (and the committed position
 it follows the written one) → release the lock. Waiting for a flush or for replicas is
 the engine's business. Given ``write_segment``, a put_batch that fits in its segment and
 its consume-queue file is encoded into one buffer instead, which the engine writes with
-pwrite into the backed part of the segment; then the written position moves, then each
-entry is appended (``_put_staged``: the engine of a sync-flush store does this, because
-each page stored into through a shared mapping must be write-protected again at every
-sync, a TLB flush per page).
+pwrite into the backed part of the segment; then its entries are appended and the written
+position moves, as record by record (``_put_staged``: the engine of a sync-flush store
+does this, because each page stored into through a shared mapping must be
+write-protected again at every sync, a TLB flush per page).
 
 Readers take no lock: they read a queue's end offset and the committed position, which
 the writer publishes only after the bytes they cover are in place, and they check every
@@ -376,10 +376,15 @@ class LogCore:
         self._ready_end = 0  # 0 after any change to the segments: the next write asks
         # write_segment(base, offset, data): the engine writes a put_batch's records into
         # the backed part of segment ``base`` with pwrite, not through the mapping
-        # (None: through the mapping). Pages stored into through a shared mapping are
-        # write-protected again at every sync, a TLB flush per page (an interrupt to
-        # every other core the process runs on); pwrite leaves none to clean.
+        # (None: through the mapping); ``data`` is valid only during the call. Pages
+        # stored into through a shared mapping are write-protected again at every sync,
+        # a TLB flush per page (an interrupt to every other core the process runs on);
+        # pwrite leaves none to clean.
         self._write_segment = write_segment
+        # While a staged batch's entries are appended, before the written position covers
+        # them: where the batch ends (0 otherwise). Readers take its entries for records
+        # yet to come, as they take the one entry _append publishes first.
+        self._publishing_end = 0
         self._clock_ms = clock_ms
         self.verify_crc_on_read = verify_crc_on_read
         self._lock = threading.Lock()
@@ -592,11 +597,13 @@ class LogCore:
 
     def _put_staged(self, queue: _Queue, fields: tuple, bodies: list[bytes],
                     sizes: list[int], borns: list | None, store_timestamp: int) -> bool:
-        """put_batch with ``write_segment``: the records encoded into one buffer, written
-        with one pwrite, then published (the written position, then each entry: a reader
-        never meets an entry whose record is not in the file). False, with nothing
-        written, when the batch crosses the end of its segment or of its consume-queue
-        file: then it goes record by record, through the mapping."""
+        """put_batch with ``write_segment``: the records encoded into one buffer and
+        written with one pwrite, then published as _append publishes one: the entries
+        (no reader, here or in another process, meets an entry whose record is not in the
+        file), the keyed end, then the written position (a checkpoint or the key index
+        that reads it finds the entries below it). False, with nothing written, when the
+        batch crosses the end of its segment or of its consume-queue file: then it goes
+        record by record, through the mapping."""
         total = sum(sizes)
         if self._write_segment is None or total > STAGE_BYTES_MAX or \
                 not self._queue_room_for(queue, len(bodies)):
@@ -607,21 +614,24 @@ class LogCore:
         if start - segment.base + total + BLANK_SIZE_MIN > segment.size:
             return False
         self._ensure_ready(segment, start + total + BLANK_SIZE_MIN)
+        epoch = self.epoch  # (read once: set_epoch may run while the write lets the GIL go)
         staged = bytearray()
         for index, (body, size) in enumerate(zip(bodies, sizes, strict=True)):
             if borns is not None:
                 fields = (*fields[:4], borns[index], fields[5])
-            staged += self._encode(queue, fields, body, size, start + len(staged),
+            staged += self._encode(queue, fields, body, size, epoch, start + len(staged),
                                    queue.next_offset + index, store_timestamp)
-        self._write_segment(segment.base, start - segment.base, bytes(staged))
-        self._note_epoch(self.epoch, start)
-        self._advance(start + total)
+        self._write_segment(segment.base, start - segment.base, staged)
+        self._note_epoch(epoch, start)
+        self._publishing_end = start + total
         position = start
         for size in sizes:
             self._index(queue, position, size, fields[5])
             position += size
         if fields[1]:
             self.last_keyed_end = start + total
+        self._advance(start + total)
+        self._publishing_end = 0
         return True
 
     def _queue_room_for(self, queue: _Queue, count: int) -> bool:
@@ -699,7 +709,8 @@ class LogCore:
         segment, offset = self._reserve(size)
         position = segment.base + offset
         segment.buffer[offset:offset + size] = self._encode(
-            queue, fields, body, size, position, queue.next_offset, store_timestamp)
+            queue, fields, body, size, self.epoch, position, queue.next_offset,
+            store_timestamp)
         self._note_epoch(self.epoch, position)
         self._index(queue, position, size, fields[5])
         if fields[1]:
@@ -707,13 +718,13 @@ class LogCore:
         self._advance(position + size)
         return position
 
-    def _encode(self, queue: _Queue, fields: tuple, body: bytes, size: int, position: int,
-                offset: int, store_timestamp: int) -> bytearray:
+    def _encode(self, queue: _Queue, fields: tuple, body: bytes, size: int, epoch: int,
+                position: int, offset: int, store_timestamp: int) -> bytearray:
         """The bytes of one record of ``queue`` at ``position`` and ``offset``."""
         topic_bytes, key_bytes, tags_bytes, props_bytes, born, _ = fields
         record = bytearray(size)
         HEADER.pack_into(record, 0, size, MAGIC, 0, 0, len(topic_bytes), queue.queue_id,
-                         len(body), self.epoch, offset, position,
+                         len(body), epoch, offset, position,
                          store_timestamp if born is None else born, store_timestamp,
                          len(key_bytes), len(tags_bytes), len(props_bytes))
         record[HEADER_SIZE:] = topic_bytes + key_bytes + tags_bytes + props_bytes + body
@@ -898,13 +909,22 @@ class LogCore:
         if position + size <= self.committed_position:
             return True
         written = self.written_position
-        if position + size > written and \
-                not (offset + 1 == queue.next_offset and position == written) and \
-                not self._changed(generation):  # (_append publishes the entry first)
-            raise ConsumeQueueMismatch(_mismatch_text(
-                queue.topic, queue.queue_id, offset, position, size,
-                f"past the end of the log ({written})"))
-        return False
+        if position + size <= written or self._yet_to_come(queue, offset, position, size,
+                                                           written):
+            return False
+        if self._changed(generation):
+            return False
+        raise ConsumeQueueMismatch(_mismatch_text(
+            queue.topic, queue.queue_id, offset, position, size,
+            f"past the end of the log ({written})"))
+
+    def _yet_to_come(self, queue: _Queue, offset: int, position: int, size: int,
+                     written: int) -> bool:
+        """Whether an entry past the written position (as read, ``written``) is one a
+        writer publishes before it moves the written position over its record."""
+        return (offset + 1 == queue.next_offset and position == written  # _append's
+                or (position >= written and position + size <= self._publishing_end)
+                or position + size <= self.written_position)  # (published since)
 
     def _read_entry(self, queue: _Queue, offset: int, position: int, size: int,
                     generation: int) -> Record | None:
