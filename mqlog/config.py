@@ -67,6 +67,9 @@ class StoreConfig:
     # at most this (a queue of a few entries holds a page)
     consume_queue_prefill_bytes: int = 64 * KiB
     # --- flush --------------------------------------------------------------------
+    # "sync": every put returns once durable (group commit); its batches are written
+    # with pwrite, not through the mapping (files.py says why). "async": flushed in the
+    # background every flush_interval_ms.
     flush_mode: FlushMode = "async"
     flush_interval_ms: int = 500
     flush_pages_min: int = 4  # async: an interval flush waits for this many dirty pages

@@ -21,7 +21,8 @@ offset and store timestamp → encode the record straight into the mapping → a
 consume-queue entry → advance the written (and maybe committed) position → release. With
 ``write_segment`` (a sync-flush store), a put_batch that fits in its segment and
 consume-queue file is encoded into a staging buffer, written with one pwrite, and then
-published: the written position, then the entries (the twin's _put_staged).
+published as a record is: its entries, then the written position (the twin's
+_put_staged).
 
 Readers take no lock. They read a queue's next offset and the committed position, which
 a writer publishes only after the bytes and the consume-queue entry they cover are in
@@ -1099,10 +1100,12 @@ cdef class LogCore:
     cdef inline bint _yet_to_come(self, _Queue queue, uint64_t offset, uint64_t position,
                                   uint32_t size, uint64_t written) noexcept:
         """Whether an entry past the written position (as read, ``written``) is one a
-        writer publishes before it moves the written position over its record."""
+        writer publishes before it moves the written position over its record. (Sums
+        are not formed: a garbage entry's position + size may wrap around.)"""
+        cdef uint64_t staged_end = self._publishing_end, now = self.written_position
         return (offset + 1 == queue.next_offset and position == written) or \
-            (position >= written and position + size <= self._publishing_end) or \
-            position + size <= self.written_position  # (published since)
+            (written <= position <= staged_end and size <= staged_end - position) or \
+            (position <= now and size <= now - position)  # (published since)
 
     cdef Record _read_entry(self, _Queue queue, uint64_t offset, uint64_t position,
                             uint32_t size, uint64_t generation):
