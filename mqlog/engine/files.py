@@ -380,7 +380,7 @@ class MappedFile:
             finally:
                 os.close(fd)
 
-    def write_records(self, offset: int, data: bytes) -> None:
+    def write_records(self, offset: int, data: Any) -> None:
         """Write ``data`` at ``offset``, below ``prepared`` (backed: no block to allocate),
         with pwrite, through a descriptor kept for it until ``end_writes`` or ``close``
         (the log core's ``write_segment``: only the last segment is written to, so a store
