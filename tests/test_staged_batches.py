@@ -17,7 +17,7 @@ import pytest
 import mqlog
 from mqlog import ext
 from mqlog.engine import files
-from mqlog.errors import DiskFull, StoreFailed
+from mqlog.errors import ConsumeQueueMismatch, DiskFull, StoreFailed
 from mqlog.ext import fallback
 from tests.conftest import SMALL
 
@@ -179,9 +179,10 @@ def test_the_written_position_moves_last():
     """What a checkpoint and the key index read without the write lock: once the written
     position covers a batch, its entries and its keyed end are in place (published the
     other way round, a checkpoint could save a position past its queues' synced entries,
-    and the key index skip a keyed batch). Checked at every line the twin runs while
-    it stores (a trace function: a thread switch may land between any two); the C core
-    publishes under the GIL in one step, which no Python thread can split."""
+    and the key index skip a keyed batch), and a reader meanwhile takes the entries ahead
+    of it for records to come, not for garbage. Checked at every line the twin runs
+    while it stores (a trace function: a thread switch may land between any two); the C
+    core publishes under the GIL in one step, which no Python thread can split."""
     writes: list[int] = []
     core, problems = _bare_core("python", writes), []
     size = core.put_batch("t", [b"0123456789"], key="k").end_position
@@ -189,9 +190,14 @@ def test_the_written_position_moves_last():
     def check(frame, event, argument):  # noqa: ANN001, ANN202  (sys.settrace's shape)
         written = core.written_position
         next_offset, keyed_end = core.queue_offsets("t", 0)[1], core.last_keyed_end
+        where = f"{frame.f_code.co_name}:{frame.f_lineno}"
         if next_offset < written // size or keyed_end < written:
-            problems.append(f"{frame.f_code.co_name}:{frame.f_lineno}: written {written}, "
-                            f"{next_offset} entries, keyed end {keyed_end}")
+            problems.append(f"{where}: written {written}, {next_offset} entries, keyed "
+                            f"end {keyed_end}")
+        try:  # and a reader here meets no entry it takes for garbage
+            core.get("t", 0, 0, 1 << 20, 1 << 24)
+        except ConsumeQueueMismatch as error:
+            problems.append(f"{where}: {error}")
         return check
 
     def trace(frame, event, argument):  # noqa: ANN001, ANN202
@@ -313,4 +319,5 @@ def test_descriptors_do_not_pile_up_as_the_log_rolls(tmp_path, impl, staged_writ
             store.put_batch("t", [b"x" * 1000] * 20)
         new_files = mapped_files() - files_before
         assert len(store.files.segments()) > 15 and len(staged_writes) > 30
-        assert _open_descriptors() - descriptors <= new_files + 1
+        # (+3: the allocator or a checkpoint may hold a file open for a moment)
+        assert _open_descriptors() - descriptors <= new_files + 3

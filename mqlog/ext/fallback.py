@@ -29,7 +29,10 @@ its consume-queue file is encoded into one buffer instead, which the engine writ
 pwrite into the backed part of the segment; then its entries are appended and the written
 position moves, as record by record (``_put_staged``: the engine of a sync-flush store
 does this, because each page stored into through a shared mapping must be
-write-protected again at every sync, a TLB flush per page).
+write-protected again at every sync, a TLB flush per page). That is the one departure
+from DESIGN §4's "encode straight into the mapped segment", and RocketMQ's own: with its
+transient store pool, records go into a write buffer that is then written to the file
+channel, while readers keep the mapping.
 
 Readers take no lock: they read a queue's end offset and the committed position, which
 the writer publishes only after the bytes they cover are in place, and they check every
