@@ -415,12 +415,12 @@ class GroupSpec:
     # The topic id of the partition it holds (KIP-516; 0: none, a group of a config): its
     # peer messages and its store directory carry it, so the replicas of a deleted topic
     # and of one created again under its name never take each other's records
-    incarnation: int = 0
+    topic_id: int = 0
 
     @classmethod
     def raft(cls, name: str, voters: dict[str, str], *, learners: dict[str, str] | None = None,
              store: StoreConfig | None = None, partitions: tuple[tuple[str, int], ...] = (),
-             incarnation: int = 0, **replication: Any) -> GroupSpec:
+             topic_id: int = 0, **replication: Any) -> GroupSpec:
         """A Raft group over the brokers in ``voters`` (broker id -> host:port); what the
         controller hands a broker ("host partition P with voters A, B, C")."""
         learners = dict(learners or {})
@@ -428,18 +428,18 @@ class GroupSpec:
                                    voters=tuple(voters), learners=tuple(learners),
                                    **replication)
         return cls(name, config, {**voters, **learners}, store or StoreConfig(),
-                   partitions=tuple(partitions), incarnation=incarnation).validate()
+                   partitions=tuple(partitions), topic_id=topic_id).validate()
 
     @classmethod
     def isr(cls, name: str, replicas: dict[str, str], *, store: StoreConfig | None = None,
-            partitions: tuple[tuple[str, int], ...] = (), incarnation: int = 0,
+            partitions: tuple[tuple[str, int], ...] = (), topic_id: int = 0,
             **replication: Any) -> GroupSpec:
         """An ISR partition over the brokers in ``replicas`` (broker id -> host:port); its
         leader and ISR come from the controller, later (IsrCore.apply_metadata)."""
         config = ReplicationConfig(layer="isr", node_id=next(iter(replicas), ""),
                                    replicas=tuple(replicas), **replication)
         return cls(name, config, dict(replicas), store or StoreConfig(),
-                   partitions=tuple(partitions), incarnation=incarnation).validate()
+                   partitions=tuple(partitions), topic_id=topic_id).validate()
 
     @property
     def members(self) -> tuple[str, ...]:

@@ -160,14 +160,14 @@ def test_groups_get_their_own_directory_store_settings_and_routes(tmp_path):
 def test_a_frame_names_its_group_and_the_default_group_is_left_out():
     vote = messages.Vote("b1", "b2", 3, position=10, last_epoch=2, pre_vote=False,
                          transfer=False, cluster_id="c")
-    plain, named = messages.encode(vote), messages.encode(vote, "g7", incarnation=12)
+    plain, named = messages.encode(vote), messages.encode(vote, "g7", topic_id=12)
     decoder = FrameDecoder(1 << 20)
     decoder.feed(plain + named + encode_frame({**_header(named), "group": 5})
-                 + encode_frame({**_header(named), "incarnation": "12"}))
+                 + encode_frame({**_header(named), "topic_id": "12"}))
     first, second, third, fourth = (decoder.next_frame() for _ in range(4))
     assert isinstance(first, Frame) and isinstance(second, Frame)
-    assert "group" not in first.header and "incarnation" not in first.header
-    assert second.header["group"] == "g7" and second.header["incarnation"] == 12
+    assert "group" not in first.header and "topic_id" not in first.header
+    assert second.header["group"] == "g7" and second.header["topic_id"] == 12
     assert messages.decode(first) == messages.decode(second) == vote
     for bad in (third, fourth):
         assert isinstance(bad, Frame)
@@ -691,7 +691,7 @@ def test_a_message_for_a_group_not_hosted_is_counted_not_fatal(tmp_path):
                 messages.Vote("b2", "b1", 0, position=0, last_epoch=-1, pre_vote=True,
                               transfer=False), "g1")  # not from the broker at the other end
                          # g1 of another topic id (a deleted topic's replica of that name)
-                         + messages.encode(vote, "g1", incarnation=7))
+                         + messages.encode(vote, "g1", topic_id=7))
             wait_until(lambda: brokers.broker_metadata("b1")["counters"]["b3"]
                        ["misaddressed"] == 3, "three misaddressed messages counted")
             assert "b3" in brokers.broker_metadata("b1")["links"]  # still connected
@@ -823,12 +823,12 @@ def test_a_partition_of_another_topic_id_does_not_take_the_old_store(tmp_path):
     with BrokerThread(config) as running:
         broker = running.broker
 
-        def host(incarnation: int) -> list[bytes]:
+        def host(topic_id: int) -> list[bytes]:
             spec = dataclasses.replace(_one_voter("t-0", address, (("t", 0),)),
-                                       incarnation=incarnation)
+                                       topic_id=topic_id)
             running.call(broker.ensure_group, spec)
             with mqlog.Client(address, group="t-0") as client:
-                assert _produce_when_leader(client, "t", b"%d" % incarnation).status is \
+                assert _produce_when_leader(client, "t", b"%d" % topic_id).status is \
                     PutStatus.PUT_OK
                 bodies = [r.body for r in client.fetch("t", 0, 0)]
             running.call(broker.drop_group, "t-0")  # (its store stays, as if missed)

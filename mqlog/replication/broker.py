@@ -388,12 +388,12 @@ class Broker:
 
     # --- sending ---------------------------------------------------------------------------
 
-    def send(self, group: str, outgoing: list[messages.Message], incarnation: int = 0) -> None:
+    def send(self, group: str, outgoing: list[messages.Message], topic_id: int = 0) -> None:
         """Send a group's messages in order. They wait in a per-peer outbox until the
         loop has run every callback ready now (the other groups' Readies among them), then
         go in one socket write per peer (a write is a system call); see the module
-        docstring for what is dropped. ``incarnation``: the group's topic id, which the
-        receiving group must have too (GroupSpec.incarnation)."""
+        docstring for what is dropped. ``topic_id``: the group's topic id, which the
+        receiving group must have too (GroupSpec.topic_id)."""
         if not outgoing:
             return  # nothing to send: no write to schedule
         tag = "" if group == self.config.default_group else group
@@ -402,7 +402,7 @@ class Broker:
             asyncio.get_running_loop().call_soon(self._write_outbox)
         for message in outgoing:
             outbox.setdefault(message.dst, []).append(messages.encode(message, tag,
-                                                                      incarnation))
+                                                                      topic_id))
 
     def _write_outbox(self) -> None:
         outbox, self._outbox = self._outbox, {}
@@ -572,7 +572,7 @@ class Broker:
         message = messages.decode(frame)
         node = self.groups.get(header.get("group", self.config.default_group))
         if node is None or message.src != link.peer or \
-                header.get("incarnation", 0) != node.spec.incarnation:
+                header.get("topic_id", 0) != node.spec.topic_id:
             # (a deleted topic's replica and one of the topic created again under its
             # name: the same group name, another topic id; neither may step the other)
             self._counters(link.peer).misaddressed += 1

@@ -143,7 +143,6 @@ def save_topic_id(directory: Path, topic_id: int) -> None:
     _write(directory, TOPIC_ID_FILE_NAME, _TOPIC_ID_MAGIC, {"topic_id": topic_id})
 
 
-
 def save(directory: Path, state: HardState | RoleState) -> None:
     """Write ``state`` durably (see the module docstring): a Raft HardState, or a
     master-slave RoleState, each to its own file."""

@@ -222,17 +222,17 @@ def _header_fields(cls: type[Message]) -> tuple[str, ...]:
     return names
 
 
-def encode(message: Message, group: str = "", incarnation: int = 0) -> bytes:
+def encode(message: Message, group: str = "", topic_id: int = 0) -> bytes:
     """The frame that carries ``message``; ``group`` names the replica group it is for
     (a broker's header key ``group``; left out, the receiving broker's default group),
-    ``incarnation`` its topic id (``incarnation``; left out when 0, a group of a config).
+    ``topic_id`` the group's topic id (left out when 0: a group of a config).
     (Every fetch and its answer is coded here: the field names are looked up once per
     class, not with ``dataclasses.fields`` per message.)"""
     header: dict[str, Any] = {"kind": message.kind}
     if group:
         header["group"] = group
-    if incarnation:
-        header["incarnation"] = incarnation
+    if topic_id:
+        header["topic_id"] = topic_id
     values = message.__dict__
     for name in _header_fields(type(message)):
         header[name] = values[name]
@@ -244,8 +244,8 @@ def decode(frame: Frame) -> Message:
     header = dict(frame.header)
     if type(header.pop("group", "")) is not str:  # the broker's routing, not the core's
         raise RemoteProtocolError("a message's group must be a string")
-    if type(header.pop("incarnation", 0)) is not int:
-        raise RemoteProtocolError("a message's incarnation must be an int")
+    if type(header.pop("topic_id", 0)) is not int:
+        raise RemoteProtocolError("a message's topic_id must be an int")
     cls = KINDS.get(header.pop("kind", None))  # type: ignore[arg-type]
     if cls is None:
         raise RemoteProtocolError(f"unknown message kind {frame.header.get('kind')!r}")

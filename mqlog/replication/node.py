@@ -125,8 +125,8 @@ class Node:
         self.store_dir = broker.config.group_dir(spec)
         store_config = spec.store.replace(committed_follows="external") \
             if self.raft or self.isr else spec.store
-        if spec.incarnation:
-            self._claim_store(spec.incarnation)
+        if spec.topic_id:
+            self._claim_store(spec.topic_id)
         self.store = open_store(self.store_dir, store_config)
         try:
             core = self._new_core()
@@ -298,7 +298,7 @@ class Node:
                 else:
                     self.broker.alter_partition(self, request)
         if peers:
-            self.broker.send(self.name, peers, self.spec.incarnation)
+            self.broker.send(self.name, peers, self.spec.topic_id)
 
     def save_hard_state(self, state: Any) -> None:
         hardstate.save(self.store_dir, state)

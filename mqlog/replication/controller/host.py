@@ -272,7 +272,7 @@ class BrokerAgent:
         self.position = 0
         self.epoch: int | None = None
         self.hosted: set[str] = set()  # groups this agent opened
-        self._incarnations: dict[str, int] = {}  # hosted group -> its spec's topic id
+        self._topic_ids: dict[str, int] = {}  # hosted group -> its spec's topic id
         self._deleted_topics: set[str] = set()  # DeleteTopic folded since the last pass
         # The view of the last hosting pass that did all it wanted (host_assigned), and
         # the layer of each group that pass wanted, in its order
@@ -383,8 +383,7 @@ class BrokerAgent:
             self._pull()
             return
         items = [[*self._isr_groups[group], request.epoch, request.partition_epoch,
-                  list(request.isr), *([self._incarnations[group]]
-                                       if self._incarnations.get(group) else [])]
+                  list(request.isr), *_topic_id_item(self._topic_ids.get(group, 0))]
                  for group, request in sent]
         self._ask({"kind": "alter_partitions", "broker_id": self.host.broker_id,
                    "broker_epoch": self.epoch, "items": items}, True,
@@ -444,17 +443,17 @@ class BrokerAgent:
                 if topic.layer == "raft":
                     wanted[name] = GroupSpec.raft(name, members, store=self.store,
                                                   partitions=((topic.name, index),),
-                                                  incarnation=topic.topic_id)
+                                                  topic_id=topic.topic_id)
                 elif topic.layer == "isr":  # (the topic's own min.insync, if it has one)
                     wanted[name] = GroupSpec.isr(name, members, store=self.store, partitions=(
-                        (topic.name, index),), incarnation=topic.topic_id,
+                        (topic.name, index),), topic_id=topic.topic_id,
                         **{**isr, "min_insync_replicas": topic.min_insync_replicas or
                            isr["min_insync_replicas"]})
                     self._isr_groups[name] = (topic.name, index)
                 else:
                     wanted[name] = master_slave_spec(name, (topic.name, index), part,
                                                      members, self.host.broker_id, self.store,
-                                                     incarnation=topic.topic_id)
+                                                     topic_id=topic.topic_id)
             except errors.ConfigError as error:  # (say, a replica registered a bad
                 # address: the other partitions are still hosted)
                 self._troubled = True
@@ -488,7 +487,7 @@ class BrokerAgent:
             # could not be built this round, keeps its store)
             topic = name.rpartition("-")[0]
             self.host.drop_group(name, delete_data=topic not in self.view.topics)
-            self.hosted.discard(name)
+            self._unhost(name)
         if not self._troubled:
             self._hosted_view = self.view
 
@@ -508,12 +507,16 @@ class BrokerAgent:
         """Hosted partitions of a topic deleted and created again that the fold did not
         show deleted (a snapshot hid the DeleteTopic): their topic id differs (KIP-516)."""
         for name in sorted(self.hosted & set(wanted)):
-            if self._incarnations.get(name, 0) != wanted[name].incarnation:
+            if self._topic_ids.get(name, 0) != wanted[name].topic_id:
                 self._drop_with_data(name)
 
     def _drop_with_data(self, name: str) -> None:
         self.host.drop_group(name, delete_data=True)
+        self._unhost(name)
+
+    def _unhost(self, name: str) -> None:
         self.hosted.discard(name)
+        self._topic_ids.pop(name, None)
 
     def _refresh_hosted(self) -> None:
         """What a full pass does to the groups it hosts already (in the same order)."""
@@ -540,7 +543,7 @@ class BrokerAgent:
                          f"({error!r}); the next round tries again")
             return False
         self.hosted.add(name)
-        self._incarnations[name] = spec.incarnation
+        self._topic_ids[name] = spec.topic_id
         return True
 
     def _hand_state(self, name: str) -> None:
@@ -691,7 +694,7 @@ class BrokerGroups:
                 epoch = 0 if last is None else last  # (an empty log: (0, 0), behind all)
             for topic, partition in node.spec.partitions:
                 found.append([topic, partition, epoch, store.written_position,
-                              *_topic_id_of(node.spec)])
+                              *_topic_id_item(node.spec.topic_id)])
         return found
 
     def leads(self) -> list[list[Any]]:
@@ -699,7 +702,7 @@ class BrokerGroups:
         for node in self.broker.groups.values():
             status = node.core.status()
             if status.get("layer") == "raft" and status.get("role") == "LEADER":
-                found += [[topic, partition, status["term"], *_topic_id_of(node.spec)]
+                found += [[topic, partition, status["term"], *_topic_id_item(node.spec.topic_id)]
                           for topic, partition in node.spec.partitions]
         return found
 
@@ -716,15 +719,16 @@ class BrokerGroups:
         self.broker.groups[name].change_role(header)
 
 
-def _topic_id_of(spec: GroupSpec) -> list[int]:
-    """What a report about a partition of ``spec`` ends with: its topic id, if it has one
-    (ClusterMetadata.other_topic; a group from before ids, or of a config, adds none)."""
-    return [spec.incarnation] if spec.incarnation else []
+def _topic_id_item(topic_id: int) -> list[int]:
+    """What a report, lead or AlterPartition item about a partition ends with: its topic
+    id, if it has one (ClusterMetadata.other_topic; a group from before ids, or of a
+    config, adds none)."""
+    return [topic_id] if topic_id else []
 
 
 def master_slave_spec(name: str, partition: tuple[str, int], part: records.PartitionInfo,
                       members: dict[str, str], broker_id: str,
-                      store: StoreConfig | None = None, incarnation: int = 0) -> GroupSpec:
+                      store: StoreConfig | None = None, topic_id: int = 0) -> GroupSpec:
     """The spec of a master-slave partition as ``broker_id`` first hosts it: its role is
     the metadata's (the leader: SYNC_MASTER of the other replicas, a write acknowledged
     once one slave has it, RocketMQ's default; the others: slaves of the leader). A
@@ -740,7 +744,7 @@ def master_slave_spec(name: str, partition: tuple[str, int], part: records.Parti
                                         node_id=broker_id, role="SLAVE",
                                         master=part.leader or others[0])
     return GroupSpec(name, replication, dict(members), store or StoreConfig(),
-                     partitions=(partition,), incarnation=incarnation).validate()
+                     partitions=(partition,), topic_id=topic_id).validate()
 
 
 def apply_role(status: dict[str, Any] | None, part: records.PartitionInfo,
