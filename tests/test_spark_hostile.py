@@ -212,9 +212,12 @@ def _change_at_random(store, rng, lock, done):
     while not done.is_set():
         with lock:
             step = rng.random()
-            if step < 0.6:
+            if step < 0.3:
                 for index in range(rng.randrange(1, 40)):
                     store.put("t", rng.randbytes(rng.randrange(1, 300)), index % 2)
+            elif step < 0.6:  # (a sync-flush store writes a batch with one pwrite)
+                store.put_batch("t", [rng.randbytes(rng.randrange(1, 300))
+                                      for _ in range(rng.randrange(1, 40))], rng.randrange(2))
             elif step < 0.85:
                 low = store.min_offset("t", 0)
                 high = store.max_offset("t", 0)
@@ -228,7 +231,7 @@ def _change_at_random(store, rng, lock, done):
 _WRITER_SETTINGS = {**SMALL, "retention_check_interval_ms": 1 << 30}
 
 
-def _writer_process(path, seed, lock, done, ready):
+def _writer_process(path, seed, lock, done, ready, flush_mode):
     """The writer of the cross-process case: its own interpreter, the store open
     writable there (the reads are planned and read in the test's process). It ends
     with the test's process, however that ends (a crash there once left it writing for
@@ -236,13 +239,13 @@ def _writer_process(path, seed, lock, done, ready):
     parent = multiprocessing.parent_process()
     assert parent is not None
     threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
-    with mqlog.open(path, **_WRITER_SETTINGS) as store:
+    with mqlog.open(path, **_WRITER_SETTINGS, flush_mode=flush_mode) as store:
         ready.set()
         _change_at_random(store, random.Random(seed), lock, done)
 
 
 @contextlib.contextmanager
-def _writer_beside(path, where, seed):
+def _writer_beside(path, where, seed, flush_mode="async"):
     """A writer changing the store at ``path`` at random, in a thread of this process or
     in a process of its own; yields the lock each of its steps holds."""
     if where == "thread":
@@ -254,7 +257,7 @@ def _writer_beside(path, where, seed):
             except BaseException as error:  # noqa: BLE001 - the test reports it
                 failures.append(error)
 
-        with mqlog.open(path, **_WRITER_SETTINGS) as store:
+        with mqlog.open(path, **_WRITER_SETTINGS, flush_mode=flush_mode) as store:
             writer = threading.Thread(target=write, args=(store,))
             writer.start()
             try:
@@ -266,7 +269,8 @@ def _writer_beside(path, where, seed):
         return
     context = multiprocessing.get_context("spawn")
     lock, done, ready = context.Lock(), context.Event(), context.Event()
-    child = context.Process(target=_writer_process, args=(str(path), seed, lock, done, ready))
+    child = context.Process(target=_writer_process, args=(str(path), seed, lock, done, ready,
+                                                               flush_mode))
     child.start()
     try:
         assert ready.wait(120), "the writer process did not open the store"
@@ -277,18 +281,20 @@ def _writer_beside(path, where, seed):
     assert child.exitcode == 0, f"the writer process ended with {child.exitcode}"
 
 
-@pytest.mark.parametrize("where", ["thread", "process"])
-def test_reads_beside_a_writer_that_appends_truncates_and_trims_are_exact_or_fail(tmp_path,
-                                                                                  seed, where):
+@pytest.mark.parametrize("where, flush_mode", [("thread", "async"), ("process", "async"),
+                                               ("process", "sync")])
+def test_reads_beside_a_writer_that_appends_truncates_and_trims_are_exact_or_fail(
+        tmp_path, seed, where, flush_mode):
     """A writer appends, truncates and trims (retention) at random while reads are
     planned and read: each read gives exactly the rows the engine showed when it was
     planned, or StoreChanged. The writer is a thread of this process, or a process of
     its own (what a Spark job reading a live broker's store sees: the store's files
-    change under mappings another process writes through)."""
+    change under mappings another process writes through, or, a sync-flush store's
+    batches, with pwrite)."""
     rng = random.Random(seed)
     path = _fill(tmp_path / "s", rng, count=400)
     outcomes = {"exact": 0, "changed": 0}
-    with _writer_beside(path, where, rng.random()) as lock:
+    with _writer_beside(path, where, rng.random(), flush_mode) as lock:
         for _round in range(25):
             with lock:
                 options, parts = _plan(path)
