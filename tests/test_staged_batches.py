@@ -1,7 +1,9 @@
-"""A sync-flush store writes each put_batch with one pwrite (the log core's
-``write_segment``), not through the mapping: the files must be the bytes the mapping
-path writes, readers beside it must never meet an entry whose record is not there yet,
-and a write that fails must leave nothing a reader or a recovery could find.
+"""Records that reach the commit log with pwrite (the log core's ``write_segment``), not
+through the mapping: each put_batch of a sync-flush store, and a replica's records
+(append_raw, any store, with no zeros written ahead of them). The files must be the
+bytes the mapping path writes, readers beside it must never meet an entry whose record
+is not there yet, a write that fails must leave nothing a reader or a recovery could
+find, and a write through the mapping after raw records must not touch them.
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ def _bare_core(impl: str, writes: list[int], after_write=None):  # noqa: ANN001
     core = module.LogCore(segment_size_bytes=1 << 20, message_size_bytes_max=4096,
                           key_size_bytes_max=255, tags_size_bytes_max=255,
                           new_segment=new_segment, new_queue_file=new_queue_file,
-                          write_segment=write_segment)
+                          write_segment=write_segment, stage_batches=True)
     core.restore(0)
     return core
 
@@ -257,7 +259,7 @@ def test_a_failed_write_fences_the_store_and_leaves_no_records(tmp_path, impl, m
     store = mqlog.open(path, implementation=impl, flush_mode="sync", **SMALL)
     acknowledged = store.put_batch("t", [b"kept"] * 10)
     uses = _failing_pwrite(monkeypatch, errno.EIO)
-    with pytest.raises(StoreFailed, match="nothing of this put_batch was stored"):
+    with pytest.raises(StoreFailed, match="nothing of this write was stored"):
         store.put_batch("t", [b"failed"] * 40)
     monkeypatch.undo()
     assert len(uses) >= 2
@@ -321,3 +323,111 @@ def test_descriptors_do_not_pile_up_as_the_log_rolls(tmp_path, impl, staged_writ
         assert len(store.files.segments()) > 15 and len(staged_writes) > 30
         # (+3: the allocator or a checkpoint may hold a file open for a moment)
         assert _open_descriptors() - descriptors <= new_files + 3
+
+
+# --- a replica's records (append_raw) ---------------------------------------------------
+
+
+def _raw_chunks(store, seed: int) -> list[bytes]:
+    """The store's log as a follower fetches it: read_raw pieces of 1-20 KB."""
+    rng, chunks, position = random.Random(seed), [], 0
+    while position < store.written_position:
+        chunks.append(store.read_raw(position, rng.randint(1_000, 20_000)))
+        position += len(chunks[-1])
+    return chunks
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_raw_records_write_the_bytes_the_leader_wrote(tmp_path, impl, seed, staged_writes):
+    """A leader's log (batches through the mapping, crossing segment ends: blanks) copied
+    to a follower piece by piece with append_raw, each piece with one pwrite per segment
+    it reaches: byte-identical files, and every record read back."""
+    with mqlog.open(tmp_path / "leader", implementation=impl, **SMALL) as leader:
+        for arguments in _batches(seed):
+            leader.put_batch("t", **arguments)
+        chunks = _raw_chunks(leader, seed)
+        expected = {queue: [record.body for record in leader.get("t", queue, 0, 10_000)]
+                    for queue in range(3)}
+    assert not staged_writes  # (the leader's batches went through the mapping)
+    with mqlog.open(tmp_path / "follower", implementation=impl, **SMALL) as follower:
+        position = 0
+        for chunk in chunks:
+            position = follower.append_raw(position, chunk)
+        assert len(follower.files.segments()) > 3, f"seed {seed}"
+        for queue, bodies in expected.items():
+            got = [record.body for record in follower.get("t", queue, 0, 10_000)]
+            assert got == bodies, f"seed {seed}, queue {queue}"
+        segments = len(follower.files.segments())
+    # (one pwrite a piece, and one more for each segment end a piece crosses)
+    assert len(chunks) <= len(staged_writes) <= len(chunks) + segments, f"seed {seed}"
+    assert _files_of(tmp_path / "follower") == _files_of(tmp_path / "leader"), f"seed {seed}"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_puts_after_raw_records_leave_them_whole(tmp_path, impl, seed, staged_writes):
+    """Two stores trade the lead: one puts through the mapping, the other copies that
+    with append_raw, then the other way round. Raw records end inside a page, past what
+    was backed; the backing for the next put starts where they end, not at the page
+    they end in (zeros there would wipe their tail: a CRC error on read, a cut log on
+    recovery). Both logs stay whole and identical, and recover clean."""
+    rng = random.Random(seed)
+    paths = [tmp_path / "a", tmp_path / "b"]
+    stores = [mqlog.open(path, implementation=impl, **SMALL) for path in paths]
+    try:
+        for turn in range(60):
+            leader, follower = stores[turn % 2], stores[1 - turn % 2]
+            for _ in range(rng.randint(1, 4)):
+                leader.put_batch("t", [b"%d" % turn * rng.randint(1, 200)]
+                                 * rng.randint(1, 12), queue_id=turn % 2)
+            while follower.written_position < leader.written_position:
+                follower.append_raw(follower.written_position, leader.read_raw(
+                    follower.written_position, rng.randint(500, 9_000)))
+        expected = [[record.body for record in stores[0].get("t", queue, 0, 60_000)]
+                    for queue in (0, 1)]
+        assert [[record.body for record in stores[1].get("t", queue, 0, 60_000)]
+                for queue in (0, 1)] == expected, f"seed {seed}"
+        assert len(stores[0].files.segments()) > 3 and len(staged_writes) > 60
+    finally:
+        for store in stores:
+            store.close()
+    assert _files_of(paths[0]) == _files_of(paths[1]), f"seed {seed}"
+    for path in paths:
+        with mqlog.open(path, implementation=impl, **SMALL) as store:
+            assert store.recovery_report.clean, f"seed {seed}"
+            assert [[record.body for record in store.get("t", queue, 0, 60_000)]
+                    for queue in (0, 1)] == expected, f"seed {seed}"
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EIO])
+def test_a_failed_write_of_raw_records_leaves_nothing(tmp_path, impl, monkeypatch, error):
+    """Half of a replica's records reach the file, then the pwrite fails: nothing is
+    published, the half is gone from the file (a hole or zeros: a recovery must not find
+    whole records there), and then a full disk (DiskFull) changes nothing (the same
+    records go in once there is room), a failing device (EIO) fences the store."""
+    with mqlog.open(tmp_path / "leader", implementation=impl, **SMALL) as leader:
+        leader.put_batch("t", [b"kept"] * 10)
+        kept = leader.written_position
+        leader.put_batch("t", [b"late"] * 40)
+        first, second = leader.read_raw(0, kept), leader.read_raw(kept, 1 << 20)
+    path = tmp_path / "follower"
+    store = mqlog.open(path, implementation=impl, **SMALL)
+    assert store.append_raw(0, first) == kept
+    _failing_pwrite(monkeypatch, error)
+    with pytest.raises(DiskFull if error == errno.ENOSPC else StoreFailed):
+        store.append_raw(kept, second)
+    monkeypatch.undo()
+    assert store.written_position == kept and store.max_offset("t", 0) == 10
+    segment = sorted((path / "commitlog").iterdir())[0]
+    with open(segment, "rb") as file:
+        file.seek(kept)
+        assert not any(file.read(len(second))), "the failed write left bytes behind"
+    if error == errno.ENOSPC:
+        assert store.append_raw(kept, second) == kept + len(second)
+        store.close()
+    else:
+        with pytest.raises(StoreFailed):
+            store.append_raw(kept, second)
+        store.abandon("a crash after the failed write")
+    with mqlog.open(path, implementation=impl, **SMALL) as store:
+        bodies = [record.body for record in store.get("t", 0, 0, 100)]
+        assert bodies == [b"kept"] * 10 + ([b"late"] * 40 if error == errno.ENOSPC else [])

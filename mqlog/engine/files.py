@@ -28,9 +28,13 @@ steps, ahead of whatever writes through its mapping:
 * The unit is the page, not the byte: a write fault backs the whole page it lands in,
   so on a file system whose blocks are smaller than a page (ext4 makes 1 KiB blocks on
   a small disk) a write into the backed first block of a page whose other blocks are
-  holes is a SIGBUS on a full disk too. So ``prepared`` is always a page boundary (or
-  the file's end), and a writer that starts inside a page someone else backed part of
-  (a consume queue's first page after tombstones or a cut) holds that page first.
+  holes is a SIGBUS on a full disk too. So backing ends on a page boundary (or the
+  file's end), and a writer that starts inside a page someone else backed part of (a
+  consume queue's first page after tombstones or a cut) holds that page first. Records
+  written with ``pwrite`` past what is backed (``write_records``: a replica's, which
+  need no zeros ahead of them) leave ``prepared`` at their end, inside a page; the
+  next backing step writes zeros from there, so that page is whole again before
+  anything writes into it through the mapping.
 * A backing step that meets a full disk gives back what it took before it raises
   (DiskFull changes nothing, not even the free space), and the background backs ahead
   only while at least ``headroom`` bytes would stay free: the room a full disk gives
@@ -381,21 +385,31 @@ class MappedFile:
                 os.close(fd)
 
     def write_records(self, offset: int, data: Any) -> None:
-        """Write ``data`` at ``offset``, below ``prepared`` (backed: no block to allocate),
-        with pwrite, through a descriptor kept for it until ``end_writes`` or ``close``
-        (the log core's ``write_segment``: only the last segment is written to, so a store
-        holds one more descriptor). A write that fails zeroes the range first (it is
-        backed, and nothing lives there yet): the caller is told nothing was stored, and
-        a recovery must not find whole records there."""
-        with typed_errors(f"cannot write to {self.path}"):
+        """Write ``data`` at ``offset`` with pwrite, through a descriptor kept for it until
+        ``end_writes`` or ``close`` (the log core's ``write_segment``: only the last
+        segment is written to, so a store holds one more descriptor). Past ``prepared``
+        the write allocates the blocks itself (a replica's records: no zeros are written
+        ahead of them), and ``prepared`` moves to its end, inside a page maybe: the next
+        ``prepare_to`` writes zeros from there, which backs the rest of that page. A
+        write that fails leaves nothing: the backed part of its range zeroed, the rest a
+        hole again (DiskFull gives back what it took); the caller is told nothing was
+        stored, and a recovery must not find whole records there."""
+        end = offset + len(data)
+        with self._lock, typed_errors(f"cannot write to {self.path}"):
             if self._write_fd < 0:
                 self._write_fd = os.open(self.path, os.O_WRONLY)
+            backed = min(max(self.prepared or 0, offset), end)
             try:
                 _pwrite_all(self._write_fd, data, offset)
             except OSError:
                 with suppress(OSError):
-                    write_zeros(self._write_fd, offset, offset + len(data))
+                    write_zeros(self._write_fd, offset, backed)
+                    if end > backed and not libc.punch_hole(self._write_fd, backed,
+                                                            end - backed):
+                        write_zeros(self._write_fd, backed, end)
                 raise
+            if self.prepared is not None and end > self.prepared:
+                self.prepared = end
 
     def zero_from(self, offset: int, preallocate: bool = False) -> None:
         """Zero [offset, size): punch a hole (no page is touched), or write zeros.

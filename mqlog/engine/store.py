@@ -247,7 +247,7 @@ class Store:
             new_segment=self._new_segment, new_queue_file=self._new_queue_file,
             clock_ms=clock_ms, verify_crc_on_read=config.verify_crc_on_read,
             prepare_queue=self._prepare_queue, prepare_segment=self._prepare_segment,
-            write_segment=self._write_segment if sync else None)
+            write_segment=self._write_segment, stage_batches=sync)
         self.files = FileSet(paths, config, self.core)
         self._changes = cp.ChangeCount(paths.changes)
         with self._changes.changing():  # (it may cut a torn tail, drop queue entries)
@@ -963,20 +963,23 @@ class Store:
         return self._allocator.ensure(mapped, base, end)
 
     def _write_segment(self, base: int, offset: int, data: Any) -> None:
-        """Write a put_batch's records into the backed part of segment ``base`` (called
-        under the core's write lock, before it publishes them; ``data`` is valid only
-        during the call). DiskFull or TooManyOpenFiles change nothing; any other failure
-        (EIO) fences the store as a failed flush does, and close() leaves it for recovery
-        (no clean checkpoint): the device is failing, and what it holds is recovery's to
-        say."""
+        """Write records into segment ``base`` with pwrite: a sync store's put_batch, or a
+        replica's records (append_raw). Called under the core's write lock, before it
+        publishes them; ``data`` is valid only during the call. DiskFull or
+        TooManyOpenFiles change nothing; any other failure (EIO) fences the store as a
+        failed flush does, and close() leaves it for recovery (no clean checkpoint): the
+        device is failing, and what it holds is recovery's to say."""
+        mapped = self.files.segment_file(base)
         try:
-            self.files.segment_file(base).write_records(offset, data)
+            if mapped.prepared is None:  # opened, not made here: it holds data up to here
+                mapped.mark_held(offset)
+            mapped.write_records(offset, data)
         except MqlogError:
             raise
         except OSError as error:
             failure = StoreFailed(f"store {self.paths.root} stopped accepting writes: "
                                   f"writing the commit log failed ({error}); nothing of "
-                                  "this put_batch was stored. Reopen the store to recover.")
+                                  "this write was stored. Reopen the store to recover.")
             failure.__cause__ = error  # (kept for close(), which raises it again)
             self._write_failure = failure
             self.core.fence(failure)

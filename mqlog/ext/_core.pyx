@@ -19,10 +19,12 @@ lock → find or create the queue → make room in its consume-queue file → as
 position (a record that does not fit leaves a blank record and rolls to a new segment),
 offset and store timestamp → encode the record straight into the mapping → append the
 consume-queue entry → advance the written (and maybe committed) position → release. With
-``write_segment`` (a sync-flush store), a put_batch that fits in its segment and
-consume-queue file is encoded into a staging buffer, written with one pwrite, and then
-published as a record is: its entries, then the written position (the twin's
-_put_staged).
+``write_segment`` and ``stage_batches`` (a sync-flush store), a put_batch that fits in
+its segment and consume-queue file is encoded into a staging buffer, written with one
+pwrite, and then published as a record is: its entries, then the written position (the
+twin's _put_staged). With ``write_segment``, append_raw writes a replica's records that
+fit in the last segment with one pwrite too, straight from the bytes received (the
+twin's _apply_run).
 
 Readers take no lock. They read a queue's next offset and the committed position, which
 a writer publishes only after the bytes and the consume-queue entry they cover are in
@@ -220,7 +222,8 @@ cdef class LogCore:
     cdef object _new_queue_file
     cdef object _prepare_queue
     cdef object _prepare_segment
-    cdef object _write_segment  # put_batch's records go with pwrite (see the twin)
+    cdef object _write_segment  # records go with pwrite (see the twin)
+    cdef bint _stage_batches  # ... a put_batch's too
     cdef char *_stage  # where _put_staged encodes them (kept: a new buffer per batch
     cdef Py_ssize_t _stage_capacity  # this large would be mapped and faulted in anew)
     cdef uint64_t _publishing_end  # a staged batch's end while its entries go in (twin)
@@ -269,7 +272,8 @@ cdef class LogCore:
     def __init__(self, *, segment_size_bytes, message_size_bytes_max, key_size_bytes_max,
                  tags_size_bytes_max, new_segment, new_queue_file, clock_ms=None,
                  verify_crc_on_read=True, read_only=False, prepare_queue=None,
-                 prepare_segment=None, batch_count_max=-1, write_segment=None):
+                 prepare_segment=None, batch_count_max=-1, write_segment=None,
+                 stage_batches=False):
         self.read_only = read_only
         self.segment_size_bytes = segment_size_bytes
         self.message_size_bytes_max = message_size_bytes_max
@@ -281,6 +285,7 @@ cdef class LogCore:
         self._prepare_queue = prepare_queue
         self._prepare_segment = prepare_segment
         self._write_segment = write_segment
+        self._stage_batches = stage_batches and write_segment is not None
         self._clock_ms = clock_ms
         self.verify_crc_on_read = verify_crc_on_read
 
@@ -597,8 +602,7 @@ cdef class LogCore:
         cdef uint64_t first_position = self.written_position
         cdef Py_ssize_t index, count = len(items), body_size
         cdef bytes body
-        if self._write_segment is not None and \
-                self._put_staged(queue, fields, items, borns, store_timestamp):
+        if self._stage_batches and self._put_staged(queue, fields, items, borns, store_timestamp):
             return _tuple6(_BatchPutResult, _PUT_OK, first_position, first_offset, count,
                            store_timestamp, self.written_position)
         first_position = 0
@@ -618,7 +622,7 @@ cdef class LogCore:
 
     cdef bint _put_staged(self, _Queue queue, Fields *fields, tuple items, list borns,
                           int64_t store_timestamp) except -1:
-        """put_batch with ``write_segment``: the records encoded into one buffer, written
+        """put_batch with ``stage_batches``: the records encoded into one buffer, written
         with one pwrite, then published as _append publishes one; False, with nothing
         written, when the batch must go record by record (the twin's _put_staged). The
         callback's view of the buffer is valid only during the call."""
@@ -1404,34 +1408,62 @@ cdef class LogCore:
         return key
 
     cdef int _apply_raw(self, bytes data) except -1:
-        """Copy planned raw data into the log, indexing each record (the twin's steps)."""
+        """Write planned raw data into the log, indexing each record (the twin's steps)."""
+        cdef Py_ssize_t cursor = 0
+        while cursor < PyBytes_GET_SIZE(data):
+            cursor = self._apply_run(data, cursor)
+        return 0
+
+    cdef Py_ssize_t _apply_run(self, bytes data, Py_ssize_t cursor) except -1:
+        """The twin's _apply_run: the records from ``cursor`` on that go into the last
+        segment, with one pwrite (``write_segment``) or one copied; where the next begins."""
         cdef const char *p = PyBytes_AS_STRING(data)
-        cdef Py_ssize_t length = PyBytes_GET_SIZE(data), cursor = 0
-        cdef uint64_t size, offset, available
+        cdef Py_ssize_t length = PyBytes_GET_SIZE(data), end = cursor
+        cdef uint64_t size, offset
         cdef Segment *segment
-        cdef mq_header header
-        while cursor < length:
+        self._ensure_segment()
+        segment = self._writable_segment()
+        offset = self.written_position - segment.base
+        while self._write_segment is not None and end < length:
+            size = mq_u32(p + end + MQ_AT_SIZE)
+            if size > <uint64_t>(length - end) or \
+                    offset + <uint64_t>(end - cursor) + size > segment.size:
+                break
+            end += <Py_ssize_t>size
+        if end == cursor:
             size = mq_u32(p + cursor + MQ_AT_SIZE)
-            self._ensure_segment()
-            segment = self._writable_segment()
-            offset = self.written_position - segment.base
-            available = min(<uint64_t>(length - cursor), size)
-            if available != size or offset + size > segment.size:
+            if size > <uint64_t>(length - cursor) or offset + size > segment.size:
                 # What the twin's mmap slice assignment raises (a short blank, or a record
                 # larger than a fresh segment); the plan does not catch either.
                 raise IndexError("mmap slice assignment is wrong size")
             self._ensure_ready(segment, self.written_position + size)
             _copy_in(segment.data + offset, p + cursor, size)
-            cursor += size
-            if mq_u32(p + cursor - size + MQ_AT_MAGIC) == MQ_BLANK_MAGIC:
-                self._advance(segment.base + segment.size)
-                continue
-            mq_read_header(p + cursor - size, &header)
-            self._dispatch(p + cursor - size, &header)
-            self._note_epoch(header.epoch, header.position)
-            if header.store_timestamp > self.last_store_timestamp:
-                self.last_store_timestamp = header.store_timestamp
-            self._advance(header.position + size)
+            self._publish_raw(segment, p + cursor, size)
+            return cursor + <Py_ssize_t>size
+        run = PyMemoryView_FromMemory(<char *>p + cursor, end - cursor, PyBUF_READ)
+        try:
+            self._write_segment(segment.base, offset, run)
+        finally:
+            run.release()  # (the callback was told: valid during the call only)
+        while cursor < end:
+            size = mq_u32(p + cursor + MQ_AT_SIZE)
+            self._publish_raw(segment, p + cursor, size)
+            cursor += <Py_ssize_t>size
+        return end
+
+    cdef int _publish_raw(self, Segment *segment, const char *record,
+                          uint64_t size) except -1:
+        """A raw record (or blank) now in the log: index it, move the written position."""
+        cdef mq_header header
+        if mq_u32(record + MQ_AT_MAGIC) == MQ_BLANK_MAGIC:
+            self._advance(segment.base + segment.size)
+            return 0
+        mq_read_header(record, &header)
+        self._dispatch(record, &header)
+        self._note_epoch(header.epoch, header.position)
+        if header.store_timestamp > self.last_store_timestamp:
+            self.last_store_timestamp = header.store_timestamp
+        self._advance(header.position + size)
         return 0
 
     cdef int _dispatch(self, const char *record, mq_header *header) except -1:

@@ -24,15 +24,23 @@ once per allocation step: a write through a mapping into a hole of a full disk i
 SIGBUS, never an error) → encode the record straight into the mapping → append the
 consume-queue entry → advance the written position (and the committed position, when
 it follows the written one) → release the lock. Waiting for a flush or for replicas is
-the engine's business. Given ``write_segment``, a put_batch that fits in its segment and
-its consume-queue file is encoded into one buffer instead, which the engine writes with
-pwrite into the backed part of the segment; then its entries are appended and the written
-position moves, as record by record (``_put_staged``: the engine of a sync-flush store
-does this, because each page stored into through a shared mapping must be
-write-protected again at every sync, a TLB flush per page). That is the one departure
-from DESIGN §4's "encode straight into the mapped segment", and RocketMQ's own: with its
-transient store pool, records go into a write buffer that is then written to the file
-channel, while readers keep the mapping.
+the engine's business. Given ``write_segment``, records reach the file with pwrite
+instead in two cases, and are then published as record by record (entries, then the
+written position):
+
+* with ``stage_batches``, a put_batch that fits in its segment and its consume-queue
+  file is encoded into one buffer, which the engine writes into the backed part of the
+  segment (``_put_staged``: the engine of a sync-flush store does this, because each
+  page stored into through a shared mapping must be write-protected again at every
+  sync, a TLB flush per page);
+* append_raw writes a replica's records, already encoded, as they came: the part that
+  fits in the last segment with one pwrite, which allocates the blocks it needs. No
+  zeros are written ahead of them first, as a write through the mapping needs (it must
+  never fault on a hole): on a follower that was the larger part of its CPU time.
+
+That is the one departure from DESIGN §4's "encode straight into the mapped segment",
+and RocketMQ's own: with its transient store pool, records go into a write buffer that
+is then written to the file channel, while readers keep the mapping.
 
 Readers take no lock: they read a queue's end offset and the committed position, which
 the writer publishes only after the bytes they cover are in place, and they check every
@@ -357,7 +365,8 @@ class LogCore:
                  prepare_queue: Callable[[str, int, int], int] | None = None,
                  prepare_segment: Callable[[int, int], int] | None = None,
                  batch_count_max: int = -1,
-                 write_segment: Callable[[int, int, Any], None] | None = None) -> None:
+                 write_segment: Callable[[int, int, Any], None] | None = None,
+                 stage_batches: bool = False) -> None:
         # read_only: the engine maps files read-only and fences writes; the C core then
         # asks for plain buffers instead of writable ones.
         self.read_only = read_only
@@ -377,13 +386,15 @@ class LogCore:
         # through a mapping into a hole: on a full disk that is a SIGBUS, not an error.
         self._prepare_segment = prepare_segment
         self._ready_end = 0  # 0 after any change to the segments: the next write asks
-        # write_segment(base, offset, data): the engine writes a put_batch's records into
-        # the backed part of segment ``base`` with pwrite, not through the mapping
-        # (None: through the mapping); ``data`` is valid only during the call. Pages
-        # stored into through a shared mapping are write-protected again at every sync,
-        # a TLB flush per page (an interrupt to every other core the process runs on);
-        # pwrite leaves none to clean.
+        # write_segment(base, offset, data): the engine writes records into segment
+        # ``base`` with pwrite, not through the mapping (None: through the mapping),
+        # allocating whatever blocks past the backed part they need; ``data`` is valid
+        # only during the call. append_raw's records go this way (no zeros written ahead
+        # of them), and with ``stage_batches`` a put_batch's: pages stored into through a
+        # shared mapping are write-protected again at every sync, a TLB flush per page
+        # (an interrupt to every other core the process runs on); pwrite leaves none.
         self._write_segment = write_segment
+        self._stage_batches = stage_batches and write_segment is not None
         # While a staged batch's entries are appended, before the written position covers
         # them: where the batch ends (0 otherwise). Readers take its entries for records
         # yet to come, as they take the one entry _append publishes first.
@@ -600,7 +611,7 @@ class LogCore:
 
     def _put_staged(self, queue: _Queue, fields: tuple, bodies: list[bytes],
                     sizes: list[int], borns: list | None, store_timestamp: int) -> bool:
-        """put_batch with ``write_segment``: the records encoded into one buffer and
+        """put_batch with ``stage_batches``: the records encoded into one buffer and
         written with one pwrite, then published as _append publishes one: the entries
         (no reader, here or in another process, meets an entry whose record is not in the
         file), the keyed end, then the written position (a checkpoint or the key index
@@ -608,7 +619,8 @@ class LogCore:
         batch crosses the end of its segment or of its consume-queue file: then it goes
         record by record, through the mapping."""
         total = sum(sizes)
-        if self._write_segment is None or total > STAGE_BYTES_MAX or \
+        write_segment = self._write_segment
+        if write_segment is None or not self._stage_batches or total > STAGE_BYTES_MAX or \
                 not self._queue_room_for(queue, len(bodies)):
             return False
         self._ensure_segment()
@@ -624,7 +636,7 @@ class LogCore:
                 fields = (*fields[:4], borns[index], fields[5])
             staged += self._encode(queue, fields, body, size, epoch, start + len(staged),
                                    queue.next_offset + index, store_timestamp)
-        self._write_segment(segment.base, start - segment.base, staged)
+        write_segment(segment.base, start - segment.base, staged)
         self._note_epoch(epoch, start)
         self._publishing_end = start + total
         position = start
@@ -1096,8 +1108,9 @@ class LogCore:
             if position != self.written_position:
                 raise ReplicaDataRejected(position, f"this log ends at {self.written_position}")
             plan = self._plan_raw(position, data)
-            for kind, start, size in plan:
-                self._apply_raw(kind, data, start, size)
+            step = 0
+            while step < len(plan):
+                step = self._apply_run(plan, step, data)
             return self.written_position
 
     def _plan_raw(self, position: int, data: bytes) -> list[tuple[str, int, int]]:
@@ -1152,13 +1165,37 @@ class LogCore:
                 segment_end = at + self.segment_size_bytes
         return plan
 
-    def _apply_raw(self, kind: str, data: bytes, start: int, size: int) -> None:
+    def _apply_run(self, plan: list[tuple[str, int, int]], first: int, data: bytes) -> int:
+        """Apply the planned steps from ``first`` on that go into the last segment (a new
+        one when it is full); return the first step not applied. With ``write_segment``,
+        every whole step that fits in the segment goes with one pwrite, and is published
+        after it step by step, as when copied; otherwise (or when the first step is cut
+        short or does not fit: the copy raises) one step is copied through the mapping."""
         self._ensure_segment()
         segment = self._segments[-1]
         offset = self.written_position - segment.base
-        if offset + size <= segment.size:  # (else the slice assignment below raises)
-            self._ensure_ready(segment, self.written_position + size)
-        segment.buffer[offset:offset + size] = data[start:start + size]
+        write_segment, last, end = self._write_segment, first, offset
+        while write_segment is not None and last < len(plan):
+            _kind, start, size = plan[last]
+            if start + size > len(data) or end + size > segment.size:
+                break
+            last, end = last + 1, end + size
+        if write_segment is None or last == first:
+            kind, start, size = plan[first]
+            if offset + size <= segment.size:  # (else the slice assignment below raises)
+                self._ensure_ready(segment, self.written_position + size)
+            segment.buffer[offset:offset + size] = data[start:start + size]
+            self._publish_raw(kind, segment, data, start, size)
+            return first + 1
+        start = plan[first][1]
+        write_segment(segment.base, offset, memoryview(data)[start:start + end - offset])
+        for kind, start, size in plan[first:last]:
+            self._publish_raw(kind, segment, data, start, size)
+        return last
+
+    def _publish_raw(self, kind: str, segment: _Segment, data: bytes, start: int,
+                     size: int) -> None:
+        """A raw step now in the log: index its record and move the written position."""
         if kind == "blank":
             self._advance(segment.base + segment.size)
             return
