@@ -8,6 +8,8 @@ Message sizes run from 16 B to 64 KiB for put_batch, on both cores.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import mqlog
@@ -86,6 +88,35 @@ def test_read_raw(benchmark, impl, tmp_path):
     median = conftest.median_seconds(benchmark)
     if median is not None:
         benchmark.extra_info["gb_per_second"] = round(end / median / 1e9, 2)
+
+
+def test_append_raw(benchmark, impl, tmp_path):
+    """What a follower does with a fetch answer: a leader's log, in pieces of 96 KiB (an
+    ISR follower's answers under acks=1), appended to a new store, every record checked
+    and indexed; written with pwrite, no zeros ahead (docs/BENCHMARKS.md, seventeenth
+    session). Also stored: the process's CPU time per record, the background threads'
+    included (zeros written ahead on another core cost no wall time here, but do on a
+    box whose cores are all busy, as a replicated cluster's are)."""
+    with mqlog.open(tmp_path / "l", implementation=impl, segment_size_bytes=SEGMENT) as s:
+        for _ in range(SIZES.records // 1000):
+            s.put_batch("bench", [compare.BODY] * 1000)
+        pieces, position = [], 0
+        while position < s.written_position:
+            pieces.append(s.read_raw(position, 96 << 10))
+            position += len(pieces[-1])
+    store_root, cpu = tmp_path / "f", []
+
+    def run() -> None:
+        started = time.process_time()
+        with mqlog.open(store_root, implementation=impl, segment_size_bytes=SEGMENT) as f:
+            at = 0
+            for piece in pieces:
+                at = f.append_raw(at, piece)
+            assert at == position
+        cpu.append(time.process_time() - started)
+    benchmark.pedantic(run, setup=lambda: _wipe(store_root), **PEDANTIC)
+    _record(benchmark, SIZES.records)
+    benchmark.extra_info["cpu_us_per_record"] = round(_middle(cpu) / SIZES.records * 1e6, 3)
 
 
 @pytest.mark.parametrize("flavour", ["threads", "asyncio"])
