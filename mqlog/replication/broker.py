@@ -51,7 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -569,14 +569,11 @@ class Broker:
         if header.get("kind") not in _REPLICATION_KINDS:
             raise errors.RemoteProtocolError(f"peer {link.peer} sent {header.get('kind')!r} "
                                              "on a peer connection")
-        message = messages.decode(frame)
-        node = self.groups.get(header.get("group", self.config.default_group))
-        if node is None or message.src != link.peer or \
-                header.get("topic_id", 0) != node.spec.topic_id:
-            # (a deleted topic's replica and one of the topic created again under its
-            # name: the same group name, another topic id; neither may step the other)
+        routed = route_peer_frame(self.groups, self.config.default_group, link.peer, frame)
+        if routed is None:
             self._counters(link.peer).misaddressed += 1
             return
+        node, message = routed
         node.driver.step(message)
         node._schedule()
 
@@ -638,6 +635,23 @@ class Broker:
                 "peers": dict(self.peers), "links": links, "refused": self.refused,
                 "counters": {peer: dataclasses.asdict(counters)
                              for peer, counters in self.counters.items()}}
+
+
+def route_peer_frame(groups: Mapping[str, Any], default_group: str, peer: str,
+                     frame: Frame) -> tuple[Any, messages.Message] | None:
+    """The hosted group (of ``groups``: name -> a Node, or the simulator's SimGroup) that a
+    replication frame from broker ``peer`` is for, and the message it carries; None if
+    it is misaddressed: no such group here (not yet, or no longer), a message that says
+    it comes from another broker than the connection's, or a group whose topic id is
+    not the frame's (a deleted topic's replica and one of the topic created again under
+    its name share the group name; neither may step the other). RemoteProtocolError if
+    the frame is no valid message. The simulator's brokers route with this too."""
+    message = messages.decode(frame)
+    node = groups.get(frame.header.get("group", default_group))
+    if node is None or message.src != peer or \
+            frame.header.get("topic_id", 0) != node.spec.topic_id:
+        return None
+    return node, message
 
 
 def _controller_hook(broker: Broker, name: str) -> None:

@@ -18,10 +18,11 @@ simulated disk, so a new life finds it). A master-slave group is recorded, not h
 its roles are not simulated (the agent asks its core for none).
 
 One connection per peer pair. Every group's messages between two brokers travel the one
-simulated network of the brokers, tagged with their group (sim/network.py, as
-broker.py tags frames); a message for a group the receiving broker does not host (not
-yet, or no longer) is dropped and counted, as broker.py drops it; a partition between
-two brokers cuts every group's messages at once.
+simulated network of the brokers, tagged with their group and topic id (sim/network.py,
+as broker.py tags frames), and the receiving broker routes each frame with broker.py's
+own ``route_peer_frame``: a message for a group it does not host (not yet, or no
+longer), or for another topic under the same group name, is dropped and counted; a
+partition between two brokers cuts every group's messages at once.
 
 Death. A broker dies whole: every group on it at once, as its process does. A SIGKILL
 (``power=False``) leaves what the store had written (the page cache survives: the next
@@ -42,11 +43,13 @@ import mqlog
 from mqlog.config import GroupSpec
 from mqlog.errors import InvalidArgument, UnknownGroup
 from mqlog.replication import core_for
+from mqlog.replication.broker import route_peer_frame
 from mqlog.replication.driver import Answer, Driver
 from mqlog.replication.isr import core as isr_core
 from mqlog.replication.isr.core import CONTROLLER
 from mqlog.replication.messages import Message
 from mqlog.replication.raft import core as raft_core
+from mqlog.replication.wire import Frame
 from mqlog.sim.node import SimReplica
 
 
@@ -99,7 +102,7 @@ class SimGroup(SimReplica):
                     self.broker.alter_partition(self, message)
                 continue
             self.sim.observe(message)
-            self.sim.peers.send(message, self.name)
+            self.sim.peers.send(message, self.name, self.spec.topic_id)
 
     def save_hard_state(self, state: Any) -> None:
         self.hard_state = self.disk[self.name] = state
@@ -174,12 +177,14 @@ class SimBroker:
             group.store.close()
             group.up = False
 
-    def deliver(self, group_name: str, message: Message) -> None:
-        """A message from a peer broker for one of this broker's groups."""
-        group = self.groups.get(group_name)
-        if group is None or not group.up:
+    def deliver(self, frame: Frame, peer: str) -> None:
+        """A frame from broker ``peer`` for one of this broker's groups, routed as
+        broker.py routes it (``route_peer_frame``)."""
+        routed = route_peer_frame(self.groups, "", peer, frame)
+        if routed is None or not routed[0].up:
             self.misaddressed += 1
             return
+        group, message = routed
         group.driver.step(message)
 
     def die(self, power: bool) -> None:

@@ -274,7 +274,7 @@ class IsrSwarm(ControllerSwarm):
         self._written_when_down: dict[tuple[str, str], int] = {}  # (broker, group) -> end
         self.replicas_of: dict[str, tuple[str, ...]] = {}  # group -> its brokers
         self.paused: set[str] = set()  # brokers stopped (SIGSTOP)
-        self.backlog: dict[str, list[tuple[str, Any]]] = {}  # what reached a paused broker
+        self.backlog: dict[str, list[tuple[Any, Any]]] = {}  # what reached a paused broker
         self.combined_rng = random.Random(f"{self.result.seed}/combined")  # (not self.rng)
         # KIP-966's unclean-shutdown mark (join_cluster's) on half the seeds; the others
         # run brokers without it. (Drawn apart from the seed's generator, like balancing
@@ -442,18 +442,18 @@ class IsrSwarm(ControllerSwarm):
         if self.faulty:
             self._new_writes()
         arrived = [item for name in sorted(self.backlog) if name not in self.paused
-                   for item in self.backlog.pop(name)] + self.peers.due_grouped()
+                   for item in self.backlog.pop(name)] + self.peers.due_frames()
         writes_at = self.rng.randrange(len(arrived) + 1)
-        for index, (name, message) in enumerate(arrived):
+        for index, (frame, message) in enumerate(arrived):
             if index == writes_at:
                 self._send_writes()
             target = self.sim_brokers.get(message.dst)
             if target is None:
                 continue  # (a dead broker: its connections are gone)
             if message.dst in self.paused:
-                self.backlog.setdefault(message.dst, []).append((name, message))
+                self.backlog.setdefault(message.dst, []).append((frame, message))
                 continue
-            target.deliver(name, message)
+            target.deliver(frame, message.src)  # (one connection per broker pair)
         if writes_at == len(arrived):
             self._send_writes()
         chores = self.clock[0] % 20 == 0

@@ -5,9 +5,10 @@ exercises it. Time is the simulator's tick; nothing here reads a clock.
 
 Brokers that host many replica groups (sim/brokers.py) share one network between every
 pair of them, as broker.py shares one connection per peer: each frame names its group
-(``send(message, group)``, the header key ``group`` as the broker writes it) and
-``due_grouped`` hands back (group, message) pairs; a partition cuts every group's
-messages between the two brokers at once.
+and its topic id (``send(message, group, topic_id)``, the header keys as the broker
+writes them) and ``due_frames`` hands back (frame, message) pairs: the receiving
+broker routes the frame as broker.py does (``route_peer_frame``). A partition cuts
+every group's messages between the two brokers at once.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class SimNetwork:
     sent_count: int = 0
     dropped_count: int = 0
 
-    def send(self, message: Message, group: str = "") -> None:
+    def send(self, message: Message, group: str = "", topic_id: int = 0) -> None:
         self.sent_count += 1
         if self.rng.random() < self.options.drop_probability or self._cut(message):
             self.dropped_count += 1
@@ -49,23 +50,23 @@ class SimNetwork:
             self._sequence += 1
             arrival = self.now + self.rng.randint(1, self.options.delay_ticks_max)
             heapq.heappush(self._queue, (arrival, self._sequence,
-                                         messages.encode(message, group)))
+                                         messages.encode(message, group, topic_id)))
 
     def due(self) -> list[Message]:
         """Messages that arrive at this tick, in arrival order (dropped if cut since)."""
-        return [message for _group, message in self.due_grouped()]
+        return [message for _frame, message in self.due_frames()]
 
-    def due_grouped(self) -> list[tuple[str, Message]]:
-        """(group, message) of each message that arrives at this tick, in arrival order
-        (dropped if cut since); the group is "" for a message sent without one."""
+    def due_frames(self) -> list[tuple[Frame, Message]]:
+        """(frame, the message it carries) of each message that arrives at this tick, in
+        arrival order (dropped if cut since)."""
         arrived = []
         while self._queue and self._queue[0][0] <= self.now:
             _, _, data = heapq.heappop(self._queue)
-            group, message = _decode(data)
+            frame, message = _decode(data)
             if self._cut(message):
                 self.dropped_count += 1
             else:
-                arrived.append((group, message))
+                arrived.append((frame, message))
         return arrived
 
     def partition(self, a: str, b: str) -> None:
@@ -82,9 +83,9 @@ class SimNetwork:
         return frozenset((message.src, message.dst)) in self.partitioned
 
 
-def _decode(data: bytes) -> tuple[str, Message]:
+def _decode(data: bytes) -> tuple[Frame, Message]:
     decoder = FrameDecoder(1 << 30)
     decoder.feed(data)
     frame = decoder.next_frame()
     assert isinstance(frame, Frame)
-    return frame.header.get("group", ""), messages.decode(frame)
+    return frame, messages.decode(frame)
