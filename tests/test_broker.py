@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import os
 import socket
 import subprocess
 import sys
@@ -842,6 +844,28 @@ def test_a_partition_of_another_topic_id_does_not_take_the_old_store(tmp_path):
         delete_store(tmp_path / "b1" / "t-0")
         assert sorted(path.name for path in (tmp_path / "b1").iterdir() if "t-0" in
                       path.name) == []
+
+
+def test_a_full_disk_claiming_a_partition_s_store_is_disk_full(tmp_path, monkeypatch):
+    """Writing the store's topic id on a full disk: DiskFull (an untyped OSError before),
+    the group not hosted; once there is room the same group is hosted."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1", cluster_id="c").validate()
+    spec = dataclasses.replace(_one_voter("t-0", address, (("t", 0),)), topic_id=7)
+    real_save = hardstate.save_topic_id
+
+    def full(directory, topic_id):  # noqa: ANN001, ANN202
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with BrokerThread(config) as running:
+        monkeypatch.setattr(hardstate, "save_topic_id", full)
+        with pytest.raises(errors.DiskFull, match="store of topic id 7"):
+            running.call(running.broker.ensure_group, spec)
+        assert "t-0" not in running.broker.groups
+        monkeypatch.setattr(hardstate, "save_topic_id", real_save)
+        running.call(running.broker.ensure_group, spec)
+        assert "t-0" in running.broker.groups
+    assert hardstate.load_topic_id(tmp_path / "b1" / "t-0") == 7
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe not text", b"mqlog-topic-id 1 {} 0", b""])

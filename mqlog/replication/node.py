@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 
 from mqlog import errors
 from mqlog.config import GroupSpec
-from mqlog.engine.files import delete_store
+from mqlog.engine.files import delete_store, typed_errors
 from mqlog.engine.store import open as open_store
 from mqlog.replication import core_for, hardstate, messages
 from mqlog.replication.driver import Answer, Driver, is_cut
@@ -156,16 +156,18 @@ class Node:
         store of a topic with an id gets the file before anything else, so that is what
         a deletion cut short left, or a store of a topic from before ids."""
         directory = self.store_dir
-        held = hardstate.load_topic_id(directory) if directory.is_dir() else None
-        if held == topic_id:
-            return
-        if held is not None or (directory.is_dir() and any(directory.iterdir())):
-            print(f"[{self.node_id}/{self.name}] deleting the store of topic id "
-                  f"{held or 'unknown'}: this partition is of topic id {topic_id} (its "
-                  "topic was deleted and created again)", flush=True)
-            delete_store(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        hardstate.save_topic_id(directory, topic_id)
+        with typed_errors(f"cannot make {directory} the store of topic id {topic_id}"):
+            found = directory.is_dir()
+            held = hardstate.load_topic_id(directory) if found else None
+            if held == topic_id:
+                return
+            if held is not None or (found and any(directory.iterdir())):
+                print(f"[{self.node_id}/{self.name}] deleting the store of topic id "
+                      f"{held or 'unknown'}: this partition is of topic id {topic_id} (its "
+                      "topic was deleted and created again)", flush=True)
+                delete_store(directory)
+            directory.mkdir(parents=True, exist_ok=True)
+            hardstate.save_topic_id(directory, topic_id)
 
     @property
     def core(self) -> Any:
