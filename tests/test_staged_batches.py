@@ -19,6 +19,7 @@ import pytest
 import mqlog
 from mqlog import ext
 from mqlog.engine import files
+from mqlog.engine.store import Store
 from mqlog.errors import ConsumeQueueMismatch, DiskFull, StoreFailed
 from mqlog.ext import fallback
 from tests.conftest import SMALL
@@ -232,11 +233,14 @@ def test_a_new_epoch_set_during_the_write_is_not_the_batch_s(impl):
 
 
 def _failing_pwrite(monkeypatch, error: int):
-    """os.pwrite whose next use writes half of what it is given, the one after raises
-    ``error``; then the real one again."""
-    real, uses = os.pwrite, []
+    """os.pwrite whose next use by this thread writes half of what it is given, the one
+    after raises ``error``; then the real one again. Other threads (the allocator's,
+    which writes zeros with os.pwrite in the twin) get the real one throughout."""
+    real, uses, mine = os.pwrite, [], threading.get_ident()
 
     def pwrite(fd, data, offset):
+        if threading.get_ident() != mine:
+            return real(fd, data, offset)
         uses.append(len(data))
         if len(uses) == 1:
             return real(fd, memoryview(data)[:len(data) // 2], offset)
@@ -431,3 +435,66 @@ def test_a_failed_write_of_raw_records_leaves_nothing(tmp_path, impl, monkeypatc
     with mqlog.open(path, implementation=impl, **SMALL) as store:
         bodies = [record.body for record in store.get("t", 0, 0, 100)]
         assert bodies == [b"kept"] * 10 + ([b"late"] * 40 if error == errno.ENOSPC else [])
+
+
+def test_raw_records_a_queue_cannot_take_leave_nothing_past_the_log(tmp_path, impl,
+                                                                      monkeypatch):
+    """A run of raw records is written at once and published one by one; when a record's
+    consume queue cannot take it (its file's next page on a full disk), the records
+    written and not published are zeroed. They stayed whole in the file before (a
+    helper's review): a crash then brought them back although append_raw had refused
+    them, and after puts in their place the store did not open (ConsumeQueueMismatch)."""
+    with mqlog.open(tmp_path / "leader", implementation=impl, **SMALL) as leader:
+        for _ in range(40):
+            leader.put("t", b"a" * 100, queue_id=0)
+            leader.put("t", b"b" * 100, queue_id=1)
+        data = leader.read_raw(0, 1 << 20)
+    real, refusing = Store._prepare_queue, [True]
+
+    def full(self, topic, queue_id, offset):  # noqa: ANN001, ANN202
+        if queue_id == 1 and refusing[0]:
+            raise DiskFull("no room for the consume queue (test)")
+        return real(self, topic, queue_id, offset)
+
+    path = tmp_path / "follower"
+    settings = {**SMALL, "consume_queue_entries_per_file": 1 << 16}  # (backed in steps)
+    monkeypatch.setattr(Store, "_prepare_queue", full)  # (the core keeps the bound one)
+    store = mqlog.open(path, implementation=impl, **settings)
+    with pytest.raises(DiskFull):
+        store.append_raw(0, data)
+    refusing[0] = False  # (room again)
+    end = store.written_position
+    assert store.max_offset("t", 0) == 1 and store.max_offset("t", 1) == 0
+    with open(sorted((path / "commitlog").iterdir())[0], "rb") as file:
+        file.seek(end)
+        assert not any(file.read(len(data))), "unpublished records left in the file"
+    for _ in range(3):  # it leads now: records of the same size where they were
+        store.put("t", b"c" * 100, queue_id=1)
+    store.abandon("a crash after the refused append")
+    with mqlog.open(path, implementation=impl, **settings) as store:
+        assert [r.body for r in store.get("t", 1, 0, 100)] == [b"c" * 100] * 3
+        assert [r.body for r in store.get("t", 0, 0, 100)] == [b"a" * 100]
+
+
+def test_a_failed_write_keeps_no_view_of_the_records(tmp_path, impl, monkeypatch):
+    """The failure a failed write leaves (raised again by close()) keeps its traceback,
+    and with it the engine's frames: no view of the bytes written may stay usable there,
+    for the C core frees them (it read freed memory before: a helper's review)."""
+    with mqlog.open(tmp_path / "leader", implementation=impl, **SMALL) as leader:
+        leader.put_batch("t", [b"L" * 200] * 50)
+        data = leader.read_raw(0, 1 << 20)
+    store = mqlog.open(tmp_path / "follower", implementation=impl, **SMALL)
+    _failing_pwrite(monkeypatch, errno.EIO)
+    with pytest.raises(StoreFailed) as failed:
+        store.append_raw(0, bytearray(data))
+    monkeypatch.undo()
+    views, trace = [], failed.value.__cause__.__traceback__
+    while trace is not None:
+        views += [value for value in trace.tb_frame.f_locals.values()
+                  if isinstance(value, memoryview)]
+        trace = trace.tb_next
+    assert views, "no view found: the test looks at the wrong frames"
+    for view in views:
+        with pytest.raises(ValueError, match="released"):
+            bytes(view)
+    store.abandon("after the failed write")

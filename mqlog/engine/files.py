@@ -32,9 +32,8 @@ steps, ahead of whatever writes through its mapping:
   file's end), and a writer that starts inside a page someone else backed part of (a
   consume queue's first page after tombstones or a cut) holds that page first. Records
   written with ``pwrite`` past what is backed (``write_records``: a replica's, which
-  need no zeros ahead of them) leave ``prepared`` at their end, inside a page; the
-  next backing step writes zeros from there, so that page is whole again before
-  anything writes into it through the mapping.
+  need no zeros ahead of them) are followed by zeros to the end of their last page in
+  the same step, so ``prepared`` stays on a page boundary.
 * A backing step that meets a full disk gives back what it took before it raises
   (DiskFull changes nothing, not even the free space), and the background backs ahead
   only while at least ``headroom`` bytes would stay free: the room a full disk gives
@@ -192,13 +191,18 @@ def write_zeros(fd: int, start: int, end: int, piece: int = ZERO_WRITE_BYTES) ->
 
 
 def _pwrite_all(fd: int, data: Any, offset: int) -> None:
-    """pwrite all of ``data`` at ``offset`` (a write of nothing is a full disk)."""
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        if written <= 0:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        view, offset = view[written:], offset + written
+    """pwrite all of ``data`` at ``offset`` (a write of nothing is a full disk). Every
+    view of ``data`` taken here is released before it returns or raises: ``data`` may be
+    a buffer the caller frees right after (the log core's), and a raised error's
+    traceback keeps this frame's locals alive."""
+    with memoryview(data) as whole:
+        done = 0
+        while done < len(whole):
+            with whole[done:] as rest:
+                written = os.pwrite(fd, rest, offset + done)
+            if written <= 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            done += written
 
 
 def _data_ranges(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
@@ -389,27 +393,31 @@ class MappedFile:
         ``end_writes`` or ``close`` (the log core's ``write_segment``: only the last
         segment is written to, so a store holds one more descriptor). Past ``prepared``
         the write allocates the blocks itself (a replica's records: no zeros are written
-        ahead of them), and ``prepared`` moves to its end, inside a page maybe: the next
-        ``prepare_to`` writes zeros from there, which backs the rest of that page. A
-        write that fails leaves nothing: the backed part of its range zeroed, the rest a
-        hole again (DiskFull gives back what it took); the caller is told nothing was
-        stored, and a recovery must not find whole records there."""
+        ahead of them), then zeros to the end of the page it ends in (the page is the
+        unit: the core zeroes a cut tail, and writes its next records, through the
+        mapping), and ``prepared`` moves to that page's end. A write that fails leaves
+        nothing: the backed part of its range zeroed, the rest a hole again (DiskFull
+        gives back what it took); the caller is told nothing was stored, and a recovery
+        must not find whole records there."""
         end = offset + len(data)
+        page_end = min(_round_up(end, PAGE_SIZE), self.size)
         with self._lock, typed_errors(f"cannot write to {self.path}"):
             if self._write_fd < 0:
                 self._write_fd = os.open(self.path, os.O_WRONLY)
-            backed = min(max(self.prepared or 0, offset), end)
+            backed = min(max(self.prepared or 0, offset), page_end)
             try:
                 _pwrite_all(self._write_fd, data, offset)
+                if page_end > max(backed, end):  # the rest of the page it ends in
+                    write_zeros(self._write_fd, end, page_end)
             except OSError:
                 with suppress(OSError):
                     write_zeros(self._write_fd, offset, backed)
-                    if end > backed and not libc.punch_hole(self._write_fd, backed,
-                                                            end - backed):
-                        write_zeros(self._write_fd, backed, end)
+                    if page_end > backed and not libc.punch_hole(self._write_fd, backed,
+                                                                 page_end - backed):
+                        write_zeros(self._write_fd, backed, page_end)
                 raise
-            if self.prepared is not None and end > self.prepared:
-                self.prepared = end
+            if self.prepared is not None and page_end > self.prepared:
+                self.prepared = page_end
 
     def zero_from(self, offset: int, preallocate: bool = False) -> None:
         """Zero [offset, size): punch a hole (no page is touched), or write zeros.

@@ -1419,7 +1419,7 @@ cdef class LogCore:
         segment, with one pwrite (``write_segment``) or one copied; where the next begins."""
         cdef const char *p = PyBytes_AS_STRING(data)
         cdef Py_ssize_t length = PyBytes_GET_SIZE(data), end = cursor
-        cdef uint64_t size, offset
+        cdef uint64_t size, offset, run_end
         cdef Segment *segment
         self._ensure_segment()
         segment = self._writable_segment()
@@ -1445,10 +1445,18 @@ cdef class LogCore:
             self._write_segment(segment.base, offset, run)
         finally:
             run.release()  # (the callback was told: valid during the call only)
-        while cursor < end:
-            size = mq_u32(p + cursor + MQ_AT_SIZE)
-            self._publish_raw(segment, p + cursor, size)
-            cursor += <Py_ssize_t>size
+        run_end = segment.base + offset + <uint64_t>(end - cursor)
+        try:
+            while cursor < end:
+                size = mq_u32(p + cursor + MQ_AT_SIZE)
+                self._publish_raw(segment, p + cursor, size)
+                cursor += <Py_ssize_t>size
+        except BaseException:
+            # (the twin's: what was written and not published goes, lest recovery find it)
+            if self.written_position < run_end:
+                memset(segment.data + (self.written_position - segment.base), 0,
+                       run_end - self.written_position)
+            raise
         return end
 
     cdef int _publish_raw(self, Segment *segment, const char *record,

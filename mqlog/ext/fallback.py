@@ -1188,9 +1188,19 @@ class LogCore:
             self._publish_raw(kind, segment, data, start, size)
             return first + 1
         start = plan[first][1]
-        write_segment(segment.base, offset, memoryview(data)[start:start + end - offset])
-        for kind, start, size in plan[first:last]:
-            self._publish_raw(kind, segment, data, start, size)
+        with memoryview(data)[start:start + end - offset] as run:  # (valid during the call)
+            write_segment(segment.base, offset, run)
+        try:
+            for kind, start, size in plan[first:last]:
+                self._publish_raw(kind, segment, data, start, size)
+        except BaseException:
+            # A consume-queue file that cannot be made or backed (DiskFull), an entry that
+            # disagrees: what was written and not published goes, lest a recovery find
+            # whole records past the written position (its blocks are there: no fault).
+            unpublished = self.written_position - segment.base
+            if unpublished < end:
+                segment.buffer[unpublished:end] = bytes(end - unpublished)
+            raise
         return last
 
     def _publish_raw(self, kind: str, segment: _Segment, data: bytes, start: int,
