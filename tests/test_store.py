@@ -286,6 +286,32 @@ def test_raw_copy_makes_a_byte_identical_replica(open_store, tmp_path, rng):
             follower.paths.commitlog / name).read_bytes()
 
 
+def test_read_raw_answers_a_blank_without_reading_its_tail(open_store, tmp_path):
+    """The blank that ends a segment is answered as its header and zeros: the rest of
+    the segment is never written and may be a hole, which a read through the mapping
+    turns into a SIGBUS on a full tmpfs (a helper's review). Bytes planted in that tail
+    are not in the answer, and a follower's copy of it holds zeros there."""
+    leader = open_store()
+    while len(leader.files.segments()) < 2:
+        leader.put("t", b"x" * 3000)
+    first = leader.read_raw(0, 1 << 20)  # the first segment, its blank last
+    size, blank_at = SMALL["segment_size_bytes"], 0
+    while blank_at + int.from_bytes(first[blank_at:blank_at + 4], "little") < size:
+        blank_at += int.from_bytes(first[blank_at:blank_at + 4], "little")
+    assert blank_at + 64 < size, "the blank is too short to plant bytes in"
+    with open(leader.paths.commitlog / f"{0:020d}", "r+b") as file:
+        file.seek(blank_at + 16)
+        file.write(b"planted" * 4)
+    answer = leader.read_raw(blank_at, 1 << 20)
+    assert len(answer) == size - blank_at
+    assert answer[8:] == bytes(size - blank_at - 8), "the blank's tail was read"
+    follower = open_store(tmp_path / "follower")
+    assert follower.append_raw(0, leader.read_raw(0, 1 << 20)) == size
+    follower.close()
+    copied = (follower.paths.commitlog / f"{0:020d}").read_bytes()
+    assert not any(copied[blank_at + 8:])
+
+
 def test_append_raw_rejects_bad_data_and_changes_nothing(open_store, tmp_path):
     leader = open_store()
     for i in range(10):

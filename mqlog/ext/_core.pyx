@@ -1276,7 +1276,13 @@ cdef class LogCore:
         cdef const char *copy
         cdef str walk_text = None
         _walk_raw(segment.data, segment.size, base, offset, limit, max_bytes, &walk)
-        answer = PyBytes_FromStringAndSize(segment.data + offset, walk.end - offset)
+        answer = PyBytes_FromStringAndSize(NULL, walk.end - offset)
+        memcpy(PyBytes_AS_STRING(answer), segment.data + offset, walk.records_end - offset)
+        if walk.end > walk.records_end:  # a blank: its header, then zeros (the twin's)
+            memcpy(PyBytes_AS_STRING(answer) + (walk.records_end - offset),
+                   segment.data + walk.records_end, MQ_BLANK_SIZE_MIN)
+            memset(PyBytes_AS_STRING(answer) + (walk.records_end - offset) + MQ_BLANK_SIZE_MIN,
+                   0, walk.end - walk.records_end - MQ_BLANK_SIZE_MIN)
         if walk.next_size:
             next_bad = _check_record(segment.data + walk.next_offset, walk.next_size,
                                      base + walk.next_offset, True) != RECORD_OK
