@@ -77,6 +77,8 @@ def test_a_request_after_one_not_stored_is_refused(cluster: Any) -> None:
             wait_until(lambda: producers.newest("p", 0) == 5, "the acks=0 send stored", 60)
             with pytest.raises(errors.SequenceGap, match="after 4"):
                 _produce(raw, b"six", "p", 6, previous=4)
+        # Consumers read up to the high watermark: the acks=0 five once followers have it.
+        wait_until(lambda: len(_bodies(client)) >= 5, "the five committed", 60)
         assert _bodies(client) == [b"first", b"one", b"two", b"three", b"five"]
 
 
