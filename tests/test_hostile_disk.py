@@ -10,6 +10,7 @@ the reason when the machine does not let it mount one.
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import pytest
 
 import mqlog
 from mqlog import errors, ext
+from mqlog import format as fmt
 from mqlog.config import MiB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -785,6 +787,35 @@ def test_the_core_never_writes_past_what_the_engine_backed(impl, raw):
     assert bytes(buffers[0][before:]) == bytes(size - before)  # nothing past it
     assert [len(r.body) for r in core.get("t", 0, 0, 1000, 1 << 20)] == [100] * stored
     assert all(end - base <= size for base, end in refuse.calls)
+
+
+def test_a_short_blank_is_the_same_error_in_both_cores(impl):
+    """A blank that claims the segment's rest but is cut short (append_raw's plan lets it
+    by; the copy cannot): IndexError in both cores, and the twin no longer asks the
+    engine to back the rest first (on a full disk it said DiskFull, the C core
+    IndexError: a helper's review)."""
+    module = ext.load(impl)
+    size = 1 << 16
+    refuse = _Refuse(4096)
+
+    def new_segment(base: int) -> None:  # (a mapping, as the engine's: a bytearray grows)
+        core.attach_segment(base, mmap.mmap(-1, size))
+
+    def new_queue_file(topic: str, queue_id: int, base_offset: int) -> None:
+        core.add_queue(topic, queue_id, base_offset, base_offset, 1024)
+        core.attach_queue_file(topic, queue_id, base_offset, bytearray(1024 * 20))
+
+    core = module.LogCore(segment_size_bytes=size, message_size_bytes_max=4096,
+                          key_size_bytes_max=255, tags_size_bytes_max=255,
+                          new_segment=new_segment, new_queue_file=new_queue_file,
+                          prepare_segment=refuse)
+    core.restore(0)
+    written = core.put("t", b"x" * 100).end_position
+    blank = (size - written).to_bytes(4, "little") + fmt.BLANK_MAGIC.to_bytes(4, "little")
+    calls = len(refuse.calls)
+    with pytest.raises(IndexError):
+        core.append_raw(written, blank)
+    assert core.written_position == written and len(refuse.calls) == calls
 
 
 def _leader_bytes(module, count: int) -> bytes:

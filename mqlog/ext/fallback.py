@@ -1186,8 +1186,8 @@ class LogCore:
             last, end = last + 1, end + size
         if write_segment is None or last == first:
             kind, start, size = plan[first]
-            if offset + size <= segment.size:  # (else the slice assignment below raises)
-                self._ensure_ready(segment, self.written_position + size)
+            if offset + size <= segment.size and start + size <= len(data):  # (else the
+                self._ensure_ready(segment, self.written_position + size)  # copy raises)
             segment.buffer[offset:offset + size] = data[start:start + size]
             self._publish_raw(kind, segment, data, start, size)
             return first + 1
