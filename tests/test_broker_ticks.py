@@ -196,15 +196,20 @@ def test_a_group_whose_tick_raises_stops_ticking_and_the_others_go_on(tmp_path):
     _run(tmp_path, body)
 
 
-def test_an_idle_replica_ticks_without_driver_runs_and_a_leader_runs_each_tick(tmp_path):
+def test_idle_replicas_tick_without_driver_runs_and_a_leader_runs_when_its_log_moves(
+        tmp_path):
     """An ISR replica no controller named a role has nothing to carry out after a tick:
-    its driver does not run. A Raft leader builds its Ready in ready(), so it runs."""
+    its driver does not run. Nor does an idle Raft leader's (a single voter: no
+    heartbeats to send) once its log stopped moving — until a write moves it: the next
+    tick asks for a run, which commits the write."""
 
     async def body(broker: Broker) -> None:
         leader = broker.ensure_group(_spec("r0", _address(broker)))
         idle = broker.ensure_group(_isr_spec("i0", _address(broker)))
-        while leader.core.role != "LEADER":  # (a single voter elects itself in a few ticks)
-            await _ticks(leader, 1)
+        while not (leader.driver.serving and leader.store.committed_position ==
+                   leader.store.written_position == leader.store.flushed_position):
+            await _ticks(leader, 1)  # (elected, its no-op committed and flushed)
+        await _ticks(leader, 1)  # (the run that saw the last of that is over)
         runs = {"r0": 0, "i0": 0}
         asked = {"r0": 0, "i0": 0}  # driver runs asked for (by a tick, or anything else)
         for name, node in (("r0", leader), ("i0", idle)):
@@ -219,10 +224,13 @@ def test_an_idle_replica_ticks_without_driver_runs_and_a_leader_runs_each_tick(t
             node._schedule = scheduled  # type: ignore[method-assign]
         await _ticks(leader, WINDOW_TICKS)
         assert idle.core.role == "OFFLINE" and not idle.core.has_ready()
-        assert runs["i0"] == asked["i0"] == 0
-        # Every leader tick asks for a run; runs asked for in one loop iteration (a tick's
-        # and a flush's, say) are one run, so only that some ran is certain.
-        assert asked["r0"] >= WINDOW_TICKS and runs["r0"] > 0
+        assert leader.core.role == "LEADER" and not leader.core.has_ready()
+        assert runs == asked == {"r0": 0, "i0": 0}
+        stored = leader.store.put_nowait("t", b"moved")  # (as the driver's own writes do)
+        assert leader.core.has_ready()
+        while leader.store.committed_position < stored.position + stored.size:
+            await _ticks(leader, 1)
+        assert asked["r0"] >= 1 and runs["r0"] >= 1 and asked["i0"] == runs["i0"] == 0
 
     _run(tmp_path, body)
 

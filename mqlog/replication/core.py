@@ -8,9 +8,10 @@ reset, truncate, append, set the epoch, append a no-op control record if asked, 
 set the committed position, send ``messages``, send ``messages_after_persist`` — and
 calls ``advance(ready)``. One driver does that for every layer: driver.py. Every core
 also answers ``has_ready()``: False only when ``ready()`` would return an empty Ready (a
-leader, which builds its Ready in ready(), always says True), so a node may skip the run
-after a tick that left nothing to do (node.py; tests/test_broker_ticks.py checks the
-promise after every tick of the simulator's seeds).
+leader, which builds its Ready in ready() from its own log, says True when that log or
+its flushed position moved since its last ready(), or something is in flight), so a
+node may skip the run after a tick that left nothing to do (node.py; tests/
+test_broker_ticks.py checks the promise after every tick of the simulator's seeds).
 
 A core reads its own store through ``LogView`` (reading is deterministic and cheap, as
 etcd raft reads its Storage); it never writes to it: every change to the log is in a

@@ -242,9 +242,10 @@ class Node:
     def tick(self) -> None:
         """One tick (the broker's ticker calls it every ``tick_ms``): the core's, then the
         tick callbacks'; then the driver runs once this loop iteration's events are in
-        — only if the core has something to carry out (``has_ready``: a leader always
-        does, a follower whose Ready is empty does not). A run of an empty Ready changes
-        nothing, and would cost an idle broker a driver run per group per tick."""
+        — only if the core has something to carry out (``has_ready``: a follower whose
+        Ready is empty does not, nor a leader whose log did not move since its last run
+        and that has nothing in flight). A run of an empty Ready changes nothing, and
+        would cost an idle broker a driver run per group per tick."""
         driver = self.driver
         driver.tick()
         for callback in self._tick_callbacks:

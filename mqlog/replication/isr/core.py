@@ -192,6 +192,7 @@ class IsrCore(EpochMirror, PeerMessages):
         self._fetch_sent_tick: int | None = None  # None: no fetch in flight
         self._fetch_due_tick = 0
         self._ready = Ready()
+        self._seen = (-1, -1)  # a leader's (written, flushed) at its last ready()
         self.ignored = 0
         self._ignored_from: set[str] = set()
         self._lag_ticks = config.ticks(config.replica_lag_time_ms)
@@ -289,15 +290,25 @@ class IsrCore(EpochMirror, PeerMessages):
             self._refresh_from_log()
             self._maybe_advance_hw()
             self._answer_fetches()
+            self._seen = (self.log.written_position, self.log.flushed_position)
         return self._ready
 
     def has_ready(self) -> bool:
-        """Whether ``ready()`` may return a non-empty Ready: a leader builds it in ready()
-        (its own writes, the high watermark, the held fetches it answers), so always; a
-        follower (or a replica without a role) only adds to its pending Ready as it ticks
-        and steps, so exactly when that is not empty. (A driver may skip a run that would
+        """Whether ``ready()`` may return a non-empty Ready. A follower (or a replica
+        without a role) only adds to its pending Ready as it ticks and steps, so exactly
+        when that is not empty. A leader builds it in ready() from its log's written and
+        flushed positions (its own writes go to the store directly: the high watermark,
+        the held fetches that now have bytes to send) and from what its ticks mark (a
+        held fetch whose wait is over); when none of them moved since its last ready(),
+        and its ticks added nothing, that ready() would find nothing new: an idle
+        partition's leader is not run every tick. (A driver may skip a run that would
         find nothing: node.py after a tick.)"""
-        return self.role == LEADER or bool(self._ready)
+        if self._ready:
+            return True
+        if self.role != LEADER:
+            return False
+        return (self.log.written_position, self.log.flushed_position) != self._seen or \
+            any(progress.answer_now for progress in self.followers.values())
 
     def advance(self, ready: Ready) -> None:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"
@@ -396,7 +407,7 @@ class IsrCore(EpochMirror, PeerMessages):
 
     def _become_leader(self) -> None:
         state = self.state
-        self.role = LEADER
+        self.role, self._seen = LEADER, (-1, -1)
         if state.leader_epoch > self.log.epoch:
             self._ready.set_epoch = state.leader_epoch
         self._epoch_start_offset = self._end

@@ -156,6 +156,7 @@ class RaftCore(EpochMirror, PeerMessages):
         self._heartbeat_elapsed = 0
         self._last_read: tuple[int, int, bytes] = (-1, -1, b"")  # (start, limit, bytes)
         self._ready = Ready()
+        self._seen = (-1, -1)  # a leader's (written, flushed) at its last ready()
         self.ignored = 0  # messages dropped: another cluster, or not a member
         self._ignored_from: set[str] = set()
         if self.term > saved.term or len(self.memberships) < len(saved.memberships):
@@ -280,14 +281,28 @@ class RaftCore(EpochMirror, PeerMessages):
             self._refresh_from_log()
             self._maybe_commit()
             self._pump()
+            self._seen = (self.log.written_position, self.log.flushed_position)
         return self._ready
 
     def has_ready(self) -> bool:
-        """Whether ``ready()`` may return a non-empty Ready: a leader builds it in ready()
-        (its own writes, commits, Entries), so always; any other role only adds to its
-        pending Ready as it ticks and steps, so exactly when that is not empty. (A driver
-        may skip a run that would find nothing: node.py after a tick.)"""
-        return self.role == LEADER or bool(self._ready)
+        """Whether ``ready()`` may return a non-empty Ready. Any role but leader only adds
+        to its pending Ready as it ticks and steps, so exactly when that is not empty. A
+        leader builds it in ready() from its log's written and flushed positions (its own
+        writes go to the store directly: commits, Entries) and from its followers'
+        progress, which only steps move — except in flight: Entries unacknowledged (the
+        retransmit clock runs on ticks), a probe to send, a follower short of the log.
+        When neither position moved since its last ready(), nothing is in flight and its
+        ticks added nothing (heartbeats do, every ``heartbeat_ticks``), that ready()
+        would find nothing new. (A driver may skip a run that would find nothing: node.py
+        after a tick.)"""
+        if self._ready:
+            return True
+        if self.role != LEADER:
+            return False
+        end = self._end
+        return (self.log.written_position, self.log.flushed_position) != self._seen or any(
+            progress.next != progress.match or progress.next < end or
+            (progress.probing and not progress.probe_sent) for progress in self.peers.values())
 
     def advance(self, ready: Ready) -> None:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"
@@ -456,6 +471,7 @@ class RaftCore(EpochMirror, PeerMessages):
 
     def _become_leader(self) -> None:
         self.role, self.leader, self._votes = LEADER, self.node_id, {}
+        self._seen = (-1, -1)
         # The check-quorum clock starts now: the campaign's ticks (up to twice the
         # election timeout) are not silence from followers it never led.
         self._heartbeat_elapsed = self._elapsed = 0
