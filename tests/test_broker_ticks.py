@@ -6,22 +6,30 @@ In-process: one Broker on this test's own loop, hosting single-voter Raft groups
 its own leader at once) on 127.0.0.1. Time is counted in the cores' ticks, and a test
 waits for a tick by a tick callback, not by sleeping. The simulator part checks the
 promise ``has_ready`` makes (False only when ``ready()`` would be empty) on seeds of all
-three layers, with every fault they inject.
+three layers, with every fault they inject; the simulator's stores have no flush thread,
+so two cases with a real store check it where the simulator cannot: a flush published
+while a leader's ready() runs, and metadata that settles a pending ISR change.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
+import random
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mqlog.config import BrokerConfig, GroupSpec, StoreConfig
+import mqlog
+from mqlog.config import BrokerConfig, GroupSpec, ReplicationConfig, StoreConfig
+from mqlog.replication import core_for
 from mqlog.replication.broker import Broker
 from mqlog.replication.driver import Driver
+from mqlog.replication.isr.core import PartitionState
 from mqlog.replication.local import free_ports
+from mqlog.replication.messages import Fetch
 from mqlog.sim import isr, raft, swarm
 
 GROUPS = 6
@@ -263,3 +271,126 @@ def test_has_ready_is_false_only_when_ready_would_be_empty(monkeypatch, layer, r
         result = run_seed(seed)
         assert not result.violations, (layer, seed, result.violations[:3])
     assert said_no[0] > 0  # (the seeds have followers whose ticks leave nothing to do)
+
+
+# --- has_ready beside a flush thread, and after metadata -------------------------------
+
+
+class _Io:
+    """A driver's Io whose flushes complete at once (the store is flushed by the test)."""
+
+    def send(self, messages: list[Any]) -> None:
+        pass
+
+    def save_hard_state(self, state: Any) -> None:
+        pass
+
+    def start_flush(self, done: Callable[[bool], None]) -> None:
+        done(True)
+
+    def answer(self, request: Any, status: Any) -> None:
+        pass
+
+    def note(self, event: str) -> None:
+        pass
+
+    def failed(self, error: BaseException) -> None:
+        raise error
+
+
+class _FlushDuringReady:
+    """The store, as its core reads it, except that once armed the store's flush thread
+    publishes a flush right after the core read ``flushed_position`` (in ready())."""
+
+    def __init__(self, store: Any) -> None:
+        self.store, self.armed = store, False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    @property
+    def flushed_position(self) -> int:
+        value = self.store.flushed_position
+        if self.armed:
+            self.armed = False
+            self.store.flush()
+        return value
+
+
+def _single_leader(tmp_path: Path, layer: str) -> tuple[Any, Any, Driver, _FlushDuringReady]:
+    """A one-replica leader whose commit follows its own flushed position, caught up."""
+    store = mqlog.open(tmp_path / layer, background_threads=False, flush_mode="async",
+                       committed_follows="external")
+    log = _FlushDuringReady(store)
+    if layer == "raft":
+        config = ReplicationConfig(layer="raft", node_id="n1", voters=("n1",))
+        core = core_for(config, log, rng=random.Random(1))
+    else:
+        config = ReplicationConfig(layer="isr", node_id="n1", replicas=("n1",),
+                                   replica_ack="flushed")
+        core = core_for(config, log, metadata=PartitionState("n1", 1, 1, ("n1",), (),
+                                                             ("n1",)))
+    driver = Driver(store, core, _Io())
+    while not (driver.serving and store.committed_position == store.written_position
+               == store.flushed_position):
+        driver.tick()
+        driver.run()
+        store.flush()
+    return store, core, driver, log
+
+
+@pytest.mark.parametrize("layer", ["raft", "isr"])
+def test_a_flush_that_lands_during_a_leaders_ready_is_not_missed(tmp_path, layer):
+    """A leader whose commit follows its flushed position (Raft's follower_ack, ISR's
+    replica_ack = "flushed"): the store's flush thread publishes while ready() runs,
+    after the core read the flushed position. The next tick must still run the driver
+    and commit — not say nothing moved because the flush was over before ready() ended
+    (an acks=1 tail then stayed unreadable until the next write)."""
+    store, core, driver, log = _single_leader(tmp_path, layer)
+    driver.write("t", [b"acks=1"])
+    log.armed = True
+    driver.run()
+    assert not log.armed and store.flushed_position == store.written_position
+    for _ in range(3):  # (node.py's Node.tick)
+        driver.tick()
+        if core.has_ready():
+            driver.run()
+    assert store.committed_position == store.written_position
+    store.close()
+
+
+def test_metadata_that_settles_a_pending_isr_change_makes_the_leader_run(tmp_path):
+    """An expand pending (n3 caught up) holds the high watermark at n3's end; metadata
+    that keeps the ISR as it was settles it, and the high watermark may move: the next
+    tick's has_ready() says so (the controller's host schedules a run too; a core must
+    not rely on it)."""
+    store = mqlog.open(tmp_path / "isr", background_threads=False, flush_mode="async",
+                       committed_follows="external")
+    replicas = ("n1", "n2", "n3")
+    config = ReplicationConfig(layer="isr", node_id="n1", replicas=replicas)
+    core = core_for(config, store, metadata=PartitionState("n1", 1, 1, ("n1", "n2"), (),
+                                                           replicas))
+    driver = Driver(store, core, _Io())
+    driver.run()
+    fetches = itertools.count(1)
+
+    def fetch(follower: str, position: int) -> None:
+        epoch = core._epoch_at(position) if position else -1
+        driver.step(Fetch(follower, "n1", 1, next(fetches), position, epoch))
+        driver.run()  # (the broker runs the driver after every step)
+
+    first = driver.write("t", [b"one"])
+    driver.run()
+    for follower in ("n2", "n3"):
+        fetch(follower, first.end)
+    assert core._pending is not None and core._pending.request.isr == replicas
+    second = driver.write("t", [b"two"])
+    driver.run()
+    fetch("n2", second.end)
+    assert core.hw == first.end  # (n3, in the pending ISR, has not fetched it)
+    core.apply_metadata(PartitionState("n1", 1, 2, ("n1", "n2"), (), replicas))
+    driver.tick()
+    assert core.has_ready()
+    driver.run()
+    assert core.hw == second.end
+    store.close()

@@ -9,7 +9,8 @@ loop timer for all its groups of that ``tick_ms``, not a task each) ticks its co
 its tick callbacks; every message a peer broker sent for its group is stepped in; once
 the loop iteration's events are all in (every frame read together), the driver carries
 out the core's Ready — after a tick only if the core has one (``has_ready``: an idle
-follower's tick leaves none, and an idle group costs its tick, no driver run) — and
+follower's tick leaves none, nor an idle leader's, and an idle group costs its tick, no
+driver run) — and
 asks this node to send (through the broker's one connection per peer), flush (on the
 store's flush thread: the loop goes on meanwhile) and answer. A Ready that cannot be
 carried out stops the broker loudly (exit status 1): a restart runs the engine's recovery.

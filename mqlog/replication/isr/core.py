@@ -287,10 +287,13 @@ class IsrCore(EpochMirror, PeerMessages):
 
     def ready(self) -> Ready:
         if self.role == LEADER:
+            # (read first: a flush thread may move them during this call; a later move
+            # leaves has_ready() saying yes, never one this call did not see)
+            seen = (self.log.written_position, self.log.flushed_position)
             self._refresh_from_log()
             self._maybe_advance_hw()
             self._answer_fetches()
-            self._seen = (self.log.written_position, self.log.flushed_position)
+            self._seen = seen
         return self._ready
 
     def has_ready(self) -> bool:
@@ -301,8 +304,10 @@ class IsrCore(EpochMirror, PeerMessages):
         the held fetches that now have bytes to send) and from what its ticks mark (a
         held fetch whose wait is over); when none of them moved since its last ready(),
         and its ticks added nothing, that ready() would find nothing new: an idle
-        partition's leader is not run every tick. (A driver may skip a run that would
-        find nothing: node.py after a tick.)"""
+        partition's leader is not run every tick. Steps and new metadata change what
+        ready() computes from too: a driver runs after each step, and apply_metadata
+        makes the next has_ready() say yes. (A driver may skip a run that would find
+        nothing: node.py after a tick.)"""
         if self._ready:
             return True
         if self.role != LEADER:
@@ -340,6 +345,7 @@ class IsrCore(EpochMirror, PeerMessages):
                                                                current.leader_epoch)
         self.state = state
         self._pending = None  # whatever was asked, the controller has decided
+        self._seen = (-1, -1)  # (what ready() computes from moved: has_ready says yes)
         if new_leadership:
             self._change_role()
         elif self.role == LEADER:

@@ -278,10 +278,13 @@ class RaftCore(EpochMirror, PeerMessages):
 
     def ready(self) -> Ready:
         if self.role == LEADER:
+            # (read first: a flush thread may move them during this call; a later move
+            # leaves has_ready() saying yes, never one this call did not see)
+            seen = (self.log.written_position, self.log.flushed_position)
             self._refresh_from_log()
             self._maybe_commit()
             self._pump()
-            self._seen = (self.log.written_position, self.log.flushed_position)
+            self._seen = seen
         return self._ready
 
     def has_ready(self) -> bool:
