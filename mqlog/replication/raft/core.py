@@ -293,19 +293,21 @@ class RaftCore(EpochMirror, PeerMessages):
         leader builds it in ready() from its log's written and flushed positions (its own
         writes go to the store directly: commits, Entries) and from its followers'
         progress, which only steps move — except in flight: Entries unacknowledged (the
-        retransmit clock runs on ticks), a probe to send, a follower short of the log.
-        When neither position moved since its last ready(), nothing is in flight and its
-        ticks added nothing (heartbeats do, every ``heartbeat_ticks``), that ready()
-        would find nothing new. (A driver may skip a run that would find nothing: node.py
-        after a tick.)"""
+        retransmit clock runs on ticks), a follower short of the log, a probe to send (a
+        probe sent waits for its answer or the next heartbeat, which re-arms it: a dead
+        follower does not make its leader run every tick). When neither position moved
+        since its last ready(), nothing is in flight and its ticks added nothing
+        (heartbeats do, every ``heartbeat_ticks``), that ready() would find nothing new.
+        (A driver may skip a run that would find nothing: node.py after a tick.)"""
         if self._ready:
             return True
         if self.role != LEADER:
             return False
         end = self._end
         return (self.log.written_position, self.log.flushed_position) != self._seen or any(
-            progress.next != progress.match or progress.next < end or
-            (progress.probing and not progress.probe_sent) for progress in self.peers.values())
+            not progress.probe_sent if progress.probing else
+            progress.next != progress.match or progress.next < end
+            for progress in self.peers.values())
 
     def advance(self, ready: Ready) -> None:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"
