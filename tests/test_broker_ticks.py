@@ -31,6 +31,7 @@ from mqlog.replication.isr.core import PartitionState
 from mqlog.replication.local import free_ports
 from mqlog.replication.messages import Fetch
 from mqlog.sim import isr, raft, swarm
+from tests.test_driver import HeldIo
 
 GROUPS = 6
 TICK_MS = 10  # (ReplicationConfig's default: every group here ticks on one ticker)
@@ -84,6 +85,15 @@ async def _ticks(node: Any, count: int) -> None:
 
     node.on_tick(check)
     await asyncio.wait_for(done, WAIT_S)
+
+
+async def _ticks_until(node: Any, holds: Callable[[], bool], limit: int = 500) -> None:
+    """Tick by tick until ``holds()`` after a tick; fail after ``limit`` ticks."""
+    for _ in range(limit):
+        await _ticks(node, 1)
+        if holds():
+            return
+    pytest.fail(f"not reached in {limit} ticks")
 
 
 def _count_short_timers(loop: asyncio.AbstractEventLoop) -> list[int]:
@@ -214,10 +224,12 @@ def test_idle_replicas_tick_without_driver_runs_and_a_leader_runs_when_its_log_m
     async def body(broker: Broker) -> None:
         leader = broker.ensure_group(_spec("r0", _address(broker)))
         idle = broker.ensure_group(_isr_spec("i0", _address(broker)))
-        while not (leader.driver.serving and leader.store.committed_position ==
-                   leader.store.written_position == leader.store.flushed_position):
-            await _ticks(leader, 1)  # (elected, its no-op committed and flushed)
-        await _ticks(leader, 1)  # (the run that saw the last of that is over)
+        # Elected, its no-op committed and flushed, and no run left to ask for: seen from
+        # a tick callback, which runs before the tick's has_ready() (node.py), on a state
+        # nothing else moves in between; so no run is pending once this holds.
+        await _ticks_until(leader, lambda: leader.driver.serving and not leader.core.has_ready()
+                           and leader.store.committed_position == leader.store.written_position
+                           == leader.store.flushed_position)
         runs = {"r0": 0, "i0": 0}
         asked = {"r0": 0, "i0": 0}  # driver runs asked for (by a tick, or anything else)
         for name, node in (("r0", leader), ("i0", idle)):
@@ -236,8 +248,8 @@ def test_idle_replicas_tick_without_driver_runs_and_a_leader_runs_when_its_log_m
         assert runs == asked == {"r0": 0, "i0": 0}
         stored = leader.store.put_nowait("t", b"moved")  # (as the driver's own writes do)
         assert leader.core.has_ready()
-        while leader.store.committed_position < stored.position + stored.size:
-            await _ticks(leader, 1)
+        await _ticks_until(leader, lambda: leader.store.committed_position >=
+                           stored.position + stored.size)
         assert asked["r0"] >= 1 and runs["r0"] >= 1 and asked["i0"] == runs["i0"] == 0
 
     _run(tmp_path, body)
@@ -276,28 +288,6 @@ def test_has_ready_is_false_only_when_ready_would_be_empty(monkeypatch, layer, r
 # --- has_ready beside a flush thread, and after metadata -------------------------------
 
 
-class _Io:
-    """A driver's Io whose flushes complete at once (the store is flushed by the test)."""
-
-    def send(self, messages: list[Any]) -> None:
-        pass
-
-    def save_hard_state(self, state: Any) -> None:
-        pass
-
-    def start_flush(self, done: Callable[[bool], None]) -> None:
-        done(True)
-
-    def answer(self, request: Any, status: Any) -> None:
-        pass
-
-    def note(self, event: str) -> None:
-        pass
-
-    def failed(self, error: BaseException) -> None:
-        raise error
-
-
 class _FlushDuringReady:
     """The store, as its core reads it, except that once armed the store's flush thread
     publishes a flush right after the core read ``flushed_position`` (in ready())."""
@@ -330,13 +320,16 @@ def _single_leader(tmp_path: Path, layer: str) -> tuple[Any, Any, Driver, _Flush
                                    replica_ack="flushed")
         core = core_for(config, log, metadata=PartitionState("n1", 1, 1, ("n1",), (),
                                                              ("n1",)))
-    driver = Driver(store, core, _Io())
-    while not (driver.serving and store.committed_position == store.written_position
-               == store.flushed_position):
+    io = HeldIo(store)
+    driver = Driver(store, core, io)
+    for _ in range(500):
         driver.tick()
         driver.run()
-        store.flush()
-    return store, core, driver, log
+        io.complete_flushes()
+        if driver.serving and store.committed_position == store.written_position == \
+                store.flushed_position:
+            return store, core, driver, log
+    pytest.fail("the single replica did not start leading")
 
 
 @pytest.mark.parametrize("layer", ["raft", "isr"])
@@ -370,12 +363,13 @@ def test_metadata_that_settles_a_pending_isr_change_makes_the_leader_run(tmp_pat
     config = ReplicationConfig(layer="isr", node_id="n1", replicas=replicas)
     core = core_for(config, store, metadata=PartitionState("n1", 1, 1, ("n1", "n2"), (),
                                                            replicas))
-    driver = Driver(store, core, _Io())
+    driver = Driver(store, core, HeldIo(store))
     driver.run()
     fetches = itertools.count(1)
 
     def fetch(follower: str, position: int) -> None:
-        epoch = core._epoch_at(position) if position else -1
+        epoch = store.epoch_at(position)
+        epoch = -1 if epoch is None else epoch
         driver.step(Fetch(follower, "n1", 1, next(fetches), position, epoch))
         driver.run()  # (the broker runs the driver after every step)
 
@@ -383,7 +377,7 @@ def test_metadata_that_settles_a_pending_isr_change_makes_the_leader_run(tmp_pat
     driver.run()
     for follower in ("n2", "n3"):
         fetch(follower, first.end)
-    assert core._pending is not None and core._pending.request.isr == replicas
+    assert core.status()["pending_isr"] == list(replicas)
     second = driver.write("t", [b"two"])
     driver.run()
     fetch("n2", second.end)

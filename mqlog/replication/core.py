@@ -74,6 +74,16 @@ class Ready:
                     or self.messages_after_persist or self.resolved or self.events)
 
 
+UNSEEN = (-1, -1)  # log_positions of no ready() yet: a leader's has_ready() says yes
+
+
+def log_positions(log: LogView) -> tuple[int, int]:
+    """(written, flushed): what a leader's ready() builds from beside its messages. It
+    reads them first and keeps them; has_ready() compares them with the log's now (a
+    flush thread may move them during ready(): a later move makes it say yes)."""
+    return log.written_position, log.flushed_position
+
+
 def epoch_ending_at(epoch_starts: list[tuple[int, int]], position: int) -> tuple[int, int]:
     """(epoch, start) of the epoch of the record that ends at ``position``: what a
     LogReset tells a replica that starts its log over there ((-1, -1): none)."""

@@ -10,10 +10,10 @@ its tick callbacks; every message a peer broker sent for its group is stepped in
 the loop iteration's events are all in (every frame read together), the driver carries
 out the core's Ready — after a tick only if the core has one (``has_ready``: an idle
 follower's tick leaves none, nor an idle leader's, and an idle group costs its tick, no
-driver run) — and
-asks this node to send (through the broker's one connection per peer), flush (on the
-store's flush thread: the loop goes on meanwhile) and answer. A Ready that cannot be
-carried out stops the broker loudly (exit status 1): a restart runs the engine's recovery.
+driver run) — and asks this node to send (through the broker's one connection per
+peer), flush (on the store's flush thread: the loop goes on meanwhile) and answer. A
+Ready that cannot be carried out stops the broker loudly (exit status 1): a restart runs
+the engine's recovery.
 
 Clients (``mqlog.Client``) send requests, one frame each, and get one response frame;
 a request's ``group`` names the group (none: by its topic and queue, else the broker's

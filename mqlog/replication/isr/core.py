@@ -77,7 +77,14 @@ from mqlog.errors import (
     NotLeader,
     RequestTimedOut,
 )
-from mqlog.replication.core import LogView, PeerMessages, Ready, epoch_ending_at
+from mqlog.replication.core import (
+    UNSEEN,
+    LogView,
+    PeerMessages,
+    Ready,
+    epoch_ending_at,
+    log_positions,
+)
 from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.messages import Fetch, FetchReply, Message
 from mqlog.results import PutStatus
@@ -192,7 +199,7 @@ class IsrCore(EpochMirror, PeerMessages):
         self._fetch_sent_tick: int | None = None  # None: no fetch in flight
         self._fetch_due_tick = 0
         self._ready = Ready()
-        self._seen = (-1, -1)  # a leader's (written, flushed) at its last ready()
+        self._seen = UNSEEN  # a leader's log_positions at its last ready()
         self.ignored = 0
         self._ignored_from: set[str] = set()
         self._lag_ticks = config.ticks(config.replica_lag_time_ms)
@@ -287,9 +294,7 @@ class IsrCore(EpochMirror, PeerMessages):
 
     def ready(self) -> Ready:
         if self.role == LEADER:
-            # (read first: a flush thread may move them during this call; a later move
-            # leaves has_ready() saying yes, never one this call did not see)
-            seen = (self.log.written_position, self.log.flushed_position)
+            seen = log_positions(self.log)  # (first: see log_positions)
             self._refresh_from_log()
             self._maybe_advance_hw()
             self._answer_fetches()
@@ -312,7 +317,7 @@ class IsrCore(EpochMirror, PeerMessages):
             return True
         if self.role != LEADER:
             return False
-        return (self.log.written_position, self.log.flushed_position) != self._seen or \
+        return log_positions(self.log) != self._seen or \
             any(progress.answer_now for progress in self.followers.values())
 
     def advance(self, ready: Ready) -> None:
@@ -345,7 +350,7 @@ class IsrCore(EpochMirror, PeerMessages):
                                                                current.leader_epoch)
         self.state = state
         self._pending = None  # whatever was asked, the controller has decided
-        self._seen = (-1, -1)  # (what ready() computes from moved: has_ready says yes)
+        self._seen = UNSEEN  # (what ready() computes from moved: has_ready says yes)
         if new_leadership:
             self._change_role()
         elif self.role == LEADER:
@@ -413,7 +418,7 @@ class IsrCore(EpochMirror, PeerMessages):
 
     def _become_leader(self) -> None:
         state = self.state
-        self.role, self._seen = LEADER, (-1, -1)
+        self.role, self._seen = LEADER, UNSEEN
         if state.leader_epoch > self.log.epoch:
             self._ready.set_epoch = state.leader_epoch
         self._epoch_start_offset = self._end

@@ -71,7 +71,14 @@ import msgpack
 
 from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
 from mqlog.errors import InvalidArgument, MembershipChangeRefused, NotLeader
-from mqlog.replication.core import LogView, PeerMessages, Ready, epoch_ending_at
+from mqlog.replication.core import (
+    UNSEEN,
+    LogView,
+    PeerMessages,
+    Ready,
+    epoch_ending_at,
+    log_positions,
+)
 from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.hardstate import HardState, Membership
 from mqlog.replication.messages import (
@@ -156,7 +163,7 @@ class RaftCore(EpochMirror, PeerMessages):
         self._heartbeat_elapsed = 0
         self._last_read: tuple[int, int, bytes] = (-1, -1, b"")  # (start, limit, bytes)
         self._ready = Ready()
-        self._seen = (-1, -1)  # a leader's (written, flushed) at its last ready()
+        self._seen = UNSEEN  # a leader's log_positions at its last ready()
         self.ignored = 0  # messages dropped: another cluster, or not a member
         self._ignored_from: set[str] = set()
         if self.term > saved.term or len(self.memberships) < len(saved.memberships):
@@ -278,9 +285,7 @@ class RaftCore(EpochMirror, PeerMessages):
 
     def ready(self) -> Ready:
         if self.role == LEADER:
-            # (read first: a flush thread may move them during this call; a later move
-            # leaves has_ready() saying yes, never one this call did not see)
-            seen = (self.log.written_position, self.log.flushed_position)
+            seen = log_positions(self.log)  # (first: see log_positions)
             self._refresh_from_log()
             self._maybe_commit()
             self._pump()
@@ -304,7 +309,7 @@ class RaftCore(EpochMirror, PeerMessages):
         if self.role != LEADER:
             return False
         end = self._end
-        return (self.log.written_position, self.log.flushed_position) != self._seen or any(
+        return log_positions(self.log) != self._seen or any(
             not progress.probe_sent if progress.probing else
             progress.next != progress.match or progress.next < end
             for progress in self.peers.values())
@@ -476,7 +481,7 @@ class RaftCore(EpochMirror, PeerMessages):
 
     def _become_leader(self) -> None:
         self.role, self.leader, self._votes = LEADER, self.node_id, {}
-        self._seen = (-1, -1)
+        self._seen = UNSEEN
         # The check-quorum clock starts now: the campaign's ticks (up to twice the
         # election timeout) are not silence from followers it never led.
         self._heartbeat_elapsed = self._elapsed = 0
