@@ -401,6 +401,48 @@ def test_a_service_answers_its_kinds_and_errors_come_back_typed(tmp_path):
             assert facts["broker_id"] == "b1" and facts["groups"] == {}
 
 
+
+def test_a_client_that_does_not_read_holds_back_only_its_own_answers(tmp_path):
+    """A client that sends and never reads: its answers wait in their tasks once its
+    connection holds more than the transport's high-water mark (drain), others are
+    answered meanwhile, and once it reads, every answer comes, in order."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1").validate()
+    big = bytes(1 << 20)
+    with BrokerThread(config) as running:
+        async def echo(header, payload):
+            return {"kind": "echoed", "n": header["n"]}, payload
+
+        running.call(running.broker.add_service, ("echo",), echo)
+        host, port = address.split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+            count = 8
+            for n in range(count):
+                _send(sock, {"kind": "echo", "n": n}, big)
+            wait_until(lambda: running.call(lambda: len(running.broker._tasks)) > 0,
+                       "answers waiting for the client to read", 30)
+            with mqlog.Client(address) as other:
+                assert other.call({"kind": "echo", "n": -1}, b"x")[0]["n"] == -1
+            assert running.call(lambda: len(running.broker._tasks)) > 0
+            decoder, answers = FrameDecoder(4 << 20), []
+            while len(answers) < count:
+                data = sock.recv(1 << 20)
+                assert data, "the broker closed the connection"
+                decoder.feed(data)
+                answers += _drain_frames(decoder)
+            assert [answer.header["n"] for answer in answers] == list(range(count))
+            assert all(answer.payload == big for answer in answers)
+            wait_until(lambda: running.call(lambda: len(running.broker._tasks)) == 0,
+                       "every answer task done (resumed: the client read)", 30)
+
+
+def _drain_frames(decoder: FrameDecoder) -> list[Frame]:
+    frames = []
+    while isinstance(frame := decoder.next_frame(), Frame):
+        frames.append(frame)
+    return frames
+
 def test_two_brokers_dialing_each_other_at_once_keep_one_connection(tmp_path):
     """Both send first, in the same loop iteration: both dial, both accept, and each
     decides alone to keep the connection the smaller id dialed; they agree."""

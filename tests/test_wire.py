@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 from mqlog import ext
 from mqlog.errors import RemoteProtocolError
 from mqlog.replication import messages
-from mqlog.replication.wire import NEED_DATA, Frame, FrameDecoder, encode_frame
+from mqlog.replication.wire import (
+    NEED_DATA,
+    RECEIVE_BYTES_MIN,
+    RECEIVE_KEPT_BYTES,
+    Frame,
+    FrameDecoder,
+    encode_frame,
+)
 
 headers = st.dictionaries(st.text(max_size=8), st.one_of(
     st.integers(-(1 << 63), (1 << 64) - 1), st.text(max_size=20), st.binary(max_size=20),
@@ -92,6 +99,61 @@ def test_bytes_that_end_on_a_frame_are_decoded_where_they_lie():
     assert [(f.header, f.payload) for f in _drain(decoder)] == [({"n": 2}, b"b" * 500)]
     assert decoder.buffered_size == 0
 
+
+
+def _receive(decoder: FrameDecoder, data: bytes, most: int) -> None:
+    """What a socket does: write at most ``most`` bytes where get_buffer says."""
+    while data:
+        room = decoder.get_buffer(-1)
+        count = min(len(room), most, len(data))
+        room[:count] = data[:count]
+        decoder.buffer_updated(count)
+        data = data[count:]
+
+
+@given(st.lists(st.tuples(headers, st.binary(max_size=200_000)), max_size=4), st.data())
+@settings(max_examples=40)
+def test_frames_received_in_place_survive_any_split(items, data):
+    """A socket writing into get_buffer's room, in reads of any size, mixed with feed:
+    the same frames, and what is received is not lost when the buffer moves or grows."""
+    stream = b"".join(encode_frame(header, payload) for header, payload in items)
+    decoder, frames, start = FrameDecoder(1 << 20), [], 0
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=6)))
+    for cut in [*cuts, len(stream)]:
+        piece = stream[start:cut]
+        if data.draw(st.booleans()):
+            decoder.feed(piece)
+        else:
+            _receive(decoder, piece, data.draw(st.integers(1, 300_000)))
+        frames += _drain(decoder)
+        start = cut
+    assert [(f.header, f.payload) for f in frames] == items
+    assert decoder.buffered_size == 0
+
+
+def test_a_frame_begun_gets_room_for_all_of_it():
+    """Once its size field is in, the rest of a large frame fits where get_buffer points:
+    it is received in place, not copied as the buffer grows; a buffer grown past
+    RECEIVE_KEPT_BYTES is let go once what it holds is decoded."""
+    frame = encode_frame({"kind": "big"}, bytes(3 * RECEIVE_KEPT_BYTES))
+    decoder = FrameDecoder(16 << 20)
+    assert len(decoder.get_buffer(-1)) >= RECEIVE_BYTES_MIN
+    _receive(decoder, frame[:100], 100)
+    assert len(decoder.get_buffer(-1)) >= len(frame) - 100
+    _receive(decoder, frame[100:], len(frame))
+    assert [f.header for f in _drain(decoder)] == [{"kind": "big"}]
+    small = encode_frame({"kind": "small"}, b"x")
+    _receive(decoder, small, 5)
+    assert [f.header for f in _drain(decoder)] == [{"kind": "small"}]
+    assert len(decoder._buffer) <= RECEIVE_KEPT_BYTES
+
+
+def test_an_oversized_frame_received_in_place_is_refused_without_room_for_it():
+    decoder = FrameDecoder(frame_size_bytes_max=100)
+    _receive(decoder, encode_frame({}, b"x" * (1 << 20))[:4], 4)
+    assert len(decoder.get_buffer(-1)) < 1 << 20  # (no room made for a refused size)
+    with pytest.raises(RemoteProtocolError, match="frame_size_bytes_max=100"):
+        decoder.next_frame()
 
 @given(any_message)
 def test_messages_round_trip(message):

@@ -60,14 +60,14 @@ from mqlog.config import BrokerConfig, GroupSpec
 from mqlog.engine.files import delete_store
 from mqlog.ext import libc
 from mqlog.replication import messages
+from mqlog.replication.connection import Connection
 from mqlog.replication.node import Node, run_until_signalled, split_address, start_listening
-from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
+from mqlog.replication.wire import Frame, encode_frame
 
 __all__ = ["Broker", "GroupSpec", "run_broker"]
 
 PEER_HELLO = "peer_hello"
 _REPLICATION_KINDS = frozenset(messages.KINDS)
-_READ_SIZE_BYTES = 1 << 20  # per read from a connection: requests read together go together
 _DIAL_TIMEOUT_S = 5.0  # a peer that does not accept within this is down for now
 # malloc's heap serves blocks up to this (frames are at most frame_size_bytes_max, 16 MiB
 # by default) and keeps this much freed: see keep_freed_buffers in run_broker.
@@ -83,7 +83,7 @@ class PeerLink:
 
     peer: str
     dialer: str
-    writer: asyncio.StreamWriter
+    writer: Connection
     confirmed: bool  # the acceptor's peer_hello came back (always, on the acceptor's side)
 
 
@@ -181,6 +181,7 @@ class Broker:
         self.counters: dict[str, PeerCounters] = {}
         self.refused = 0  # peers refused: another cluster, a stranger, or no peer_hello
         self._links: dict[str, PeerLink] = {}
+        self._connections: set[Connection] = set()  # every open one: closed at the stop
         self._dialing: set[str] = set()
         self._opening: set[str] = set()  # groups whose stores open on a thread now
         self._dial_after: dict[str, float] = {}  # peer -> loop time its next dial may start
@@ -310,8 +311,7 @@ class Broker:
 
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         try:
-            server = await start_listening(self.config.listen, self._accepted,
-                                           limit=_READ_SIZE_BYTES)
+            server = await start_listening(self.config.listen, protocol=self._connection)
         except errors.CannotListen:
             self._close_groups()  # (their stores were opened by __init__: unlock them)
             raise
@@ -329,8 +329,8 @@ class Broker:
         finally:
             self._running = False
             server.close()
-            for link in self._links.values():
-                link.writer.close()
+            for connection in list(self._connections):
+                connection.close()
             for task in list(self._tasks):
                 task.cancel()
             for ticker in self.tickers.values():
@@ -410,7 +410,7 @@ class Broker:
         for peer, frames in outbox.items():
             link = self._links.get(peer)
             if link is not None and not link.writer.is_closing():
-                queued = link.writer.transport.get_write_buffer_size()
+                queued = link.writer.write_buffer_size()
                 data = b"".join(frames)
                 if queued and queued + len(data) > limit:
                     self._counters(peer).dropped_messages += len(frames)
@@ -430,7 +430,7 @@ class Broker:
 
     def send_counters(self, peers: Any) -> tuple[dict[str, int], dict[str, int]]:
         """Bytes queued toward each of ``peers``, and messages dropped for them."""
-        queued = {peer: link.writer.transport.get_write_buffer_size()
+        queued = {peer: link.writer.write_buffer_size()
                   for peer, link in self._links.items()
                   if peer in peers and not link.writer.is_closing()}
         dropped = {peer: counters.dropped_messages for peer, counters in self.counters.items()
@@ -450,20 +450,18 @@ class Broker:
     async def _dial(self, peer: str, first: bytes) -> None:
         try:
             host, port = split_address(self.peers[peer])
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, port, limit=_READ_SIZE_BYTES), _DIAL_TIMEOUT_S)
+            _, connection = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+                lambda: self._connection(peer), host, port), _DIAL_TIMEOUT_S)
         except (TimeoutError, OSError, errors.ConfigError):
             return  # down: the core will try again (retransmit, Hello)
         finally:
             self._dialing.discard(peer)
         self._counters(peer).dialed += 1
-        writer.write(self._hello())
-        link = PeerLink(peer, self.broker_id, writer, confirmed=False)
-        if not self._adopt(link):
-            writer.close()
+        connection.write(self._hello())
+        if not self._adopt(connection.link):
+            connection.close()
             return
-        writer.write(first)
-        await self._read(reader, writer, link)
+        connection.write(first)
 
     def _adopt(self, link: PeerLink) -> bool:
         """Make ``link`` the one connection to its peer, unless the one in place wins: of
@@ -480,40 +478,45 @@ class Broker:
 
     # --- receiving -------------------------------------------------------------------------
 
-    async def _accepted(self, reader: asyncio.StreamReader,
-                        writer: asyncio.StreamWriter) -> None:
-        await self._read(reader, writer, None)
+    def _connection(self, peer: str = "") -> Connection:
+        """A new connection: one this broker dials to ``peer``, or accepts (no peer)."""
+        return Connection(self, self.config.frame_size_bytes_max, peer)
 
-    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    link: PeerLink | None) -> None:
-        """Read frames until the connection ends or sends garbage (then it is closed)."""
-        decoder = FrameDecoder(self.config.frame_size_bytes_max)
+    def connected(self, connection: Connection) -> None:
+        self._connections.add(connection)
+        if connection.peer:  # (dialed: the peer speaks only once it has this one's hello)
+            connection.link = PeerLink(connection.peer, self.broker_id, connection,
+                                       confirmed=False)
+
+    def received(self, connection: Connection) -> None:
+        """Handle every whole frame received; garbage closes the connection."""
         try:
-            while data := await reader.read(_READ_SIZE_BYTES):
-                decoder.feed(data)
-                link = self._frames(decoder, writer, link)
+            self._frames(connection)
         except errors.RemoteProtocolError as error:
+            link = connection.link
             if link is not None:
                 self._counters(link.peer).protocol_errors += 1
             print(f"[{self.broker_id}] dropped a connection"
                   f"{f' to {link.peer}' if link else ''}: {error}", flush=True)
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-            if link is not None and self._links.get(link.peer) is link:
-                del self._links[link.peer]
+            connection.close()
 
-    def _frames(self, decoder: FrameDecoder, writer: asyncio.StreamWriter,
-                link: PeerLink | None) -> PeerLink | None:
-        """Handle every whole frame buffered; the connection's peer link, once known."""
+    def lost(self, connection: Connection) -> None:
+        self._connections.discard(connection)
+        link = connection.link
+        if link is not None and self._links.get(peer := link.peer) is link:
+            del self._links[peer]
+
+    def _frames(self, writer: Connection) -> None:
+        """Handle every whole frame received (a peer_hello makes the connection a peer's:
+        ``writer.link``)."""
         produces: dict[str, list[Frame]] = {}
+        decoder = writer.decoder
         while isinstance(frame := decoder.next_frame(), Frame):
             kind = frame.header.get("kind")
-            if link is not None:  # a peer connection carries replication messages only
-                self._from_peer(link, frame)
+            if writer.link is not None:  # a peer connection carries replication messages
+                self._from_peer(writer.link, frame)
             elif kind == PEER_HELLO:
-                link = self._greeted(frame.header, writer)
+                writer.link = self._greeted(frame.header, writer)
             elif kind in _REPLICATION_KINDS:
                 self.refused += 1  # (a peer that skipped the handshake is refused too)
                 raise errors.RemoteProtocolError(f"a {kind} message on a connection that did "
@@ -528,7 +531,6 @@ class Broker:
         for name, frames in produces.items():
             node = self.groups[name]
             node._spawn(node._answer_produces(frames, writer))
-        return link
 
     def _check_hello(self, header: dict[str, Any]) -> str:
         """The peer a ``peer_hello`` names, or RemoteProtocolError (counted) if refused."""
@@ -548,7 +550,7 @@ class Broker:
         assert isinstance(peer, str)
         return peer
 
-    def _greeted(self, header: dict[str, Any], writer: asyncio.StreamWriter) -> PeerLink:
+    def _greeted(self, header: dict[str, Any], writer: Connection) -> PeerLink:
         """A peer dialed this broker: answer its hello; the connection is theirs now."""
         peer = self._check_hello(header)
         writer.write(self._hello())
@@ -595,7 +597,7 @@ class Broker:
                 f"{', '.join(sorted(self.groups)) or 'none'}); name one in the request")
         return node
 
-    async def _answer(self, frame: Frame, writer: asyncio.StreamWriter) -> None:
+    async def _answer(self, frame: Frame, writer: Connection) -> None:
         kind = frame.header.get("kind")
         try:
             if kind == "broker_metadata":
@@ -611,7 +613,7 @@ class Broker:
         header["id"] = frame.header.get("id")
         await _write(writer, encode_frame(header, payload))
 
-    async def _answer_error(self, frame: Frame, writer: asyncio.StreamWriter,
+    async def _answer_error(self, frame: Frame, writer: Connection,
                             error: errors.MqlogError) -> None:
         header = {"kind": "error", "error": type(error).__name__, "message": str(error),
                   "id": frame.header.get("id")}
@@ -670,7 +672,7 @@ def _controller_hook(broker: Broker, name: str) -> None:
     hook(broker)
 
 
-async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
+async def _write(writer: Connection, data: bytes) -> None:
     if not writer.is_closing():
         writer.write(data)
         with contextlib.suppress(ConnectionError):

@@ -54,7 +54,7 @@ import itertools
 import os
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 from mqlog import errors
 from mqlog.config import GroupSpec
@@ -69,6 +69,17 @@ from mqlog.results import PutStatus
 
 if TYPE_CHECKING:
     from mqlog.replication.broker import Broker
+
+
+class FrameWriter(Protocol):
+    """Where a client's answers go: the broker's Connection (what a StreamWriter has)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    async def drain(self) -> None: ...
+
 
 # A deliberately broken ISR core (one of isr/core.py's TEST_BREAKS) in every ISR group of
 # this process, for tests of real processes (tests/test_isr_processes.py): the variable
@@ -85,12 +96,17 @@ def split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-async def start_listening(address: str, handler: Any, **options: Any) -> asyncio.Server:
-    """``asyncio.start_server`` on ``address``; a port that is taken or a host that is not
-    this machine's is CannotListen, naming the address and what to do."""
+async def start_listening(address: str, handler: Any = None, *,
+                          protocol: Callable[[], asyncio.BaseProtocol] | None = None,
+                          ) -> asyncio.Server:
+    """``asyncio.start_server(handler)`` on ``address``, or ``loop.create_server(protocol)``
+    if a protocol factory is given; a port that is taken or a host that is not this
+    machine's is CannotListen, naming the address and what to do."""
     host, port = split_address(address)
     try:
-        return await asyncio.start_server(handler, host, port, **options)
+        if protocol is not None:
+            return await asyncio.get_running_loop().create_server(protocol, host, port)
+        return await asyncio.start_server(handler, host, port)
     except OSError as error:
         raise errors.CannotListen(
             f"cannot listen on {address}: {error.strerror or error} (another process may "
@@ -349,7 +365,7 @@ class Node:
         self._tasks.add(task := asyncio.create_task(coroutine))
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, frame: Frame, writer: asyncio.StreamWriter) -> None:
+    async def _answer(self, frame: Frame, writer: FrameWriter) -> None:
         try:
             header, payload = await self._request(frame.header.get("kind"), frame)
         except errors.MqlogError as error:
@@ -378,7 +394,7 @@ class Node:
             header["leader_address"] = self.broker.peers.get(error.leader)
         return header
 
-    async def _answer_produces(self, frames: list[Frame], writer: asyncio.StreamWriter) -> None:
+    async def _answer_produces(self, frames: list[Frame], writer: FrameWriter) -> None:
         """Produce requests that arrived together are stored, made durable, replicated
         and answered together — one flush wait, one proposal, one socket write (the
         shape of pebble's commit pipeline) — each with its own status or error."""
@@ -744,7 +760,7 @@ def _record_count(header: dict[str, Any]) -> int:
     return len(sizes) if isinstance(sizes, list) else 0
 
 
-async def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
+async def _write(writer: FrameWriter, data: bytes) -> None:
     if not writer.is_closing():
         writer.write(data)
         with contextlib.suppress(ConnectionError):

@@ -21,6 +21,13 @@ one. It never buffers a frame larger than ``frame_size_bytes_max`` (the size fie
 checked before the body arrives), and a bad CRC, size or header raises
 ``RemoteProtocolError`` once the frames before it are handed out: the connection must be
 dropped.
+
+A socket may also read straight into the decoder (asyncio's ``BufferedProtocol``, a
+broker's connections): ``get_buffer()`` is where the next bytes go, ``buffer_updated(n)``
+says how many came. The decoder then keeps one bytearray per connection and makes room
+for the whole frame whose start it has, so a fetch answer of a megabyte is received in
+place and copied once, into its frame's payload (``feed`` copies what a read returned
+unless it ends on a frame's end, and a stream reader copies it twice before that).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ else:
     Frame = _codec.Frame
 encode_frame = _codec.encode_frame
 PREFIX_SIZE: Final = _codec.PREFIX_SIZE
+RECEIVE_BYTES_MIN: Final = 64 << 10  # get_buffer offers at least this much room
+RECEIVE_KEPT_BYTES: Final = 1 << 20  # a larger receive buffer is let go once drained
 
 
 class _NeedData:
@@ -51,39 +60,80 @@ class FrameDecoder:
     def __init__(self, frame_size_bytes_max: int) -> None:
         assert frame_size_bytes_max >= PREFIX_SIZE
         self.frame_size_bytes_max = frame_size_bytes_max
-        # What was fed and is not decoded yet, from _start on: the bytes fed last as they
-        # are while everything before them was decoded (a read that ends on a frame's end
-        # is decoded where it lies: a fetch answer is not copied once more), else a
-        # bytearray they were copied into.
+        # What was fed and is not decoded yet is _buffer[_start:_end]: the bytes fed last
+        # as they are while everything before them was decoded (a read that ends on a
+        # frame's end is decoded where it lies: a fetch answer is not copied once more),
+        # else a bytearray they were copied into, or received into (its room past _end
+        # is where get_buffer lets the socket write).
         self._buffer: bytes | bytearray = b""
         self._start = 0  # where the next undecoded frame begins in _buffer
+        self._end = 0  # where what was fed or received ends
         self._decoded: list[Frame] = []  # frames decoded, not yet handed out
         self._next = 0  # the next of them to hand out
 
     def feed(self, data: bytes) -> None:
         buffer = self._buffer
-        if self._start == len(buffer):  # all decoded: start over with these bytes
+        if self._start == self._end:  # all decoded: start over with these bytes
             self._buffer, self._start = (data if type(data) is bytes else bytes(data)), 0
+            self._end = len(self._buffer)
             return
         if isinstance(buffer, bytes):  # a frame's start is left of the last bytes fed
-            buffer = self._buffer = bytearray(memoryview(buffer)[self._start:])
+            buffer = self._buffer = bytearray(memoryview(buffer)[self._start:self._end])
             self._start = 0
-        elif self._start and self._start * 2 >= len(buffer):
-            del buffer[:self._start]  # compact: amortised O(1) per byte
-            self._start = 0
+        else:
+            del buffer[self._end:]  # (room a receive left)
+            if self._start and self._start * 2 >= len(buffer):
+                del buffer[:self._start]  # compact: amortised O(1) per byte
+                self._start = 0
         buffer += data
+        self._end = len(buffer)
+
+    def get_buffer(self, size_hint: int = -1) -> memoryview:
+        """Where the socket may write the next bytes received (``buffer_updated`` says
+        how many it wrote): room for the rest of the frame begun, and at least
+        ``RECEIVE_BYTES_MIN``. Not to be kept past that call: the next may move it."""
+        buffer, start, end = self._buffer, self._start, self._end
+        room = max(RECEIVE_BYTES_MIN, self._frame_rest(), size_hint)
+        if isinstance(buffer, bytearray) and len(buffer) - end >= room:
+            return memoryview(buffer)[end:]
+        pending = end - start
+        size = pending + room
+        if isinstance(buffer, bytearray) and size <= len(buffer) and \
+                not size <= RECEIVE_KEPT_BYTES < len(buffer):
+            memoryview(buffer)[:pending] = memoryview(buffer)[start:end]  # (a memmove)
+        else:  # (grown to fit, or a large one let go)
+            grown = bytearray(size)
+            grown[:pending] = memoryview(buffer)[start:end]
+            self._buffer = buffer = grown
+        self._start, self._end = 0, pending
+        return memoryview(buffer)[pending:]
+
+    def buffer_updated(self, size: int) -> None:
+        """``size`` bytes were received where ``get_buffer`` said."""
+        self._end += size
+
+    def _frame_rest(self) -> int:
+        """Bytes still to come of the frame begun (0: none begun, or its size is bad:
+        decoding says so)."""
+        start, pending = self._start, self._end - self._start
+        if pending < 4:
+            return 0
+        whole = int.from_bytes(self._buffer[start:start + 4], "little") + 4
+        return whole - pending if whole <= self.frame_size_bytes_max else 0
 
     @property
     def buffered_size(self) -> int:
         """Bytes fed that are not yet decoded into frames."""
-        return len(self._buffer) - self._start
+        return self._end - self._start
 
     def next_frame(self) -> Frame | _NeedData:
         """The next whole frame, or NEED_DATA; raises RemoteProtocolError on garbage."""
         if self._next < len(self._decoded):
             self._next += 1
             return self._decoded[self._next - 1]
-        frames, self._start, error = _codec.decode_frames(self._buffer, self._start,
+        buffer = self._buffer
+        received = memoryview(buffer)[:self._end] if self._end != len(buffer) else buffer
+        frames, self._start, error = _codec.decode_frames(received, self._start,
                                                           self.frame_size_bytes_max)
         if not frames:
             if error is not None:

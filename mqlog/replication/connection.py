@@ -1,0 +1,118 @@
+"""A broker's connection: an asyncio ``BufferedProtocol`` that receives straight into its
+frame decoder, and a writer with the StreamWriter calls the broker and its groups use.
+
+Why not streams. A stream reader copies every byte it reads twice (into its buffer, out
+of it), and each read wakes a task: a future resolved, a task step, a coroutine resumed,
+for every chunk of every fetch answer a follower receives and every produce request a
+leader does. Here the socket writes into the decoder's buffer (``FrameDecoder.get_buffer``
+makes room for the whole frame begun), and the owner is called back in the same loop
+iteration with every whole frame in it: a frame's bytes are copied once, into its
+payload, and no task runs until the owner makes one.
+
+The owner (the broker) is told of three things: ``connected(connection)`` once the
+socket is up (a dialed connection's peer is ``connection.peer``, set before it), with
+``received(connection)`` whenever frames may be whole (``connection.decoder.next_frame``
+hands them out; a RemoteProtocolError it raises is the owner's to handle), and
+``lost(connection)`` once, when the connection ends, whoever ended it.
+
+Writing. ``write`` queues bytes on the transport (it sends at once what the socket
+takes); ``drain()`` waits while the transport holds more than its high-water mark, as a
+StreamWriter's does, and raises ConnectionResetError once the connection is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Protocol
+
+from mqlog.replication.wire import FrameDecoder
+
+__all__ = ["Connection", "ConnectionOwner"]
+
+
+class ConnectionOwner(Protocol):
+    def connected(self, connection: Connection) -> None: ...
+
+    def received(self, connection: Connection) -> None: ...
+
+    def lost(self, connection: Connection) -> None: ...
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One TCP connection of a broker (a client's or a peer's); see the module docstring."""
+
+    def __init__(self, owner: ConnectionOwner, frame_size_bytes_max: int,
+                 peer: str = "") -> None:
+        self.owner = owner
+        self.decoder = FrameDecoder(frame_size_bytes_max)
+        self.peer = peer  # the broker this one dialed ("": accepted)
+        self.link: Any = None  # the owner's: what this connection is to it
+        self.transport: asyncio.Transport | None = None
+        self._paused = False  # the transport holds more than its high-water mark
+        self._drained: asyncio.Future[None] | None = None  # what drain() waits on
+        self._lost = False
+
+    # --- the transport's calls ----------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.owner.connected(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.decoder.buffer_updated(nbytes)
+        self.owner.received(self)
+
+    def eof_received(self) -> bool:
+        return False  # (the transport closes: a peer that stops sending is done)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._wake_drainer()
+        self.owner.lost(self)
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_drainer()
+
+    def _wake_drainer(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+        self._drained = None
+
+    # --- the writer's calls (what the broker and its groups use of a StreamWriter) -------
+
+    def write(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait while the transport holds more than its high-water mark."""
+        if self._lost:
+            raise ConnectionResetError("the connection is lost")
+        if self._paused:
+            if self._drained is None:
+                self._drained = asyncio.get_running_loop().create_future()
+            await self._drained
+            if self._lost:
+                raise ConnectionResetError("the connection is lost")
+
+    def write_buffer_size(self) -> int:
+        """Bytes written and not yet taken by the socket."""
+        return self.transport.get_write_buffer_size() if self.transport else 0
+
+    def is_closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.transport.get_extra_info(name, default) if self.transport else default
