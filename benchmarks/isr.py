@@ -39,8 +39,13 @@ bring into the page cache (1 MiB per ms, 20-30 times a reused one: docs/BENCHMAR
 fourteenth session); a replicated mode stores every byte three times, so without the
 window the figures measure the VM's memory more than replication (0 shows that).
 
+Followers' fetches wait at the leader for ``--fetch-min-bytes`` (``[controller]
+replica_fetch_min_bytes``, Kafka's replica.fetch.min.bytes; 256 KiB here, 1 by default as
+Kafka's) or ``replica_fetch_wait_max_ms``: acks=0/1's records reach followers in fewer,
+larger answers; a fetch an acks=all write waits for is answered at once.
+
     python -m benchmarks.isr [--rounds 3] [--seconds 3] [--batch 100] [--in-flight 5]
-                             [--page-cache-window BYTES]
+                             [--page-cache-window BYTES] [--fetch-min-bytes BYTES]
                              [--store checkpoint_interval_ms=1000 ...]
 """
 
@@ -79,6 +84,7 @@ MODES = {"unreplicated": ("base", 1), "acks=0": ("orders", 0), "acks=1": ("order
 SHAPES = (1, PARTITIONS)  # partitions written at once
 ROLES = ("client", "leader", "follower", "controllers")
 WINDOW_BYTES = 64 << 20  # every store's page-cache window (the docstring says why)
+FETCH_MIN_BYTES = 256 << 10  # [controller] replica_fetch_min_bytes (the docstring says why)
 LAST_CPU: dict[str, float] = {}  # measure()'s CPU seconds by process name, and records
 
 
@@ -235,17 +241,20 @@ def new_page_cost(directory: Path, size: int = 64 << 20) -> float:
 
 
 def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
-        in_flight: int = 5, window: int = WINDOW_BYTES) -> dict[tuple[str, int], list[float]]:
+        in_flight: int = 5, window: int = WINDOW_BYTES,
+        fetch_min_bytes: int = FETCH_MIN_BYTES) -> dict[tuple[str, int], list[float]]:
     """{(mode, partitions): [records/s per round]}, {(mode, -partitions): [CPU seconds
     of every mqlog process per million records]}, {("MODE messages", partitions): [peer
     messages per request]}, {("MODE bytes", partitions): [their mean size]}, and the
     acks=0 sends refused under ("refused", 0), and new_page_cost at the start and the
     end under ("new pages", 0). ``store``: KEY=VALUE lines of every process's [store]
-    table, after ``page_cache_window_bytes = window``."""
+    table, after ``page_cache_window_bytes = window``; ``fetch_min_bytes``: the
+    [controller] replica_fetch_min_bytes."""
     root = Path(tempfile.mkdtemp(prefix="mqlog-bench-isr-"))
     lines = ("[store]", f"page_cache_window_bytes = {window}", *store)
     extra = "".join(f"{line}\n" for line in lines)
-    addresses = write_configs(root, 3_000, "min_insync_replicas = 2\n" + extra)
+    addresses = write_configs(root, 3_000, "min_insync_replicas = 2\n"
+                              f"replica_fetch_min_bytes = {fetch_min_bytes}\n" + extra)
     controllers = [addresses[name] for name in CONTROLLERS]
     brokers = [addresses[name] for name in BROKERS]
     processes = {name: start(root, name) for name in CONTROLLERS + BROKERS}
@@ -280,12 +289,14 @@ def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
 
 
 def report(figures: dict[tuple[str, int], list[float]], rounds: int, seconds: float,
-           batch: int, in_flight: int = 1, window: int = WINDOW_BYTES) -> list[str]:
+           batch: int, in_flight: int = 1, window: int = WINDOW_BYTES,
+           fetch_min_bytes: int = FETCH_MIN_BYTES) -> list[str]:
     lines = [f"ISR produce, 3 controllers + 3 brokers, {PARTITIONS} partitions, 100-byte "
              f"records in batches of {batch}, {in_flight} request(s) in flight per "
              f"producer, {rounds} rounds x {seconds} s per figure, page-cache window "
              f"{window >> 20} MiB per store" + (" (off: the kernel decides)" if not window
-                                               else ""),
+                                               else "") +
+             f", replica_fetch_min_bytes {fetch_min_bytes:,}",
              "| mode | 1 partition rec/s | ratio | 6 partitions rec/s total | per partition "
              "| ratio |", "| --- | --- | --- | --- | --- | --- |"]
     for mode in MODES:
@@ -363,13 +374,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-cache-window", type=int, default=WINDOW_BYTES,
                         metavar="BYTES", help="every store's page_cache_window_bytes "
                         "(0: the kernel decides, the store's default)")
+    parser.add_argument("--fetch-min-bytes", type=int, default=FETCH_MIN_BYTES,
+                        metavar="BYTES", help="[controller] replica_fetch_min_bytes (1: "
+                        "Kafka's default, every fetch answered at once)")
     parser.add_argument("--store", action="append", default=[], metavar="KEY=VALUE",
                         help="a line of every process's [store] table (TOML), repeatable")
     args = parser.parse_args(argv)
     figures = run(args.rounds, args.seconds, args.batch, tuple(args.store), args.in_flight,
-                  args.page_cache_window)
+                  args.page_cache_window, args.fetch_min_bytes)
     print("\n".join(report(figures, args.rounds, args.seconds, args.batch, args.in_flight,
-                           args.page_cache_window)), flush=True)
+                           args.page_cache_window, args.fetch_min_bytes)), flush=True)
     return 0
 
 

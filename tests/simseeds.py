@@ -51,6 +51,14 @@ def blind_to_epochs(monkeypatch: Any) -> None:
                         note(table, producer_id, sequence, 0, stored))
 
 
+def without_fetch_holds(monkeypatch: Any) -> None:
+    """No ISR seed holds fetches for replica_fetch_min_bytes (``--no-fetch-holds``): a
+    seed found before those holds, whose test tells its run, runs as it did."""
+    from mqlog.sim import isr
+
+    monkeypatch.setattr(isr, "FETCH_HOLD_SEED_SHARE", 0.0)
+
+
 def without_batches(monkeypatch: Any) -> None:
     """The single-record workload of before requests of several records (sim/partial.py;
     ``--no-batches``): a seed found then, whose test tells its run, runs as it did."""

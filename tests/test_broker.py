@@ -97,6 +97,12 @@ PEERS = '[node.peers]\nb2 = "127.0.0.1:7002"\nb3 = "127.0.0.1:7003"\n'
      "[controller] broker_heartbeat_interval_ms must be a positive integer"),
     (NODE + '[controller]\nvoters = {c1 = "127.0.0.1:7101"}\nreplica_lag_time_ms = 500\n',
      "[controller] replica_lag_time_ms=500 must exceed"),
+    (NODE + '[controller]\nvoters = {c1 = "127.0.0.1:7101"}\n'
+     'replica_fetch_wait_max_ms = 40000\n', "must exceed replica_fetch_wait_max_ms=40000"),
+    (NODE + '[controller]\nvoters = {c1 = "127.0.0.1:7101"}\n'
+     'replica_fetch_max_bytes = 16777216\n', "replica_fetch_max_bytes must leave 4 KiB"),
+    (NODE + '[controller]\nvoters = {c1 = "127.0.0.1:7101"}\nreplica_fetch_min_bytes = 0\n',
+     "[controller] replica_fetch_min_bytes must be a positive integer"),
     # a record the store takes must fit a frame its broker's connections accept
     (NODE + 'role = "ASYNC_MASTER"\n[store]\nmessage_size_bytes_max = 20971520\n',
      "message_size_bytes_max=20971520 must leave 4 KiB of frame_size_bytes_max=16777216"),

@@ -318,6 +318,23 @@ def test_the_partitions_a_controller_assigns_take_the_brokers_store_settings() -
     assert all(spec.store == store for spec in recording.groups.values())
 
 
+
+def test_isr_partitions_take_the_controller_tables_fetch_settings() -> None:
+    """[controller] replica_fetch_* (Kafka's replica.fetch.*) reach every ISR partition's
+    core as fetch_wait_ms_max, fetch_bytes_min and fetch_bytes_max."""
+    config = ControllerConfig(voters={"c1": "127.0.0.1:7001"}, replica_fetch_min_bytes=65536,
+                              replica_fetch_wait_max_ms=200,
+                              replica_fetch_max_bytes=2 << 20).validate()
+    topics = [[0, records.encode(item)] for item in (
+        records.RegisterBroker("b1", 1, ADDRESS), records.CreateTopic("i", "isr", (("b1",),)))]
+    io = Io(_pulls(topics))
+    recording = RecordingHost()
+    host.BrokerAgent(recording, config, io, rng=random.Random(1)).start()
+    io.run_due()
+    replication = recording.groups["i-0"].replication
+    assert (replication.fetch_bytes_min, replication.fetch_wait_ms_max,
+            replication.fetch_bytes_max) == (65536, 200, 2 << 20)
+
 def test_a_cluster_members_store_table_is_read_not_dropped(tmp_path: Any) -> None:
     from mqlog.config import BrokerConfig
 

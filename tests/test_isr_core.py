@@ -153,6 +153,33 @@ def test_followers_held_at_one_position_are_answered_from_one_read():
     assert reads == [0, 300, 200]  # (n3's answer ends where leader epoch 2 starts)
 
 
+
+def test_a_fetch_held_for_fetch_bytes_min_is_answered_once_an_acks_all_write_waits():
+    """fetch_bytes_min batches what followers get of acks=1 writes; a held fetch that
+    would carry records an acks=all write waits for is answered at once (its answer, then
+    the follower's next fetch, moves the high watermark)."""
+    log = FakeLog(300, ((1, 0),))
+    leader = _core("n1", log, _state(epoch=2), fetch_bytes_min=1 << 20)
+    leader.step(Fetch("n2", "n1", 2, 1, 300, 1))
+    leader.step(Fetch("n3", "n1", 2, 1, 300, 1))
+    leader.advance(leader.ready())
+    log.written_position = 400  # an acks=1 write: the fetches wait for more
+    assert not _sent(leader)
+    leader.advance(leader.ready())
+    log.written_position = 450
+    leader.propose("p1", 450)  # an acks=all write
+    replies = [m for m in _sent(leader) if isinstance(m, FetchReply)]
+    assert [(m.dst, m.position, len(m.payload)) for m in replies] == [("n2", 300, 150),
+                                                                      ("n3", 300, 150)]
+    leader.advance(leader.ready())
+    leader.step(Fetch("n2", "n1", 2, 2, 450, 2))
+    leader.step(Fetch("n3", "n1", 2, 2, 450, 2))
+    ready = leader.ready()
+    assert ready.resolved == [("p1", PutStatus.PUT_OK)] and leader.hw == 450
+    leader.advance(ready)
+    log.written_position = 500  # acks=1 again: held
+    assert not [m for m in _sent(leader) if isinstance(m, FetchReply)]
+
 def test_losing_leadership_answers_waiting_writes_request_timed_out():
     log = FakeLog(300, ((1, 0),))
     leader = _core("n1", log, _state(epoch=2))

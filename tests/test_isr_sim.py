@@ -24,6 +24,7 @@ from tests.simseeds import (
     fresh_seeds,
     verdict,
     without_batches,
+    without_fetch_holds,
 )
 
 _fixed = functools.lru_cache(maxsize=None)(isr.run_seed)  # (each fixed seed runs once)
@@ -67,8 +68,10 @@ CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 3, "truncate_to_hw": 
              "hw_below_min_isr": 1, "forget_stale_alter": 8100000,
              "partial_early": 1}  # (the driver's: PartiallyStored before the verdict)
 # Seeds found before requests of several records (sim/partial.py), which catch their break
-# in that workload only: run with --no-batches.
+# in that workload only: run with --no-batches; and before fetches held for
+# replica_fetch_min_bytes (sim/isr.py): run with --no-fetch-holds.
 FOUND_BEFORE_BATCHES = {"forget_stale_alter"}
+FOUND_BEFORE_FETCH_HOLDS = {"forget_stale_alter"}
 
 
 @pytest.mark.parametrize("seed", FIXED_SEEDS)
@@ -90,12 +93,13 @@ def test_a_retry_too_old_to_tell_is_given_up():
     assert any(line.endswith("refused as too old") for line in result.trace)
 
 
-def test_a_restarted_clients_first_write_is_not_refused_as_too_old():
+def test_a_restarted_clients_first_write_is_not_refused_as_too_old(monkeypatch):
     """Seed 8200000978, from a soak of fresh seeds: the restarted client's first request
     was refused for want of replicas, its next ones stored; the leader elected next
     rebuilt its table past the log's front (retention) and forgot the life's sequences
     below the lowest it found, so the first request's retry was refused as too old to
     tell, never stored (idempotence.py: a life the scan saw begin forgets nothing)."""
+    without_fetch_holds(monkeypatch)  # (found before fetches held for min bytes)
     result = run_seed(8200000978)
     assert not result.violations, verdict("isr", result)
     assert result.client_lives == 2 and result.log_starts > 0
@@ -103,6 +107,7 @@ def test_a_restarted_clients_first_write_is_not_refused_as_too_old():
 
 def test_regression_seeds_pass_every_checker(monkeypatch):
     without_batches(monkeypatch)  # (found before requests of several records)
+    without_fetch_holds(monkeypatch)  # (and before fetches held for min bytes)
     for seed, found in sorted(REGRESSION_SEEDS.items()):
         result = run_seed(seed)
         assert not result.violations, f"{found}\n{verdict('isr', result)}"
@@ -110,6 +115,7 @@ def test_regression_seeds_pass_every_checker(monkeypatch):
 
 def test_caught_up_seeds_pass_the_readers_answer_checks(monkeypatch):
     without_batches(monkeypatch)  # (found before requests of several records)
+    without_fetch_holds(monkeypatch)  # (and before fetches held for min bytes)
     for seed, found in sorted(CAUGHT_UP_SEEDS.items()):
         result = run_seed(seed)
         assert not result.violations, f"{found}\n{verdict('isr', result)}"
@@ -133,6 +139,7 @@ def test_the_seeds_exercise_elections_acks_and_power_loss():
     assert sum(result.expands for result in results) > 0
     assert sum(result.truncations for result in results) > 0  # by leader epoch
     assert any(result.client_lives > 1 for result in results)  # a restarted client
+    assert {result.fetch_min_bytes for result in results} == {1, isr.FETCH_MIN_BYTES}
 
 
 def test_retention_lets_the_front_go_and_a_follower_starts_over():
@@ -150,7 +157,8 @@ def test_every_break_is_caught_through_the_one_command(capsys, name):
     assert CAUGHT_BY.keys() == {*isr_core.TEST_BREAKS, *isr_decisions.TEST_BREAKS,
                                 "partial_early"}
     seed = CAUGHT_BY[name]
-    workload = ["--no-batches"] if name in FOUND_BEFORE_BATCHES else []
+    workload = ["--no-batches"] * (name in FOUND_BEFORE_BATCHES) + \
+        ["--no-fetch-holds"] * (name in FOUND_BEFORE_FETCH_HOLDS)
     assert main(["--layer", "isr", "--seed", str(seed), "--break", name, *workload]) == 1, \
         f"--break {name} went unnoticed by seed {seed}"
     assert f"reproduce: python -m mqlog.sim --layer isr --seed {seed} --break {name}" \

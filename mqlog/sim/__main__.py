@@ -1,11 +1,13 @@
-"""``python -m mqlog.sim --layer L --seed N [--count K] [--break NAME] [--no-batches]``: L is
-master_slave, raft, controller or isr.
+"""``python -m mqlog.sim --layer L --seed N [--count K] [--break NAME] [--no-batches]
+[--no-fetch-holds]``: L is master_slave, raft, controller or isr.
 
 Runs seeds N, N+1, ... N+K-1 (a random N when none is given, printed so a failure is a
 one-line reproduction) through the one harness (harness.py) and prints one verdict line
 per seed; exits 1 if any failed. ``master-slave`` is accepted for ``master_slave``.
 ``--no-batches``: the Raft and ISR clients send one record a request on every seed (the
 workload before sim/partial.py's batches: the seeds found then run as they did).
+``--no-fetch-holds``: no ISR seed holds followers' fetches for replica_fetch_min_bytes
+(sim/isr.py: the seeds found before those holds run as they did).
 """
 
 from __future__ import annotations
@@ -46,13 +48,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-batches", action="store_true",
                         help="one record a request on every seed (the workload of before "
                              "requests of several records)")
+    parser.add_argument("--no-fetch-holds", action="store_true",
+                        help="no ISR seed holds fetches for replica_fetch_min_bytes (the "
+                             "workload of before those holds)")
     args = parser.parse_args(argv)
     first = args.seed if args.seed is not None else random.randrange(1 << 31)
-    workload = partial.single_records() if args.no_batches else contextlib.nullcontext()
-    with workload:
+    with contextlib.ExitStack() as workload:
+        if args.no_batches:
+            workload.enter_context(partial.single_records())
+        if args.no_fetch_holds:
+            workload.enter_context(isr.without_fetch_holds())
+        options = "".join(f" --{name}" for name in ("no-batches", "no-fetch-holds")
+                          if getattr(args, name.replace("-", "_")))
         failed = harness.run_seeds(args.layer, LAYERS[args.layer], first, args.count,
-                                   args.test_break, args.verbose,
-                                   " --no-batches" if args.no_batches else "")
+                                   args.test_break, args.verbose, options)
     return 1 if failed else 0
 
 

@@ -21,7 +21,7 @@ bytes survive), a power loss on some (``power_loss``: what no flush made durable
 each group's store with it; the async flusher is simulated by a flush every
 ``flush_every_ticks``). On some seeds the controller leader and the broker that leads the
 Raft partition die in the same tick (``_combined_death``: Kafka's combined mode, where
-one process is both). Four choices are drawn apart from the seed's generator (so a seed
+one process is both). Five choices are drawn apart from the seed's generator (so a seed
 where none applies runs as before they existed): those combined deaths; KIP-966's
 unclean-shutdown mark (``marks_unclean``: a broker's new life that finds its stores left
 open says so when it registers, as join_cluster does, and leaves every ELR); the
@@ -29,7 +29,11 @@ controller's automatic leader balancing (``balancing``: checked every
 ``BALANCE_TICKS``; ISR partitions moved by PartitionChange, Raft ones by transfers that
 the agent hands to the core, attach_transfers); and retention (``_retention``: now and
 then one replica lets go all the committed front it may, so a follower may ask for
-what its leader no longer has; on SIGKILL seeds, with bodies padded to fill segments).
+what its leader no longer has; on SIGKILL seeds, with bodies padded to fill segments);
+and followers' fetches held for ``FETCH_MIN_BYTES`` (``fetch_min_bytes``: Kafka's
+replica.fetch.min.bytes, so acks=1's records reach followers in batches while an
+acks=all write gets its fetches answered at once; ``--no-fetch-holds``: on no seed,
+as before they existed).
 
 The client. One idempotent producer per partition: each write gets the next sequence,
 and goes, whenever it comes in a tick, to the replica that serves the partition now,
@@ -93,10 +97,12 @@ each.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +148,20 @@ BODY_PADDING = b"." * 200
 RETENTION_BODY_PADDING = b"." * 1500  # (segments of 64 KiB fill, for retention to let go)
 CREATE_RETRY_TICKS = 20
 BALANCE_TICKS = 200  # the leader imbalance check's interval, on seeds that balance
+FETCH_MIN_BYTES = 4096  # replica_fetch_min_bytes on seeds that hold fetches (else 1)
+FETCH_HOLD_SEED_SHARE = 0.5  # of the seeds (0 with --no-fetch-holds: found before them)
+
+
+@contextlib.contextmanager
+def without_fetch_holds() -> Iterator[None]:
+    """Runs with no seed holding fetches (``--no-fetch-holds``): a seed found before they
+    existed runs as it did."""
+    global FETCH_HOLD_SEED_SHARE
+    share, FETCH_HOLD_SEED_SHARE = FETCH_HOLD_SEED_SHARE, 0.0
+    try:
+        yield
+    finally:
+        FETCH_HOLD_SEED_SHARE = share
 
 
 @dataclass
@@ -214,6 +234,7 @@ class IsrSimResult(ControllerSimResult):
     combined_deaths: int = 0  # the controller leader and the Raft leader's broker at once
     unclean_shutdowns: int = 0  # lives that registered with KIP-966's unclean mark
     balancing: bool = False  # the controller's automatic leader balancing runs
+    fetch_min_bytes: int = 1  # [controller] replica_fetch_min_bytes
     balanced: int = 0  # leader imbalance checks that moved leaders
     client_lives: int = 1  # the client's lives (sim/lives.py: restarts on some seeds)
     log_starts: int = 0  # the furthest any replica's retention moved its log's start
@@ -229,7 +250,8 @@ class IsrSimResult(ControllerSimResult):
                 f"shrinks={self.shrinks} expands={self.expands} "
                 f"truncations={self.truncations} combined_deaths={self.combined_deaths} "
                 f"unclean_shutdowns={self.unclean_shutdowns} balancing={self.balancing} "
-                f"balanced={self.balanced} client_lives={self.client_lives} "
+                f"balanced={self.balanced} fetch_min_bytes={self.fetch_min_bytes} "
+                f"client_lives={self.client_lives} "
                 f"log_start={self.log_starts} partial={self.partial} "
                 f"reads={self.reads} trace={self.digest}")
 
@@ -253,8 +275,12 @@ class IsrSwarm(ControllerSwarm):
         self.result.balancing = self.balancing
         balancing = {"leader_imbalance_check_interval_ms": BALANCE_TICKS * TICK_MS} \
             if self.balancing else {"auto_leader_rebalance_enable": False}
+        holds = random.Random(f"{self.result.seed}/fetch_min_bytes").random() < \
+            FETCH_HOLD_SEED_SHARE
+        self.result.fetch_min_bytes = FETCH_MIN_BYTES if holds else 1
         return {"min_insync_replicas": MIN_INSYNC_REPLICAS,
-                "replica_lag_time_ms": self.options.replica_lag_time_ms, **balancing}
+                "replica_lag_time_ms": self.options.replica_lag_time_ms,
+                "replica_fetch_min_bytes": self.result.fetch_min_bytes, **balancing}
 
     def prepare(self, root: Path, test_break: str) -> None:
         self.root, self.test_break = root, test_break

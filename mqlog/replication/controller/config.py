@@ -36,6 +36,12 @@ class ControllerConfig:
     # ISR topics (Kafka's names; brokers' ISR cores and the controller's elections use them)
     min_insync_replicas: int = 1  # acks=all needs this many in ISR; the HW waits for them
     replica_lag_time_ms: int = 30_000  # a follower not caught up this long leaves the ISR
+    # Followers' fetches (Kafka's replica.fetch.*; each ISR partition's fetch_wait_ms_max,
+    # fetch_bytes_min, fetch_bytes_max): a fetch waits at the leader until min bytes are
+    # there or wait max passed, and is answered at once if an acks=all write waits for it
+    replica_fetch_wait_max_ms: int = 500
+    replica_fetch_min_bytes: int = 1
+    replica_fetch_max_bytes: int = 1 << 20
     unclean_leader_election: bool = False  # elect outside ISR and ELR: may lose records
     # Leader balancing (Kafka's names and defaults): every check interval, a broker whose
     # share of partitions led by another broker, among those it is the preferred (first)
@@ -72,14 +78,26 @@ class ControllerConfig:
         if self.broker_heartbeat_interval_ms * 2 > self.broker_session_timeout_ms:
             raise ConfigError("[controller] broker_session_timeout_ms must be at least twice "
                               "broker_heartbeat_interval_ms, or one late heartbeat fences")
-        isr = ReplicationConfig()  # (an assigned ISR partition's fetch wait and tick)
-        if self.replica_lag_time_ms <= isr.fetch_wait_ms_max + isr.tick_ms:
+        tick_ms = ReplicationConfig().tick_ms  # (an assigned ISR partition's)
+        if self.replica_lag_time_ms <= self.replica_fetch_wait_max_ms + tick_ms:
             raise ConfigError(f"[controller] replica_lag_time_ms={self.replica_lag_time_ms} "
-                              f"must exceed the followers' fetch wait of "
-                              f"{isr.fetch_wait_ms_max} ms plus a tick ({isr.tick_ms} ms): an "
-                              "idle follower waiting on its fetch would leave the ISR (no "
+                              f"must exceed replica_fetch_wait_max_ms="
+                              f"{self.replica_fetch_wait_max_ms} plus a tick ({tick_ms} ms): "
+                              "an idle follower waiting on its fetch would leave the ISR (no "
                               "broker could host an ISR partition)")
+        frame_max = ReplicationConfig().frame_size_bytes_max
+        if self.replica_fetch_max_bytes + 4096 > frame_max:
+            raise ConfigError(f"[controller] replica_fetch_max_bytes must leave 4 KiB of the "
+                              f"frame_size_bytes_max={frame_max} for the frame header")
         return self
+
+    def isr_settings(self) -> dict[str, Any]:
+        """The ReplicationConfig fields every ISR partition takes from this table."""
+        return {"min_insync_replicas": self.min_insync_replicas,
+                "replica_lag_time_ms": self.replica_lag_time_ms,
+                "fetch_wait_ms_max": self.replica_fetch_wait_max_ms,
+                "fetch_bytes_min": self.replica_fetch_min_bytes,
+                "fetch_bytes_max": self.replica_fetch_max_bytes}
 
     def session_ticks(self, tick_ms: int) -> int:
         """The session timeout in ticks of ``tick_ms`` (at least one)."""

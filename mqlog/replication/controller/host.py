@@ -434,8 +434,7 @@ class BrokerAgent:
         assigns here (a master-slave one as it would be hosted first: master_slave_spec)."""
         wanted: dict[str, GroupSpec] = {}
         self._isr_groups = {}
-        isr: dict[str, Any] = {"min_insync_replicas": self.config.min_insync_replicas,
-               "replica_lag_time_ms": self.config.replica_lag_time_ms}
+        isr = self.config.isr_settings()
         for topic, index, part in self._partitions(("raft", "isr", "master_slave")):
             name = f"{topic.name}-{index}"
             members = {member: self.view.brokers[member].address for member in part.replicas}

@@ -548,17 +548,21 @@ class IsrCore(EpochMirror, PeerMessages):
         progress.log_end = position
 
     def _answer_fetches(self) -> None:
-        """Answer each held fetch that has enough bytes to send, or waited long enough.
-        Followers held at one position get the bytes of one read (the log does not change
-        within this call): caught-up followers wait at the same end, and each read is a
-        copy of up to fetch_bytes_max bytes."""
+        """Answer each held fetch that has enough bytes to send, or waited long enough, or
+        would carry records an acks=all write waits for (the high watermark needs this
+        follower's next fetch: fetch_bytes_min batches acks=1's replication, never delays
+        acks=all's). Followers held at one position get the bytes of one read (the log does
+        not change within this call): caught-up followers wait at the same end, and each
+        read is a copy of up to fetch_bytes_max bytes."""
         reads: dict[tuple[int, int], bytes] = {}
+        awaited = self._waiting[-1].end if self._waiting else -1  # (the newest's end)
         for progress in self.followers.values():
             fetch = progress.waiting
             if fetch is None:
                 continue
             available = self._end - fetch.position
-            if available >= self.config.fetch_bytes_min or progress.answer_now:
+            if available >= self.config.fetch_bytes_min or progress.answer_now or \
+                    available > 0 and fetch.position < awaited:
                 progress.waiting, progress.answer_now = None, False
                 self._reply(fetch, reads=reads)
 
