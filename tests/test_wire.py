@@ -155,6 +155,40 @@ def test_an_oversized_frame_received_in_place_is_refused_without_room_for_it():
     with pytest.raises(RemoteProtocolError, match="frame_size_bytes_max=100"):
         decoder.next_frame()
 
+
+sizes_lists = st.one_of(
+    st.lists(st.integers(0, 40), max_size=12),
+    st.lists(st.one_of(st.integers(-(1 << 70), 1 << 70), st.booleans(), st.floats(),
+                       st.text(max_size=2), st.none()), max_size=6),
+    st.tuples(st.integers(0, 40)), st.none())
+
+
+@given(st.binary(max_size=200), sizes_lists)
+def test_the_twins_split_a_produce_payload_alike(payload, sizes):
+    """A produce request's bodies: the same bodies from both twins, or the same
+    RemoteProtocolError (sizes not a list of ints >= 0, or not adding up to the
+    payload's length); a whole payload of one body is not copied."""
+    outcomes = []
+    for twin in TWINS:
+        try:
+            outcomes.append(twin.split_bodies(payload, sizes))
+        except RemoteProtocolError as error:
+            outcomes.append(str(error))
+    assert all(outcome == outcomes[0] for outcome in outcomes), outcomes
+    if isinstance(outcomes[0], list):
+        assert b"".join(outcomes[0]) == payload and \
+            [len(body) for body in outcomes[0]] == sizes
+        if len(sizes) == 1:
+            assert all(outcome[0] is payload for outcome in outcomes)
+
+
+def test_sizes_past_a_payload_are_refused_naming_their_sum():
+    for twin in TWINS:
+        with pytest.raises(RemoteProtocolError, match="add up to 36893488147419103236 bytes"):
+            twin.split_bodies(b"abc", [1 << 64, 1 << 64, 4])
+        with pytest.raises(RemoteProtocolError, match="non-negative ints"):
+            twin.split_bodies(b"abc", [3, True])
+
 @given(any_message)
 def test_messages_round_trip(message):
     decoder = FrameDecoder(1 << 20)

@@ -26,8 +26,15 @@ from cpython.bool cimport PyBool_Check
 from cpython.bytearray cimport PyByteArray_Check
 from cpython.dict cimport PyDict_Check, PyDict_New, PyDict_Next, PyDict_SetItem
 from cpython.float cimport PyFloat_AS_DOUBLE, PyFloat_Check, PyFloat_FromDouble
-from cpython.list cimport PyList_Append, PyList_Check, PyList_New, PyList_SET_ITEM
+from cpython.list cimport (
+    PyList_Append,
+    PyList_Check,
+    PyList_GET_ITEM,
+    PyList_New,
+    PyList_SET_ITEM,
+)
 from cpython.long cimport (
+    PyLong_AsLongLong,
     PyLong_AsLongLongAndOverflow,
     PyLong_AsUnsignedLongLong,
     PyLong_Check,
@@ -270,6 +277,45 @@ def encode_frame(dict header, payload=b""):
     finally:
         PyBuffer_Release(&view)
         PyMem_Free(out.data)
+
+
+def split_bodies(bytes payload, sizes):
+    """The bodies of a produce request: ``payload`` cut at ``sizes``, a list of ints >= 0
+    that add up to its length (RemoteProtocolError naming what is wrong otherwise). One
+    body of the whole payload is the payload itself, not a copy. (The twin's, without a
+    Python loop: a request of 100 records is 100 checks and 100 slices.)"""
+    cdef Py_ssize_t count, index, at = 0, length = len(payload)
+    cdef long long size, total = 0
+    cdef int overflow = 0
+    cdef object item
+    cdef const char *data = PyBytes_AS_STRING(payload)
+    if type(sizes) is not list:
+        raise RemoteProtocolError("produce sizes must be a list of non-negative ints")
+    count = len(sizes)
+    for index in range(count):
+        item = <object>PyList_GET_ITEM(sizes, index)
+        if type(item) is not int:
+            raise RemoteProtocolError("produce sizes must be a list of non-negative ints")
+        size = PyLong_AsLongLongAndOverflow(item, &overflow)
+        if overflow < 0 or (not overflow and size < 0):
+            raise RemoteProtocolError("produce sizes must be a list of non-negative ints")
+        if overflow or size > length - total:  # (past the payload: no sum can match)
+            total = -1
+        elif total >= 0:
+            total += size
+    if total != length:
+        raise RemoteProtocolError(f"produce sizes add up to {sum(sizes)} bytes, its "
+                                  f"payload has {length}")
+    if count == 1:
+        return [payload]
+    bodies = PyList_New(count)
+    for index in range(count):
+        size = PyLong_AsLongLong(<object>PyList_GET_ITEM(sizes, index))
+        body = PyBytes_FromStringAndSize(data + at, <Py_ssize_t>size)
+        Py_INCREF(body)  # (PyList_SET_ITEM steals a reference)
+        PyList_SET_ITEM(bodies, index, body)
+        at += <Py_ssize_t>size
+    return bodies
 
 
 def packb(value):

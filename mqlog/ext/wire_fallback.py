@@ -10,6 +10,7 @@ them.
 
 from __future__ import annotations
 
+import itertools
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -37,6 +38,21 @@ class Frame:
 def packb(value: Any) -> bytes:
     """``msgpack.packb(value)`` (the C twin's is faster for the types headers use)."""
     return msgpack.packb(value, use_bin_type=True)
+
+
+def split_bodies(payload: bytes, sizes: Any) -> list[bytes]:
+    """The bodies of a produce request: ``payload`` cut at ``sizes``, a list of ints >= 0
+    that add up to its length (RemoteProtocolError naming what is wrong otherwise). One
+    body of the whole payload is the payload itself, not a copy."""
+    if type(sizes) is not list or not all(type(size) is int and size >= 0 for size in sizes):
+        raise RemoteProtocolError("produce sizes must be a list of non-negative ints")
+    if sum(sizes) != len(payload):
+        raise RemoteProtocolError(f"produce sizes add up to {sum(sizes)} bytes, its "
+                                  f"payload has {len(payload)}")
+    if len(sizes) == 1:
+        return [payload]
+    ends = itertools.accumulate(sizes)
+    return [payload[end - size:end] for size, end in zip(sizes, ends, strict=True)]
 
 
 def encode_frame(header: dict[str, Any], payload: Any = b"") -> bytes:

@@ -50,7 +50,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import os
 import random
 from collections.abc import Callable
@@ -64,7 +63,7 @@ from mqlog.replication import core_for, hardstate, messages
 from mqlog.replication.driver import Answer, Driver, is_cut
 from mqlog.replication.idempotence import ProducerTag, Stored
 from mqlog.replication.isr.core import CONTROLLER, TEST_BREAKS
-from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
+from mqlog.replication.wire import Frame, FrameDecoder, encode_frame, split_bodies
 from mqlog.results import PutStatus
 
 if TYPE_CHECKING:
@@ -112,21 +111,6 @@ async def start_listening(address: str, handler: Any = None, *,
             f"cannot listen on {address}: {error.strerror or error} (another process may "
             "have the port: stop it or choose another `listen` host:port; the host must be "
             "an address of this machine)") from None
-
-
-def unpack_bodies(payload: bytes, sizes: Any) -> list[bytes]:
-    """The bodies of a produce request: ``payload`` cut at ``sizes``."""
-    if type(sizes) is not list:
-        raise errors.RemoteProtocolError("produce sizes must be a list of non-negative ints")
-    if len(sizes) == 1 and sizes[0] == len(payload) and type(sizes[0]) is int:
-        return [payload]  # the common case, checked at once
-    if not all(type(size) is int and size >= 0 for size in sizes):
-        raise errors.RemoteProtocolError("produce sizes must be a list of non-negative ints")
-    if sum(sizes) != len(payload):
-        raise errors.RemoteProtocolError(f"produce sizes add up to {sum(sizes)} bytes, its "
-                                         f"payload has {len(payload)}")
-    ends = list(itertools.accumulate(sizes))
-    return [payload[end - size:end] for size, end in zip(sizes, ends, strict=True)]
 
 
 class Node:
@@ -406,10 +390,11 @@ class Node:
             frames = []
         for frame in frames:
             try:  # (an ISR leader raises NotEnoughReplicas: nothing is stored)
-                if self._stored_already(frame.header):
+                producer = _producer_tag(frame.header)  # (read once: InvalidArgument)
+                if self._stored_already(producer):
                     refused = PutStatus.PUT_OK
                 else:
-                    self._in_order(frame.header)  # (SequenceGap: nothing is stored)
+                    self._in_order(frame.header, producer)  # (SequenceGap: none stored)
                     refused = self.core.may_accept(_acks(frame.header))
             except errors.MqlogError as error:
                 answers.append((frame, self._error_header(error)))
@@ -419,7 +404,8 @@ class Node:
                                         "position": -1, "offset": -1, "count": 0}))
                 continue
             try:
-                stored.append((frame, *self._store_request(frame.header, frame.payload)))
+                stored.append((frame, *self._store_request(frame.header, frame.payload,
+                                                           producer)))
             except errors.MqlogError as error:
                 answers.append((frame, self._error_header(error)))
         if stored:
@@ -434,15 +420,14 @@ class Node:
         if answers:
             await _write(writer, b"".join([encode_frame(header) for _, header in answers]))
 
-    def _stored_already(self, header: dict[str, Any]) -> bool:
+    def _stored_already(self, producer: ProducerTag | None) -> bool:
         """An idempotent retry of a write this leader has: it is not refused before
         storing (NotEnoughReplicas would say "nothing was stored", a lie); its answer is
         the layer's verdict on the stored copy (NOT_ENOUGH_REPLICAS_AFTER_APPEND while
         the ISR is short)."""
-        producer = _producer_tag(header)
         return producer is not None and self.driver.producers.lookup(*producer) is not None
 
-    def _in_order(self, header: dict[str, Any]) -> None:
+    def _in_order(self, header: dict[str, Any], producer: ProducerTag | None) -> None:
         """A pipelined producer's request names the sequence it sent before (``previous``):
         SequenceGap (nothing stored) unless this leader stored that one — so a request
         refused (NotLeader, NotEnoughReplicas) or lost is never overtaken by the next
@@ -451,7 +436,7 @@ class Node:
         takes a sequence too. A producer this leader does not know is refused too: the
         client sends the request again without ``previous`` once nothing is pending
         before it. Read in order, so a request stored just before counts."""
-        previous, producer = header.get("previous"), _producer_tag(header)
+        previous = header.get("previous")
         if previous is None:
             return
         if producer is None or not isinstance(previous, int) or isinstance(previous, bool) \
@@ -564,16 +549,16 @@ class Node:
                 f"{wanted[0]!r} queue {wanted[1]!r}: send it to the group of that "
                 "partition (or name no group: the broker routes it)")
 
-    def _store_request(self, header: dict[str, Any], payload: bytes) -> tuple[Stored, str]:
+    def _store_request(self, header: dict[str, Any], payload: bytes,
+                       producer: ProducerTag | None) -> tuple[Stored, str]:
         """Store one produce request's records (or find them: an idempotent retry);
         where they went, and what the client waits for. (The caller checked that this
-        node leads.)"""
+        node leads, and read ``producer``, the request's tag.)"""
         self._check_served(header)
-        bodies = unpack_bodies(payload, header.get("sizes"))
+        bodies = split_bodies(payload, header.get("sizes"))  # (RemoteProtocolError)
         if not bodies:
             raise errors.InvalidArgument("a produce request needs at least one body")
         acks = _acks(header)
-        producer = _producer_tag(header)
         # (the store checks every field's type)
         stored = self.driver.write(header.get("topic"), bodies, header.get("queue_id", 0),
                                    header.get("key"), header.get("tags"), producer)

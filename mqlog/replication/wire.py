@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 else:
     Frame = _codec.Frame
 encode_frame = _codec.encode_frame
+split_bodies = _codec.split_bodies  # a produce request's payload cut into its bodies
 PREFIX_SIZE: Final = _codec.PREFIX_SIZE
 RECEIVE_BYTES_MIN: Final = 64 << 10  # get_buffer offers at least this much room
 RECEIVE_KEPT_BYTES: Final = 1 << 20  # a larger receive buffer is let go once drained
