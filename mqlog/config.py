@@ -545,8 +545,9 @@ class BrokerConfig:
         if self.controller and "broker" in self.process_roles:  # (assigned partitions)
             _check_hosted_store(self.store, f"{self.source}: [store]", None)
             defaults = ReplicationConfig()
+            fetch_max = self.controller.get("replica_fetch_max_bytes", defaults.fetch_bytes_max)
             largest = max(self.store.message_size_bytes_max, defaults.append_bytes_max,
-                          defaults.fetch_bytes_max)
+                          fetch_max if isinstance(fetch_max, int) else 0)
             if largest + _FRAME_HEADER_ROOM > self.frame_size_bytes_max:
                 raise ConfigError(f"{where} frame_size_bytes_max={self.frame_size_bytes_max} "
                                   f"must exceed by 4 KiB the largest message the partitions "

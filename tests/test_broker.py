@@ -108,6 +108,9 @@ PEERS = '[node.peers]\nb2 = "127.0.0.1:7002"\nb3 = "127.0.0.1:7003"\n'
      "message_size_bytes_max=20971520 must leave 4 KiB of frame_size_bytes_max=16777216"),
     (NODE + 'frame_size_bytes_max = 65536\n[controller]\nvoters = {c1 = "127.0.0.1:7101"}\n',
      "frame_size_bytes_max=65536 must exceed by 4 KiB the largest message"),
+    (NODE + 'frame_size_bytes_max = 8388608\n[controller]\nvoters = {c1 = "127.0.0.1:7101"}\n'
+     'replica_fetch_max_bytes = 12582912\n',
+     "frame_size_bytes_max=8388608 must exceed by 4 KiB the largest message"),
 ])
 def test_node_toml_mistakes_are_named_with_key_and_file(tmp_path, text, expected):
     with pytest.raises(errors.ConfigError) as raised:
@@ -442,6 +445,34 @@ def test_a_client_that_does_not_read_holds_back_only_its_own_answers(tmp_path):
             wait_until(lambda: running.call(lambda: len(running.broker._tasks)) == 0,
                        "every answer task done (resumed: the client read)", 30)
 
+
+
+def test_a_drainer_cancelled_leaves_the_others_waiting_for_the_transport():
+    """Each drain() waits on its own future: one task cancelled while the connection is
+    paused (its group closing) cancels no other writer's wait, nor a later one's."""
+    from mqlog.replication.connection import Connection
+
+    class Owner:
+        def connected(self, connection): ...
+        def received(self, connection): ...
+        def lost(self, connection): ...
+
+    async def main() -> list[str]:
+        connection = Connection(Owner(), 1 << 20)
+        connection.pause_writing()
+        first = asyncio.create_task(connection.drain())
+        second = asyncio.create_task(connection.drain())
+        await asyncio.sleep(0)
+        first.cancel()
+        await asyncio.sleep(0)
+        third = asyncio.create_task(connection.drain())
+        await asyncio.sleep(0)
+        states = [f"{second.done()} {third.done()}"]
+        connection.resume_writing()
+        await asyncio.gather(second, third)
+        return states + [f"{first.cancelled()} {second.done()} {third.done()}"]
+
+    assert asyncio.run(main()) == ["False False", "True True True"]
 
 def _drain_frames(decoder: FrameDecoder) -> list[Frame]:
     frames = []

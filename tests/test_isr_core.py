@@ -180,6 +180,20 @@ def test_a_fetch_held_for_fetch_bytes_min_is_answered_once_an_acks_all_write_wai
     log.written_position = 500  # acks=1 again: held
     assert not [m for m in _sent(leader) if isinstance(m, FetchReply)]
 
+
+def test_a_held_fetch_is_answered_for_the_furthest_write_waiting_not_the_last_proposed():
+    """An idempotent retry proposes its stored copy's end, which may lie before a newer
+    write's: a fetch held short of the newer one is answered at once all the same."""
+    log = FakeLog(400, ((1, 0),))
+    leader = _core("n1", log, _state(epoch=2), fetch_bytes_min=1 << 20)
+    leader.step(Fetch("n2", "n1", 2, 1, 400, 2))
+    leader.advance(leader.ready())
+    log.written_position = 500
+    leader.propose("new", 500)
+    leader.propose("retry", 300)  # (stored long ago, below the fetch: proposed last)
+    replies = [m for m in _sent(leader) if isinstance(m, FetchReply)]
+    assert [(m.dst, m.position, len(m.payload)) for m in replies] == [("n2", 400, 100)]
+
 def test_losing_leadership_answers_waiting_writes_request_timed_out():
     log = FakeLog(300, ((1, 0),))
     leader = _core("n1", log, _state(epoch=2))

@@ -17,6 +17,7 @@ from mqlog.errors import RemoteProtocolError
 from mqlog.replication import messages
 from mqlog.replication.wire import (
     NEED_DATA,
+    RECEIVE_BYTES_MAX,
     RECEIVE_BYTES_MIN,
     RECEIVE_KEPT_BYTES,
     Frame,
@@ -131,21 +132,32 @@ def test_frames_received_in_place_survive_any_split(items, data):
     assert decoder.buffered_size == 0
 
 
-def test_a_frame_begun_gets_room_for_all_of_it():
-    """Once its size field is in, the rest of a large frame fits where get_buffer points:
-    it is received in place, not copied as the buffer grows; a buffer grown past
-    RECEIVE_KEPT_BYTES is let go once what it holds is decoded."""
+def test_room_grows_with_what_arrives_and_a_drained_buffer_is_let_go():
+    """A frame's size field makes no room by itself (a peer announcing a large frame
+    gets memory only as it sends it): room grows with what is buffered and with reads
+    that fill it; once everything received is decoded, a buffer larger than
+    ``keep_bytes`` is let go."""
     frame = encode_frame({"kind": "big"}, bytes(3 * RECEIVE_KEPT_BYTES))
     decoder = FrameDecoder(16 << 20)
-    assert len(decoder.get_buffer(-1)) >= RECEIVE_BYTES_MIN
+    assert len(decoder.get_buffer(-1)) == RECEIVE_BYTES_MIN
     _receive(decoder, frame[:100], 100)
-    assert len(decoder.get_buffer(-1)) >= len(frame) - 100
-    _receive(decoder, frame[100:], len(frame))
+    assert len(decoder._buffer) <= 2 * RECEIVE_BYTES_MIN
+    grown, received = [], 100
+    while received < len(frame):
+        room = decoder.get_buffer(-1)
+        grown.append(len(decoder._buffer))
+        assert len(decoder._buffer) <= 4 * (received + RECEIVE_BYTES_MAX)
+        count = min(len(room), len(frame) - received)
+        room[:count] = frame[received:received + count]
+        decoder.buffer_updated(count)
+        received += count
+    assert len(set(grown)) < 20  # (grown geometrically, not read by read)
     assert [f.header for f in _drain(decoder)] == [{"kind": "big"}]
+    assert decoder._buffer == b""  # (drained, and larger than keep_bytes: let go)
     small = encode_frame({"kind": "small"}, b"x")
     _receive(decoder, small, 5)
     assert [f.header for f in _drain(decoder)] == [{"kind": "small"}]
-    assert len(decoder._buffer) <= RECEIVE_KEPT_BYTES
+    assert len(decoder._buffer) <= decoder.keep_bytes  # (an idle one keeps no more)
 
 
 def test_an_oversized_frame_received_in_place_is_refused_without_room_for_it():

@@ -62,7 +62,7 @@ from mqlog.ext import libc
 from mqlog.replication import messages
 from mqlog.replication.connection import Connection
 from mqlog.replication.node import Node, run_until_signalled, split_address, start_listening
-from mqlog.replication.wire import Frame, encode_frame
+from mqlog.replication.wire import RECEIVE_KEPT_BYTES, Frame, encode_frame
 
 __all__ = ["Broker", "GroupSpec", "run_broker"]
 
@@ -330,7 +330,7 @@ class Broker:
             self._running = False
             server.close()
             for connection in list(self._connections):
-                connection.close()
+                connection.abort()
             for task in list(self._tasks):
                 task.cancel()
             for ticker in self.tickers.values():
@@ -457,6 +457,8 @@ class Broker:
         finally:
             self._dialing.discard(peer)
         self._counters(peer).dialed += 1
+        if connection.is_closing():  # (lost before this resumed: never a link)
+            return
         connection.write(self._hello())
         if not self._adopt(connection.link):
             connection.close()
@@ -483,10 +485,13 @@ class Broker:
         return Connection(self, self.config.frame_size_bytes_max, peer)
 
     def connected(self, connection: Connection) -> None:
+        if not self._running:  # (accepted as serve() ended: nothing would close it)
+            connection.abort()
+            return
         self._connections.add(connection)
         if connection.peer:  # (dialed: the peer speaks only once it has this one's hello)
-            connection.link = PeerLink(connection.peer, self.broker_id, connection,
-                                       confirmed=False)
+            _linked(connection, PeerLink(connection.peer, self.broker_id, connection,
+                                         confirmed=False))
 
     def received(self, connection: Connection) -> None:
         """Handle every whole frame received; garbage closes the connection."""
@@ -516,7 +521,7 @@ class Broker:
             if writer.link is not None:  # a peer connection carries replication messages
                 self._from_peer(writer.link, frame)
             elif kind == PEER_HELLO:
-                writer.link = self._greeted(frame.header, writer)
+                _linked(writer, self._greeted(frame.header, writer))
             elif kind in _REPLICATION_KINDS:
                 self.refused += 1  # (a peer that skipped the handshake is refused too)
                 raise errors.RemoteProtocolError(f"a {kind} message on a connection that did "
@@ -637,6 +642,13 @@ class Broker:
                 "peers": dict(self.peers), "links": links, "refused": self.refused,
                 "counters": {peer: dataclasses.asdict(counters)
                              for peer, counters in self.counters.items()}}
+
+
+def _linked(connection: Connection, link: PeerLink) -> None:
+    """``connection`` is ``link``'s now: its receive buffer is kept between its frames
+    (fetch answers and Entries are large and steady; a client's buffer is let go)."""
+    connection.link = link
+    connection.decoder.keep_bytes = RECEIVE_KEPT_BYTES
 
 
 def route_peer_frame(groups: Mapping[str, Any], default_group: str, peer: str,

@@ -23,6 +23,7 @@ StreamWriter's does, and raises ConnectionResetError once the connection is lost
 from __future__ import annotations
 
 import asyncio
+import collections
 from typing import Any, Protocol
 
 from mqlog.replication.wire import FrameDecoder
@@ -49,7 +50,8 @@ class Connection(asyncio.BufferedProtocol):
         self.link: Any = None  # the owner's: what this connection is to it
         self.transport: asyncio.Transport | None = None
         self._paused = False  # the transport holds more than its high-water mark
-        self._drained: asyncio.Future[None] | None = None  # what drain() waits on
+        # what each drain() waits on (its own: one drainer cancelled cancels no other)
+        self._drainers: collections.deque[asyncio.Future[None]] = collections.deque()
         self._lost = False
 
     # --- the transport's calls ----------------------------------------------------------
@@ -71,7 +73,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
-        self._wake_drainer()
+        self._wake_drainers()
         self.owner.lost(self)
 
     def pause_writing(self) -> None:
@@ -79,12 +81,13 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._paused = False
-        self._wake_drainer()
+        self._wake_drainers()
 
-    def _wake_drainer(self) -> None:
-        if self._drained is not None and not self._drained.done():
-            self._drained.set_result(None)
-        self._drained = None
+    def _wake_drainers(self) -> None:
+        while self._drainers:
+            drainer = self._drainers.popleft()
+            if not drainer.done():
+                drainer.set_result(None)
 
     # --- the writer's calls (what the broker and its groups use of a StreamWriter) -------
 
@@ -97,9 +100,13 @@ class Connection(asyncio.BufferedProtocol):
         if self._lost:
             raise ConnectionResetError("the connection is lost")
         if self._paused:
-            if self._drained is None:
-                self._drained = asyncio.get_running_loop().create_future()
-            await self._drained
+            drainer = asyncio.get_running_loop().create_future()
+            self._drainers.append(drainer)
+            try:
+                await drainer
+            finally:
+                if drainer in self._drainers:  # (cancelled: it waits no more)
+                    self._drainers.remove(drainer)
             if self._lost:
                 raise ConnectionResetError("the connection is lost")
 
@@ -111,8 +118,15 @@ class Connection(asyncio.BufferedProtocol):
         return self.transport is None or self.transport.is_closing()
 
     def close(self) -> None:
+        """Close once what was written is sent."""
         if self.transport is not None:
             self.transport.close()
+
+    def abort(self) -> None:
+        """Close now, dropping what was not sent (a broker that stops: a peer that does
+        not read must not keep the connection open)."""
+        if self.transport is not None:
+            self.transport.abort()
 
     def get_extra_info(self, name: str, default: Any = None) -> Any:
         return self.transport.get_extra_info(name, default) if self.transport else default

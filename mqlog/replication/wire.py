@@ -24,10 +24,17 @@ dropped.
 
 A socket may also read straight into the decoder (asyncio's ``BufferedProtocol``, a
 broker's connections): ``get_buffer()`` is where the next bytes go, ``buffer_updated(n)``
-says how many came. The decoder then keeps one bytearray per connection and makes room
-for the whole frame whose start it has, so a fetch answer of a megabyte is received in
-place and copied once, into its frame's payload (``feed`` copies what a read returned
-unless it ends on a frame's end, and a stream reader copies it twice before that).
+says how many came. The decoder then keeps one bytearray and receives in place: a fetch
+answer of a megabyte is copied once, into its frame's payload (``feed`` copies what a
+read returned unless it ends on a frame's end, and a stream reader copies it twice
+before that). Its room grows with what arrives, never ahead of it: for the rest of the
+frame begun, at most twice what is buffered (a peer announcing a 16 MiB frame gets no
+16 MiB until it sends them), and for the next read, doubling while reads fill it (up to
+``RECEIVE_BYTES_MAX``: requests pipelined together are read, and answered, together),
+halving while they do not. Once everything received is decoded, a buffer larger than
+``keep_bytes`` is let go (``RECEIVE_BYTES_MIN`` unless set: an idle connection keeps
+that much; a broker's peer connections keep ``RECEIVE_KEPT_BYTES``, their answers are
+large and steady).
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ encode_frame = _codec.encode_frame
 split_bodies = _codec.split_bodies  # a produce request's payload cut into its bodies
 PREFIX_SIZE: Final = _codec.PREFIX_SIZE
 RECEIVE_BYTES_MIN: Final = 64 << 10  # get_buffer offers at least this much room
-RECEIVE_KEPT_BYTES: Final = 1 << 20  # a larger receive buffer is let go once drained
+RECEIVE_BYTES_MAX: Final = 1 << 20  # ... and at most this for the next read alone
+RECEIVE_KEPT_BYTES: Final = 4 << 20  # what a peer connection's buffer may keep, drained
 
 
 class _NeedData:
@@ -58,9 +66,12 @@ NEED_DATA: Final = _NeedData()
 class FrameDecoder:
     """Turns a byte stream into frames; see the module docstring."""
 
-    def __init__(self, frame_size_bytes_max: int) -> None:
+    def __init__(self, frame_size_bytes_max: int,
+                 keep_bytes: int = RECEIVE_BYTES_MIN) -> None:
         assert frame_size_bytes_max >= PREFIX_SIZE
         self.frame_size_bytes_max = frame_size_bytes_max
+        self.keep_bytes = keep_bytes  # a receive buffer's size kept once drained
+        self._read_bytes = RECEIVE_BYTES_MIN  # room offered for the next read
         # What was fed and is not decoded yet is _buffer[_start:_end]: the bytes fed last
         # as they are while everything before them was decoded (a read that ends on a
         # frame's end is decoded where it lies: a fetch answer is not copied once more),
@@ -91,19 +102,19 @@ class FrameDecoder:
 
     def get_buffer(self, size_hint: int = -1) -> memoryview:
         """Where the socket may write the next bytes received (``buffer_updated`` says
-        how many it wrote): room for the rest of the frame begun, and at least
-        ``RECEIVE_BYTES_MIN``. Not to be kept past that call: the next may move it."""
+        how many it wrote); see the module docstring for how much room. Not to be kept
+        past that call: the next may move it."""
         buffer, start, end = self._buffer, self._start, self._end
-        room = max(RECEIVE_BYTES_MIN, self._frame_rest(), size_hint)
+        pending = end - start
+        room = max(self._read_bytes, size_hint,
+                   min(self._frame_rest(), 2 * max(pending, RECEIVE_BYTES_MIN)))
         if isinstance(buffer, bytearray) and len(buffer) - end >= room:
             return memoryview(buffer)[end:]
-        pending = end - start
         size = pending + room
-        if isinstance(buffer, bytearray) and size <= len(buffer) and \
-                not size <= RECEIVE_KEPT_BYTES < len(buffer):
+        if isinstance(buffer, bytearray) and size <= len(buffer):
             memoryview(buffer)[:pending] = memoryview(buffer)[start:end]  # (a memmove)
-        else:  # (grown to fit, or a large one let go)
-            grown = bytearray(size)
+        else:  # (grown: at most twice what it holds, amortised O(1) a byte)
+            grown = bytearray(max(size, min(2 * len(buffer), pending + 2 * room)))
             grown[:pending] = memoryview(buffer)[start:end]
             self._buffer = buffer = grown
         self._start, self._end = 0, pending
@@ -111,7 +122,12 @@ class FrameDecoder:
 
     def buffer_updated(self, size: int) -> None:
         """``size`` bytes were received where ``get_buffer`` said."""
+        room = len(self._buffer) - self._end
         self._end += size
+        if size == room and self._read_bytes < RECEIVE_BYTES_MAX:
+            self._read_bytes *= 2  # (a read filled what it was offered: more waits)
+        elif size * 4 < self._read_bytes and self._read_bytes > RECEIVE_BYTES_MIN:
+            self._read_bytes //= 2
 
     def _frame_rest(self) -> int:
         """Bytes still to come of the frame begun (0: none begun, or its size is bad:
@@ -136,6 +152,10 @@ class FrameDecoder:
         received = memoryview(buffer)[:self._end] if self._end != len(buffer) else buffer
         frames, self._start, error = _codec.decode_frames(received, self._start,
                                                           self.frame_size_bytes_max)
+        del received  # (no view of the buffer outlives this call)
+        if self._start == self._end and len(buffer) > self.keep_bytes and \
+                isinstance(buffer, bytearray):
+            self._buffer, self._start, self._end = b"", 0, 0  # (drained: let it go)
         if not frames:
             if error is not None:
                 raise error

@@ -555,7 +555,7 @@ class IsrCore(EpochMirror, PeerMessages):
         not change within this call): caught-up followers wait at the same end, and each
         read is a copy of up to fetch_bytes_max bytes."""
         reads: dict[tuple[int, int], bytes] = {}
-        awaited = self._waiting[-1].end if self._waiting else -1  # (the newest's end)
+        awaited = max((proposal.end for proposal in self._waiting), default=-1)
         for progress in self.followers.values():
             fetch = progress.waiting
             if fetch is None:
