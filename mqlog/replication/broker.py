@@ -181,7 +181,7 @@ class Broker:
         self.counters: dict[str, PeerCounters] = {}
         self.refused = 0  # peers refused: another cluster, a stranger, or no peer_hello
         self._links: dict[str, PeerLink] = {}
-        self._connections: set[Connection] = set()  # every open one: closed at the stop
+        self._connections: set[Connection] = set()  # every open one: aborted at the stop
         self._dialing: set[str] = set()
         self._opening: set[str] = set()  # groups whose stores open on a thread now
         self._dial_after: dict[str, float] = {}  # peer -> loop time its next dial may start

@@ -4,10 +4,10 @@ frame decoder, and a writer with the StreamWriter calls the broker and its group
 Why not streams. A stream reader copies every byte it reads twice (into its buffer, out
 of it), and each read wakes a task: a future resolved, a task step, a coroutine resumed,
 for every chunk of every fetch answer a follower receives and every produce request a
-leader does. Here the socket writes into the decoder's buffer (``FrameDecoder.get_buffer``
-makes room for the whole frame begun), and the owner is called back in the same loop
-iteration with every whole frame in it: a frame's bytes are copied once, into its
-payload, and no task runs until the owner makes one.
+leader does. Here the socket writes into the decoder's buffer (``FrameDecoder.get_buffer``:
+its room grows with what arrives, wire.py says how), and the owner is called back in the
+same loop iteration with every whole frame in it: a frame's bytes are copied once, into
+its payload, and no task runs until the owner makes one.
 
 The owner (the broker) is told of three things: ``connected(connection)`` once the
 socket is up (a dialed connection's peer is ``connection.peer``, set before it), with
