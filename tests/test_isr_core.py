@@ -194,6 +194,21 @@ def test_a_held_fetch_is_answered_for_the_furthest_write_waiting_not_the_last_pr
     replies = [m for m in _sent(leader) if isinstance(m, FetchReply)]
     assert [(m.dst, m.position, len(m.payload)) for m in replies] == [("n2", 400, 100)]
 
+
+def test_a_proposal_that_moves_no_log_still_makes_has_ready_say_yes():
+    """An idempotent retry proposes its stored copy without writing: the log did not
+    move, but a fetch held for min bytes is now to be answered, so has_ready() must not
+    let the driver skip that run (its promise: False only when ready() is empty)."""
+    log = FakeLog(400, ((1, 0),))
+    leader = _core("n1", log, _state(epoch=2), fetch_bytes_min=1 << 20)
+    leader.step(Fetch("n2", "n1", 2, 1, 300, 1))
+    leader.advance(leader.ready())  # (held: 100 bytes, below min bytes)
+    assert not leader.has_ready()
+    leader.propose("retry", 350)  # (stored before; the log did not move)
+    assert leader.has_ready()
+    replies = [m for m in _sent(leader) if isinstance(m, FetchReply)]
+    assert [(m.dst, m.position, len(m.payload)) for m in replies] == [("n2", 300, 100)]
+
 def test_losing_leadership_answers_waiting_writes_request_timed_out():
     log = FakeLog(300, ((1, 0),))
     leader = _core("n1", log, _state(epoch=2))

@@ -49,7 +49,6 @@ status 1): the groups share a process, and a restart runs the engine's recovery 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -511,17 +510,17 @@ class Broker:
         if link is not None and self._links.get(peer := link.peer) is link:
             del self._links[peer]
 
-    def _frames(self, writer: Connection) -> None:
+    def _frames(self, connection: Connection) -> None:
         """Handle every whole frame received (a peer_hello makes the connection a peer's:
-        ``writer.link``)."""
+        ``connection.link``)."""
         produces: dict[str, list[Frame]] = {}
-        decoder = writer.decoder
+        decoder = connection.decoder
         while isinstance(frame := decoder.next_frame(), Frame):
             kind = frame.header.get("kind")
-            if writer.link is not None:  # a peer connection carries replication messages
-                self._from_peer(writer.link, frame)
+            if connection.link is not None:  # a peer connection: replication messages only
+                self._from_peer(connection.link, frame)
             elif kind == PEER_HELLO:
-                _linked(writer, self._greeted(frame.header, writer))
+                _linked(connection, self._greeted(frame.header, connection))
             elif kind in _REPLICATION_KINDS:
                 self.refused += 1  # (a peer that skipped the handshake is refused too)
                 raise errors.RemoteProtocolError(f"a {kind} message on a connection that did "
@@ -530,12 +529,12 @@ class Broker:
                 try:
                     produces.setdefault(self._group_for(frame.header).name, []).append(frame)
                 except errors.MqlogError as error:
-                    self._spawn(self._answer_error(frame, writer, error))
+                    self._spawn(self._answer_error(frame, connection, error))
             else:  # a client's request: answered when done, in any order
-                self._spawn(self._answer(frame, writer))
+                self._spawn(self._answer(frame, connection))
         for name, frames in produces.items():
             node = self.groups[name]
-            node._spawn(node._answer_produces(frames, writer))
+            node._spawn(node._answer_produces(frames, connection))
 
     def _check_hello(self, header: dict[str, Any]) -> str:
         """The peer a ``peer_hello`` names, or RemoteProtocolError (counted) if refused."""
@@ -616,13 +615,13 @@ class Broker:
             await self._answer_error(frame, writer, error)
             return
         header["id"] = frame.header.get("id")
-        await _write(writer, encode_frame(header, payload))
+        await writer.answer(encode_frame(header, payload))
 
     async def _answer_error(self, frame: Frame, writer: Connection,
                             error: errors.MqlogError) -> None:
         header = {"kind": "error", "error": type(error).__name__, "message": str(error),
                   "id": frame.header.get("id")}
-        await _write(writer, encode_frame(header))
+        await writer.answer(encode_frame(header))
 
     def metadata(self) -> dict[str, Any]:
         """The broker's facts: its groups, its peer connections and their counters."""
@@ -682,13 +681,6 @@ def _controller_hook(broker: Broker, name: str) -> None:
         raise errors.ConfigError(f"{broker.config.source}: process_roles and [controller] ask "
                                  f"for the controller's {name}, which this mqlog lacks") from None
     hook(broker)
-
-
-async def _write(writer: Connection, data: bytes) -> None:
-    if not writer.is_closing():
-        writer.write(data)
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
 
 
 def run_broker(config: BrokerConfig) -> None:

@@ -17,13 +17,16 @@ hands them out; a RemoteProtocolError it raises is the owner's to handle), and
 
 Writing. ``write`` queues bytes on the transport (it sends at once what the socket
 takes); ``drain()`` waits while the transport holds more than its high-water mark, as a
-StreamWriter's does, and raises ConnectionResetError once the connection is lost.
+StreamWriter's does, and raises ConnectionResetError once the connection is lost;
+``answer(data)`` is both, for a request's answer (the broker's and its groups' one way
+to answer).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from typing import Any, Protocol
 
 from mqlog.replication.wire import FrameDecoder
@@ -109,6 +112,15 @@ class Connection(asyncio.BufferedProtocol):
                     self._drainers.remove(drainer)
             if self._lost:
                 raise ConnectionResetError("the connection is lost")
+
+    async def answer(self, data: bytes) -> None:
+        """Write a request's answer and wait while the transport holds too much (a
+        client that does not read holds back only its own answers); a connection closing
+        or lost takes nothing and is not waited for."""
+        if not self.is_closing():
+            self.write(data)
+            with contextlib.suppress(ConnectionError):
+                await self.drain()
 
     def write_buffer_size(self) -> int:
         """Bytes written and not yet taken by the socket."""

@@ -53,7 +53,7 @@ import functools
 import os
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from mqlog import errors
 from mqlog.config import GroupSpec
@@ -68,16 +68,7 @@ from mqlog.results import PutStatus
 
 if TYPE_CHECKING:
     from mqlog.replication.broker import Broker
-
-
-class FrameWriter(Protocol):
-    """Where a client's answers go: the broker's Connection (what a StreamWriter has)."""
-
-    def write(self, data: bytes) -> None: ...
-
-    def is_closing(self) -> bool: ...
-
-    async def drain(self) -> None: ...
+    from mqlog.replication.connection import Connection
 
 
 # A deliberately broken ISR core (one of isr/core.py's TEST_BREAKS) in every ISR group of
@@ -349,7 +340,7 @@ class Node:
         self._tasks.add(task := asyncio.create_task(coroutine))
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, frame: Frame, writer: FrameWriter) -> None:
+    async def _answer(self, frame: Frame, writer: Connection) -> None:
         try:
             header, payload = await self._request(frame.header.get("kind"), frame)
         except errors.MqlogError as error:
@@ -359,7 +350,7 @@ class Node:
             header, payload = {"kind": "error", "error": type(error).__name__,
                                "message": str(error)}, b""
         header["id"] = frame.header.get("id")
-        await _write(writer, encode_frame(header, payload))
+        await writer.answer(encode_frame(header, payload))
 
     def _error_header(self, error: errors.MqlogError) -> dict[str, Any]:
         if isinstance(error, errors.StoreClosed):  # (a client retries NodeUnavailable)
@@ -378,7 +369,7 @@ class Node:
             header["leader_address"] = self.broker.peers.get(error.leader)
         return header
 
-    async def _answer_produces(self, frames: list[Frame], writer: FrameWriter) -> None:
+    async def _answer_produces(self, frames: list[Frame], writer: Connection) -> None:
         """Produce requests that arrived together are stored, made durable, replicated
         and answered together — one flush wait, one proposal, one socket write (the
         shape of pebble's commit pipeline) — each with its own status or error."""
@@ -418,7 +409,7 @@ class Node:
         for frame, header in answers:
             header["id"] = frame.header.get("id")
         if answers:
-            await _write(writer, b"".join([encode_frame(header) for _, header in answers]))
+            await writer.answer(b"".join([encode_frame(header) for _, header in answers]))
 
     def _stored_already(self, producer: ProducerTag | None) -> bool:
         """An idempotent retry of a write this leader has: it is not refused before
@@ -743,13 +734,6 @@ def _record_count(header: dict[str, Any]) -> int:
     store refuses it later with the reason)."""
     sizes = header.get("sizes")
     return len(sizes) if isinstance(sizes, list) else 0
-
-
-async def _write(writer: FrameWriter, data: bytes) -> None:
-    if not writer.is_closing():
-        writer.write(data)
-        with contextlib.suppress(ConnectionError):
-            await writer.drain()
 
 
 async def _request_once(address: str, header: dict[str, Any]) -> Frame:

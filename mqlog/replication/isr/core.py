@@ -289,6 +289,7 @@ class IsrCore(EpochMirror, PeerMessages):
             return
         self._waiting.append(Proposal(request_id, end,
                                       self.tick_count + self.config.sync_timeout_ticks))
+        self._seen = UNSEEN  # (a fetch held for min bytes may be answered now: _answer_fetches)
         if self.config.replica_ack == "flushed" and self.log.flushed_position < end:
             self._ready.must_sync = True  # the leader's own copy counts once durable
 
@@ -309,9 +310,10 @@ class IsrCore(EpochMirror, PeerMessages):
         the held fetches that now have bytes to send) and from what its ticks mark (a
         held fetch whose wait is over); when none of them moved since its last ready(),
         and its ticks added nothing, that ready() would find nothing new: an idle
-        partition's leader is not run every tick. Steps and new metadata change what
-        ready() computes from too: a driver runs after each step, and apply_metadata
-        makes the next has_ready() say yes. (A driver may skip a run that would find
+        partition's leader is not run every tick. Steps, new metadata and proposals
+        change what ready() computes from too: a driver runs after each step, and
+        apply_metadata and propose (a held fetch an acks=all write now waits for) make
+        the next has_ready() say yes. (A driver may skip a run that would find
         nothing: node.py after a tick.)"""
         if self._ready:
             return True
