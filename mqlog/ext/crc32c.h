@@ -4,6 +4,14 @@
  *   - SSE4.2's crc32 instruction, eight bytes at a time. The function is compiled with
  *     __attribute__((target("sse4.2"))) rather than -msse4.2/-march=native, so the
  *     module still loads on a CPU without it; __builtin_cpu_supports decides at run time.
+ *     One crc32 waits for the one before it (three cycles of latency, one of
+ *     throughput), so a long buffer is cut into blocks of three equal streams whose
+ *     registers advance side by side, and joined after each block: the register of
+ *     ``A`` followed by ``B`` is that of ``A`` moved over |B| zero bytes, XOR the
+ *     register of ``B`` begun at zero (the raw register is linear in GF(2)). Moving a
+ *     register over a block's length is four table lookups (tables filled at setup from
+ *     the one-zero-bit operator, squared). A fetch answer's frame is checked three times
+ *     as fast; a record, shorter than a short block, one stream as before.
  *   - slicing-by-8 tables (8 KiB, filled at setup) everywhere else.
  * Both update a raw (pre-inverted) register; mq_crc32c() does the inversions, so its
  * ``value`` argument continues a previous result exactly as crc32c.crc32c(data, value).
@@ -66,12 +74,88 @@ static uint32_t mq_crc32c_sw(uint32_t crc, const unsigned char *p, size_t n)
 }
 
 #if MQ_CRC32C_HAVE_SSE42
-/* Unaligned 8-byte loads cost nothing extra on the CPUs that have SSE4.2, and records
- * are short, so there is no alignment prologue. */
+/* Three streams of this many bytes each make a block (long blocks first, then short). */
+#define MQ_CRC32C_LONG 8192
+#define MQ_CRC32C_SHORT 256
+
+/* mq_crc32c_shift_*[k][b]: the raw register (b << 8k) moved over LONG / SHORT zero
+ * bytes; the register c moved is the XOR of its four bytes' entries. */
+static uint32_t mq_crc32c_shift_long[4][256];
+static uint32_t mq_crc32c_shift_short[4][256];
+
+/* A GF(2) operator on the 32-bit register: column n is the image of bit n. */
+static uint32_t mq_gf2_apply(const uint32_t *operator_, uint32_t vector)
+{
+    uint32_t sum = 0;
+    for (int n = 0; vector; n++, vector >>= 1)
+        if (vector & 1U)
+            sum ^= operator_[n];
+    return sum;
+}
+
+static void mq_gf2_square(uint32_t *square, const uint32_t *operator_)
+{
+    for (int n = 0; n < 32; n++)
+        square[n] = mq_gf2_apply(operator_, operator_[n]);
+}
+
+/* Fill table with the operator "move over ``bytes`` zero bytes" (a power of two). */
+static void mq_crc32c_fill_shift(uint32_t table[4][256], size_t bytes)
+{
+    uint32_t operator_[32], square[32];
+    operator_[0] = MQ_CRC32C_POLY;  /* one zero bit: shift right, fold bit 0 back in */
+    for (int n = 1; n < 32; n++)
+        operator_[n] = 1U << (n - 1);
+    for (size_t bits = 1; bits < 8 * bytes; bits *= 2) {
+        mq_gf2_square(square, operator_);
+        memcpy(operator_, square, sizeof square);
+    }
+    for (int k = 0; k < 4; k++)
+        for (uint32_t b = 0; b < 256; b++)
+            table[k][b] = mq_gf2_apply(operator_, b << (8 * k));
+}
+
+static inline uint32_t mq_crc32c_shift(const uint32_t table[4][256], uint32_t crc)
+{
+    return table[0][crc & 0xFF] ^ table[1][(crc >> 8) & 0xFF]
+        ^ table[2][(crc >> 16) & 0xFF] ^ table[3][crc >> 24];
+}
+
+/* Whole blocks of three ``stream``-byte streams from *p; returns the register after
+ * them and moves *p and *n past them. */
+__attribute__((target("sse4.2")))
+static inline uint64_t mq_crc32c_hw_blocks(uint64_t c0, const unsigned char **p, size_t *n,
+                                           size_t stream, const uint32_t table[4][256])
+{
+    const unsigned char *at = *p;
+    uint64_t c1, c2, word;
+    while (*n >= 3 * stream) {
+        const unsigned char *end = at + stream;
+        c1 = c2 = 0;
+        do {  /* Unaligned 8-byte loads cost nothing extra on CPUs with SSE4.2. */
+            memcpy(&word, at, 8);
+            c0 = _mm_crc32_u64(c0, word);
+            memcpy(&word, at + stream, 8);
+            c1 = _mm_crc32_u64(c1, word);
+            memcpy(&word, at + 2 * stream, 8);
+            c2 = _mm_crc32_u64(c2, word);
+            at += 8;
+        } while (at < end);
+        c0 = mq_crc32c_shift(table, (uint32_t)c0) ^ (uint32_t)c1;
+        c0 = mq_crc32c_shift(table, (uint32_t)c0) ^ (uint32_t)c2;
+        at += 2 * stream;
+        *n -= 3 * stream;
+    }
+    *p = at;
+    return c0;
+}
+
 __attribute__((target("sse4.2")))
 static uint32_t mq_crc32c_hw(uint32_t crc, const unsigned char *p, size_t n)
 {
     uint64_t c = crc, word;
+    c = mq_crc32c_hw_blocks(c, &p, &n, MQ_CRC32C_LONG, mq_crc32c_shift_long);
+    c = mq_crc32c_hw_blocks(c, &p, &n, MQ_CRC32C_SHORT, mq_crc32c_shift_short);
     while (n >= 8) {
         memcpy(&word, p, 8);
         c = _mm_crc32_u64(c, word);
@@ -92,6 +176,8 @@ static void mq_crc32c_setup(void)
 #if MQ_CRC32C_HAVE_SSE42
     __builtin_cpu_init();
     mq_crc32c_use_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;
+    mq_crc32c_fill_shift(mq_crc32c_shift_long, MQ_CRC32C_LONG);
+    mq_crc32c_fill_shift(mq_crc32c_shift_short, MQ_CRC32C_SHORT);
 #endif
 }
 
