@@ -15,12 +15,14 @@ from typing import Any
 
 import msgpack
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mqlog import errors
 from mqlog.config import ReplicationConfig
 from mqlog.group_client import GroupClient
 from mqlog.replication import hardstate
-from mqlog.replication.core import Ready
+from mqlog.replication.core import Proposals, Ready
 from mqlog.replication.hardstate import HardState, Membership, RoleState
 from mqlog.replication.master_slave import MasterSlaveCore
 from mqlog.replication.messages import (
@@ -553,3 +555,36 @@ def test_group_client_retries_a_flush_disk_timeout_with_the_same_sequence():
     assert result.status is PutStatus.PUT_OK and client.retries == 2
     assert seen == [("p", 1)] * 3
 
+
+
+@given(st.lists(st.tuples(st.sampled_from(["add", "commit", "expire"]), st.integers(0, 40)),
+                max_size=60))
+def test_proposals_answer_each_write_once_when_its_own_end_is_committed(steps):
+    """Every layer's leader keeps its waiting writes in Proposals: against a model, each
+    write is answered exactly once, PUT_OK at the first commit that reaches its end
+    (whatever ends were proposed before it: an idempotent retry's lies behind them), a
+    timeout at its deadline otherwise."""
+    proposals, model, resolved, expected = Proposals(), {}, [], []
+    tick = committed = 0
+    for number, (action, value) in enumerate(steps):
+        if action == "add":
+            proposals.add(number, value, tick + 5)
+            model[number] = (value, tick + 5)
+        elif action == "commit":
+            committed = max(committed, value)
+            proposals.commit(committed, resolved)
+            done = [key for key, (end, _) in model.items() if end <= committed]
+            expected += [(key, PutStatus.PUT_OK) for key in done]
+        else:
+            tick += value % 4
+            proposals.expire(tick, resolved, PutStatus.REQUEST_TIMED_OUT)
+            done = [key for key, (_, deadline) in model.items() if deadline <= tick]
+            expected += [(key, PutStatus.REQUEST_TIMED_OUT) for key in done]
+        for key in done if action != "add" else ():
+            del model[key]
+        assert sorted(resolved) == sorted(expected)
+        assert proposals.furthest_end() == max((end for end, _ in model.values()), default=-1)
+    proposals.resolve_all(resolved, PutStatus.FLUSH_SLAVE_TIMEOUT)
+    assert sorted(key for key, _ in resolved) == sorted(
+        number for number, (action, _) in enumerate(steps) if action == "add")
+    assert len(proposals) == 0

@@ -209,6 +209,21 @@ def test_a_proposal_that_moves_no_log_still_makes_has_ready_say_yes():
     replies = [m for m in _sent(leader) if isinstance(m, FetchReply)]
     assert [(m.dst, m.position, len(m.payload)) for m in replies] == [("n2", 300, 100)]
 
+def test_an_idempotent_retry_is_answered_once_its_own_end_is_committed():
+    """A retry proposes its stored copy's end, before a newer write's still waiting: it
+    is answered when the high watermark passes that end, not once the newer one is."""
+    log = FakeLog(500, ((1, 0),))
+    leader = _core("n1", log, _state(epoch=2, isr=("n1", "n2")))
+    leader.propose("new", 500)
+    leader.propose("retry", 300)  # (stored long ago, not committed yet)
+    leader.step(Fetch("n2", "n1", 2, 1, 400, 1))
+    ready = leader.ready()
+    assert ready.resolved == [("retry", PutStatus.PUT_OK)] and leader.hw == 400
+    leader.advance(ready)
+    leader.step(Fetch("n2", "n1", 2, 2, 500, 1))
+    assert leader.ready().resolved == [("new", PutStatus.PUT_OK)]
+
+
 def test_losing_leadership_answers_waiting_writes_request_timed_out():
     log = FakeLog(300, ((1, 0),))
     leader = _core("n1", log, _state(epoch=2))

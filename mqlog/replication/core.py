@@ -21,7 +21,10 @@ Ready, so a simulator can apply it, delay it, or lose it in a crash.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, Protocol
 
 from mqlog.replication.messages import Message
@@ -72,6 +75,72 @@ class Ready:
                     or self.appends or self.set_epoch is not None or self.append_noop
                     or self.must_sync or self.commit_to is not None or self.messages
                     or self.messages_after_persist or self.resolved or self.events)
+
+
+@dataclass
+class Proposal:
+    request_id: Any
+    end: int
+    deadline_tick: int
+
+
+class Proposals:
+    """The writes a leader stored and waits to see replicated (its core's ``propose``):
+    each is answered PUT_OK once the committed position reaches its end, or with the
+    layer's timeout status at its deadline. Deadlines come in proposal order (each is the
+    proposal's tick plus one timeout); ends need not: an idempotent retry proposes its
+    stored copy's end, which may lie before a newer write's, and is answered as soon as
+    that end is committed, not once the newer write's is. Answers go into a Ready's
+    ``resolved`` list as (request id, status)."""
+
+    def __init__(self) -> None:
+        self._queue: deque[Proposal] = deque()
+        self._in_end_order = True  # each end >= the one before: commits pop the front
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[Proposal]:
+        return iter(self._queue)
+
+    def add(self, request_id: Any, end: int, deadline_tick: int) -> None:
+        queue = self._queue
+        if queue and end < queue[-1].end:
+            self._in_end_order = False
+        queue.append(Proposal(request_id, end, deadline_tick))
+
+    def commit(self, position: int, resolved: list[tuple[Any, PutStatus]]) -> None:
+        """Answer PUT_OK every write that ends at or before ``position``."""
+        queue = self._queue
+        if self._in_end_order:
+            while queue and queue[0].end <= position:
+                resolved.append((queue.popleft().request_id, PutStatus.PUT_OK))
+            return
+        resolved += [(proposal.request_id, PutStatus.PUT_OK) for proposal in queue
+                     if proposal.end <= position]
+        self._queue = queue = deque(proposal for proposal in queue if proposal.end > position)
+        self._in_end_order = all(a.end <= b.end for a, b in pairwise(queue))
+
+    def expire(self, tick: int, resolved: list[tuple[Any, PutStatus]],
+               status: PutStatus) -> None:
+        """Answer ``status`` every write whose deadline is ``tick`` or earlier."""
+        queue = self._queue
+        while queue and queue[0].deadline_tick <= tick:
+            resolved.append((queue.popleft().request_id, status))
+        if not queue:
+            self._in_end_order = True
+
+    def resolve_all(self, resolved: list[tuple[Any, PutStatus]], status: PutStatus) -> None:
+        """Answer every write ``status`` (the leader lost its role or its quorum)."""
+        resolved += [(proposal.request_id, status) for proposal in self._queue]
+        self._queue.clear()
+        self._in_end_order = True
+
+    def furthest_end(self) -> int:
+        """The furthest end a write waits for (-1: none waits)."""
+        if self._in_end_order:
+            return self._queue[-1].end if self._queue else -1
+        return max(proposal.end for proposal in self._queue)
 
 
 UNSEEN = (-1, -1)  # log_positions of no ready() yet: a leader's has_ready() says yes

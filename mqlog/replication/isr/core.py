@@ -81,6 +81,7 @@ from mqlog.replication.core import (
     UNSEEN,
     LogView,
     PeerMessages,
+    Proposals,
     Ready,
     epoch_ending_at,
     log_positions,
@@ -140,13 +141,6 @@ class Replica:
 
 
 @dataclass
-class Proposal:
-    request_id: Any
-    end: int
-    deadline_tick: int
-
-
-@dataclass
 class PendingAlter:
     request: AlterPartition
     sent_tick: int
@@ -193,7 +187,7 @@ class IsrCore(EpochMirror, PeerMessages):
         self._epochs = list(log.epoch_starts())
         self._epoch_start_offset = 0  # a leader's end when its leader epoch began
         self.followers: dict[str, Replica] = {}
-        self._waiting: list[Proposal] = []
+        self._waiting = Proposals()
         self._pending: PendingAlter | None = None
         self._fetch_id = 0
         self._fetch_sent_tick: int | None = None  # None: no fetch in flight
@@ -287,8 +281,7 @@ class IsrCore(EpochMirror, PeerMessages):
             self._ready.resolved.append((request_id,
                                          PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND))
             return
-        self._waiting.append(Proposal(request_id, end,
-                                      self.tick_count + self.config.sync_timeout_ticks))
+        self._waiting.add(request_id, end, self.tick_count + self.config.sync_timeout_ticks)
         self._seen = UNSEEN  # (a fetch held for min bytes may be answered now: _answer_fetches)
         if self.config.replica_ack == "flushed" and self.log.flushed_position < end:
             self._ready.must_sync = True  # the leader's own copy counts once durable
@@ -398,9 +391,8 @@ class IsrCore(EpochMirror, PeerMessages):
     def _change_role(self) -> None:
         state, was = self.state, self.role
         if was == LEADER:
-            for proposal in self._waiting:  # stored here; their fate is the new leader's
-                self._ready.resolved.append((proposal.request_id, PutStatus.REQUEST_TIMED_OUT))
-            self._waiting = []
+            # (stored here; their fate is the new leader's)
+            self._waiting.resolve_all(self._ready.resolved, PutStatus.REQUEST_TIMED_OUT)
             self.followers = {}
         self._fetch_sent_tick = None
         self._drop_pending_fetches()  # (a follower's, to its old leader)
@@ -438,10 +430,8 @@ class IsrCore(EpochMirror, PeerMessages):
         self._ready.events.append(f"{self.node_id}: ISR {list(before)} -> {list(isr)} "
                                   f"(partition epoch {self.state.partition_epoch})")
         if len(isr) < minimum <= len(before):
-            for proposal in self._waiting:
-                self._ready.resolved.append((proposal.request_id,
-                                             PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND))
-            self._waiting = []
+            self._waiting.resolve_all(self._ready.resolved,
+                                      PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND)
         for name in isr:  # a member just added counts as caught up from now
             progress = self.followers.get(name)
             if progress is not None and name not in before:
@@ -453,9 +443,8 @@ class IsrCore(EpochMirror, PeerMessages):
         for progress in self.followers.values():
             if progress.waiting is not None and self.tick_count >= progress.deadline_tick:
                 progress.answer_now = True
-        while self._waiting and self._waiting[0].deadline_tick <= self.tick_count:
-            self._ready.resolved.append((self._waiting.pop(0).request_id,
-                                         PutStatus.REQUEST_TIMED_OUT))
+        self._waiting.expire(self.tick_count, self._ready.resolved,
+                             PutStatus.REQUEST_TIMED_OUT)
         pending = self._pending
         if pending is not None and self.tick_count - pending.sent_tick >= \
                 self._alter_retry_ticks:
@@ -557,7 +546,7 @@ class IsrCore(EpochMirror, PeerMessages):
         not change within this call): caught-up followers wait at the same end, and each
         read is a copy of up to fetch_bytes_max bytes."""
         reads: dict[tuple[int, int], bytes] = {}
-        awaited = max((proposal.end for proposal in self._waiting), default=-1)
+        awaited = self._waiting.furthest_end()
         for progress in self.followers.values():
             fetch = progress.waiting
             if fetch is None:
@@ -614,9 +603,7 @@ class IsrCore(EpochMirror, PeerMessages):
         candidate = min(ends)
         if candidate > self.hw:
             self.hw = self._ready.commit_to = candidate
-            while self._waiting and self._waiting[0].end <= candidate:
-                self._ready.resolved.append((self._waiting.pop(0).request_id,
-                                             PutStatus.PUT_OK))
+            self._waiting.commit(candidate, self._ready.resolved)
 
     # --- follower --------------------------------------------------------------------------
 

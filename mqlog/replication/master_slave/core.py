@@ -95,13 +95,12 @@ empty, at the master's log start (``Store.reset``) and says Hello from there.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from mqlog.config import ReplicationConfig
 from mqlog.errors import InvalidArgument, MqlogError, NotMaster
-from mqlog.replication.core import LogView, PeerMessages, Ready, epoch_ending_at
+from mqlog.replication.core import LogView, PeerMessages, Proposals, Ready, epoch_ending_at
 from mqlog.replication.hardstate import RoleState
 from mqlog.replication.messages import (
     Append,
@@ -129,13 +128,6 @@ class SlaveProgress:
     heard_tick: int = -(1 << 62)
     progress_tick: int = 0  # last tick its ack moved
     hello_epoch: int = -1  # the epoch of the Hello that matched it: older Reports are stale
-
-
-@dataclass
-class Proposal:
-    request_id: Any
-    end: int
-    deadline_tick: int
 
 
 @dataclass
@@ -193,7 +185,7 @@ class MasterSlaveCore(PeerMessages):
         self.slaves = {name: SlaveProgress() for name in self.config.slaves}
         self.ignored = 0  # messages dropped: another cluster, or not a member
         self._ignored_from: set[str] = set()
-        self._waiting: deque[Proposal] = deque()
+        self._waiting = Proposals()
         self._ready = Ready()
         # This log's end with the appends still in a Ready: a slave's, or a restarted
         # master's as it pulls.
@@ -328,8 +320,8 @@ class MasterSlaveCore(PeerMessages):
         elif len(self._in_sync()) < self.config.in_sync_slaves_min:
             self._ready.resolved.append((request_id, PutStatus.SLAVE_NOT_AVAILABLE))
         else:
-            self._waiting.append(Proposal(request_id, end,
-                                          self.tick_count + self.config.sync_timeout_ticks))
+            self._waiting.add(request_id, end,
+                              self.tick_count + self.config.sync_timeout_ticks)
             self._resolve_acked()
 
     def ready(self) -> Ready:
@@ -386,9 +378,7 @@ class MasterSlaveCore(PeerMessages):
         unknown (an idempotent retry settles it)."""
         if not master or master == self.node_id:
             raise InvalidArgument(f"follow needs another node as master, got {master!r}")
-        for proposal in self._waiting:
-            self._ready.resolved.append((proposal.request_id, PutStatus.FLUSH_SLAVE_TIMEOUT))
-        self._waiting.clear()
+        self._waiting.resolve_all(self._ready.resolved, PutStatus.FLUSH_SLAVE_TIMEOUT)
         self.config = self.config.replace(role="SLAVE", master=master, slaves=())
         if self._recovery is not None:
             self.epoch -= 1  # the epoch it was about to begin: it never did
@@ -634,15 +624,12 @@ class MasterSlaveCore(PeerMessages):
         if len(acks) < self.config.in_sync_slaves_min:
             return
         replicated = acks[self.config.in_sync_slaves_min - 1]
-        while self._waiting and self._waiting[0].end <= replicated:
-            self._ready.resolved.append((self._waiting.popleft().request_id,
-                                         PutStatus.PUT_OK))
+        self._waiting.commit(replicated, self._ready.resolved)
 
     def _expire_proposals(self) -> None:
-        while self._waiting and self._waiting[0].deadline_tick <= self.tick_count:
-            self._ready.resolved.append((self._waiting.popleft().request_id,
-                                         PutStatus.PUT_OK if self._test_break ==
-                                         "ack_on_timeout" else PutStatus.FLUSH_SLAVE_TIMEOUT))
+        self._waiting.expire(self.tick_count, self._ready.resolved,
+                             PutStatus.PUT_OK if self._test_break == "ack_on_timeout"
+                             else PutStatus.FLUSH_SLAVE_TIMEOUT)
 
     def _pump(self) -> None:
         """Send each matched slave what it lacks, within the in-flight window."""
@@ -791,10 +778,7 @@ class MasterSlaveCore(PeerMessages):
             why = why or f"epoch {epoch} is newer than its {self.epoch}"
             self._ready.events.append(f"{self.node_id} fenced: {why}; another node was "
                                       "promoted")
-            for proposal in self._waiting:
-                self._ready.resolved.append((proposal.request_id,
-                                             PutStatus.FLUSH_SLAVE_TIMEOUT))
-            self._waiting.clear()
+            self._waiting.resolve_all(self._ready.resolved, PutStatus.FLUSH_SLAVE_TIMEOUT)
             self.role, self._recovery = "FENCED", None
         self.epoch = epoch
 

@@ -63,7 +63,6 @@ idempotent retry settles it). Readers on every node see only committed records.
 from __future__ import annotations
 
 import random
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
@@ -75,6 +74,7 @@ from mqlog.replication.core import (
     UNSEEN,
     LogView,
     PeerMessages,
+    Proposals,
     Ready,
     epoch_ending_at,
     log_positions,
@@ -108,13 +108,6 @@ class Progress:
     probe_sent: bool = False
     progress_tick: int = 0  # when ``match`` last moved (or the probe was re-sent)
     active: bool = False  # heard from since the last quorum check
-
-
-@dataclass
-class Proposal:
-    request_id: Any
-    end: int
-    deadline_tick: int
 
 
 class RaftCore(EpochMirror, PeerMessages):
@@ -157,7 +150,7 @@ class RaftCore(EpochMirror, PeerMessages):
         self._timeout = self._random_timeout()
         self._votes: dict[str, bool] = {}
         self.peers: dict[str, Progress] = {}
-        self._waiting: deque[Proposal] = deque()
+        self._waiting = Proposals()
         self._transfer_to = ""
         self._transfer_deadline = 0
         self._heartbeat_elapsed = 0
@@ -267,8 +260,7 @@ class RaftCore(EpochMirror, PeerMessages):
         if end <= self.commit:  # committed already (a retry, or acks outran the caller)
             self._ready.resolved.append((request_id, PutStatus.PUT_OK))
             return
-        self._waiting.append(Proposal(request_id, end,
-                                      self.tick_count + self.config.sync_timeout_ticks))
+        self._waiting.add(request_id, end, self.tick_count + self.config.sync_timeout_ticks)
         if self.config.follower_ack == "flushed" and self.log.flushed_position < end:
             self._ready.must_sync = True  # the leader's copy counts only once durable
 
@@ -382,9 +374,8 @@ class RaftCore(EpochMirror, PeerMessages):
 
     def _step_down(self, why: str) -> None:
         self._ready.events.append(f"{self.node_id} steps down in term {self.term}: {why}")
-        for proposal in self._waiting:  # stored here; whether they commit is unknown now
-            self._ready.resolved.append((proposal.request_id, PutStatus.FLUSH_SLAVE_TIMEOUT))
-        self._waiting.clear()
+        # (stored here; whether they commit is unknown now)
+        self._waiting.resolve_all(self._ready.resolved, PutStatus.FLUSH_SLAVE_TIMEOUT)
         self.peers = {}
         self._transfer_to = ""
         self.role = FOLLOWER if self.node_id in self.voters else LEARNER
@@ -522,9 +513,8 @@ class RaftCore(EpochMirror, PeerMessages):
             self._ready.events.append(f"{self.node_id} gave up handing leadership to "
                                       f"{self._transfer_to}")
             self._transfer_to = ""
-        while self._waiting and self._waiting[0].deadline_tick <= self.tick_count:
-            self._ready.resolved.append((self._waiting.popleft().request_id,
-                                         PutStatus.FLUSH_SLAVE_TIMEOUT))
+        self._waiting.expire(self.tick_count, self._ready.resolved,
+                             PutStatus.FLUSH_SLAVE_TIMEOUT)
 
     def _heartbeat(self) -> None:
         """An empty Entries to each follower: the commit, and a probe if one is due."""
@@ -636,9 +626,7 @@ class RaftCore(EpochMirror, PeerMessages):
         current_term = term_start is not None and candidate > term_start  # §5.4.2
         if candidate > self.commit and (current_term or self._test_break == "commit_old_term"):
             self.commit = self._ready.commit_to = candidate
-            while self._waiting and self._waiting[0].end <= candidate:
-                self._ready.resolved.append((self._waiting.popleft().request_id,
-                                             PutStatus.PUT_OK))
+            self._waiting.commit(candidate, self._ready.resolved)
             if self._removed_and_committed():
                 self._step_down("its removal from the voters is committed")
 
