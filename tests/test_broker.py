@@ -10,6 +10,7 @@ on the wire.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import errno
 import os
@@ -17,7 +18,9 @@ import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,7 +29,7 @@ from mqlog import errors
 from mqlog.config import BrokerConfig, GroupSpec, StoreConfig
 from mqlog.engine.files import delete_store
 from mqlog.replication import broker as broker_module
-from mqlog.replication import hardstate, messages
+from mqlog.replication import hardstate, messages, wire
 from mqlog.replication.broker import Broker
 from mqlog.replication.local import LocalCluster, LocalRaftCluster, free_ports, wait_until
 from mqlog.replication.local_brokers import LocalBrokers
@@ -411,39 +414,97 @@ def test_a_service_answers_its_kinds_and_errors_come_back_typed(tmp_path):
 
 
 
+@contextlib.contextmanager
+def _echo_broker(tmp_path: Path) -> Iterator[tuple[str, BrokerThread]]:
+    """A running broker with an ``echo`` service (the payload back, ``n`` kept)."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+
+    async def echo(header, payload):
+        return {"kind": "echoed", "n": header["n"]}, payload
+
+    with BrokerThread(BrokerConfig("b1", address, tmp_path / "b1").validate()) as running:
+        running.call(running.broker.add_service, ("echo",), echo)
+        yield address, running
+
+
+def _client_socket(address: str) -> socket.socket:
+    """A client's socket with small kernel buffers: a broker's answers back up soon."""
+    host, port = address.split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+    sock.settimeout(60)
+    sock.connect((host, int(port)))
+    return sock
+
+
+def _send_in_background(sock: socket.socket, payload: bytes,
+                        count: int) -> threading.Thread:
+    """Send ``count`` echo requests from a thread (its sends may block: the broker
+    mutes a connection whose answers are not read)."""
+    def send_all() -> None:
+        for n in range(count):
+            _send(sock, {"kind": "echo", "n": n}, payload)
+
+    sender = threading.Thread(target=send_all, daemon=True)
+    sender.start()
+    return sender
+
+
+def _read_answers(sock: socket.socket, count: int) -> list[Frame]:
+    decoder, answers = FrameDecoder(4 << 20), []
+    while len(answers) < count:
+        data = sock.recv(1 << 20)
+        assert data, "the broker closed the connection"
+        decoder.feed(data)
+        answers += _drain_frames(decoder)
+    return answers
+
+
 def test_a_client_that_does_not_read_holds_back_only_its_own_answers(tmp_path):
     """A client that sends and never reads: its answers wait in their tasks once its
     connection holds more than the transport's high-water mark (drain), others are
     answered meanwhile, and once it reads, every answer comes, in order."""
-    address = f"127.0.0.1:{free_ports(1)[0]}"
-    config = BrokerConfig("b1", address, tmp_path / "b1").validate()
     big = bytes(1 << 20)
-    with BrokerThread(config) as running:
-        async def echo(header, payload):
-            return {"kind": "echoed", "n": header["n"]}, payload
+    with _echo_broker(tmp_path) as (address, running), _client_socket(address) as sock:
+        count = 8
+        sender = _send_in_background(sock, big, count)
+        wait_until(lambda: running.call(lambda: len(running.broker._tasks)) > 0,
+                   "answers waiting for the client to read", 30)
+        with mqlog.Client(address) as other:
+            assert other.call({"kind": "echo", "n": -1}, b"x")[0]["n"] == -1
+        assert running.call(lambda: len(running.broker._tasks)) > 0
+        answers = _read_answers(sock, count)
+        sender.join(30)
+        assert [answer.header["n"] for answer in answers] == list(range(count))
+        assert all(answer.payload == big for answer in answers)
+        wait_until(lambda: running.call(lambda: len(running.broker._tasks)) == 0,
+                   "every answer task done (resumed: the client read)", 30)
 
-        running.call(running.broker.add_service, ("echo",), echo)
-        host, port = address.split(":")
-        with socket.create_connection((host, int(port)), timeout=30) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
-            count = 8
-            for n in range(count):
-                _send(sock, {"kind": "echo", "n": n}, big)
-            wait_until(lambda: running.call(lambda: len(running.broker._tasks)) > 0,
-                       "answers waiting for the client to read", 30)
-            with mqlog.Client(address) as other:
-                assert other.call({"kind": "echo", "n": -1}, b"x")[0]["n"] == -1
-            assert running.call(lambda: len(running.broker._tasks)) > 0
-            decoder, answers = FrameDecoder(4 << 20), []
-            while len(answers) < count:
-                data = sock.recv(1 << 20)
-                assert data, "the broker closed the connection"
-                decoder.feed(data)
-                answers += _drain_frames(decoder)
-            assert [answer.header["n"] for answer in answers] == list(range(count))
-            assert all(answer.payload == big for answer in answers)
-            wait_until(lambda: running.call(lambda: len(running.broker._tasks)) == 0,
-                       "every answer task done (resumed: the client read)", 30)
+
+def test_a_client_that_never_reads_is_muted_and_the_broker_holds_a_bounded_backlog(
+        tmp_path):
+    """Kafka's muting: once a client's connection holds more than the transport's
+    high-water mark the broker stops reading it, so a client that sends and never reads
+    blocks in its own sends (25 MiB asked for here) instead of making the broker hold
+    every answer; once it reads, the broker reads again and every answer comes, in order."""
+    payload, count = bytes(range(256)) * 256, 400  # 64 KiB each
+
+    def client_connection(running: BrokerThread) -> list[Any]:
+        return [connection for connection in running.broker._connections
+                if connection.link is None]
+
+    with _echo_broker(tmp_path) as (address, running), _client_socket(address) as sock:
+        sender = _send_in_background(sock, payload, count)
+        wait_until(lambda: running.call(lambda: [c._muted for c in client_connection(running)])
+                   == [True], "the connection muted", 30)
+        held = running.call(lambda: client_connection(running)[0].write_buffer_size())
+        assert held <= 2 * wire.RECEIVE_BYTES_MAX + (1 << 16), held
+        answers = _read_answers(sock, count)
+        sender.join(30)
+        assert not sender.is_alive()
+        assert [answer.header["n"] for answer in answers] == list(range(count))
+        assert all(answer.payload == payload for answer in answers)
 
 
 

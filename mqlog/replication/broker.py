@@ -645,9 +645,12 @@ class Broker:
 
 def _linked(connection: Connection, link: PeerLink) -> None:
     """``connection`` is ``link``'s now: its receive buffer is kept between its frames
-    (fetch answers and Entries are large and steady; a client's buffer is let go)."""
+    (fetch answers and Entries are large and steady; a client's buffer is let go), and it
+    is never muted."""
     connection.link = link
     connection.decoder.keep_bytes = RECEIVE_KEPT_BYTES
+    connection.mutes = False  # (a peer link: connection.py says why)
+    connection.unmute()
 
 
 def route_peer_frame(groups: Mapping[str, Any], default_group: str, peer: str,

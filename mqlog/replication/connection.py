@@ -20,6 +20,13 @@ takes); ``drain()`` waits while the transport holds more than its high-water mar
 StreamWriter's does, and raises ConnectionResetError once the connection is lost;
 ``answer(data)`` is both, for a request's answer (the broker's and its groups' one way
 to answer).
+
+Muting (Kafka mutes a channel until its response is sent). A client's connection stops
+being read while its transport holds more than the high-water mark, and is read again
+once it drains: a client that sends and never reads makes the broker hold at most a
+read's worth of answers more, not all it ever asked for, and its own sends block. A peer
+link is never muted: two brokers each backed up towards the other would wait on each
+other for ever (each link carries requests both ways).
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ class Connection(asyncio.BufferedProtocol):
         self.link: Any = None  # the owner's: what this connection is to it
         self.transport: asyncio.Transport | None = None
         self._paused = False  # the transport holds more than its high-water mark
+        self.mutes = not peer  # stop reading while paused (a client's; not a peer link's)
+        self._muted = False
         # what each drain() waits on (its own: one drainer cancelled cancels no other)
         self._drainers: collections.deque[asyncio.Future[None]] = collections.deque()
         self._lost = False
@@ -81,10 +90,20 @@ class Connection(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        if self.mutes and self.transport is not None and not self._lost:
+            self.transport.pause_reading()
+            self._muted = True
 
     def resume_writing(self) -> None:
         self._paused = False
+        self.unmute()
         self._wake_drainers()
+
+    def unmute(self) -> None:
+        """Read again (the transport drained, or this became a peer link)."""
+        if self._muted and self.transport is not None and not self._lost:
+            self._muted = False
+            self.transport.resume_reading()
 
     def _wake_drainers(self) -> None:
         while self._drainers:
