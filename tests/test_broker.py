@@ -508,6 +508,54 @@ def test_a_client_that_never_reads_is_muted_and_the_broker_holds_a_bounded_backl
 
 
 
+def test_frames_written_in_pieces_arrive_whole_and_in_order():
+    """Connection.write_frames: small pieces joined, a large payload written after its
+    head without a copy; with a small send buffer the transport keeps what the socket
+    did not take, and the socket is not left corked."""
+    from mqlog.replication.connection import Connection
+
+    class Owner:
+        def connected(self, connection): ...
+        def received(self, connection): ...
+        def lost(self, connection): ...
+
+    big = [messages.FetchReply("n1", "n2", 1, n, 0, 1, 0, 0, -1, -1, "", -1, -1,
+                               payload=bytes([n]) * (300 << 10)) for n in range(3)]
+    small = [messages.Fetch("n2", "n1", 1, n, 0, -1) for n in range(3)]
+    sent = [small[0], big[0], big[1], small[1], big[2], small[2]]
+    pieces = [piece for message in sent for piece in messages.encode_pieces(message)]
+    assert len(pieces) == len(sent) + len(big)
+
+    async def main() -> tuple[list[messages.Message], int]:
+        server_side: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        async def accepted(reader, writer):
+            server_side.set_result((reader, writer))
+
+        server = await asyncio.start_server(accepted, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 14)
+        _, connection = await asyncio.get_running_loop().create_connection(
+            lambda: Connection(Owner(), 1 << 20, "n2"), sock=sock)
+        reader, writer = await server_side
+        connection.write_frames(pieces)
+        corked = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK)
+        decoder, received = FrameDecoder(1 << 20), []
+        while len(received) < len(sent):
+            data = await reader.read(1 << 20)
+            assert data, "the connection closed"
+            decoder.feed(data)
+            received += [messages.decode(frame) for frame in _drain_frames(decoder)]
+        connection.abort()
+        writer.close()
+        server.close()
+        return received, corked
+
+    received, corked = asyncio.run(main())
+    assert received == sent and corked == 0
+
+
 def test_a_drainer_cancelled_leaves_the_others_waiting_for_the_transport():
     """Each drain() waits on its own future: one task cancelled while the connection is
     paused (its group closing) cancels no other writer's wait, nor a later one's."""

@@ -20,6 +20,7 @@ from mqlog.replication.wire import (
     RECEIVE_BYTES_MAX,
     RECEIVE_BYTES_MIN,
     RECEIVE_KEPT_BYTES,
+    WRITTEN_APART_BYTES,
     Frame,
     FrameDecoder,
     encode_frame,
@@ -287,6 +288,25 @@ def test_the_twins_write_the_same_bytes_and_read_them_back(header, payload):
         frames, end, error = twin.decode_frames(bytearray(frame * 2), 0, 1 << 20)
         assert error is None and end == 2 * len(frame)
         assert [(f.header, f.payload) for f in frames] == [(header, payload)] * 2
+
+
+@given(headers, st.binary(max_size=3000) | st.integers(64 << 10, 300 << 10).map(bytes))
+def test_a_frame_head_then_its_payload_is_the_frame(header, payload):
+    """A fetch answer's records are written after their frame's head, not copied into
+    it (messages.encode_pieces): the head's sizes and CRC count the payload."""
+    for twin in TWINS:
+        frame = twin.encode_frame(header, payload)
+        assert twin.encode_frame_head(header, memoryview(payload)) + payload == frame
+    message = messages.FetchReply("n1", "n2", 3, 7, 100, 2, 50, 0, -1, -1, "", -1, -1,
+                                  payload=payload)
+    pieces = messages.encode_pieces(message)
+    assert len(pieces) == (2 if len(payload) >= WRITTEN_APART_BYTES else 1)
+    assert pieces[-1] is payload or len(pieces) == 1
+    assert b"".join(pieces) == messages.encode(message)
+    decoder = FrameDecoder(1 << 20)
+    decoder.feed(b"".join(pieces))
+    frame = decoder.next_frame()
+    assert isinstance(frame, Frame) and messages.decode(frame) == message
 
 
 @pytest.mark.skipif(len(TWINS) < 2, reason="the C wire codec is not built")

@@ -245,6 +245,16 @@ cdef int _put_value(Buffer *out, object value, int depth) except -1:
 
 def encode_frame(dict header, payload=b""):
     """The bytes of one frame (docs/FORMAT.md)."""
+    return _encode(header, payload, True)
+
+
+def encode_frame_head(dict header, payload=b""):
+    """The bytes of one frame up to its payload (its sizes and CRC count the payload):
+    the head then ``payload`` is ``encode_frame(header, payload)``, without the copy."""
+    return _encode(header, payload, False)
+
+
+cdef bytes _encode(dict header, payload, bint whole):
     cdef Buffer out
     cdef Py_buffer view
     cdef Py_ssize_t header_size, total
@@ -261,17 +271,19 @@ def encode_frame(dict header, payload=b""):
         total = out.size + view.len
         if total - 4 > 0xffffffff:
             raise ValueError(f"a frame of {total} bytes is too large for its size field")
-        frame = PyBytes_FromStringAndSize(NULL, total)
+        frame = PyBytes_FromStringAndSize(NULL, total if whole else out.size)
         data = PyBytes_AS_STRING(frame)
         _store_u32(out.data, <uint32_t>(total - 4))
         _store_u32(out.data + 8, <uint32_t>header_size)
         memcpy(data, out.data, out.size)
-        memcpy(data + out.size, view.buf, view.len)
-        if total >= NOGIL_CRC_BYTES:
+        crc = mq_crc32c(0, data + 8, out.size - 8)
+        if whole:
+            memcpy(data + out.size, view.buf, view.len)
+        if view.len >= NOGIL_CRC_BYTES:
             with nogil:
-                crc = mq_crc32c(0, data + 8, total - 8)
+                crc = mq_crc32c(crc, view.buf, view.len)
         else:
-            crc = mq_crc32c(0, data + 8, total - 8)
+            crc = mq_crc32c(crc, view.buf, view.len)
         _store_u32(data + 4, crc)
         return frame
     finally:

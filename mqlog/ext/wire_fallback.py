@@ -1,7 +1,8 @@
 """The pure-Python twin of mqlog's wire codec (``mqlog.ext._wire``): the specification.
 
 A frame (docs/FORMAT.md, "Frames") is a size, a CRC32C, a msgpack header map and a raw
-payload. ``encode_frame`` builds one; ``decode_frames`` cuts every whole frame out of a
+payload. ``encode_frame`` builds one (``encode_frame_head`` all of it but the payload, which
+a sender may then write from where it lies); ``decode_frames`` cuts every whole frame out of a
 buffer at once and says where the rest begins. Both twins write the same bytes (msgpack's
 smallest encodings, str for text, bin for bytes) and decode to equal values; any garbage
 is a RemoteProtocolError. ``mqlog.replication.wire`` holds the stream decoder that uses
@@ -57,9 +58,16 @@ def split_bodies(payload: bytes, sizes: Any) -> list[bytes]:
 
 def encode_frame(header: dict[str, Any], payload: Any = b"") -> bytes:
     """The bytes of one frame (docs/FORMAT.md)."""
+    return encode_frame_head(header, payload) + payload
+
+
+def encode_frame_head(header: dict[str, Any], payload: Any = b"") -> bytes:
+    """The bytes of one frame up to its payload (its sizes and CRC count the payload):
+    the head then ``payload`` is ``encode_frame(header, payload)``, without the copy."""
     packed = msgpack.packb(header, use_bin_type=True)
-    body = _SIZE.pack(len(packed)) + packed + payload
-    return _SIZE.pack(len(body) + 4) + _SIZE.pack(crc32c(body)) + body
+    head = _SIZE.pack(len(packed)) + packed
+    crc = crc32c(payload, crc32c(head))
+    return _SIZE.pack(len(head) + len(payload) + 4) + _SIZE.pack(crc) + head
 
 
 def decode_frames(buffer: Any, start: int, frame_size_bytes_max: int

@@ -184,7 +184,8 @@ class Broker:
         self._dialing: set[str] = set()
         self._opening: set[str] = set()  # groups whose stores open on a thread now
         self._dial_after: dict[str, float] = {}  # peer -> loop time its next dial may start
-        self._outbox: dict[str, list[bytes]] = {}  # peer -> frames of this loop iteration
+        # peer -> frames of this loop iteration, in pieces (messages.encode_pieces)
+        self._outbox: dict[str, list[tuple[bytes, ...]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.tickers: dict[int, Ticker] = {}  # tick_ms -> the groups ticked every tick_ms
         self._stopping = asyncio.Event()
@@ -400,8 +401,8 @@ class Broker:
         if not outbox:
             asyncio.get_running_loop().call_soon(self._write_outbox)
         for message in outgoing:
-            outbox.setdefault(message.dst, []).append(messages.encode(message, tag,
-                                                                      topic_id))
+            outbox.setdefault(message.dst, []).append(messages.encode_pieces(message, tag,
+                                                                             topic_id))
 
     def _write_outbox(self) -> None:
         outbox, self._outbox = self._outbox, {}
@@ -410,15 +411,16 @@ class Broker:
             link = self._links.get(peer)
             if link is not None and not link.writer.is_closing():
                 queued = link.writer.write_buffer_size()
-                data = b"".join(frames)
-                if queued and queued + len(data) > limit:
+                pieces = [piece for frame in frames for piece in frame]
+                size = sum(map(len, pieces))
+                if queued and queued + size > limit:
                     self._counters(peer).dropped_messages += len(frames)
                     continue
-                link.writer.write(data)
+                link.writer.write_frames(pieces)
                 counters = self._counters(peer)
                 counters.messages_sent += len(frames)
                 counters.writes += 1
-                counters.bytes_sent += len(data)
+                counters.bytes_sent += size
             elif peer not in self._dialing and peer in self.peers and \
                     (now := asyncio.get_running_loop().time()) >= self._dial_after.get(peer, 0):
                 # At most one dial per interval: a peer that is down or refuses this one
@@ -446,7 +448,7 @@ class Broker:
         return encode_frame({"kind": PEER_HELLO, "broker_id": self.broker_id,
                              "cluster_id": self.config.cluster_id})
 
-    async def _dial(self, peer: str, first: bytes) -> None:
+    async def _dial(self, peer: str, first: tuple[bytes, ...]) -> None:
         try:
             host, port = split_address(self.peers[peer])
             _, connection = await asyncio.wait_for(asyncio.get_running_loop().create_connection(
@@ -462,7 +464,7 @@ class Broker:
         if not self._adopt(connection.link):
             connection.close()
             return
-        connection.write(first)
+        connection.write_frames(first)
 
     def _adopt(self, link: PeerLink) -> bool:
         """Make ``link`` the one connection to its peer, unless the one in place wins: of

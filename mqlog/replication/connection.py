@@ -16,7 +16,8 @@ hands them out; a RemoteProtocolError it raises is the owner's to handle), and
 ``lost(connection)`` once, when the connection ends, whoever ended it.
 
 Writing. ``write`` queues bytes on the transport (it sends at once what the socket
-takes); ``drain()`` waits while the transport holds more than its high-water mark, as a
+takes), ``write_frames`` frames in pieces (a large payload is not copied into its
+frame); ``drain()`` waits while the transport holds more than its high-water mark, as a
 StreamWriter's does, and raises ConnectionResetError once the connection is lost;
 ``answer(data)`` is both, for a request's answer (the broker's and its groups' one way
 to answer).
@@ -34,9 +35,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import socket
+from collections.abc import Sequence
 from typing import Any, Protocol
 
-from mqlog.replication.wire import FrameDecoder
+from mqlog.replication.wire import WRITTEN_APART_BYTES, FrameDecoder
 
 __all__ = ["Connection", "ConnectionOwner"]
 
@@ -116,6 +119,34 @@ class Connection(asyncio.BufferedProtocol):
     def write(self, data: bytes) -> None:
         assert self.transport is not None
         self.transport.write(data)
+
+    def write_frames(self, pieces: Sequence[bytes]) -> None:
+        """Write frames given in pieces (messages.encode_pieces): each run of small
+        pieces joined into one write, each large one (a fetch answer's records) written as
+        it is, not copied (the transport sends it at once if it holds nothing, and copies
+        only what the socket did not take). The socket is corked meanwhile, so a head
+        and its payload leave in full segments, not a small one first."""
+        if all(len(piece) < WRITTEN_APART_BYTES for piece in pieces):
+            self.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+            return
+        sock = self.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        try:
+            run: list[bytes] = []
+            for piece in pieces:
+                if len(piece) < WRITTEN_APART_BYTES:
+                    run.append(piece)
+                    continue
+                if run:
+                    self.write(b"".join(run))
+                    run = []
+                self.write(piece)
+            if run:
+                self.write(b"".join(run))
+        finally:
+            if sock is not None and not self.is_closing():
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
 
     async def drain(self) -> None:
         """Wait while the transport holds more than its high-water mark."""

@@ -64,7 +64,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from mqlog.errors import RemoteProtocolError
-from mqlog.replication.wire import Frame, encode_frame
+from mqlog.replication.wire import (
+    WRITTEN_APART_BYTES,
+    Frame,
+    encode_frame,
+    encode_frame_head,
+)
 
 
 @dataclass(frozen=True)
@@ -225,9 +230,16 @@ def _header_fields(cls: type[Message]) -> tuple[str, ...]:
 def encode(message: Message, group: str = "", topic_id: int = 0) -> bytes:
     """The frame that carries ``message``; ``group`` names the replica group it is for
     (a broker's header key ``group``; left out, the receiving broker's default group),
-    ``topic_id`` the group's topic id (left out when 0: a group of a config).
-    (Every fetch and its answer is coded here: the field names are looked up once per
-    class, not with ``dataclasses.fields`` per message.)"""
+    ``topic_id`` the group's topic id (left out when 0: a group of a config)."""
+    return b"".join(encode_pieces(message, group, topic_id))
+
+
+def encode_pieces(message: Message, group: str = "", topic_id: int = 0) -> tuple[bytes, ...]:
+    """``encode``'s frame in the pieces a broker writes: the frame, or its head and then
+    a payload of ``WRITTEN_APART_BYTES`` or more, which is not copied (a fetch answer's
+    records go to two followers: two heads, one payload). (Every fetch and its answer is
+    coded here: the field names are looked up once per class, not with
+    ``dataclasses.fields`` per message.)"""
     header: dict[str, Any] = {"kind": message.kind}
     if group:
         header["group"] = group
@@ -236,7 +248,10 @@ def encode(message: Message, group: str = "", topic_id: int = 0) -> bytes:
     values = message.__dict__
     for name in _header_fields(type(message)):
         header[name] = values[name]
-    return encode_frame(header, values.get("payload", b""))
+    payload = values.get("payload", b"")
+    if len(payload) < WRITTEN_APART_BYTES:
+        return (encode_frame(header, payload),)
+    return encode_frame_head(header, payload), payload
 
 
 def decode(frame: Frame) -> Message:

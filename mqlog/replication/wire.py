@@ -48,11 +48,15 @@ if TYPE_CHECKING:
 else:
     Frame = _codec.Frame
 encode_frame = _codec.encode_frame
+encode_frame_head = _codec.encode_frame_head  # all of a frame but its payload
 split_bodies = _codec.split_bodies  # a produce request's payload cut into its bodies
 PREFIX_SIZE: Final = _codec.PREFIX_SIZE
 RECEIVE_BYTES_MIN: Final = 64 << 10  # get_buffer offers at least this much room
 RECEIVE_BYTES_MAX: Final = 1 << 20  # ... and at most this for the next read alone
 RECEIVE_KEPT_BYTES: Final = 4 << 20  # what a peer connection's buffer may keep, drained
+# A payload this large is written after its frame's head, not copied into the frame (a
+# fetch answer's records: messages.encode_pieces, Connection.write_frames)
+WRITTEN_APART_BYTES: Final = 64 << 10
 
 
 class _NeedData:
