@@ -99,7 +99,10 @@ class Client:
 
     def send_request(self, header: dict[str, Any], payload: bytes = b"") -> int:
         """Send a request without waiting for its answer (several may be in flight);
-        returns its id. Its answer comes from ``take_answers``."""
+        returns its id. Its answer comes from ``take_answers``: take them while sending
+        many, as a broker reads no more of a connection whose answers wait unread or that
+        has ``client_requests_in_progress_max`` requests in progress (docs/CLUSTER.md,
+        Connections), and this call then blocks up to the timeout."""
         self._stamp(header)
         try:
             self._socket.sendall(encode_frame(header, payload))

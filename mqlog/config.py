@@ -362,10 +362,11 @@ def _check_hosted_store(store: StoreConfig, where: str, layer: str | None) -> No
                           "'auto', 'written' or 'flushed'")
 
 
-def _require_positive(config: Any, *names: str) -> None:
+def _require_positive(config: Any, *names: str, where: str = "") -> None:
     for name in names:
         if getattr(config, name) <= 0:
-            raise ConfigError(f"{name} must be positive, got {getattr(config, name)}")
+            raise ConfigError(f"{where + ' ' if where else ''}{name} must be positive, got "
+                              f"{getattr(config, name)}")
 
 
 def load(path: str | Path) -> StoreConfig:
@@ -510,6 +511,11 @@ class BrokerConfig:
     peer_send_bytes_max: int = 32 * MiB
     # A peer is dialed at most once per interval (down, or refusing this broker).
     peer_redial_interval_ms: int = 100
+    # Requests of one client connection being handled at once (stored, read, waiting to
+    # be answered or for the client to read its answer); past it the broker reads no more
+    # of that connection until one is done (Kafka handles one a connection): what a client
+    # that never reads can make a broker hold is this many answers.
+    client_requests_in_progress_max: int = 256
     groups_max: int = 4_096  # replica groups one broker hosts
     rack: str = ""  # Kafka's broker.rack: registered; "nearest" follower reads match it
     controller: dict[str, Any] = dataclasses.field(default_factory=dict)  # [controller]
@@ -530,7 +536,8 @@ class BrokerConfig:
             raise ConfigError(f"{where} process_roles must be 'broker', 'controller' or "
                               f"'broker,controller', got {','.join(self.process_roles)!r}")
         _require_positive(self, "register_interval_ms", "frame_size_bytes_max",
-                          "peer_send_bytes_max", "peer_redial_interval_ms", "groups_max")
+                          "peer_send_bytes_max", "peer_redial_interval_ms", "groups_max",
+                          "client_requests_in_progress_max", where=where)
         if len(self.groups) > self.groups_max:
             raise ConfigError(f"{where} {len(self.groups)} groups exceed groups_max="
                               f"{self.groups_max}")
@@ -588,7 +595,8 @@ _BROKER_KEYS = {"id": "str", "listen": "str", "data_dir": "str", "peers": "addre
                 "cluster_id": "str", "process_roles": "roles", "default_group": "str",
                 "registries": "strs", "register_interval_ms": "int",
                 "frame_size_bytes_max": "int", "peer_send_bytes_max": "int",
-                "peer_redial_interval_ms": "int", "groups_max": "int", "rack": "str"}
+                "peer_redial_interval_ms": "int", "groups_max": "int", "rack": "str",
+                "client_requests_in_progress_max": "int"}
 # keys of a group (in [node] without [groups], else in [groups.NAME]; there [node] holds
 # defaults for every group)
 _GROUP_KEYS = {"slave_read_enable": "bool", "group": "str", "topics": "counts",

@@ -29,7 +29,7 @@ from mqlog import errors
 from mqlog.config import BrokerConfig, GroupSpec, StoreConfig
 from mqlog.engine.files import delete_store
 from mqlog.replication import broker as broker_module
-from mqlog.replication import hardstate, messages, wire
+from mqlog.replication import hardstate, messages
 from mqlog.replication.broker import Broker
 from mqlog.replication.local import LocalCluster, LocalRaftCluster, free_ports, wait_until
 from mqlog.replication.local_brokers import LocalBrokers
@@ -106,6 +106,8 @@ PEERS = '[node.peers]\nb2 = "127.0.0.1:7002"\nb3 = "127.0.0.1:7003"\n'
      'replica_fetch_max_bytes = 16777216\n', "replica_fetch_max_bytes must leave 4 KiB"),
     (NODE + '[controller]\nvoters = {c1 = "127.0.0.1:7101"}\nreplica_fetch_min_bytes = 0\n',
      "[controller] replica_fetch_min_bytes must be a positive integer"),
+    (NODE + 'client_requests_in_progress_max = 0\n[controller]\n'
+     'voters = {c1 = "127.0.0.1:7101"}\n', "client_requests_in_progress_max must be"),
     # a record the store takes must fit a frame its broker's connections accept
     (NODE + 'role = "ASYNC_MASTER"\n[store]\nmessage_size_bytes_max = 20971520\n',
      "message_size_bytes_max=20971520 must leave 4 KiB of frame_size_bytes_max=16777216"),
@@ -415,14 +417,17 @@ def test_a_service_answers_its_kinds_and_errors_come_back_typed(tmp_path):
 
 
 @contextlib.contextmanager
-def _echo_broker(tmp_path: Path) -> Iterator[tuple[str, BrokerThread]]:
-    """A running broker with an ``echo`` service (the payload back, ``n`` kept)."""
+def _echo_broker(tmp_path: Path, **settings: Any) -> Iterator[tuple[str, BrokerThread]]:
+    """A running broker (BrokerConfig ``settings``) with an ``echo`` service: the payload
+    back, or ``size`` bytes if the header says, and ``n`` kept."""
     address = f"127.0.0.1:{free_ports(1)[0]}"
 
     async def echo(header, payload):
-        return {"kind": "echoed", "n": header["n"]}, payload
+        return {"kind": "echoed", "n": header["n"]}, \
+            bytes(header["size"]) if "size" in header else payload
 
-    with BrokerThread(BrokerConfig("b1", address, tmp_path / "b1").validate()) as running:
+    config = BrokerConfig("b1", address, tmp_path / "b1", **settings).validate()
+    with BrokerThread(config) as running:
         running.call(running.broker.add_service, ("echo",), echo)
         yield address, running
 
@@ -441,7 +446,7 @@ def _client_socket(address: str) -> socket.socket:
 def _send_in_background(sock: socket.socket, payload: bytes,
                         count: int) -> threading.Thread:
     """Send ``count`` echo requests from a thread (its sends may block: the broker
-    mutes a connection whose answers are not read)."""
+    holds back a connection whose answers are not read)."""
     def send_all() -> None:
         for n in range(count):
             _send(sock, {"kind": "echo", "n": n}, payload)
@@ -482,30 +487,34 @@ def test_a_client_that_does_not_read_holds_back_only_its_own_answers(tmp_path):
                    "every answer task done (resumed: the client read)", 30)
 
 
-def test_a_client_that_never_reads_is_muted_and_the_broker_holds_a_bounded_backlog(
+def test_a_client_that_never_reads_is_held_back_and_the_broker_holds_a_bounded_backlog(
         tmp_path):
-    """Kafka's muting: once a client's connection holds more than the transport's
-    high-water mark the broker stops reading it, so a client that sends and never reads
-    blocks in its own sends (25 MiB asked for here) instead of making the broker hold
-    every answer; once it reads, the broker reads again and every answer comes, in order."""
-    payload, count = bytes(range(256)) * 256, 400  # 64 KiB each
+    """Kafka's muting: a broker handles at most ``client_requests_in_progress_max`` of a
+    connection's requests at once (an answer not read keeps its request in progress) and
+    reads no more of it meanwhile. A client that sends tiny requests for large answers
+    (400 in one write, asking for 256 KiB each: 100 MiB) and never reads leaves the broker
+    holding a few answers; once it reads, every answer comes, in order."""
+    size, count, limit = 256 << 10, 400, 4
+    requests = b"".join(encode_frame({"kind": "echo", "n": n, "size": size})
+                        for n in range(count))
 
-    def client_connection(running: BrokerThread) -> list[Any]:
+    def client_connections(running: BrokerThread) -> list[Any]:
         return [connection for connection in running.broker._connections
                 if connection.link is None]
 
-    with _echo_broker(tmp_path) as (address, running), _client_socket(address) as sock:
-        sender = _send_in_background(sock, payload, count)
-        wait_until(lambda: running.call(lambda: [c._muted for c in client_connection(running)])
-                   == [True], "the connection muted", 30)
-        held = running.call(lambda: client_connection(running)[0].write_buffer_size())
-        assert held <= 2 * wire.RECEIVE_BYTES_MAX + (1 << 16), held
-        answers = _read_answers(sock, count)
-        sender.join(30)
-        assert not sender.is_alive()
-        assert [answer.header["n"] for answer in answers] == list(range(count))
-        assert all(answer.payload == payload for answer in answers)
+    def held_back(running: BrokerThread) -> bool:
+        connections = client_connections(running)
+        return len(connections) == 1 and connections[0].reading_held
 
+    with _echo_broker(tmp_path, client_requests_in_progress_max=limit) as (address, running), \
+            _client_socket(address) as sock:
+        sock.sendall(requests)  # (one read's worth: 12 KiB)
+        wait_until(lambda: running.call(held_back, running), "the connection held back", 30)
+        held = running.call(lambda: client_connections(running)[0].write_buffer_size())
+        assert held <= (limit + 1) * size, held
+        answers = _read_answers(sock, count)
+        assert [answer.header["n"] for answer in answers] == list(range(count))
+        assert all(answer.payload == bytes(size) for answer in answers)
 
 
 def test_frames_written_in_pieces_arrive_whole_and_in_order():

@@ -260,6 +260,7 @@ cdef bytes _encode(dict header, payload, bint whole):
     cdef Py_ssize_t header_size, total
     cdef uint32_t crc
     cdef char *data
+    cdef const char *source
     out.capacity, out.size = 256, PREFIX
     out.data = <char *>PyMem_Malloc(out.capacity)
     if out.data == NULL:
@@ -277,13 +278,15 @@ cdef bytes _encode(dict header, payload, bint whole):
         _store_u32(out.data + 8, <uint32_t>header_size)
         memcpy(data, out.data, out.size)
         crc = mq_crc32c(0, data + 8, out.size - 8)
-        if whole:
-            memcpy(data + out.size, view.buf, view.len)
+        source = <const char *>view.buf
+        if whole:  # (the CRC runs over the frame's own copy: a buffer another thread
+            memcpy(data + out.size, source, view.len)  # changes cannot make it wrong)
+            source = data + out.size
         if view.len >= NOGIL_CRC_BYTES:
             with nogil:
-                crc = mq_crc32c(crc, view.buf, view.len)
+                crc = mq_crc32c(crc, source, view.len)
         else:
-            crc = mq_crc32c(crc, view.buf, view.len)
+            crc = mq_crc32c(crc, source, view.len)
         _store_u32(data + 4, crc)
         return frame
     finally:

@@ -59,7 +59,7 @@ from mqlog.config import BrokerConfig, GroupSpec
 from mqlog.engine.files import delete_store
 from mqlog.ext import libc
 from mqlog.replication import messages
-from mqlog.replication.connection import Connection
+from mqlog.replication.connection import BACKED_UP, BUSY, Connection
 from mqlog.replication.node import Node, run_until_signalled, split_address, start_listening
 from mqlog.replication.wire import RECEIVE_KEPT_BYTES, Frame, encode_frame
 
@@ -364,10 +364,11 @@ class Broker:
         return (f"[{self.broker_id}] broker serving on {self.config.listen}, groups: "
                 f"{', '.join(sorted(self.groups)) or '-'}")
 
-    def spawn(self, coroutine: Any) -> None:
+    def spawn(self, coroutine: Any) -> asyncio.Task[None]:
         """Run ``coroutine`` as a task of the broker: cancelled when the broker stops."""
         self._tasks.add(task := asyncio.create_task(coroutine))
         task.add_done_callback(self._tasks.discard)
+        return task
 
     _spawn = spawn
 
@@ -514,10 +515,12 @@ class Broker:
 
     def _frames(self, connection: Connection) -> None:
         """Handle every whole frame received (a peer_hello makes the connection a peer's:
-        ``connection.link``)."""
+        ``connection.link``), or as many of a client's as may be in progress (the rest
+        wait in its decoder: ``_served`` takes them up again)."""
         produces: dict[str, list[Frame]] = {}
-        decoder = connection.decoder
-        while isinstance(frame := decoder.next_frame(), Frame):
+        decoder, taken = connection.decoder, connection.requests_in_progress
+        limit = self.config.client_requests_in_progress_max
+        while not connection.reading_held and isinstance(frame := decoder.next_frame(), Frame):
             kind = frame.header.get("kind")
             if connection.link is not None:  # a peer connection: replication messages only
                 self._from_peer(connection.link, frame)
@@ -527,16 +530,36 @@ class Broker:
                 self.refused += 1  # (a peer that skipped the handshake is refused too)
                 raise errors.RemoteProtocolError(f"a {kind} message on a connection that did "
                                                  "not start with peer_hello")
-            elif kind == "produce":  # answered together with the others read here
-                try:
-                    produces.setdefault(self._group_for(frame.header).name, []).append(frame)
-                except errors.MqlogError as error:
-                    self._spawn(self._answer_error(frame, connection, error))
-            else:  # a client's request: answered when done, in any order
-                self._spawn(self._answer(frame, connection))
+            else:
+                if kind == "produce":  # answered together with the others read here
+                    try:
+                        produces.setdefault(self._group_for(frame.header).name,
+                                            []).append(frame)
+                    except errors.MqlogError as error:
+                        self._serve(connection, self._answer_error(frame, connection, error))
+                else:  # a client's request: answered when done, in any order
+                    self._serve(connection, self._answer(frame, connection))
+                taken += 1
+                if taken >= limit:
+                    connection.hold_reading(BUSY)
         for name, frames in produces.items():
             node = self.groups[name]
-            node._spawn(node._answer_produces(frames, connection))
+            self._serve(connection, node._answer_produces(frames, connection), len(frames),
+                        node._spawn)
+
+    def _serve(self, connection: Connection, answering: Any, count: int = 1,
+               spawn: Callable[[Any], asyncio.Task[None]] | None = None) -> None:
+        """Answer ``count`` requests of a client's ``connection`` in a task (the broker's,
+        or ``spawn``'s: a group's, cancelled when it closes), counted in progress till
+        it ends."""
+        connection.requests_in_progress += count
+        task = (spawn or self._spawn)(answering)
+        task.add_done_callback(lambda _task: self._served(connection, count))
+
+    def _served(self, connection: Connection, count: int) -> None:
+        connection.requests_in_progress -= count
+        if connection.requests_in_progress < self.config.client_requests_in_progress_max:
+            connection.release_reading(BUSY)
 
     def _check_hello(self, header: dict[str, Any]) -> str:
         """The peer a ``peer_hello`` names, or RemoteProtocolError (counted) if refused."""
@@ -652,7 +675,7 @@ def _linked(connection: Connection, link: PeerLink) -> None:
     connection.link = link
     connection.decoder.keep_bytes = RECEIVE_KEPT_BYTES
     connection.mutes = False  # (a peer link: connection.py says why)
-    connection.unmute()
+    connection.release_reading(BACKED_UP)
 
 
 def route_peer_frame(groups: Mapping[str, Any], default_group: str, peer: str,

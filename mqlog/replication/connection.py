@@ -22,12 +22,16 @@ StreamWriter's does, and raises ConnectionResetError once the connection is lost
 ``answer(data)`` is both, for a request's answer (the broker's and its groups' one way
 to answer).
 
-Muting (Kafka mutes a channel until its response is sent). A client's connection stops
-being read while its transport holds more than the high-water mark, and is read again
-once it drains: a client that sends and never reads makes the broker hold at most a
-read's worth of answers more, not all it ever asked for, and its own sends block. A peer
-link is never muted: two brokers each backed up towards the other would wait on each
-other for ever (each link carries requests both ways).
+Holding reading back (Kafka mutes a channel until its response is sent). The owner
+takes no frame out of the decoder, and the socket is not read, while reading is held for
+any reason: ``BUSY``, the owner's (a broker holds a client's connection while it handles
+``client_requests_in_progress_max`` of its requests), or ``BACKED_UP``, a client's
+connection whose transport holds more than the high-water mark (its answers are not
+read). Once the last reason goes, the owner is called back to take the frames waiting in
+the decoder, and the socket is read again. A client that sends and never reads makes the
+broker hold at most that many answers, not all it ever asked for, and its own sends
+block. A peer link is never held back: two brokers each backed up towards the other would
+wait on each other for ever (each link carries requests both ways).
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ from typing import Any, Protocol
 
 from mqlog.replication.wire import WRITTEN_APART_BYTES, FrameDecoder
 
-__all__ = ["Connection", "ConnectionOwner"]
+__all__ = ["BACKED_UP", "BUSY", "Connection", "ConnectionOwner"]
+BUSY = "busy"  # a reason to hold reading back: the owner handles enough of its requests
+BACKED_UP = "backed up"  # ... the transport holds more than its high-water mark
 
 
 class ConnectionOwner(Protocol):
@@ -63,8 +69,9 @@ class Connection(asyncio.BufferedProtocol):
         self.link: Any = None  # the owner's: what this connection is to it
         self.transport: asyncio.Transport | None = None
         self._paused = False  # the transport holds more than its high-water mark
-        self.mutes = not peer  # stop reading while paused (a client's; not a peer link's)
-        self._muted = False
+        self.mutes = not peer  # held back while BACKED_UP (a client's; not a peer link's)
+        self._held: set[str] = set()  # why reading is held back (BUSY, BACKED_UP)
+        self.requests_in_progress = 0  # the owner's count of a client's requests
         # what each drain() waits on (its own: one drainer cancelled cancels no other)
         self._drainers: collections.deque[asyncio.Future[None]] = collections.deque()
         self._lost = False
@@ -93,20 +100,36 @@ class Connection(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._paused = True
-        if self.mutes and self.transport is not None and not self._lost:
-            self.transport.pause_reading()
-            self._muted = True
+        if self.mutes:
+            self.hold_reading(BACKED_UP)
 
     def resume_writing(self) -> None:
         self._paused = False
-        self.unmute()
+        self.release_reading(BACKED_UP)
         self._wake_drainers()
 
-    def unmute(self) -> None:
-        """Read again (the transport drained, or this became a peer link)."""
-        if self._muted and self.transport is not None and not self._lost:
-            self._muted = False
+    # --- holding reading back (the module docstring says why) ------------------------------
+
+    @property
+    def reading_held(self) -> bool:
+        return bool(self._held)
+
+    def hold_reading(self, why: str) -> None:
+        if not self._held and not self.is_closing():
+            assert self.transport is not None
+            self.transport.pause_reading()
+        self._held.add(why)
+
+    def release_reading(self, why: str) -> None:
+        """Drop a reason to hold reading back; the last one gone, the owner takes the
+        frames waiting in the decoder and the socket is read again."""
+        if why not in self._held:
+            return
+        self._held.discard(why)
+        if not self._held and not self.is_closing():
+            assert self.transport is not None
             self.transport.resume_reading()
+            self.owner.received(self)
 
     def _wake_drainers(self) -> None:
         while self._drainers:

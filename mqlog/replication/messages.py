@@ -249,8 +249,8 @@ def encode_pieces(message: Message, group: str = "", topic_id: int = 0) -> tuple
     for name in _header_fields(type(message)):
         header[name] = values[name]
     payload = values.get("payload", b"")
-    if len(payload) < WRITTEN_APART_BYTES:
-        return (encode_frame(header, payload),)
+    if len(payload) < WRITTEN_APART_BYTES or type(payload) is not bytes:  # (immutable only:
+        return (encode_frame(header, payload),)  # the head's CRC counts it as it is now)
     return encode_frame_head(header, payload), payload
 
 

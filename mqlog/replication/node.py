@@ -336,9 +336,10 @@ class Node:
 
     # --- requests -----------------------------------------------------------------------
 
-    def _spawn(self, coroutine: Any) -> None:
+    def _spawn(self, coroutine: Any) -> asyncio.Task[None]:
         self._tasks.add(task := asyncio.create_task(coroutine))
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _answer(self, frame: Frame, writer: Connection) -> None:
         try:
