@@ -337,11 +337,17 @@ class MasterSlaveCore(PeerMessages):
         return self._ready
 
     def has_ready(self) -> bool:
-        """Whether ``ready()`` may return a non-empty Ready: a master builds it in ready()
-        (its Appends, a restarted master's recovery), so always; a slave only adds to its
-        pending Ready as it ticks and steps, so exactly when that is not empty. (A driver
-        may skip a run that would find nothing: node.py after a tick.)"""
-        return self.is_master or self._recovery is not None or bool(self._ready)
+        """Whether ``ready()`` may return a non-empty Ready: a slave only adds to its
+        pending Ready as it ticks and steps, so exactly when that is not empty; a master
+        builds its Appends in ready(), so also when its pump would send a slave something
+        (``_lacks``), and a restarted master's recovery always. (A driver may skip a run
+        that would find nothing: node.py after a tick. An idle master's run is skipped.)"""
+        if self._recovery is not None or self._ready:
+            return True
+        if not self.is_master or not (self.role == "SYNC_MASTER" or self._pump_due):
+            return False
+        written, start = self.log.written_position, self.log.first_segment_base()
+        return any(self._lacks(progress, written, start) for progress in self.slaves.values())
 
     def advance(self, ready: Ready) -> None:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"
@@ -631,6 +637,19 @@ class MasterSlaveCore(PeerMessages):
                              PutStatus.PUT_OK if self._test_break == "ack_on_timeout"
                              else PutStatus.FLUSH_SLAVE_TIMEOUT)
 
+    def _lacks(self, progress: SlaveProgress, written: int, start: int) -> bool:
+        """Whether ``_pump`` sends this slave something now (log ``written`` up to there,
+        begun at ``start``): a reset, a resend from its ack, or records in the window."""
+        return progress.matched and self._heard_lately(progress) and (
+            progress.sent < start or self._resend_due(progress) or
+            progress.sent < written and
+            progress.sent - progress.written < self.config.inflight_bytes_max)
+
+    def _resend_due(self, progress: SlaveProgress) -> bool:
+        """Sent past its ack and no ack moved for ``retransmit_ticks``: lost in flight."""
+        return self.tick_count - progress.progress_tick >= self.config.retransmit_ticks and \
+            progress.sent > progress.written
+
     def _pump(self) -> None:
         """Send each matched slave what it lacks, within the in-flight window."""
         config, written = self.config, self.log.written_position
@@ -640,8 +659,7 @@ class MasterSlaveCore(PeerMessages):
             if progress.sent < self.log.first_segment_base():  # retention ran meanwhile
                 self._reset(name, progress)
                 continue
-            if self.tick_count - progress.progress_tick >= config.retransmit_ticks and \
-                    progress.sent > progress.written:
+            if self._resend_due(progress):
                 progress.sent = progress.written  # lost in flight: resend from the ack
                 progress.progress_tick = self.tick_count
             while progress.sent < written and \
