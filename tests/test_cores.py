@@ -313,6 +313,29 @@ def test_a_hello_is_no_flushed_ack():
     assert master.ready().resolved == [("p1", PutStatus.PUT_OK)]
 
 
+@pytest.mark.parametrize("role", ["SYNC_MASTER", "ASYNC_MASTER"])
+def test_a_master_whose_slaves_have_its_log_has_nothing_ready(role):
+    """An idle master's driver run after a tick is skipped (has_ready): it says yes
+    while its pump has records to send a slave, and no once both have them."""
+    log = FakeLog(500, ((0, 0),))
+    master = _caught_up(_ms("m", log, role=role), log)
+    for name in ("s1", "s2"):
+        master.step(Hello(name, "m", master.epoch, 300, 0))
+    master.tick()
+    assert master.has_ready()
+    ready = master.ready()
+    assert sorted((m.dst, m.position) for m in ready.messages) == [("s1", 300), ("s2", 300)]
+    master.advance(ready)
+    for name in ("s1", "s2"):
+        master.step(Report(name, "m", master.epoch, 500, 500))
+    master.advance(master.ready())
+    master.tick()
+    assert not master.has_ready() and not master.ready()
+    log.written_position = 600  # a write: pumped at once (SYNC) or at the next tick (ASYNC)
+    master.tick()
+    assert master.has_ready()
+
+
 def test_a_report_from_before_the_masters_epoch_acks_nothing():
     """Seeds 700000798, 700001179, 700001911: a slave's Report of a log it has truncated
     since (sent in an older epoch, delivered late) must not ack the record the master
