@@ -471,14 +471,18 @@ def test_a_client_that_does_not_read_holds_back_only_its_own_answers(tmp_path):
     connection holds more than the transport's high-water mark (drain), others are
     answered meanwhile, and once it reads, every answer comes, in order."""
     big = bytes(1 << 20)
+
+    def held_back(running: BrokerThread) -> bool:
+        return any(connection.reading_held for connection in running.broker._connections)
+
     with _echo_broker(tmp_path) as (address, running), _client_socket(address) as sock:
         count = 8
         sender = _send_in_background(sock, big, count)
-        wait_until(lambda: running.call(lambda: len(running.broker._tasks)) > 0,
+        wait_until(lambda: running.call(held_back, running),
                    "answers waiting for the client to read", 30)
         with mqlog.Client(address) as other:
             assert other.call({"kind": "echo", "n": -1}, b"x")[0]["n"] == -1
-        assert running.call(lambda: len(running.broker._tasks)) > 0
+        assert running.call(held_back, running)
         answers = _read_answers(sock, count)
         sender.join(30)
         assert [answer.header["n"] for answer in answers] == list(range(count))
@@ -490,28 +494,35 @@ def test_a_client_that_does_not_read_holds_back_only_its_own_answers(tmp_path):
 def test_a_client_that_never_reads_is_held_back_and_the_broker_holds_a_bounded_backlog(
         tmp_path):
     """Kafka's muting: a broker handles at most ``client_requests_in_progress_max`` of a
-    connection's requests at once (an answer not read keeps its request in progress) and
-    reads no more of it meanwhile. A client that sends tiny requests for large answers
-    (400 in one write, asking for 256 KiB each: 100 MiB) and never reads leaves the broker
-    holding a few answers; once it reads, every answer comes, in order."""
+    connection's requests at once and reads no more of it meanwhile, and a request is
+    handled only while the connection's answers do not back up. A client that sends tiny
+    requests for large answers (400 in one write, asking for 256 KiB each: 100 MiB) and
+    never reads leaves the broker holding an answer or two past the high-water mark, the
+    other requests waiting unhandled; once it reads, every answer comes, in order."""
     size, count, limit = 256 << 10, 400, 4
     requests = b"".join(encode_frame({"kind": "echo", "n": n, "size": size})
                         for n in range(count))
 
-    def client_connections(running: BrokerThread) -> list[Any]:
-        return [connection for connection in running.broker._connections
-                if connection.link is None]
+    def client_connection(running: BrokerThread) -> Any:
+        (connection,) = [connection for connection in running.broker._connections
+                         if connection.link is None]
+        return connection
 
-    def held_back(running: BrokerThread) -> bool:
-        connections = client_connections(running)
-        return len(connections) == 1 and connections[0].reading_held
+    def backed_up(running: BrokerThread) -> bool:
+        return any(broker_module.BACKED_UP in connection._held
+                   for connection in running.broker._connections)
 
-    with _echo_broker(tmp_path, client_requests_in_progress_max=limit) as (address, running), \
-            _client_socket(address) as sock:
-        sock.sendall(requests)  # (one read's worth: 12 KiB)
-        wait_until(lambda: running.call(held_back, running), "the connection held back", 30)
-        held = running.call(lambda: client_connections(running)[0].write_buffer_size())
-        assert held <= (limit + 1) * size, held
+    with _echo_broker(tmp_path, client_requests_in_progress_max=limit) as (
+            address, running), _client_socket(address) as sock:
+        sock.sendall(requests)  # (one read's worth or two: 12 KiB)
+        wait_until(lambda: running.call(backed_up, running), "the answers backed up", 30)
+        held, in_progress, reasons = running.call(lambda: (
+            client_connection(running).write_buffer_size(),
+            client_connection(running).requests_in_progress,
+            set(client_connection(running)._held)))
+        assert held <= 2 * size + (64 << 10), held  # (not an answer per request)
+        assert in_progress == limit and reasons == {broker_module.BUSY,
+                                                    broker_module.BACKED_UP}
         answers = _read_answers(sock, count)
         assert [answer.header["n"] for answer in answers] == list(range(count))
         assert all(answer.payload == bytes(size) for answer in answers)

@@ -331,7 +331,7 @@ def test_a_master_whose_slaves_have_its_log_has_nothing_ready(role):
     master.advance(master.ready())
     master.tick()
     assert not master.has_ready() and not master.ready()
-    log.written_position = 600  # a write: pumped at once (SYNC) or at the next tick (ASYNC)
+    log.written_position = 600  # a write: a master has records to pump (ASYNC: a tick's)
     master.tick()
     assert master.has_ready()
 

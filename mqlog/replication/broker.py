@@ -49,9 +49,11 @@ status 1): the groups share a process, and a restart runs the engine's recovery 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from mqlog import errors
@@ -536,24 +538,26 @@ class Broker:
                         produces.setdefault(self._group_for(frame.header).name,
                                             []).append(frame)
                     except errors.MqlogError as error:
-                        self._serve(connection, self._answer_error(frame, connection, error))
+                        self._serve(connection, partial(self._answer_error, frame,
+                                                        connection, error))
                 else:  # a client's request: answered when done, in any order
-                    self._serve(connection, self._answer(frame, connection))
+                    self._serve(connection, partial(self._answer, frame, connection))
                 taken += 1
                 if taken >= limit:
                     connection.hold_reading(BUSY)
         for name, frames in produces.items():
             node = self.groups[name]
-            self._serve(connection, node._answer_produces(frames, connection), len(frames),
-                        node._spawn)
+            self._serve(connection, partial(node._answer_produces, frames, connection),
+                        len(frames), node._spawn)
 
-    def _serve(self, connection: Connection, answering: Any, count: int = 1,
+    def _serve(self, connection: Connection, answer: Callable[[], Awaitable[None]],
+               count: int = 1,
                spawn: Callable[[Any], asyncio.Task[None]] | None = None) -> None:
-        """Answer ``count`` requests of a client's ``connection`` in a task (the broker's,
-        or ``spawn``'s: a group's, cancelled when it closes), counted in progress till
-        it ends."""
+        """Answer ``count`` requests of a client's ``connection`` (``answer()``) in a task
+        (the broker's, or ``spawn``'s: a group's, cancelled when it closes), counted in
+        progress till it ends."""
         connection.requests_in_progress += count
-        task = (spawn or self._spawn)(answering)
+        task = (spawn or self._spawn)(_once_drained(connection, answer))
         task.add_done_callback(lambda _task: self._served(connection, count))
 
     def _served(self, connection: Connection, count: int) -> None:
@@ -666,6 +670,19 @@ class Broker:
                 "peers": dict(self.peers), "links": links, "refused": self.refused,
                 "counters": {peer: dataclasses.asdict(counters)
                              for peer, counters in self.counters.items()}}
+
+
+async def _once_drained(connection: Connection,
+                        answer: Callable[[], Awaitable[None]]) -> None:
+    """Handle a client's request only while its connection's answers do not back up:
+    tasks run one at a time, so at most one answer is made past the transport's
+    high-water mark, not one for every request in progress (a fetch answer may be a
+    megabyte). A request read is handled even if its connection is lost meanwhile (an
+    acks=0 write, sent just before the client closed, is stored)."""
+    with contextlib.suppress(ConnectionError):  # (lost: drain() raises, and the loop ends)
+        while connection.backed_up:  # (woken with others, it may find it backed up again)
+            await connection.drain()
+    await answer()  # (made now: a task cancelled before leaves no coroutine unawaited)
 
 
 def _linked(connection: Connection, link: PeerLink) -> None:

@@ -105,14 +105,20 @@ class Connection(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self._paused = False
+        self._wake_drainers()  # (first: the tasks that waited write before new ones start)
         self.release_reading(BACKED_UP)
-        self._wake_drainers()
 
     # --- holding reading back (the module docstring says why) ------------------------------
 
     @property
     def reading_held(self) -> bool:
         return bool(self._held)
+
+    @property
+    def backed_up(self) -> bool:
+        """The transport holds more than its high-water mark (until it drains to its
+        low-water mark)."""
+        return self._paused
 
     def hold_reading(self, why: str) -> None:
         if not self._held and not self.is_closing():
