@@ -688,10 +688,10 @@ async def _once_drained(connection: Connection,
 def _linked(connection: Connection, link: PeerLink) -> None:
     """``connection`` is ``link``'s now: its receive buffer is kept between its frames
     (fetch answers and Entries are large and steady; a client's buffer is let go), and it
-    is never muted."""
+    is never held back (connection.py says why)."""
     connection.link = link
     connection.decoder.keep_bytes = RECEIVE_KEPT_BYTES
-    connection.mutes = False  # (a peer link: connection.py says why)
+    connection.holds_back = False  # (a peer link: connection.py says why)
     connection.release_reading(BACKED_UP)
 
 

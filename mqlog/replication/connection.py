@@ -69,7 +69,7 @@ class Connection(asyncio.BufferedProtocol):
         self.link: Any = None  # the owner's: what this connection is to it
         self.transport: asyncio.Transport | None = None
         self._paused = False  # the transport holds more than its high-water mark
-        self.mutes = not peer  # held back while BACKED_UP (a client's; not a peer link's)
+        self.holds_back = not peer  # held back while BACKED_UP (a client's, not a peer link's)
         self._held: set[str] = set()  # why reading is held back (BUSY, BACKED_UP)
         self.requests_in_progress = 0  # the owner's count of a client's requests
         # what each drain() waits on (its own: one drainer cancelled cancels no other)
@@ -100,7 +100,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def pause_writing(self) -> None:
         self._paused = True
-        if self.mutes:
+        if self.holds_back:
             self.hold_reading(BACKED_UP)
 
     def resume_writing(self) -> None:
