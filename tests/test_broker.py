@@ -521,8 +521,10 @@ def test_a_client_that_never_reads_is_held_back_and_the_broker_holds_a_bounded_b
             client_connection(running).requests_in_progress,
             set(client_connection(running)._held)))
         assert held <= 2 * size + (64 << 10), held  # (not an answer per request)
-        assert in_progress == limit and reasons == {broker_module.BUSY,
-                                                    broker_module.BACKED_UP}
+        # (1 to limit: tasks that end while backed up are not replaced till it drains)
+        assert 1 <= in_progress <= limit, in_progress
+        assert reasons == {broker_module.BACKED_UP} | (
+            {broker_module.BUSY} if in_progress == limit else set()), reasons
         answers = _read_answers(sock, count)
         assert [answer.header["n"] for answer in answers] == list(range(count))
         assert all(answer.payload == bytes(size) for answer in answers)
