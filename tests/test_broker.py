@@ -317,6 +317,98 @@ def test_groups_are_added_and_dropped_at_runtime(tmp_path):
             running.call(broker.drop_group, "p0")
 
 
+def test_produces_read_together_with_garbage_are_stored_and_the_connection_dropped(
+        tmp_path):
+    """A hostile review: acks=0 produce requests, then a frame whose CRC is wrong, in one
+    write (one read): the broker collected the produces and raised before serving them,
+    so they were lost, while the same requests read apart from the garbage were stored.
+    A request read is handled, however the bytes after it were split."""
+    from mqlog.client import produce_request
+
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1").validate()
+    garbage = b"\x10\x00\x00\x00" + b"\xff" * 16  # (a frame whose CRC is wrong)
+    with BrokerThread(config) as running:
+        running.call(running.broker.ensure_group, _one_voter("p0", address, (("t", 0),)))
+        with mqlog.Client(address) as client:
+            _produce_when_leader(client, "t", b"first")
+            with _client_socket(address) as sock:
+                sock.sendall(b"".join(encode_frame(*produce_request("t", [b"r%d" % n],
+                                                                     acks="0"))
+                                      for n in range(3)) + garbage)
+                assert sock.recv(100) == b""  # (dropped: garbage)
+            wait_until(lambda: len(client.fetch("t", 0, 0)) == 4, "the produces stored", 30)
+            assert [r.body for r in client.fetch("t", 0, 0)] == [b"first", b"r0", b"r1",
+                                                                   b"r2"]
+
+
+def test_a_frame_whose_kind_is_not_a_string_drops_the_connection(tmp_path):
+    """A hostile review: a request whose kind is a list (unhashable) raised TypeError in
+    the broker; met while the connection was held back, the connection was neither
+    dropped nor read on (a request behind it waited for ever). It is garbage now."""
+    with _echo_broker(tmp_path, client_requests_in_progress_max=1) as (address, running), \
+            _client_socket(address) as sock:
+        sock.sendall(encode_frame({"kind": "echo", "n": 0, "size": 4 << 20})
+                     + encode_frame({"kind": [1]}) + encode_frame({"kind": "echo", "n": 2}))
+        decoder, answers = FrameDecoder(8 << 20), []
+        while data := sock.recv(1 << 20):
+            decoder.feed(data)
+            answers += _drain_frames(decoder)
+        assert [answer.header["n"] for answer in answers] == [0]  # then dropped
+        wait_until(lambda: running.call(lambda: len(running.broker._connections)) == 0,
+                   "the connection dropped", 30)
+
+
+def _answers_until_closed_or(sock: socket.socket, count: int) -> list[Frame]:
+    decoder, answers = FrameDecoder(16 << 20), []
+    while len(answers) < count and (data := sock.recv(1 << 20)):
+        decoder.feed(data)
+        answers += _drain_frames(decoder)
+    return answers
+
+
+def test_writes_waiting_on_a_dropped_group_are_answered_node_unavailable(tmp_path):
+    """Two hostile reviews: a group dropped (a topic deleted, a partition moved) cancels
+    its tasks, and a produce waiting for its verdict, or waiting while its connection's
+    answers backed up, was never answered: the client waited until its timeout. Each is
+    answered NodeUnavailable now (outcome unknown: a retry with the same sequence is
+    stored once)."""
+    from mqlog.client import produce_request
+
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1").validate()
+    with BrokerThread(config) as running:
+
+        async def echo(header, payload):
+            return {"kind": "echoed", "n": header["n"]}, bytes(header["size"])
+
+        running.call(running.broker.add_service, ("echo",), echo)
+        node = running.call(running.broker.ensure_group, _one_voter("p0", address))
+        with mqlog.Client(address, group="p0") as client:
+            _produce_when_leader(client, "orders", b"first")
+        node.core.propose = lambda request, end: None  # (no verdict ever: it waits)
+        waiting, waiting_payload = produce_request("orders", [b"w"], acks="all")
+        behind, behind_payload = produce_request("orders", [b"b"], acks="1")
+        with _client_socket(address) as first, _client_socket(address) as second:
+            first.sendall(encode_frame({**waiting, "id": 1, "group": "p0"},
+                                       waiting_payload))
+            wait_until(lambda: running.call(lambda: len(node.driver.waiting)) == 1,
+                       "the write waiting for its verdict", 30)
+            second.sendall(encode_frame({"kind": "echo", "n": 0, "size": 8 << 20})
+                           + encode_frame({**behind, "id": 2, "group": "p0"},
+                                          behind_payload))
+            wait_until(lambda: running.call(lambda: any(
+                broker_module.BACKED_UP in connection._held
+                for connection in running.broker._connections)), "answers backed up", 30)
+            running.call(running.broker.drop_group, "p0")
+            (answer,) = _answers_until_closed_or(first, 1)
+            echoed, refused = _answers_until_closed_or(second, 2)
+        assert echoed.header["n"] == 0
+        for frame, request_id in ((answer, 1), (refused, 2)):
+            assert (frame.header["id"], frame.header["error"]) == (request_id,
+                                                                  "NodeUnavailable")
+
+
 def test_a_write_meeting_its_replica_closing_is_answered_retryable(tmp_path):
     """A broker stopping (SIGTERM: a rolling restart) closes its groups' stores; a write
     that met the closing store was answered StoreClosed, which no client retries, so

@@ -313,3 +313,38 @@ def test_a_write_stored_in_part_whose_verdict_is_unknown_is_answered_so(tmp_path
         assert driver.cuts == {}
     finally:
         store.close()
+
+
+def test_a_write_abandoned_by_a_stepping_down_master_is_answered_once(tmp_path):
+    """A hostile review: an operator's ``follow`` (node.py) makes the core step down,
+    which resolves its waiting proposals in its Ready, and the driver's
+    abandon_waiting answered them too: each was answered twice (node.py's futures hid
+    it; any other Io saw both)."""
+    from mqlog.replication.master_slave import MasterSlaveCore
+    from mqlog.replication.messages import Hello
+
+    store = mqlog.open(tmp_path / "m", **dict(STORE, committed_follows="auto"))
+    try:
+        core = MasterSlaveCore(ReplicationConfig(node_id="m", role="SYNC_MASTER",
+                                                 slaves=("s1",), in_sync_slaves_min=1), store)
+        io = HeldIo(store)
+        driver = Driver(store, core, io)
+        driver.run()
+        io.complete_flushes()
+        driver.run()
+        driver.check_writable()
+        last = store.epoch_at(store.written_position)
+        driver.step(Hello("s1", "m", core.epoch, store.written_position,
+                          -1 if last is None else last))
+        driver.run()
+        assert core.in_sync_slaves() == ("s1",), core.in_sync_slaves()
+        stored = driver.write("t", [b"x"])
+        driver.propose("w1", stored.end)
+        driver.run()
+        assert io.answers == [] and len(core._waiting) == 1
+        core.follow("s1")  # (what node.py's follow does)
+        driver.abandon_waiting()
+        driver.run()
+        assert io.answers == [("w1", PutStatus.FLUSH_SLAVE_TIMEOUT)], io.answers
+    finally:
+        store.close()

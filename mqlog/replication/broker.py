@@ -518,47 +518,70 @@ class Broker:
     def _frames(self, connection: Connection) -> None:
         """Handle every whole frame received (a peer_hello makes the connection a peer's:
         ``connection.link``), or as many of a client's as may be in progress (the rest
-        wait in its decoder: ``_served`` takes them up again)."""
+        wait in its decoder: ``_served`` takes them up again). Produce requests read
+        together are answered together — those read before garbage too (a request read
+        is handled, however the bytes after it were split)."""
         produces: dict[str, list[Frame]] = {}
         decoder, taken = connection.decoder, connection.requests_in_progress
         limit = self.config.client_requests_in_progress_max
-        while not connection.reading_held and isinstance(frame := decoder.next_frame(), Frame):
-            kind = frame.header.get("kind")
-            if connection.link is not None:  # a peer connection: replication messages only
-                self._from_peer(connection.link, frame)
-            elif kind == PEER_HELLO:
-                _linked(connection, self._greeted(frame.header, connection))
-            elif kind in _REPLICATION_KINDS:
-                self.refused += 1  # (a peer that skipped the handshake is refused too)
-                raise errors.RemoteProtocolError(f"a {kind} message on a connection that did "
-                                                 "not start with peer_hello")
-            else:
-                if kind == "produce":  # answered together with the others read here
-                    try:
-                        produces.setdefault(self._group_for(frame.header).name,
-                                            []).append(frame)
-                    except errors.MqlogError as error:
-                        self._serve(connection, partial(self._answer_error, frame,
-                                                        connection, error))
-                else:  # a client's request: answered when done, in any order
-                    self._serve(connection, partial(self._answer, frame, connection))
-                taken += 1
-                if taken >= limit:
-                    connection.hold_reading(BUSY)
-        for name, frames in produces.items():
-            node = self.groups[name]
-            self._serve(connection, partial(node._answer_produces, frames, connection),
-                        len(frames), node._spawn)
+        try:
+            while not connection.reading_held and \
+                    isinstance(frame := decoder.next_frame(), Frame):
+                if self._take(connection, frame, produces):
+                    taken += 1
+                    if taken >= limit:
+                        connection.hold_reading(BUSY)
+        finally:
+            for name, frames in produces.items():
+                node = self.groups[name]
+                self._serve(connection, partial(node._answer_produces, frames, connection),
+                            len(frames), node._spawn,
+                            partial(node.refuse_closing, frames, connection))
+
+    def _take(self, connection: Connection, frame: Frame,
+              produces: dict[str, list[Frame]]) -> bool:
+        """Handle one frame; whether it is a client's request (counted in progress; a
+        produce goes to ``produces``, by group)."""
+        kind = frame.header.get("kind")
+        if connection.link is not None:  # a peer connection: replication messages only
+            self._from_peer(connection.link, frame)
+            return False
+        if not isinstance(kind, str | None):  # (a list is no kind: garbage, not a crash)
+            raise errors.RemoteProtocolError(f"a frame's kind must be a string, not {kind!r}")
+        if kind == PEER_HELLO:
+            _linked(connection, self._greeted(frame.header, connection))
+            return False
+        if kind in _REPLICATION_KINDS:
+            self.refused += 1  # (a peer that skipped the handshake is refused too)
+            raise errors.RemoteProtocolError(f"a {kind} message on a connection that did "
+                                             "not start with peer_hello")
+        if kind == "produce":  # answered together with the others read here
+            try:
+                produces.setdefault(self._group_for(frame.header).name, []).append(frame)
+            except errors.MqlogError as error:
+                self._serve(connection, partial(self._answer_error, frame, connection, error))
+        else:  # a client's request: answered when done, in any order
+            self._serve(connection, partial(self._answer, frame, connection))
+        return True
 
     def _serve(self, connection: Connection, answer: Callable[[], Awaitable[None]],
                count: int = 1,
-               spawn: Callable[[Any], asyncio.Task[None]] | None = None) -> None:
+               spawn: Callable[[Any], asyncio.Task[None]] | None = None,
+               refuse: Callable[[], None] | None = None) -> None:
         """Answer ``count`` requests of a client's ``connection`` (``answer()``) in a task
-        (the broker's, or ``spawn``'s: a group's, cancelled when it closes), counted in
-        progress till it ends."""
+        (the broker's, or ``spawn``'s: a group's, cancelled when it closes: ``refuse()``
+        then answers them if ``answer()`` had not begun), counted in progress till it
+        ends."""
         connection.requests_in_progress += count
-        task = (spawn or self._spawn)(_once_drained(connection, answer))
-        task.add_done_callback(lambda _task: self._served(connection, count))
+        started: list[bool] = []  # (answer() began: it answers, cancelled or not)
+
+        def done(task: asyncio.Task[None]) -> None:
+            if refuse is not None and task.cancelled() and not started:
+                refuse()  # (cancelled before it began, or while it waited to)
+            self._served(connection, count)
+
+        task = (spawn or self._spawn)(_once_drained(connection, answer, started))
+        task.add_done_callback(done)
 
     def _served(self, connection: Connection, count: int) -> None:
         connection.requests_in_progress -= count
@@ -672,8 +695,8 @@ class Broker:
                              for peer, counters in self.counters.items()}}
 
 
-async def _once_drained(connection: Connection,
-                        answer: Callable[[], Awaitable[None]]) -> None:
+async def _once_drained(connection: Connection, answer: Callable[[], Awaitable[None]],
+                        started: list[bool]) -> None:
     """Handle a client's request only while its connection's answers do not back up:
     tasks run one at a time, so at most one answer is made past the transport's
     high-water mark, not one for every request in progress (a fetch answer may be a
@@ -682,6 +705,7 @@ async def _once_drained(connection: Connection,
     with contextlib.suppress(ConnectionError):  # (lost: drain() raises, and the loop ends)
         while connection.backed_up:  # (woken with others, it may find it backed up again)
             await connection.drain()
+    started.append(True)
     await answer()  # (made now: a task cancelled before leaves no coroutine unawaited)
 
 

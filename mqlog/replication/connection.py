@@ -138,6 +138,13 @@ class Connection(asyncio.BufferedProtocol):
             self.owner.received(self)
 
     def _wake_drainers(self) -> None:
+            # (soon, not now: called from the transport's own callback, resume_writing,
+            # an owner that closes the connection on garbage makes asyncio 3.11 call
+            # connection_lost twice; the drainers woken before still write first)
+            asyncio.get_running_loop().call_soon(self._take_waiting)
+
+    def _take_waiting(self) -> None:
+        if not self._held and not self.is_closing():
         while self._drainers:
             drainer = self._drainers.popleft()
             if not drainer.done():

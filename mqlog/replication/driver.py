@@ -399,7 +399,11 @@ class Driver:
 
     def _answer(self, request: Any, status: PutStatus) -> None:
         """The layer's verdict on ``request``; a write stored in part whose records it
-        committed is refused: PartiallyStored, naming how many are stored."""
+        committed is refused: PartiallyStored, naming how many are stored. A request
+        answered already (``abandon_waiting``: the core still resolves it) is not
+        answered again."""
+        if request not in self.waiting:
+            return
         self.waiting.discard(request)
         cut = self.cuts.pop(request, None)
         if cut is not None and status is PutStatus.PUT_OK:

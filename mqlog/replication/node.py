@@ -373,7 +373,28 @@ class Node:
     async def _answer_produces(self, frames: list[Frame], writer: Connection) -> None:
         """Produce requests that arrived together are stored, made durable, replicated
         and answered together — one flush wait, one proposal, one socket write (the
-        shape of pebble's commit pipeline) — each with its own status or error."""
+        shape of pebble's commit pipeline) — each with its own status or error. The
+        group closing meanwhile (its tasks cancelled) answers them NodeUnavailable."""
+        try:
+            answers = await self._produce_answers(frames)
+        except asyncio.CancelledError:
+            self.refuse_closing(frames, writer)
+            raise
+        if answers:
+            await writer.answer(b"".join([encode_frame(header) for _, header in answers]))
+
+    def refuse_closing(self, frames: list[Frame], writer: Connection) -> None:
+        """Answer produce requests that this closing group (dropped, or its broker
+        stopping) will not finish: NodeUnavailable, their outcome unknown (a retry with
+        the same producer sequence is stored once). Written now: nothing is awaited in a
+        cancelled task."""
+        if not writer.is_closing():
+            header = self._error_header(errors.StoreClosed("closing"))
+            writer.write(b"".join(encode_frame({**header, "id": frame.header.get("id")})
+                                  for frame in frames))
+
+    async def _produce_answers(self, frames: list[Frame]) -> list[tuple[Frame, dict]]:
+        """``_answer_produces``'s answers: (frame, header) of each request answered."""
         answers, stored = [], []
         try:
             self.driver.check_writable()  # (once: nothing below can make it step down)
@@ -409,8 +430,7 @@ class Node:
                    if header["kind"] != "produced" or ACKS.get(frame.header.get("acks")) != "0"]
         for frame, header in answers:
             header["id"] = frame.header.get("id")
-        if answers:
-            await writer.answer(b"".join([encode_frame(header) for _, header in answers]))
+        return answers
 
     def _stored_already(self, producer: ProducerTag | None) -> bool:
         """An idempotent retry of a write this leader has: it is not refused before

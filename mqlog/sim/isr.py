@@ -295,6 +295,8 @@ class IsrSwarm(ControllerSwarm):
         self.lives = ProducerLives(self.result.seed)
         self.acked: dict[str, dict[int, Acked]] = {}
         self.requests: dict[str, tuple[str, int]] = {}  # request -> (group, sequence)
+        self.answered_requests: set[str] = set()  # (each is answered once)
+        self.proposals = 0
         self.committed: dict[str, bytearray] = {}  # group -> its committed prefix
         self.leaders_by_epoch: dict[tuple[str, int], set[str]] = {}
         self._written_when_down: dict[tuple[str, str], int] = {}  # (broker, group) -> end
@@ -589,7 +591,9 @@ class IsrSwarm(ControllerSwarm):
         if write.acks == "1" and not cut:  # the leader's write is its answer
             self._acknowledge(node, write, stored, PutStatus.PUT_OK)
             return
-        request = f"{write.group}/s{write.sequence}@{node.broker_id}.{self.clock[0]}"
+        self.proposals += 1
+        request = f"{write.group}/s{write.sequence}@{node.broker_id}.{self.clock[0]}" \
+            f"#{self.proposals}"  # (unique: a retry in the same tick is another request)
         write.request, write.broker = request, node.broker_id
         self.requests[request] = (write.group, write.sequence)
         node.driver.propose_write(request, stored, len(write.bodies), write.producer)
@@ -609,6 +613,8 @@ class IsrSwarm(ControllerSwarm):
         if not isinstance(node, SimGroup):
             return  # (a controller's own proposals)
         self.trace(f"{node.broker_id}/{node.name}: {request} {describe(status)}")
+        assert request not in self.answered_requests, f"{request} answered twice"
+        self.answered_requests.add(request)
         group, sequence = self.requests.pop(request, ("", 0))
         write = self.pending.get(group, {}).get(sequence)
         if write is None or write.request != request:
