@@ -27,7 +27,7 @@ import pytest
 import mqlog
 from mqlog import errors
 from mqlog.config import BrokerConfig, GroupSpec, StoreConfig
-from mqlog.engine.files import delete_store
+from mqlog.engine.files import FileExtent, delete_store
 from mqlog.replication import broker as broker_module
 from mqlog.replication import hardstate, messages
 from mqlog.replication.broker import Broker
@@ -668,6 +668,115 @@ def test_frames_written_in_pieces_arrive_whole_and_in_order():
 
     received, corked = asyncio.run(main())
     assert received == sent and corked == 0
+
+
+def _records_store(path: Path) -> Any:
+    """A store of 1 MiB segments holding ~3 MiB of records (so, closing blanks too)."""
+    store = mqlog.open(path, StoreConfig(segment_size_bytes=1 << 20,
+                                         message_size_bytes_max=64 << 10))
+    for n in range(300):
+        store.put_nowait("t", [bytes([n % 251]) * (100 + 37 * (n % 50))] * 10, 0)
+    return store
+
+
+async def _sent_over(pieces: list[Any], send_buffer: int) -> tuple[list[Any], Any]:
+    """What a reader decodes of ``pieces`` written by one Connection.write_frames (a
+    RemoteProtocolError among them, if it refused a frame), and the connection."""
+    from mqlog.replication.connection import Connection
+
+    class Owner:
+        def connected(self, connection): ...
+        def received(self, connection): ...
+        def lost(self, connection): ...
+
+    server_side: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def accepted(reader, writer):
+        server_side.set_result((reader, writer))
+
+    server = await asyncio.start_server(accepted, "127.0.0.1", 0)
+    sock = socket.create_connection(("127.0.0.1", server.sockets[0].getsockname()[1]))
+    if send_buffer:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, send_buffer)
+    _, connection = await asyncio.get_running_loop().create_connection(
+        lambda: Connection(Owner(), 8 << 20, "n2"), sock=sock)
+    reader, writer = await server_side
+    connection.write_frames(pieces)
+    decoder, received = FrameDecoder(8 << 20), []
+    try:
+        while len(received) < sum(isinstance(piece, bytes) for piece in pieces):
+            data = await asyncio.wait_for(reader.read(1 << 20), 30)
+            assert data, "the connection closed"
+            decoder.feed(data)
+            received += [messages.decode(frame) for frame in _drain_frames(decoder)]
+    except errors.RemoteProtocolError as refused:
+        received.append(refused)
+    finally:
+        connection.abort()
+        writer.close()
+        server.close()
+    return received, connection
+
+
+@pytest.mark.parametrize("send_buffer", [0, 1 << 14])
+def test_fetch_answers_sent_from_the_log_file_arrive_whole_and_in_order(tmp_path,
+                                                                         send_buffer):
+    """A large fetch answer's records are a FileExtent (Store.read_for_send: read_raw's
+    bytes, not copied) and leave by sendfile while the transport holds nothing; what
+    the socket does not take, and an extent behind bytes the transport holds, is read
+    and written behind them. Every frame arrives whole (its CRC, counted from the
+    extent's) and in order, with read_raw's bytes, closing blanks included."""
+    store = _records_store(tmp_path / "s")
+    try:
+        sent, reads, position = [], [], 0
+        for n in range(6):
+            limit = (100 << 10) if n % 2 else (700 << 10)
+            reads.append((position, store.read_raw(position, limit)))
+            payload = store.read_for_send(position, limit)
+            sent.append(messages.FetchReply("n1", "n2", 1, n, position, 1, 0, 0, -1, -1, "",
+                                            -1, -1, payload=payload))
+            sent.append(messages.Fetch("n2", "n1", 1, n, position, -1))
+            position += len(payload)
+        extents = [m.payload for m in sent if isinstance(m, messages.FetchReply)]
+        assert all(isinstance(extent, FileExtent) for extent in extents)
+        assert any(extent.zeros for extent in extents)  # (a segment's closing blank)
+        pieces = [piece for message in sent for piece in messages.encode_pieces(message)]
+        received, connection = asyncio.run(_sent_over(pieces, send_buffer))
+    finally:
+        store.close()
+    assert [m.position for m in received if isinstance(m, messages.FetchReply)] == \
+        [position for position, _ in reads]
+    assert [m.payload for m in received if isinstance(m, messages.FetchReply)] == \
+        [data for _, data in reads]
+    assert received[1::2] == sent[1::2]
+    total = sum(map(len, extents))
+    assert 0 < connection.sent_from_file <= total
+    if send_buffer:  # (a small socket buffer: the rest went as bytes)
+        assert connection.sent_from_file < total
+
+
+def test_an_extent_changed_in_its_file_after_the_check_is_refused_by_the_receiver(
+        tmp_path):
+    """The frame's CRC is the one the log checked: records changed in the file before
+    sendfile (a truncation's zeros) make the receiver refuse the frame, never take them."""
+    store = _records_store(tmp_path / "s")
+    try:
+        extent = store.read_for_send(0, 256 << 10)
+        assert isinstance(extent, FileExtent)
+        (segment,) = [path for path in (tmp_path / "s" / "commitlog").iterdir()
+                      if int(path.name) == 0]
+        fd = os.open(segment, os.O_WRONLY)
+        try:
+            os.pwrite(fd, bytes(4096), extent.offset + 8192)
+        finally:
+            os.close(fd)
+        answer = messages.FetchReply("n1", "n2", 1, 1, 0, 1, 0, 0, -1, -1, "", -1, -1,
+                                     payload=extent)
+        received, _ = asyncio.run(_sent_over(list(messages.encode_pieces(answer)), 0))
+    finally:
+        store.close()
+    assert len(received) == 1 and isinstance(received[0], errors.RemoteProtocolError)
+    assert "CRC" in str(received[0]) or "crc" in str(received[0]), received[0]
 
 
 def test_a_drainer_cancelled_leaves_the_others_waiting_for_the_transport():

@@ -71,6 +71,9 @@ class FakeLog:
     def read_raw(self, position: int, max_bytes: int) -> bytes:
         return bytes(min(max_bytes, self.written_position - position))
 
+    def read_for_send(self, position: int, max_bytes: int) -> bytes:
+        return self.read_raw(position, max_bytes)
+
     def first_segment_base(self) -> int:
         return 0
 

@@ -14,7 +14,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import mqlog
 from mqlog import ext
+from mqlog.config import StoreConfig
+from mqlog.engine.files import FileExtent
+from mqlog.errors import CorruptRecord, InvalidPosition
 from mqlog.ext import fallback
 from tests.conftest import IMPLEMENTATIONS
 
@@ -117,3 +121,50 @@ def test_write_zeros_agrees_between_cores(core, tmp_path):
         assert refused.value.errno == errno.EBADF  #: not open for writing
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+def test_read_for_send_is_read_raw_from_the_file_in_both_cores(name, tmp_path):
+    """Store.read_for_send (a fetch answer to be sent with sendfile): read_raw's very
+    bytes — whole records, a segment's closing blank as its header then zeros — as a
+    FileExtent once 64 KiB or more are asked and there, with the CRC32C of those bytes;
+    read_raw's errors for a position inside a record and a damaged record."""
+    store = mqlog.open(tmp_path / "s", StoreConfig(segment_size_bytes=1 << 20,
+                                                   message_size_bytes_max=64 << 10),
+                       implementation=name)
+    try:
+        rnd = random.Random(5)
+        for _ in range(600):
+            store.put_nowait("t", [rnd.randbytes(rnd.randrange(1, 3000))]
+                             * rnd.randrange(1, 20), 0)
+        position, kinds = 0, set()
+        while position < store.written_position:
+            limit = rnd.choice([100, 70_000, 256 << 10, 1 << 20])
+            expected = store.read_raw(position, limit)
+            answer = store.read_for_send(position, limit)
+            if isinstance(answer, FileExtent):
+                kinds.add("blank" if answer.zeros else "extent")
+                assert (len(answer), answer.read(), answer.crc) == (
+                    len(expected), expected, reference.crc32c(expected)), position
+                third = len(expected) // 3
+                assert answer.read(third) == expected[third:]
+            else:
+                kinds.add("bytes")
+                assert answer == expected
+            position += len(expected)
+        assert kinds == {"blank", "extent", "bytes"}
+        with pytest.raises(InvalidPosition):
+            store.read_for_send(1, 1 << 20)
+        size = int.from_bytes(store.read_raw(0, 1)[:4], "little")
+        segment = tmp_path / "s" / "commitlog" / f"{0:020d}"
+        with open(segment, "r+b") as damaged:  # a bit of the first record's body flipped
+            damaged.seek(size - 1)
+            byte = damaged.read(1)[0]
+            damaged.seek(size - 1)
+            damaged.write(bytes([byte ^ 1]))
+        with pytest.raises(CorruptRecord):
+            store.read_raw(0, 1 << 20)
+        with pytest.raises(CorruptRecord):
+            store.read_for_send(0, 1 << 20)
+    finally:
+        store.close()

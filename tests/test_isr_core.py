@@ -135,8 +135,8 @@ def test_followers_held_at_one_position_are_answered_from_one_read():
     log = FakeLog(300, ((1, 0),))
     leader = _core("n1", log, _state(epoch=2))
     reads = []
-    read_raw = log.read_raw
-    log.read_raw = lambda position, size: reads.append(position) or read_raw(position, size)
+    read = log.read_for_send
+    log.read_for_send = lambda position, size: reads.append(position) or read(position, size)
     leader.step(Fetch("n2", "n1", 2, 1, 0, -1))
     leader.step(Fetch("n3", "n1", 2, 1, 0, -1))
     replies = [m for m in _sent(leader) if isinstance(m, FetchReply)]

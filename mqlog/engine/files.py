@@ -104,6 +104,8 @@ NAME_DIGITS = 20
 _NAME = re.compile(r"^\d{20}$")
 ZERO_WRITE_BYTES = 1 << 20  # zeros per pwrite, backing a file (the docstring says why)
 SYNC_ZERO_WRITE_BYTES = 16 << 10  # the same for a sync-flush log's segments
+# A read to be sent this large goes from its file (Store.read_for_send: sendfile)
+FILE_EXTENT_BYTES_MIN = 64 << 10
 _CHUNK_BYTES = 1 << 20  # the background thread backs this much per hold of a file's lock
 # The writer backs itself only the pages its write needs, in pieces of this much; the
 # rest of the step is the background thread's (a step's fresh pages cost ms of CPU here,
@@ -125,6 +127,49 @@ def numbered_files(directory: Path) -> list[tuple[int, Path]]:
     found = [(int(entry.name), entry) for entry in directory.iterdir()
              if _NAME.match(entry.name) and entry.is_file()]
     return sorted(found)
+
+
+class FileExtent:
+    """Bytes of a file, held open to be sent from it (``os.sendfile``: a fetch answer's
+    records go from the page cache to the socket, never copied through Python), then
+    ``zeros`` zero bytes (a segment's closing blank: the rest of the segment may be a
+    hole), with the CRC32C they had when the log checked them. The descriptor keeps the
+    file readable if it is deleted meanwhile (retention); bytes changed in place since
+    (a truncation's zeros) no longer match ``crc``, which the frame's CRC carries: the
+    receiver refuses the frame. Closed by ``close()`` or when let go."""
+
+    __slots__ = ("_fd", "offset", "file_size", "zeros", "crc")
+
+    def __init__(self, path: Path, offset: int, file_size: int, zeros: int,
+                 crc: int) -> None:
+        self._fd = -1
+        self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.offset, self.file_size, self.zeros, self.crc = offset, file_size, zeros, crc
+
+    @property
+    def size(self) -> int:
+        return self.file_size + self.zeros
+
+    def __len__(self) -> int:
+        return self.size
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def read(self, start: int = 0) -> bytes:
+        """The bytes from ``start`` (within the extent) on; zeros past the file's end (a
+        frame keeps its size whatever the file did: its CRC tells the receiver)."""
+        size = max(0, self.file_size - start)
+        data = os.pread(self._fd, size, self.offset + start) if size else b""
+        return data + bytes(self.size - start - len(data))
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            fd, self._fd = self._fd, -1
+            os.close(fd)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def fsync_directory(directory: Path) -> None:

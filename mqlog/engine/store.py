@@ -38,8 +38,10 @@ from mqlog.engine import consumequeue as cq
 from mqlog.engine import queries
 from mqlog.engine.control import control_bytes
 from mqlog.engine.files import (
+    FILE_EXTENT_BYTES_MIN,
     SYNC_ZERO_WRITE_BYTES,
     ZERO_WRITE_BYTES,
+    FileExtent,
     MappedFile,
     SegmentAllocator,
     file_name,
@@ -669,6 +671,21 @@ class Store:
         """Raw bytes of whole records from ``position`` up to the written position."""
         self._check_open()
         return self.core.read_raw(position, max_bytes)
+
+    def read_for_send(self, position: int, max_bytes: int) -> bytes | FileExtent:
+        """``read_raw``'s answer — with at least ``FILE_EXTENT_BYTES_MIN`` bytes to read,
+        as a FileExtent of the segment file, to be sent from there (sendfile: not copied;
+        the records' CRCs checked on the mapping). The same bytes, the same errors."""
+        self._check_open()
+        core = self.core
+        if min(max_bytes, core.written_position - position) >= FILE_EXTENT_BYTES_MIN:
+            extent = core.raw_extent(position, max_bytes)
+            if extent is not None:
+                base, offset, file_size, zeros, crc = extent
+                with contextlib.suppress(FileNotFoundError):  # (gone: read_raw says why)
+                    return FileExtent(self.files.segment_file(base).path, offset, file_size,
+                                      zeros, crc)
+        return core.read_raw(position, max_bytes)
 
     def append_raw(self, position: int, data: Any) -> int:
         """Append records received from another replica at the same position."""

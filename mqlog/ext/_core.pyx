@@ -199,6 +199,9 @@ cdef inline bint _run_continues(QueueRun *run, const char *record, mq_header *he
 
 # --- the core -------------------------------------------------------------------------
 
+cdef char _ZEROS[1 << 20]  # (static storage: all zeros)
+
+
 @cython.final
 cdef class LogCore:
     """The hot state of one store; see the module docstring for the protocol."""
@@ -1260,6 +1263,56 @@ cdef class LogCore:
         return self._read_raw(segment, start - segment.base, _clamp_i64(max_bytes),
                               generation)
 
+    def raw_extent(self, position, max_bytes):
+        """``read_raw``'s answer without its copy, to be sent from the segment file:
+        (segment base, offset in the segment, bytes from the file, zeros after them, CRC32C
+        of the answer), or None for an empty answer. The bytes are ``read_raw``'s: whole
+        records, and a segment's closing blank as its header then zeros (the rest of the
+        segment may be a hole: files.py). Its errors and checks are ``read_raw``'s, run on
+        the mapping with the GIL held (nothing here unmaps it meanwhile)."""
+        cdef uint64_t start, base, offset, written = self.written_position, limit
+        cdef uint64_t bad, records_size, file_size, zeros, chunk
+        cdef uint32_t crc
+        cdef Segment *segment
+        cdef RawWalk walk
+        self._check_released()
+        if position == written:
+            return None
+        if _clamp_u64(position, &start) != 0 or start >= written:
+            first = self._segments[0].base if self._segment_count else 0
+            raise InvalidPosition(f"position {position} is outside the log [{first}, "
+                                  f"{written}]")
+        segment = self._locate(start)
+        base, offset = segment.base, start - segment.base
+        limit = min(segment.size, written - base)
+        _walk_raw(segment.data, segment.size, base, offset, limit, _clamp_i64(max_bytes),
+                  &walk)
+        records_size = walk.records_end - offset
+        bad = _first_bad_crc(segment.data + offset, records_size)
+        if bad < records_size:  # (reported in read_raw's order)
+            _raw_problem(RECORD_CRC, _problem_text(RECORD_CRC, segment.data + offset + bad),
+                         base + offset + bad, bad == 0)
+        if walk.next_size and _check_record(segment.data + walk.next_offset, walk.next_size,
+                                            base + walk.next_offset, True) != RECORD_OK:
+            _raw_problem(RECORD_CRC, _problem_text(RECORD_CRC, NULL),
+                         base + walk.next_offset, False)
+        if walk.problem:
+            _raw_problem(walk.problem, _problem_text(walk.problem,
+                                                     segment.data + walk.problem_offset),
+                         base + walk.problem_offset, walk.problem_offset == offset)
+        file_size, zeros = records_size, 0
+        if walk.end > walk.records_end:  # a closing blank: its header, then zeros
+            file_size += MQ_BLANK_SIZE_MIN
+            zeros = walk.end - walk.records_end - MQ_BLANK_SIZE_MIN
+        if file_size == 0:
+            return None
+        crc = mq_crc32c(0, segment.data + offset, file_size)
+        while zeros > 0:
+            chunk = min(zeros, sizeof(_ZEROS))
+            crc = mq_crc32c(crc, _ZEROS, chunk)
+            zeros -= chunk
+        return base, offset, file_size, walk.end - offset - file_size, crc
+
     cdef bytes _read_raw(self, Segment *segment, uint64_t offset, int64_t max_bytes,
                          uint64_t generation):
         """read_raw over one segment from ``offset``: the twin's loop in passes, so that
@@ -1865,8 +1918,6 @@ cdef extern from "<errno.h>" nogil:
     int errno
     int EINTR
     int ENOSPC
-
-cdef char _ZEROS[1 << 20]  # (static storage: all zeros)
 
 
 def write_zeros(int fd, long long start, long long end, long long piece):

@@ -57,6 +57,7 @@ from mqlog.errors import RemoteProtocolError
 cdef extern from "crc32c.h" nogil:
     void mq_crc32c_setup()
     uint32_t mq_crc32c(uint32_t value, const void *data, size_t n)
+    uint32_t mq_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b)
 
 mq_crc32c_setup()
 
@@ -252,6 +253,28 @@ def encode_frame_head(dict header, payload=b""):
     """The bytes of one frame up to its payload (its sizes and CRC count the payload):
     the head then ``payload`` is ``encode_frame(header, payload)``, without the copy."""
     return _encode(header, payload, False)
+
+
+def encode_frame_head_of(dict header, Py_ssize_t payload_size, uint32_t payload_crc):
+    """``encode_frame_head`` for a payload that is not in memory (log records sent from
+    their file): its size and CRC32C stand for its bytes."""
+    cdef bytes empty = _encode(header, b"", True)  # (the head: a frame of no payload)
+    cdef Py_ssize_t size = len(empty)
+    cdef bytes head
+    cdef char *data
+    if payload_size < 0 or size - 4 + payload_size > 0xffffffff:
+        raise ValueError(f"a payload of {payload_size} bytes cannot be framed")
+    head = PyBytes_FromStringAndSize(PyBytes_AS_STRING(empty), size)
+    data = PyBytes_AS_STRING(head)
+    _store_u32(data, <uint32_t>(size - 4 + payload_size))
+    _store_u32(data + 4, mq_crc32c_combine(_load_u32(data + 4), payload_crc,
+                                           <uint64_t>payload_size))
+    return head
+
+
+def crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b):
+    """The CRC32C of A then B from crc32c(A), crc32c(B) and len(B)."""
+    return mq_crc32c_combine(crc_a, crc_b, size_b)
 
 
 cdef bytes _encode(dict header, payload, bint whole):

@@ -73,16 +73,6 @@ static uint32_t mq_crc32c_sw(uint32_t crc, const unsigned char *p, size_t n)
     return crc;
 }
 
-#if MQ_CRC32C_HAVE_SSE42
-/* Three streams of this many bytes each make a block (long blocks first, then short). */
-#define MQ_CRC32C_LONG 8192
-#define MQ_CRC32C_SHORT 256
-
-/* mq_crc32c_shift_*[k][b]: the raw register (b << 8k) moved over LONG / SHORT zero
- * bytes; the register c moved is the XOR of its four bytes' entries. */
-static uint32_t mq_crc32c_shift_long[4][256];
-static uint32_t mq_crc32c_shift_short[4][256];
-
 /* A GF(2) operator on the 32-bit register: column n is the image of bit n. */
 static uint32_t mq_gf2_apply(const uint32_t *operator_, uint32_t vector)
 {
@@ -98,6 +88,46 @@ static void mq_gf2_square(uint32_t *square, const uint32_t *operator_)
     for (int n = 0; n < 32; n++)
         square[n] = mq_gf2_apply(operator_, operator_[n]);
 }
+
+/* mq_crc32c_zeros[k]: the operator "move the register over 2^k zero bytes". */
+static uint32_t mq_crc32c_zeros[64][32];
+
+static void mq_crc32c_fill_zeros(void)
+{
+    uint32_t *operator_ = mq_crc32c_zeros[0];
+    operator_[0] = MQ_CRC32C_POLY;  /* one zero bit: shift right, fold bit 0 back in */
+    for (int n = 1; n < 32; n++)
+        operator_[n] = 1U << (n - 1);
+    for (int bits = 1; bits < 8; bits *= 2) {  /* one bit -> one byte */
+        uint32_t square[32];
+        mq_gf2_square(square, operator_);
+        memcpy(operator_, square, sizeof square);
+    }
+    for (int k = 1; k < 64; k++)
+        mq_gf2_square(mq_crc32c_zeros[k], mq_crc32c_zeros[k - 1]);
+}
+
+/* The CRC32C of A then B from crc32c(A), crc32c(B) and |B| (zlib's crc32_combine): the
+ * register is linear, so A's moves over |B| zero bytes and B's is added; the
+ * inversions at both ends cancel. A frame's CRC over a payload sent from a file
+ * (sendfile) whose CRC the log computed without copying it. */
+static inline uint32_t mq_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b)
+{
+    for (int k = 0; size_b; k++, size_b >>= 1)
+        if (size_b & 1U)
+            crc_a = mq_gf2_apply(mq_crc32c_zeros[k], crc_a);
+    return crc_a ^ crc_b;
+}
+
+#if MQ_CRC32C_HAVE_SSE42
+/* Three streams of this many bytes each make a block (long blocks first, then short). */
+#define MQ_CRC32C_LONG 8192
+#define MQ_CRC32C_SHORT 256
+
+/* mq_crc32c_shift_*[k][b]: the raw register (b << 8k) moved over LONG / SHORT zero
+ * bytes; the register c moved is the XOR of its four bytes' entries. */
+static uint32_t mq_crc32c_shift_long[4][256];
+static uint32_t mq_crc32c_shift_short[4][256];
 
 /* Fill table with the operator "move over ``bytes`` zero bytes" (a power of two). */
 static void mq_crc32c_fill_shift(uint32_t table[4][256], size_t bytes)
@@ -173,6 +203,7 @@ static uint32_t mq_crc32c_hw(uint32_t crc, const unsigned char *p, size_t n)
 static void mq_crc32c_setup(void)
 {
     mq_crc32c_fill_tables();
+    mq_crc32c_fill_zeros();
 #if MQ_CRC32C_HAVE_SSE42
     __builtin_cpu_init();
     mq_crc32c_use_hw = __builtin_cpu_supports("sse4.2") ? 1 : 0;

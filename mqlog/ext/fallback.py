@@ -1061,6 +1061,25 @@ class LogCore:
             raise _gone(position, self.written_position)
         return answer
 
+    def raw_extent(self, position: int, max_bytes: int
+                   ) -> tuple[int, int, int, int, int] | None:
+        """``read_raw``'s answer without its copy, to be sent from the segment file:
+        (segment base, offset in the segment, bytes from the file, zeros after them, CRC32C
+        of the answer), or None for an empty answer (a closing blank's header is read
+        from the file, its zeros are not: the rest of a segment may be a hole)."""
+        answer = self.read_raw(position, max_bytes)
+        if not answer:
+            return None
+        size = 0
+        while size < len(answer):
+            length, magic = BLANK.unpack_from(answer, size)
+            if magic == BLANK_MAGIC:
+                size += BLANK_SIZE_MIN
+                break
+            size += length
+        segment, offset = self._locate(position)
+        return segment.base, offset, size, len(answer) - size, crc32c(answer)
+
     def _read_raw(self, position: int, max_bytes: int) -> bytes:
         if position == self.written_position:
             return b""

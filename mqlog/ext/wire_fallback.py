@@ -11,6 +11,7 @@ them.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import struct
 from dataclasses import dataclass, field
@@ -68,6 +69,52 @@ def encode_frame_head(header: dict[str, Any], payload: Any = b"") -> bytes:
     head = _SIZE.pack(len(packed)) + packed
     crc = crc32c(payload, crc32c(head))
     return _SIZE.pack(len(head) + len(payload) + 4) + _SIZE.pack(crc) + head
+
+
+def encode_frame_head_of(header: dict[str, Any], payload_size: int, payload_crc: int
+                         ) -> bytes:
+    """``encode_frame_head`` for a payload that is not in memory (log records sent from
+    their file): its size and CRC32C stand for its bytes."""
+    if payload_size < 0:
+        raise ValueError(f"a payload of {payload_size} bytes cannot be framed")
+    empty = encode_frame_head(header)
+    crc = crc32c_combine(_SIZE.unpack_from(empty, 4)[0], payload_crc, payload_size)
+    return _SIZE.pack(len(empty) - 4 + payload_size) + _SIZE.pack(crc) + empty[8:]
+
+
+def crc32c_combine(crc_a: int, crc_b: int, size_b: int) -> int:
+    """The CRC32C of A then B from crc32c(A), crc32c(B) and len(B) (zlib's
+    crc32_combine; crc32c.h says why it holds)."""
+    for zeros in _zero_operators():
+        if not size_b:
+            break
+        if size_b & 1:
+            crc_a = _gf2_apply(zeros, crc_a)
+        size_b >>= 1
+    return crc_a ^ crc_b
+
+
+@functools.cache
+def _zero_operators() -> tuple[tuple[int, ...], ...]:
+    """Operator k moves a CRC32C register over 2**k zero bytes (column n: bit n's image)."""
+    operator = (0x82F63B78, *(1 << (n - 1) for n in range(1, 32)))  # one zero bit
+    for _ in range(3):  # one bit -> one byte
+        operator = tuple(_gf2_apply(operator, column) for column in operator)
+    operators = [operator]
+    for _ in range(63):
+        operator = tuple(_gf2_apply(operator, column) for column in operator)
+        operators.append(operator)
+    return tuple(operators)
+
+
+def _gf2_apply(operator: tuple[int, ...], vector: int) -> int:
+    total, n = 0, 0
+    while vector:
+        if vector & 1:
+            total ^= operator[n]
+        vector >>= 1
+        n += 1
+    return total
 
 
 def decode_frames(buffer: Any, start: int, frame_size_bytes_max: int

@@ -58,7 +58,7 @@ from typing import Any
 
 from mqlog import errors
 from mqlog.config import BrokerConfig, GroupSpec
-from mqlog.engine.files import delete_store
+from mqlog.engine.files import FileExtent, delete_store
 from mqlog.ext import libc
 from mqlog.replication import messages
 from mqlog.replication.connection import BACKED_UP, BUSY, Connection
@@ -187,7 +187,7 @@ class Broker:
         self._opening: set[str] = set()  # groups whose stores open on a thread now
         self._dial_after: dict[str, float] = {}  # peer -> loop time its next dial may start
         # peer -> frames of this loop iteration, in pieces (messages.encode_pieces)
-        self._outbox: dict[str, list[tuple[bytes, ...]]] = {}
+        self._outbox: dict[str, list[tuple[bytes | FileExtent, ...]]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.tickers: dict[int, Ticker] = {}  # tick_ms -> the groups ticked every tick_ms
         self._stopping = asyncio.Event()
@@ -451,7 +451,7 @@ class Broker:
         return encode_frame({"kind": PEER_HELLO, "broker_id": self.broker_id,
                              "cluster_id": self.config.cluster_id})
 
-    async def _dial(self, peer: str, first: tuple[bytes, ...]) -> None:
+    async def _dial(self, peer: str, first: tuple[bytes | FileExtent, ...]) -> None:
         try:
             host, port = split_address(self.peers[peer])
             _, connection = await asyncio.wait_for(asyncio.get_running_loop().create_connection(

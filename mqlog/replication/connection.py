@@ -39,10 +39,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import socket
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from mqlog.engine.files import FileExtent
 from mqlog.replication.wire import WRITTEN_APART_BYTES, FrameDecoder
 
 __all__ = ["BACKED_UP", "BUSY", "Connection", "ConnectionOwner"]
@@ -75,6 +77,7 @@ class Connection(asyncio.BufferedProtocol):
         # what each drain() waits on (its own: one drainer cancelled cancels no other)
         self._drainers: collections.deque[asyncio.Future[None]] = collections.deque()
         self._lost = False
+        self.sent_from_file = 0  # bytes sendfile sent (FileExtent payloads)
 
     # --- the transport's calls ----------------------------------------------------------
 
@@ -135,9 +138,6 @@ class Connection(asyncio.BufferedProtocol):
         if not self._held and not self.is_closing():
             assert self.transport is not None
             self.transport.resume_reading()
-            self.owner.received(self)
-
-    def _wake_drainers(self) -> None:
             # (soon, not now: called from the transport's own callback, resume_writing,
             # an owner that closes the connection on garbage makes asyncio 3.11 call
             # connection_lost twice; the drainers woken before still write first)
@@ -145,6 +145,9 @@ class Connection(asyncio.BufferedProtocol):
 
     def _take_waiting(self) -> None:
         if not self._held and not self.is_closing():
+            self.owner.received(self)
+
+    def _wake_drainers(self) -> None:
         while self._drainers:
             drainer = self._drainers.popleft()
             if not drainer.done():
@@ -156,14 +159,16 @@ class Connection(asyncio.BufferedProtocol):
         assert self.transport is not None
         self.transport.write(data)
 
-    def write_frames(self, pieces: Sequence[bytes]) -> None:
+    def write_frames(self, pieces: Sequence[bytes | FileExtent]) -> None:
         """Write frames given in pieces (messages.encode_pieces): each run of small
         pieces joined into one write, each large one (a fetch answer's records) written as
         it is, not copied (the transport sends it at once if it holds nothing, and copies
-        only what the socket did not take). The socket is corked meanwhile, so a head
-        and its payload leave in full segments, not a small one first."""
-        if all(len(piece) < WRITTEN_APART_BYTES for piece in pieces):
-            self.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))
+        only what the socket did not take), a FileExtent sent from its file
+        (``_send_file``). The socket is corked meanwhile, so a head and its payload leave
+        in full segments, not a small one first."""
+        if all(type(piece) is bytes and len(piece) < WRITTEN_APART_BYTES
+               for piece in pieces):
+            self.write(pieces[0] if len(pieces) == 1 else b"".join(pieces))  # type: ignore
             return
         sock = self.get_extra_info("socket")
         if sock is not None:
@@ -171,18 +176,47 @@ class Connection(asyncio.BufferedProtocol):
         try:
             run: list[bytes] = []
             for piece in pieces:
-                if len(piece) < WRITTEN_APART_BYTES:
+                if type(piece) is bytes and len(piece) < WRITTEN_APART_BYTES:
                     run.append(piece)
                     continue
                 if run:
                     self.write(b"".join(run))
                     run = []
-                self.write(piece)
+                if isinstance(piece, FileExtent):
+                    self._send_file(piece, sock)
+                else:
+                    self.write(piece)
             if run:
                 self.write(b"".join(run))
         finally:
             if sock is not None and not self.is_closing():
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+
+    def _send_file(self, extent: FileExtent, sock: Any) -> None:
+        """Send ``extent`` from its file with ``sendfile`` (the kernel moves the page
+        cache's pages to the socket: no read, no copy here) while the transport holds
+        nothing (what it holds goes first); what the socket does not take now (and the
+        extent's zeros) is read and written as bytes, behind it. A file that cannot be
+        read mid-frame leaves the stream unusable: the connection is dropped."""
+        sent = 0
+        if self.is_closing():
+            return
+        if sock is not None and self.write_buffer_size() == 0:
+            with contextlib.suppress(OSError):  # (full: the rest waits; broken: the
+                while sent < extent.file_size:  # transport finds out at its next write)
+                    count = os.sendfile(sock.fileno(), extent.fileno(),
+                                        extent.offset + sent, extent.file_size - sent)
+                    if count == 0:  # (the file ends early: read() gives zeros)
+                        break
+                    sent += count
+        self.sent_from_file += sent
+        if sent < extent.size:
+            try:
+                rest = extent.read(sent)
+            except OSError:
+                self.abort()
+                return
+            self.write(rest)
 
     async def drain(self) -> None:
         """Wait while the transport holds more than its high-water mark."""

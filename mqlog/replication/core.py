@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, Protocol
 
+from mqlog.engine.files import FileExtent
 from mqlog.replication.messages import Message
 from mqlog.results import PutStatus
 
@@ -43,6 +44,7 @@ class LogView(Protocol):
     def epoch_starts(self) -> list[tuple[int, int]]: ...
     def epoch_at(self, position: int) -> int | None: ...
     def read_raw(self, position: int, max_bytes: int) -> bytes: ...
+    def read_for_send(self, position: int, max_bytes: int) -> bytes | FileExtent: ...
     def first_segment_base(self) -> int: ...  # the log's start (retention moves it)
 
 

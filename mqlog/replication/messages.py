@@ -63,12 +63,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from mqlog.engine.files import FileExtent
 from mqlog.errors import RemoteProtocolError
 from mqlog.replication.wire import (
     WRITTEN_APART_BYTES,
     Frame,
     encode_frame,
     encode_frame_head,
+    encode_frame_head_of,
 )
 
 
@@ -206,13 +208,16 @@ class FetchReply(Message):
     error: str  # "" or a Kafka error name (see the module docstring)
     start_epoch: int  # OFFSET_OUT_OF_RANGE: epoch of the record ending at log_start
     start_epoch_start: int  # ... and where that epoch starts (-1: none)
-    payload: bytes = field(default=b"", repr=False)
+    # bytes; on the leader, a large answer's records may be a FileExtent of the log's
+    # segment file, sent from there (encode_pieces, Connection.write_frames)
+    payload: bytes | FileExtent = field(default=b"", repr=False)
 
 
 KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
     Hello, Append, Report, Truncate, Pull, Pulled, Vote, VoteReply, Entries, EntriesReply,
     TimeoutNow, LogReset, Fetch, FetchReply)}
-_TYPES = {"str": str, "int": int, "bytes": bytes, "bool": bool}
+_TYPES = {"str": str, "int": int, "bytes": bytes, "bool": bool,
+          "bytes | FileExtent": bytes}  # (received, a payload is bytes)
 _FIELD_TYPES = {cls: {item.name: _TYPES[str(item.type)] for item in dataclasses.fields(cls)}
                 for cls in KINDS.values()}  # message class -> {field: exact type}
 # message class -> its header fields in order (all but the payload); filled on first use
@@ -231,14 +236,17 @@ def encode(message: Message, group: str = "", topic_id: int = 0) -> bytes:
     """The frame that carries ``message``; ``group`` names the replica group it is for
     (a broker's header key ``group``; left out, the receiving broker's default group),
     ``topic_id`` the group's topic id (left out when 0: a group of a config)."""
-    return b"".join(encode_pieces(message, group, topic_id))
+    return b"".join(piece if isinstance(piece, bytes) else piece.read()
+                    for piece in encode_pieces(message, group, topic_id))
 
 
-def encode_pieces(message: Message, group: str = "", topic_id: int = 0) -> tuple[bytes, ...]:
+def encode_pieces(message: Message, group: str = "", topic_id: int = 0
+                  ) -> tuple[bytes | FileExtent, ...]:
     """``encode``'s frame in the pieces a broker writes: the frame, or its head and then
     a payload of ``WRITTEN_APART_BYTES`` or more, which is not copied (a fetch answer's
-    records go to two followers: two heads, one payload). (Every fetch and its answer is
-    coded here: the field names are looked up once per class, not with
+    records go to two followers: two heads, one payload), or a FileExtent payload, whose
+    size and CRC the head counts and which is sent from its file. (Every fetch and its
+    answer is coded here: the field names are looked up once per class, not with
     ``dataclasses.fields`` per message.)"""
     header: dict[str, Any] = {"kind": message.kind}
     if group:
@@ -249,6 +257,8 @@ def encode_pieces(message: Message, group: str = "", topic_id: int = 0) -> tuple
     for name in _header_fields(type(message)):
         header[name] = values[name]
     payload = values.get("payload", b"")
+    if type(payload) is FileExtent:
+        return encode_frame_head_of(header, payload.size, payload.crc), payload
     if len(payload) < WRITTEN_APART_BYTES or type(payload) is not bytes:  # (immutable only:
         return (encode_frame(header, payload),)  # the head's CRC counts it as it is now)
     return encode_frame_head(header, payload), payload

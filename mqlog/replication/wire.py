@@ -49,6 +49,7 @@ else:
     Frame = _codec.Frame
 encode_frame = _codec.encode_frame
 encode_frame_head = _codec.encode_frame_head  # all of a frame but its payload
+encode_frame_head_of = _codec.encode_frame_head_of  # ... given the payload's size and CRC
 split_bodies = _codec.split_bodies  # a produce request's payload cut into its bodies
 PREFIX_SIZE: Final = _codec.PREFIX_SIZE
 RECEIVE_BYTES_MIN: Final = 64 << 10  # get_buffer offers at least this much room

@@ -70,6 +70,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mqlog.config import ReplicationConfig
+from mqlog.engine.files import FileExtent
 from mqlog.errors import (
     MqlogError,
     NotEnoughReplicas,
@@ -545,7 +546,7 @@ class IsrCore(EpochMirror, PeerMessages):
         acks=all's). Followers held at one position get the bytes of one read (the log does
         not change within this call): caught-up followers wait at the same end, and each
         read is a copy of up to fetch_bytes_max bytes."""
-        reads: dict[tuple[int, int], bytes] = {}
+        reads: dict[tuple[int, int], bytes | FileExtent] = {}
         awaited = self._waiting.furthest_end()
         for progress in self.followers.values():
             fetch = progress.waiting
@@ -559,11 +560,13 @@ class IsrCore(EpochMirror, PeerMessages):
 
     def _reply(self, fetch: Fetch, *, error: str = "",
                diverging: tuple[int, int] = (-1, -1),
-               reads: dict[tuple[int, int], bytes] | None = None) -> None:
+               reads: dict[tuple[int, int], bytes | FileExtent] | None = None) -> None:
         """Answer ``fetch``; ``reads``: (position, limit) -> the bytes read there already
-        (filled with this read)."""
+        (filled with this read). Records read to be sent (``read_for_send``): a large
+        answer's may be a FileExtent, sent from the log's file."""
         log_start = self.log.first_segment_base()
-        data, records_epoch, start_epoch, start_epoch_start = b"", -1, -1, -1
+        data: bytes | FileExtent = b""
+        records_epoch, start_epoch, start_epoch_start = -1, -1, -1
         if error == "OFFSET_OUT_OF_RANGE":
             start_epoch, start_epoch_start = epoch_ending_at(self._epochs, log_start)
         elif not error and diverging[1] < 0 and fetch.position < self._end:
@@ -572,7 +575,7 @@ class IsrCore(EpochMirror, PeerMessages):
             try:
                 key = (fetch.position, limit)
                 cached = reads.get(key) if reads is not None else None
-                data = cached if cached is not None else self.log.read_raw(*key)
+                data = cached if cached is not None else self.log.read_for_send(*key)
                 if reads is not None:
                     reads[key] = data
                 records_epoch = self._epoch_from(fetch.position)
@@ -661,6 +664,7 @@ class IsrCore(EpochMirror, PeerMessages):
         elif reply.position != self._end:
             pass  # (a truncation moved this log since the fetch: fetch again from its end)
         elif reply.payload:
+            assert isinstance(reply.payload, bytes)  # (received: decoded from its frame)
             self._ready.appends.append((self._end, reply.payload))
             if not self._epochs or self._epochs[-1][0] != reply.records_epoch:
                 self._epochs.append((reply.records_epoch, self._end))
