@@ -90,3 +90,35 @@ def test_isr_partitions_over_three_brokers(tmp_path: Path) -> None:
         images = {name: _image(store) for name, store in zip(BROKERS, stores, strict=True)}
         assert len(set(images.values())) == 1, {name: len(data)
                                                 for name, data in images.items()}
+
+
+def test_large_replication_answers_leave_by_sendfile_in_every_layer(tmp_path: Path) -> None:
+    """A leader's large answers (ISR fetch answers, Raft Entries, master-slave Appends of
+    64 KiB or more) go from its segment files to the socket by sendfile, counted in
+    ``broker_metadata`` (bytes_sent_from_file), and acks=all writes of 800 KiB commit."""
+    from mqlog.cluster_client import ClusterClient
+    from mqlog.replication.local_controller import BROKERS, CONTROLLERS, ask, started
+
+    body = bytes(range(256)) * 400  # (100 KiB: a batch of 8 is one large answer)
+    with started(tmp_path, 3_000) as (addresses, _):
+        controllers = [addresses[name] for name in CONTROLLERS]
+        brokers = [addresses[name] for name in BROKERS]
+
+        def from_file() -> int:
+            total = 0
+            for address in brokers:
+                answer = ask([address], {"kind": "broker_metadata"}) or {}
+                total += sum(counters["bytes_sent_from_file"]
+                             for counters in answer.get("counters", {}).values())
+            return total
+
+        for layer in ("isr", "raft", "master_slave"):
+            ask(controllers, {"kind": "create_topic", "name": layer, "partitions": 1,
+                              "replication_factor": 3, "layer": layer})
+            before = from_file()
+            with ClusterClient(brokers, acks="all", retry_timeout_s=60) as client:
+                for _ in range(4):
+                    sent = client.produce_batch(layer, [body] * 8, partition=0)
+                    assert sent.status is PutStatus.PUT_OK, (layer, sent)
+            wait_until(lambda before=before: from_file() > before,
+                       f"{layer}: answers sent from files", 30)

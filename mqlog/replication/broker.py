@@ -101,6 +101,7 @@ class PeerCounters:
     messages_sent: int = 0  # replication messages written to it
     writes: int = 0  # socket writes that carried them (one per peer per loop iteration)
     bytes_sent: int = 0
+    bytes_sent_from_file: int = 0  # ... of them sent by sendfile (large fetch answers)
 
 
 class Ticker:
@@ -419,8 +420,10 @@ class Broker:
                 if queued and queued + size > limit:
                     self._counters(peer).dropped_messages += len(frames)
                     continue
+                from_file = link.writer.sent_from_file
                 link.writer.write_frames(pieces)
                 counters = self._counters(peer)
+                counters.bytes_sent_from_file += link.writer.sent_from_file - from_file
                 counters.messages_sent += len(frames)
                 counters.writes += 1
                 counters.bytes_sent += size

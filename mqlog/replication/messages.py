@@ -96,7 +96,7 @@ class Hello(Message):
 class Append(Message):
     kind: ClassVar[str] = "append"
     position: int
-    payload: bytes = field(default=b"", repr=False)
+    payload: bytes | FileExtent = field(default=b"", repr=False)  # (FetchReply's says)
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ class Entries(Message):
     entries_epoch: int  # epoch of every record in the payload (-1: no records)
     commit: int
     memberships: bytes = b""  # msgpack: the membership changes among the payload's records
-    payload: bytes = field(default=b"", repr=False)
+    payload: bytes | FileExtent = field(default=b"", repr=False)  # (FetchReply's says)
 
 
 @dataclass(frozen=True)

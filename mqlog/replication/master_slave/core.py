@@ -664,7 +664,7 @@ class MasterSlaveCore(PeerMessages):
                 progress.progress_tick = self.tick_count
             while progress.sent < written and \
                     progress.sent - progress.written < config.inflight_bytes_max:
-                data = self.log.read_raw(progress.sent, config.append_bytes_max)
+                data = self.log.read_for_send(progress.sent, config.append_bytes_max)
                 if not data:
                     break
                 self._send(Append(self.node_id, name, self.epoch, progress.sent, data))
@@ -702,6 +702,7 @@ class MasterSlaveCore(PeerMessages):
     def _on_append(self, append: Append) -> None:
         if append.position != self._expected_end:
             return  # lost, duplicated or reordered: the master resends from the last ack
+        assert isinstance(append.payload, bytes)  # (received: decoded from its frame)
         self._ready.appends.append((append.position, append.payload))
         self._expected_end += len(append.payload)
         self._ready.must_sync = self._ready.must_sync or self.config.slave_ack == "flushed"

@@ -69,6 +69,7 @@ from typing import Any, TypeGuard
 import msgpack
 
 from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
+from mqlog.engine.files import FileExtent
 from mqlog.errors import InvalidArgument, MembershipChangeRefused, NotLeader
 from mqlog.replication.core import (
     UNSEEN,
@@ -154,7 +155,8 @@ class RaftCore(EpochMirror, PeerMessages):
         self._transfer_to = ""
         self._transfer_deadline = 0
         self._heartbeat_elapsed = 0
-        self._last_read: tuple[int, int, bytes] = (-1, -1, b"")  # (start, limit, bytes)
+        # (start, limit, the bytes: a FileExtent of them for a large read, sent from the file)
+        self._last_read: tuple[int, int, bytes | FileExtent] = (-1, -1, b"")
         self._ready = Ready()
         self._seen = UNSEEN  # a leader's log_positions at its last ready()
         self.ignored = 0  # messages dropped: another cluster, or not a member
@@ -559,15 +561,15 @@ class RaftCore(EpochMirror, PeerMessages):
         if not probe:
             progress.next = start + len(data)
 
-    def _read(self, start: int, limit: int) -> bytes:
+    def _read(self, start: int, limit: int) -> bytes | FileExtent:
         """The log's bytes for an Entries; followers in step ask for the same range one
         after the other, so the last read is kept (a leader's log never changes below
         its end, and the cache goes when it steps down)."""
         if self._last_read[:2] != (start, limit):
-            self._last_read = (start, limit, self.log.read_raw(start, limit))
+            self._last_read = (start, limit, self.log.read_for_send(start, limit))
         return self._last_read[2]
 
-    def _entries(self, name: str, start: int, data: bytes) -> Entries:
+    def _entries(self, name: str, start: int, data: bytes | FileExtent) -> Entries:
         changes = [item.to_json() for item in self.memberships
                    if start <= item.position < start + len(data)]
         return Entries(self.node_id, name, self.term, start, self._epoch_at(start),
@@ -747,6 +749,7 @@ class RaftCore(EpochMirror, PeerMessages):
             return self._refuse(entries)
         end = prev + len(entries.payload)
         if entries.payload:
+            assert isinstance(entries.payload, bytes)  # (received: decoded from its frame)
             self._accept(prev, entries.payload, entries.entries_epoch)
             self._adopt(entries.memberships, prev)
         commit = min(entries.commit, end)
