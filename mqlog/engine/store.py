@@ -682,7 +682,9 @@ class Store:
             extent = core.raw_extent(position, max_bytes)
             if extent is not None:
                 base, offset, file_size, zeros, crc = extent
-                with contextlib.suppress(FileNotFoundError):  # (gone: read_raw says why)
+                # (retention let the segment go since, or no descriptor is left: read_raw
+                # answers what it finds, a typed error or the bytes)
+                with contextlib.suppress(KeyError, OSError):
                     return FileExtent(self.files.segment_file(base).path, offset, file_size,
                                       zeros, crc)
         return core.read_raw(position, max_bytes)
