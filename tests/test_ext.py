@@ -201,7 +201,8 @@ def test_read_for_send_beside_retention_and_without_descriptors_is_read_raw(tmp_
             store.read_for_send(0, 256 << 10)
         monkeypatch.setattr(store, "core", real)
 
-        def no_descriptor_left(*args):
+        def no_descriptor_left(extent, *args):  # (as os.open raises it in __init__)
+            extent._fd = -1
             raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
 
         monkeypatch.setattr(FileExtent, "__init__", no_descriptor_left)
