@@ -17,7 +17,9 @@ hands them out; a RemoteProtocolError it raises is the owner's to handle), and
 
 Writing. ``write`` queues bytes on the transport (it sends at once what the socket
 takes), ``write_frames`` frames in pieces (a large payload is not copied into its
-frame); ``drain()`` waits while the transport holds more than its high-water mark, as a
+frame, and a FileExtent payload — a leader's records — goes from the log's file by
+``sendfile`` while the transport holds nothing: ``sent_from_file`` counts it);
+``drain()`` waits while the transport holds more than its high-water mark, as a
 StreamWriter's does, and raises ConnectionResetError once the connection is lost;
 ``answer(data)`` is both, for a request's answer (the broker's and its groups' one way
 to answer).
@@ -27,8 +29,9 @@ takes no frame out of the decoder, and the socket is not read, while reading is 
 any reason: ``BUSY``, the owner's (a broker holds a client's connection while it handles
 ``client_requests_in_progress_max`` of its requests), or ``BACKED_UP``, a client's
 connection whose transport holds more than the high-water mark (its answers are not
-read). Once the last reason goes, the owner is called back to take the frames waiting in
-the decoder, and the socket is read again. A client that sends and never reads makes the
+read). Once the last reason goes, the owner is called back (in the next loop iteration:
+not from inside the transport's callbacks) to take the frames waiting in the decoder,
+and the socket is read again. A client that sends and never reads makes the
 broker hold at most that many answers, not all it ever asked for, and its own sends
 block. A peer link is never held back: two brokers each backed up towards the other would
 wait on each other for ever (each link carries requests both ways).
