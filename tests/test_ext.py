@@ -184,22 +184,16 @@ def test_read_for_send_beside_retention_and_without_descriptors_is_read_raw(tmp_
         store.flush()
         store.set_committed_position(store.written_position)
         second = [base for base, _ in store.files.segments()][2]
-        raw_extent = store.core.raw_extent
+        segment_file = store.files.segment_file
 
-        class Core:  # (the core, with retention run right after raw_extent)
-            def __getattr__(self, name):
-                return getattr(real, name)
+        def after_retention(base):  # (retention ran since the core's check)
+            store.trim_front(second)
+            return segment_file(base)
 
-            def raw_extent(self, position, max_bytes):
-                found = raw_extent(position, max_bytes)
-                store.trim_front(second)
-                return found
-
-        real = store.core
-        monkeypatch.setattr(store, "core", Core())
+        monkeypatch.setattr(store.files, "segment_file", after_retention)
         with pytest.raises(InvalidPosition):
             store.read_for_send(0, 256 << 10)
-        monkeypatch.setattr(store, "core", real)
+        monkeypatch.setattr(store.files, "segment_file", segment_file)
 
         def no_descriptor_left(extent, *args):  # (as os.open raises it in __init__)
             extent._fd = -1
