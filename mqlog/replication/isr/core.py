@@ -545,7 +545,8 @@ class IsrCore(EpochMirror, PeerMessages):
         follower's next fetch: fetch_bytes_min batches acks=1's replication, never delays
         acks=all's). Followers held at one position get the bytes of one read (the log does
         not change within this call): caught-up followers wait at the same end, and each
-        read is a copy of up to fetch_bytes_max bytes."""
+        read checks up to fetch_bytes_max bytes (and copies them, unless it is large
+        enough to be sent from the log's file: Store.read_for_send)."""
         reads: dict[tuple[int, int], bytes | FileExtent] = {}
         awaited = self._waiting.furthest_end()
         for progress in self.followers.values():
