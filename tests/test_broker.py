@@ -896,9 +896,10 @@ def test_an_empty_send_schedules_no_write(tmp_path):
     passes = []
     write_outbox = broker._write_outbox
 
-    def counted() -> None:
-        passes.append(dict(broker._outbox))
-        write_outbox()
+    def counted(token: int) -> None:
+        if token == broker._flush_token:  # (the one placed last writes)
+            passes.append(dict(broker._outbox))
+        write_outbox(token)
 
     broker._write_outbox = counted  # type: ignore[method-assign]
     vote = messages.Vote("a", "nobody", 0, position=0, last_epoch=-1, pre_vote=True,
@@ -915,6 +916,39 @@ def test_an_empty_send_schedules_no_write(tmp_path):
     asyncio.run(main())
     assert [list(outbox) for outbox in passes] == [["nobody"]], passes
     assert broker.counters == {}  # nothing written to anyone
+
+
+def test_what_a_run_sends_is_written_in_its_loop_iteration(tmp_path):
+    """The outbox's write is placed behind each driver run scheduled (flush_behind):
+    the run's messages leave in the loop iteration it runs in, not the next one; runs
+    scheduled together share the one write placed last (one write per peer)."""
+    broker = Broker(BrokerConfig("a", f"127.0.0.1:{free_ports(1)[0]}", tmp_path / "a",
+                                 {}).validate())
+    written: list[int] = []  # frames in each write
+    write_outbox = broker._write_outbox
+
+    def counted(token: int) -> None:
+        if token == broker._flush_token and broker._outbox:
+            written.append(sum(map(len, broker._outbox.values())))
+        write_outbox(token)
+
+    broker._write_outbox = counted  # type: ignore[method-assign]
+    vote = messages.Vote("a", "nobody", 0, position=0, last_epoch=-1, pre_vote=True,
+                         transfer=False)  # to no peer: the write drops it, dials no one
+
+    def run(group: str) -> None:  # what a node's scheduled driver run does
+        broker.send(group, [vote])
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for group in ("g1", "g2"):  # two groups schedule their runs (Node._schedule)
+            loop.call_soon(run, group)
+            broker.flush_behind()
+        await asyncio.sleep(0)  # one loop iteration: both runs, then one write
+        assert written == [2], written
+        assert broker._outbox == {} and not broker._flush_pending
+
+    asyncio.run(main())
 
 
 # --- real processes --------------------------------------------------------------------------

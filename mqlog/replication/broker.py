@@ -189,6 +189,8 @@ class Broker:
         self._dial_after: dict[str, float] = {}  # peer -> loop time its next dial may start
         # peer -> frames of this loop iteration, in pieces (messages.encode_pieces)
         self._outbox: dict[str, list[tuple[bytes | FileExtent, ...]]] = {}
+        self._flush_token = 0  # the outbox write placed last (only that one writes)
+        self._flush_pending = False  # a write of the outbox is placed and not yet run
         self._tasks: set[asyncio.Task[None]] = set()
         self.tickers: dict[int, Ticker] = {}  # tick_ms -> the groups ticked every tick_ms
         self._stopping = asyncio.Event()
@@ -394,21 +396,35 @@ class Broker:
 
     def send(self, group: str, outgoing: list[messages.Message], topic_id: int = 0) -> None:
         """Send a group's messages in order. They wait in a per-peer outbox until the
-        loop has run every callback ready now (the other groups' Readies among them), then
-        go in one socket write per peer (a write is a system call); see the module
+        loop has run the callbacks scheduled before its write (the other groups' driver
+        runs among them: ``flush_behind``), then go in one socket write per peer (a write
+        is a system call); see the module
         docstring for what is dropped. ``topic_id``: the group's topic id, which the
         receiving group must have too (GroupSpec.topic_id)."""
         if not outgoing:
             return  # nothing to send: no write to schedule
         tag = "" if group == self.config.default_group else group
+        if not self._flush_pending:
+            self.flush_behind()
         outbox = self._outbox
-        if not outbox:
-            asyncio.get_running_loop().call_soon(self._write_outbox)
         for message in outgoing:
             outbox.setdefault(message.dst, []).append(messages.encode_pieces(message, tag,
                                                                              topic_id))
 
-    def _write_outbox(self) -> None:
+    def flush_behind(self) -> None:
+        """Place the outbox's write behind every callback scheduled so far. A group that
+        schedules its driver run places one behind it: what the run sends leaves in that
+        loop iteration, not in the next one (a loop iteration and its poll less for
+        each fetch a follower sends, each answer a leader does). Only the write placed
+        last runs, so the groups scheduled in between still share one write per peer."""
+        self._flush_token += 1
+        self._flush_pending = True
+        asyncio.get_running_loop().call_soon(self._write_outbox, self._flush_token)
+
+    def _write_outbox(self, token: int) -> None:
+        if token != self._flush_token:
+            return  # (a later one writes)
+        self._flush_pending = False
         outbox, self._outbox = self._outbox, {}
         limit = self.config.peer_send_bytes_max
         for peer, frames in outbox.items():

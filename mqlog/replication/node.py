@@ -264,6 +264,7 @@ class Node:
         if not self._scheduled and not self.closed:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._run_driver)
+            self.broker.flush_behind()  # (what the run sends leaves right after it)
 
     def schedule(self) -> None:
         """Carry out the core's Ready soon (after a proposal made from outside the node)."""
