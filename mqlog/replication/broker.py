@@ -592,14 +592,18 @@ class Broker:
         then answers them if ``answer()`` had not begun), counted in progress till it
         ends."""
         connection.requests_in_progress += count
-        started: list[bool] = []  # (answer() began: it answers, cancelled or not)
+        began = False  # answer() began: it answers then, cancelled or not
+
+        def begin() -> None:
+            nonlocal began
+            began = True
 
         def done(task: asyncio.Task[None]) -> None:
-            if refuse is not None and task.cancelled() and not started:
+            if refuse is not None and task.cancelled() and not began:
                 refuse()  # (cancelled before it began, or while it waited to)
             self._served(connection, count)
 
-        task = (spawn or self._spawn)(_once_drained(connection, answer, started))
+        task = (spawn or self._spawn)(_once_drained(connection, answer, begin))
         task.add_done_callback(done)
 
     def _served(self, connection: Connection, count: int) -> None:
@@ -715,7 +719,7 @@ class Broker:
 
 
 async def _once_drained(connection: Connection, answer: Callable[[], Awaitable[None]],
-                        started: list[bool]) -> None:
+                        begin: Callable[[], None]) -> None:
     """Handle a client's request only while its connection's answers do not back up:
     tasks run one at a time, so at most one answer is made past the transport's
     high-water mark, not one for every request in progress (a fetch answer may be a
@@ -724,7 +728,7 @@ async def _once_drained(connection: Connection, answer: Callable[[], Awaitable[N
     with contextlib.suppress(ConnectionError):  # (lost: drain() raises, and the loop ends)
         while connection.backed_up:  # (woken with others, it may find it backed up again)
             await connection.drain()
-    started.append(True)
+    begin()
     await answer()  # (made now: a task cancelled before leaves no coroutine unawaited)
 
 
