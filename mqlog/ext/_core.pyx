@@ -1255,13 +1255,18 @@ cdef class LogCore:
         self._check_released()
         if position == self.written_position:
             return b""
-        if _clamp_u64(position, &start) != 0 or start >= self.written_position:
+        segment = self._raw_segment(position, &start)
+        return self._read_raw(segment, start - segment.base, _clamp_i64(max_bytes),
+                              generation)
+
+    cdef Segment *_raw_segment(self, position, uint64_t *start) except NULL:
+        """The segment a raw read from ``position`` (not the written position) begins in,
+        ``start`` set to it; InvalidPosition outside the log."""
+        if _clamp_u64(position, start) != 0 or start[0] >= self.written_position:
             first = self._segments[0].base if self._segment_count else 0
             raise InvalidPosition(f"position {position} is outside the log [{first}, "
                                   f"{self.written_position}]")
-        segment = self._locate(start)
-        return self._read_raw(segment, start - segment.base, _clamp_i64(max_bytes),
-                              generation)
+        return self._locate(start[0])
 
     def raw_extent(self, position, max_bytes):
         """``read_raw``'s answer without its copy, to be sent from the segment file:
@@ -1270,36 +1275,29 @@ cdef class LogCore:
         records, and a segment's closing blank as its header then zeros (the rest of the
         segment may be a hole: files.py). Its errors and checks are ``read_raw``'s, run on
         the mapping with the GIL held (nothing here unmaps it meanwhile)."""
-        cdef uint64_t start, base, offset, written = self.written_position, limit
+        cdef uint64_t start, base, offset, limit
         cdef uint64_t bad, records_size, file_size, zeros, chunk
         cdef uint32_t crc
+        cdef bint next_bad
         cdef Segment *segment
         cdef RawWalk walk
         self._check_released()
-        if position == written:
+        if position == self.written_position:
             return None
-        if _clamp_u64(position, &start) != 0 or start >= written:
-            first = self._segments[0].base if self._segment_count else 0
-            raise InvalidPosition(f"position {position} is outside the log [{first}, "
-                                  f"{written}]")
-        segment = self._locate(start)
+        segment = self._raw_segment(position, &start)
         base, offset = segment.base, start - segment.base
-        limit = min(segment.size, written - base)
+        limit = min(segment.size, self.written_position - base)
         _walk_raw(segment.data, segment.size, base, offset, limit, _clamp_i64(max_bytes),
                   &walk)
         records_size = walk.records_end - offset
         bad = _first_bad_crc(segment.data + offset, records_size)
-        if bad < records_size:  # (reported in read_raw's order)
-            _raw_problem(RECORD_CRC, _problem_text(RECORD_CRC, segment.data + offset + bad),
-                         base + offset + bad, bad == 0)
-        if walk.next_size and _check_record(segment.data + walk.next_offset, walk.next_size,
-                                            base + walk.next_offset, True) != RECORD_OK:
-            _raw_problem(RECORD_CRC, _problem_text(RECORD_CRC, NULL),
-                         base + walk.next_offset, False)
-        if walk.problem:
-            _raw_problem(walk.problem, _problem_text(walk.problem,
-                                                     segment.data + walk.problem_offset),
-                         base + walk.problem_offset, walk.problem_offset == offset)
+        next_bad = walk.next_size != 0 and _check_record(
+            segment.data + walk.next_offset, walk.next_size, base + walk.next_offset,
+            True) != RECORD_OK
+        if bad < records_size or next_bad or walk.problem:
+            _report_raw(segment.data + offset, records_size, bad, next_bad, &walk,
+                        _problem_text(walk.problem, segment.data + walk.problem_offset)
+                        if walk.problem else None, base, offset)
         file_size, zeros = records_size, 0
         if walk.end > walk.records_end:  # a closing blank: its header, then zeros
             file_size += MQ_BLANK_SIZE_MIN
@@ -1352,16 +1350,7 @@ cdef class LogCore:
         if (bad < records_size or next_bad or walk.problem) and self._changed(generation):
             self._check_released()
             raise _gone(base + offset, self.written_position)
-        # The twin checks record after record, the CRC last: report what it meets first.
-        if bad < records_size:
-            _raw_problem(RECORD_CRC, _problem_text(RECORD_CRC, copy + bad),
-                         base + offset + bad, bad == 0)
-        if next_bad:
-            _raw_problem(RECORD_CRC, _problem_text(RECORD_CRC, NULL),
-                         base + walk.next_offset, False)
-        if walk.problem:
-            _raw_problem(walk.problem, walk_text, base + walk.problem_offset,
-                         walk.problem_offset == offset)
+        _report_raw(copy, records_size, bad, next_bad, &walk, walk_text, base, offset)
         return answer
 
     def append_raw(self, position, data):

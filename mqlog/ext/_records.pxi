@@ -510,6 +510,25 @@ cdef int _raw_problem(int problem, str text, uint64_t at, bint first) except -1:
     raise CorruptRecord(at, text)
 
 
+cdef int _report_raw(const char *records, uint64_t records_size, uint64_t bad,
+                     bint next_bad, RawWalk *walk, str walk_text, uint64_t base,
+                     uint64_t offset) except -1:
+    """Raise what a raw read from ``offset`` met first, in the twin's order (it checks
+    record after record, the CRC last): a record's CRC (``bad``: its offset in
+    ``records``, else ``records_size``), then the CRC of the record the answer stopped
+    before, then the walk's problem (``walk_text``: its text)."""
+    if bad < records_size:
+        _raw_problem(RECORD_CRC, _problem_text(RECORD_CRC, records + bad),
+                     base + offset + bad, bad == 0)
+    if next_bad:
+        _raw_problem(RECORD_CRC, _problem_text(RECORD_CRC, NULL), base + walk.next_offset,
+                     False)
+    if walk.problem:
+        _raw_problem(walk.problem, walk_text, base + walk.problem_offset,
+                     walk.problem_offset == offset)
+    return 0
+
+
 # --- the key index: walking one chain --------------------------------------------------
 
 def index_chain(index, value, begin, end, resume, count_max):
