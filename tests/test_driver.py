@@ -172,34 +172,6 @@ def test_a_ready_that_fails_stops_the_replica_once_and_loudly(tmp_path, impl):
         store.close()
 
 
-def test_a_core_that_fails_to_make_its_ready_stops_the_replica(tmp_path, impl):
-    """A core's ready() that raises (a bug, or its log's: a read of a segment retention
-    let go) stops the replica as a Ready not carried out does: the Io hears it once,
-    waiting writes are answered, writes are refused. (It escaped into the loop's
-    callback before, and the replica went on with a Ready half made.)"""
-    store, core, driver, io = _replica(tmp_path, impl, "n1")
-    try:
-        _elect(driver, io)
-        driver.run()
-        io.complete_flushes()
-        request = ("client", 1)
-        driver.write("t", [b"x" * 10], 0, None, None, None)
-        driver.propose(request, store.written_position)
-
-        def broken() -> Any:
-            raise KeyError("segment 0 is gone")
-
-        core.ready = broken  # type: ignore[method-assign]
-        assert driver.run()
-        assert len(io.failures) == 1 and isinstance(io.failures[0], KeyError)
-        assert io.answers == [(request, PutStatus.FLUSH_SLAVE_TIMEOUT)]
-        assert not driver.run() and len(io.failures) == 1
-        with pytest.raises(StoreFailed, match="restart the node"):
-            driver.check_writable()
-    finally:
-        store.close()
-
-
 def _payload(tmp_path, impl, name: str, epoch: int, count: int) -> bytes:
     """The raw records a leader of ``epoch`` would send: ``count`` puts from position 0."""
     store = mqlog.open(tmp_path / name, implementation=impl, clock_ms=lambda: 1_000, **STORE)

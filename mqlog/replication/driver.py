@@ -278,19 +278,18 @@ class Driver:
         self.described = []
         if self.failure is not None:
             return False
-        try:  # (the core's ready and advance too: a half-made Ready is as bad)
-            ready = self.core.ready()
-            if ready:
-                self._running = True
-                try:
-                    self._carry_out(ready)
-                finally:
-                    self._running = False
-            self.core.advance(ready)
-            self._maybe_serve()
-        except Exception as error:  # whatever it was, memory and disk now disagree
-            self._fail(error)
-            return True
+        ready = self.core.ready()
+        if ready:
+            self._running = True
+            try:
+                self._carry_out(ready)
+            except Exception as error:  # whatever it was, memory and disk now disagree
+                self._fail(error)
+                return True
+            finally:
+                self._running = False
+        self.core.advance(ready)
+        self._maybe_serve()
         for request, status in ready.resolved:
             self._answer(request, status)
         return bool(ready)
