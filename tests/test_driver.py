@@ -14,7 +14,15 @@ import mqlog
 from mqlog.config import ReplicationConfig
 from mqlog.errors import NotLeader, PartiallyStored, StoreFailed
 from mqlog.replication.driver import Driver
-from mqlog.replication.messages import Entries, EntriesReply, Message, Vote, VoteReply
+from mqlog.replication.master_slave import MasterSlaveCore
+from mqlog.replication.messages import (
+    Entries,
+    EntriesReply,
+    Hello,
+    Message,
+    Vote,
+    VoteReply,
+)
 from mqlog.replication.raft import RaftCore
 from mqlog.results import PutStatus
 from tests.conftest import SMALL
@@ -168,6 +176,75 @@ def test_a_ready_that_fails_stops_the_replica_once_and_loudly(tmp_path, impl):
         assert refusing.appends == 1 and len(io.failures) == 1
         with pytest.raises(StoreFailed, match="restart the node"):
             driver.check_writable()
+    finally:
+        store.close()
+
+
+def _trimmed_while_read(store: Any) -> None:
+    """The store's next read_for_send finds retention ran between the core's check of
+    its log start and the read (the store's maintenance thread runs it any time)."""
+    real = store.read_for_send
+
+    def racing(position: int, limit: int) -> Any:
+        store.read_for_send = real
+        store.trim_front(store.committed_position)
+        return real(position, limit)
+
+    store.read_for_send = racing
+
+
+def test_a_raft_leader_whose_read_meets_retention_resets_the_follower(tmp_path, impl):
+    """A segment let go between the leader's log-start check and its read: the follower
+    gets the LogReset it would have got a moment later, in this run (the read's
+    InvalidPosition escaped from ready() into the loop's callback before)."""
+    store, core, driver, io = _replica(tmp_path, impl, "n1")
+    try:
+        _elect(driver, io)
+        driver.run()
+        io.complete_flushes()
+        for index in range(60):  # three 64 KiB segments
+            driver.write("t", [bytes([index]) * 3000])
+        end = store.written_position
+        driver.propose(("client", 1), end)
+        for _ in range(2):
+            driver.run()
+            io.complete_flushes()
+        driver.step(EntriesReply("n3", "n1", core.term, True, end, -1, -1))
+        driver.run()
+        assert store.committed_position == end and len(store.segments()) > 1
+        driver.step(EntriesReply("n2", "n1", core.term, False, 0, 0, -1))  # n2 lost it all
+        _trimmed_while_read(store)
+        io.sent.clear()
+        driver.run()
+        assert store.first_segment_base() > 0
+        assert [(type(m).__name__, m.dst) for m in io.sent] == [("LogReset", "n2")]
+        assert io.failures == [] and driver.failure is None
+    finally:
+        store.close()
+
+
+def test_a_master_whose_read_meets_retention_resets_the_slave(tmp_path, impl):
+    """The master-slave twin of the test above: ``_pump`` resets the slave."""
+    store = mqlog.open(tmp_path / "m", implementation=impl, clock_ms=lambda: 1_000,
+                       **STORE)
+    config = ReplicationConfig(node_id="m", role="SYNC_MASTER", slaves=("s",),
+                               heartbeat_ticks=3, slave_timeout_ticks=10)
+    core = MasterSlaveCore(config, store)
+    io = HeldIo(store)
+    driver = Driver(store, core, io)
+    try:
+        driver.run()
+        for index in range(60):  # three 64 KiB segments
+            driver.write("t", [bytes([index]) * 3000])
+        store.flush()
+        store.set_committed_position(store.written_position)
+        driver.step(Hello("s", "m", core.epoch, 0, -1))  # the slave starts from nothing
+        _trimmed_while_read(store)
+        io.sent.clear()
+        driver.run()
+        assert store.first_segment_base() > 0
+        assert [(type(m).__name__, m.dst) for m in io.sent] == [("LogReset", "s")]
+        assert io.failures == [] and driver.failure is None
     finally:
         store.close()
 

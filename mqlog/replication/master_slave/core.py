@@ -99,7 +99,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqlog.config import ReplicationConfig
-from mqlog.errors import InvalidArgument, MqlogError, NotMaster
+from mqlog.errors import InvalidArgument, InvalidPosition, MqlogError, NotMaster
 from mqlog.replication.core import LogView, PeerMessages, Proposals, Ready, epoch_ending_at
 from mqlog.replication.hardstate import RoleState
 from mqlog.replication.messages import (
@@ -664,7 +664,13 @@ class MasterSlaveCore(PeerMessages):
                 progress.progress_tick = self.tick_count
             while progress.sent < written and \
                     progress.sent - progress.written < config.inflight_bytes_max:
-                data = self.log.read_for_send(progress.sent, config.append_bytes_max)
+                try:
+                    data = self.log.read_for_send(progress.sent, config.append_bytes_max)
+                except InvalidPosition:
+                    if progress.sent >= self.log.first_segment_base():
+                        raise
+                    self._reset(name, progress)  # (retention ran between check and read)
+                    break
                 if not data:
                     break
                 self._send(Append(self.node_id, name, self.epoch, progress.sent, data))

@@ -70,7 +70,7 @@ import msgpack
 
 from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
 from mqlog.engine.files import FileExtent
-from mqlog.errors import InvalidArgument, MembershipChangeRefused, NotLeader
+from mqlog.errors import InvalidArgument, InvalidPosition, MembershipChangeRefused, NotLeader
 from mqlog.replication.core import (
     UNSEEN,
     LogView,
@@ -554,7 +554,14 @@ class RaftCore(EpochMirror, PeerMessages):
                 progress.next = log_start
             return
         limit = min(self.config.append_bytes_max, self._epoch_range_end(start) - start)
-        data = self._read(start, limit) if limit > 0 else b""
+        try:
+            data = self._read(start, limit) if limit > 0 else b""
+        except InvalidPosition:
+            if start >= self.log.first_segment_base():
+                raise
+            # Retention (the store's own thread) let the segment go between the check
+            # above and the read: the follower starts over, as it would have.
+            return self._send_from(name, progress, probe)
         self._send(self._entries(name, start, data))
         if start == progress.match:  # nothing was in flight: the retransmit clock starts now
             progress.progress_tick = self.tick_count
