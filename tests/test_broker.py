@@ -274,6 +274,29 @@ def _produce_when_leader(client: mqlog.Client, topic: str, body: bytes, queue_id
     return result
 
 
+def test_a_group_whose_ready_fails_stops_its_broker_and_says_where(tmp_path, capfd):
+    """A Ready that cannot be carried out stops the broker (exit status 1 from ``mqlog
+    node``), and stderr has the error's traceback: where it failed, for the bug report,
+    not only its repr."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1", cluster_id="c").validate()
+    with BrokerThread(config) as running:
+        node = running.call(running.broker.ensure_group, _one_voter("p0", address))
+        with mqlog.Client(address, group="p0") as client:
+            _produce_when_leader(client, "orders", b"first")
+
+        def broken_set_committed(position: int) -> None:
+            raise OSError(errno.EIO, "the disk went away")
+
+        node.store.set_committed_position = broken_set_committed  # type: ignore[method-assign]
+        with mqlog.Client(address, group="p0") as client, \
+                contextlib.suppress(errors.MqlogError, OSError):
+            client.produce("orders", b"second")
+        wait_until(lambda: running.broker.failure is not None, "the broker to stop", 30)
+    err = capfd.readouterr().err
+    assert "Traceback" in err and "broken_set_committed" in err and "the disk went away" in err
+
+
 def test_groups_are_added_and_dropped_at_runtime(tmp_path):
     address = f"127.0.0.1:{free_ports(1)[0]}"
     config = BrokerConfig("b1", address, tmp_path / "b1", cluster_id="c").validate()

@@ -52,6 +52,8 @@ import contextlib
 import functools
 import os
 import random
+import sys
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeGuard
 
@@ -325,6 +327,7 @@ class Node:
         """A Ready could not be carried out: stop the broker loudly; a restart runs
         recovery (of every group: they share the process)."""
         print(f"[{self.node_id}/{self.name}] FATAL: stopping: {error!r}", flush=True)
+        traceback.print_exception(error, file=sys.stderr)  # (where: for the bug report)
         self.failure = error
         self.broker.failed(error)
 
