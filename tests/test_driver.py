@@ -180,9 +180,10 @@ def test_a_ready_that_fails_stops_the_replica_once_and_loudly(tmp_path, impl):
         store.close()
 
 
-def _trimmed_while_read(store: Any) -> None:
-    """The store's next read_for_send finds retention ran between the core's check of
-    its log start and the read (the store's maintenance thread runs it any time)."""
+def _run_as_retention_races(store: Any, driver: Driver, io: HeldIo) -> list[tuple[str, str]]:
+    """Run the driver once, its store's next read_for_send finding that retention ran
+    between the core's check of its log start and the read (the store's maintenance
+    thread runs it any time); what the run sent, (kind, to). The replica goes on."""
     real = store.read_for_send
 
     def racing(position: int, limit: int) -> Any:
@@ -191,6 +192,11 @@ def _trimmed_while_read(store: Any) -> None:
         return real(position, limit)
 
     store.read_for_send = racing
+    io.sent.clear()
+    driver.run()
+    assert store.first_segment_base() > 0, "retention let nothing go"
+    assert io.failures == [] and driver.failure is None
+    return [(type(message).__name__, message.dst) for message in io.sent]
 
 
 def test_a_raft_leader_whose_read_meets_retention_resets_the_follower(tmp_path, impl):
@@ -213,12 +219,7 @@ def test_a_raft_leader_whose_read_meets_retention_resets_the_follower(tmp_path, 
         driver.run()
         assert store.committed_position == end and len(store.segments()) > 1
         driver.step(EntriesReply("n2", "n1", core.term, False, 0, 0, -1))  # n2 lost it all
-        _trimmed_while_read(store)
-        io.sent.clear()
-        driver.run()
-        assert store.first_segment_base() > 0
-        assert [(type(m).__name__, m.dst) for m in io.sent] == [("LogReset", "n2")]
-        assert io.failures == [] and driver.failure is None
+        assert _run_as_retention_races(store, driver, io) == [("LogReset", "n2")]
     finally:
         store.close()
 
@@ -239,12 +240,7 @@ def test_a_master_whose_read_meets_retention_resets_the_slave(tmp_path, impl):
         store.flush()
         store.set_committed_position(store.written_position)
         driver.step(Hello("s", "m", core.epoch, 0, -1))  # the slave starts from nothing
-        _trimmed_while_read(store)
-        io.sent.clear()
-        driver.run()
-        assert store.first_segment_base() > 0
-        assert [(type(m).__name__, m.dst) for m in io.sent] == [("LogReset", "s")]
-        assert io.failures == [] and driver.failure is None
+        assert _run_as_retention_races(store, driver, io) == [("LogReset", "s")]
     finally:
         store.close()
 
