@@ -312,6 +312,18 @@ def test_read_raw_answers_a_blank_without_reading_its_tail(open_store, tmp_path)
     assert not any(copied[blank_at + 8:])
 
 
+def test_read_raw_in_a_segments_last_bytes_is_no_record(open_store):
+    """A position among a closed segment's last bytes, too few for a header: InvalidPosition
+    from both cores (the Python twin let a struct.error out of its last 7 bytes)."""
+    store = open_store()
+    while len(store.segments()) < 2:
+        store.put("t", b"x" * 3000)
+    end_of_first = store.segments()[1][0]
+    for position in range(end_of_first - 9, end_of_first):
+        with pytest.raises(errors.InvalidPosition, match="not the start of a record"):
+            store.read_raw(position, 1 << 20)
+
+
 def test_append_raw_rejects_bad_data_and_changes_nothing(open_store, tmp_path):
     leader = open_store()
     for i in range(10):

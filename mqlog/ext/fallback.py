@@ -1095,8 +1095,11 @@ class LogCore:
         # CRC pass runs on its answer's own bytes).
         answer: list[bytes] = []
         while end < limit:
-            size, magic = BLANK.unpack_from(segment.buffer, end)
             at = segment.base + end
+            if segment.size - end < BLANK_SIZE_MIN:  # (no room for even a blank's header)
+                raise InvalidPosition(f"position {at} is not the start of a record "
+                                      f"({_check_record(b'', at, True)})")
+            size, magic = BLANK.unpack_from(segment.buffer, end)
             if magic == BLANK_MAGIC and end + size == segment.size:
                 # Its header, then zeros: the rest of the segment is never written, and
                 # may be a hole, which on a full tmpfs a read through the mapping turns
