@@ -5,6 +5,7 @@ exchanges."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -95,6 +96,51 @@ def test_a_fetch_before_the_log_start_starts_the_follower_over():
     ready = follower.ready()
     assert ready.reset_log == (4096, [(2, 3000)]) and ready.commit_to == 4096
     assert [(m.position, m.last_epoch) for m in ready.messages] == [(4096, 2)]
+
+
+def test_a_fetch_whose_records_retention_takes_during_the_read_starts_the_follower_over():
+    """Retention (the store's own thread) lets the segment go between the leader's check
+    of its log start and its read: the follower is answered OFFSET_OUT_OF_RANGE with the
+    new log start at once (INVALID_POSITION before, and a retransmit later the reset)."""
+    log = FakeLog(5000, ((1, 0), (2, 3000)))
+    leader = _core("n1", log, _state(epoch=3))
+
+    def read_as_retention_runs(position: int, limit: int) -> bytes:
+        log.first_segment_base = lambda: 4096  # type: ignore[method-assign]
+        raise errors.InvalidPosition(f"position {position} went away while it was read")
+
+    log.read_for_send = read_as_retention_runs  # type: ignore[method-assign]
+    leader.step(Fetch("n2", "n1", 3, 1, 100, 1))
+    (reply,) = _sent(leader)
+    assert (reply.error, reply.log_start, reply.start_epoch, reply.start_epoch_start) == (
+        "OFFSET_OUT_OF_RANGE", 4096, 2, 3000)
+
+
+def test_a_damaged_record_is_answered_corrupt_message_and_reported_once():
+    """The leader's copy of a record a follower fetches fails its CRC: CORRUPT_MESSAGE (the
+    follower backs off and asks again), one event per follower however often it asks."""
+    log = FakeLog(300, ((1, 0),))
+    leader = _core("n1", log, _state(epoch=2))
+
+    def damaged(position: int, limit: int) -> bytes:
+        raise errors.CorruptRecord(150, "CRC32C mismatch")
+
+    log.read_for_send = damaged  # type: ignore[method-assign]
+    events = []
+    for fetch_id in (1, 2):
+        leader.step(Fetch("n2", "n1", 2, fetch_id, 0, -1))
+        ready = leader.ready()
+        assert [(m.error, m.fetch_id, len(m.payload)) for m in ready.messages] == [
+            ("CORRUPT_MESSAGE", fetch_id, 0)]
+        events += ready.events
+        leader.advance(ready)
+    assert len([event for event in events if "cannot send n2" in event]) == 1, events
+    follower = _core("n2", FakeLog(), _state(epoch=2))  # (its first fetch's id is 1)
+    follower.step(dataclasses.replace(ready.messages[0], fetch_id=1))
+    assert not [m for m in _sent(follower) if isinstance(m, Fetch)]
+    follower.tick()
+    follower.tick()  # (retransmit_ticks: its backoff)
+    assert [m.fetch_id for m in _sent(follower) if isinstance(m, Fetch)] == [2]
 
 
 def test_acks_one_is_taken_below_min_insync_and_acks_all_is_not():

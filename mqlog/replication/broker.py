@@ -398,9 +398,8 @@ class Broker:
         """Send a group's messages in order. They wait in a per-peer outbox until the
         loop has run the callbacks scheduled before its write (the other groups' driver
         runs among them: ``flush_behind``), then go in one socket write per peer (a write
-        is a system call); see the module
-        docstring for what is dropped. ``topic_id``: the group's topic id, which the
-        receiving group must have too (GroupSpec.topic_id)."""
+        is a system call); see the module docstring for what is dropped. ``topic_id``:
+        the group's topic id, which the receiving group must have too (GroupSpec.topic_id)."""
         if not outgoing:
             return  # nothing to send: no write to schedule
         tag = "" if group == self.config.default_group else group

@@ -28,6 +28,7 @@ from itertools import pairwise
 from typing import Any, Protocol
 
 from mqlog.engine.files import FileExtent
+from mqlog.errors import CorruptRecord, InvalidPosition
 from mqlog.replication.messages import Message
 from mqlog.results import PutStatus
 
@@ -160,6 +161,54 @@ def epoch_ending_at(epoch_starts: list[tuple[int, int]], position: int) -> tuple
     LogReset tells a replica that starts its log over there ((-1, -1): none)."""
     before = [(epoch, start) for epoch, start in epoch_starts if start < position]
     return before[-1] if before else (-1, -1)
+
+
+def read_to_send(log: LogView, position: int, limit: int) -> bytes | FileExtent | None:
+    """A leader's records for a peer from ``position`` (``read_for_send``), or None when
+    retention let them go after the caller found ``position`` at or past the log's start:
+    the store's maintenance thread trims the front at any time, so the segment may be gone
+    by the read. The caller then starts the peer over at the new start, in this run, as its
+    next run would have. A damaged record raises CorruptRecord (see ``DamagedReads``)."""
+    try:
+        return log.read_for_send(position, limit)
+    except InvalidPosition:
+        if position >= log.first_segment_base():
+            raise  # (a position that is no record's start: not retention's doing)
+        return None
+
+
+class DamagedReads:
+    """The peers a leader cannot send records to because its own copy is damaged there
+    (a CorruptRecord from ``read_to_send``). The damage stays until an operator repairs
+    the store or retention lets the segment go, so the read is tried again only every
+    ``retry_ticks``, and the operator hears of it once per peer and position, not once a
+    run; the leader serves its other peers meanwhile (a stalled group sent nothing)."""
+
+    def __init__(self, node_id: str, retry_ticks: int) -> None:
+        self._node_id, self._retry_ticks = node_id, retry_ticks
+        self._met: dict[str, tuple[int, int]] = {}  # peer -> (position, tick)
+
+    def waiting(self, peer: str, tick: int) -> bool:
+        """Whether ``peer``'s read met damage less than ``retry_ticks`` ago."""
+        met = self._met.get(peer)
+        return met is not None and tick - met[1] < self._retry_ticks
+
+    def met(self, peer: str, damage: CorruptRecord, tick: int, events: list[str]) -> None:
+        """Note that a read for ``peer`` met ``damage`` at ``tick``."""
+        met = self._met.get(peer)
+        if met is None or met[0] != damage.position:
+            events.append(f"{self._node_id} cannot send {peer} the records from "
+                          f"{damage.position} and tries again every {self._retry_ticks} "
+                          f"ticks: {damage}")
+        self._met[peer] = (damage.position, tick)
+
+    def forget(self, peer: str) -> None:
+        """A read for ``peer`` succeeded: its next damage is news again."""
+        self._met.pop(peer, None)
+
+    def clear(self) -> None:
+        """A new term or epoch of leading: every peer's damage is news again."""
+        self._met.clear()
 
 
 class PeerMessages:

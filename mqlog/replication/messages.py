@@ -52,7 +52,8 @@ ISR (Kafka's fetch protocol, KIP-101/279/320; isr/core.py):
   ``diverging_end`` (>= 0 when the follower's log went past the leader's for that
   epoch: truncate there and fetch again); or an ``error`` (FENCED_LEADER_EPOCH,
   UNKNOWN_LEADER_EPOCH, NOT_LEADER, INVALID_POSITION: not a record boundary of the
-  leader's log, OFFSET_OUT_OF_RANGE: the fetch is before the
+  leader's log, CORRUPT_MESSAGE: the leader's copy of a record there is damaged (fetch
+  again after a backoff), OFFSET_OUT_OF_RANGE: the fetch is before the
   leader's log start, whose record ends with ``start_epoch``, begun at
   ``start_epoch_start``: start the log over there).
 """

@@ -72,6 +72,7 @@ from typing import Any, ClassVar
 from mqlog.config import ReplicationConfig
 from mqlog.engine.files import FileExtent
 from mqlog.errors import (
+    CorruptRecord,
     MqlogError,
     NotEnoughReplicas,
     NotEnoughReplicasAfterAppend,
@@ -80,12 +81,14 @@ from mqlog.errors import (
 )
 from mqlog.replication.core import (
     UNSEEN,
+    DamagedReads,
     LogView,
     PeerMessages,
     Proposals,
     Ready,
     epoch_ending_at,
     log_positions,
+    read_to_send,
 )
 from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.messages import Fetch, FetchReply, Message
@@ -188,6 +191,7 @@ class IsrCore(EpochMirror, PeerMessages):
         self._epochs = list(log.epoch_starts())
         self._epoch_start_offset = 0  # a leader's end when its leader epoch began
         self.followers: dict[str, Replica] = {}
+        self._damaged = DamagedReads(self.node_id, self.config.retransmit_ticks)
         self._waiting = Proposals()
         self._pending: PendingAlter | None = None
         self._fetch_id = 0
@@ -420,6 +424,7 @@ class IsrCore(EpochMirror, PeerMessages):
         self.followers = {name: Replica(caught_up_tick=self.tick_count if name in state.isr
                                         else FAR_PAST)
                           for name in self.replicas if name != self.node_id}
+        self._damaged.clear()
         self._ready.events.append(f"{self.node_id} leads leader epoch {state.leader_epoch} "
                                   f"from position {self._end}, ISR {list(state.isr)}")
 
@@ -565,29 +570,43 @@ class IsrCore(EpochMirror, PeerMessages):
         """Answer ``fetch``; ``reads``: (position, limit) -> the bytes read there already
         (filled with this read). Records read to be sent (``read_for_send``): a large
         answer's may be a FileExtent, sent from the log's file."""
-        log_start = self.log.first_segment_base()
         data: bytes | FileExtent = b""
         records_epoch, start_epoch, start_epoch_start = -1, -1, -1
+        if not error and diverging[1] < 0 and fetch.position < self._end:
+            data, error = self._records_for(fetch, reads)
+            records_epoch = self._epoch_from(fetch.position) if not error else -1
+        log_start = self.log.first_segment_base()  # (after the read: retention may run)
         if error == "OFFSET_OUT_OF_RANGE":
             start_epoch, start_epoch_start = epoch_ending_at(self._epochs, log_start)
-        elif not error and diverging[1] < 0 and fetch.position < self._end:
-            limit = min(self.config.fetch_bytes_max,
-                        self._epoch_range_end(fetch.position) - fetch.position)
-            try:
-                key = (fetch.position, limit)
-                cached = reads.get(key) if reads is not None else None
-                data = cached if cached is not None else self.log.read_for_send(*key)
-                if reads is not None:
-                    reads[key] = data
-                records_epoch = self._epoch_from(fetch.position)
-            except MqlogError as failure:  # not a record boundary: a peer's bug, not ours
-                error = "INVALID_POSITION"
-                self._ready.events.append(f"{self.node_id} cannot answer {fetch.src}'s fetch "
-                                          f"at {fetch.position}: {failure}")
         self._send(FetchReply(self.node_id, fetch.src, self.state.leader_epoch,
                               fetch.fetch_id, fetch.position, records_epoch, self.hw,
                               log_start, diverging[0], diverging[1], error, start_epoch,
                               start_epoch_start, payload=data))
+
+    def _records_for(self, fetch: Fetch, reads: dict[tuple[int, int], bytes | FileExtent]
+                     | None) -> tuple[bytes | FileExtent, str]:
+        """The records a fetch gets, or the error it is answered: OFFSET_OUT_OF_RANGE when
+        retention let them go since ``_on_fetch`` checked, CORRUPT_MESSAGE when this log's
+        copy is damaged (the follower tries again after its backoff)."""
+        key = (fetch.position, min(self.config.fetch_bytes_max,
+                                   self._epoch_range_end(fetch.position) - fetch.position))
+        try:
+            data = reads.get(key) if reads is not None else None
+            if data is None:
+                data = read_to_send(self.log, *key)
+        except CorruptRecord as damage:
+            self._damaged.met(fetch.src, damage, self.tick_count, self._ready.events)
+            return b"", "CORRUPT_MESSAGE"
+        except MqlogError as failure:  # not a record boundary: a peer's bug, not ours
+            self._ready.events.append(f"{self.node_id} cannot answer {fetch.src}'s fetch "
+                                      f"at {fetch.position}: {failure}")
+            return b"", "INVALID_POSITION"
+        if data is None:
+            return b"", "OFFSET_OUT_OF_RANGE"
+        if reads is not None:
+            reads[key] = data
+        self._damaged.forget(fetch.src)
+        return data, ""
 
     def _maybe_advance_hw(self) -> None:
         """The lowest end among the (maximal) ISR, while the ISR is large enough."""

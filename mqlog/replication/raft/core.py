@@ -70,15 +70,17 @@ import msgpack
 
 from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
 from mqlog.engine.files import FileExtent
-from mqlog.errors import InvalidArgument, InvalidPosition, MembershipChangeRefused, NotLeader
+from mqlog.errors import CorruptRecord, InvalidArgument, MembershipChangeRefused, NotLeader
 from mqlog.replication.core import (
     UNSEEN,
+    DamagedReads,
     LogView,
     PeerMessages,
     Proposals,
     Ready,
     epoch_ending_at,
     log_positions,
+    read_to_send,
 )
 from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.hardstate import HardState, Membership
@@ -157,6 +159,7 @@ class RaftCore(EpochMirror, PeerMessages):
         self._heartbeat_elapsed = 0
         # (start, limit, the bytes: a FileExtent of them for a large read, sent from the file)
         self._last_read: tuple[int, int, bytes | FileExtent] = (-1, -1, b"")
+        self._damaged = DamagedReads(self.node_id, config.retransmit_ticks)
         self._ready = Ready()
         self._seen = UNSEEN  # a leader's log_positions at its last ready()
         self.ignored = 0  # messages dropped: another cluster, or not a member
@@ -479,6 +482,7 @@ class RaftCore(EpochMirror, PeerMessages):
         # election timeout) are not silence from followers it never led.
         self._heartbeat_elapsed = self._elapsed = 0
         self.peers = {}
+        self._damaged.clear()
         self._track_members()
         self._ready.set_epoch = self.term
         self._ready.append_noop = True  # commits the earlier terms' records (§5.4.2)
@@ -541,39 +545,51 @@ class RaftCore(EpochMirror, PeerMessages):
                 progress.progress_tick = self.tick_count
             while progress.next < self._end and \
                     progress.next - progress.match < config.inflight_bytes_max:
-                self._send_from(name, progress)
+                if not self._send_from(name, progress):
+                    break
 
-    def _send_from(self, name: str, progress: Progress, probe: bool = False) -> None:
-        """One Entries from ``progress.next``; a probe leaves ``next`` where it was (the
-        reply confirms or moves it)."""
+    def _send_from(self, name: str, progress: Progress, probe: bool = False) -> bool:
+        """One Entries from ``progress.next`` (or a LogReset if retention let those
+        records go); a probe leaves ``next`` where it was (the reply confirms or moves
+        it). False if the records could not be sent: this log's copy is damaged there
+        (the follower gets an Entries without them, so that it still hears its leader)."""
         start = progress.next
-        log_start = self.log.first_segment_base()
-        if start < log_start:  # retention let those records go: the follower starts over
+        data: bytes | FileExtent | None = None
+        readable = True
+        if start >= self.log.first_segment_base():
+            if self._damaged.waiting(name, self.tick_count):
+                return False
+            limit = min(self.config.append_bytes_max, self._epoch_range_end(start) - start)
+            try:
+                data = self._read(start, limit) if limit > 0 else b""
+            except CorruptRecord as damage:
+                self._damaged.met(name, damage, self.tick_count, self._ready.events)
+                data, readable = b"", False
+        if data is None:  # retention let those records go: the follower starts over
+            log_start = self.log.first_segment_base()
             self._send(self._log_reset(name, log_start))
             if not probe:
                 progress.next = log_start
-            return
-        limit = min(self.config.append_bytes_max, self._epoch_range_end(start) - start)
-        try:
-            data = self._read(start, limit) if limit > 0 else b""
-        except InvalidPosition:
-            if start >= self.log.first_segment_base():
-                raise
-            # Retention (the store's own thread) let the segment go between the check
-            # above and the read: the follower starts over, as it would have.
-            return self._send_from(name, progress, probe)
+            return True
+        if readable:
+            self._damaged.forget(name)
         self._send(self._entries(name, start, data))
         if start == progress.match:  # nothing was in flight: the retransmit clock starts now
             progress.progress_tick = self.tick_count
         if not probe:
             progress.next = start + len(data)
+        return readable
 
-    def _read(self, start: int, limit: int) -> bytes | FileExtent:
-        """The log's bytes for an Entries; followers in step ask for the same range one
-        after the other, so the last read is kept (a leader's log never changes below
-        its end, and the cache goes when it steps down)."""
+    def _read(self, start: int, limit: int) -> bytes | FileExtent | None:
+        """The log's bytes for an Entries (None: retention let them go, read_to_send);
+        followers in step ask for the same range one after the other, so the last read is
+        kept (a leader's log never changes below its end, and the cache goes when it steps
+        down)."""
         if self._last_read[:2] != (start, limit):
-            self._last_read = (start, limit, self.log.read_for_send(start, limit))
+            data = read_to_send(self.log, start, limit)
+            if data is None:
+                return None
+            self._last_read = (start, limit, data)
         return self._last_read[2]
 
     def _entries(self, name: str, start: int, data: bytes | FileExtent) -> Entries:
