@@ -12,7 +12,8 @@ import pytest
 
 import mqlog
 from mqlog.config import ReplicationConfig
-from mqlog.errors import NotLeader, PartiallyStored, StoreFailed
+from mqlog.errors import InvalidPosition, NotLeader, PartiallyStored, StoreFailed
+from mqlog.replication.core import PeerReads, Unsendable
 from mqlog.replication.driver import Driver
 from mqlog.replication.master_slave import MasterSlaveCore
 from mqlog.replication.messages import (
@@ -261,45 +262,126 @@ def _sent_to(io: HeldIo, name: str) -> list[tuple[str, int]]:
             if message.dst == name]
 
 
-def test_a_raft_leader_with_a_damaged_record_still_leads_its_group(tmp_path, impl):
-    """A record of the leader's log fails its CRC where n2 needs it. Before, ready() raised
-    CorruptRecord on every other run, and those runs sent nothing, not even n3's
-    heartbeats. Now n3 hears its leader as ever; n2 gets an Entries without the records
-    (it hears its leader too) every retransmit_ticks, when the read is tried again; the
-    operator hears of the damage once."""
+def _reads_of(store: Any) -> list[int]:
+    """The positions the store's read_for_send is asked for from now on."""
+    asked: list[int] = []
+    real = store.read_for_send
+    store.read_for_send = lambda position, limit: asked.append(position) or real(position,
+                                                                                  limit)
+    return asked
+
+
+def _leader_of_records(tmp_path, impl, count: int) -> tuple[Any, RaftCore, Driver, HeldIo,
+                                                               list[int]]:
+    """n1 leading with ``count`` records of 200 bytes stored, none sent yet; their
+    positions."""
     store, core, driver, io = _replica(tmp_path, impl, "n1")
-    try:
-        _elect(driver, io)
+    _elect(driver, io)
+    driver.run()
+    io.complete_flushes()
+    positions = [driver.write("t", [bytes([index]) * 200]).position for index in range(count)]
+    return store, core, driver, io, positions
+
+
+def _raft_ticks(driver: Driver, io: HeldIo, ticks: int, acks: Any = None) -> None:
+    """Tick and run n1 ``ticks`` times; ``acks(message)``: n1 steps its answer, if any."""
+    for _ in range(ticks):
+        sent = len(io.sent)
+        driver.tick()
         driver.run()
         io.complete_flushes()
-        for index in range(10):
-            driver.write("t", [bytes([index]) * 200])
+        for message in io.sent[sent:]:
+            answer = acks(message) if acks is not None else None
+            if answer is not None:
+                driver.step(answer)
+    assert io.failures == [] and driver.failure is None
+
+
+def test_a_raft_leader_with_a_damaged_record_still_leads_its_group(tmp_path, impl):
+    """A committed record of the leader's log fails its CRC where n2 needs it. Before,
+    ready() raised CorruptRecord on every other run, and those runs sent nothing, not even
+    n3's heartbeats. Now n3 hears its leader as ever; n2, probed, gets its probe without
+    records at each heartbeat (it hears its leader too); the log is read again only every
+    retransmit_ticks; the operator hears of the damage once; no one is asked to lead."""
+    store, core, driver, io, _ = _leader_of_records(tmp_path, impl, 10)
+    try:
         end = store.written_position
         driver.propose(("client", 1), end)
         driver.run()
         io.complete_flushes()
         driver.step(EntriesReply("n3", "n1", core.term, True, end, -1, -1))
         driver.run()
+        assert store.committed_position == end
         _damage(store, 500)
         driver.step(EntriesReply("n2", "n1", core.term, False, 0, 0, -1))  # n2 lost it all
         io.sent.clear()
+        reads = _reads_of(store)
         ticks = 4 * RAFT["retransmit_ticks"]
-        for _ in range(ticks):
-            driver.tick()
-            driver.run()
-        assert io.failures == [] and driver.failure is None
-        to_n2 = _sent_to(io, "n2")
-        assert set(to_n2) == {("Entries", 0)} and 3 <= len(to_n2) <= 5, to_n2
-        assert _sent_to(io, "n3") == [("Entries", 0)] * (ticks // RAFT["heartbeat_ticks"])
+        _raft_ticks(driver, io, ticks)
+        beats = ticks // RAFT["heartbeat_ticks"]
+        assert _sent_to(io, "n2") == [("Entries", 0)] * (beats + 1)  # (+ the first probe)
+        assert _sent_to(io, "n3") == [("Entries", 0)] * beats
+        assert 4 <= len(reads) <= 5 and set(reads) == {0}, reads
         damage = [note for note in io.notes if "cannot send n2" in note]
         assert len(damage) == 1 and "mqlog repair" in damage[0], io.notes
+        assert not [note for note in io.notes if "hands leadership" in note]
+    finally:
+        store.close()
+
+
+def test_a_follower_that_stops_acking_before_a_damaged_record_is_reported_once(tmp_path,
+                                                                               impl):
+    """n2 acks its first Entries only: every retransmit reads the healthy records after
+    its ack again, then meets the damage again. The operator hears of it once, not once
+    per retransmit (a hostile review counted 15 events in 60 ticks)."""
+    store, core, driver, io, positions = _leader_of_records(tmp_path, impl, 10)
+    try:
+        _damage(store, positions[6] + 100)
+        first: list[int] = []
+
+        def first_ack_only(message: Any) -> Any:
+            if message.dst != "n2" or not isinstance(message, Entries) or first:
+                return None
+            first.append(message.prev_position + len(message.payload))
+            return EntriesReply("n2", "n1", core.term, True, first[0], -1, -1)
+
+        _raft_ticks(driver, io, 15 * RAFT["retransmit_ticks"], first_ack_only)
+        assert first and len(io.notes) > 1, io.notes
+        assert len([note for note in io.notes if "cannot send n2" in note]) == 1, io.notes
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("majority_has_it", [False, True])
+def test_a_raft_leader_whose_uncommitted_record_is_damaged_hands_leadership_over(
+        tmp_path, impl, majority_has_it):
+    """The damaged record is not committed, and no follower has it: it can never commit
+    from here, nor can any write after it; the most up-to-date follower (n3) is told to
+    campaign (TimeoutNow), so that a leader without it takes over (a hostile review: every
+    write timed out, for good). If n3 has it already, n3 and n1 commit it: no hand-over."""
+    store, core, driver, io, positions = _leader_of_records(tmp_path, impl, 10)
+    try:
+        acked = {"n2": positions[2], "n3": positions[8 if majority_has_it else 4]}
+        for name, match in acked.items():
+            driver.step(EntriesReply(name, "n1", core.term, True, match, -1, -1))
+        _damage(store, positions[6] + 100)
+        io.sent.clear()
+        _raft_ticks(driver, io, 2 * RAFT["retransmit_ticks"])
+        handed = [message.dst for message in io.sent if type(message).__name__ == "TimeoutNow"]
+        if majority_has_it:
+            assert handed == [] and core.commit >= positions[6], (handed, core.commit)
+        else:
+            assert handed and set(handed) == {"n3"} and core.commit < positions[6], handed
+            print(f"n1 handed leadership to n3: {len(handed)} TimeoutNow; commit "
+                  f"{core.commit}, damage at {positions[6]}")
     finally:
         store.close()
 
 
 def test_a_master_with_a_damaged_record_still_serves_its_other_slaves(tmp_path, impl):
     """The master-slave twin: slave s needs the damaged record, slave t does not; t gets
-    the new records, s nothing, and the operator hears once (ready() raised before)."""
+    the new records, s nothing; the log is read for s every retransmit_ticks, and the
+    operator hears once (ready() raised before)."""
     store = mqlog.open(tmp_path / "m", implementation=impl, clock_ms=lambda: 1_000,
                        **STORE)
     config = ReplicationConfig(node_id="m", role="ASYNC_MASTER", slaves=("s", "t"),
@@ -315,6 +397,7 @@ def test_a_master_with_a_damaged_record_still_serves_its_other_slaves(tmp_path, 
         epoch = driver.core.epoch
         driver.step(Hello("s", "m", epoch, 0, -1))  # s starts from nothing
         driver.step(Hello("t", "m", epoch, old_end, epoch))  # t has it all
+        reads = _reads_of(store)
         for round_ in range(12):
             driver.write("t", [bytes([round_]) * 200])
             driver.tick()
@@ -326,6 +409,26 @@ def test_a_master_with_a_damaged_record_still_serves_its_other_slaves(tmp_path, 
         assert max(message.position + len(message.payload) for message in appends) == \
             store.written_position  # (some twice: t never acks, so they are resent)
         assert len([note for note in io.notes if "cannot send s" in note]) == 1, io.notes
+        assert reads.count(0) == 3, reads  # (ticks 0, 4 and 8 of 12)
+    finally:
+        store.close()
+
+
+def test_peer_reads_raise_a_position_that_starts_no_record(tmp_path, impl):
+    """PeerReads answers GONE only for what retention let go: a position inside a record
+    is a caller's bug, raised as itself, never a reset of the peer."""
+    store = mqlog.open(tmp_path / "s", implementation=impl, clock_ms=lambda: 1_000, **STORE)
+    try:
+        stored = [store.put("t", bytes([index]) * 3000) for index in range(60)]
+        store.flush()
+        store.set_committed_position(store.written_position)
+        reads, events = PeerReads(store, "n1", 4), []
+        with pytest.raises(InvalidPosition):
+            reads.read("n2", stored[0].position + 8, 1000, 0, events)
+        store.trim_front(store.committed_position)
+        assert store.first_segment_base() > stored[1].position
+        assert reads.read("n2", stored[1].position, 1000, 0, events) is Unsendable.GONE
+        assert events == []
     finally:
         store.close()
 

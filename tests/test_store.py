@@ -16,6 +16,8 @@ import pytest
 import mqlog
 import mqlog.config
 from mqlog import errors
+from mqlog.engine.control import encode_control
+from mqlog.format import RECORD_HEADER_SIZE
 from mqlog.results import PutStatus
 from tests.conftest import SMALL
 
@@ -322,6 +324,27 @@ def test_read_raw_in_a_segments_last_bytes_is_no_record(open_store):
     for position in range(end_of_first - 9, end_of_first):
         with pytest.raises(errors.InvalidPosition, match="not the start of a record"):
             store.read_raw(position, 1 << 20)
+
+
+def test_read_raw_meeting_a_segments_last_bytes_after_a_record_says_damaged(open_store):
+    """The segment's last record ends 4 bytes before the segment does (the writer never
+    leaves so little: a damaged log): a read from an earlier record meets those bytes and
+    raises CorruptRecord naming them, in both cores (the twin said InvalidPosition)."""
+    store = open_store()
+    stored = []
+    while len(store.segments()) < 2:
+        stored.append(store.put("t", b"x" * 3000).position)
+    end_of_first = store.segments()[1][0]
+    before, last = [position for position in stored if position < end_of_first][-2:]
+    record = encode_control(last, store.epoch, 1_000,
+                            bytes(end_of_first - 4 - last - RECORD_HEADER_SIZE))
+    with open(store.paths.commitlog / f"{0:020d}", "r+b") as file:
+        file.seek(last)
+        file.write(record + bytes(4))
+    for start in (before, last):
+        with pytest.raises(errors.CorruptRecord) as raised:
+            store.read_raw(start, 1 << 20)
+        assert raised.value.position == end_of_first - 4
 
 
 def test_append_raw_rejects_bad_data_and_changes_nothing(open_store, tmp_path):

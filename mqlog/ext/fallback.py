@@ -1097,8 +1097,11 @@ class LogCore:
         while end < limit:
             at = segment.base + end
             if segment.size - end < BLANK_SIZE_MIN:  # (no room for even a blank's header)
-                raise InvalidPosition(f"position {at} is not the start of a record "
-                                      f"({_check_record(b'', at, True)})")
+                problem = _check_record(b"", at, True)
+                if end == offset:  # (the C core's order: a damaged record after the first)
+                    raise InvalidPosition(f"position {at} is not the start of a record "
+                                          f"({problem})")
+                raise CorruptRecord(at, problem)
             size, magic = BLANK.unpack_from(segment.buffer, end)
             if magic == BLANK_MAGIC and end + size == segment.size:
                 # Its header, then zeros: the rest of the segment is never written, and

@@ -21,6 +21,7 @@ Ready, so a simulator can apply it, delay it, or lose it in a crash.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -163,52 +164,68 @@ def epoch_ending_at(epoch_starts: list[tuple[int, int]], position: int) -> tuple
     return before[-1] if before else (-1, -1)
 
 
-def read_to_send(log: LogView, position: int, limit: int) -> bytes | FileExtent | None:
-    """A leader's records for a peer from ``position`` (``read_for_send``), or None when
-    retention let them go after the caller found ``position`` at or past the log's start:
-    the store's maintenance thread trims the front at any time, so the segment may be gone
-    by the read. The caller then starts the peer over at the new start, in this run, as its
-    next run would have. A damaged record raises CorruptRecord (see ``DamagedReads``)."""
-    try:
-        return log.read_for_send(position, limit)
-    except InvalidPosition:
-        if position >= log.first_segment_base():
-            raise  # (a position that is no record's start: not retention's doing)
-        return None
+class Unsendable(enum.Enum):
+    """Why a leader's read for a peer (``PeerReads.read``) found no records to send."""
+
+    GONE = "retention let them go"  # the caller starts the peer over at the log's start
+    DAMAGED = "this log's copy is damaged there"  # the read met it now (reported once)
+    WAITING = "damaged there when last read"  # not read again before ``retry_ticks``
 
 
-class DamagedReads:
-    """The peers a leader cannot send records to because its own copy is damaged there
-    (a CorruptRecord from ``read_to_send``). The damage stays until an operator repairs
-    the store or retention lets the segment go, so the read is tried again only every
-    ``retry_ticks``, and the operator hears of it once per peer and position, not once a
-    run; the leader serves its other peers meanwhile (a stalled group sent nothing)."""
+class PeerReads:
+    """A leader's reads of its own log for its peers (``read_for_send``), and the two ways
+    such a read finds nothing to send.
 
-    def __init__(self, node_id: str, retry_ticks: int) -> None:
-        self._node_id, self._retry_ticks = node_id, retry_ticks
-        self._met: dict[str, tuple[int, int]] = {}  # peer -> (position, tick)
+    * Retention (the store's maintenance thread) lets the log's front go at any time, so
+      also between a caller's check of the log start and its read: GONE, and the caller
+      starts the peer over at the new start in this run, as its next run would have.
+    * A record of this log fails its CRC (CorruptRecord): DAMAGED. The damage stays until
+      an operator repairs the store or retention lets the segment go, so a read from the
+      same position for that peer answers WAITING for ``retry_ticks`` without reading,
+      and the operator hears of it once per peer and damaged position while this node
+      leads, not once a run. The leader serves its other peers meanwhile (a damaged
+      record once stalled the whole group: ready() raised on every other run).
 
-    def waiting(self, peer: str, tick: int) -> bool:
-        """Whether ``peer``'s read met damage less than ``retry_ticks`` ago."""
-        met = self._met.get(peer)
-        return met is not None and tick - met[1] < self._retry_ticks
+    Any other InvalidPosition is a caller's bug (a position that starts no record) and
+    is raised as itself."""
 
-    def met(self, peer: str, damage: CorruptRecord, tick: int, events: list[str]) -> None:
-        """Note that a read for ``peer`` met ``damage`` at ``tick``."""
-        met = self._met.get(peer)
-        if met is None or met[0] != damage.position:
-            events.append(f"{self._node_id} cannot send {peer} the records from "
-                          f"{damage.position} and tries again every {self._retry_ticks} "
-                          f"ticks: {damage}")
-        self._met[peer] = (damage.position, tick)
+    def __init__(self, log: LogView, node_id: str, retry_ticks: int) -> None:
+        self._log, self._node_id, self._retry_ticks = log, node_id, retry_ticks
+        # peer -> (where its failed read began, the damaged record's position, when)
+        self._failed: dict[str, tuple[int, int, int]] = {}
+        self._reported: set[tuple[str, int]] = set()  # (peer, damaged position)
 
-    def forget(self, peer: str) -> None:
-        """A read for ``peer`` succeeded: its next damage is news again."""
-        self._met.pop(peer, None)
+    def read(self, peer: str, position: int, limit: int, tick: int,
+             events: list[str]) -> bytes | FileExtent | Unsendable:
+        """The records for ``peer`` from ``position`` (at most ``limit`` bytes)."""
+        failed = self._failed.get(peer)
+        if failed is not None and failed[0] == position and \
+                tick - failed[2] < self._retry_ticks:
+            return Unsendable.WAITING
+        log = self._log
+        try:
+            return log.read_for_send(position, limit)
+        except InvalidPosition:
+            if position >= log.first_segment_base():
+                raise
+            return Unsendable.GONE
+        except CorruptRecord as damage:
+            self._failed[peer] = (position, damage.position, tick)
+            if (peer, damage.position) not in self._reported:
+                self._reported.add((peer, damage.position))
+                events.append(f"{self._node_id} cannot send {peer} the records from "
+                              f"{position}: {damage}")
+            return Unsendable.DAMAGED
+
+    def damaged_at(self, peer: str) -> int | None:
+        """The damaged record the last failed read for ``peer`` met, if any."""
+        failed = self._failed.get(peer)
+        return None if failed is None else failed[1]
 
     def clear(self) -> None:
-        """A new term or epoch of leading: every peer's damage is news again."""
-        self._met.clear()
+        """This node leads anew: every peer's damage is news again."""
+        self._failed.clear()
+        self._reported.clear()
 
 
 class PeerMessages:

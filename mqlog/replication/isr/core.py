@@ -72,7 +72,6 @@ from typing import Any, ClassVar
 from mqlog.config import ReplicationConfig
 from mqlog.engine.files import FileExtent
 from mqlog.errors import (
-    CorruptRecord,
     MqlogError,
     NotEnoughReplicas,
     NotEnoughReplicasAfterAppend,
@@ -81,14 +80,14 @@ from mqlog.errors import (
 )
 from mqlog.replication.core import (
     UNSEEN,
-    DamagedReads,
     LogView,
     PeerMessages,
+    PeerReads,
     Proposals,
     Ready,
+    Unsendable,
     epoch_ending_at,
     log_positions,
-    read_to_send,
 )
 from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.messages import Fetch, FetchReply, Message
@@ -191,7 +190,7 @@ class IsrCore(EpochMirror, PeerMessages):
         self._epochs = list(log.epoch_starts())
         self._epoch_start_offset = 0  # a leader's end when its leader epoch began
         self.followers: dict[str, Replica] = {}
-        self._damaged = DamagedReads(self.node_id, self.config.retransmit_ticks)
+        self._reads = PeerReads(log, self.node_id, self.config.retransmit_ticks)
         self._waiting = Proposals()
         self._pending: PendingAlter | None = None
         self._fetch_id = 0
@@ -424,7 +423,7 @@ class IsrCore(EpochMirror, PeerMessages):
         self.followers = {name: Replica(caught_up_tick=self.tick_count if name in state.isr
                                         else FAR_PAST)
                           for name in self.replicas if name != self.node_id}
-        self._damaged.clear()
+        self._reads.clear()
         self._ready.events.append(f"{self.node_id} leads leader epoch {state.leader_epoch} "
                                   f"from position {self._end}, ISR {list(state.isr)}")
 
@@ -587,25 +586,24 @@ class IsrCore(EpochMirror, PeerMessages):
                      | None) -> tuple[bytes | FileExtent, str]:
         """The records a fetch gets, or the error it is answered: OFFSET_OUT_OF_RANGE when
         retention let them go since ``_on_fetch`` checked, CORRUPT_MESSAGE when this log's
-        copy is damaged (the follower tries again after its backoff)."""
+        copy is damaged there (PeerReads; the follower fetches again after its backoff)."""
         key = (fetch.position, min(self.config.fetch_bytes_max,
                                    self._epoch_range_end(fetch.position) - fetch.position))
-        try:
-            data = reads.get(key) if reads is not None else None
-            if data is None:
-                data = read_to_send(self.log, *key)
-        except CorruptRecord as damage:
-            self._damaged.met(fetch.src, damage, self.tick_count, self._ready.events)
-            return b"", "CORRUPT_MESSAGE"
-        except MqlogError as failure:  # not a record boundary: a peer's bug, not ours
-            self._ready.events.append(f"{self.node_id} cannot answer {fetch.src}'s fetch "
-                                      f"at {fetch.position}: {failure}")
-            return b"", "INVALID_POSITION"
+        data = reads.get(key) if reads is not None else None
         if data is None:
-            return b"", "OFFSET_OUT_OF_RANGE"
-        if reads is not None:
-            reads[key] = data
-        self._damaged.forget(fetch.src)
+            try:
+                found = self._reads.read(fetch.src, *key, self.tick_count, self._ready.events)
+            except MqlogError as failure:  # not a record boundary: a peer's bug, not ours
+                self._ready.events.append(f"{self.node_id} cannot answer {fetch.src}'s "
+                                          f"fetch at {fetch.position}: {failure}")
+                return b"", "INVALID_POSITION"
+            if found is Unsendable.GONE:
+                return b"", "OFFSET_OUT_OF_RANGE"
+            if isinstance(found, Unsendable):
+                return b"", "CORRUPT_MESSAGE"
+            data = found
+            if reads is not None:
+                reads[key] = data
         return data, ""
 
     def _maybe_advance_hw(self) -> None:

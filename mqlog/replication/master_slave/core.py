@@ -99,15 +99,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqlog.config import ReplicationConfig
-from mqlog.errors import CorruptRecord, InvalidArgument, MqlogError, NotMaster
+from mqlog.errors import InvalidArgument, MqlogError, NotMaster
 from mqlog.replication.core import (
-    DamagedReads,
     LogView,
     PeerMessages,
+    PeerReads,
     Proposals,
     Ready,
+    Unsendable,
     epoch_ending_at,
-    read_to_send,
 )
 from mqlog.replication.hardstate import RoleState
 from mqlog.replication.messages import (
@@ -194,7 +194,7 @@ class MasterSlaveCore(PeerMessages):
         self.ignored = 0  # messages dropped: another cluster, or not a member
         self._ignored_from: set[str] = set()
         self._waiting = Proposals()
-        self._damaged = DamagedReads(self.node_id, self.config.retransmit_ticks)
+        self._reads = PeerReads(log, self.node_id, self.config.retransmit_ticks)
         self._ready = Ready()
         # This log's end with the appends still in a Ready: a slave's, or a restarted
         # master's as it pulls.
@@ -376,7 +376,7 @@ class MasterSlaveCore(PeerMessages):
         self.config = self.config.replace(role=role, slaves=tuple(slaves), master="")
         self.role = role
         self.slaves = {name: SlaveProgress() for name in slaves}
-        self._damaged.clear()
+        self._reads.clear()
         # (a waiting master's epoch is one it has not begun: nobody wrote in it)
         self.epoch = max(self.epoch + (0 if self._recovery else 1), epoch)
         self._drop_pending_log_changes()
@@ -679,20 +679,15 @@ class MasterSlaveCore(PeerMessages):
 
     def _send_from(self, name: str, progress: SlaveProgress) -> bool:
         """One Append from ``progress.sent`` (or a LogReset if retention let those records
-        go since ``_pump`` checked); False if none: nothing to send, or a damaged record."""
-        if self._damaged.waiting(name, self.tick_count):
-            return False
-        try:
-            data = read_to_send(self.log, progress.sent, self.config.append_bytes_max)
-        except CorruptRecord as damage:
-            self._damaged.met(name, damage, self.tick_count, self._ready.events)
-            return False
-        if data is None:
+        go since ``_pump`` checked); False if none: nothing to send, or this log's copy
+        is damaged there (PeerReads: the slave gets nothing)."""
+        data = self._reads.read(name, progress.sent, self.config.append_bytes_max,
+                                self.tick_count, self._ready.events)
+        if data is Unsendable.GONE:
             self._reset(name, progress)
             return False
-        if not data:
+        if isinstance(data, Unsendable) or not data:
             return False
-        self._damaged.forget(name)
         self._send(Append(self.node_id, name, self.epoch, progress.sent, data))
         progress.sent += len(data)
         return True

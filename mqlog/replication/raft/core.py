@@ -70,17 +70,17 @@ import msgpack
 
 from mqlog.config import RECORD_HEADER_SIZE, ReplicationConfig
 from mqlog.engine.files import FileExtent
-from mqlog.errors import CorruptRecord, InvalidArgument, MembershipChangeRefused, NotLeader
+from mqlog.errors import InvalidArgument, MembershipChangeRefused, NotLeader
 from mqlog.replication.core import (
     UNSEEN,
-    DamagedReads,
     LogView,
     PeerMessages,
+    PeerReads,
     Proposals,
     Ready,
+    Unsendable,
     epoch_ending_at,
     log_positions,
-    read_to_send,
 )
 from mqlog.replication.epochs import EpochMirror
 from mqlog.replication.hardstate import HardState, Membership
@@ -159,7 +159,7 @@ class RaftCore(EpochMirror, PeerMessages):
         self._heartbeat_elapsed = 0
         # (start, limit, the bytes: a FileExtent of them for a large read, sent from the file)
         self._last_read: tuple[int, int, bytes | FileExtent] = (-1, -1, b"")
-        self._damaged = DamagedReads(self.node_id, config.retransmit_ticks)
+        self._reads = PeerReads(log, self.node_id, config.retransmit_ticks)
         self._ready = Ready()
         self._seen = UNSEEN  # a leader's log_positions at its last ready()
         self.ignored = 0  # messages dropped: another cluster, or not a member
@@ -482,7 +482,7 @@ class RaftCore(EpochMirror, PeerMessages):
         # election timeout) are not silence from followers it never led.
         self._heartbeat_elapsed = self._elapsed = 0
         self.peers = {}
-        self._damaged.clear()
+        self._reads.clear()
         self._track_members()
         self._ready.set_epoch = self.term
         self._ready.append_noop = True  # commits the earlier terms' records (§5.4.2)
@@ -551,46 +551,58 @@ class RaftCore(EpochMirror, PeerMessages):
     def _send_from(self, name: str, progress: Progress, probe: bool = False) -> bool:
         """One Entries from ``progress.next`` (or a LogReset if retention let those
         records go); a probe leaves ``next`` where it was (the reply confirms or moves
-        it). False if the records could not be sent: this log's copy is damaged there
-        (the follower gets an Entries without them, so that it still hears its leader)."""
+        it). False if this log's copy is damaged there (PeerReads): a probe then goes
+        without records, so that the follower still hears its leader (heartbeats skip a
+        follower being probed), and a damaged record nobody else has is handed over."""
         start = progress.next
-        data: bytes | FileExtent | None = None
-        readable = True
+        data: bytes | FileExtent | Unsendable = Unsendable.GONE
         if start >= self.log.first_segment_base():
-            if self._damaged.waiting(name, self.tick_count):
-                return False
             limit = min(self.config.append_bytes_max, self._epoch_range_end(start) - start)
-            try:
-                data = self._read(start, limit) if limit > 0 else b""
-            except CorruptRecord as damage:
-                self._damaged.met(name, damage, self.tick_count, self._ready.events)
-                data, readable = b"", False
-        if data is None:  # retention let those records go: the follower starts over
+            data = self._read(name, start, limit) if limit > 0 else b""
+        if data is Unsendable.GONE:  # retention let those records go: it starts over
             log_start = self.log.first_segment_base()
             self._send(self._log_reset(name, log_start))
             if not probe:
                 progress.next = log_start
             return True
-        if readable:
-            self._damaged.forget(name)
+        if isinstance(data, Unsendable):
+            if probe:
+                self._send(self._entries(name, start, b""))
+            if data is Unsendable.DAMAGED:
+                self._hand_over_past_damage(self._reads.damaged_at(name))
+            return False
         self._send(self._entries(name, start, data))
         if start == progress.match:  # nothing was in flight: the retransmit clock starts now
             progress.progress_tick = self.tick_count
         if not probe:
             progress.next = start + len(data)
-        return readable
+        return True
 
-    def _read(self, start: int, limit: int) -> bytes | FileExtent | None:
-        """The log's bytes for an Entries (None: retention let them go, read_to_send);
-        followers in step ask for the same range one after the other, so the last read is
-        kept (a leader's log never changes below its end, and the cache goes when it steps
-        down)."""
+    def _read(self, name: str, start: int, limit: int) -> bytes | FileExtent | Unsendable:
+        """The log's bytes for an Entries to ``name`` (PeerReads); followers in step ask
+        for the same range one after the other, so the last read is kept (a leader's log
+        never changes below its end, and the cache goes when it steps down)."""
         if self._last_read[:2] != (start, limit):
-            data = read_to_send(self.log, start, limit)
-            if data is None:
-                return None
+            data = self._reads.read(name, start, limit, self.tick_count, self._ready.events)
+            if isinstance(data, Unsendable):
+                return data
             self._last_read = (start, limit, data)
         return self._last_read[2]
+
+    def _hand_over_past_damage(self, position: int | None) -> None:
+        """This log's copy of the record at ``position`` is damaged. Committed, a majority
+        has it. If not, and a majority (this log counted) has not got it yet, it can
+        never commit from here, nor can any later write: a follower without it must lead
+        (this log's tail is then truncated to that leader's log). The most up-to-date
+        voter is told to campaign now, as in a transfer; tried again with the read."""
+        others = [name for name in self.voters if name != self.node_id]
+        if position is None or position < self.commit or not others or \
+                1 + sum(self.peers[name].match > position for name in others) >= self.quorum:
+            return
+        target = max(others, key=lambda name: self.peers[name].match)
+        self._ready.events.append(f"{self.node_id} hands leadership to {target}: its copy "
+                                  f"of the record at {position}, not committed, is damaged")
+        self._send(TimeoutNow(self.node_id, target, self.term))
 
     def _entries(self, name: str, start: int, data: bytes | FileExtent) -> Entries:
         changes = [item.to_json() for item in self.memberships
