@@ -303,7 +303,7 @@ def test_a_raft_leader_with_a_damaged_record_still_leads_its_group(tmp_path, imp
     n3's heartbeats. Now n3 hears its leader as ever; n2, probed, gets its probe without
     records at each heartbeat (it hears its leader too); the log is read again only every
     retransmit_ticks; the operator hears of the damage once; no one is asked to lead."""
-    store, core, driver, io, _ = _leader_of_records(tmp_path, impl, 10)
+    store, core, driver, io, positions = _leader_of_records(tmp_path, impl, 10)
     try:
         end = store.written_position
         driver.propose(("client", 1), end)
@@ -312,8 +312,10 @@ def test_a_raft_leader_with_a_damaged_record_still_leads_its_group(tmp_path, imp
         driver.step(EntriesReply("n3", "n1", core.term, True, end, -1, -1))
         driver.run()
         assert store.committed_position == end
-        _damage(store, 500)
-        driver.step(EntriesReply("n2", "n1", core.term, False, 0, 0, -1))  # n2 lost it all
+        damaged = positions[3]
+        _damage(store, damaged + 100)
+        # n2's log ends where the damaged record starts (its hint): n1 probes it there
+        driver.step(EntriesReply("n2", "n1", core.term, False, 0, damaged, core.term))
         io.sent.clear()
         reads = _reads_of(store)
         ticks = 4 * RAFT["retransmit_ticks"]
@@ -321,10 +323,36 @@ def test_a_raft_leader_with_a_damaged_record_still_leads_its_group(tmp_path, imp
         beats = ticks // RAFT["heartbeat_ticks"]
         assert _sent_to(io, "n2") == [("Entries", 0)] * (beats + 1)  # (+ the first probe)
         assert _sent_to(io, "n3") == [("Entries", 0)] * beats
-        assert 4 <= len(reads) <= 5 and set(reads) == {0}, reads
+        assert 4 <= len(reads) <= 5 and set(reads) == {damaged}, reads
         damage = [note for note in io.notes if "cannot send n2" in note]
         assert len(damage) == 1 and "mqlog repair" in damage[0], io.notes
         assert not [note for note in io.notes if "hands leadership" in note]
+    finally:
+        store.close()
+
+
+def _acks_of(name: str, term: int) -> Any:
+    """A follower ``name`` that appends and acks every Entries sent to it."""
+    def ack(message: Any) -> Any:
+        if message.dst == name and isinstance(message, Entries):
+            return EntriesReply(name, "n1", term, True,
+                                message.prev_position + len(message.payload), -1, -1)
+        return None
+    return ack
+
+
+def test_a_follower_gets_every_record_before_a_damaged_one(tmp_path, impl):
+    """The records before the damaged one are sent, though a read window holds both (a
+    hostile review: n2 stayed up to ~100 KB short of the damage, and the event named a
+    position it had not reached)."""
+    store, core, driver, io, positions = _leader_of_records(tmp_path, impl, 10)
+    try:
+        damaged = positions[6]
+        _damage(store, damaged + 100)
+        _raft_ticks(driver, io, 4 * RAFT["retransmit_ticks"], _acks_of("n2", core.term))
+        assert core.peers["n2"].match == damaged
+        (event,) = [note for note in io.notes if "cannot send n2" in note]
+        assert f"from {damaged}:" in event and f"position {damaged}:" in event, event
     finally:
         store.close()
 
@@ -336,7 +364,7 @@ def test_a_follower_that_stops_acking_before_a_damaged_record_is_reported_once(t
     per retransmit (a hostile review counted 15 events in 60 ticks)."""
     store, core, driver, io, positions = _leader_of_records(tmp_path, impl, 10)
     try:
-        _damage(store, positions[6] + 100)
+        _damage(store, positions[2] + 100)  # (within n2's in-flight window)
         first: list[int] = []
 
         def first_ack_only(message: Any) -> Any:
@@ -380,8 +408,8 @@ def test_a_raft_leader_whose_uncommitted_record_is_damaged_hands_leadership_over
 
 def test_a_master_with_a_damaged_record_still_serves_its_other_slaves(tmp_path, impl):
     """The master-slave twin: slave s needs the damaged record, slave t does not; t gets
-    the new records, s nothing; the log is read for s every retransmit_ticks, and the
-    operator hears once (ready() raised before)."""
+    the new records, s those before the damaged one; the log is read there for s every
+    retransmit_ticks, and the operator hears once (ready() raised before)."""
     store = mqlog.open(tmp_path / "m", implementation=impl, clock_ms=lambda: 1_000,
                        **STORE)
     config = ReplicationConfig(node_id="m", role="ASYNC_MASTER", slaves=("s", "t"),
@@ -390,10 +418,10 @@ def test_a_master_with_a_damaged_record_still_serves_its_other_slaves(tmp_path, 
     driver = Driver(store, MasterSlaveCore(config, store), io)
     try:
         driver.run()
-        for index in range(10):
-            driver.write("t", [bytes([index]) * 200])
-        old_end = store.written_position
-        _damage(store, 500)
+        positions = [driver.write("t", [bytes([index]) * 200]).position
+                     for index in range(10)]
+        old_end, damaged = store.written_position, positions[3]
+        _damage(store, damaged + 100)
         epoch = driver.core.epoch
         driver.step(Hello("s", "m", epoch, 0, -1))  # s starts from nothing
         driver.step(Hello("t", "m", epoch, old_end, epoch))  # t has it all
@@ -403,13 +431,15 @@ def test_a_master_with_a_damaged_record_still_serves_its_other_slaves(tmp_path, 
             driver.tick()
             driver.run()
         assert io.failures == [] and driver.failure is None
-        assert _sent_to(io, "s") == []
+        to_s = [message for message in io.sent if message.dst == "s"]
+        assert to_s and to_s[0].position == 0
+        assert max(message.position + len(message.payload) for message in to_s) == damaged
         appends = [message for message in io.sent if message.dst == "t"]
         assert appends and appends[0].position == old_end
         assert max(message.position + len(message.payload) for message in appends) == \
             store.written_position  # (some twice: t never acks, so they are resent)
         assert len([note for note in io.notes if "cannot send s" in note]) == 1, io.notes
-        assert reads.count(0) == 3, reads  # (ticks 0, 4 and 8 of 12)
+        assert reads.count(damaged) == 3, reads  # (ticks 0, 4 and 8 of 12)
     finally:
         store.close()
 

@@ -776,7 +776,8 @@ def test_listing_queues_beside_a_writer_that_adds_them(tmp_path, impl):
 
 def test_read_raw_tells_a_damaged_record_from_a_position_that_is_no_record(open_store):
     """At a record whose bytes changed after it was written (its CRC32C fails) read_raw
-    raises CorruptRecord, naming it; at a position inside a record, InvalidPosition."""
+    raises CorruptRecord, naming it, as does a read whose answer would hold it; at a
+    position inside a record, InvalidPosition."""
     store = open_store()
     first = store.put("t", b"a" * 100)
     second = store.put("t", b"b" * 100)
@@ -788,6 +789,10 @@ def test_read_raw_tells_a_damaged_record_from_a_position_that_is_no_record(open_
     assert raised.value.position == second.position
     with pytest.raises(errors.CorruptRecord):  # from the record before: the same damage
         store.read_raw(first.position, 1 << 20)
+    # ... unless the answer ends before it: the record past an answer is not read (a
+    # leader sends a follower every record before the damaged one)
+    assert len(store.read_raw(first.position, first.size)) == first.size
+    assert len(store.read_for_send(first.position, first.size + 10)) == first.size
     with pytest.raises(errors.InvalidPosition):
         store.read_raw(second.position + 8, 1 << 20)
     mapped.buffer[second.position + second.size - 10] ^= 0x01

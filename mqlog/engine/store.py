@@ -668,7 +668,12 @@ class Store:
     # --- what replication needs (DESIGN §4) --------------------------------------------
 
     def read_raw(self, position: int, max_bytes: int) -> bytes:
-        """Raw bytes of whole records from ``position`` up to the written position."""
+        """Raw bytes of whole records from ``position`` up to the written position: as
+        many as fit in ``max_bytes`` (at least one), never crossing a segment. Every
+        record in the answer is checked (CRC32C included): a damaged one raises
+        CorruptRecord naming it, so a read of the records before it stops there
+        (``max_bytes`` = its position - ``position``: the record past the answer is not
+        read)."""
         self._check_open()
         return self.core.read_raw(position, max_bytes)
 

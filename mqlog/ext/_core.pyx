@@ -1249,7 +1249,8 @@ cdef class LogCore:
 
     def read_raw(self, position, max_bytes):
         """Whole records from ``position`` up to the written position, never crossing a
-        segment (a blank record ends the answer); at least one record if any."""
+        segment (a blank record ends the answer); at least one record if any; the record
+        that would pass ``max_bytes`` is left unread."""
         cdef uint64_t start, generation = self._generation
         cdef Segment *segment
         self._check_released()
@@ -1278,7 +1279,6 @@ cdef class LogCore:
         cdef uint64_t start, base, offset, limit
         cdef uint64_t bad, records_size, file_size, zeros, chunk
         cdef uint32_t crc
-        cdef bint next_bad
         cdef Segment *segment
         cdef RawWalk walk
         self._check_released()
@@ -1291,11 +1291,8 @@ cdef class LogCore:
                   &walk)
         records_size = walk.records_end - offset
         bad = _first_bad_crc(segment.data + offset, records_size)
-        next_bad = walk.next_size != 0 and _check_record(
-            segment.data + walk.next_offset, walk.next_size, base + walk.next_offset,
-            True) != RECORD_OK
-        if bad < records_size or next_bad or walk.problem:
-            _report_raw(segment.data + offset, records_size, bad, next_bad, &walk,
+        if bad < records_size or walk.problem:
+            _report_raw(segment.data + offset, records_size, bad, &walk,
                         _problem_text(walk.problem, segment.data + walk.problem_offset)
                         if walk.problem else None, base, offset)
         file_size, zeros = records_size, 0
@@ -1322,7 +1319,6 @@ cdef class LogCore:
         cdef uint64_t base = segment.base, written = self.written_position
         cdef uint64_t limit = min(segment.size, written - base) if written > base else 0
         cdef uint64_t bad, records_size
-        cdef bint next_bad = False
         cdef bytes answer
         cdef const char *copy
         cdef str walk_text = None
@@ -1334,9 +1330,6 @@ cdef class LogCore:
                    segment.data + walk.records_end, MQ_BLANK_SIZE_MIN)
             memset(PyBytes_AS_STRING(answer) + (walk.records_end - offset) + MQ_BLANK_SIZE_MIN,
                    0, walk.end - walk.records_end - MQ_BLANK_SIZE_MIN)
-        if walk.next_size:
-            next_bad = _check_record(segment.data + walk.next_offset, walk.next_size,
-                                     base + walk.next_offset, True) != RECORD_OK
         if walk.problem:
             walk_text = _problem_text(walk.problem, segment.data + walk.problem_offset)
         segment = NULL  # from here on: the private copy and the locals above only
@@ -1347,10 +1340,10 @@ cdef class LogCore:
         else:
             with nogil:
                 bad = _first_bad_crc(copy, records_size)
-        if (bad < records_size or next_bad or walk.problem) and self._changed(generation):
+        if (bad < records_size or walk.problem) and self._changed(generation):
             self._check_released()
             raise _gone(base + offset, self.written_position)
-        _report_raw(copy, records_size, bad, next_bad, &walk, walk_text, base, offset)
+        _report_raw(copy, records_size, bad, &walk, walk_text, base, offset)
         return answer
 
     def append_raw(self, position, data):

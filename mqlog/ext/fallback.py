@@ -1046,7 +1046,8 @@ class LogCore:
 
     def read_raw(self, position: int, max_bytes: int) -> bytes:
         """Whole records from ``position`` up to the written position, never crossing a
-        segment (a blank record ends the answer); at least one record if any."""
+        segment (a blank record ends the answer); at least one record if any; the record
+        that would pass ``max_bytes`` is left unread."""
         generation = self._generation  # (first: a release after it changes it)
         self._check_released()
         try:
@@ -1110,6 +1111,8 @@ class LogCore:
                 answer.append(bytes(segment.buffer[end:end + BLANK_SIZE_MIN])
                               + bytes(size - BLANK_SIZE_MIN))
                 break
+            if end > offset and end + size - offset > max_bytes:
+                break  # (the record that does not fit is left unread: the next read's first)
             raw = bytes(segment.buffer[end:end + size]) if end + size <= limit else b""
             problem = _check_record(raw, at, True)
             if problem and end == offset and problem != _CRC_MISMATCH:  # (a header that
@@ -1118,8 +1121,6 @@ class LogCore:
                 raise InvalidPosition(f"position {at} is not the start of a record ({problem})")
             if problem:
                 raise CorruptRecord(at, problem)
-            if end > offset and end + size - offset > max_bytes:
-                break
             answer.append(raw)
             end += size
         return b"".join(answer)

@@ -179,20 +179,20 @@ class PeerReads:
     * Retention (the store's maintenance thread) lets the log's front go at any time, so
       also between a caller's check of the log start and its read: GONE, and the caller
       starts the peer over at the new start in this run, as its next run would have.
-    * A record of this log fails its CRC (CorruptRecord): DAMAGED. The damage stays until
-      an operator repairs the store or retention lets the segment go, so a read from the
-      same position for that peer answers WAITING for ``retry_ticks`` without reading,
-      and the operator hears of it once per peer and damaged position while this node
-      leads, not once a run. The leader serves its other peers meanwhile (a damaged
-      record once stalled the whole group: ready() raised on every other run).
+    * A record of this log fails its CRC (CorruptRecord): the records before it are sent,
+      and a read from it answers DAMAGED. The damage stays until an operator repairs the
+      store or retention lets the segment go, so a read from there for that peer answers
+      WAITING for ``retry_ticks`` without reading, and the operator hears of it once per
+      peer and damaged position while this node leads, not once a run. The leader serves
+      its other peers meanwhile (a damaged record once stalled the whole group: ready()
+      raised on every other run).
 
     Any other InvalidPosition is a caller's bug (a position that starts no record) and
     is raised as itself."""
 
     def __init__(self, log: LogView, node_id: str, retry_ticks: int) -> None:
         self._log, self._node_id, self._retry_ticks = log, node_id, retry_ticks
-        # peer -> (where its failed read began, the damaged record's position, when)
-        self._failed: dict[str, tuple[int, int, int]] = {}
+        self._failed: dict[str, tuple[int, int]] = {}  # peer -> (damaged position, when)
         self._reported: set[tuple[str, int]] = set()  # (peer, damaged position)
 
     def read(self, peer: str, position: int, limit: int, tick: int,
@@ -200,17 +200,23 @@ class PeerReads:
         """The records for ``peer`` from ``position`` (at most ``limit`` bytes)."""
         failed = self._failed.get(peer)
         if failed is not None and failed[0] == position and \
-                tick - failed[2] < self._retry_ticks:
+                tick - failed[1] < self._retry_ticks:
             return Unsendable.WAITING
         log = self._log
         try:
-            return log.read_for_send(position, limit)
+            try:
+                return log.read_for_send(position, limit)
+            except CorruptRecord as damage:
+                if damage.position == position:
+                    raise
+                # The records before it are whole: they go, and the next read starts at it.
+                return log.read_for_send(position, damage.position - position)
         except InvalidPosition:
             if position >= log.first_segment_base():
                 raise
             return Unsendable.GONE
         except CorruptRecord as damage:
-            self._failed[peer] = (position, damage.position, tick)
+            self._failed[peer] = (damage.position, tick)
             if (peer, damage.position) not in self._reported:
                 self._reported.add((peer, damage.position))
                 events.append(f"{self._node_id} cannot send {peer} the records from "
@@ -220,7 +226,7 @@ class PeerReads:
     def damaged_at(self, peer: str) -> int | None:
         """The damaged record the last failed read for ``peer`` met, if any."""
         failed = self._failed.get(peer)
-        return None if failed is None else failed[1]
+        return None if failed is None else failed[0]
 
     def clear(self) -> None:
         """This node leads anew: every peer's damage is news again."""
