@@ -793,9 +793,19 @@ def test_read_raw_tells_a_damaged_record_from_a_position_that_is_no_record(open_
     # leader sends a follower every record before the damaged one)
     assert len(store.read_raw(first.position, first.size)) == first.size
     assert len(store.read_for_send(first.position, first.size + 10)) == first.size
+    mapped.buffer[second.position + second.size - 10] ^= 0x01
+    saved = bytes(mapped.buffer[second.position:second.position + 4])
+    mapped.buffer[second.position:second.position + 4] = bytes(4)  # its size zeroed
+    with pytest.raises(errors.CorruptRecord) as raised:
+        store.read_raw(first.position, 1 << 20)
+    assert raised.value.position == second.position
+    with pytest.raises(errors.InvalidPosition):  # (a damaged header: no record starts)
+        store.read_raw(second.position, 1 << 20)
+    assert len(store.read_raw(first.position, first.size)) == first.size  # (a full
+    # answer: the header after it is not read, though its size says nothing would pass)
+    mapped.buffer[second.position:second.position + 4] = saved
     with pytest.raises(errors.InvalidPosition):
         store.read_raw(second.position + 8, 1 << 20)
-    mapped.buffer[second.position + second.size - 10] ^= 0x01
     assert len(store.read_raw(first.position, 1 << 20)) == first.size * 3
 
 

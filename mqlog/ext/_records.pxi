@@ -471,7 +471,8 @@ cdef void _walk_raw(const char *data, uint64_t segment_size, uint64_t base,
         if mq_u32(data + end + MQ_AT_MAGIC) == MQ_BLANK_MAGIC and end + size == segment_size:
             walk.records_end, walk.end = end, segment_size
             return
-        if end > offset and <int64_t>(end + size - offset) > max_bytes:
+        if end > offset and (<int64_t>(end - offset) >= max_bytes or
+                             <int64_t>(end + size - offset) > max_bytes):
             break  # (the record that does not fit is left unread: the next read's first)
         walk.problem = _check_record(data + end, size if end + size <= limit else 0,
                                      base + end, False)

@@ -1111,7 +1111,7 @@ class LogCore:
                 answer.append(bytes(segment.buffer[end:end + BLANK_SIZE_MIN])
                               + bytes(size - BLANK_SIZE_MIN))
                 break
-            if end > offset and end + size - offset > max_bytes:
+            if end > offset and (end - offset >= max_bytes or end + size - offset > max_bytes):
                 break  # (the record that does not fit is left unread: the next read's first)
             raw = bytes(segment.buffer[end:end + size]) if end + size <= limit else b""
             problem = _check_record(raw, at, True)

@@ -179,7 +179,7 @@ class PeerReads:
     * Retention (the store's maintenance thread) lets the log's front go at any time, so
       also between a caller's check of the log start and its read: GONE, and the caller
       starts the peer over at the new start in this run, as its next run would have.
-    * A record of this log fails its CRC (CorruptRecord): the records before it are sent,
+    * A record of this log is damaged (CorruptRecord): the records before it are sent,
       and a read from it answers DAMAGED. The damage stays until an operator repairs the
       store or retention lets the segment go, so a read from there for that peer answers
       WAITING for ``retry_ticks`` without reading, and the operator hears of it once per
@@ -187,13 +187,16 @@ class PeerReads:
       its other peers meanwhile (a damaged record once stalled the whole group: ready()
       raised on every other run).
 
-    Any other InvalidPosition is a caller's bug (a position that starts no record) and
-    is raised as itself."""
+    A read from a record whose header is damaged raises InvalidPosition (the store cannot
+    tell it from a position inside a record); where an earlier read met that record as
+    damaged, it is DAMAGED too. Any other InvalidPosition is a caller's bug (a position
+    that starts no record) and is raised as itself."""
 
     def __init__(self, log: LogView, node_id: str, retry_ticks: int) -> None:
         self._log, self._node_id, self._retry_ticks = log, node_id, retry_ticks
         self._failed: dict[str, tuple[int, int]] = {}  # peer -> (damaged position, when)
         self._reported: set[tuple[str, int]] = set()  # (peer, damaged position)
+        self._damaged: set[int] = set()  # records found damaged (where records start)
 
     def read(self, peer: str, position: int, limit: int, tick: int,
              events: list[str]) -> bytes | FileExtent | Unsendable:
@@ -202,26 +205,33 @@ class PeerReads:
         if failed is not None and failed[0] == position and \
                 tick - failed[1] < self._retry_ticks:
             return Unsendable.WAITING
-        log = self._log
         try:
-            try:
-                return log.read_for_send(position, limit)
-            except CorruptRecord as damage:
-                if damage.position == position:
-                    raise
-                # The records before it are whole: they go, and the next read starts at it.
-                return log.read_for_send(position, damage.position - position)
-        except InvalidPosition:
-            if position >= log.first_segment_base():
+            return self._read(position, limit)
+        except InvalidPosition as problem:
+            if position < self._log.first_segment_base():
+                return Unsendable.GONE
+            if position not in self._damaged:
                 raise
-            return Unsendable.GONE
+            damage = CorruptRecord(position, f"its header is damaged ({problem})")
+        except CorruptRecord as found:
+            damage = found
+        self._failed[peer] = (position, tick)
+        if (peer, position) not in self._reported:
+            self._reported.add((peer, position))
+            events.append(f"{self._node_id} cannot send {peer} the records from "
+                          f"{position}: {damage}")
+        return Unsendable.DAMAGED
+
+    def _read(self, position: int, limit: int) -> bytes | FileExtent:
+        """The records from ``position``; those before a damaged one, if any (whole: the
+        next read starts at it). CorruptRecord if the first is damaged."""
+        try:
+            return self._log.read_for_send(position, limit)
         except CorruptRecord as damage:
-            self._failed[peer] = (damage.position, tick)
-            if (peer, damage.position) not in self._reported:
-                self._reported.add((peer, damage.position))
-                events.append(f"{self._node_id} cannot send {peer} the records from "
-                              f"{position}: {damage}")
-            return Unsendable.DAMAGED
+            self._damaged.add(damage.position)
+            if damage.position == position:
+                raise
+            return self._log.read_for_send(position, damage.position - position)
 
     def damaged_at(self, peer: str) -> int | None:
         """The damaged record the last failed read for ``peer`` met, if any."""

@@ -160,6 +160,7 @@ class RaftCore(EpochMirror, PeerMessages):
         # (start, limit, the bytes: a FileExtent of them for a large read, sent from the file)
         self._last_read: tuple[int, int, bytes | FileExtent] = (-1, -1, b"")
         self._reads = PeerReads(log, self.node_id, config.retransmit_ticks)
+        self._handed_over_tick = -(1 << 62)  # when damage last made it hand leadership over
         self._ready = Ready()
         self._seen = UNSEEN  # a leader's log_positions at its last ready()
         self.ignored = 0  # messages dropped: another cluster, or not a member
@@ -283,6 +284,10 @@ class RaftCore(EpochMirror, PeerMessages):
     def ready(self) -> Ready:
         if self.role == LEADER:
             seen = log_positions(self.log)  # (first: see log_positions)
+            # Reads are kept for this run only: a FileExtent is sent from the file, and
+            # its CRC, taken at the read, must still describe it (a record damaged since
+            # would go out under the old CRC, and its frame be refused, again and again).
+            self._last_read = (-1, -1, b"")
             self._refresh_from_log()
             self._maybe_commit()
             self._pump()
@@ -553,7 +558,7 @@ class RaftCore(EpochMirror, PeerMessages):
         records go); a probe leaves ``next`` where it was (the reply confirms or moves
         it). False if this log's copy is damaged there (PeerReads): a probe then goes
         without records, so that the follower still hears its leader (heartbeats skip a
-        follower being probed), and a damaged record nobody else has is handed over."""
+        follower being probed); leadership is handed over if the record cannot commit."""
         start = progress.next
         data: bytes | FileExtent | Unsendable = Unsendable.GONE
         if start >= self.log.first_segment_base():
@@ -591,14 +596,20 @@ class RaftCore(EpochMirror, PeerMessages):
 
     def _hand_over_past_damage(self, position: int | None) -> None:
         """This log's copy of the record at ``position`` is damaged. Committed, a majority
-        has it. If not, and a majority (this log counted) has not got it yet, it can
-        never commit from here, nor can any later write: a follower without it must lead
-        (this log's tail is then truncated to that leader's log). The most up-to-date
-        voter is told to campaign now, as in a transfer; tried again with the read."""
+        has it. If not, and a majority (this log counted if it votes) has not got it yet,
+        it can never commit from here, nor can any later write: another voter must lead.
+        The most up-to-date one is told to campaign now, as in a transfer, at most once
+        per election timeout (one target at a time: two campaigning at once split the
+        vote). A new leader without the record truncates this log's tail to its own."""
         others = [name for name in self.voters if name != self.node_id]
         if position is None or position < self.commit or not others or \
-                1 + sum(self.peers[name].match > position for name in others) >= self.quorum:
+                self.tick_count - self._handed_over_tick < self.config.election_timeout_ticks:
             return
+        holders = (self.node_id in self.voters) + sum(self.peers[name].match > position
+                                                      for name in others)
+        if holders >= self.quorum:
+            return
+        self._handed_over_tick = self.tick_count
         target = max(others, key=lambda name: self.peers[name].match)
         self._ready.events.append(f"{self.node_id} hands leadership to {target}: its copy "
                                   f"of the record at {position}, not committed, is damaged")
