@@ -464,6 +464,31 @@ def test_a_master_with_a_damaged_record_still_serves_its_other_slaves(tmp_path, 
         store.close()
 
 
+def test_a_raft_leader_being_removed_does_not_count_its_damaged_copy(tmp_path, impl):
+    """n1 changed the voters to n2 and n3 and leads until that commits. Its copy of record
+    D is damaged, n2 has D, n3 does not: D needs n3, so n1 tells n2 to campaign. It
+    counted itself among D's holders before (a hostile review: writes stalled for good)."""
+    store, core, driver, io, _ = _leader_of_records(tmp_path, impl, 3)
+    try:
+        store.flush()
+        driver.step(EntriesReply("n2", "n1", core.term, True, store.written_position, -1, -1))
+        driver.run()
+        assert core.commit == store.written_position
+        damaged = driver.write("t", [b"d" * 200]).position  # (not flushed: n1's copy
+        # does not count, so n2's ack does not commit it)
+        driver.step(EntriesReply("n2", "n1", core.term, True, store.written_position, -1, -1))
+        driver.change_membership(("operator", 1), ("n2", "n3"), (), {})
+        assert core.voters == ("n2", "n3") and core.commit <= damaged
+        _damage(store, damaged + 100)
+        io.sent.clear()
+        _raft_ticks(driver, io, 4 * RAFT["retransmit_ticks"], _acks_of("n3", core.term))
+        handed = [message.dst for message in io.sent if type(message).__name__ == "TimeoutNow"]
+        assert handed and set(handed) == {"n2"} and core.commit <= damaged, (handed,
+                                                                            core.commit)
+    finally:
+        store.close()
+
+
 def test_peer_reads_raise_a_position_that_starts_no_record(tmp_path, impl):
     """PeerReads answers GONE only for what retention let go: a position inside a record
     is a caller's bug, raised as itself, never a reset of the peer."""
