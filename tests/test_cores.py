@@ -77,6 +77,9 @@ class FakeLog:
     def first_segment_base(self) -> int:
         return 0
 
+    def is_record_start(self, position: int) -> bool:
+        return 0 <= position <= self.written_position
+
     def carry_out(self, ready: Ready) -> None:
         """What a driver does to the log (all of it synced at once)."""
         if ready.truncate_to is not None:

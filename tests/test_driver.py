@@ -247,14 +247,14 @@ def test_a_master_whose_read_meets_retention_resets_the_slave(tmp_path, impl):
         store.close()
 
 
-def _damage(store: Any, position: int) -> None:
-    """Flip a byte at ``position`` (in the first segment) in its file: the records' CRC
-    there fails, as after a bad disk write (the store's mapping sees the file's pages)."""
+def _damage(store: Any, position: int, size: int = 1) -> None:
+    """Flip ``size`` bytes at ``position`` (in the first segment) in its file, as a bad
+    disk write would (the store's mapping sees the file's pages)."""
     with open(store.paths.commitlog / f"{0:020d}", "r+b") as file:
         file.seek(position)
-        byte = file.read(1)[0]
+        damaged = bytes(byte ^ 0xFF for byte in file.read(size))
         file.seek(position)
-        file.write(bytes([byte ^ 0xFF]))
+        file.write(damaged)
 
 
 def _sent_to(io: HeldIo, name: str) -> list[tuple[str, int]]:
@@ -297,12 +297,15 @@ def _raft_ticks(driver: Driver, io: HeldIo, ticks: int, acks: Any = None) -> Non
     assert io.failures == [] and driver.failure is None
 
 
-def test_a_raft_leader_with_a_damaged_record_still_leads_its_group(tmp_path, impl):
+@pytest.mark.parametrize("header", [False, True])
+def test_a_raft_leader_with_a_damaged_record_still_leads_its_group(tmp_path, impl, header):
     """A committed record of the leader's log fails its CRC where n2 needs it. Before,
     ready() raised CorruptRecord on every other run, and those runs sent nothing, not even
     n3's heartbeats. Now n3 hears its leader as ever; n2, probed, gets its probe without
     records at each heartbeat (it hears its leader too); the log is read again only every
-    retransmit_ticks; the operator hears of the damage once; no one is asked to lead."""
+    retransmit_ticks; the operator hears of the damage once; no one is asked to lead.
+    ``header``: the record's size is garbled, and n1's first read is from it: no record
+    starts there, says the store, but the records before reach it (is_record_start)."""
     store, core, driver, io, positions = _leader_of_records(tmp_path, impl, 10)
     try:
         end = store.written_position
@@ -313,7 +316,7 @@ def test_a_raft_leader_with_a_damaged_record_still_leads_its_group(tmp_path, imp
         driver.run()
         assert store.committed_position == end
         damaged = positions[3]
-        _damage(store, damaged + 100)
+        _damage(store, damaged + (0 if header else 100), 4 if header else 1)
         # n2's log ends where the damaged record starts (its hint): n1 probes it there
         driver.step(EntriesReply("n2", "n1", core.term, False, 0, damaged, core.term))
         io.sent.clear()

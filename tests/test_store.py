@@ -239,6 +239,30 @@ def test_truncate_cuts_log_and_queues(open_store):
     store.close()
 
 
+@pytest.mark.parametrize("damage", ["size zeroed", "magic flipped", "header zeroed"])
+def test_truncate_cuts_away_a_record_whose_header_is_damaged(open_store, damage):
+    """A replica told to truncate at a record whose header is damaged (a new Raft leader
+    cutting a damaged tail it lacks) does it: the records from its segment's start end
+    there. Before, the boundary check read only that header and refused, and the node
+    stopped (a hostile review). A position inside a record is still refused, and so is
+    one whose earlier records do not reach it."""
+    store = open_store()
+    results = [store.put("t", b"x" * 300) for _ in range(30)]
+    cut = results[20].position
+    span = {"size zeroed": (0, 4), "magic flipped": (4, 8), "header zeroed": (0, 72)}[damage]
+    mapped = store.files.segment_file(store.first_segment_base())
+    mapped.buffer[cut + span[0]:cut + span[1]] = bytes(span[1] - span[0])
+    with pytest.raises(errors.InvalidPosition):
+        store.truncate(results[10].position + 8)
+    mapped.buffer[results[5].position + 4] ^= 0xFF  # an earlier record's magic too
+    with pytest.raises(errors.InvalidPosition):  # (its header says nothing: refused)
+        store.truncate(cut)
+    mapped.buffer[results[5].position + 4] ^= 0xFF
+    store.truncate(cut)
+    assert store.written_position == cut and store.max_offset("t", 0) == 20
+    store.close()
+
+
 def test_truncate_to_zero_empties_the_store(open_store):
     store = open_store()
     for _ in range(50):

@@ -677,6 +677,18 @@ class Store:
         self._check_open()
         return self.core.read_raw(position, max_bytes)
 
+    def is_record_start(self, position: int) -> bool:
+        """Whether a record (or the log's end) starts at ``position``: its header says so,
+        or, when that header is damaged, the records from its segment's start end there
+        (a walk of their headers: for telling damage from a wrong position, not for
+        every read). ``truncate`` takes such a position."""
+        self._check_open()
+        try:
+            self.core.check_boundary(position)
+        except InvalidPosition:
+            return False
+        return True
+
     def read_for_send(self, position: int, max_bytes: int) -> bytes | FileExtent:
         """``read_raw``'s answer — with at least ``FILE_EXTENT_BYTES_MIN`` bytes to read,
         as a FileExtent of the segment file, to be sent from there (sendfile: not copied;

@@ -1802,10 +1802,13 @@ cdef class LogCore:
         return position
 
     def check_boundary(self, position):
-        """Raise InvalidPosition unless a record (or the log's end) starts at ``position``."""
+        """Raise InvalidPosition unless a record (or the log's end) starts at ``position``:
+        its header says so, or, when that header is damaged, the records from the
+        segment's start end there (the twin's docstring says why)."""
         cdef uint64_t start, offset, available
         cdef uint32_t size, magic
         cdef Segment *segment
+        cdef RawWalk walk
         if position == self.written_position:
             return
         if _clamp_u64(position, &start) != 0 or start >= self.written_position:
@@ -1822,7 +1825,9 @@ cdef class LogCore:
             return
         if magic != MQ_MAGIC or size < MQ_HEADER_SIZE or size > available or \
                 mq_u64(segment.data + offset + MQ_AT_POSITION) != start:
-            raise InvalidPosition(f"position {position} is not a record boundary")
+            _walk_raw(segment.data, segment.size, segment.base, 0, offset, INT64_MAX, &walk)
+            if walk.problem or walk.records_end != offset:
+                raise InvalidPosition(f"position {position} is not a record boundary")
 
     cdef void _zero_tail(self, uint64_t position, uint64_t old_end) noexcept:
         """Zero ``[position, old_end)`` in the segments still attached (the write lock

@@ -1347,22 +1347,33 @@ class LogCore:
         return dropped
 
     def check_boundary(self, position: int) -> None:
-        """Raise InvalidPosition unless a record (or the log's end) starts at ``position``."""
+        """Raise InvalidPosition unless a record (or the log's end) starts at ``position``:
+        its header says so, or, when that header is damaged, the records from the
+        segment's start end there, header after header (a replica told to truncate there
+        cuts the damaged record away; its header alone cannot show it starts a record)."""
         if position == self.written_position:
             return
         if not 0 <= position < self.written_position:
             raise InvalidPosition(f"position {position} lies outside the log (it ends at "
                                   f"{self.written_position})")
+        try:  # (retention, on its own thread, may let the segment go meanwhile)
+            starts = self._starts_record(position)
+        except _GONE_ERRORS:
+            starts = False
+        if not starts:
+            raise InvalidPosition(f"position {position} is not a record boundary")
+
+    def _starts_record(self, position: int) -> bool:
         segment, offset = self._locate(position)
         raw_head = bytes(segment.buffer[offset:offset + HEADER_SIZE])
         if len(raw_head) < BLANK_SIZE_MIN:
-            raise InvalidPosition(f"position {position} is not a record boundary")
+            return False
         size, magic = BLANK.unpack_from(raw_head)
         if magic == BLANK_MAGIC and offset + size == segment.size:
-            return
-        if magic != MAGIC or size < HEADER_SIZE or offset + size > segment.size or \
-                HEADER.unpack_from(segment.buffer, offset)[9] != position:
-            raise InvalidPosition(f"position {position} is not a record boundary")
+            return True
+        return (magic == MAGIC and size >= HEADER_SIZE and offset + size <= segment.size
+                and HEADER.unpack_from(segment.buffer, offset)[9] == position) or \
+            _records_end_at(segment, offset)
 
     def _zero_tail(self, position: int, old_end: int) -> None:
         for segment in self._segments:
@@ -1786,6 +1797,21 @@ def _mismatch_text(topic: str, queue_id: int, offset: int, position: int, size: 
             f"position {position} (size {size}), {why}; the queue is damaged, not the log: "
             "close the store, move its consumequeue/ directory away and open it again to "
             "rebuild every queue from the commit log")
+
+
+def _records_end_at(segment: _Segment, offset: int) -> bool:
+    """Whether the segment's records, from its start, end exactly at ``offset``, each
+    whole before it (sizes, magic, positions: not CRCs)."""
+    end = 0
+    while end < offset:
+        if segment.size - end < BLANK_SIZE_MIN:
+            return False
+        size = BLANK.unpack_from(segment.buffer, end)[0]
+        raw = bytes(segment.buffer[end:end + size]) if end + size <= offset else b""
+        if _check_record(raw, segment.base + end, False):
+            return False
+        end += size
+    return end == offset
 
 
 def _gone(position: int, written_position: int) -> InvalidPosition:

@@ -47,6 +47,7 @@ class LogView(Protocol):
     def epoch_at(self, position: int) -> int | None: ...
     def read_raw(self, position: int, max_bytes: int) -> bytes: ...
     def read_for_send(self, position: int, max_bytes: int) -> bytes | FileExtent: ...
+    def is_record_start(self, position: int) -> bool: ...  # (a damaged header's too)
     def first_segment_base(self) -> int: ...  # the log's start (retention moves it)
 
 
@@ -187,10 +188,10 @@ class PeerReads:
       its other peers meanwhile (a damaged record once stalled the whole group: ready()
       raised on every other run).
 
-    A read from a record whose header is damaged raises InvalidPosition (the store cannot
-    tell it from a position inside a record); where an earlier read met that record as
-    damaged, it is DAMAGED too. Any other InvalidPosition is a caller's bug (a position
-    that starts no record) and is raised as itself."""
+    A read from a record whose header is damaged raises InvalidPosition, as from a
+    position inside a record: it is DAMAGED too where an earlier read met that record, or
+    where the records before it reach it (``is_record_start``). Any other InvalidPosition
+    is a caller's bug (a position that starts no record) and is raised as itself."""
 
     def __init__(self, log: LogView, node_id: str, retry_ticks: int) -> None:
         self._log, self._node_id, self._retry_ticks = log, node_id, retry_ticks
@@ -208,10 +209,12 @@ class PeerReads:
         try:
             return self._read(position, limit)
         except InvalidPosition as problem:
+            damaged = position in self._damaged or self._log.is_record_start(position)
             if position < self._log.first_segment_base():
                 return Unsendable.GONE
-            if position not in self._damaged:
+            if not damaged:
                 raise
+            self._damaged.add(position)
             damage = CorruptRecord(position, f"its header is damaged ({problem})")
         except CorruptRecord as found:
             damage = found

@@ -593,8 +593,7 @@ class IsrCore(EpochMirror, PeerMessages):
         if data is None:
             try:
                 found = self._reads.read(fetch.src, *key, self.tick_count, self._ready.events)
-            except MqlogError as failure:  # no record starts there: a peer's bug (or a
-                # damaged header no read of this leader came to from before: PeerReads)
+            except MqlogError as failure:  # no record starts there: a peer's bug
                 self._ready.events.append(f"{self.node_id} cannot answer {fetch.src}'s "
                                           f"fetch at {fetch.position}: {failure}")
                 return b"", "INVALID_POSITION"
