@@ -117,18 +117,26 @@ def test_a_fetch_whose_records_retention_takes_during_the_read_starts_the_follow
 
 
 def test_a_damaged_record_is_answered_corrupt_message_and_reported_once():
-    """The leader's copy of a record a follower fetches fails its CRC: CORRUPT_MESSAGE (the
-    follower backs off and asks again), one event per follower however often it asks."""
+    """The leader's copy of the record at 150 fails its CRC: a fetch from 0 gets the 150
+    bytes before it; one from 150 CORRUPT_MESSAGE (the follower backs off and asks again),
+    with one event per follower however often it asks."""
     log = FakeLog(300, ((1, 0),))
     leader = _core("n1", log, _state(epoch=2))
+    read = log.read_for_send
 
     def damaged(position: int, limit: int) -> bytes:
-        raise errors.CorruptRecord(150, "CRC32C mismatch")
+        if position <= 150 < position + limit:  # (the store reads no record past limit)
+            raise errors.CorruptRecord(150, "CRC32C mismatch")
+        return read(position, limit)
 
     log.read_for_send = damaged  # type: ignore[method-assign]
+    leader.step(Fetch("n2", "n1", 2, 1, 0, -1))
+    ready = leader.ready()
+    assert [(m.error, len(m.payload)) for m in ready.messages] == [("", 150)]
+    leader.advance(ready)
     events = []
-    for fetch_id in (1, 2):
-        leader.step(Fetch("n2", "n1", 2, fetch_id, 0, -1))
+    for fetch_id in (2, 3):
+        leader.step(Fetch("n2", "n1", 2, fetch_id, 150, 1))
         ready = leader.ready()
         assert [(m.error, m.fetch_id, len(m.payload)) for m in ready.messages] == [
             ("CORRUPT_MESSAGE", fetch_id, 0)]

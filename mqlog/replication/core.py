@@ -242,9 +242,11 @@ class PeerReads:
         return None if failed is None else failed[0]
 
     def clear(self) -> None:
-        """This node leads anew: every peer's damage is news again."""
+        """This node leads anew: every peer's damage is news again, and what was learned
+        of this log may be stale (as a follower, its tail may have been cut since)."""
         self._failed.clear()
         self._reported.clear()
+        self._damaged.clear()
 
 
 class PeerMessages:

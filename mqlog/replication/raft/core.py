@@ -284,10 +284,11 @@ class RaftCore(EpochMirror, PeerMessages):
     def ready(self) -> Ready:
         if self.role == LEADER:
             seen = log_positions(self.log)  # (first: see log_positions)
-            # Reads are kept for this run only: a FileExtent is sent from the file, and
-            # its CRC, taken at the read, must still describe it (a record damaged since
-            # would go out under the old CRC, and its frame be refused, again and again).
-            self._last_read = (-1, -1, b"")
+            if isinstance(self._last_read[2], FileExtent):
+                # Kept for this run only: it is sent from the file, and its CRC, taken at
+                # the read, must still describe it (a record damaged since would go out
+                # under the old CRC, and its frame be refused, again and again).
+                self._last_read = (-1, -1, b"")
             self._refresh_from_log()
             self._maybe_commit()
             self._pump()
@@ -394,7 +395,6 @@ class RaftCore(EpochMirror, PeerMessages):
         # not handed to the driver yet is dropped (no term of ours will count on it).
         self._ready.append_noop = False
         self._refresh_from_log()
-        self._last_read = (-1, -1, b"")  # a follower's log may be truncated
 
     def _campaign(self, *, pre_vote: bool, transfer: bool = False) -> None:
         self._elapsed, self._timeout = 0, self._random_timeout()
@@ -585,8 +585,9 @@ class RaftCore(EpochMirror, PeerMessages):
 
     def _read(self, name: str, start: int, limit: int) -> bytes | FileExtent | Unsendable:
         """The log's bytes for an Entries to ``name`` (PeerReads); followers in step ask
-        for the same range one after the other, so the last read is kept (a leader's log
-        never changes below its end, and the cache goes when it steps down)."""
+        for the same range one after the other, so the last read is kept: a copy while
+        this node leads (a leader's log never changes below its end), a FileExtent for
+        one run (``ready``)."""
         if self._last_read[:2] != (start, limit):
             data = self._reads.read(name, start, limit, self.tick_count, self._ready.events)
             if isinstance(data, Unsendable):
