@@ -402,6 +402,65 @@ def test_a_follower_that_stops_acking_before_a_damaged_record_is_reported_once(t
         store.close()
 
 
+def test_a_follower_stuck_at_a_damaged_record_does_not_make_its_leader_run_every_tick(
+        tmp_path, impl):
+    """n2 has every record before the damaged one, n3 all of them (committed): after each
+    run n1 has nothing to do until its next heartbeat or retry (has_ready is False), though
+    n2's log ends short of n1's. Before, has_ready said yes after every run, and the node
+    ran its driver every tick, sending nothing."""
+    store, core, driver, io, positions = _leader_of_records(tmp_path, impl, 10)
+    try:
+        driver.step(EntriesReply("n3", "n1", core.term, True, store.written_position, -1, -1))
+        driver.run()
+        damaged = positions[6]
+        _damage(store, damaged + 100)
+        acks = _acks_of("n2", core.term)
+        _raft_ticks(driver, io, 2 * RAFT["retransmit_ticks"], acks)
+        assert core.peers["n2"].match == damaged and core.peers["n2"].next == damaged
+        reads, busy = _reads_of(store), []
+        for _ in range(6 * RAFT["retransmit_ticks"]):
+            sent = len(io.sent)
+            driver.tick()
+            driver.run()
+            for answer in filter(None, map(acks, io.sent[sent:])):
+                driver.step(answer)
+                driver.run()
+            busy.append(core.has_ready())
+        assert core.peers["n2"].match == damaged and core.peers["n2"].next == damaged
+        assert not any(busy), busy
+        assert 5 <= reads.count(damaged) <= 7, reads  # (still read again when due)
+    finally:
+        store.close()
+
+
+def test_a_sync_master_does_not_run_every_tick_for_a_slave_stuck_at_damage(tmp_path, impl):
+    """The master-slave twin: a SYNC_MASTER pumps at every run, and slave s stops at the
+    damaged record: has_ready must not say yes after each run (it did)."""
+    store = mqlog.open(tmp_path / "m", implementation=impl, clock_ms=lambda: 1_000,
+                       **STORE)
+    config = ReplicationConfig(node_id="m", role="SYNC_MASTER", slaves=("s",),
+                               retransmit_ticks=4)
+    io = HeldIo(store)
+    driver = Driver(store, MasterSlaveCore(config, store), io)
+    try:
+        driver.run()
+        positions = [driver.write("t", [bytes([index]) * 200]).position
+                     for index in range(10)]
+        _damage(store, positions[3] + 100)
+        driver.step(Hello("s", "m", driver.core.epoch, 0, -1))
+        busy = []
+        for _ in range(12):
+            driver.tick()
+            driver.run()
+            busy.append(driver.core.has_ready())
+        sent = [message for message in io.sent if message.dst == "s"]
+        assert max(message.position + len(message.payload) for message in sent) == \
+            positions[3]
+        assert not any(busy), busy
+    finally:
+        store.close()
+
+
 @pytest.mark.parametrize("majority_has_it", [False, True])
 def test_a_raft_leader_whose_uncommitted_record_is_damaged_hands_leadership_over(
         tmp_path, impl, majority_has_it):
@@ -507,6 +566,31 @@ def test_peer_reads_raise_a_position_that_starts_no_record(tmp_path, impl):
         assert store.first_segment_base() > stored[1].position
         assert reads.read("n2", stored[1].position, 1000, 0, events) is Unsendable.GONE
         assert events == []
+    finally:
+        store.close()
+
+
+def test_peer_reads_forget_what_they_learned_of_the_log_when_cleared(tmp_path, impl):
+    """A record whose header is damaged is remembered as a record start (a later read from
+    it raises InvalidPosition); once the tail is cut and written anew (a follower's, before
+    it leads again), that position may lie inside a record: after clear() a read from it
+    is a caller's bug again, not DAMAGED, and its wait is over."""
+    store = mqlog.open(tmp_path / "s", implementation=impl, clock_ms=lambda: 1_000, **STORE)
+    try:
+        positions = [store.put("t", bytes([index]) * 200).position for index in range(10)]
+        with open(store.paths.commitlog / f"{0:020d}", "r+b") as file:
+            file.seek(positions[6])
+            file.write(bytes(4))  # (its size zeroed)
+        reads, events = PeerReads(store, "n1", 4), []
+        assert reads.read("n2", positions[6], 1000, 0, events) is Unsendable.DAMAGED
+        assert reads.waiting("n2", positions[6], 3) and not reads.waiting("n2", positions[6], 4)
+        store.truncate(positions[5])
+        store.put("t", bytes(500))  # (positions[6] is inside this record now)
+        assert reads.read("n2", positions[6], 1000, 9, events) is Unsendable.DAMAGED  # stale
+        reads.clear()
+        assert not reads.waiting("n2", positions[6], 9)
+        with pytest.raises(InvalidPosition):
+            reads.read("n2", positions[6], 1000, 9, events)
     finally:
         store.close()
 

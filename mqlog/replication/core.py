@@ -202,9 +202,7 @@ class PeerReads:
     def read(self, peer: str, position: int, limit: int, tick: int,
              events: list[str]) -> bytes | FileExtent | Unsendable:
         """The records for ``peer`` from ``position`` (at most ``limit`` bytes)."""
-        failed = self._failed.get(peer)
-        if failed is not None and failed[0] == position and \
-                tick - failed[1] < self._retry_ticks:
+        if self.waiting(peer, position, tick):
             return Unsendable.WAITING
         try:
             return self._read(position, limit)
@@ -235,6 +233,13 @@ class PeerReads:
             if damage.position == position:
                 raise
             return self._log.read_for_send(position, damage.position - position)
+
+    def waiting(self, peer: str, position: int, tick: int) -> bool:
+        """Whether a read for ``peer`` from ``position`` answers WAITING now: a core's
+        has_ready() leaves such a peer out (it would run every tick and send nothing)."""
+        failed = self._failed.get(peer)
+        return failed is not None and failed[0] == position and \
+            tick - failed[1] < self._retry_ticks
 
     def damaged_at(self, peer: str) -> int | None:
         """The damaged record the last failed read for ``peer`` met, if any."""

@@ -349,14 +349,18 @@ class MasterSlaveCore(PeerMessages):
         """Whether ``ready()`` may return a non-empty Ready: a slave only adds to its
         pending Ready as it ticks and steps, so exactly when that is not empty; a master
         builds its Appends in ready(), so also when its pump would send a slave something
-        (``_lacks``), and a restarted master's recovery always. (A driver may skip a run
-        that would find nothing: node.py after a tick. An idle master's run is skipped.)"""
+        (``_lacks``) but for a slave whose next record is damaged in this log before its
+        retry is due (PeerReads.waiting: a SYNC_MASTER would run every tick and send
+        nothing), and a restarted master's recovery always. (A driver may skip a run that
+        would find nothing: node.py after a tick. An idle master's run is skipped.)"""
         if self._recovery is not None or self._ready:
             return True
         if not self.is_master or not (self.role == "SYNC_MASTER" or self._pump_due):
             return False
         written, start = self.log.written_position, self.log.first_segment_base()
-        return any(self._lacks(progress, written, start) for progress in self.slaves.values())
+        return any(self._lacks(progress, written, start) and
+                   not self._reads.waiting(name, progress.sent, self.tick_count)
+                   for name, progress in self.slaves.items())
 
     def advance(self, ready: Ready) -> None:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"

@@ -303,19 +303,22 @@ class RaftCore(EpochMirror, PeerMessages):
         progress, which only steps move — except in flight: Entries unacknowledged (the
         retransmit clock runs on ticks), a follower short of the log, a probe to send (a
         probe sent waits for its answer or the next heartbeat, which re-arms it: a dead
-        follower does not make its leader run every tick). When neither position moved
-        since its last ready(), nothing is in flight and its ticks added nothing
-        (heartbeats do, every ``heartbeat_ticks``), that ready() would find nothing new.
-        (A driver may skip a run that would find nothing: node.py after a tick.)"""
+        follower does not make its leader run every tick), a follower whose next record
+        is damaged in this log before its retry is due (PeerReads.waiting: nor does it).
+        When neither position moved since its last ready(), nothing is in flight and its
+        ticks added nothing (heartbeats do, every ``heartbeat_ticks``), that ready() would
+        find nothing new. (A driver may skip a run that would find nothing: node.py after
+        a tick.)"""
         if self._ready:
             return True
         if self.role != LEADER:
             return False
-        end = self._end
+        end, tick = self._end, self.tick_count
         return log_positions(self.log) != self._seen or any(
             not progress.probe_sent if progress.probing else
-            progress.next != progress.match or progress.next < end
-            for progress in self.peers.values())
+            progress.next != progress.match or
+            progress.next < end and not self._reads.waiting(name, progress.next, tick)
+            for name, progress in self.peers.items())
 
     def advance(self, ready: Ready) -> None:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"
