@@ -433,19 +433,24 @@ def test_a_follower_stuck_at_a_damaged_record_does_not_make_its_leader_run_every
         store.close()
 
 
+def _master_of_records(tmp_path, impl, role: str, slaves: tuple[str, ...]
+                       ) -> tuple[Any, Driver, HeldIo, list[int]]:
+    """Master m (``role``) of ``slaves`` with 10 records of 200 bytes; their positions."""
+    store = mqlog.open(tmp_path / "m", implementation=impl, clock_ms=lambda: 1_000,
+                       **STORE)
+    config = ReplicationConfig(node_id="m", role=role, slaves=slaves, retransmit_ticks=4)
+    io = HeldIo(store)
+    driver = Driver(store, MasterSlaveCore(config, store), io)
+    driver.run()
+    return store, driver, io, [driver.write("t", [bytes([index]) * 200]).position
+                               for index in range(10)]
+
+
 def test_a_sync_master_does_not_run_every_tick_for_a_slave_stuck_at_damage(tmp_path, impl):
     """The master-slave twin: a SYNC_MASTER pumps at every run, and slave s stops at the
     damaged record: has_ready must not say yes after each run (it did)."""
-    store = mqlog.open(tmp_path / "m", implementation=impl, clock_ms=lambda: 1_000,
-                       **STORE)
-    config = ReplicationConfig(node_id="m", role="SYNC_MASTER", slaves=("s",),
-                               retransmit_ticks=4)
-    io = HeldIo(store)
-    driver = Driver(store, MasterSlaveCore(config, store), io)
+    store, driver, io, positions = _master_of_records(tmp_path, impl, "SYNC_MASTER", ("s",))
     try:
-        driver.run()
-        positions = [driver.write("t", [bytes([index]) * 200]).position
-                     for index in range(10)]
         _damage(store, positions[3] + 100)
         driver.step(Hello("s", "m", driver.core.epoch, 0, -1))
         busy = []
@@ -492,16 +497,9 @@ def test_a_master_with_a_damaged_record_still_serves_its_other_slaves(tmp_path, 
     """The master-slave twin: slave s needs the damaged record, slave t does not; t gets
     the new records, s those before the damaged one; the log is read there for s every
     retransmit_ticks, and the operator hears once (ready() raised before)."""
-    store = mqlog.open(tmp_path / "m", implementation=impl, clock_ms=lambda: 1_000,
-                       **STORE)
-    config = ReplicationConfig(node_id="m", role="ASYNC_MASTER", slaves=("s", "t"),
-                               retransmit_ticks=4)
-    io = HeldIo(store)
-    driver = Driver(store, MasterSlaveCore(config, store), io)
+    store, driver, io, positions = _master_of_records(tmp_path, impl, "ASYNC_MASTER",
+                                                      ("s", "t"))
     try:
-        driver.run()
-        positions = [driver.write("t", [bytes([index]) * 200]).position
-                     for index in range(10)]
         old_end, damaged = store.written_position, positions[3]
         _damage(store, damaged + 100)
         epoch = driver.core.epoch

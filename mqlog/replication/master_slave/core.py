@@ -358,9 +358,10 @@ class MasterSlaveCore(PeerMessages):
         if not self.is_master or not (self.role == "SYNC_MASTER" or self._pump_due):
             return False
         written, start = self.log.written_position, self.log.first_segment_base()
-        return any(self._lacks(progress, written, start) and
-                   not self._reads.waiting(name, progress.sent, self.tick_count)
-                   for name, progress in self.slaves.items())
+        return any(self._lacks(progress, written, start) and (
+            self._resend_due(progress) or
+            not self._reads.waiting(name, progress.sent, self.tick_count))
+            for name, progress in self.slaves.items())
 
     def advance(self, ready: Ready) -> None:
         assert ready is self._ready, "advance() takes the Ready that ready() returned"
