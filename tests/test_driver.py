@@ -433,9 +433,10 @@ def test_a_follower_stuck_at_a_damaged_record_does_not_make_its_leader_run_every
         store.close()
 
 
-def _master_of_records(tmp_path, impl, role: str, slaves: tuple[str, ...]
+def _master_of_records(tmp_path, impl, role: str, slaves: tuple[str, ...], records: int = 10
                        ) -> tuple[Any, Driver, HeldIo, list[int]]:
-    """Master m (``role``) of ``slaves`` with 10 records of 200 bytes; their positions."""
+    """Master m (``role``) of ``slaves`` with ``records`` records of 200 bytes; their
+    positions."""
     store = mqlog.open(tmp_path / "m", implementation=impl, clock_ms=lambda: 1_000,
                        **STORE)
     config = ReplicationConfig(node_id="m", role=role, slaves=slaves, retransmit_ticks=4)
@@ -443,7 +444,7 @@ def _master_of_records(tmp_path, impl, role: str, slaves: tuple[str, ...]
     driver = Driver(store, MasterSlaveCore(config, store), io)
     driver.run()
     return store, driver, io, [driver.write("t", [bytes([index]) * 200]).position
-                               for index in range(10)]
+                               for index in range(records)]
 
 
 def test_a_sync_master_does_not_run_every_tick_for_a_slave_stuck_at_damage(tmp_path, impl):
@@ -462,6 +463,41 @@ def test_a_sync_master_does_not_run_every_tick_for_a_slave_stuck_at_damage(tmp_p
         assert max(message.position + len(message.payload) for message in sent) == \
             positions[3]
         assert not any(busy), busy
+    finally:
+        store.close()
+
+
+def test_a_master_resends_on_its_own_clock_while_a_later_record_waits_for_its_retry(
+        tmp_path, impl):
+    """The two clocks apart: slave s never acks the records m sent it at tick 0, and the
+    record after them, written later, is damaged, so m's first read of it (tick 3) waits
+    for its retry at tick 7. The resend of the records before it is due at tick 4
+    (retransmit_ticks after the ack last moved), and a node runs its driver only when
+    has_ready says so: it must say yes then (it waited for the damage's retry)."""
+    store, driver, io, _ = _master_of_records(tmp_path, impl, "SYNC_MASTER", ("s",), 3)
+    core = driver.core
+    try:
+        driver.step(Hello("s", "m", core.epoch, 0, -1))
+        driver.run()  # (lost on the way: s never acks it)
+        assert [message.position for message in io.sent if message.dst == "s"] == [0]
+
+        def tick_as_a_node_does() -> None:
+            driver.tick()
+            if core.has_ready():
+                driver.run()
+
+        while core.tick_count < 2:
+            tick_as_a_node_does()
+        damaged = driver.write("t", [b"d" * 200]).position
+        _damage(store, damaged + 100)
+        io.sent.clear()
+        resent_at = None
+        while resent_at is None and core.tick_count < 10:
+            tick_as_a_node_does()
+            if any(message.dst == "s" and message.position == 0 for message in io.sent):
+                resent_at = core.tick_count
+        assert resent_at == core.config.retransmit_ticks, resent_at
+        assert all(message.position < damaged for message in io.sent if message.dst == "s")
     finally:
         store.close()
 
