@@ -629,6 +629,33 @@ def test_peer_reads_forget_what_they_learned_of_the_log_when_cleared(tmp_path, i
         store.close()
 
 
+def test_peer_reads_walk_to_a_position_inside_a_record_once(tmp_path, impl):
+    """A peer that asks again and again for a position inside a record (its bug) costs
+    one walk of the segment's headers (is_record_start, with the GIL held), not one per
+    read; a position past the log's end is asked again (the log may reach it), and
+    clear() (this node leads anew) forgets what was learned."""
+    store = mqlog.open(tmp_path / "s", implementation=impl, clock_ms=lambda: 1_000, **STORE)
+    try:
+        positions = [store.put("t", bytes([index]) * 200).position for index in range(10)]
+        walks: list[int] = []
+        real = store.is_record_start
+        store.is_record_start = lambda position: walks.append(position) or real(position)
+        reads, events = PeerReads(store, "n1", 4), []
+        inside, past = positions[3] + 50, store.written_position + 50
+        for tick in range(3):
+            for position in (inside, past):
+                with pytest.raises(InvalidPosition):
+                    reads.read("n2", position, 1000, tick, events)
+        assert walks == [inside, past, past, past], walks
+        reads.clear()
+        with pytest.raises(InvalidPosition):
+            reads.read("n2", inside, 1000, 3, events)
+        assert walks[-1] == inside and len(walks) == 5, walks
+        assert events == []  # (a caller's bug is raised, not reported as damage)
+    finally:
+        store.close()
+
+
 def _payload(tmp_path, impl, name: str, epoch: int, count: int) -> bytes:
     """The raw records a leader of ``epoch`` would send: ``count`` puts from position 0."""
     store = mqlog.open(tmp_path / name, implementation=impl, clock_ms=lambda: 1_000, **STORE)

@@ -191,13 +191,22 @@ class PeerReads:
     A read from a record whose header is damaged raises InvalidPosition, as from a
     position inside a record: it is DAMAGED too where an earlier read met that record, or
     where the records before it reach it (``is_record_start``). Any other InvalidPosition
-    is a caller's bug (a position that starts no record) and is raised as itself."""
+    is a caller's bug (a position that starts no record) and is raised as itself. That
+    check walks the headers from the segment's start, with the GIL held (140 ms for a
+    full segment of 1 GiB), so a position of the log found to start no record is
+    remembered (``INSIDE_KEPT_MAX`` of them), not walked to again each time a peer with
+    that bug asks: a leader's log only grows while it leads (``clear`` forgets them when
+    it leads anew), and a position past its end is not remembered (the log may reach
+    it)."""
+
+    INSIDE_KEPT_MAX = 1024  # positions remembered to start no record (then forgotten)
 
     def __init__(self, log: LogView, node_id: str, retry_ticks: int) -> None:
         self._log, self._node_id, self._retry_ticks = log, node_id, retry_ticks
         self._failed: dict[str, tuple[int, int]] = {}  # peer -> (damaged position, when)
         self._reported: set[tuple[str, int]] = set()  # (peer, damaged position)
         self._damaged: set[int] = set()  # records found damaged (where records start)
+        self._inside: set[int] = set()  # positions of the log found to start no record
 
     def read(self, peer: str, position: int, limit: int, tick: int,
              events: list[str]) -> bytes | FileExtent | Unsendable:
@@ -207,7 +216,7 @@ class PeerReads:
         try:
             return self._read(position, limit)
         except InvalidPosition as problem:
-            damaged = position in self._damaged or self._log.is_record_start(position)
+            damaged = self._is_record_start(position)
             if position < self._log.first_segment_base():
                 return Unsendable.GONE
             if not damaged:
@@ -222,6 +231,20 @@ class PeerReads:
             events.append(f"{self._node_id} cannot send {peer} the records from "
                           f"{position}: {damage}")
         return Unsendable.DAMAGED
+
+    def _is_record_start(self, position: int) -> bool:
+        """``is_record_start``, learned once per position of the log (class docstring)."""
+        if position in self._damaged:
+            return True
+        if position in self._inside:
+            return False
+        if self._log.is_record_start(position):
+            return True
+        if position < self._log.written_position:
+            if len(self._inside) >= self.INSIDE_KEPT_MAX:
+                self._inside.clear()
+            self._inside.add(position)
+        return False
 
     def _read(self, position: int, limit: int) -> bytes | FileExtent:
         """The records from ``position``; those before a damaged one, if any (whole: the
@@ -252,6 +275,7 @@ class PeerReads:
         self._failed.clear()
         self._reported.clear()
         self._damaged.clear()
+        self._inside.clear()
 
 
 class PeerMessages:
