@@ -265,6 +265,9 @@ class ReplicationConfig:
     fetch_bytes_max: int = 1 * MiB  # log bytes one fetch answer carries at most
     replica_ack: Literal["written", "flushed"] = "written"  # what a follower's fetch acks
     alter_partition_retry_ms: int = 1_000  # an unanswered AlterPartition is sent again
+    # a replica saves its high watermark this often when it moved (and when it closes):
+    # Kafka's replica.high.watermark.checkpoint.interval.ms
+    high_watermark_save_interval_ms: int = 5_000
 
     def validate(self) -> ReplicationConfig:
         _require_positive(self, "in_sync_slaves_min", "tick_ms", "heartbeat_ticks",
@@ -321,7 +324,8 @@ class ReplicationConfig:
     def _validate_isr(self) -> ReplicationConfig:
         _require_positive(self, "min_insync_replicas", "replica_lag_time_ms",
                           "fetch_wait_ms_max", "fetch_bytes_min", "fetch_bytes_max",
-                          "alter_partition_retry_ms", "idempotence_window_bytes",
+                          "alter_partition_retry_ms", "high_watermark_save_interval_ms",
+                          "idempotence_window_bytes",
                           "idempotence_sequences_max")
         if self.node_id not in self.replicas or len(set(self.replicas)) != len(self.replicas):
             raise ConfigError(f"node {self.node_id!r} must be one of the partition's distinct "

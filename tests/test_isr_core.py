@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from mqlog import errors
 from mqlog.config import ReplicationConfig
+from mqlog.replication import hardstate
 from mqlog.replication.isr import AlterPartition, IsrCore, PartitionState
 from mqlog.replication.isr.core import answer_error
 from mqlog.replication.isr.decisions import decide_alter_partition, elect_leader
@@ -59,6 +60,25 @@ def test_a_follower_drops_answers_to_fetches_it_no_longer_waits_for():
                        payload=bytes(50))
     follower.step(stale)
     assert follower.ready().appends == []
+
+
+def test_a_saved_high_watermark_is_taken_up_to_the_log_end(tmp_path):
+    """A restarted replica starts from the high watermark it saved, never past its log's
+    end (a torn tail cut by recovery); the first Ready commits to it. The saved file
+    comes back as written; a damaged or missing one is 0, with a word for the operator
+    when damaged (never an error: the ISR moves the high watermark again)."""
+    log = FakeLog(300, ((1, 0),))
+    config = ReplicationConfig(layer="isr", node_id="n2", replicas=REPLICAS)
+    for saved, expected in ((120, 120), (500, 300), (0, 0)):
+        core = IsrCore(config, log, high_watermark=saved)
+        assert core.hw == expected and core.ready().commit_to == (expected or None)
+    assert hardstate.load_high_watermark(tmp_path) == (0, "")
+    hardstate.save_high_watermark(tmp_path, 4_096)
+    assert hardstate.load_high_watermark(tmp_path) == (4_096, "")
+    path = tmp_path / hardstate.HIGH_WATERMARK_FILE_NAME
+    path.write_text(path.read_text().replace("4096", "9096"))  # (its CRC no longer fits)
+    value, trouble = hardstate.load_high_watermark(tmp_path)
+    assert value == 0 and "ignored its saved high watermark" in trouble, trouble
 
 
 def test_only_replicas_of_this_cluster_are_heard():

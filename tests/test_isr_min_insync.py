@@ -83,3 +83,37 @@ def test_a_topic_of_fewer_replicas_than_min_insync_is_hosted(tmp_path: Path) -> 
         assert _produce(address, "own", b"one", "master").status is PutStatus.PUT_OK
         wait_until(lambda: other.store.committed_position == other.store.written_position,
                    "own-0's records committed", 30)
+
+
+def test_a_restarted_last_isr_member_still_shows_what_was_committed(tmp_path: Path) -> None:
+    """KIP-966 holds the high watermark still while the ISR is below min.insync; a restart
+    of the last ISR member must not send it back to 0. The replica saves its high
+    watermark (Kafka's replication-offset-checkpoint), so readers still see every
+    committed record. Before, they saw none until a follower rejoined (a hostile review)."""
+    with Cluster(inprocess.configs(tmp_path, brokers=BROKERS, controllers=("c1",),
+                                   min_insync_replicas=2,
+                                   replica_lag_time_ms=1_000)) as cluster:
+        addresses = [cluster.configs["c1"].listen]
+        wait_live_brokers(addresses, len(BROKERS))
+        change_metadata(addresses, {"kind": "create_topic", "name": "kept", "partitions": 1,
+                                    "replication_factor": 2, "layer": "isr"})
+        leader = _leader(cluster, addresses, "kept")
+        follower = next(name for name in BROKERS if name != leader)
+        where = cluster.configs[leader].listen
+        wait_until(lambda: _taken(where, "kept", b"r0", "replicated"), "acks=all taken", 60)
+        for body in (b"r1", b"r2", b"r3"):
+            assert _produce(where, "kept", body, "replicated").status is PutStatus.PUT_OK
+        committed = cluster.threads[leader].broker.groups["kept-0"].store.committed_position
+        assert committed > 0
+        cluster.stop(follower)
+        wait_until(lambda: cluster_state(addresses).topics["kept"].partitions[0].isr ==
+                   (leader,), "the ISR down to its leader", 60)
+        cluster.stop(leader)
+        cluster.start(leader)
+        assert _leader(cluster, addresses, "kept") == leader  # (the last ISR member)
+        node = cluster.threads[leader].broker.groups["kept-0"]
+        wait_until(lambda: node.core.is_master, f"{leader} leading kept-0 again", 60)
+        assert node.store.committed_position == committed
+        with Client(where, timeout_s=10) as client:
+            bodies = [record.body for record in client.fetch("kept", 0, 0, 10)]
+        assert bodies == [b"r0", b"r1", b"r2", b"r3"], bodies

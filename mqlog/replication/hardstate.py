@@ -5,7 +5,9 @@ master or slaves — in another, which wins over the node's TOML on a restart (a
 master restarted with its own file must not come back as a master after a failover); and
 the topic id of a controller-assigned partition's store (KIP-516's partition.metadata), so
 that a broker that was away while the topic was deleted and created again does not take
-the old store for the new partition's.
+the old store for the new partition's; and an ISR replica's high watermark (Kafka's
+replication-offset-checkpoint), so that a restart does not hide committed records until
+the ISR is large enough to move it again.
 
 It must be durable before the node answers anyone (a vote given and forgotten in a crash
 lets one term have two leaders), so each save writes a new file, syncs it, renames it over
@@ -35,6 +37,8 @@ ROLE_FILE_NAME = "master-slave-state"
 _ROLE_MAGIC = "mqlog-master-slave-state 1"
 TOPIC_ID_FILE_NAME = "topic-id"
 _TOPIC_ID_MAGIC = "mqlog-topic-id 1"
+HIGH_WATERMARK_FILE_NAME = "high-watermark"
+_HIGH_WATERMARK_MAGIC = "mqlog-high-watermark 1"
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,31 @@ def save_topic_id(directory: Path, topic_id: int) -> None:
     _write(directory, TOPIC_ID_FILE_NAME, _TOPIC_ID_MAGIC, {"topic_id": topic_id})
 
 
+def load_high_watermark(directory: Path) -> tuple[int, str]:
+    """The high watermark an ISR replica saved in ``directory``, and what to tell the
+    operator if the file could not be used ("" if it could, or there is none: 0). A
+    damaged file is 0, not an error: a high watermark only lets readers see committed
+    records sooner after a restart, and the ISR moves it again."""
+    path = directory / HIGH_WATERMARK_FILE_NAME
+    try:
+        document = _read(path, _HIGH_WATERMARK_MAGIC)
+    except FileNotFoundError:
+        return 0, ""
+    except (CorruptStore, OSError) as error:
+        return 0, f"ignored its saved high watermark: {error}"
+    value = document.get("high_watermark") if isinstance(document, dict) else None
+    if type(value) is not int or value < 0:
+        return 0, f"ignored its saved high watermark: {path} holds {value!r}"
+    return value, ""
+
+
+def save_high_watermark(directory: Path, high_watermark: int) -> None:
+    """Replace the saved high watermark, not synced: a crash may leave an older one (or
+    none), which is still a committed position; the CRC tells a torn one."""
+    _write(directory, HIGH_WATERMARK_FILE_NAME, _HIGH_WATERMARK_MAGIC,
+           {"high_watermark": high_watermark}, sync=False)
+
+
 def save(directory: Path, state: HardState | RoleState) -> None:
     """Write ``state`` durably (see the module docstring): a Raft HardState, or a
     master-slave RoleState, each to its own file."""
@@ -156,14 +185,18 @@ def save(directory: Path, state: HardState | RoleState) -> None:
                 "memberships": [item.to_json() for item in state.memberships]})
 
 
-def _write(directory: Path, name: str, magic: str, document: dict[str, Any]) -> None:
+def _write(directory: Path, name: str, magic: str, document: dict[str, Any],
+           sync: bool = True) -> None:
     body = f"{magic} {json.dumps(document, separators=(',', ':'))}"
     temporary = directory / (name + ".tmp")
     with open(temporary, "w") as file:
         file.write(f"{body} {crc32c(body.encode()):08x}\n")
         file.flush()
-        os.fsync(file.fileno())
+        if sync:
+            os.fsync(file.fileno())
     os.replace(temporary, directory / name)
+    if not sync:
+        return
     descriptor = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(descriptor)

@@ -122,6 +122,7 @@ class Node:
         if spec.topic_id:
             self._claim_store(spec.topic_id)
         self.store = open_store(self.store_dir, store_config)
+        self._saved_high_watermark = 0
         try:
             core = self._new_core()
         except BaseException:
@@ -140,6 +141,7 @@ class Node:
         self._commit_callbacks: list[Callable[[int], None]] = []
         self._run_callbacks: list[Callable[[], None]] = []
         self._tick_callbacks: list[Callable[[], None]] = []
+        self._high_watermark_due = 0  # (an ISR replica's: the tick of its next save)
         self.closed = False
 
     def _claim_store(self, topic_id: int) -> None:
@@ -194,6 +196,8 @@ class Node:
             return
         self.closed = True
         self.broker.stop_ticking(self)
+        if self.isr and self.failure is None:
+            self._save_high_watermark()
         for task in list(self._tasks):
             task.cancel()
         self.driver.abandon_waiting()
@@ -222,7 +226,12 @@ class Node:
     def _new_core(self) -> Any:
         replication = self.spec.replication
         if self.isr:  # its leader and ISR come from the controller (apply_metadata)
-            return core_for(replication, self.store, test_break=_isr_test_break())
+            high_watermark, trouble = hardstate.load_high_watermark(self.store_dir)
+            if trouble:
+                self.note(trouble)
+            self._saved_high_watermark = high_watermark
+            return core_for(replication, self.store, high_watermark=high_watermark,
+                            test_break=_isr_test_break())
         if replication.layer != "raft":  # the role an operator gave it last wins
             return core_for(replication, self.store,
                             hard_state=hardstate.load_role(self.store_dir))
@@ -244,8 +253,27 @@ class Node:
         driver.tick()
         for callback in self._tick_callbacks:
             callback()
+        if self.isr and driver.core.tick_count >= self._high_watermark_due:
+            self._high_watermark_due = driver.core.tick_count + \
+                self.replication.ticks(self.replication.high_watermark_save_interval_ms)
+            self._save_high_watermark()
         if driver.failure is None and driver.core.has_ready():
             self._schedule()
+
+    def _save_high_watermark(self) -> None:
+        """Save an ISR replica's high watermark if it moved since the last save (Kafka's
+        replication-offset-checkpoint): a restart starts from it, so readers do not lose
+        sight of committed records until the ISR is large enough to move it again. A
+        save that fails is reported and tried again at the next interval."""
+        high_watermark = self.core.hw
+        if high_watermark == self._saved_high_watermark:
+            return
+        try:
+            hardstate.save_high_watermark(self.store_dir, high_watermark)
+        except OSError as error:
+            self.note(f"cannot save the high watermark {high_watermark}: {error}")
+            return
+        self._saved_high_watermark = high_watermark
 
     async def _register_forever(self) -> None:
         """Tell each route registry who this node is, now and every interval."""

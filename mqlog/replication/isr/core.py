@@ -166,7 +166,8 @@ class IsrCore(EpochMirror, PeerMessages):
     """One replica of an ISR partition; see the module docstring."""
 
     def __init__(self, config: ReplicationConfig, log: LogView, *,
-                 metadata: PartitionState | None = None, test_break: str = "") -> None:
+                 metadata: PartitionState | None = None, high_watermark: int = 0,
+                 test_break: str = "") -> None:
         assert config.layer == "isr"
         assert test_break in ("", *TEST_BREAKS)
         # test_break: a deliberately broken core, so tests show the checkers catch it
@@ -185,8 +186,11 @@ class IsrCore(EpochMirror, PeerMessages):
         self.state = PartitionState("", -1, -1, ())
         self.role = OFFLINE
         self.tick_count = 0
-        self.hw = 0  # learnt again from the leader after a restart
         self._end = log.written_position  # the log's end, pending appends counted
+        # The high watermark this replica saved before a restart (a committed position;
+        # the node's): readers see those records again at once, whatever the ISR's size
+        # now. The rest is learnt again, from the leader or, leading, from the ISR.
+        self.hw = min(high_watermark, self._end)
         self._epochs = list(log.epoch_starts())
         self._epoch_start_offset = 0  # a leader's end when its leader epoch began
         self.followers: dict[str, Replica] = {}
@@ -196,7 +200,7 @@ class IsrCore(EpochMirror, PeerMessages):
         self._fetch_id = 0
         self._fetch_sent_tick: int | None = None  # None: no fetch in flight
         self._fetch_due_tick = 0
-        self._ready = Ready()
+        self._ready = Ready(commit_to=self.hw or None)
         self._seen = UNSEEN  # a leader's log_positions at its last ready()
         self.ignored = 0
         self._ignored_from: set[str] = set()
