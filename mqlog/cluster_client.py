@@ -32,7 +32,14 @@ Theory of operation.
   at least ``timeout_s``, as Kafka asks of delivery.timeout.ms); after it, a typed
   error: NodeUnavailable (outcome unknown: retrying the same call is safe only through
   this client, which keeps the sequence), UnknownTopic (the metadata never showed the
-  topic), InvalidArgument (a partition the topic does not have).
+  topic), InvalidArgument (a partition the topic does not have). A metadata refresh that
+  no broker answers on the way is one more failed attempt (the last view seen says where
+  to go next), never the request's outcome: only the deadline ends a request.
+* Refused before anything is sent: a topic that is not a non-empty str, a bytes key that
+  is not UTF-8 (keys are stored as text) — InvalidArgument; a request larger than
+  ``frame_size_bytes_max`` (the brokers' largest frame, 16 MiB by default; a broker
+  drops such a frame's connection unread) — MessageTooLarge; any call after ``close()``
+  — ClientClosed (a closed client opens no connection).
 * Producer epochs. Each client is one life of its producer id, with its own producer
   epoch (``new_producer_epoch``: the wall clock, so a client made anew with the same
   explicit ``producer_id`` — a restarted process — has a higher one, and its sequences,
@@ -95,6 +102,7 @@ from typing import Any, TypeVar, cast
 
 from mqlog import errors
 from mqlog.client import Client, check_positive, error_of, produce_request
+from mqlog.ext import wire as codec
 from mqlog.group_client import RETRIED, STORED_UNDECIDED, undecided
 from mqlog.partitioner import RoundRobin, choose_partition
 from mqlog.replication.controller import records
@@ -121,6 +129,12 @@ class ProducedRecord:
 # finds in its producer table while it remembers it: idempotence_sequences_max (1024 by
 # default) sequences per producer. A window far below that keeps every predecessor there.
 IN_FLIGHT_REQUESTS_MAX = 100
+# The brokers' largest frame by default (config.py's frame_size_bytes_max): a broker closes
+# a connection that announces a larger one, unread.
+FRAME_SIZE_BYTES_MAX = 16 << 20
+# What a request's header gains once sent: its id, its group, and the sequence before it
+# (``previous``), at their largest (int64s)
+_STAMP_PROBE = {"id": 1 << 62, "previous": 1 << 62}
 
 
 @dataclass
@@ -187,6 +201,26 @@ def group_of(topic: str, partition: int) -> str:
     return f"{topic}-{partition}"
 
 
+def check_topic(topic: Any) -> None:
+    """InvalidArgument for a topic that is not a non-empty str: looked up in the
+    metadata, it was waited for until retry_timeout_s and then called unknown."""
+    if not isinstance(topic, str) or not topic:
+        raise errors.InvalidArgument(f"topic must be a non-empty string, got {topic!r}")
+
+
+def text_of_key(key: Any) -> Any:
+    """A key as stored (text): bytes decoded from UTF-8, InvalidArgument if they are not
+    UTF-8 (decoded with replacement, the bytes keys ff and fe were stored as one key)."""
+    if not isinstance(key, bytes):
+        return key  # (str or None; anything else is refused where it is used)
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise errors.InvalidArgument(f"a bytes key must be UTF-8 (keys are stored as "
+                                     f"text): {key[:32]!r} is not ({error.reason}); "
+                                     "pass its text, or encode it, e.g. in hex") from None
+
+
 def metadata_from(answer: dict[str, Any]) -> tuple[ClusterMetadata, list[Any]]:
     """A ``cluster_metadata`` (or ``describe_cluster``) answer: the folded state and the
     reported leaders (``LeaderTable.overlay`` lays them over it)."""
@@ -218,7 +252,8 @@ class ClusterClient:
                  retry_timeout_s: float = 30.0, retry_backoff_ms: int = 100,
                  metadata_max_age_ms: int = 5_000, timeout_s: float = 5.0,
                  acks: str | int = "all", client_rack: str = "",
-                 max_in_flight_requests: int = 5) -> None:
+                 max_in_flight_requests: int = 5,
+                 frame_size_bytes_max: int = FRAME_SIZE_BYTES_MAX) -> None:
         if not isinstance(bootstrap, str | list | tuple) or not all(
                 isinstance(item, str) for item in bootstrap):
             raise errors.InvalidArgument(f"bootstrap must be 'host:port[,...]' or a list of "
@@ -241,6 +276,12 @@ class ClusterClient:
         if not isinstance(client_rack, str):
             raise errors.InvalidArgument(f"client_rack must be a rack name, got "
                                          f"{client_rack!r}")
+        if not isinstance(frame_size_bytes_max, int) or \
+                isinstance(frame_size_bytes_max, bool) or frame_size_bytes_max < 1024:
+            raise errors.InvalidArgument(
+                f"frame_size_bytes_max must be the brokers' (an int of at least 1024 bytes; "
+                f"theirs is {FRAME_SIZE_BYTES_MAX} by default), got {frame_size_bytes_max!r}")
+        self.frame_size_bytes_max = frame_size_bytes_max  # the brokers' [node] setting
         self.acks = acks_of(acks)  # (InvalidArgument for a word it does not know)
         self.client_rack = client_rack  # Kafka's client.rack: "nearest" follower reads
         self.producer_id = producer_id or f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -266,6 +307,7 @@ class ClusterClient:
         self._sent: dict[tuple[str, Any], _Produce] = {}
         self._broken: list[tuple[_Produce, str]] = []
         self._lock = threading.RLock()  # held by every public call (the docstring)
+        self._closed = False  # close() was called: every public call raises ClientClosed
 
     # --- producing -----------------------------------------------------------------------
 
@@ -298,19 +340,25 @@ class ClusterClient:
         answer: ``result()`` of what it returns waits for it (``flush`` for all). Up to
         ``max_in_flight_requests`` per partition are in flight; one more waits for the
         oldest's answer first. Their records are stored in the order sent (see the
-        module docstring), each request once."""
+        module docstring), each request once. Refused at once, nothing sent, with
+        InvalidArgument: a topic that is not a non-empty str, a bytes key that is not
+        UTF-8 (keys are stored as text); with MessageTooLarge: a request larger than
+        ``frame_size_bytes_max``; with ClientClosed after ``close()``."""
+        self._check_open()
         acks = self.acks if acks is None else acks_of(acks)
         if self.fenced is not None:
             raise self.fenced
+        check_topic(topic)
+        text_key = text_of_key(key)
         deadline = time.monotonic() + self.retry_timeout_s
         count = self._partition_count(topic, deadline)
         if partition is None:
             partition = choose_partition(key, topic, count, self._round_robin)
         self._check_partition(topic, partition, count)
         sequence = self._sequences.get((topic, partition), 0) + 1
-        text_key = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
         header, payload = produce_request(topic, bodies, partition, text_key, tags, acks,
                                           (self.producer_id, sequence, self.producer_epoch))
+        self._check_frame_size(header, payload, group_of(topic, partition))
         self._sequences[(topic, partition)] = sequence  # (a refused request takes none)
         request = _Produce(topic, partition, header, payload, sequence, deadline)
         if acks == "0":
@@ -323,11 +371,28 @@ class ClusterClient:
         self._pump(wait=False)  # (sends it; takes in the answers already here)
         return PendingProduce(self, request)
 
+    def _check_frame_size(self, header: dict[str, Any], payload: bytes, group: str) -> None:
+        """MessageTooLarge, nothing sent, for a request larger than the brokers'
+        ``frame_size_bytes_max``: a broker drops the connection of a frame that large
+        unread, which looked like a lost connection, so it went again and again until
+        retry_timeout_s and ended as "outcome unknown"."""
+        size = codec.PREFIX_SIZE + len(codec.packb({**header, **_STAMP_PROBE, "group": group})) \
+            + len(payload)
+        if size > self.frame_size_bytes_max:
+            raise errors.MessageTooLarge(
+                f"a produce request of {size} bytes (bodies: {len(header['sizes'])}, "
+                f"{len(payload)} bytes in all; and its header) is larger than "
+                f"frame_size_bytes_max={self.frame_size_bytes_max}, the largest frame a "
+                "broker takes: nothing was sent; send its bodies in smaller batches (or "
+                "set ClusterClient(frame_size_bytes_max=) to the brokers' [node] value)")
+
     @_serialized
     def flush(self) -> None:
         """Wait until every request sent has its outcome (Kafka's ``flush``); the outcomes
         are in what ``send`` returned (``result()`` raises a failed one's error).
-        ProducerFenced once a leader fenced this client (each request has its outcome)."""
+        ProducerFenced once a leader fenced this client (each request has its outcome);
+        ClientClosed after ``close()`` (which decided every request)."""
+        self._check_open()
         while any(self._pipelines.values()):
             self._pump(wait=True)
         if self.fenced is not None:
@@ -358,13 +423,15 @@ class ClusterClient:
                 self.fenced = self.fenced or next(
                     (error for error in connection.refusals
                      if isinstance(error, errors.ProducerFenced)), None)
-                self.metadata(refresh=True)
+                self._view_or_last(refresh=True)
             return
 
     @_serialized
     def partitions_for(self, topic: str) -> int:
         """How many partitions ``topic`` has (UnknownTopic if the metadata never shows it
         within retry_timeout_s)."""
+        self._check_open()
+        check_topic(topic)
         return self._partition_count(topic, time.monotonic() + self.retry_timeout_s)
 
     # --- reading -------------------------------------------------------------------------
@@ -378,7 +445,11 @@ class ClusterClient:
         broker's rack is ``client_rack``, the leader first; none: the leader) or from
         the broker named. A follower serves up to its own high watermark, which may lag
         the leader's: it answers fewer records, never an uncommitted one. A replica
-        that cannot serve (down, not hosting it yet) is passed over for the leader."""
+        that cannot serve (down, not hosting it yet) is passed over for the leader.
+        InvalidArgument at once for a topic that is not a non-empty str; ClientClosed
+        after ``close()``."""
+        self._check_open()
+        check_topic(topic)
         deadline = time.monotonic() + self.retry_timeout_s
         self._check_partition(topic, partition, self._partition_count(topic, deadline))
         address = self._replica_address(topic, partition, replica) if replica else None
@@ -419,7 +490,10 @@ class ClusterClient:
 
     @_serialized
     def metadata(self, refresh: bool = False) -> ClusterMetadata:
-        """The cluster's metadata (cached ``metadata_max_age_ms``; ``refresh``: ask now)."""
+        """The cluster's metadata (cached ``metadata_max_age_ms``; ``refresh``: ask now).
+        NodeUnavailable if no broker answers (a request's attempts use ``_view_or_last``
+        instead); ClientClosed after ``close()``."""
+        self._check_open()
         age_ms = (time.monotonic() - self._fetched_at) * 1000
         if self._view is not None and not refresh and age_ms < self.metadata_max_age_ms:
             return self._view
@@ -446,6 +520,20 @@ class ClusterClient:
         raise errors.NodeUnavailable("no broker answered cluster_metadata: "
                                      + "; ".join(failures))
 
+    def _view_or_last(self, refresh: bool) -> ClusterMetadata:
+        """The metadata to choose where a request goes next: ``metadata(refresh)``, or
+        when no broker answers, the last view seen. A failed refresh is one more failed
+        attempt of the request, not its outcome: it was taken for the request's final
+        error, "no broker answered", long before retry_timeout_s and without saying
+        that the outcome is unknown — a write the leader had stored was then sent anew
+        by its caller and stored twice. Only the deadline ends a request."""
+        try:
+            return self.metadata(refresh)
+        except errors.NodeUnavailable:
+            if self._view is None:  # (never seen: no request got this far without one)
+                raise
+            return self._view
+
     def _metadata_addresses(self) -> list[str]:
         known = [info.address for _, info in sorted(self._view.brokers.items())
                  if not info.fenced] if self._view is not None else []
@@ -467,9 +555,11 @@ class ClusterClient:
         while True:
             try:
                 return self.metadata(refresh)
-            except errors.NodeUnavailable:
-                if time.monotonic() >= deadline:
-                    raise
+            except errors.NodeUnavailable as error:
+                if time.monotonic() >= deadline:  # (before anything was sent: say so)
+                    raise errors.NodeUnavailable(
+                        f"{error} (asked until retry_timeout_s={self.retry_timeout_s}); "
+                        "the request was not sent") from None
             time.sleep(self.retry_backoff_ms / 1000)  # a back-off: every broker is down
 
     @staticmethod
@@ -518,7 +608,7 @@ class ClusterClient:
                 status is not PutStatus.SLAVE_NOT_AVAILABLE
             attempts.failures.append(f"{address}: {status.name}")
             if status is PutStatus.REQUEST_TIMED_OUT:  # (the leader may have changed)
-                self.metadata(refresh=True)
+                self._view_or_last(refresh=True)
                 return None, 0.0
             return address, backoff if status in (  # (its replicas must catch up first)
                 PutStatus.SLAVE_NOT_AVAILABLE, PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND) else 0.0
@@ -570,6 +660,8 @@ class ClusterClient:
         due = [request.not_before for pipeline in self._pipelines.values()
                for request in pipeline if request.address is None]
         sent = list(self._sent.values())
+        if not due and not sent:
+            return  # (all decided, by _send_due too: waiting timeout_s delayed result())
         timeout = min([self.timeout_s, *(at - now for at in due),
                        *(request.sent_at + self.timeout_s - now for request in sent)])
         sockets = {self._connections[address].fileno(): address
@@ -705,8 +797,9 @@ class ClusterClient:
         replica not tried yet, after a back-off (an election is under way). Going round
         the replicas, not back and forth: a view that still shows a leader that moved
         must not bounce a request between it and one follower while the third leads.
-        Once every replica was tried, ``tried`` starts over."""
-        view = self.metadata(refresh=failed is not None)
+        Once every replica was tried, ``tried`` starts over. With no broker answering the
+        metadata, the last view seen (``_view_or_last``)."""
+        view = self._view_or_last(refresh=failed is not None)
         info = view.partition(topic, partition) if topic in view.topics and \
             partition < len(view.topics[topic].partitions) else None
         if info is None:  # (deleted meanwhile: a broker says UnknownGroup; keep trying)
@@ -734,9 +827,16 @@ class ClusterClient:
         """One connection per broker address; ``group`` is named on each request."""
         client = self._connections.get(address)
         if client is None:
+            self._check_open()  # (a closed client opens none: it leaked its sockets)
             client = self._connections[address] = Client(address, timeout_s=self.timeout_s)
         client.group = group
         return client
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise errors.ClientClosed(
+                "this ClusterClient was closed (close(), or the end of its with block): it "
+                "sends and reads nothing more; make a new ClusterClient")
 
     def _drop(self, address: str) -> None:
         """Close the connection to ``address``; the requests waiting on it are decided
@@ -750,7 +850,9 @@ class ClusterClient:
     @_serialized
     def close(self) -> None:
         """Close the connections; requests still undecided fail with NodeUnavailable
-        (their outcome unknown)."""
+        (their outcome unknown). Every later call raises ClientClosed (none reconnects);
+        closing again does nothing."""
+        self._closed = True
         for pipeline in list(self._pipelines.values()):
             for request in list(pipeline):
                 self._finish(request, error=errors.NodeUnavailable(

@@ -68,6 +68,11 @@ class StoreClosed(MqlogError):
     """The store was closed; open it again to use it."""
 
 
+class ClientClosed(MqlogError):
+    """A client was used after its ``close()`` (or its ``with`` block): it opens no
+    connection again. Make a new client."""
+
+
 class StoreLocked(MqlogError):
     """Another process (or another Store in this one) has the store open."""
 

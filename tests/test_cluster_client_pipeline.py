@@ -12,6 +12,11 @@ ISR cluster of test_isr_client.py (three controllers, three brokers, min.insync 
   and the partition holds every body once, in the order sent.
 * Many requests, few in flight: ``send`` blocks at ``max_in_flight_requests``; the
   answers come back with increasing positions; a bad window size is refused.
+* Without a cluster (``FakeBrokers``: the client's connections, in-process): a metadata
+  refresh no broker answers is one more failed attempt, and the request is stored once
+  the brokers answer again, or fails at retry_timeout_s as outcome unknown; a request
+  over the brokers' frame limit, a bytes key not UTF-8, a topic not a non-empty str and
+  any call on a closed client are typed errors at once, nothing sent.
 """
 
 from __future__ import annotations
@@ -25,8 +30,10 @@ import pytest
 
 from mqlog import errors
 from mqlog.client import Client
-from mqlog.cluster_client import IN_FLIGHT_REQUESTS_MAX, ClusterClient
+from mqlog.cluster_client import FRAME_SIZE_BYTES_MAX, IN_FLIGHT_REQUESTS_MAX, ClusterClient
+from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.replication.local import wait_until
+from mqlog.replication.wire import Frame, encode_frame
 from mqlog.results import PutStatus
 from tests.test_isr_client import _bodies, _brokers, _first_write, _leader, _node, isr_cluster
 
@@ -136,8 +143,6 @@ def test_a_connection_dropped_while_answers_are_read_is_passed_over() -> None:
     KeyError escaped send()/result()/flush() (a request already queued, so a caller's
     retry stored it twice). Its requests are decided as broken instead."""
     from mqlog.cluster_client import _Produce
-    from mqlog.replication.controller.state import ClusterMetadata
-    from mqlog.replication.wire import Frame
 
     class Answering:
         def __init__(self, frames: list[Frame]) -> None:
@@ -166,3 +171,199 @@ def test_a_connection_dropped_while_answers_are_read_is_passed_over() -> None:
     client._sent = {("x:1", 1): on_x, ("y:1", 1): on_y}
     client._take_answers(["x:1", "y:1"], wait=False)  # (a KeyError escaped here)
     assert not client._sent and not client._broken  # (y's request decided: broken)
+
+
+# --- without a cluster: a fake of the brokers, in-process -----------------------------------
+
+
+class FakeBrokers:
+    """Three brokers b1..b3 (addresses "bN:1") holding topic "t" (one partition, led by
+    b1) as ``ClusterClient``'s connections see them, without sockets: ``cluster_metadata``,
+    produce (PUT_OK) and fetch (no records) are answered at once. While ``failures`` is
+    above 0, each connection made or request sent fails (NodeUnavailable) and counts it
+    down (``None``: all fail, for ever); a frame above the brokers' 16 MiB limit drops the
+    connection, as a broker does. ``produced`` is every produce request that arrived,
+    ``opened`` the connections made."""
+
+    def __init__(self) -> None:
+        from mqlog.replication.controller import records
+        state = ClusterMetadata()
+        for name in ("b1", "b2", "b3"):
+            state = state.apply(records.RegisterBroker(name, 1, f"{name}:1"))
+            state = state.apply(records.UnfenceBroker(name, 1))
+        state = state.apply(records.CreateTopic("t", "isr", (("b1", "b2", "b3"),)))
+        self.metadata = {"snapshot": records.encode(state.snapshot()), "position": 1}
+        self.failures: int | None = 0
+        self.produced: list[tuple[dict, bytes]] = []
+        self.opened = 0
+
+    def fail(self, address: str) -> None:
+        if self.failures is None or self.failures > 0:
+            self.failures = None if self.failures is None else self.failures - 1
+            raise errors.NodeUnavailable(f"cannot reach the node at {address} (fake)")
+
+    def connect(self, address: str, timeout_s: float) -> FakeConnection:
+        self.fail(address)
+        self.opened += 1
+        return FakeConnection(self, address)
+
+
+class FakeConnection:
+    def __init__(self, brokers: FakeBrokers, address: str) -> None:
+        self.brokers, self.address, self.group = brokers, address, None
+        self.answers: list[Frame] = []
+        self.next_id = 0
+
+    def call(self, header: dict, payload: bytes = b"") -> tuple[dict, bytes]:
+        self.brokers.fail(self.address)
+        assert header["kind"] == "cluster_metadata", header
+        return self.brokers.metadata, b""
+
+    def send_request(self, header: dict, payload: bytes = b"") -> int:
+        self.brokers.fail(self.address)
+        self.next_id += 1
+        header = {**header, "id": self.next_id, "group": self.group}
+        if len(encode_frame(header, payload)) > FRAME_SIZE_BYTES_MAX:
+            raise errors.NodeUnavailable("the node closed the connection (fake)")
+        self.brokers.produced.append((header, payload))
+        offset = len(self.brokers.produced) - 1
+        self.answers.append(Frame({"id": self.next_id, "status": PutStatus.PUT_OK.value,
+                                   "position": offset * 100, "offset": offset}, b""))
+        return self.next_id
+
+    def take_answers(self, wait: bool) -> list[Frame]:
+        answers, self.answers = self.answers, []
+        return answers
+
+    def fetch(self, *args: Any, **kwargs: Any) -> list:
+        self.brokers.fail(self.address)
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeBrokers:
+    brokers = FakeBrokers()
+    monkeypatch.setattr("mqlog.cluster_client.Client", brokers.connect)
+    return brokers
+
+
+def _fake_client(**options: Any) -> ClusterClient:
+    return ClusterClient(["b1:1", "b2:1", "b3:1"], retry_backoff_ms=5, **options)
+
+
+def test_a_failed_metadata_refresh_is_one_more_attempt_not_the_outcome(
+        fake: FakeBrokers) -> None:
+    """Every broker unreachable for a while (the leader's connection and each refresh of
+    the metadata fail): a refresh no broker answered was taken as the request's result —
+    "no broker answered cluster_metadata", long before retry_timeout_s, not saying the
+    outcome was unknown, though the leader may have stored it. The request goes on
+    until the brokers answer again, and is stored once."""
+    with _fake_client(retry_timeout_s=60) as client:
+        assert client.produce("t", b"first").offset == 0
+        fake.failures = 40  # (connections, requests and refreshes: a count, not a time)
+        assert client.produce("t", b"second").status is PutStatus.PUT_OK
+        assert fake.failures == 0 and client.retries > 0
+        assert [payload for _, payload in fake.produced] == [b"first", b"second"]
+        fake.failures = 40
+        assert client.fetch("t", 0) == []  # (a read went the same way)
+        assert fake.failures == 0
+
+
+def test_a_request_no_broker_answers_ends_at_its_deadline_as_outcome_unknown(
+        fake: FakeBrokers) -> None:
+    """At retry_timeout_s, the error says the outcome is unknown (this client may send
+    it again) — and comes then: a request decided while it was being sent (its
+    connection refused) made ``result()`` wait timeout_s more for nothing."""
+    with _fake_client(retry_timeout_s=0.3, timeout_s=20,
+                      metadata_max_age_ms=600_000) as client:
+        client.produce("t", b"first")
+        fake.failures = None  # (for ever)
+        started = time.monotonic()
+        pending = client.send("t", b"second")
+        with pytest.raises(errors.NodeUnavailable,
+                           match=r"within retry_timeout_s=0.3; its outcome is unknown \(this "
+                                 r"client retries it safely"):
+            pending.result()
+        assert 0.3 <= time.monotonic() - started < 10  # (not timeout_s after it)
+        with pytest.raises(errors.NodeUnavailable, match=r"request \(fetch\) within"):
+            client.fetch("t", 0)
+    with _fake_client(retry_timeout_s=0.1) as client:  # (no metadata ever: not sent)
+        fake.failures = None
+        with pytest.raises(errors.NodeUnavailable, match="the request was not sent"):
+            client.produce("t", b"never")
+
+
+def test_a_request_larger_than_a_frame_is_refused_before_it_is_sent(
+        fake: FakeBrokers) -> None:
+    """A broker drops the connection of a frame over its frame_size_bytes_max unread: such
+    a request was sent again until retry_timeout_s, then "outcome unknown"."""
+    with _fake_client(retry_timeout_s=1) as client:
+        assert client.frame_size_bytes_max == FRAME_SIZE_BYTES_MAX == 16 << 20
+        for bodies in ([b"b" * 3_500_000] * 5, [b"x" * (20 << 20)]):
+            with pytest.raises(errors.MessageTooLarge,
+                               match="frame_size_bytes_max=16777216.*nothing was sent; "
+                                     "send its bodies in smaller batches"):
+                client.produce_batch("t", bodies)
+        assert fake.produced == [] and client.retries == 0
+        client.produce_batch("t", [b"b" * 3_500_000] * 4)  # (under the limit: sent)
+        assert client.send("t", b"next").result().offset == 1  # (no sequence was taken)
+        assert [header["sequence"] for header, _ in fake.produced] == [1, 2]
+    with _fake_client(frame_size_bytes_max=1024) as client:  # (a broker set lower)
+        for size in range(700, 1100):  # the frames sent: never above the limit
+            try:
+                client.produce("t", b"y" * size, key="k", tags="x")
+            except errors.MessageTooLarge:
+                break
+        header, payload = fake.produced[-1]
+        assert 1024 - 32 < len(encode_frame(header, payload)) <= 1024
+    for wrong in (0, 1023, 2.0e6, True, "16MiB"):
+        with pytest.raises(errors.InvalidArgument, match="frame_size_bytes_max must be"):
+            _fake_client(frame_size_bytes_max=wrong)
+
+
+def test_a_closed_client_refuses_every_call_and_opens_no_connection(
+        fake: FakeBrokers) -> None:
+    with _fake_client() as client:
+        client.produce("t", b"open")
+    opened = fake.opened
+    calls = {"send": lambda: client.send("t", b"x"), "produce": lambda: client.produce(
+        "t", b"x"), "send_batch": lambda: client.send_batch("t", [b"x"]),
+        "fetch": lambda: client.fetch("t", 0), "flush": client.flush,
+        "metadata": lambda: client.metadata(refresh=True),
+        "partitions_for": lambda: client.partitions_for("t")}
+    for name, call in calls.items():
+        with pytest.raises(errors.ClientClosed, match="was closed"):
+            call()
+            pytest.fail(f"{name} worked on a closed client")
+    assert fake.opened == opened and client._connections == {}
+    client.close()  # (again: nothing)
+    assert [payload for _, payload in fake.produced] == [b"open"]
+
+
+def test_bytes_keys_that_are_not_utf8_are_refused(fake: FakeBrokers) -> None:
+    """Bytes keys were decoded with replacement: ff and fe stored as the same key."""
+    with _fake_client() as client:
+        for key in (b"\xff", b"\xfe", b"ok\xc3"):
+            with pytest.raises(errors.InvalidArgument, match="a bytes key must be UTF-8"):
+                client.produce("t", b"x", key=key)
+        assert fake.opened == 0  # (refused before the metadata was asked for)
+        client.produce("t", b"x", key="caf\u00e9".encode())
+        client.produce("t", b"x", key="caf\u00e9")
+        assert [header["key"] for header, _ in fake.produced] == ["caf\u00e9"] * 2
+
+
+def test_a_topic_must_be_a_non_empty_string(fake: FakeBrokers) -> None:
+    """A topic not a str, or empty, was looked for in the metadata until retry_timeout_s,
+    then called unknown, with advice to create it."""
+    with _fake_client(retry_timeout_s=0.2) as client:
+        for topic in (123, None, b"t", ""):
+            for name, *arguments in (("send", b"x"), ("send_batch", [b"x"]),
+                                     ("produce", b"x"), ("fetch", 0), ("partitions_for",)):
+                with pytest.raises(errors.InvalidArgument,
+                                   match="topic must be a non-empty string"):
+                    getattr(client, name)(topic, *arguments)
+                    pytest.fail(f"{name}({topic!r}) did not raise")
+        assert fake.opened == 0  # (refused before the metadata was asked for)

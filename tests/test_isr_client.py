@@ -81,12 +81,19 @@ def _first_write(client: ClusterClient) -> None:
 
 
 def _stop(cluster: Any, client: ClusterClient, *names: str) -> None:
-    """Stop brokers, the client's connections closed first (it reconnects). (Once the only
-    guard against a connection left to the garbage collector with a stopped broker's loop,
-    which made CPython 3.11 fail pytest's summary, gh-106905; tests/inprocess.py's
-    BrokerThread now cancels and awaits such tasks itself.)"""
-    client.close()
+    """Stop brokers, the client's connections closed first (it reconnects; the client is
+    not closed: a closed one refuses every call). (Once the only guard against a
+    connection left to the garbage collector with a stopped broker's loop, which made
+    CPython 3.11 fail pytest's summary, gh-106905; tests/inprocess.py's BrokerThread now
+    cancels and awaits such tasks itself.)"""
+    _disconnect(client)
     cluster.stop(*names)
+
+
+def _disconnect(client: ClusterClient) -> None:
+    """Close the client's connections as if they broke (it reconnects on its next call)."""
+    for address in list(client._connections):
+        client._drop(address)
 
 
 def _leader(cluster: Any, client: ClusterClient) -> tuple[str, list[str]]:

@@ -46,6 +46,7 @@ from tests.inprocess import BROKERS, CONTROLLERS, Cluster
 from tests.processes import change_metadata, wait_live_brokers
 from tests.test_driver import RAFT, STORE, HeldIo, _elect
 from tests.test_format import SMALL
+from tests.test_isr_client import _disconnect
 from tests.test_isr_cluster import _configs
 
 LEADER_WAIT_S = 60.0  # for a partition's leader to be found (an election may be on)
@@ -310,8 +311,8 @@ def test_fencing_survives_a_leader_failover(cluster: Cluster) -> None:
         _write(older, b"old-1", b"old-2")
         _write(newer, b"new-1", b"new-2")
         leader = _serving(cluster)  # (a Raft leader as reported may be stale)
-        older.close()
-        newer.close()
+        _disconnect(older)  # (both reconnect, to the new leader)
+        _disconnect(newer)
         cluster.stop(leader)  # the new leader rebuilds its table from its log
         # before the newer writes there: the table rebuilt from the log fences the older
         with pytest.raises(errors.ProducerFenced):
