@@ -173,6 +173,27 @@ def test_bad_requests_get_typed_errors_and_change_nothing(make: Any) -> None:
     assert controller.committed == before
 
 
+def test_topics_and_brokers_named_dot_or_dot_dot_are_refused_up_front(make: Any) -> None:
+    """The name pattern lets "." and ".." through, but they name directories: a partition
+    store of such a topic refuses every record (engine/store.py), so the create is refused
+    before anything is written, naming the rule."""
+    one = make()
+    _cluster(one, 1)
+    controller = one.controller
+    before, written = controller.committed, one.store.written_position
+    for name in (".", ".."):
+        with pytest.raises(MetadataChangeRefused, match=r"not a valid name: '\.' and '\.\.' "
+                           "name directories"):
+            controller.create_topic(name, 1, 1, "isr")
+        with pytest.raises(MetadataChangeRefused, match="broker id .* not a valid name"):
+            controller.register_broker(name, "h:9")
+    assert one.store.written_position == written
+    one.step(2)
+    assert controller.committed == before
+    one.call(controller.create_topic("..a", 1, 1))  # (dots within a name are fine)
+    assert "..a" in controller.committed.topics
+
+
 def test_not_leader_before_the_election(tmp_path: Path) -> None:
     one = OneNode(tmp_path / "c0")
     try:

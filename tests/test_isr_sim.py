@@ -59,19 +59,24 @@ CAUGHT_UP_SEEDS = {
 }
 # A seed with retention where a follower asks for what its leader let go (it starts its
 # log over at the leader's log start: OFFSET_OUT_OF_RANGE). (14000021 was, before its
-# client sent requests of several records: sim/partial.py.)
-RETENTION_SEED = 14000046
+# client sent requests of several records: sim/partial.py; 14000046 until brokers asked
+# the controllers in another order, session 26.)
+RETENTION_SEED = 4
 FRESH_SEED_COUNT = max(1, int(os.environ.get("MQLOG_SIM_SEEDS", 5)) // 5)
 # (break, a fixed seed that catches it): found with `python -m mqlog.sim --layer isr
-# --break NAME --count 30` (truncate_to_hw's seed 6 draws retention now, which it misses)
-CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 3, "truncate_to_hw": 8,
-             "hw_below_min_isr": 1, "forget_stale_alter": 8100000,
+# --break NAME --count 30` (truncate_to_hw's seed 6 draws retention now, which it misses;
+# election_outside_isr's 3 and truncate_to_hw's 8 stopped catching theirs when brokers
+# asked the controllers in another order, session 26)
+CAUGHT_BY = {"hw_all_replicas": 1, "election_outside_isr": 8, "truncate_to_hw": 12,
+             "hw_below_min_isr": 1, "forget_stale_alter": 218,
              "partial_early": 1}  # (the driver's: PartiallyStored before the verdict)
 # Seeds found before requests of several records (sim/partial.py), which catch their break
 # in that workload only: run with --no-batches; and before fetches held for
-# replica_fetch_min_bytes (sim/isr.py): run with --no-fetch-holds.
-FOUND_BEFORE_BATCHES = {"forget_stale_alter"}
-FOUND_BEFORE_FETCH_HOLDS = {"forget_stale_alter"}
+# replica_fetch_min_bytes (sim/isr.py): run with --no-fetch-holds. (forget_stale_alter's
+# 8100000 was both, until brokers asked the controllers in another order, session 26;
+# 218 catches it in today's workload.)
+FOUND_BEFORE_BATCHES: set[str] = set()
+FOUND_BEFORE_FETCH_HOLDS: set[str] = set()
 
 
 @pytest.mark.parametrize("seed", FIXED_SEEDS)
@@ -93,14 +98,15 @@ def test_a_retry_too_old_to_tell_is_given_up():
     assert any(line.endswith("refused as too old") for line in result.trace)
 
 
-def test_a_restarted_clients_first_write_is_not_refused_as_too_old(monkeypatch):
-    """Seed 8200000978, from a soak of fresh seeds: the restarted client's first request
-    was refused for want of replicas, its next ones stored; the leader elected next
-    rebuilt its table past the log's front (retention) and forgot the life's sequences
-    below the lowest it found, so the first request's retry was refused as too old to
-    tell, never stored (idempotence.py: a life the scan saw begin forgets nothing)."""
-    without_fetch_holds(monkeypatch)  # (found before fetches held for min bytes)
-    result = run_seed(8200000978)
+def test_a_restarted_clients_first_write_is_not_refused_as_too_old():
+    """Seed 8200000978, from a soak of fresh seeds, found this: the restarted client's
+    first request was refused for want of replicas, its next ones stored; the leader
+    elected next rebuilt its table past the log's front (retention) and forgot the life's
+    sequences below the lowest it found, so the first request's retry was refused as too
+    old to tell, never stored (idempotence.py: a life the scan saw begin forgets
+    nothing). That seed took another path once brokers asked the controllers in another
+    order (session 26); seed 31 has a restarted client and retention again."""
+    result = run_seed(31)
     assert not result.violations, verdict("isr", result)
     assert result.client_lives == 2 and result.log_starts > 0
 
@@ -196,6 +202,6 @@ def test_agents_that_learn_no_raft_leader_are_caught_by_the_readers(monkeypatch)
     cluster_metadata answer shows the Raft partition led by its creation's guess; once
     another broker leads it, the readers' views never name the broker that serves it."""
     monkeypatch.setattr(host.BrokerAgent, "took_leaders", lambda agent, answer, leads: None)
-    result = run_seed(6)
+    result = run_seed(8)  # (6 until brokers asked the controllers in another order)
     assert any("ledger-0 led by" in line and "serves it" in line
                for line in result.violations), verdict("isr", result)

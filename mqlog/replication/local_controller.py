@@ -23,6 +23,7 @@ from mqlog.replication.local import free_ports, wait_until
 CONTROLLERS, BROKERS = ("c1", "c2", "c3"), ("b1", "b2", "b3")
 STOP_TIMEOUT_S = 20.0  # for a process to exit after SIGTERM (then SIGKILL)
 LIVE_TIMEOUT_S = 60.0  # for the brokers to register and be live
+ASK_TIMEOUT_S = 5.0  # for one controller's answer (then the next is asked)
 
 
 def write_configs(root: Path, session_ms: int, controller: str = "") -> dict[str, str]:
@@ -86,15 +87,21 @@ def wait_live_brokers(controllers: list[str]) -> None:
 
 
 def ask(addresses: list[str], header: dict[str, Any]) -> dict[str, Any] | None:
-    """The first answer from the controllers (a follower's NotLeader hint is followed);
-    None if none answered."""
-    for address in addresses:
+    """The first answer from the controllers, each asked at most once: a follower's
+    NotLeader hint is asked next (the leader may be one not in ``addresses``); None if
+    none answered."""
+    waiting, asked = list(addresses), set()
+    while waiting:
+        address = waiting.pop(0)
+        if address in asked:
+            continue
+        asked.add(address)
         try:
-            with Client(address, timeout_s=5) as client:
+            with Client(address, timeout_s=ASK_TIMEOUT_S) as client:
                 return client.call(dict(header))[0]
         except errors.NotLeader as error:
-            if error.leader_address:
-                addresses = [error.leader_address, *addresses]
+            if error.leader_address:  # (the leader: asked next)
+                waiting.insert(0, error.leader_address)
         except (errors.NodeUnavailable, errors.RemoteError, errors.UnknownGroup):
             continue
     return None

@@ -9,7 +9,8 @@ every tick, and serves its requests (``register_broker``, ``broker_heartbeat``,
 ``alter_partitions``, ``elect_preferred``: ``mqlog topics rebalance`` of ISR topics)
 through ``dispatch``. A change is answered once its record is committed and folded on
 the leader; if the leader loses its leadership (or ``broker_session_timeout_ms`` passes) first, the
-answer is NodeUnavailable: the outcome is unknown.
+answer is NodeUnavailable: the outcome is unknown. A follower asked what only the leader
+answers says NotLeader, naming the leader and its address (``not_leader_answer``).
 
 ``join_cluster(broker)`` runs in a broker (role "broker", alone or combined) that knows
 the controller quorum (the ``[controller] voters`` table): the broker's ``BrokerAgent``
@@ -45,19 +46,25 @@ replication Driver does none: it asks an ``AgentIo`` to send a request to a cont
 and call back with the answer (never from inside ``request``), and to call it back after
 a delay (its only timer), and it hosts groups through a ``GroupHost``. A round is one
 chain of requests, one at a time (register if it has no epoch, heartbeat, pull), then
-the fold, the hosting, and a timer for the next round. The hosting builds and compares
-every assigned group's spec only when the fold moved the view (or the last pass left a
-group to try again); an idle cluster's round re-applies what does not follow from the
-view (master-slave roles, ISR states) and nothing else. An error ends the round early
-(and a refused heartbeat that says "register again" drops the epoch). An unexpected
-exception (an OSError from opening a group's store on a full disk, say) ends the round,
-or when it is one group's hosting, skips that group, with a note: never the agent, whose
-rounds keep the broker's every other membership alive; the next round tries again. ``join_cluster``
-gives it ``SocketIo`` (requests over TCP on a thread, timers on the broker's loop,
-cancelled when the broker stops) and ``BrokerGroups`` (the broker's ensure_group and
-drop_group); the simulator (mqlog/sim/controller.py) gives it a simulated IO and a host
-that records what it was asked to host. A process life is one agent: a new life starts a
-new agent, which never sees the answers of the previous one.
+the fold, the hosting, and a timer for the next round. A request goes first to the
+controller that last answered a change, then to the others in a random order, a
+NotLeader's hint next; each controller is asked once, and one that left a call
+unanswered (down, or paused: it still accepts connections) goes last and is not asked
+again in that round. With calls that wait ``call_timeout_s`` (a share of the session), a
+paused leader cannot keep a broker's heartbeats from the new leader until the broker's
+session ends. The hosting builds and compares every assigned group's spec only when the
+fold moved the view (or the last pass left a group to try again); an idle cluster's
+round re-applies what does not follow from the view (master-slave roles, ISR states) and
+nothing else. An error ends the round early (and a refused heartbeat that says "register
+again" drops the epoch). An unexpected exception (an OSError from opening a group's
+store on a full disk, say) ends the round, or when it is one group's hosting, skips that
+group, with a note: never the agent, whose rounds keep the broker's every other
+membership alive; the next round tries again. ``join_cluster`` gives it ``SocketIo``
+(requests over TCP on a thread, timers on the broker's loop, cancelled when the broker
+stops) and ``BrokerGroups`` (the broker's ensure_group and drop_group); the simulator
+(mqlog/sim/controller.py) gives it a simulated IO and a host that records what it was
+asked to host. A process life is one agent: a new life starts a new agent, which never
+sees the answers of the previous one.
 """
 
 from __future__ import annotations
@@ -86,7 +93,12 @@ KINDS = ("register_broker", "broker_heartbeat", "create_topic", "delete_topic",
          "describe_cluster", "metadata_since", "alter_partitions", "elect_preferred")
 _STORE: dict[str, Any] = dict(segment_size_bytes=64 << 20, message_size_bytes_max=8 << 20,
               flush_mode="sync")
-CALL_TIMEOUT_S = 5.0  # a controller that has not answered a request by then is skipped
+# How long a broker's call to a controller waits for the answer (call_timeout_s): a share of
+# the session, so that a paused controller (which still accepts connections, and never
+# answers) cannot keep a broker's heartbeats from the others until its session ends
+CALL_TIMEOUT_S = 5.0  # the longest wait, whatever the session
+CALL_TIMEOUT_MIN_S = 0.05  # the shortest: below a loaded machine's round trip, none answers
+ROUND_SHARE = 0.5  # of the session left after one heartbeat interval: one round's waiting
 MALFORMED = "the round ends; the next one asks again (check the controllers' versions)"
 
 Answer = Callable[[dict[str, Any] | None, errors.MqlogError | None], None]
@@ -129,6 +141,19 @@ def _sync_states_from(value: Any) -> dict[Any, Any]:
 
 def _config(broker: Any) -> ControllerConfig:
     return ControllerConfig.from_table(dict(getattr(broker.config, "controller", {}) or {}))
+
+
+def call_timeout_s(config: ControllerConfig) -> float:
+    """How long one of a broker's controller calls waits for its answer. A round asks
+    each controller at most once per request, and none again once it left a call
+    unanswered (BrokerAgent._ask), so a round waits at most one timeout per voter: kept
+    within ROUND_SHARE of what the session leaves after a heartbeat interval. A round
+    that waited on a paused leader then still ends, and the next one's heartbeat reaches
+    the new leader, well within the session the new leader gives every broker (between
+    CALL_TIMEOUT_MIN_S and CALL_TIMEOUT_S whatever the settings)."""
+    spare_s = (config.broker_session_timeout_ms - config.broker_heartbeat_interval_ms) / 1000
+    share_s = spare_s * ROUND_SHARE / max(1, len(config.voters))
+    return min(CALL_TIMEOUT_S, max(CALL_TIMEOUT_MIN_S, share_s))
 
 
 def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] | Proposal:
@@ -199,13 +224,25 @@ def host_controller(broker: Any) -> Controller:
         return proposal.answer
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
-        outcome = dispatch(controller, header)
+        try:
+            outcome = dispatch(controller, header)
+        except errors.NotLeader as error:
+            return not_leader_answer(error), b""
         if isinstance(outcome, Proposal):
             return await settled(outcome), b""
         return outcome, b""
 
     broker.add_service(KINDS, handle)
     return controller
+
+
+def not_leader_answer(error: errors.NotLeader) -> dict[str, Any]:
+    """A follower's NotLeader as the error answer, naming the leader and its address (the
+    client raises it back as a NotLeader with its hint: client.error_of). The broker's
+    error answer for a service (broker.py) says only the class and the message, and
+    without the hint a broker's agent, or ``mqlog`` tooling, cannot ask the leader next."""
+    return {"kind": "error", "error": type(error).__name__, "message": str(error),
+            "leader": error.leader, "leader_address": error.leader_address}
 
 
 # --- a broker's side: register, heartbeat, pull, host what is assigned -----------------------
@@ -285,6 +322,11 @@ class BrokerAgent:
         self._leaders_seen: list[Any] = ["", 0]  # the controller's token, seq last seen
         self._leader: str | None = None  # the address that last answered a change
         self._addresses = list(config.voters.values())
+        # Controllers whose last call went unanswered (NodeUnavailable: down, paused, cut
+        # off): asked last until one answers again; and those of this round, not asked again
+        # in it (each would cost a call timeout: _ask)
+        self._silent: set[str] = set()
+        self._silent_this_round: set[str] = set()
         # ISR partitions: each hosted one's newest state goes to ``on_partition(group,
         # state)``; its leader's AlterPartition waits in ``alters`` for the next round
         # (after the heartbeat, before the pull that brings the decision back), and a
@@ -307,6 +349,7 @@ class BrokerAgent:
     # --- one round: register?, heartbeat, pull, fold, host --------------------------------
 
     def _round(self) -> None:
+        self._silent_this_round = set()
         if self.epoch is None:
             header: dict[str, Any] = {
                 "kind": "register_broker", "broker_id": self.host.broker_id,
@@ -418,14 +461,24 @@ class BrokerAgent:
         self.io.call_later(self.config.broker_heartbeat_interval_ms, self._round)
 
     def fold(self, answer: dict[str, Any]) -> None:
+        """Fold a pull's answer into the view: its snapshot, if any, replaces the view;
+        each record applies, or is skipped with a note if the fold refuses it (as every
+        controller's fold skips it: the views stay the controllers')."""
         if "snapshot" in answer:
             self.view = ClusterMetadata().apply(records.decode(answer["snapshot"]),
                                                 answer["position"])
         for end, body in answer["records"]:
             record = records.decode(body)
+            try:
+                self.view = self.view.apply(record, end)
+            except errors.MetadataChangeRefused as error:
+                # (committed, yet it does not apply: one from before a rule, a topic named
+                # "." say. The controllers' fold skips it, and so does this one, alike)
+                self.io.note(f"broker {self.host.broker_id}: skipped the committed "
+                             f"metadata record ending at {end}: {error}")
+                continue
             if isinstance(record, records.DeleteTopic):  # (created again in the same pull,
                 self._deleted_topics.add(record.name)     # it is in the view: see below)
-            self.view = self.view.apply(record, end)
         self.position = answer["position"]
         self.leaders.prune(self.view)
 
@@ -581,29 +634,59 @@ class BrokerAgent:
         return found
 
     # --- asking the controllers: the leader first, then each in a random order -----------
+    # A paused controller still accepts connections and never answers: every call to it
+    # costs a whole call timeout (call_timeout_s). So each request asks a controller at
+    # most once, a NotLeader's hint next, and one that left a call unanswered goes last
+    # (and is not asked again this round): a round cannot outlast a share of the session.
 
     def _ask(self, header: dict[str, Any], leader: bool,
              then: Callable[[dict[str, Any]], None]) -> None:
-        order = ([self._leader] if leader and self._leader else []) + \
-            self.rng.sample(self._addresses, len(self._addresses))
-        self._try(header, leader, then, order, [])
+        self._try(header, leader, then, self._order(leader), {})
+
+    def _order(self, leader: bool) -> list[str]:
+        """The controllers to ask, each once: for a change the one that last answered one
+        (the leader, as far as this agent knows), then the others in a random order
+        (spreading the reads), those whose last call went unanswered last of all, and
+        none that left a call unanswered in this round."""
+        shuffled = self.rng.sample(self._addresses, len(self._addresses))
+        first = [self._leader] if leader and self._leader and \
+            self._leader not in self._silent else []
+        rest = [address for address in shuffled if address not in first]
+        order = first + [address for address in rest if address not in self._silent] + \
+            [address for address in rest if address in self._silent]
+        return [address for address in order if address not in self._silent_this_round]
+
+    def _hinted(self, hint: str, order: list[str], failures: dict[str, str]) -> list[str]:
+        """``order`` with a NotLeader's hint (the leader's address) asked next, unless it
+        was asked already or left its last call unanswered: followers name a paused
+        leader until they elect another, and it stays last."""
+        if hint in failures or hint in self._silent:
+            return order
+        return [hint] + [address for address in order if address != hint]
 
     def _try(self, header: dict[str, Any], leader: bool,
              then: Callable[[dict[str, Any]], None], order: list[str],
-             failures: list[str]) -> None:
+             failures: dict[str, str]) -> None:
         if not order:
-            self._end_round(errors.NodeUnavailable("no controller answered: "
-                                                   + "; ".join(failures)))
+            self._end_round(errors.NodeUnavailable("no controller answered: " + "; ".join(
+                f"{address}: {why}" for address, why in failures.items())))
             return
-        address = order[0]
+        address, rest = order[0], order[1:]
 
         def answered(answer: dict[str, Any] | None, error: errors.MqlogError | None) -> None:
-            if isinstance(error, errors.NotLeader) and error.leader_address:
-                self._leader = error.leader_address
+            if isinstance(error, errors.NodeUnavailable):
+                self._silent.add(address)
+                self._silent_this_round.add(address)
+            else:
+                self._silent.discard(address)
             if isinstance(error, (errors.NotLeader, errors.NodeUnavailable,
                                   errors.RemoteError)):
-                failures.append(f"{address}: {error}")
-                self._try(header, leader, then, order[1:], failures)
+                failures[address] = str(error)
+                following = rest
+                if isinstance(error, errors.NotLeader) and error.leader_address:
+                    self._leader = error.leader_address
+                    following = self._hinted(error.leader_address, rest, failures)
+                self._try(header, leader, then, following, failures)
                 return
             if error is not None or answer is None:
                 self._end_round(error)
@@ -643,16 +726,18 @@ class BrokerAgent:
 
 
 class SocketIo:
-    """An AgentIo over TCP (each request on a thread) and the broker's loop (timers are
-    broker tasks: cancelled, with the requests in flight, when the broker stops)."""
+    """An AgentIo over TCP (each request on a thread, waiting ``timeout_s`` for its
+    answer) and the broker's loop (timers are broker tasks: cancelled, with the requests
+    in flight, when the broker stops)."""
 
-    def __init__(self, broker: Any) -> None:
+    def __init__(self, broker: Any, timeout_s: float = CALL_TIMEOUT_S) -> None:
         self.broker = broker
+        self.timeout_s = timeout_s  # each call's (join_cluster: call_timeout_s)
 
     def request(self, address: str, header: dict[str, Any], done: Answer) -> None:
         async def call() -> None:
             try:
-                answer = await asyncio.to_thread(_call, address, header)
+                answer = await asyncio.to_thread(_call, address, header, self.timeout_s)
             except errors.MqlogError as error:
                 done(None, error)
                 return
@@ -781,8 +866,8 @@ def unclean_stores(data_dir: Any, skip: set[str] | None = None) -> list[str]:
                   and (child / "abort").exists())
 
 
-def _call(address: str, header: dict[str, Any]) -> dict[str, Any]:
-    with Client(address, timeout_s=CALL_TIMEOUT_S) as client:
+def _call(address: str, header: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    with Client(address, timeout_s=timeout_s) as client:
         return client.call(dict(header))[0]
 
 
@@ -823,8 +908,9 @@ def attach_transfers(agent: BrokerAgent, broker: Any) -> None:
 
 def join_cluster(broker: Any) -> BrokerAgent:
     """Start ``broker``'s agent (see the module docstring); call on its loop."""
-    agent = BrokerAgent(BrokerGroups(broker), _config(broker), SocketIo(broker),
-                        store=broker.config.store)
+    config = _config(broker)
+    agent = BrokerAgent(BrokerGroups(broker), config,
+                        SocketIo(broker, call_timeout_s(config)), store=broker.config.store)
     left_open = unclean_stores(broker.config.data_dir, skip=set(broker.groups))
     agent.unclean_shutdown = bool(left_open)
     if left_open:

@@ -48,6 +48,10 @@ from mqlog.replication.controller.records import (
 )
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,127}")  # a topic or broker id: a safe file name
+# ... except these, which the pattern lets through but which name directories: a
+# partition's store directory is named after its topic, and the store refuses them
+# (engine/store.py _validate_queue), so a topic of such a name could never take a record
+DIRECTORY_NAMES = (".", "..")
 
 
 def _frozen(mapping: dict) -> Mapping:
@@ -163,6 +167,9 @@ def _refuse(text: str) -> MetadataChangeRefused:
 def _check_name(kind: str, name: str) -> None:
     if not NAME_PATTERN.fullmatch(name):
         raise _refuse(f"{kind} {name!r} is not a valid name: 1 to 127 of A-Z a-z 0-9 . _ -")
+    if name in DIRECTORY_NAMES:
+        raise _refuse(f"{kind} {name!r} is not a valid name: '.' and '..' name directories, "
+                      "not files (a store refuses them)")
 
 
 def _register(state: ClusterMetadata, record: RegisterBroker) -> ClusterMetadata:

@@ -1,0 +1,373 @@
+"""A broker's way to the controllers (controller/host.py's BrokerAgent and SocketIo, and
+local_controller.ask) when one of them does not answer.
+
+A paused controller (SIGSTOP) still accepts connections and never answers, so every call
+to it costs a whole call timeout. The agent asks each controller at most once per
+request, a NotLeader's hint next, and one that left a call unanswered last (and not again
+in that round); its calls wait a share of the session (``call_timeout_s``). So with the
+controller leader paused, a broker's heartbeat reaches the new leader well within the
+session the new leader gives it: checked on a virtual clock (the call order), and over
+real sockets through ``join_cluster`` (the timeout), with fake controllers that answer
+from a script and a paused one that reads requests and never answers. Also: a committed
+record the fold refuses (a topic named "." from before that rule) is skipped by the
+agent as by the controllers, and ``local_controller.ask`` asks a follower's hint next."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import random
+import socketserver
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from mqlog import errors
+from mqlog.client import Client
+from mqlog.config import StoreConfig
+from mqlog.replication import local_controller
+from mqlog.replication.controller import host, records
+from mqlog.replication.controller.config import ControllerConfig
+from mqlog.replication.local import wait_until
+from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
+from tests import inprocess
+
+SESSION_MS, HEARTBEAT_MS = 9_000, 1_800  # the review's settings (a default-like session)
+WAIT_S = 30.0  # for a fake cluster to get where a test starts from (never reached if well)
+POLL_S = 0.05  # a FakeController's serve_forever checks for shutdown this often
+
+
+def _addresses(count: int) -> dict[str, str]:
+    return {f"c{index}": f"10.0.0.{index}:7000" for index in range(1, count + 1)}
+
+
+def _config(voters: dict[str, str], **settings: int) -> ControllerConfig:
+    return ControllerConfig(voters=voters, **{"broker_session_timeout_ms": SESSION_MS,
+                                              "broker_heartbeat_interval_ms": HEARTBEAT_MS,
+                                              **settings}).validate()
+
+
+class Host:
+    """A GroupHost that records what it hosts (nothing here is a real group)."""
+
+    broker_id, address = "b1", "127.0.0.1:9001"
+
+    def __init__(self) -> None:
+        self.groups: dict[str, Any] = {}
+
+    def ensure_group(self, spec: Any) -> None:
+        self.groups[spec.name] = spec
+
+    def drop_group(self, name: str, delete_data: bool = False) -> None:
+        del self.groups[name]
+
+    def reports(self) -> list:
+        return []
+
+    def leads(self) -> list:
+        return []
+
+
+ANSWERS: dict[str, dict[str, Any]] = {
+    "register_broker": {"broker_epoch": 1}, "broker_heartbeat": {"fenced": False},
+    "metadata_since": {"records": [], "position": 0}}
+
+
+# --- the call order, on a virtual clock --------------------------------------------------
+
+
+class ClockIo:
+    """An AgentIo on a virtual clock (ms): ``script(now, name, header)`` gives (delay,
+    answer, error) for each request; answers and timers run when ``run_until`` reaches
+    their time. ``asked``: (round, controller, kind, time) of each request, in order."""
+
+    def __init__(self, voters: dict[str, str], script: Any) -> None:
+        self.names = {address: name for name, address in voters.items()}
+        self.script, self.now, self.agent = script, 0, None
+        self.asked: list[tuple[int, str, str, int]] = []
+        self.notes: list[str] = []
+        self._queue: list[tuple[int, int, Any]] = []
+        self._seq = 0
+
+    def request(self, address: str, header: dict[str, Any], done: Any) -> None:
+        name = self.names[address]
+        self.asked.append((self.agent.rounds, name, header["kind"], self.now))
+        delay, answer, error = self.script(self.now, name, header)
+        self._at(self.now + delay, lambda: done(answer, error))
+
+    def call_later(self, delay_ms: int, callback: Any) -> None:
+        self._at(self.now + delay_ms, callback)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def _at(self, when: int, callback: Any) -> None:
+        self._seq += 1
+        heapq.heappush(self._queue, (when, self._seq, callback))
+
+    def run_until(self, end: int) -> None:
+        while self._queue and self._queue[0][0] <= end:
+            self.now, _, callback = heapq.heappop(self._queue)
+            callback()
+
+
+def _run(voters: dict[str, str], script: Any, seed: int, end_ms: int) -> ClockIo:
+    io = ClockIo(voters, script)
+    agent = host.BrokerAgent(Host(), _config(voters), io, rng=random.Random(seed))
+    io.agent = agent
+    agent.start()
+    io.run_until(end_ms)
+    return io
+
+
+PAUSE_MS, ELECTED_MS = 10_000, 13_000  # c1 (the leader) pauses; c3 is elected
+CALL_MS = 1_000  # the modelled call timeout: a paused controller's call fails after it
+
+
+def _paused_leader(now: int, name: str, header: dict[str, Any]) -> tuple[int, Any, Any]:
+    """c1 leads, then pauses (its calls fail after CALL_MS, as a client's timeout); until
+    c3 is elected the others name c1 as the leader, then c3."""
+    if name == "c1" and now >= PAUSE_MS:
+        return CALL_MS, None, errors.NodeUnavailable("lost the connection: timed out")
+    leader = "c1" if now < ELECTED_MS else "c3"
+    if name != leader and header["kind"] != "metadata_since":  # (any one answers reads)
+        return 1, None, errors.NotLeader("not me", leader=leader,
+                                         leader_address=_addresses(3)[leader])
+    return 1, ANSWERS[header["kind"]], None
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_paused_leader_is_asked_once_a_round_and_last_once_it_went_silent(seed: int):
+    io = _run(_addresses(3), _paused_leader, seed, ELECTED_MS + 4 * SESSION_MS)
+    asked = Counter((round_, name, kind) for round_, name, kind, _ in io.asked)
+    assert max(asked.values()) == 1, [item for item, count in asked.items() if count > 1]
+    went_silent = min(round_ for round_, name, _, now in io.asked
+                      if name == "c1" and now >= PAUSE_MS)
+    by_round: dict[int, list[tuple[str, int]]] = {}
+    for round_, name, _, now in io.asked:
+        by_round.setdefault(round_, []).append((name, now))
+    later = {round_: asks for round_, asks in by_round.items() if round_ > went_silent}
+    assert len(later) > 10, "the rounds went on"
+    for round_, asks in later.items():  # (each costs a call timeout: once, and last)
+        names = [name for name, _ in asks]
+        assert names.count("c1") <= 1 and names[0] != "c1", (round_, names)
+        if asks[0][1] >= ELECTED_MS:  # (c3 leads: the paused c1 is not waited on at all)
+            assert "c1" not in names, (round_, names)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_not_leader_hint_is_asked_next(seed: int):
+    voters = _addresses(5)
+
+    def script(now: int, name: str, header: dict[str, Any]) -> tuple[int, Any, Any]:
+        if name != "c5" and header["kind"] != "metadata_since":
+            return 1, None, errors.NotLeader("not me", leader="c5",
+                                             leader_address=voters["c5"])
+        return 1, ANSWERS[header["kind"]], None
+    io = _run(voters, script, seed, HEARTBEAT_MS // 2)  # (one round)
+    registering = [name for _, name, kind, _ in io.asked if kind == "register_broker"]
+    assert registering[-1] == "c5" and len(registering) <= 2, registering
+    heartbeat = [name for _, name, kind, _ in io.asked if kind == "broker_heartbeat"]
+    assert heartbeat == ["c5"]  # (the registration's answer taught it)
+
+
+def test_the_call_timeout_keeps_a_rounds_waiting_within_a_share_of_the_session():
+    for session_ms, heartbeat_ms, voters in ((9_000, 1_800, 3), (9_000, 2_000, 5),
+                                             (1_500, 200, 3), (3_000, 600, 1)):
+        config = _config(_addresses(voters), broker_session_timeout_ms=session_ms,
+                         broker_heartbeat_interval_ms=heartbeat_ms)
+        timeout_s = host.call_timeout_s(config)
+        spare_s = (session_ms - heartbeat_ms) / 1000
+        assert host.CALL_TIMEOUT_MIN_S <= timeout_s <= host.CALL_TIMEOUT_S
+        assert voters * timeout_s <= host.ROUND_SHARE * spare_s + 1e-9, (session_ms, voters)
+    long = _config(_addresses(3), broker_session_timeout_ms=600_000)
+    assert host.call_timeout_s(long) == host.CALL_TIMEOUT_S  # (a slow answer is no silence)
+    tiny = _config(_addresses(5), broker_session_timeout_ms=2, broker_heartbeat_interval_ms=1)
+    assert host.call_timeout_s(tiny) == host.CALL_TIMEOUT_MIN_S
+
+
+# --- the same over real sockets, through join_cluster -------------------------------------
+
+
+class FakeController(socketserver.ThreadingTCPServer):
+    """A controller on 127.0.0.1 answering each request from ``script(name, header)`` (a
+    dict, or an MqlogError raised back). While ``paused`` it still accepts connections and
+    reads requests, as a SIGSTOPped process's kernel does, and answers none of them.
+    ``heard``: an Event set by each request it answers, per kind."""
+
+    daemon_threads, allow_reuse_address = True, True
+
+    def __init__(self, name: str, script: Any) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.name, self.script, self.paused = name, script, False
+        self.address = f"127.0.0.1:{self.server_address[1]}"
+        self.heard: dict[str, threading.Event] = {kind: threading.Event() for kind in ANSWERS}
+        threading.Thread(target=self.serve_forever, args=(POLL_S,), daemon=True).start()
+
+    def answer(self, header: dict[str, Any]) -> dict[str, Any] | None:
+        if self.paused:
+            return None
+        try:
+            reply = {**self.script(self.name, header)}
+        except errors.MqlogError as error:
+            reply = {"kind": "error", "error": type(error).__name__, "message": str(error)}
+            if isinstance(error, errors.NotLeader):
+                reply.update(leader=error.leader, leader_address=error.leader_address)
+        else:
+            self.heard[header["kind"]].set()
+        return {**reply, "id": header.get("id")}
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        decoder = FrameDecoder(1 << 20)
+        while data := self.request.recv(1 << 16):  # (b"": the client closed, or gave up)
+            decoder.feed(data)
+            while isinstance(frame := decoder.next_frame(), Frame):
+                reply = self.server.answer(frame.header)
+                if reply is not None:
+                    self.request.sendall(encode_frame(reply))
+
+
+class FakeBroker:
+    """What join_cluster uses of a broker: its config, groups (none), services, tasks."""
+
+    def __init__(self, data_dir: Path, voters: dict[str, str], **settings: int) -> None:
+        self.broker_id, self.groups, self.tasks = "b1", {}, []
+        self.config = SimpleNamespace(
+            controller={"voters": voters, "broker_session_timeout_ms": SESSION_MS,
+                        "broker_heartbeat_interval_ms": HEARTBEAT_MS, **settings},
+            store=StoreConfig(), data_dir=data_dir, listen="127.0.0.1:1", rack="")
+
+    def add_service(self, kinds: Any, handle: Any) -> None:
+        pass
+
+    def spawn(self, coroutine: Any) -> None:
+        self.tasks.append(asyncio.get_running_loop().create_task(coroutine))
+
+
+@pytest.fixture
+def controllers():
+    """c1..c3 as FakeControllers; ``state.leader`` leads (the others answer NotLeader
+    naming it, but any answers a pull). Closed when the test ends."""
+    state = SimpleNamespace(leader="c1", fakes={})
+
+    def script(name: str, header: dict[str, Any]) -> dict[str, Any]:
+        if name != state.leader and header["kind"] != "metadata_since":
+            raise errors.NotLeader("not me", leader=state.leader,
+                                   leader_address=state.fakes[state.leader].address)
+        return ANSWERS[header["kind"]]
+    state.fakes = {name: FakeController(name, script) for name in ("c1", "c2", "c3")}
+    yield state
+    for fake in state.fakes.values():
+        fake.close()
+
+
+def test_with_the_leader_paused_a_heartbeat_reaches_the_next_well_within_the_session(
+        controllers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """join_cluster's agent over real sockets: c1 leads, then pauses as c3 is elected (a
+    fresh session for every broker starts then). The heartbeat must reach c3 with a
+    heartbeat interval of the session to spare; a call that waited the fixed 5 s (longer
+    than this whole session) on the paused c1 did not."""
+    session_ms, heartbeat_ms = 3_000, 600
+    fakes = controllers.fakes
+    broker = FakeBroker(tmp_path, {name: fake.address for name, fake in fakes.items()},
+                        broker_session_timeout_ms=session_ms,
+                        broker_heartbeat_interval_ms=heartbeat_ms)
+    monkeypatch.setattr(host, "random", SimpleNamespace(Random=lambda: random.Random(3)))
+
+    async def main() -> float:
+        host.join_cluster(broker)
+        assert await asyncio.to_thread(fakes["c1"].heard["broker_heartbeat"].wait, WAIT_S)
+        fakes["c1"].paused, controllers.leader = True, "c3"
+        elected = time.monotonic()
+        reached = await asyncio.to_thread(fakes["c3"].heard["broker_heartbeat"].wait,
+                                          session_ms / 1000)
+        took = time.monotonic() - elected
+        for task in broker.tasks:
+            task.cancel()
+        await asyncio.gather(*broker.tasks, return_exceptions=True)
+        assert reached, f"no heartbeat reached the new leader within the session ({took:.1f} s)"
+        return took
+    took = asyncio.run(main())
+    assert took < (session_ms - heartbeat_ms) / 1000, took
+
+
+# --- a committed record the fold refuses; local_controller.ask ------------------------------
+
+
+def test_a_committed_record_the_fold_refuses_is_skipped_as_the_controllers_skip_it():
+    """A topic named "." committed before that name was refused: every controller skips
+    it (service._fold); the agent's fold skips it too, or its every round would end on it
+    and it would never pull past it."""
+    body = [records.RegisterBroker("b1", 1, Host.address), records.CreateTopic(
+        ".", "raft", (("b1",),)), records.CreateTopic("t", "raft", (("b1",),))]
+    pulled = {"records": [[100 * (index + 1), records.encode(item)]
+                          for index, item in enumerate(body)], "position": 300}
+    voters = _addresses(1)
+
+    def script(now: int, name: str, header: dict[str, Any]) -> tuple[int, Any, Any]:
+        if header["kind"] == "metadata_since":
+            return 1, pulled if header["position"] == 0 else ANSWERS["metadata_since"], None
+        return 1, ANSWERS[header["kind"]], None
+    io = _run(voters, script, 1, HEARTBEAT_MS // 2)
+    agent = io.agent
+    assert agent.position == 300 and sorted(agent.view.topics) == ["t"]
+    assert agent.host.groups.keys() == {"t-0"}
+    assert any("skipped the committed metadata record ending at 200" in note
+               and "'.'" in note for note in io.notes), io.notes
+
+
+def test_local_ask_asks_a_followers_hint_next_and_each_controller_once(
+        controllers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    fakes = controllers.fakes
+    header = {"kind": "register_broker"}  # (a change: only the leader answers it)
+    assert local_controller.ask([fakes["c2"].address], header) == \
+        {**ANSWERS["register_broker"], "id": 1}
+    assert fakes["c1"].heard["register_broker"].is_set()
+    # c2 and c3 both name c1, which does not answer: asked once, then None
+    monkeypatch.setattr(local_controller, "ASK_TIMEOUT_S", 0.2)
+    fakes["c1"].paused = True
+    asked: list[str] = []
+    real = local_controller.Client
+    monkeypatch.setattr(local_controller, "Client", lambda address, **options: (
+        asked.append(address), real(address, **options))[1])
+    assert local_controller.ask([fakes["c2"].address, fakes["c3"].address], header) is None
+    assert asked == [fakes[name].address for name in ("c2", "c1", "c3")]
+
+
+def test_a_real_followers_not_leader_names_the_leader_and_ask_goes_there(
+        tmp_path: Path) -> None:
+    """Over the broker's service path (an in-process cluster of three controllers and
+    three brokers): a follower's NotLeader carries the leader's address back, so
+    ``local_controller.ask`` given only a follower reaches the leader."""
+    header = {"kind": "describe_cluster", "require_leader": True}
+    with inprocess.Cluster(inprocess.configs(tmp_path)) as cluster:
+        wait_until(lambda: _leading(cluster) is not None, "a controller leader", WAIT_S)
+        leader = _leading(cluster)
+        wait_until(lambda: local_controller.ask([cluster.configs[leader].listen], header)
+                   is not None, "the controller leader serving", WAIT_S)
+        follower = next(name for name in inprocess.CONTROLLERS if name != leader)
+        address = cluster.configs[follower].listen
+        with Client(address, timeout_s=WAIT_S) as client, \
+                pytest.raises(errors.NotLeader) as refused:
+            client.call(dict(header))
+        assert refused.value.leader_address == cluster.configs[leader].listen
+        answer = local_controller.ask([address], header)
+        assert answer is not None and answer["leader"] == leader
+
+
+def _leading(cluster: inprocess.Cluster) -> str | None:
+    try:
+        return cluster.leader()
+    except StopIteration:
+        return None
