@@ -11,13 +11,16 @@ below min.insync (KIP-966's strict min ISR) — a topic created with
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from mqlog import errors
 from mqlog.client import Client
+from mqlog.replication import hardstate
 from mqlog.replication.local import wait_until
+from mqlog.replication.node import Node
 from mqlog.results import PutStatus
 from tests import inprocess
 from tests.inprocess import Cluster
@@ -117,3 +120,26 @@ def test_a_restarted_last_isr_member_still_shows_what_was_committed(tmp_path: Pa
         with Client(where, timeout_s=10) as client:
             bodies = [record.body for record in client.fetch("kept", 0, 0, 10)]
         assert bodies == [b"r0", b"r1", b"r2", b"r3"], bodies
+
+
+def test_a_lowered_high_watermark_is_saved_at_once_and_synced(tmp_path: Path,
+                                                              monkeypatch: Any) -> None:
+    """A run that lowers an ISR replica's high watermark (a truncation below it, after an
+    unclean election) saves it at once, synced: the older file would show the records
+    written after the cut as committed after a crash. A run that raises it does not (the
+    interval's save, not synced, does). The node's own _run_driver, over stand-ins."""
+    saved: list[tuple[int, bool]] = []
+    monkeypatch.setattr(hardstate, "save_high_watermark",
+                        lambda directory, value, sync=False: saved.append((value, sync)))
+    node = object.__new__(Node)  # (only what _run_driver touches)
+    core = SimpleNamespace(hw=300)
+    node.driver = SimpleNamespace(run=lambda: None, core=core)
+    node.store = SimpleNamespace(committed_position=300)
+    node.closed, node.isr, node.store_dir, node._scheduled = False, True, tmp_path, True
+    node._saved_high_watermark, node._committed = 500, 300
+    node._commit_callbacks, node._run_callbacks = [], []
+    node._run_driver()
+    assert saved == [(300, True)] and node._saved_high_watermark == 300
+    core.hw = 400
+    node._run_driver()
+    assert saved == [(300, True)]  # (a rise waits for the interval)

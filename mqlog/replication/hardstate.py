@@ -165,11 +165,12 @@ def load_high_watermark(directory: Path) -> tuple[int, str]:
     return value, ""
 
 
-def save_high_watermark(directory: Path, high_watermark: int) -> None:
-    """Replace the saved high watermark, not synced: a crash may leave an older one (or
-    none), which is still a committed position; the CRC tells a torn one."""
+def save_high_watermark(directory: Path, high_watermark: int, sync: bool = False) -> None:
+    """Replace the saved high watermark; not synced unless ``sync``: a crash may leave an
+    older one (or none), still a committed position while the high watermark only
+    grows; the CRC tells a torn one. (One that went down is saved with ``sync``.)"""
     _write(directory, HIGH_WATERMARK_FILE_NAME, _HIGH_WATERMARK_MAGIC,
-           {"high_watermark": high_watermark}, sync=False)
+           {"high_watermark": high_watermark}, sync=sync)
 
 
 def save(directory: Path, state: HardState | RoleState) -> None:

@@ -264,12 +264,16 @@ class Node:
         """Save an ISR replica's high watermark if it moved since the last save (Kafka's
         replication-offset-checkpoint): a restart starts from it, so readers do not lose
         sight of committed records until the ISR is large enough to move it again. A
-        save that fails is reported and tried again at the next interval."""
+        save that fails is reported and tried again at the next interval. One that
+        went down (a truncation below it: only after an unclean election) is saved at
+        once and synced: an older file would show the records written since as
+        committed after a restart."""
         high_watermark = self.core.hw
         if high_watermark == self._saved_high_watermark:
             return
         try:
-            hardstate.save_high_watermark(self.store_dir, high_watermark)
+            hardstate.save_high_watermark(self.store_dir, high_watermark,
+                                          sync=high_watermark < self._saved_high_watermark)
         except OSError as error:
             self.note(f"cannot save the high watermark {high_watermark}: {error}")
             return
@@ -305,6 +309,8 @@ class Node:
         if self.closed:
             return
         self.driver.run()
+        if self.isr and self.core.hw < self._saved_high_watermark:
+            self._save_high_watermark()  # (lowered: an unclean election cut the log)
         committed = self.store.committed_position
         if committed != self._committed:
             self._committed = committed
