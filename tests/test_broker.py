@@ -297,6 +297,30 @@ def test_a_group_whose_ready_fails_stops_its_broker_and_says_where(tmp_path, cap
     assert "Traceback" in err and "broken_set_committed" in err and "the disk went away" in err
 
 
+def test_a_member_that_moved_is_dialed_where_it_listens_now(tmp_path):
+    """The same group again with a member (broker b2) at another address — b2 registered
+    anew elsewhere — is the hosted group, b2 dialed at its new address; it was refused as
+    "another spec", and the partitions shared with b2 never got a decision again (a
+    hostile review). A spec that differs in more than addresses is still refused."""
+    address, old, new = (f"127.0.0.1:{port}" for port in free_ports(3))
+    config = BrokerConfig("b1", address, tmp_path / "b1", cluster_id="c").validate()
+    store = StoreConfig(segment_size_bytes=16 << 20, flush_mode="sync")
+
+    def spec(b2: str, partitions=(("orders", 0),)) -> GroupSpec:
+        return GroupSpec.raft("p0", {"b1": address, "b2": b2}, store=store,
+                              partitions=partitions, election_timeout_ticks=3,
+                              heartbeat_ticks=1)
+    with BrokerThread(config) as running:
+        broker = running.broker
+        node = running.call(broker.ensure_group, spec(old))
+        assert broker.peers["b2"] == old
+        assert running.call(broker.ensure_group, spec(new)) is node
+        assert broker.peers["b2"] == new and node.spec.addresses["b2"] == new
+        assert node.peers["b2"] == new
+        with pytest.raises(errors.InvalidArgument, match="another spec"):
+            running.call(broker.ensure_group, spec(new, partitions=(("orders", 1),)))
+
+
 def test_groups_are_added_and_dropped_at_runtime(tmp_path):
     address = f"127.0.0.1:{free_ports(1)[0]}"
     config = BrokerConfig("b1", address, tmp_path / "b1", cluster_id="c").validate()

@@ -242,6 +242,8 @@ class Broker:
         if existing is not None:
             if existing.spec == spec:
                 return existing
+            if dataclasses.replace(existing.spec, addresses=spec.addresses) == spec:
+                return self._moved_members(existing, spec)
             raise errors.InvalidArgument(
                 f"group {spec.name!r} is hosted here with another spec; drop_group it first "
                 "(a Raft group's members change through a membership change)")
@@ -253,6 +255,18 @@ class Broker:
                 raise errors.InvalidArgument(
                     f"{partition} is served by group {self.routes[partition]!r} already")
         return None
+
+    def _moved_members(self, node: Node, spec: GroupSpec) -> Node:
+        """The same group, some of whose members listen elsewhere now (a broker that
+        registered again at another address): the group goes on, and those members are
+        dialed where they listen. Refused as "another spec", the partitions this broker
+        shares with a moved one were never handed a decision again, and one was left
+        without a working leader (a hostile review)."""
+        for name, address in spec.addresses.items():
+            if node.spec.addresses.get(name) != address:
+                self.set_address(name, address)
+        node.spec = spec
+        return node
 
     def _started(self, node: Node) -> Node:
         if self._running:
