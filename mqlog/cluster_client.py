@@ -340,10 +340,14 @@ class ClusterClient:
         answer: ``result()`` of what it returns waits for it (``flush`` for all). Up to
         ``max_in_flight_requests`` per partition are in flight; one more waits for the
         oldest's answer first. Their records are stored in the order sent (see the
-        module docstring), each request once. Refused at once, nothing sent, with
-        InvalidArgument: a topic that is not a non-empty str, a bytes key that is not
-        UTF-8 (keys are stored as text); with MessageTooLarge: a request larger than
-        ``frame_size_bytes_max``; with ClientClosed after ``close()``."""
+        module docstring), each request once. It blocks (as Kafka's send does, up to
+        max.block.ms) only to learn the topic's partitions when the metadata it holds is
+        older than ``metadata_max_age_ms``: while no broker answers, up to
+        ``retry_timeout_s``, then NodeUnavailable, the request not sent. Refused at
+        once, nothing sent, with InvalidArgument: a topic that is not a non-empty str, a
+        bytes key that is not UTF-8 (keys are stored as text); with MessageTooLarge: a
+        request larger than ``frame_size_bytes_max``; with ClientClosed after
+        ``close()``."""
         self._check_open()
         acks = self.acks if acks is None else acks_of(acks)
         if self.fenced is not None:
