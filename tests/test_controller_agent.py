@@ -69,6 +69,9 @@ class FailingHost:
     def leads(self) -> list:
         return []
 
+    def delete_strays(self, is_stray: Any) -> list[str]:
+        return []
+
 
 def _metadata() -> list[list[Any]]:
     """b1 registered and a Raft topic of two partitions on it, as a pull answers."""

@@ -36,6 +36,7 @@ from mqlog.replication.controller.config import ControllerConfig
 from mqlog.replication.local import wait_until
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from tests import inprocess
+from tests.processes import change_metadata, wait_live_brokers
 
 SESSION_MS, HEARTBEAT_MS = 9_000, 1_800  # the review's settings (a default-like session)
 WAIT_S = 30.0  # for a fake cluster to get where a test starts from (never reached if well)
@@ -70,6 +71,9 @@ class Host:
         return []
 
     def leads(self) -> list:
+        return []
+
+    def delete_strays(self, is_stray: Any) -> list[str]:
         return []
 
 
@@ -371,3 +375,76 @@ def _leading(cluster: inprocess.Cluster) -> str | None:
         return cluster.leader()
     except StopIteration:
         return None
+
+
+# --- a deleted topic's store on a broker that was away ----------------------------------------
+
+
+def test_a_store_of_a_topic_deleted_while_its_broker_was_away_is_swept(tmp_path: Path) -> None:
+    """b2 is stopped, topic "gone" is deleted, b2 starts again: once its view reaches its
+    registration, its store of gone-0 goes (KIP-516's stray logs; it stayed for ever, and
+    its abort marker made each later start unclean), and its store of "kept" stays."""
+    brokers = ("b1", "b2")
+    with inprocess.Cluster(inprocess.configs(tmp_path, brokers=brokers,
+                                             controllers=("c1",))) as cluster:
+        controllers = [cluster.configs["c1"].listen]
+        wait_live_brokers(controllers, len(brokers))
+        for name in ("gone", "kept"):
+            change_metadata(controllers, {"kind": "create_topic", "name": name,
+                                          "partitions": 1, "replication_factor": 2,
+                                          "layer": "isr"})
+        b2 = cluster.threads["b2"].broker
+        wait_until(lambda: {"gone-0", "kept-0"} <= set(b2.groups), "b2 hosting both", WAIT_S)
+        data_dir = cluster.configs["b2"].data_dir
+        cluster.stop("b2")
+        change_metadata(controllers, {"kind": "delete_topic", "name": "gone"})
+        assert (data_dir / "gone-0").is_dir()  # (b2 was away: nothing deleted it)
+        cluster.start("b2")
+        wait_until(lambda: not (data_dir / "gone-0").exists(), "gone-0 swept", WAIT_S)
+        assert (data_dir / "kept-0").is_dir()
+        wait_until(lambda: "kept-0" in cluster.threads["b2"].broker.groups, "kept-0 hosted",
+                   WAIT_S)
+
+
+def test_stores_are_swept_only_once_the_view_reaches_the_registration() -> None:
+    """The registration ended at 300 in the metadata log; the pulls bring the view to 200
+    (a lagging controller answering), then 300. Nothing is swept before 300 — a topic
+    missing from a view that lags is not a deleted one — and at 300 once, judged by that
+    view: a store of a topic it has (same id) stays, one of a topic it lacks goes."""
+    first = [records.RegisterBroker("b1", 1, Host.address),
+             records.RegisterBroker("b2", 1, "127.0.0.1:9002")]
+    then = [records.CreateTopic("kept", "raft", (("b1",),), topic_id=7),
+            records.CreateTopic("other", "raft", (("b2",),), topic_id=9)]
+    pulls = iter([
+        {"records": [[100 + 50 * index, records.encode(item)]
+                     for index, item in enumerate(first)], "position": 200},
+        {"records": [[250 + 50 * index, records.encode(item)]
+                     for index, item in enumerate(then)], "position": 300}])
+    voters = _addresses(1)
+    judged: list[list[bool]] = []
+    stores = [("kept-0", 8), ("other-0", 9), ("other-0", 8), ("gone-0", 7), ("other-x", 9)]
+
+    class Sweeping(Host):
+        def delete_strays(self, is_stray: Any) -> list[str]:
+            judged.append([is_stray(name, topic_id) for name, topic_id in stores])
+            return ["gone-0"]
+
+    def script(now: int, name: str, header: dict[str, Any]) -> tuple[int, Any, Any]:
+        if header["kind"] == "register_broker":
+            return 1, {"broker_epoch": 1, "metadata_position": 300}, None
+        if header["kind"] == "metadata_since":
+            return 1, next(pulls, {"records": [], "position": 300}), None
+        return 1, ANSWERS[header["kind"]], None
+    io = ClockIo(voters, script)
+    agent = host.BrokerAgent(Sweeping(), _config(voters), io, rng=random.Random(1))
+    io.agent = agent
+    agent.start()
+    io.run_until(HEARTBEAT_MS // 2)  # (the first round: the view at 200)
+    assert agent.position == 200 and judged == []
+    io.run_until(5 * HEARTBEAT_MS)
+    assert agent.position == 300 and agent.rounds >= 3
+    # (a hosted group's stays, whatever the id; one of a topic the view has with that id
+    # stays, hosted here or not; of another id, or of a topic the view lacks, goes; a name
+    # that is no TOPIC-PARTITION is left alone) — once, not every round
+    assert judged == [[False, False, True, True, False]], judged
+    assert any("deleted the store gone-0" in note for note in io.notes), io.notes

@@ -193,6 +193,9 @@ class Host:
     def leads(self):
         return []
 
+    def delete_strays(self, is_stray):
+        return []
+
 
 CONFIG = ControllerConfig(voters={"c1": "127.0.0.1:7001", "c2": "127.0.0.1:7002",
                                   "c3": "127.0.0.1:7003"}).validate()

@@ -251,6 +251,9 @@ class SimGroupHost:
     def leads(self) -> list[list[Any]]:
         return []  # (the simulator runs no partition groups)
 
+    def delete_strays(self, is_stray: Any) -> list[str]:
+        return []  # (no stores on a disk: a spec dropped is gone)
+
     def role(self, name: str) -> dict[str, Any] | None:
         return None  # (no cores here: master-slave roles are not simulated)
 

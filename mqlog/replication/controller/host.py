@@ -74,11 +74,14 @@ import os
 import random
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from mqlog import errors
 from mqlog.client import Client
 from mqlog.config import GroupSpec, ReplicationConfig, StoreConfig
+from mqlog.engine.files import delete_store
+from mqlog.replication import hardstate
 from mqlog.replication.controller import records
 from mqlog.replication.controller.config import CONTROLLER_GROUP, ControllerConfig
 from mqlog.replication.controller.leaders import LeaderTable, leaders_from, leads_from
@@ -290,6 +293,10 @@ class GroupHost(Protocol):
         """[topic, partition, term] of each Raft partition group this broker leads now, and
         its topic id when it has one (leaders.leads_from)."""
 
+    def delete_strays(self, is_stray: Callable[[str, int], bool]) -> list[str]:
+        """Delete the partition stores that no group hosts and that ``is_stray(name,
+        topic id)`` says no topic of the metadata has; their names."""
+
 
 class BrokerAgent:
     """One broker's membership in the cluster, for one process life (see the module
@@ -311,6 +318,10 @@ class BrokerAgent:
         self.hosted: set[str] = set()  # groups this agent opened
         self._topic_ids: dict[str, int] = {}  # hosted group -> its spec's topic id
         self._deleted_topics: set[str] = set()  # DeleteTopic folded since the last pass
+        # Where this life's registration ends in the metadata log (the controller's
+        # answer); once the view reaches it, stores of deleted topics are swept, once
+        self._registered_position: int | None = None
+        self._strays_swept = False
         # The view of the last hosting pass that did all it wanted (host_assigned), and
         # the layer of each group that pass wanted, in its order
         self._hosted_view: ClusterMetadata | None = None
@@ -363,6 +374,9 @@ class BrokerAgent:
 
     def _registered(self, answer: dict[str, Any]) -> None:
         self.epoch = answer["broker_epoch"]
+        position = answer.get("metadata_position")
+        if type(position) is int:  # (a controller of before says none: nothing is swept)
+            self._registered_position = position
         self.unclean_shutdown = False  # (said once: this life's stores are its own now)
         self._heartbeat()
 
@@ -450,7 +464,34 @@ class BrokerAgent:
     def _pulled(self, answer: dict[str, Any]) -> None:
         self.fold(answer)
         self.host_assigned()
+        self._sweep_strays()
         self._end_round(None)
+
+    def _sweep_strays(self) -> None:
+        """Once this life's view reaches its registration (every topic created before it
+        is in the view, deleted or not since), delete the stores under the broker's data
+        directory that no topic of the view has: a topic deleted while this broker was
+        away (KIP-516's stray logs). Kept, such a store stayed for ever, and its abort
+        marker made every later start of the broker unclean (out of every ELR). Never
+        before: a new life's first views may come from a controller that lags, and a
+        topic missing from them is not a deleted one."""
+        if self._strays_swept or self._registered_position is None or \
+                self.position < self._registered_position:
+            return
+        self._strays_swept = True
+        for name in self.host.delete_strays(self._is_stray):
+            self.io.note(f"broker {self.host.broker_id}: deleted the store {name}: no topic "
+                         "of the metadata has it (its topic was deleted while this broker "
+                         "was away)")
+
+    def _is_stray(self, name: str, topic_id: int) -> bool:
+        """Whether a store ``name`` (TOPIC-PARTITION) of topic id ``topic_id`` that no
+        group hosts belongs to no topic of the view."""
+        topic, _, partition = name.rpartition("-")
+        if name in self.hosted or not partition.isdigit():
+            return False
+        info = self.view.topics.get(topic)
+        return info is None or info.topic_id != topic_id
 
     def _end_round(self, error: errors.MqlogError | None) -> None:
         if error is not None:
@@ -769,6 +810,26 @@ class BrokerGroups:
     def drop_group(self, name: str, delete_data: bool = False) -> None:
         self.broker.drop_group(name, delete_data)
 
+    def delete_strays(self, is_stray: Callable[[str, int], bool]) -> list[str]:
+        """The data directory's partition stores (those with a topic id: never the
+        controller's, nor a config's groups) that no group of the broker hosts and that
+        ``is_stray`` says no topic has, deleted (aside first: files.delete_store). A
+        topic-id file that cannot be read leaves its store alone."""
+        root = Path(self.broker.config.data_dir)
+        gone: list[str] = []
+        for child in sorted(root.iterdir()) if root.is_dir() else []:
+            name = child.name
+            if not child.is_dir() or name in self.broker.groups or name == CONTROLLER_GROUP:
+                continue
+            try:
+                topic_id = hardstate.load_topic_id(child)
+            except (errors.CorruptStore, OSError):
+                continue
+            if topic_id is not None and is_stray(name, topic_id):
+                delete_store(child)
+                gone.append(name)
+        return gone
+
     def reports(self) -> list[list[Any]]:
         found = []
         for node in self.broker.groups.values():
@@ -856,8 +917,6 @@ def unclean_stores(data_dir: Any, skip: set[str] | None = None) -> list[str]:
     replica_ack "written" they may have lost acknowledged records). Call before any
     partition is opened (an open store has its marker): the controller's store and the
     groups in ``skip`` (those the broker's config hosts, open already) are not looked at."""
-    from pathlib import Path
-
     root, skip = Path(data_dir), {CONTROLLER_GROUP, *(skip or ())}
     if not root.is_dir():
         return []

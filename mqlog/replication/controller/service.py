@@ -283,8 +283,9 @@ class Controller:
         if known is not None and incarnation and known.incarnation == incarnation and \
                 (known.address, known.rack) == (address, rack):
             self._sessions[broker_id] = self.ticks
-            return Proposal(self._registered_at.get(broker_id),
-                            {"broker_epoch": known.broker_epoch})
+            at = self._registered_at.get(broker_id)
+            return Proposal(at, {"broker_epoch": known.broker_epoch,
+                                 **({"metadata_position": at} if at is not None else {})})
         if known is None and len(self.working.brokers) >= self.config.brokers_max:
             raise MetadataChangeRefused(f"{len(self.working.brokers)} brokers registered, "
                                         f"brokers_max={self.config.brokers_max}")
@@ -313,7 +314,10 @@ class Controller:
         self._registered_at[broker_id] = end
         self._sessions[broker_id] = self.ticks
         self._fenced_tick[broker_id] = self.ticks  # (its last life is over: as a fence)
-        return Proposal(end, {"broker_epoch": epoch})
+        # (where the registration ends in the metadata log: a broker whose view reaches it
+        # knows every topic created before, so a store of its last life that no topic has
+        # is a deleted topic's: host.py's BrokerAgent._sweep_strays)
+        return Proposal(end, {"broker_epoch": epoch, "metadata_position": end})
 
     def heartbeat(self, broker_id: str, broker_epoch: int,
                   reports: dict[tuple[str, int], tuple[int, int]] | None = None,
