@@ -111,6 +111,10 @@ def test_a_restarted_last_isr_member_still_shows_what_was_committed(tmp_path: Pa
         cluster.stop(follower)
         wait_until(lambda: cluster_state(addresses).topics["kept"].partitions[0].isr ==
                    (leader,), "the ISR down to its leader", 60)
+        # (the follower left as an eligible leader replica, KIP-966: fenced first, or the
+        # leader's stop would elect it, stopped as it is)
+        wait_until(lambda: cluster_state(addresses).brokers[follower].fenced,
+                   f"{follower} fenced", 60)
         cluster.stop(leader)
         cluster.start(leader)
         assert _leader(cluster, addresses, "kept") == leader  # (the last ISR member)
