@@ -145,6 +145,21 @@ def test_requests_fold_into_the_state(make: Any) -> None:
     assert "orders" not in controller.committed.topics
 
 
+def test_a_registration_says_where_it_ends_and_its_retry_does_not(make: Any) -> None:
+    """A registration's answer names where its record ends in the metadata log (a broker
+    whose view reaches it sweeps the stores of deleted topics: host.py). A retry of the
+    same life is answered without it: the record may have been written by another leader
+    past what this one noted, and a position too low would let the broker take a lagging
+    view for complete and delete a live topic's store (a hostile review)."""
+    one = make()
+    controller = one.lead()
+    first = one.call(controller.register_broker("b0", "h:1", incarnation="life-1"))
+    assert first["metadata_position"] == one.controller.applied_to > 0
+    retry = one.call(controller.register_broker("b0", "h:1", incarnation="life-1"))
+    assert retry["broker_epoch"] == first["broker_epoch"]
+    assert "metadata_position" not in retry
+
+
 def test_bad_requests_get_typed_errors_and_change_nothing(make: Any) -> None:
     one = make()
     epochs = _cluster(one, 2)

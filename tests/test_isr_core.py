@@ -62,16 +62,23 @@ def test_a_follower_drops_answers_to_fetches_it_no_longer_waits_for():
     assert follower.ready().appends == []
 
 
-def test_a_saved_high_watermark_is_taken_up_to_the_log_end(tmp_path):
-    """A restarted replica starts from the high watermark it saved, never past its log's
-    end (a torn tail cut by recovery); the first Ready commits to it. The saved file
-    comes back as written; a damaged or missing one is 0, with a word for the operator
-    when damaged (never an error: the ISR moves the high watermark again)."""
+def test_a_saved_high_watermark_is_taken_up_to_the_log_end_when_leading(tmp_path):
+    """A restarted replica that leads first takes the high watermark it saved, never past
+    its log's end (a torn tail cut by recovery), and commits to it; one that follows
+    drops it (an unclean election may have cut what it counted: its leader says). Until
+    either, the node keeps saving it. The saved file comes back as written; a damaged or
+    missing one is 0, with a word for the operator when damaged (never an error)."""
     log = FakeLog(300, ((1, 0),))
     config = ReplicationConfig(layer="isr", node_id="n2", replicas=REPLICAS)
     for saved, expected in ((120, 120), (500, 300), (0, 0)):
         core = IsrCore(config, log, high_watermark=saved)
+        assert core.hw == 0 and core.high_watermark_to_save == expected
+        core.apply_metadata(_state(leader="n2", epoch=2))  # (a new leader epoch)
         assert core.hw == expected and core.ready().commit_to == (expected or None)
+        follower = IsrCore(config, log, high_watermark=saved)
+        follower.apply_metadata(_state(leader="n1"))
+        assert follower.hw == 0 and follower.high_watermark_to_save == 0
+        assert follower.ready().commit_to is None
     assert hardstate.load_high_watermark(tmp_path) == (0, "")
     hardstate.save_high_watermark(tmp_path, 4_096)
     assert hardstate.load_high_watermark(tmp_path) == (4_096, "")

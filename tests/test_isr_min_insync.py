@@ -136,7 +136,7 @@ def test_a_lowered_high_watermark_is_saved_at_once_and_synced(tmp_path: Path,
     monkeypatch.setattr(hardstate, "save_high_watermark",
                         lambda directory, value, sync=False: saved.append((value, sync)))
     node = object.__new__(Node)  # (only what _run_driver touches)
-    core = SimpleNamespace(hw=300)
+    core = SimpleNamespace(high_watermark_to_save=300)
     node.driver = SimpleNamespace(run=lambda: None, core=core)
     node.store = SimpleNamespace(committed_position=300)
     node.closed, node.isr, node.store_dir, node._scheduled = False, True, tmp_path, True
@@ -144,6 +144,6 @@ def test_a_lowered_high_watermark_is_saved_at_once_and_synced(tmp_path: Path,
     node._commit_callbacks, node._run_callbacks = [], []
     node._run_driver()
     assert saved == [(300, True)] and node._saved_high_watermark == 300
-    core.hw = 400
+    core.high_watermark_to_save = 400
     node._run_driver()
     assert saved == [(300, True)]  # (a rise waits for the interval)

@@ -265,10 +265,10 @@ class Node:
         replication-offset-checkpoint): a restart starts from it, so readers do not lose
         sight of committed records until the ISR is large enough to move it again. A
         save that fails is reported and tried again at the next interval. One that
-        went down (a truncation below it: only after an unclean election) is saved at
-        once and synced: an older file would show the records written since as
-        committed after a restart."""
-        high_watermark = self.core.hw
+        went down (a cut below it after an unclean election, or a restart's saved one
+        that the replica dropped as it followed) is saved at once and synced: an older
+        file would show the records written since as committed after a restart."""
+        high_watermark = self.core.high_watermark_to_save
         if high_watermark == self._saved_high_watermark:
             return
         try:
@@ -309,8 +309,8 @@ class Node:
         if self.closed:
             return
         self.driver.run()
-        if self.isr and self.core.hw < self._saved_high_watermark:
-            self._save_high_watermark()  # (lowered: an unclean election cut the log)
+        if self.isr and self.core.high_watermark_to_save < self._saved_high_watermark:
+            self._save_high_watermark()  # (lowered: a cut below it, or dropped following)
         committed = self.store.committed_position
         if committed != self._committed:
             self._committed = committed

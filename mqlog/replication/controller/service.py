@@ -283,9 +283,12 @@ class Controller:
         if known is not None and incarnation and known.incarnation == incarnation and \
                 (known.address, known.rack) == (address, rack):
             self._sessions[broker_id] = self.ticks
-            at = self._registered_at.get(broker_id)
-            return Proposal(at, {"broker_epoch": known.broker_epoch,
-                                 **({"metadata_position": at} if at is not None else {})})
+            # (no metadata_position: where this life's registration ends may be past what
+            # this controller noted, another leader having written it; a broker told too
+            # low a position would take a lagging view for complete and delete stores of
+            # live topics. It sweeps none in this life.)
+            return Proposal(self._registered_at.get(broker_id),
+                            {"broker_epoch": known.broker_epoch})
         if known is None and len(self.working.brokers) >= self.config.brokers_max:
             raise MetadataChangeRefused(f"{len(self.working.brokers)} brokers registered, "
                                         f"brokers_max={self.config.brokers_max}")

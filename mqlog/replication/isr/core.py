@@ -187,10 +187,13 @@ class IsrCore(EpochMirror, PeerMessages):
         self.role = OFFLINE
         self.tick_count = 0
         self._end = log.written_position  # the log's end, pending appends counted
-        # The high watermark this replica saved before a restart (a committed position;
-        # the node's): readers see those records again at once, whatever the ISR's size
-        # now. The rest is learnt again, from the leader or, leading, from the ISR.
-        self.hw = min(high_watermark, self._end)
+        self.hw = 0  # learnt again from the leader after a restart, or (leading) below:
+        # The high watermark this replica saved before the restart (the node's), capped at
+        # its log's end: taken if it leads before it follows (the last ISR member
+        # restarted: readers see the committed records at once, whatever the ISR's size
+        # now). A follower drops it: an unclean election may have cut what it counted,
+        # and its leader's answers say where the high watermark is, after truncating.
+        self._saved_hw = min(high_watermark, self._end)
         self._epochs = list(log.epoch_starts())
         self._epoch_start_offset = 0  # a leader's end when its leader epoch began
         self.followers: dict[str, Replica] = {}
@@ -200,7 +203,7 @@ class IsrCore(EpochMirror, PeerMessages):
         self._fetch_id = 0
         self._fetch_sent_tick: int | None = None  # None: no fetch in flight
         self._fetch_due_tick = 0
-        self._ready = Ready(commit_to=self.hw or None)
+        self._ready = Ready()
         self._seen = UNSEEN  # a leader's log_positions at its last ready()
         self.ignored = 0
         self._ignored_from: set[str] = set()
@@ -216,6 +219,12 @@ class IsrCore(EpochMirror, PeerMessages):
     def epoch(self) -> int:
         """The leader epoch this replica knows (the driver serves writes in it)."""
         return self.state.leader_epoch
+
+    @property
+    def high_watermark_to_save(self) -> int:
+        """What the node saves as this replica's high watermark: a restart's saved one
+        too, while it is neither taken (leading) nor dropped (following)."""
+        return max(self.hw, self._saved_hw)
 
     @property
     def is_master(self) -> bool:
@@ -408,6 +417,7 @@ class IsrCore(EpochMirror, PeerMessages):
             self._become_leader()
         elif state.leader and self.node_id in self.replicas:
             self.role = FOLLOWER
+            self._saved_hw = 0
             self._ready.events.append(f"{self.node_id} follows {state.leader} in leader epoch "
                                       f"{state.leader_epoch}")
             if self._test_break == "truncate_to_hw" and self.hw < self._end:
@@ -424,6 +434,9 @@ class IsrCore(EpochMirror, PeerMessages):
         if state.leader_epoch > self.log.epoch:
             self._ready.set_epoch = state.leader_epoch
         self._epoch_start_offset = self._end
+        if self._saved_hw > self.hw:  # (saved before a restart: see __init__)
+            self.hw = self._ready.commit_to = self._saved_hw
+        self._saved_hw = 0
         self.followers = {name: Replica(caught_up_tick=self.tick_count if name in state.isr
                                         else FAR_PAST)
                           for name in self.replicas if name != self.node_id}
