@@ -15,6 +15,7 @@ import pytest
 from mqlog import errors
 from mqlog.replication.controller import host, records, state
 from mqlog.replication.controller.config import ControllerConfig
+from tests.test_controller_sim import Host
 
 CONFIG = ControllerConfig(voters={"c1": "127.0.0.1:7001"}).validate()
 ADDRESS = "127.0.0.1:9001"
@@ -45,32 +46,24 @@ class Io:
         self.run_due()
 
 
-class FailingHost:
+class FailingHost(Host):
     """A GroupHost whose ensure_group raises ``failure`` for the groups in ``failing``."""
 
-    broker_id, address = "b1", ADDRESS
+    address = ADDRESS
 
     def __init__(self, failure: BaseException, failing: set[str]) -> None:
-        self.failure, self.failing, self.groups = failure, failing, {}
+        super().__init__()
+        self.failure, self.failing = failure, failing
         self.deleted: list[str] = []  # groups dropped with their data
 
     def ensure_group(self, spec: Any) -> None:
         if spec.name in self.failing:
             raise self.failure
-        self.groups[spec.name] = spec
+        super().ensure_group(spec)
 
     def drop_group(self, name: str, delete_data: bool = False) -> None:
-        del self.groups[name]
+        super().drop_group(name)
         self.deleted.extend([name] if delete_data else [])
-
-    def reports(self) -> list:
-        return []
-
-    def leads(self) -> list:
-        return []
-
-    def delete_strays(self, is_stray: Any) -> list[str]:
-        return []
 
 
 def _metadata() -> list[list[Any]]:

@@ -37,6 +37,7 @@ from mqlog.replication.local import wait_until
 from mqlog.replication.wire import Frame, FrameDecoder, encode_frame
 from tests import inprocess
 from tests.processes import change_metadata, wait_live_brokers
+from tests.test_controller_sim import Host  # (records what it hosts: no real group)
 
 SESSION_MS, HEARTBEAT_MS = 9_000, 1_800  # the review's settings (a default-like session)
 WAIT_S = 30.0  # for a fake cluster to get where a test starts from (never reached if well)
@@ -51,30 +52,6 @@ def _config(voters: dict[str, str], **settings: int) -> ControllerConfig:
     return ControllerConfig(voters=voters, **{"broker_session_timeout_ms": SESSION_MS,
                                               "broker_heartbeat_interval_ms": HEARTBEAT_MS,
                                               **settings}).validate()
-
-
-class Host:
-    """A GroupHost that records what it hosts (nothing here is a real group)."""
-
-    broker_id, address = "b1", "127.0.0.1:9001"
-
-    def __init__(self) -> None:
-        self.groups: dict[str, Any] = {}
-
-    def ensure_group(self, spec: Any) -> None:
-        self.groups[spec.name] = spec
-
-    def drop_group(self, name: str, delete_data: bool = False) -> None:
-        del self.groups[name]
-
-    def reports(self) -> list:
-        return []
-
-    def leads(self) -> list:
-        return []
-
-    def delete_strays(self, is_stray: Any) -> list[str]:
-        return []
 
 
 ANSWERS: dict[str, dict[str, Any]] = {
