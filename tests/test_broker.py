@@ -319,12 +319,6 @@ def test_a_member_that_moved_is_dialed_where_it_listens_now(tmp_path):
         assert node.peers["b2"] == new
         with pytest.raises(errors.InvalidArgument, match="another spec"):
             running.call(broker.ensure_group, spec(new, partitions=(("orders", 1),)))
-        # A new group assigned by the controller (a topic id) names b2 where it listens
-        # now: it wins over an older address in the book (which learn_address kept)
-        running.call(broker.drop_group, "p0")
-        broker.peers["b2"] = old
-        moved = dataclasses.replace(spec(new, partitions=(("orders", 2),)), topic_id=5)
-        assert running.call(broker.ensure_group, moved).peers["b2"] == new
 
 
 def test_groups_are_added_and_dropped_at_runtime(tmp_path):

@@ -305,10 +305,7 @@ class Broker:
         for partition in spec.partitions:
             self.routes[partition] = spec.name
         for name, address in spec.addresses.items():
-            if spec.topic_id:  # (assigned by the controller, whose metadata says where its
-                self.set_address(name, address)  # brokers listen now: a moved one too)
-            else:
-                self.learn_address(name, address)
+            self.learn_address(name, address)
         return node
 
     def start_ticking(self, node: Node) -> None:
