@@ -555,6 +555,34 @@ def test_a_service_answers_its_kinds_and_errors_come_back_typed(tmp_path):
 
 
 
+def test_a_services_not_leader_names_the_leader_and_where_it_listens(tmp_path):
+    """A service's NotLeader keeps its hint on the wire (a broker's agent and ``mqlog``
+    tooling ask the leader next): the error's own address, else the broker's address
+    book's; and the other errors' fields a client acts on (PartiallyStored's count)."""
+    address = f"127.0.0.1:{free_ports(1)[0]}"
+    config = BrokerConfig("b1", address, tmp_path / "b1").validate()
+    with BrokerThread(config) as running:
+        async def refuse(header, payload):
+            if header["with"] == "address":
+                raise errors.NotLeader("not me", leader="c2", leader_address="h:2")
+            if header["with"] == "book":
+                raise errors.NotLeader("not me", leader="b7")
+            raise errors.PartiallyStored("cut", 3)
+
+        running.call(running.broker.add_service, ("refuse",), refuse)
+        running.call(running.broker.learn_address, "b7", "127.0.0.1:7")
+        with mqlog.Client(address) as client:
+            with pytest.raises(errors.NotLeader) as told:
+                client.call({"kind": "refuse", "with": "address"})
+            assert (told.value.leader, told.value.leader_address) == ("c2", "h:2")
+            with pytest.raises(errors.NotLeader) as told:
+                client.call({"kind": "refuse", "with": "book"})
+            assert (told.value.leader, told.value.leader_address) == ("b7", "127.0.0.1:7")
+            with pytest.raises(errors.PartiallyStored) as cut:
+                client.call({"kind": "refuse", "with": "count"})
+            assert cut.value.count == 3
+
+
 @contextlib.contextmanager
 def _echo_broker(tmp_path: Path, **settings: Any) -> Iterator[tuple[str, BrokerThread]]:
     """A running broker (BrokerConfig ``settings``) with an ``echo`` service: the payload

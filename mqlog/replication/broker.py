@@ -62,7 +62,13 @@ from mqlog.engine.files import FileExtent, delete_store
 from mqlog.ext import libc
 from mqlog.replication import messages
 from mqlog.replication.connection import BACKED_UP, BUSY, Connection
-from mqlog.replication.node import Node, run_until_signalled, split_address, start_listening
+from mqlog.replication.node import (
+    Node,
+    error_answer,
+    run_until_signalled,
+    split_address,
+    start_listening,
+)
 from mqlog.replication.wire import RECEIVE_KEPT_BYTES, Frame, encode_frame
 
 __all__ = ["Broker", "GroupSpec", "run_broker"]
@@ -707,8 +713,8 @@ class Broker:
 
     async def _answer_error(self, frame: Frame, writer: Connection,
                             error: errors.MqlogError) -> None:
-        header = {"kind": "error", "error": type(error).__name__, "message": str(error),
-                  "id": frame.header.get("id")}
+        header = error_answer(error, self.peers.get)
+        header["id"] = frame.header.get("id")
         await writer.answer(encode_frame(header))
 
     def metadata(self) -> dict[str, Any]:

@@ -397,16 +397,7 @@ class Node:
                 f"node {self.node_id}'s replica of group {self.name} is closing (the node "
                 "stops, or the group left it): the request's outcome is unknown; retry it "
                 "(with the same producer id and sequence it is stored once)")
-        header: dict[str, Any] = {"kind": "error", "error": type(error).__name__,
-                                  "message": str(error)}
-        if isinstance(error, errors.PartiallyStored):
-            header["count"] = error.count
-        if isinstance(error, errors.OffsetOutOfRange):  # (a consumer resets from these)
-            header["min_offset"], header["max_offset"] = error.min_offset, error.max_offset
-        if isinstance(error, errors.NotLeader) and error.leader:
-            header["leader"] = error.leader
-            header["leader_address"] = self.broker.peers.get(error.leader)
-        return header
+        return error_answer(error, self.broker.peers.get)
 
     async def _answer_produces(self, frames: list[Frame], writer: Connection) -> None:
         """Produce requests that arrived together are stored, made durable, replicated
@@ -725,6 +716,24 @@ ACKS = {"replicated": "replicated", "all": "replicated", "-1": "replicated", -1:
 # inside the request on the replica that led before; or a batch the store cut): proposed
 # through the driver's propose_write whatever its acks, which answers it (driver.py).
 PARTIAL = "partial"
+
+
+def error_answer(error: errors.MqlogError,
+                 address_of: Callable[[str], str | None]) -> dict[str, Any]:
+    """The error answer a broker sends for ``error`` (client.error_of reads it back as the
+    same typed error): its class and message, and what a client acts on — a NotLeader's
+    leader and that leader's address (the error's own, else ``address_of(leader)``: the
+    broker's address book), a PartiallyStored's count, an OffsetOutOfRange's bounds."""
+    header: dict[str, Any] = {"kind": "error", "error": type(error).__name__,
+                              "message": str(error)}
+    if isinstance(error, errors.PartiallyStored):
+        header["count"] = error.count
+    if isinstance(error, errors.OffsetOutOfRange):  # (a consumer resets from these)
+        header["min_offset"], header["max_offset"] = error.min_offset, error.max_offset
+    if isinstance(error, errors.NotLeader) and error.leader:
+        header["leader"] = error.leader
+        header["leader_address"] = error.leader_address or address_of(error.leader)
+    return header
 
 
 def acks_of(value: Any) -> str:

@@ -10,7 +10,7 @@ every tick, and serves its requests (``register_broker``, ``broker_heartbeat``,
 through ``dispatch``. A change is answered once its record is committed and folded on
 the leader; if the leader loses its leadership (or ``broker_session_timeout_ms`` passes) first, the
 answer is NodeUnavailable: the outcome is unknown. A follower asked what only the leader
-answers says NotLeader, naming the leader and its address (``not_leader_answer``).
+answers says NotLeader, naming the leader and its address (node.py's ``error_answer``).
 
 ``join_cluster(broker)`` runs in a broker (role "broker", alone or combined) that knows
 the controller quorum (the ``[controller] voters`` table): the broker's ``BrokerAgent``
@@ -227,25 +227,14 @@ def host_controller(broker: Any) -> Controller:
         return proposal.answer
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
-        try:
-            outcome = dispatch(controller, header)
-        except errors.NotLeader as error:
-            return not_leader_answer(error), b""
+        outcome = dispatch(controller, header)  # (NotLeader: the broker's error answer names
+        # the leader and its address: node.error_answer)
         if isinstance(outcome, Proposal):
             return await settled(outcome), b""
         return outcome, b""
 
     broker.add_service(KINDS, handle)
     return controller
-
-
-def not_leader_answer(error: errors.NotLeader) -> dict[str, Any]:
-    """A follower's NotLeader as the error answer, naming the leader and its address (the
-    client raises it back as a NotLeader with its hint: client.error_of). The broker's
-    error answer for a service (broker.py) says only the class and the message, and
-    without the hint a broker's agent, or ``mqlog`` tooling, cannot ask the leader next."""
-    return {"kind": "error", "error": type(error).__name__, "message": str(error),
-            "leader": error.leader, "leader_address": error.leader_address}
 
 
 # --- a broker's side: register, heartbeat, pull, host what is assigned -----------------------
