@@ -321,6 +321,23 @@ def test_a_member_that_moved_is_dialed_where_it_listens_now(tmp_path):
             running.call(broker.ensure_group, spec(new, partitions=(("orders", 1),)))
 
 
+def test_a_registered_address_is_followed_unless_the_peers_table_names_one(tmp_path):
+    """The controller's metadata says where each broker registered: a broker learned of
+    earlier (an old group's spec) is dialed there from now on (``set_address``) — even
+    with no group shared now (the next one assigned dialed the
+    old address before). A broker named in the ``[peers]`` table stays where the operator
+    said (a proxy: the process tests' fault proxies); this broker's own id is ignored."""
+    address, proxy, old, new, registered = (f"127.0.0.1:{port}" for port in free_ports(5))
+    config = BrokerConfig("b1", address, tmp_path / "b1", cluster_id="c",
+                          peers={"b2": proxy}).validate()
+    with BrokerThread(config) as running:
+        broker = running.broker
+        running.call(broker.learn_address, "b3", old)
+        running.call(broker.follow_registrations,
+                     {"b1": "127.0.0.1:1", "b2": registered, "b3": new})
+        assert running.call(lambda: dict(broker.peers)) == {"b2": proxy, "b3": new}
+
+
 def test_groups_are_added_and_dropped_at_runtime(tmp_path):
     address = f"127.0.0.1:{free_ports(1)[0]}"
     config = BrokerConfig("b1", address, tmp_path / "b1", cluster_id="c").validate()

@@ -425,3 +425,40 @@ def test_stores_are_swept_only_once_the_view_reaches_the_registration() -> None:
     # that is no TOPIC-PARTITION is left alone) — once, not every round
     assert judged == [[False, False, True, True, False]], judged
     assert any("deleted the store gone-0" in note for note in io.notes), io.notes
+
+
+def test_the_host_follows_where_the_view_says_brokers_listen() -> None:
+    """Each pull that changes where the view's brokers registered tells the host (every
+    broker then dials a moved one at its new address, not only those whose groups name
+    it); a pull that changes nothing there tells it nothing."""
+    pulls = iter([
+        [records.RegisterBroker("b1", 1, Host.address),
+         records.RegisterBroker("b2", 1, "127.0.0.1:9002")],
+        [records.CreateTopic("t", "raft", (("b1",),), topic_id=7)],
+        [records.RegisterBroker("b2", 2, "127.0.0.1:9102")]])
+    told: list[dict[str, str]] = []
+    position = 0
+
+    class Following(Host):
+        def follow_registrations(self, addresses: Any) -> None:
+            told.append(dict(addresses))
+
+    def script(now: int, name: str, header: dict[str, Any]) -> tuple[int, Any, Any]:
+        nonlocal position
+        if header["kind"] == "metadata_since":
+            batch = next(pulls, [])
+            answer = {"records": [[position + 50 * (index + 1), records.encode(item)]
+                                  for index, item in enumerate(batch)],
+                      "position": position + 50 * len(batch)}
+            position = answer["position"]
+            return 1, answer, None
+        return 1, ANSWERS[header["kind"]], None
+    voters = _addresses(1)
+    io = ClockIo(voters, script)
+    agent = host.BrokerAgent(Following(), _config(voters), io, rng=random.Random(1))
+    io.agent = agent
+    agent.start()
+    io.run_until(6 * HEARTBEAT_MS)
+    assert agent.rounds >= 4, agent.rounds
+    assert told == [{"b1": Host.address, "b2": "127.0.0.1:9002"},
+                    {"b1": Host.address, "b2": "127.0.0.1:9102"}], told

@@ -196,6 +196,9 @@ class Host:
     def delete_strays(self, is_stray):
         return []
 
+    def follow_registrations(self, addresses):
+        self.registered = dict(addresses)
+
 
 CONFIG = ControllerConfig(voters={"c1": "127.0.0.1:7001", "c2": "127.0.0.1:7002",
                                   "c3": "127.0.0.1:7003"}).validate()

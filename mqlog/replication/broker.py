@@ -270,7 +270,7 @@ class Broker:
         without a working leader (a hostile review)."""
         for name, address in spec.addresses.items():
             if node.spec.addresses.get(name) != address:
-                self.set_address(name, address)
+                self.follow_registration(name, address)
         node.spec = spec
         return node
 
@@ -331,6 +331,19 @@ class Broker:
     def learn_address(self, name: str, address: str) -> None:
         if name != self.broker_id:
             self.peers.setdefault(name, address)
+
+    def follow_registrations(self, addresses: Mapping[str, str]) -> None:
+        """Where the controller's metadata says each broker listens (``follow_registration``
+        of each)."""
+        for name, address in addresses.items():
+            self.follow_registration(name, address)
+
+    def follow_registration(self, name: str, address: str) -> None:
+        """Broker ``name`` registered at ``address``: dial it there (``set_address``),
+        unless this broker's ``[peers]`` table names where to dial it — an operator's
+        address wins (a proxy, a NAT; the fault proxies of the process tests)."""
+        if name not in self.config.peers:
+            self.set_address(name, address)
 
     # --- running -------------------------------------------------------------------------
 

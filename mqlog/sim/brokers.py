@@ -177,6 +177,10 @@ class SimBroker:
             group.store.close()
             group.up = False
 
+    def follow_registrations(self, addresses: dict[str, str]) -> None:
+        """(BrokerGroups tells the broker where to dial; the simulated network delivers
+        by broker id, so there is nothing to dial.)"""
+
     def deliver(self, frame: Frame, peer: str) -> None:
         """A frame from broker ``peer`` for one of this broker's groups, routed as
         broker.py routes it (``route_peer_frame``)."""

@@ -254,6 +254,9 @@ class SimGroupHost:
     def delete_strays(self, is_stray: Any) -> list[str]:
         return []  # (no stores on a disk: a spec dropped is gone)
 
+    def follow_registrations(self, addresses: dict[str, str]) -> None:
+        pass  # (no connections here: the simulator delivers by broker id)
+
     def role(self, name: str) -> dict[str, Any] | None:
         return None  # (no cores here: master-slave roles are not simulated)
 

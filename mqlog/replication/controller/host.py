@@ -286,6 +286,11 @@ class GroupHost(Protocol):
         """Delete the partition stores that no group hosts and that ``is_stray(name,
         topic id)`` says no topic of the metadata has; their names."""
 
+    def follow_registrations(self, addresses: dict[str, str]) -> None:
+        """Where each broker registered it listens (broker id -> host:port, the view's):
+        dial it there from now on, unless the configuration says where (an operator's
+        address wins: a proxy, a NAT)."""
+
 
 class BrokerAgent:
     """One broker's membership in the cluster, for one process life (see the module
@@ -311,6 +316,7 @@ class BrokerAgent:
         # answer); once the view reaches it, stores of deleted topics are swept, once
         self._registered_position: int | None = None
         self._strays_swept = False
+        self._followed: dict[str, str] = {}  # the registered addresses the host was told
         # The view of the last hosting pass that did all it wanted (host_assigned), and
         # the layer of each group that pass wanted, in its order
         self._hosted_view: ClusterMetadata | None = None
@@ -452,9 +458,21 @@ class BrokerAgent:
 
     def _pulled(self, answer: dict[str, Any]) -> None:
         self.fold(answer)
+        self._follow_registrations()
         self.host_assigned()
         self._sweep_strays()
         self._end_round(None)
+
+    def _follow_registrations(self) -> None:
+        """Tell the host where the view's brokers listen when that changed (a broker
+        registered again at another address): every broker dials a moved one at its new
+        address, not only those that host a group with it (their specs name it: they
+        learn it then). Before, a broker that knew the old address from an earlier group
+        dialed it there for every group assigned later."""
+        registered = {name: info.address for name, info in self.view.brokers.items()}
+        if registered != self._followed:
+            self.host.follow_registrations(registered)
+            self._followed = registered
 
     def _sweep_strays(self) -> None:
         """Once this life's view reaches its registration (every topic created before it
@@ -818,6 +836,9 @@ class BrokerGroups:
                 delete_store(child)
                 gone.append(name)
         return gone
+
+    def follow_registrations(self, addresses: dict[str, str]) -> None:
+        self.broker.follow_registrations(addresses)
 
     def reports(self) -> list[list[Any]]:
         found = []
