@@ -227,7 +227,8 @@ class FakeBroker:
         self.config = SimpleNamespace(
             controller={"voters": voters, "broker_session_timeout_ms": SESSION_MS,
                         "broker_heartbeat_interval_ms": HEARTBEAT_MS, **settings},
-            store=StoreConfig(), data_dir=data_dir, listen="127.0.0.1:1", rack="")
+            store=StoreConfig(), data_dir=data_dir, listen="127.0.0.1:1", rack="",
+            groups_max=4096)
 
     def add_service(self, kinds: Any, handle: Any) -> None:
         pass

@@ -11,7 +11,9 @@ import pytest
 
 from mqlog.errors import InvalidArgument, MetadataChangeRefused
 from mqlog.partitioner import RoundRobin, choose_partition, murmur2, partition_for_key
-from mqlog.replication.controller.decisions import assign_replicas
+from mqlog.replication.controller import records
+from mqlog.replication.controller.decisions import assign_replicas, place_replicas
+from mqlog.replication.controller.state import ClusterMetadata
 
 # Kafka's UtilsTest.testMurmur2, and librdkafka's rdmurmur2 cases ("kafka").
 KAFKA_VECTORS = {
@@ -120,3 +122,53 @@ def test_assignment_refuses_what_cannot_be_placed() -> None:
         assign_replicas(["a", "b"], 3, 3, random.Random(0))
     with pytest.raises(MetadataChangeRefused, match="at least one partition"):
         assign_replicas(["a", "b"], 0, 1, random.Random(0))
+
+
+def _cluster(groups_max: dict[str, int], topics: tuple[records.CreateTopic, ...] = ()
+             ) -> ClusterMetadata:
+    """Live brokers with these groups_max (0: not said), and ``topics``."""
+    items: list[records.Record] = []
+    for name, most in groups_max.items():
+        items += [records.RegisterBroker(name, 1, f"127.0.0.1:{9000 + len(items)}",
+                                         groups_max=most),
+                  records.UnfenceBroker(name, 1)]
+    state = ClusterMetadata()
+    for item in (*items, *topics):
+        state = state.apply(item)
+    return state
+
+
+def test_placement_keeps_within_each_brokers_groups_max() -> None:
+    """A broker that said its groups_max gets no replica past it: a full one is left out
+    (the topic goes to the others), a topic that cannot fit is refused naming the broker
+    — hosted, the group would have failed there, and its partition would never have had
+    that replica. A broker that did not say (0, a broker of before) takes any number."""
+    hosting = records.CreateTopic("old", "isr", (("a", "b"), ("a", "c")))
+    state = _cluster({"a": 2, "b": 0, "c": 0}, (hosting,))
+    assignment = place_replicas(state, 6, 2, random.Random(3))
+    assert all("a" not in replicas for replicas in assignment), assignment
+    with pytest.raises(MetadataChangeRefused, match="a host their groups_max"):
+        place_replicas(state, 1, 3, random.Random(3))
+    roomy = _cluster({"a": 4, "b": 0, "c": 0}, (hosting,))
+    with pytest.raises(MetadataChangeRefused, match="on broker a, which has room for 2"):
+        place_replicas(roomy, 6, 3, random.Random(3))
+    assert place_replicas(roomy, 2, 3, random.Random(3))  # (one replica each: it fits)
+    # the controller's own group counts on a combined broker
+    with pytest.raises(MetadataChangeRefused, match="on broker a, which has room for 1"):
+        place_replicas(roomy, 2, 3, random.Random(3), {"a": 1})
+    unsaid = _cluster({"a": 0, "b": 0})
+    assert place_replicas(unsaid, 8, 2, random.Random(3)) == \
+        assign_replicas(["a", "b"], 8, 2, random.Random(3))
+
+
+def test_a_registration_keeps_the_brokers_groups_max() -> None:
+    """groups_max goes in the RegisterBroker record (left out at 0: a record byte for byte
+    what an older mqlog wrote) and into the broker's facts; a negative one is refused."""
+    said = records.RegisterBroker("a", 1, "127.0.0.1:9000", groups_max=12)
+    assert records.decode(records.encode(said)) == said
+    unsaid = records.RegisterBroker("a", 1, "127.0.0.1:9000")
+    assert b"groups_max" not in records.encode(unsaid)
+    assert _cluster({"a": 12}).brokers["a"].groups_max == 12
+    with pytest.raises(MetadataChangeRefused, match="not a count"):
+        ClusterMetadata().apply(records.RegisterBroker("a", 1, "127.0.0.1:9000",
+                                                       groups_max=-1))

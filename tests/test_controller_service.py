@@ -160,6 +160,30 @@ def test_a_registration_says_where_it_ends_and_its_retry_does_not(make: Any) -> 
     assert "metadata_position" not in retry
 
 
+def test_a_topic_is_placed_within_each_brokers_groups_max(make: Any) -> None:
+    """A broker registers its groups_max; create_topic places no replica past it (the
+    controller's own group counts on a combined broker, whose id is a voter's), and
+    refuses a topic that cannot fit, naming the broker, with nothing written."""
+    one = make()
+    controller = one.lead()
+    for name, most in (("b0", 0), ("b1", 0), ("c0", 3)):  # (c0: combined, voter c0)
+        epoch = one.call(controller.register_broker(name, f"h:{len(name)}{most}",
+                                                    groups_max=most))["broker_epoch"]
+        one.call(controller.heartbeat(name, epoch))
+    assert controller.committed.brokers["c0"].groups_max == 3
+    answer = one.call(controller.create_topic("fits", 2, 3))  # (c0: 1 + 2 groups)
+    assert all("c0" in replicas for replicas in answer["assignment"])
+    before = controller.committed
+    with pytest.raises(MetadataChangeRefused, match="c0 host their groups_max"):
+        controller.create_topic("full", 1, 3)
+    assert controller.committed == before
+    spread = one.call(controller.create_topic("spread", 4, 2))
+    assert all("c0" not in replicas for replicas in spread["assignment"])
+    for bad in (-1, True, "3", 1 << 31):
+        with pytest.raises(InvalidArgument, match="groups_max"):
+            controller.register_broker("b9", "h:9", groups_max=bad)
+
+
 def test_bad_requests_get_typed_errors_and_change_nothing(make: Any) -> None:
     one = make()
     epochs = _cluster(one, 2)

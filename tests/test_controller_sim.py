@@ -176,7 +176,7 @@ class ScriptedIo:
 
 
 class Host:
-    broker_id, address = "b1", "127.0.0.1:9001"
+    broker_id, address, groups_max = "b1", "127.0.0.1:9001", 40
 
     def __init__(self):
         self.groups = {}
@@ -213,8 +213,11 @@ def _agent(script):
 
 
 def test_a_round_registers_heartbeats_pulls_and_schedules_the_next():
+    registered = []
+
     def script(address, header):
         if header["kind"] == "register_broker":
+            registered.append(header)
             return {"broker_epoch": 3}
         if header["kind"] == "broker_heartbeat":
             return {"fenced": False, "position": 0}
@@ -223,6 +226,8 @@ def test_a_round_registers_heartbeats_pulls_and_schedules_the_next():
     assert [kind for _, kind in io.asked] == ["register_broker", "broker_heartbeat",
                                               "metadata_since"]
     assert agent.epoch == 3 and agent.rounds == 1 and not io.notes
+    assert registered[0]["address"] == Host.address  # (and how many groups it hosts:
+    assert registered[0]["groups_max"] == Host.groups_max  # placement keeps within it)
     assert [delay for delay, _ in io.timers] == [CONFIG.broker_heartbeat_interval_ms]
     io.timers.pop()[1]()  # the next round: no registration, the leader asked first
     io.run_due()

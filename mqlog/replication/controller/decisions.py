@@ -92,6 +92,46 @@ def assign_replicas(brokers: list[str], partitions: int, replication_factor: int
     return tuple(assignment)
 
 
+def place_replicas(state: ClusterMetadata, partitions: int, replication_factor: int,
+                   rng: random.Random, hosted_besides: dict[str, int] | None = None,
+                   ) -> tuple[tuple[str, ...], ...]:
+    """``assign_replicas`` over the live brokers with room for another group: a broker
+    that registered its ``groups_max`` hosts at most that many (its partitions' replicas,
+    and ``hosted_besides``: the controller's group on a combined broker). A topic whose
+    share of a broker would pass it is refused, naming the broker — hosted, it would
+    have failed there, and its partitions there would never have had a replica."""
+    hosted = dict(hosted_besides or {})
+    for topic in state.topics.values():
+        for part in topic.partitions:
+            for name in part.replicas:
+                hosted[name] = hosted.get(name, 0) + 1
+    live = state.live_brokers()
+    room = {name: state.brokers[name].groups_max - hosted.get(name, 0)
+            for name in live if state.brokers[name].groups_max}
+    eligible = [name for name in live if room.get(name, 1) > 0]
+    full = sorted(set(live) - set(eligible))
+    if full and replication_factor > len(eligible):
+        raise MetadataChangeRefused(
+            f"replication factor {replication_factor} needs that many brokers with room for "
+            f"another group; {len(eligible)} have it, and {', '.join(full)} host their "
+            "groups_max already: raise their groups_max, start more brokers, or delete "
+            "topics")
+    assignment = assign_replicas(eligible, partitions, replication_factor, rng)
+    placed: dict[str, int] = {}
+    for replicas in assignment:
+        for name in replicas:
+            placed[name] = placed.get(name, 0) + 1
+    for name, count in sorted(placed.items()):
+        if name in room and count > room[name]:
+            raise MetadataChangeRefused(
+                f"{partitions} partitions of {replication_factor} replicas would place "
+                f"{count} groups on broker {name}, which has room for {room[name]} more "
+                f"(groups_max={state.brokers[name].groups_max}, hosting "
+                f"{hosted.get(name, 0)}): raise its groups_max, start more brokers, or "
+                "create fewer partitions")
+    return assignment
+
+
 def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
                   reported: dict[tuple[str, int], dict[str, tuple[int, int]]] | None = None,
                   *, min_insync_replicas: int = 1, unclean: bool = False,

@@ -172,7 +172,8 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
     if kind == "register_broker":
         return controller.register_broker(arg("broker_id"), arg("address"), arg("rack", ""),
                                           arg("incarnation", ""),
-                                          arg("unclean_shutdown", False))
+                                          arg("unclean_shutdown", False),
+                                          arg("groups_max", 0))
     if kind == "broker_heartbeat":
         return controller.heartbeat(arg("broker_id"), arg("broker_epoch"),
                                     _reports_from(arg("reports"), controller.working),
@@ -360,7 +361,8 @@ class BrokerAgent:
             header: dict[str, Any] = {
                 "kind": "register_broker", "broker_id": self.host.broker_id,
                 "address": self.host.address, "incarnation": self.incarnation,
-                "rack": getattr(self.host, "rack", "")}
+                "rack": getattr(self.host, "rack", ""),
+                "groups_max": getattr(self.host, "groups_max", 0)}
             if self.unclean_shutdown:
                 header["unclean_shutdown"] = True
             self._ask(header, True, self._registered)
@@ -810,6 +812,7 @@ class BrokerGroups:
         self.broker_id: str = broker.broker_id
         self.address: str = broker.config.listen
         self.rack: str = broker.config.rack
+        self.groups_max: int = broker.config.groups_max
 
     def ensure_group(self, spec: Any) -> None:
         self.broker.ensure_group(spec)

@@ -62,10 +62,10 @@ from mqlog.replication.controller import records
 from mqlog.replication.controller.config import ControllerConfig
 from mqlog.replication.controller.decisions import TEST_BREAKS as DECISION_BREAKS
 from mqlog.replication.controller.decisions import (
-    assign_replicas,
     fence_changes,
     imbalanced,
     isr_change,
+    place_replicas,
     sync_state_change,
     unfence_changes,
 )
@@ -268,20 +268,27 @@ class Controller:
     # --- requests (the leader) ------------------------------------------------------------
 
     def register_broker(self, broker_id: str, address: str, rack: str = "",
-                        incarnation: str = "", unclean_shutdown: Any = False) -> Proposal:
+                        incarnation: str = "", unclean_shutdown: Any = False,
+                        groups_max: Any = 0) -> Proposal:
         """A broker (re)joins: a new broker epoch, unless ``incarnation`` (its process
         life) is the one registered already — a retry whose answer was lost — which is
         answered with the epoch it has (KIP-631), no record written. After an unclean
-        shutdown (KIP-966) it leaves the ELRs, with the registration (leave_elr)."""
+        shutdown (KIP-966) it leaves the ELRs, with the registration (leave_elr).
+        ``groups_max``: the most groups the broker hosts (0: not said), which
+        ``create_topic`` places replicas within."""
         _check_text(broker_id=broker_id, address=address, rack=rack, incarnation=incarnation)
         _check_address(broker_id, address)
         if not isinstance(unclean_shutdown, bool):
             raise InvalidArgument(f"unclean_shutdown must be true or false, got "
                                   f"{unclean_shutdown!r}")
+        if not isinstance(groups_max, int) or isinstance(groups_max, bool) or \
+                not 0 <= groups_max < 1 << 31:
+            raise InvalidArgument(f"groups_max must be a count (0: not said), got "
+                                  f"{groups_max!r}")
         self._check_serving()
         known = self.working.brokers.get(broker_id)
         if known is not None and incarnation and known.incarnation == incarnation and \
-                (known.address, known.rack) == (address, rack):
+                (known.address, known.rack, known.groups_max) == (address, rack, groups_max):
             self._sessions[broker_id] = self.ticks
             # (no metadata_position: where this life's registration ends may be past what
             # this controller noted, another leader having written it; a broker told too
@@ -294,7 +301,7 @@ class Controller:
                                         f"brokers_max={self.config.brokers_max}")
         epoch = 1 if known is None else known.broker_epoch + 1
         register = RegisterBroker(broker_id, epoch, address, rack, incarnation,
-                                  unclean_shutdown)
+                                  unclean_shutdown, groups_max)
         # A fenced broker's changes, as _finish_fences makes them, but in the same batch:
         # after an unclean shutdown, out of every ELR before its first heartbeat can
         # unfence it; and whenever its last life was not fenced yet (it restarted within
@@ -460,11 +467,16 @@ class Controller:
             raise MetadataChangeRefused(f"{config.topics_max} topics exist (topics_max)")
         if name in self.working.topics:
             raise MetadataChangeRefused(f"topic {name!r} exists already (delete it first)")
-        assignment = assign_replicas(self.working.live_brokers(), partitions,
-                                     replication_factor, self.rng)
+        assignment = place_replicas(self.working, partitions, replication_factor, self.rng,
+                                    self._groups_hosted())
         record = CreateTopic(name, layer, assignment, min_insync,
                              topic_id=self.rng.getrandbits(63) | 1)
         return Proposal(self._propose([record]), {"assignment": assignment})
+
+    def _groups_hosted(self) -> dict[str, int]:
+        """Groups a broker hosts besides its topics' partitions: the controller's own on a
+        combined broker (a voter id that is a broker id)."""
+        return {name: 1 for name in self.config.voters if name in self.working.brokers}
 
     def delete_topic(self, name: str) -> Proposal:
         _check_text(name=name)

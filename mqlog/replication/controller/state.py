@@ -176,6 +176,9 @@ def _register(state: ClusterMetadata, record: RegisterBroker) -> ClusterMetadata
     _check_name("broker id", record.broker_id)
     if not record.address:
         raise _refuse(f"broker {record.broker_id} registers without an address")
+    if record.groups_max < 0:
+        raise _refuse(f"broker {record.broker_id} registers with groups_max "
+                      f"{record.groups_max}: not a count")
     known = state.brokers.get(record.broker_id)
     if record.broker_epoch < 0 or (known is not None
                                    and record.broker_epoch <= known.broker_epoch):
@@ -185,7 +188,8 @@ def _register(state: ClusterMetadata, record: RegisterBroker) -> ClusterMetadata
     info = BrokerInfo(record.broker_id, record.broker_epoch, record.address, record.rack,
                       fenced=True,  # fenced until it heartbeats (Kafka's rule)
                       incarnation=record.incarnation,
-                      unclean_shutdown=record.unclean_shutdown)
+                      unclean_shutdown=record.unclean_shutdown,
+                      groups_max=record.groups_max)
     return replace(state, brokers=_frozen({**state.brokers, record.broker_id: info}))
 
 
