@@ -120,6 +120,10 @@ def test_a_restarted_last_isr_member_still_shows_what_was_committed(tmp_path: Pa
         assert _leader(cluster, addresses, "kept") == leader  # (the last ISR member)
         node = cluster.threads[leader].broker.groups["kept-0"]
         wait_until(lambda: node.core.is_master, f"{leader} leading kept-0 again", 60)
+        # (the driver run after the core took leadership commits the saved high
+        # watermark: the loop's next callback, which this thread may look before)
+        wait_until(lambda: node.store.committed_position >= committed,
+                   f"the saved high watermark {committed} committed again", 30)
         assert node.store.committed_position == committed
         with Client(where, timeout_s=10) as client:
             bodies = [record.body for record in client.fetch("kept", 0, 0, 10)]
