@@ -424,3 +424,50 @@ def test_a_log_end_report_of_a_deleted_topics_partition_is_left_out() -> None:
     assert host._reports_from(reports[:1]) == {("t", 0): (3, 9000)}  # (no state)
     with pytest.raises(errors.InvalidArgument, match="maybe a topic id"):
         host._reports_from([["t", 0, 0, 10, 41, 1]], now)
+
+
+class BuggyHost(FailingHost):
+    """A host with a bug: ``follow_registrations`` or ``reports`` raises what no host
+    should (a KeyError, an AttributeError) while ``buggy`` names it."""
+
+    def __init__(self) -> None:
+        super().__init__(OSError("unused"), set())
+        self.buggy = ""
+
+    def follow_registrations(self, addresses: Any) -> None:
+        if self.buggy == "follow_registrations":
+            raise KeyError("b9")
+        super().follow_registrations(addresses)
+
+    def reports(self) -> list[Any]:
+        if self.buggy == "reports":
+            raise AttributeError("'BuggyHost' object has no attribute 'groups_view'")
+        return super().reports()
+
+
+@pytest.mark.parametrize("buggy, error, rounds_before", [
+    ("follow_registrations", "KeyError('b9')", 0),  # acting on a pull's answer
+    ("reports", "AttributeError", 0),  # before the heartbeat, in the registration's answer
+    ("reports", "AttributeError", 1)])  # before the heartbeat, in a round of its own
+def test_a_host_that_raises_is_said_at_fault_not_the_controllers_answer(
+        buggy: str, error: str, rounds_before: int) -> None:
+    """A host's own exception, acting on an answer or before a request, is this broker's
+    fault: before, a KeyError or an AttributeError there was said as "a malformed
+    answer" from the controller. The round ends, the agent goes on, and once the host
+    works the next round does what that one could not."""
+    io, buggy_host = Io(_script), BuggyHost()
+    agent = host.BrokerAgent(buggy_host, CONFIG, io, rng=random.Random(1))
+    buggy_host.buggy = "" if rounds_before else buggy
+    agent.start()
+    io.run_due()
+    if rounds_before:
+        buggy_host.buggy = buggy
+        io.next_round()
+    assert agent.rounds == rounds_before + 1 and len(io.timers) == 1  # (it goes on)
+    assert any(host.HOST_FAULT in note and error in note for note in io.notes), io.notes
+    assert not any("malformed" in note for note in io.notes), io.notes
+    buggy_host.buggy = ""
+    notes = len(io.notes)
+    io.next_round()
+    assert io.notes[notes:] == [] and agent.hosted == {"t-0", "t-1"}
+    assert buggy_host.registered == {"b1": ADDRESS}

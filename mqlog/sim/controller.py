@@ -58,7 +58,7 @@ from typing import Any
 from mqlog.config import ReplicationConfig
 from mqlog.errors import InvalidArgument, MqlogError, NodeUnavailable
 from mqlog.replication.controller.config import ControllerConfig
-from mqlog.replication.controller.host import Answer, BrokerAgent, dispatch
+from mqlog.replication.controller.host import HOST_FAULT, Answer, BrokerAgent, dispatch
 from mqlog.replication.controller.service import Controller, Proposal
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.sim import harness
@@ -224,7 +224,8 @@ class SimAgentIo:
 
     def note(self, text: str) -> None:
         self.sim.trace(f"{self.name}: {text}")
-        if "malformed" in text:  # (real controllers: never garbage)
+        if "malformed" in text or HOST_FAULT in text:  # (real controllers: never
+            # garbage; the simulated host never fails: a fault there is the agent's bug)
             self.sim.violation(f"{self.name}: {text}")
 
 

@@ -58,7 +58,8 @@ round re-applies what does not follow from the view (master-slave roles, ISR sta
 nothing else. An error ends the round early (and a refused heartbeat that says "register
 again" drops the epoch). An unexpected exception (an OSError from opening a group's
 store on a full disk, say) ends the round, or when it is one group's hosting, skips that
-group, with a note: never the agent, whose rounds keep the broker's every other
+group, with a note — a host's is said as this broker's fault (HostFailed), never as a
+malformed answer of the controller — never the agent, whose rounds keep the broker's every other
 membership alive; the next round tries again. ``join_cluster`` gives it ``SocketIo``
 (requests over TCP on a thread, timers on the broker's loop, cancelled when the broker
 stops) and ``BrokerGroups`` (the broker's ensure_group and drop_group); the simulator
@@ -70,10 +71,11 @@ sees the answers of the previous one.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -103,6 +105,17 @@ CALL_TIMEOUT_S = 5.0  # the longest wait, whatever the session
 CALL_TIMEOUT_MIN_S = 0.05  # the shortest: below a loaded machine's round trip, none answers
 ROUND_SHARE = 0.5  # of the session left after one heartbeat interval: one round's waiting
 MALFORMED = "the round ends; the next one asks again (check the controllers' versions)"
+HOST_FAULT = "this broker's fault"  # what a HostFailed note says (the simulator looks)
+
+
+class HostFailed(Exception):
+    """A GroupHost call (or a callback into the broker) raised what no host should: a
+    bug of this broker, said as such — never as a malformed answer of the controller
+    whose answer it was acting on. The original exception is ``__cause__``."""
+
+    def __str__(self) -> str:
+        return f"acting on it here failed ({self.__cause__!r}: {HOST_FAULT}, not the " \
+            "controller's answer); the next round tries again"
 
 Answer = Callable[[dict[str, Any] | None, errors.MqlogError | None], None]
 
@@ -366,8 +379,11 @@ class BrokerAgent:
             if self.unclean_shutdown:
                 header["unclean_shutdown"] = True
             self._ask(header, True, self._registered)
-        else:
+            return
+        try:
             self._heartbeat()
+        except HostFailed as failure:  # (outside an answer's callback: ended here)
+            self._end_round(errors.NodeUnavailable(f"broker_heartbeat: {failure}"))
 
     def _registered(self, answer: dict[str, Any]) -> None:
         self.epoch = answer["broker_epoch"]
@@ -378,11 +394,13 @@ class BrokerAgent:
         self._heartbeat()
 
     def _heartbeat(self) -> None:
-        leads = self.host.leads()
+        with self._hosting():
+            leads, reports, sync_states = \
+                self.host.leads(), self.host.reports(), self._sync_states()
         self._ask({"kind": "broker_heartbeat", "broker_id": self.host.broker_id,
-                   "broker_epoch": self.epoch, "reports": self.host.reports(),
+                   "broker_epoch": self.epoch, "reports": reports,
                    "leads": leads, "leaders_seen": self._leaders_seen,
-                   "sync_states": self._sync_states()}, True,
+                   "sync_states": sync_states}, True,
                   lambda answer: self._heartbeaten(answer, leads))
 
     def _heartbeaten(self, answer: dict[str, Any], leads: list[list[Any]]) -> None:
@@ -407,7 +425,8 @@ class BrokerAgent:
             if self.on_transfer is None or group not in self.hosted:
                 continue
             try:
-                self.on_transfer(group, target)
+                with self._hosting():
+                    self.on_transfer(group, target)
             except errors.MqlogError as error:
                 self.io.note(f"broker {self.host.broker_id}: {group}: no transfer to "
                              f"{target}: {error}")
@@ -451,7 +470,8 @@ class BrokerAgent:
             stale = [True] * len(sent)
         for (group, _request), why, moved in zip(sent, answer["results"], stale, strict=True):
             if why and self.on_alter_refused is not None:
-                self.on_alter_refused(group, why, moved is not False)
+                with self._hosting():
+                    self.on_alter_refused(group, why, moved is not False)
         self._pull()
 
     def _pull(self) -> None:
@@ -460,9 +480,10 @@ class BrokerAgent:
 
     def _pulled(self, answer: dict[str, Any]) -> None:
         self.fold(answer)
-        self._follow_registrations()
-        self.host_assigned()
-        self._sweep_strays()
+        with self._hosting():
+            self._follow_registrations()
+            self.host_assigned()
+            self._sweep_strays()
         self._end_round(None)
 
     def _follow_registrations(self) -> None:
@@ -683,6 +704,18 @@ class BrokerAgent:
                               list(status["in_sync"])])
         return found
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _hosting() -> Iterator[None]:
+        """Around the agent's calls into its host: a typed MqlogError is the host's
+        answer (a refusal) and goes on as it is; anything else is HostFailed."""
+        try:
+            yield
+        except errors.MqlogError:
+            raise
+        except Exception as failure:
+            raise HostFailed() from failure
+
     # --- asking the controllers: the leader first, then each in a random order -----------
     # A paused controller still accepts connections and never answers: every call to it
     # costs a whole call timeout (call_timeout_s). So each request asks a controller at
@@ -747,6 +780,8 @@ class BrokerAgent:
                 then(answer)
             except errors.MqlogError as failure:  # (a fold or a hosting that failed)
                 self._end_round(failure)
+            except HostFailed as failure:  # (before the shapes below: not the answer's)
+                self._end_round(errors.NodeUnavailable(f"{header['kind']}: {failure}"))
             except (KeyError, TypeError, ValueError, AttributeError) as bad:
                 self._end_round(errors.RemoteProtocolError(
                     f"{address} answered {header['kind']} with a malformed answer "
