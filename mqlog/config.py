@@ -555,6 +555,11 @@ class BrokerConfig:
             self._check_members(spec)
         if self.controller and "broker" in self.process_roles:  # (assigned partitions)
             _check_hosted_store(self.store, f"{self.source}: [store]", None)
+            if len(self.groups) >= self.groups_max:  # (it registers the difference)
+                raise ConfigError(f"{where} its {len(self.groups)} [groups.*] fill "
+                                  f"groups_max={self.groups_max}: the controller could "
+                                  "place no partition here; raise groups_max or host fewer "
+                                  "groups from the config file")
             defaults = ReplicationConfig()
             fetch_max = self.controller.get("replica_fetch_max_bytes", defaults.fetch_bytes_max)
             largest = max(self.store.message_size_bytes_max, defaults.append_bytes_max,

@@ -228,7 +228,7 @@ class FakeBroker:
             controller={"voters": voters, "broker_session_timeout_ms": SESSION_MS,
                         "broker_heartbeat_interval_ms": HEARTBEAT_MS, **settings},
             store=StoreConfig(), data_dir=data_dir, listen="127.0.0.1:1", rack="",
-            groups_max=4096)
+            groups_max=4096, groups=())
 
     def add_service(self, kinds: Any, handle: Any) -> None:
         pass
@@ -463,3 +463,13 @@ def test_the_host_follows_where_the_view_says_brokers_listen() -> None:
     assert agent.rounds >= 4, agent.rounds
     assert told == [{"b1": Host.address, "b2": "127.0.0.1:9002"},
                     {"b1": Host.address, "b2": "127.0.0.1:9102"}], told
+
+
+def test_a_broker_registers_the_room_its_config_groups_leave(tmp_path: Path) -> None:
+    """The controller places topics within what a broker registers, and knows nothing of
+    the groups its config file hosts: the broker registers its groups_max less those
+    (before, it registered the whole groups_max, and a broker with config groups was
+    over-assigned: its hosting then refused the last ones)."""
+    broker = FakeBroker(tmp_path, {"c1": "127.0.0.1:7101"})
+    broker.config.groups_max, broker.config.groups = 10, ("g1", "g2", "g3")
+    assert host.BrokerGroups(broker).groups_max == 7

@@ -137,7 +137,7 @@ class SimBroker:
                  store_settings: dict[str, Any], test_break: str) -> None:
         self.sim, self.broker_id, self.root, self.disk = sim, name, root, disk
         self.config = SimpleNamespace(listen=f"{name}.sim:9092", rack="", data_dir=root,
-                                      groups_max=4096)
+                                      groups_max=4096, groups=())
         self.store_settings, self.test_break = store_settings, test_break
         self.groups: dict[str, SimGroup] = {}
         self.recorded: dict[str, GroupSpec] = {}  # master-slave groups: not simulated

@@ -96,7 +96,8 @@ def place_replicas(state: ClusterMetadata, partitions: int, replication_factor: 
                    rng: random.Random, hosted_besides: dict[str, int] | None = None,
                    ) -> tuple[tuple[str, ...], ...]:
     """``assign_replicas`` over the live brokers with room for another group: a broker
-    that registered its ``groups_max`` hosts at most that many (its partitions' replicas,
+    that registered its ``groups_max`` (its room beside its config file's groups) hosts
+    at most that many (its partitions' replicas,
     and ``hosted_besides``: the controller's group on a combined broker). A topic whose
     share of a broker would pass it is refused, naming the broker — hosted, it would
     have failed there, and its partitions there would never have had a replica."""

@@ -847,7 +847,10 @@ class BrokerGroups:
         self.broker_id: str = broker.broker_id
         self.address: str = broker.config.listen
         self.rack: str = broker.config.rack
-        self.groups_max: int = broker.config.groups_max
+        # what it registers: the groups the controller may have it host, its groups_max
+        # less its config file's groups (placement knows nothing of those; config.py
+        # leaves room for one at least on a cluster broker)
+        self.groups_max: int = broker.config.groups_max - len(broker.config.groups)
 
     def ensure_group(self, spec: Any) -> None:
         self.broker.ensure_group(spec)

@@ -20,7 +20,8 @@ The records (Kafka's names where Kafka has one):
   ``unclean_shutdown``: its last life did not close its stores cleanly (KIP-966), so it
   leaves every ELR it is not the last eligible replica of (it may have lost what it
   acknowledged, with replica_ack "written": decisions.leave_elr). ``groups_max``: the
-  most groups it hosts; topics are placed within it (0: a broker that did not say).
+  most groups the controller may have it host (its groups_max less its config file's
+  groups); topics are placed within it (0: a broker that did not say).
 * FenceBroker / UnfenceBroker — a broker missed its session (or came back), named with
   the broker epoch the decision was made for: a decision about an older registration is
   stale.
@@ -66,7 +67,7 @@ class BrokerInfo:
     # this registration followed an unclean shutdown (KIP-966): until it is unfenced, its
     # fences never put it in an ELR (its log may lack what it acknowledged)
     unclean_shutdown: bool = False
-    groups_max: int = 0  # the most groups it hosts (its groups_max); 0: not said
+    groups_max: int = 0  # the most groups it may be given (see above); 0: not said
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class RegisterBroker:
     rack: str = ""
     incarnation: str = ""  # one per process life: a retried registration is known by it
     unclean_shutdown: bool = False  # the broker's stores were not closed cleanly (KIP-966)
-    groups_max: int = 0  # the most groups the broker hosts (its groups_max); 0: not said
+    groups_max: int = 0  # the most groups the broker may be given; 0: not said
 
 
 @dataclass(frozen=True)
