@@ -97,10 +97,10 @@ def place_replicas(state: ClusterMetadata, partitions: int, replication_factor: 
                    ) -> tuple[tuple[str, ...], ...]:
     """``assign_replicas`` over the live brokers with room for another group: a broker
     that registered its ``groups_max`` (its room beside its config file's groups) hosts
-    at most that many (its partitions' replicas,
-    and ``hosted_besides``: the controller's group on a combined broker). A topic whose
-    share of a broker would pass it is refused, naming the broker — hosted, it would
-    have failed there, and its partitions there would never have had a replica."""
+    at most that many (its partitions' replicas, and ``hosted_besides``: the controller's
+    group on a combined broker). A topic whose share of a broker would pass it is
+    refused, naming the broker — hosted, it would have failed there, and its partitions
+    there would never have had a replica."""
     hosted = dict(hosted_besides or {})
     for topic in state.topics.values():
         for part in topic.partitions:

@@ -58,9 +58,9 @@ round re-applies what does not follow from the view (master-slave roles, ISR sta
 nothing else. An error ends the round early (and a refused heartbeat that says "register
 again" drops the epoch). An unexpected exception (an OSError from opening a group's
 store on a full disk, say) ends the round, or when it is one group's hosting, skips that
-group, with a note — a host's is said as this broker's fault (HostFailed), never as a
-malformed answer of the controller — never the agent, whose rounds keep the broker's every other
-membership alive; the next round tries again. ``join_cluster`` gives it ``SocketIo``
+group, with a note (one the host raised is said as this broker's fault, HostFailed, never
+as a malformed answer of a controller): never the agent, whose rounds keep the broker's
+every other membership alive; the next round tries again. ``join_cluster`` gives it ``SocketIo``
 (requests over TCP on a thread, timers on the broker's loop, cancelled when the broker
 stops) and ``BrokerGroups`` (the broker's ensure_group and drop_group); the simulator
 (mqlog/sim/controller.py) gives it a simulated IO and a host that records what it was
@@ -114,7 +114,7 @@ class HostFailed(Exception):
     whose answer it was acting on. The original exception is ``__cause__``."""
 
     def __str__(self) -> str:
-        return f"acting on it here failed ({self.__cause__!r}: {HOST_FAULT}, not the " \
+        return f"this broker failed ({self.__cause__!r}: {HOST_FAULT}, not a " \
             "controller's answer); the next round tries again"
 
 Answer = Callable[[dict[str, Any] | None, errors.MqlogError | None], None]
