@@ -218,6 +218,24 @@ def test_a_stale_log_reset_is_answered_with_the_newer_term():
     assert ready.reset_log is None and follower.term == 9
 
 
+def test_a_log_reset_after_a_won_election_in_one_ready_voids_its_stamp_and_no_op():
+    """ISR seed 28100259: a candidate paused with its votes on the way resumed, won its
+    old term, and took the newer leader's LogReset, all in one Ready. Its stamp of the old
+    term (carried out after the reset, below the reset's epochs) stopped the replica, and
+    its no-op would have followed the leader's records in an older term: the reset voids
+    both, as it voids the Ready's truncation and appends."""
+    candidate = _raft("n2", FakeLog())
+    while not any(isinstance(m, Vote) for m in candidate.ready().messages_after_persist):
+        candidate.tick()
+    won = candidate.term
+    candidate.step(VoteReply("n3", "n2", won, True, False))
+    assert candidate.is_master  # (its stamp and no-op are in the Ready now)
+    candidate.step(LogReset("n1", "n2", won + 1, 4096, won + 1, 1000, 4096))
+    ready = candidate.ready()
+    assert ready.reset_log == (4096, [(won + 1, 1000)]) and candidate.term == won + 1
+    assert ready.set_epoch is None and not ready.append_noop and not candidate.is_master
+
+
 def test_a_log_reset_from_a_non_member_changes_nothing_and_is_counted():
     log = FakeLog(500, ((1, 0),))
     follower = _raft("n3", log, term=1)

@@ -111,6 +111,16 @@ def test_a_restarted_clients_first_write_is_not_refused_as_too_old():
     assert result.client_lives == 2 and result.log_starts > 0
 
 
+def test_a_candidate_that_won_and_was_reset_in_one_ready_keeps_its_replica():
+    """Seed 28100259, from a sweep of fresh seeds (session 28): a Raft partition's
+    candidate, paused with its votes on the way, resumed to win its old term and take
+    the newer leader's LogReset in one Ready; its stamp of the old term, carried out
+    after the reset, stopped the replica (it never settled). Ready.start_log_over voids
+    the stamp and the no-op now (test_cores has the core's side)."""
+    result = run_seed(28100259)
+    assert not result.violations, verdict("isr", result)
+
+
 def test_regression_seeds_pass_every_checker(monkeypatch):
     without_batches(monkeypatch)  # (found before requests of several records)
     without_fetch_holds(monkeypatch)  # (and before fetches held for min bytes)

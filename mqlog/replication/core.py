@@ -71,8 +71,14 @@ class Ready:
     events: list[str] = field(default_factory=list)  # news for the operator's log
 
     def start_log_over(self, position: int, epoch_starts: list[tuple[int, int]]) -> None:
-        """Reset the log: whatever this Ready meant to truncate or append is moot."""
+        """Reset the log: whatever this Ready meant to truncate or append is moot — a
+        leadership's epoch stamp and no-op too. A Raft candidate paused with its votes on
+        the way won its old term and then took a newer leader's LogReset in one Ready
+        (ISR seed 28100259): its stamp of the old term, carried out after the reset, was
+        below the reset's epochs (InvalidArgument: the replica stopped), and its no-op
+        would have followed the leader's records in an older term."""
         self.reset_log, self.truncate_to, self.appends = (position, epoch_starts), None, []
+        self.set_epoch, self.append_noop = None, False
 
     def __bool__(self) -> bool:
         return bool(self.hard_state is not None or self.reset_log is not None
