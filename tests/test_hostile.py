@@ -314,6 +314,43 @@ def test_a_garbage_entry_past_the_log_end_is_a_mismatch_not_an_empty_answer(open
         store.get("t", 0, 10, 1)
 
 
+def test_an_entry_pointing_inside_a_whole_record_is_a_mismatch_not_log_damage(open_store):
+    """An entry whose position had a bit flipped points inside record 3: the log is whole
+    there (``mqlog verify`` finds nothing), so the read is a ConsumeQueueMismatch, whose
+    advice rebuilds the queue, not a CorruptRecord that sends the operator to repair a
+    log that needs none. Damage in the log before that point is still a CorruptRecord."""
+    store = open_store()
+    results = [store.put("t", b"body-%d" % i * 20) for i in range(10)]
+    _set_entry_position(store, 3, results[3].position + 1)
+    with pytest.raises(errors.ConsumeQueueMismatch, match="inside a record, not at its start"):
+        store.get("t", 0, 3, 1)
+    assert [r.offset for r in store.get("t", 0, 4, 32)] == list(range(4, 10))
+    segment = store.paths.commitlog / f"{0:020d}"
+    with open(segment, "r+b") as file:  # record 2's magic: the walk cannot vouch for 3
+        file.seek(results[2].position + 4)
+        file.write(b"\0\0\0\0")
+    with pytest.raises(errors.CorruptRecord):
+        store.get("t", 0, 3, 1)
+
+
+def test_a_file_where_a_store_directory_belongs_is_a_typed_error(open_store, tmp_path):
+    """A plain file where the commit log's directory, or a queue's, belongs: CorruptStore
+    naming it (before: a raw FileExistsError), and the records stored stay readable."""
+    store = open_store(tmp_path / "queue")
+    store.put("t", b"kept")
+    (store.paths.consumequeue / "t" / "1").write_bytes(b"")
+    with pytest.raises(errors.CorruptStore, match="must be a directory of the store"):
+        store.put("t", b"refused", queue_id=1)
+    assert [record.body for record in store.get("t", 0, 0, 10)] == [b"kept"]
+    store.close()
+    store = open_store(tmp_path / "log")
+    store.close()
+    shutil.rmtree(store.paths.commitlog)
+    store.paths.commitlog.write_bytes(b"")
+    with pytest.raises(errors.CorruptStore, match="commitlog must be a directory"):
+        open_store(tmp_path / "log")
+
+
 # --- damaged key-index files ----------------------------------------------------------------
 
 INDEX_KEYS = 50  # keys k0..k49, each on several records

@@ -706,8 +706,9 @@ def test_nothing_is_backed_ahead_into_the_headroom(tmp_path, impl):
     """Blocks backed ahead of need (the segment window, the next segment, key-index
     steps) never take the last disk_headroom_bytes of the file system, so the room a
     full disk gives back goes to writes and close(). A headroom larger than any disk's
-    free space: the writer backs only the pages it writes, the key index says DiskFull
-    (naming the setting) instead of growing, and writes, reads and close go on."""
+    free space: the writer backs only the pages it writes, the key index does not grow
+    (DiskFull, naming the setting), and writes, reads and close go on: a query by key
+    reads the topic's records instead."""
     path = tmp_path / "s"
     with mqlog.open(path, implementation=impl, segment_size_bytes=64 * MiB,
                     disk_headroom_bytes=1 << 60) as store:
@@ -717,8 +718,13 @@ def test_nothing_is_backed_ahead_into_the_headroom(tmp_path, impl):
         written = store.written_position
         held = (store.paths.commitlog / "00000000000000000000").stat().st_blocks * 512
         assert written <= held <= written + 256 * 1024, (written, held)
-        with pytest.raises(errors.DiskFull, match="disk_headroom_bytes"):
-            store.query("t", "k")
+        with store.key_index.lock, pytest.raises(errors.DiskFull,
+                                                 match="disk_headroom_bytes"):
+            store.key_index.catch_up()
+        newest = store.get("t", 0, store.max_offset("t", 0) - 150, 150)
+        assert [record.position for record in store.query("t", "k", max_count=150)] == \
+            [record.position for record in reversed(newest)]
+        assert store.key_index.file_count == 0
         assert len(store.get("t", 0, 0, 10)) == 10
     with mqlog.open(path, implementation=impl, segment_size_bytes=64 * MiB) as store:
         assert store.written_position == written

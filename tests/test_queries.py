@@ -12,6 +12,7 @@ import pytest
 
 import mqlog
 from mqlog import errors
+from mqlog.replication.local import wait_until
 from tests.conftest import SMALL
 
 # Index files of 256 entries: every test below spans several.
@@ -112,6 +113,36 @@ def test_offset_for_timestamp_and_query_by_time_match_the_model(tmp_path, impl, 
             store.query_by_time("orders", "yesterday", high)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("ending", ["close", "crash after a checkpoint"])
+def test_a_clock_set_back_between_two_lives_stamps_no_record_older_than_the_last(
+        tmp_path, impl, ending):
+    """A store's clock set back while it was closed (an NTP step, another machine): the
+    records of its next life are stamped no older than the newest stored, so the lookups
+    by time, which rely on that order, still find the old ones. The checkpoint carries
+    the newest timestamp: a clean open scans no record, nor a recovery whose checkpoint
+    covers the whole log."""
+    clock = Clock(2_000_000)
+    store = mqlog.open(tmp_path, implementation=impl, clock_ms=clock, **SMALL)
+    for index in range(3):
+        store.put("orders", b"old%d" % index)
+    if ending == "close":
+        store.close()
+    else:
+        store.flush()
+        wait_until(lambda: store.checkpointed_position == store.written_position,
+                   "a checkpoint of the whole log", 30)
+        _crash(store)
+    clock.now = 1_000_000
+    with mqlog.open(tmp_path, implementation=impl, clock_ms=clock, **SMALL) as store:
+        assert store.recovery_report.scanned_from == store.recovery_report.end_position
+        for index in range(3):
+            assert store.put("orders", b"new%d" % index).store_timestamp == 2_000_000
+        assert store.offset_for_timestamp("orders", 0, 1_500_000) == 0
+        assert [record.body for record in store.query_by_time("orders", 1_500_000,
+                                                               3_000_000)] == \
+            [b"old0", b"old1", b"old2", b"new0", b"new1", b"new2"]
+
+
 # --- keys ------------------------------------------------------------------------------
 
 def _expected_by_key(model, key, begin=None, end=None, max_count=64):
@@ -177,6 +208,26 @@ def test_key_index_survives_reopen_crash_damage_and_truncate(tmp_path, impl, rng
     store = mqlog.open(path, implementation=impl, **settings)
     check(store, model)
     store.close()
+
+
+def test_an_index_file_filled_at_the_committed_position_is_sealed_and_kept(tmp_path, impl):
+    """A key-index file that fills exactly where the indexer stops (the committed
+    position) is sealed then, not left unsealed behind the next file: a clean open keeps
+    every file instead of dropping it and those after it as damaged, and rebuilding them
+    on every open."""
+    settings = dict(index_entries_per_file=4, index_slots_per_file=8,
+                    background_threads=False)
+    store = mqlog.open(tmp_path, implementation=impl, **settings)
+    for batch in (range(4), range(4, 10)):  # the first batch fills the first file
+        for n in batch:
+            store.put("orders", b"x", key=f"k{n}")
+        store.run_chores()  # (the indexer catches up to the committed position)
+    store.close()
+    for _ in range(2):
+        with mqlog.open(tmp_path, implementation=impl, **settings) as store:
+            report = store.recovery_report
+            assert report.clean and report.rebuilt == [], report.rebuilt
+            assert [len(store.query("orders", f"k{n}")) for n in range(10)] == [1] * 10
 
 
 def test_keys_of_dropped_index_files_are_indexed_again_after_a_clean_open(

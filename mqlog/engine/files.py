@@ -97,7 +97,7 @@ from typing import Any
 
 from mqlog import ext
 from mqlog.config import PAGE_SIZE
-from mqlog.errors import DiskFull, MqlogError, TooManyOpenFiles
+from mqlog.errors import CorruptStore, DiskFull, MqlogError, TooManyOpenFiles
 from mqlog.ext import libc
 
 NAME_DIGITS = 20
@@ -191,6 +191,18 @@ def delete_store(directory: Path) -> None:
     os.replace(directory, aside)
     fsync_directory(directory.parent)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def make_directory(path: Path, parents: bool = False) -> None:
+    """``path`` as a directory of a store (made if missing; a full disk is DiskFull).
+    A file where it or a parent should be is CorruptStore, naming it: not an OSError."""
+    try:
+        with typed_errors(f"cannot create {path}"):
+            path.mkdir(parents=parents, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise CorruptStore(f"{path} must be a directory of the store, but it (or a "
+                           "directory above it) is a file: move that file away and open "
+                           "the store again") from None
 
 
 def typed_os_error(error: OSError, what: str) -> Exception:

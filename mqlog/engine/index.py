@@ -51,7 +51,13 @@ from typing import Any
 from crc32c import crc32c
 
 from mqlog.config import RECORD_HEADER_SIZE, StoreConfig
-from mqlog.engine.files import MappedFile, file_name, numbered_files, room_bytes
+from mqlog.engine.files import (
+    MappedFile,
+    file_name,
+    make_directory,
+    numbered_files,
+    room_bytes,
+)
 from mqlog.errors import DiskFull
 from mqlog.format import (
     INDEX_CRC_AT,
@@ -163,7 +169,7 @@ class KeyIndex:
 
     def open(self, log_start: int, log_end: int, crashed: bool) -> None:
         """Map the files worth keeping; what is lost is re-indexed by ``catch_up``."""
-        self.directory.mkdir(exist_ok=True)
+        make_directory(self.directory)
         for leftover in self.directory.glob("*.tmp"):
             leftover.unlink()
         found = numbered_files(self.directory)
@@ -215,7 +221,7 @@ class KeyIndex:
             self._back_entries(current, target, batch)
             self._core.index_keys(current.mapped.buffer, target, batch)
             current.reload()
-            if current.full and current.end_position < target:
+            if current.full:  # (filled at the target too: nothing more ever goes in)
                 current.seal()  # the next call starts a new file where this one stopped
 
     def _back_entries(self, index: IndexFile, target: int, batch: int) -> None:

@@ -10,7 +10,9 @@
   offsetsForTimes). ``query_by_time`` runs it on each queue of a topic and merges.
 * Keys. The key index (index.py) yields candidate positions newest first; each record
   is read and its topic and key compared before it is returned. A read-only store
-  cannot bring the index up to date, so it reads the topic's records instead.
+  cannot bring the index up to date, so it reads the topic's records instead, and so
+  does a store whose index cannot grow now (a nearly full disk, no free descriptor): the
+  index is derived data, and reads must work while writes cannot.
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from mqlog.engine.index import IndexDamaged
-from mqlog.errors import CorruptStore, InvalidArgument, InvalidPosition
+from mqlog.errors import (
+    CorruptStore,
+    DiskFull,
+    InvalidArgument,
+    InvalidPosition,
+    TooManyOpenFiles,
+)
 
 if TYPE_CHECKING:
     from mqlog.engine.fileset import FileSet
@@ -113,18 +121,28 @@ def query_by_key(files: FileSet, index: KeyIndex, topic: str, key: str, begin_ms
     record) is rebuilt from the log and the lookup runs again: a flipped bit never makes
     a query hang or silently miss a record."""
     with index.lock:
-        index.catch_up()
-        for _attempt in range(QUERY_REBUILDS_MAX):
-            try:
-                return _lookup(files, index, topic, key, begin_ms, end_ms, max_count)
-            except IndexDamaged as damage:  # reported: counted, and logged
-                _log.warning("mqlog: %s; rebuilding it from the commit log", damage)
-                index.rebuild_from(damage.first_position)
+        try:
+            index.catch_up()
+            return _lookup_rebuilding(files, index, topic, key, begin_ms, end_ms, max_count)
+        except (DiskFull, TooManyOpenFiles) as error:  # (the module docstring says why)
+            _log.warning("mqlog: the key index cannot grow (%s); reading the records of "
+                         "%r instead", error, topic)
+    return query_by_scan(files, topic, key, begin_ms, end_ms, max_count)
+
+
+def _lookup_rebuilding(files: FileSet, index: KeyIndex, topic: str, key: str,
+                       begin_ms: int, end_ms: int, max_count: int) -> list:
+    for _attempt in range(QUERY_REBUILDS_MAX):
         try:
             return _lookup(files, index, topic, key, begin_ms, end_ms, max_count)
-        except IndexDamaged as damage:
-            raise CorruptStore(f"{damage} (still, after rebuilding it from the log): the "
-                               "disk or memory may be failing") from None
+        except IndexDamaged as damage:  # reported: counted, and logged
+            _log.warning("mqlog: %s; rebuilding it from the commit log", damage)
+            index.rebuild_from(damage.first_position)
+    try:
+        return _lookup(files, index, topic, key, begin_ms, end_ms, max_count)
+    except IndexDamaged as damage:
+        raise CorruptStore(f"{damage} (still, after rebuilding it from the log): the "
+                           "disk or memory may be failing") from None
 
 
 def _lookup(files: FileSet, index: KeyIndex, topic: str, key: str, begin_ms: int,

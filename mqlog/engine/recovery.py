@@ -184,6 +184,9 @@ def recover(files: FileSet) -> RecoveryReport:
     if starts:  # a scan may have met records of a newer epoch than the file knew
         files.core.epoch = max(files.core.epoch, starts[-1][0])
     files.core.restore(report.end_position)
+    if checkpoint is not None:  # (a scan met the records after it, not those before)
+        files.core.last_store_timestamp = max(files.core.last_store_timestamp,
+                                              checkpoint.timestamp_ms)
     report.duration_ms = (time.perf_counter() - started) * 1000
     return report
 

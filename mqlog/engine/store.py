@@ -46,6 +46,7 @@ from mqlog.engine.files import (
     SegmentAllocator,
     file_name,
     fsync_directory,
+    make_directory,
     numbered_files,
     typed_errors,
 )
@@ -219,9 +220,9 @@ class Store:
 
     def _open(self, clock_ms: Any) -> None:
         config, paths = self.config, self.paths
-        paths.commitlog.mkdir(exist_ok=True)
+        make_directory(paths.commitlog)
         self._commitlog_fd = os.open(paths.commitlog, os.O_RDONLY | os.O_DIRECTORY)
-        paths.consumequeue.mkdir(exist_ok=True)
+        make_directory(paths.consumequeue)
         cp.check_meta(paths.meta)
         # A sync-flush log writes its batches with pwrite, and its pages are mapped in
         # ahead of the writer write-protected: every sync write-protects each page stored
@@ -270,7 +271,7 @@ class Store:
         self._open_flushed_file(end)
         self._save_epochs()
         self._save_queues(force=True)
-        cp.write_checkpoint(paths.checkpoint, cp.Checkpoint(end, end, _now_ms()))
+        self._write_checkpoint(end, end)
         paths.abort.touch()
         fsync_directory(paths.root)
         rule = config.commit_rule
@@ -751,7 +752,7 @@ class Store:
         # recovers from <= position and expects no record past it.
         self._lower_flushed(position)
         start = min(position, self._checkpoint_position())
-        cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(start, start, _now_ms()))
+        self._write_checkpoint(start)
         self.core.truncate(position, self._delete_dropped)
         self._flusher.reset(position, start)
         self.files.lower_queue_flushed()
@@ -802,8 +803,7 @@ class Store:
                 self._flushed_file.save_now(position)
             self._flusher.start_over(position)
             self._save_queues(force=True)
-            cp.write_checkpoint(self.paths.checkpoint,
-                                cp.Checkpoint(position, position, _now_ms()))
+            self._write_checkpoint(position)
 
     @property
     def change_count(self) -> int | None:
@@ -921,7 +921,7 @@ class Store:
                 flushed.save_now(end)  # the last one, due or not
             self._save_epochs()
             self._save_queues(force=True)
-            cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(end, end, _now_ms()))
+            self._write_checkpoint(end, end)
             self.paths.abort.unlink(missing_ok=True)
             fsync_directory(self.paths.root)
 
@@ -1027,8 +1027,7 @@ class Store:
         new = not self.files.has_queue(key)
         if new:
             self._validate_queue(topic, queue_id)
-            with typed_errors(f"cannot create consume queue {topic}/{queue_id}"):
-                self.paths.queue_dir(topic, queue_id).mkdir(parents=True, exist_ok=True)
+            make_directory(self.paths.queue_dir(topic, queue_id), parents=True)
             first, base_offset = base_offset, base_offset - base_offset % per_file
         path = self.paths.queue_dir(topic, queue_id) / file_name(base_offset)
         mapped = MappedFile.create(path, per_file * cq.ENTRY_SIZE)
@@ -1113,12 +1112,21 @@ class Store:
     def _sync_all_queues(self) -> None:
         self.files.sync_all_queues()
 
+    def _write_checkpoint(self, log_position: int, log_end: int | None = None) -> None:
+        """The checkpoint file: recovery scans from ``log_position`` (a clean close:
+        the log ends at ``log_end``), and no record's store timestamp will be below the
+        newest one's so far, which it carries (a clock set back between two lives of the
+        store would else stamp records older than those before them, and the lookups by
+        time, which rely on the order, would miss records)."""
+        cp.write_checkpoint(self.paths.checkpoint, cp.Checkpoint(
+            log_position, log_position if log_end is None else log_end,
+            self.core.last_store_timestamp))
+
     def _checkpoint(self, log_position: int) -> None:
         self._sync_all_queues()
         self._save_epochs()
         self._save_queues(force=False)
-        cp.write_checkpoint(self.paths.checkpoint,
-                            cp.Checkpoint(log_position, log_position, _now_ms()))
+        self._write_checkpoint(log_position)
         if self.config.page_cache_window_bytes:  # (the log is synced up to log_position)
             self.files.drop_cached_below(log_position - self.config.page_cache_window_bytes)
 

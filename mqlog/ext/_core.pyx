@@ -1174,9 +1174,39 @@ cdef class LogCore:
             _entry_mismatch(queue, offset, position, size,
                             f"which holds the record of {topic!r}/{header.queue_id} offset "
                             f"{header.queue_offset} ({header.size} bytes)")
+        if self._inside_record(position):
+            _entry_mismatch(queue, offset, position, size,
+                            "which lies inside a record, not at its start")
         if problem == RECORD_PAST_END:
             raise CorruptRecord(position, f"size {size} runs past the segment's end")
         raise CorruptRecord(position, _problem_text(problem, PyBytes_AS_STRING(raw)))
+
+    cdef bint _inside_record(self, uint64_t position) except -1:
+        """Whether ``position`` lies inside a whole record, past its start, with every
+        record before it in its segment whole too (the twin's docstring says what is
+        checked; GIL held throughout: an error path only)."""
+        cdef Segment *segment
+        cdef uint64_t offset, start
+        cdef uint32_t size
+        cdef RawWalk walk
+        if self._segment_count == 0 or position < self._segments[0].base:
+            return False
+        segment = self._locate(position)
+        offset = position - segment.base
+        if offset >= segment.size:
+            return False
+        # The walk stops at the record that crosses ``offset`` (its size runs past the
+        # limit: a problem there), or at a record that is not whole before it.
+        _walk_raw(segment.data, segment.size, segment.base, 0, offset, INT64_MAX, &walk)
+        if walk.problem == RECORD_OK or walk.problem_offset >= offset:
+            return False
+        start = walk.problem_offset
+        if segment.size - start < MQ_BLANK_SIZE_MIN:
+            return False
+        size = mq_u32(segment.data + start + MQ_AT_SIZE)
+        return start + size > offset and size <= segment.size - start and \
+            _check_record(segment.data + start, size, segment.base + start,
+                          False) == RECORD_OK
 
     cdef bint _intact_at(self, uint64_t position) except -1:
         """Whether an intact record (its own size, position and CRC32C) starts at

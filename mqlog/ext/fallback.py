@@ -990,9 +990,33 @@ class LogCore:
                 queue.topic, queue.queue_id, offset, position, size,
                 f"which holds the record of {topic.decode(errors='replace')!r}/{header[5]} "
                 f"offset {header[8]} ({header[0]} bytes)"))
+        if self._inside_record(position):
+            raise ConsumeQueueMismatch(_mismatch_text(
+                queue.topic, queue.queue_id, offset, position, size,
+                "which lies inside a record, not at its start"))
         if problem == _PAST_END:
             raise CorruptRecord(position, f"size {size} runs past the segment's end")
         raise CorruptRecord(position, problem)
+
+    def _inside_record(self, position: int) -> bool:
+        """Whether ``position`` lies inside a whole record, past its start, with every
+        record before it in its segment whole too (sizes, magic, positions: not CRCs): no
+        record starts there, and the log is not what is damaged."""
+        if not self._bases or position < self._bases[0]:
+            return False
+        segment, offset = self._locate(position)
+        end = 0
+        while end < offset:
+            if segment.size - end < BLANK_SIZE_MIN:
+                return False
+            size = BLANK.unpack_from(segment.buffer, end)[0]
+            if end + size > segment.size or _check_record(
+                    bytes(segment.buffer[end:end + size]), segment.base + end, False):
+                return False
+            if end + size > offset:
+                return True
+            end += size
+        return False
 
     def _intact_at(self, position: int) -> bool:
         """Whether an intact record (its own size, position and CRC32C) starts there."""
