@@ -753,9 +753,19 @@ def test_bad_options_are_typed_errors(tmp_path):
 
     for bad in ({}, {"path": "a", "paths": "b"}, {"path": "a", "mode": "x"},
                 {"path": "a", "startingOffsets": "{bad"}, {"path": "a", "queues": "x:y"},
-                {"path": "a", "minPartitions": "-1"}, {"path": "a", "failOnDataLoss": "maybe"}):
+                {"path": "a", "minPartitions": "-1"}, {"path": "a", "failOnDataLoss": "maybe"},
+                {"path": "a", "startingOffsets": '{"t": {"0": 7.9}}'},
+                {"path": "a", "endingOffsets": '{"t": {"0": true}}'}):
         with pytest.raises(InvalidArgument):
             options.parse(bad)
+    # A misspelled option was ignored, and the read silently widened to everything.
+    for typo in ("startingOffset", "topik", "endingTimestmp"):
+        with pytest.raises(InvalidArgument, match=f"no option '{typo.lower()}'"):
+            options.parse({"path": "a", typo: "1"})
+    # One store's path is taken whole, a comma too (only 'paths' lists several).
+    assert options.parse({"path": "a,b"}).paths == (("a,b", "a,b"),)
+    assert options.parse({"PATHS": "a,b", "StartingOffsets": '{"t": {"0": 7}}'}).starting \
+        == {"t": {0: 7}}
 
 
 def test_cli_reconcile_and_replay(spark, tmp_path, rng):

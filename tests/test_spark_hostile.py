@@ -341,6 +341,41 @@ def test_a_last_segment_cut_short_is_corrupt_store_not_an_assertion(tmp_path, rn
     assert rows and max(row[2] for row in rows) < written
 
 
+def _walked(path, min_partitions):
+    """(position, crc_ok) of every row of a commit-log read cut into at least
+    ``min_partitions`` partitions."""
+    options = opts.parse({"path": str(path), "mode": "commitlog",
+                          "minPartitions": str(min_partitions)}, None, 2)
+    return sorted((position, ok) for part in planner.plan(options)
+                  for batch in read_partition(part, options)
+                  for position, ok in zip(batch.column("position").to_pylist(),
+                                          batch.column("crc_ok").to_pylist(), strict=True))
+
+
+def test_commitlog_mode_searches_past_a_damaged_size_and_a_zeroed_record(tmp_path):
+    """A record's size field damaged (+1000): the walk stepped by it and hid the intact
+    records it covered, how many depending on where partitions were cut (14, then 20
+    rows). A record zeroed in a sealed segment (a lost page) ended that segment's walk,
+    hiding every record after it, with no row flagged. Now every record is a row once,
+    the damaged one with crc_ok false, however the read is cut; a zeroed one is gone."""
+    path = tmp_path / "s"
+    with mqlog.open(path, **SMALL) as store:
+        positions = [store.put("t", b"%05d" % n + b"y" * 95).position for n in range(1000)]
+        assert len(store.segments()) > 2
+    segment = path / "commitlog" / f"{0:020d}"
+    with open(segment, "r+b") as file:
+        file.seek(positions[5])
+        size = int.from_bytes(file.read(4), "little")
+        file.seek(positions[5])
+        file.write((size + 1000).to_bytes(4, "little"))
+        file.seek(positions[50])
+        file.write(bytes(positions[51] - positions[50]))
+    expected = [(position, position != positions[5]) for position in positions
+                if position != positions[50]]
+    for min_partitions in (1, 4, 10, 40):
+        assert _walked(path, min_partitions) == expected, min_partitions
+
+
 def test_stray_entries_named_like_store_files_are_ignored(tmp_path, rng):
     """A directory named like a segment (or a consume-queue file) is not one: commit-log
     mode tried to open it (IsADirectoryError); the engine ignores such entries."""

@@ -9,20 +9,28 @@ past the last checkpointed entry, records a crash left unindexed) and damaged re
 A walk of one segment reads the file in windows of ``WINDOW_BYTES`` and steps from record
 to record by ``total_size``:
 
-* zeros (size 0) end the segment's records; a blank record ("MQB\\x01") fills its tail;
+* a blank record ("MQB\\x01") fills the segment's tail; zeros (size 0) at or past where
+  the log ended when the read was planned (``SegmentRange.written``) are its unwritten
+  tail: both end the segment's records;
 * a record ("MQR\\x01", size within the segment) is reported; ``crc_ok`` is true when its
   CRC32C over bytes [12, total_size) matches and its stored position is where it lies
   (the two checks a reader applies besides sizes and magic);
-* anything else (a damaged size or magic) cannot be stepped over, so the walk searches on
-  for the next record magic whose stored position equals its place (a resync), as a
-  forensic tool should; the damaged bytes in between are not a row.
+* anything else (a damaged size or magic, zeros before the log's end: a lost page)
+  cannot be stepped over, so the walk searches on for the next record magic whose
+  stored position equals its place, as a forensic tool should; the damaged bytes in
+  between are not a row. The search starts just past the record the walk stepped from
+  (its size led nowhere: it is what was damaged), and past a record that failed its
+  CRC (the CRC does not cover the size; a matching one vouches for it, a failing one
+  not). Before, one damaged size hid the intact records it stepped over, and which ones
+  depended on where the partitions were cut.
 
 Records are reported when they start inside the partition's [start, end) positions. The
 walk starts where a record boundary is known: the segment's first byte, or the
 partition's ``walk_from``, a record start the planner verified (a consume-queue
 entry's position whose record reads back with its CRC and position: planner.py), so a
 large segment is read as several partitions that each walk only their own part. Up to
-the partition's start it only steps (no CRC, no row; counted as ``stepped``).
+the partition's start it only steps (no CRC, no row; counted as ``stepped``), over
+records that claim their place (stored position), and lands where that partition did.
 Batches are built in bulk by ``layout.build_batch``; only the stepping and the CRC call
 are per record.
 """
@@ -61,18 +69,20 @@ def read_segment(part: SegmentRange, counters: Counters,
                            "now") from None
     with segment:
         size = os.fstat(segment.fileno()).st_size
-        walk = _Walk(segment, part.base, size, arrow)
+        walk = _Walk(segment, part.base, size, arrow, part.written)
         yield from walk.batches(part, counters)
 
 
 class _Walk:
     """A window over one segment file and the records found in it so far."""
 
-    def __init__(self, segment: object, base: int, size: int, arrow: pa.Schema) -> None:
+    def __init__(self, segment: object, base: int, size: int, arrow: pa.Schema,
+                 written: int | None = None) -> None:
         self.arrow = arrow
         self.segment = segment
         self.base = base
         self.size = size
+        self.written = written  # (SegmentRange.written)
         self.window = b""
         self.window_at = 0  # segment offset of window[0]
         self.crc32c = ext.load().crc32c
@@ -93,11 +103,14 @@ class _Walk:
         verdicts: list[bool] = []
         at = (self.base if part.walk_from is None else part.walk_from) - self.base
         stop = part.end - self.base
+        previous = None  # the record the walk stepped here from
         while at < stop:
             reported = at + self.base >= part.start
             found = self.record_at(at, verify=reported)
-            if found is None:
-                at = self.resync(at)
+            if found is None:  # (a size that led nowhere: search on from its record)
+                at = self.size if self.ends_at(at) else \
+                    self.search((at if previous is None else previous) + 1)
+                previous = None
                 continue
             total, ok = found
             if reported:
@@ -105,7 +118,8 @@ class _Walk:
                 verdicts.append(ok)
             else:
                 counters.stepped += 1
-            at += total
+            # (a CRC that matches vouches for the size too; one that fails, not)
+            previous, at = at, at + total if ok else self.search(at + 1)
             # emit before the window slides past what was collected
             window_full = at + layout.HEADER_SIZE > self.window_at + len(self.window)
             if starts and (len(starts) >= BATCH_RECORDS or window_full):
@@ -115,32 +129,36 @@ class _Walk:
 
     def record_at(self, at: int, verify: bool = True) -> tuple[int, bool] | None:
         """(total size, CRC and position valid) of a record at ``at``; None if none is.
-        The step depends on size and magic alone, so a walk towards the partition's start
-        skips the CRC (``verify=False``) and still steps exactly as the partition before
-        it, which reports those records, did."""
-        head = self.view(at, 8)
+        A walk towards the partition's start skips the CRC (``verify=False``): it takes
+        a record that claims its place (stored position) to be whole, and lands where the
+        partition before it, which reports those records, did (a record that does not
+        claim its place is searched past by both: reported, it is a crc_ok false row)."""
+        head = self.view(at, 48)
         if head is None:
             return None
-        total, magic = int.from_bytes(head[:4], "little"), int.from_bytes(head[4:], "little")
+        total, magic = int.from_bytes(head[:4], "little"), int.from_bytes(head[4:8], "little")
         if magic != _RECORD or total < layout.HEADER_SIZE or at + total > self.size:
             return None
+        claims = int.from_bytes(head[40:48], "little") == self.base + at
         if not verify:
-            return total, True
+            return (total, True) if claims else None
         record = self.view(at, total)
         assert record is not None
         stored_crc = int.from_bytes(record[8:12], "little")
-        stored_position = int.from_bytes(record[40:48], "little")
-        ok = stored_crc == self.crc32c(record[12:]) and stored_position == self.base + at
-        return total, ok
+        return total, claims and stored_crc == self.crc32c(record[12:])
 
-    def resync(self, at: int) -> int:
-        """The next place after ``at`` that holds a record, or the end: zeros or a blank
-        record end the segment's records; damage is searched past."""
+    def ends_at(self, at: int) -> bool:
+        """Whether the segment's records end at ``at``: its end, a blank record, or zeros
+        in the log's unwritten tail (past where it ended when planned; unknown: zeros are
+        searched past, which costs a read of the rest)."""
         head = self.view(at, 8)
-        if head is None or bytes(head) == bytes(8) or \
-                int.from_bytes(head[4:], "little") == _BLANK:
-            return self.size
-        probe = at + 1
+        return head is None or int.from_bytes(head[4:], "little") == _BLANK or \
+            (bytes(head) == bytes(8) and self.written is not None
+             and self.base + at >= self.written)
+
+    def search(self, probe: int) -> int:
+        """The first place from ``probe`` on whose record magic claims its place (stored
+        position), or the segment's end."""
         while True:
             window = self.view(probe, min(WINDOW_BYTES, self.size - probe))
             if window is None or len(window) < 48:
@@ -150,7 +168,7 @@ class _Walk:
                 probe += len(window) - 3
                 continue
             candidate = probe + index - 4
-            if candidate > at and self._claims(candidate):
+            if candidate >= probe and self._claims(candidate):
                 return candidate
             probe += index + 1
 

@@ -48,6 +48,11 @@ from mqlog.errors import InvalidArgument
 EARLIEST, LATEST = -2, -1
 DEFAULT_RECORDS_PER_PARTITION = 1_000_000
 MODES = ("queue", "commitlog")
+# Every option the source reads (as written in the docs; Spark passes them lower-cased)
+OPTION_NAMES = ("path", "paths", "topic", "topics", "queues", "mode", "startingOffsets",
+                "endingOffsets", "startingTimestamp", "endingTimestamp", "minPartitions",
+                "maxRecordsPerPartition", "maxRecordsPerTrigger", "failOnDataLoss",
+                "metricsDir")
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,9 @@ class QueueRanges(InputPartition):
 class SegmentRange(InputPartition):
     """Records that start in [start, end) of one segment file (positions); the walk
     over them starts at ``walk_from`` (None: the segment's first byte), a position
-    known to hold a record, at or before ``start``."""
+    known to hold a record, at or before ``start``. ``written``: where the store's log
+    ended when the read was planned (None: the store could not be opened), past which
+    zeros are the unwritten tail, not a hole."""
 
     path: str
     replica: str
@@ -100,6 +107,7 @@ class SegmentRange(InputPartition):
     start: int
     end: int
     walk_from: int | None = None
+    written: int | None = None
 
     @property
     def count(self) -> int:
@@ -165,7 +173,12 @@ def parse(options: Any, columns: tuple[str, ...] | None = None,
     """Check the user's options (a case-insensitive mapping of str) into ReadOptions;
     ``columns``: the columns a user-given schema picks (None: all); ``slots``: the
     session's default parallelism, if known."""
-    get = {str(key).lower(): str(value) for key, value in dict(options).items()}.get
+    given = {str(key).lower(): str(value) for key, value in dict(options).items()}
+    unknown = sorted(set(given) - {name.lower() for name in OPTION_NAMES})
+    if unknown:  # (a misspelled bound would silently widen the read to everything)
+        raise InvalidArgument(f"the mqlog source has no option {', '.join(map(repr, unknown))}"
+                              f"; its options are {', '.join(OPTION_NAMES)}")
+    get = given.get
     paths = _paths(get("path"), get("paths"))
     topics = _names(get("topic"), get("topics"))
     mode = (get("mode") or "queue").lower()
@@ -190,9 +203,10 @@ def _paths(path: str | None, paths: str | None) -> tuple[tuple[str, str], ...]:
     if (path is None) == (paths is None):
         raise InvalidArgument("give the mqlog source exactly one of the options 'path' (one "
                               "store) or 'paths' (comma-separated stores, one per replica)")
-    text = path if paths is None else paths
-    assert text is not None
-    named = [item.strip() for item in text.split(",") if item.strip()]
+    if path is not None:  # (one store: a comma may be part of its name)
+        return ((path, path),)
+    assert paths is not None
+    named = [item.strip() for item in paths.split(",") if item.strip()]
     if not named or len(set(named)) != len(named):
         raise InvalidArgument(f"'paths' must name distinct store directories, got {named}")
     return tuple((item, item) for item in named)
@@ -244,8 +258,12 @@ def _offsets(name: str, text: str | None, default: str) -> Any:
         return text.strip().lower()
     try:
         parsed = json.loads(text)
-        return {str(topic): {int(queue): int(offset) for queue, offset in queues.items()}
-                for topic, queues in parsed.items()}
+        offsets = {str(topic): {int(queue): offset for queue, offset in queues.items()}
+                   for topic, queues in parsed.items()}
+        if any(type(offset) is not int for queues in offsets.values()
+               for offset in queues.values()):
+            raise TypeError("an offset that is not an integer")  # (7.9 or true read as 7, 1)
+        return offsets
     except (ValueError, AttributeError, TypeError):
         raise InvalidArgument(f"option {name} must be 'earliest', 'latest' or JSON like "
                               f'{{"orders": {{"0": 23, "1": -2}}}}, got {text!r}') from None

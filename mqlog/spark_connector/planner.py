@@ -261,7 +261,8 @@ def segment_spans(path: str, replica: str, bounds: tuple[int | None, int | None]
         start, stop = max(base, low or 0), min(end, end if high is None else high)
         if start < stop:
             held_end = stop if written is None else min(stop, max(written, start))
-            spans.append((SegmentRange(path, replica, base, start, stop), held_end - start))
+            spans.append((SegmentRange(path, replica, base, start, stop, written=written),
+                          held_end - start))
     return spans
 
 
