@@ -565,6 +565,35 @@ def test_reconcile_does_not_call_what_retention_took_missing(tmp_path, rng):
     assert reverse.counts == {}, reverse.counts
 
 
+def test_reconcile_reports_what_a_replica_too_damaged_to_open_lacks(tmp_path):
+    """A copy that lost a middle segment, or whose last segment was cut short, cannot be
+    opened (CorruptStore), and reconcile refused it, though these are the replicas it is
+    for and its commit-log scan reads what is there. Now their lost records are
+    reported missing, at both levels."""
+    from mqlog.errors import CorruptStore
+    from mqlog.spark_connector.reconcile import reconcile
+
+    reference = tmp_path / "a"
+    with mqlog.open(reference, **SMALL) as store:
+        positions = [store.put("t", b"%05d" % n + b"y" * 95).position for n in range(1000)]
+        segments = [base for base, _size in store.segments()]
+    assert len(segments) == 3
+    holed, short = tmp_path / "holed", tmp_path / "short"
+    shutil.copytree(reference, holed)
+    shutil.copytree(reference, short)
+    os.remove(holed / "commitlog" / f"{segments[1]:020d}")
+    os.truncate(short / "commitlog" / f"{segments[-1]:020d}", 20_000)
+    size = positions[1] - positions[0]  # (of each record)
+    lost = {holed: [p for p in positions if segments[1] <= p < segments[2]],
+            short: [p for p in positions if p + size > segments[-1] + 20_000]}
+    for copy, gone in lost.items():
+        with pytest.raises(CorruptStore):
+            mqlog.open(copy, read_only=True)
+        found = reconcile(None, [str(reference), str(copy)])
+        assert found.counts == {("log", "missing"): len(gone),
+                                ("queue", "missing"): len(gone)}, copy
+
+
 def test_reconcile_of_retained_replicas_by_shuffles_agrees_with_the_driver(spark,
                                                                             tmp_path, rng):
     """The same retained and truncated copies compared by shuffles: the same findings,

@@ -51,10 +51,12 @@ import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import mqlog
-from mqlog.errors import InvalidArgument
+from mqlog.engine.files import numbered_files
+from mqlog.errors import InvalidArgument, MqlogError
 
 REPORT_COLUMNS = ("level", "kind", "replica", "reference", "topic", "queue_id", "offset",
                   "position", "epoch", "reference_epoch")
@@ -169,11 +171,20 @@ class _Starts:
 
 
 def _starts(paths: list[str]) -> _Starts:
-    """Each replica's log start and queue starts, from read-only opens on the driver."""
+    """Each replica's log start and queue starts, from read-only opens on the driver. A
+    replica too damaged to open (a lost segment, a copy cut short: the cases reconcile is
+    for, which its commit-log scan reads as they are) starts where its first segment
+    file does, and its queues' starts are unknown (a record before one is reported)."""
     logs: list[int] = []
     queues: dict[tuple[str, int], list[int | None]] = {}
     for index, path in enumerate(paths):
-        with mqlog.open(path, read_only=True) as store:
+        try:
+            store = mqlog.open(path, read_only=True)
+        except MqlogError:
+            bases = numbered_files(Path(path) / "commitlog")
+            logs.append(bases[0][0] if bases else 0)
+            continue
+        with store:
             logs.append(store.first_segment_base())
             for topic, queue_id in store.queues():
                 queues.setdefault((topic, queue_id), [None] * len(paths))[index] = \
