@@ -119,6 +119,9 @@ PEERS = '[node.peers]\nb2 = "127.0.0.1:7002"\nb3 = "127.0.0.1:7003"\n'
     # a cluster broker registers groups_max less its config's groups: one at least
     (NODE + 'voters = ["b1"]\ngroups_max = 1\n[groups.g1]\nlayer = "raft"\n[controller]\n'
      'voters = {c1 = "127.0.0.1:7101"}\n', "its 1 [groups.*] fill groups_max=1"),
+    # a cluster broker sets its stray stores aside in data_dir/strays
+    (NODE + 'voters = ["b1"]\n[groups.strays]\nlayer = "raft"\n',
+     "group name 'strays' is taken"),
 ])
 def test_node_toml_mistakes_are_named_with_key_and_file(tmp_path, text, expected):
     with pytest.raises(errors.ConfigError) as raised:

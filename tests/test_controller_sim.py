@@ -193,7 +193,7 @@ class Host:
     def leads(self):
         return []
 
-    def delete_strays(self, is_stray):
+    def set_strays_aside(self, is_stray):
         return []
 
     def follow_registrations(self, addresses):

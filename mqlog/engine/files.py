@@ -193,6 +193,20 @@ def delete_store(directory: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def set_aside(directory: Path, aside: Path, name: str) -> Path:
+    """Move ``directory`` into ``aside`` (made if missing) as ``name`` (NAME.1, NAME.2,
+    ... if taken), synced; where it went."""
+    aside.mkdir(exist_ok=True)
+    target, number = aside / name, 0
+    while target.exists():
+        number += 1
+        target = aside / f"{name}.{number}"
+    os.replace(directory, target)
+    fsync_directory(aside)
+    fsync_directory(directory.parent)
+    return target
+
+
 def make_directory(path: Path, parents: bool = False) -> None:
     """``path`` as a directory of a store (made if missing; a full disk is DiskFull).
     A file where it or a parent should be is CorruptStore, naming it: not an OSError."""

@@ -252,7 +252,7 @@ class SimGroupHost:
     def leads(self) -> list[list[Any]]:
         return []  # (the simulator runs no partition groups)
 
-    def delete_strays(self, is_stray: Any) -> list[str]:
+    def set_strays_aside(self, is_stray: Any) -> list[str]:
         return []  # (no stores on a disk: a spec dropped is gone)
 
     def follow_registrations(self, addresses: dict[str, str]) -> None:

@@ -81,8 +81,8 @@ from typing import Any, Protocol
 
 from mqlog import errors
 from mqlog.client import Client
-from mqlog.config import GroupSpec, ReplicationConfig, StoreConfig
-from mqlog.engine.files import delete_store
+from mqlog.config import STRAYS_DIRECTORY, GroupSpec, ReplicationConfig, StoreConfig
+from mqlog.engine.files import set_aside
 from mqlog.replication import hardstate
 from mqlog.replication.controller import records
 from mqlog.replication.controller.config import CONTROLLER_GROUP, ControllerConfig
@@ -296,9 +296,10 @@ class GroupHost(Protocol):
         """[topic, partition, term] of each Raft partition group this broker leads now, and
         its topic id when it has one (leaders.leads_from)."""
 
-    def delete_strays(self, is_stray: Callable[[str, int], bool]) -> list[str]:
-        """Delete the partition stores that no group hosts and that ``is_stray(name,
-        topic id)`` says no topic of the metadata has; their names."""
+    def set_strays_aside(self, is_stray: Callable[[str, int], bool]) -> list[str]:
+        """Move the partition stores that no group hosts and that ``is_stray(name,
+        topic id)`` says no topic of the metadata has out of the way (never deleted:
+        ``STRAYS_DIRECTORY``); their names."""
 
     def follow_registrations(self, addresses: dict[str, str]) -> None:
         """Where each broker registered it listens (broker id -> host:port, the view's):
@@ -499,20 +500,26 @@ class BrokerAgent:
 
     def _sweep_strays(self) -> None:
         """Once this life's view reaches its registration (every topic created before it
-        is in the view, deleted or not since), delete the stores under the broker's data
-        directory that no topic of the view has: a topic deleted while this broker was
-        away (KIP-516's stray logs). Kept, such a store stayed for ever, and its abort
-        marker made every later start of the broker unclean (out of every ELR). Never
-        before: a new life's first views may come from a controller that lags, and a
-        topic missing from them is not a deleted one."""
+        is in the view, deleted or not since), set aside the stores under the broker's
+        data directory that no topic of the view has: a topic deleted while this broker
+        was away (KIP-516's stray logs). Kept in place, such a store stayed for ever, and
+        its abort marker made every later start of the broker unclean (out of every ELR).
+        Set aside, never deleted (Kafka 3.7 renames its strays too): a view that lacks a
+        topic may also be metadata that is not this cluster's (controllers whose data
+        directories were lost, or another cluster's named by mistake), and deleting then
+        lost every partition a broker held. Never before the registration: a new life's
+        first views may come from a controller that lags, and a topic missing from them
+        is not a deleted one."""
         if self._strays_swept or self._registered_position is None or \
                 self.position < self._registered_position:
             return
         self._strays_swept = True
-        for name in self.host.delete_strays(self._is_stray):
-            self.io.note(f"broker {self.host.broker_id}: deleted the store {name}: no topic "
-                         "of the metadata has it (its topic was deleted while this broker "
-                         "was away)")
+        for name in self.host.set_strays_aside(self._is_stray):
+            self.io.note(f"broker {self.host.broker_id}: set the store {name} aside in "
+                         f"{STRAYS_DIRECTORY}/ of its data directory: no topic of the "
+                         "metadata has it (its topic was deleted while this broker was "
+                         "away, or these controllers' metadata is not this cluster's); "
+                         "delete it once sure, or move it back")
 
     def _is_stray(self, name: str, topic_id: int) -> bool:
         """Whether a store ``name`` (TOPIC-PARTITION) of topic id ``topic_id`` that no
@@ -858,13 +865,14 @@ class BrokerGroups:
     def drop_group(self, name: str, delete_data: bool = False) -> None:
         self.broker.drop_group(name, delete_data)
 
-    def delete_strays(self, is_stray: Callable[[str, int], bool]) -> list[str]:
+    def set_strays_aside(self, is_stray: Callable[[str, int], bool]) -> list[str]:
         """The data directory's partition stores (those with a topic id: never the
         controller's, nor a config's groups) that no group of the broker hosts and that
-        ``is_stray`` says no topic has, deleted (aside first: files.delete_store). A
-        topic-id file that cannot be read leaves its store alone."""
+        ``is_stray`` says no topic has, moved into ``STRAYS_DIRECTORY`` as
+        NAME.TOPIC_ID (a start scans no store there: none is unclean). A topic-id file
+        that cannot be read leaves its store alone."""
         root = Path(self.broker.config.data_dir)
-        gone: list[str] = []
+        moved: list[str] = []
         for child in sorted(root.iterdir()) if root.is_dir() else []:
             name = child.name
             if not child.is_dir() or name in self.broker.groups or name == CONTROLLER_GROUP:
@@ -874,9 +882,9 @@ class BrokerGroups:
             except (errors.CorruptStore, OSError):
                 continue
             if topic_id is not None and is_stray(name, topic_id):
-                delete_store(child)
-                gone.append(name)
-        return gone
+                set_aside(child, root / STRAYS_DIRECTORY, f"{name}.{topic_id}")
+                moved.append(name)
+        return moved
 
     def follow_registrations(self, addresses: dict[str, str]) -> None:
         self.broker.follow_registrations(addresses)
