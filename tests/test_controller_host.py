@@ -15,6 +15,7 @@ agent as by the controllers, and ``local_controller.ask`` asks a follower's hint
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import heapq
 import random
 import socketserver
@@ -227,7 +228,7 @@ class FakeBroker:
         self.config = SimpleNamespace(
             controller={"voters": voters, "broker_session_timeout_ms": SESSION_MS,
                         "broker_heartbeat_interval_ms": HEARTBEAT_MS, **settings},
-            store=StoreConfig(), data_dir=data_dir, listen="127.0.0.1:1", rack="",
+            store=StoreConfig(), data_dir=data_dir, listen="127.0.0.1:1", rack="", cluster_id="",
             groups_max=4096, groups=())
 
     def add_service(self, kinds: Any, handle: Any) -> None:
@@ -385,6 +386,26 @@ def test_a_store_of_a_topic_deleted_while_its_broker_was_away_is_swept(tmp_path:
         assert (data_dir / "kept-0").is_dir()
         wait_until(lambda: "kept-0" in cluster.threads["b2"].broker.groups, "kept-0 hosted",
                    WAIT_S)
+
+
+def test_a_broker_of_another_cluster_is_refused_registration(tmp_path: Path, capsys) -> None:
+    """b2's cluster_id is not its controllers': its registration is refused, naming both
+    ids, so it is never placed replicas its peers refuse, and never takes that cluster's
+    metadata, which lacks every topic of its stores, for its own."""
+    configs = inprocess.configs(tmp_path, brokers=("b1", "b2"), controllers=("c1",))
+    configs["b2"] = dataclasses.replace(configs["b2"], cluster_id="other").validate()
+    said: list[str] = []
+
+    def refused() -> bool:
+        said.append(capsys.readouterr().out)
+        return "is of cluster_id 'other', these controllers of ''" in "".join(said)
+    with inprocess.Cluster(configs) as cluster:
+        controllers = [cluster.configs["c1"].listen]
+        wait_live_brokers(controllers, 1)
+        wait_until(refused, "b2 refused", WAIT_S)
+        found = local_controller.state(local_controller.ask(controllers,
+                                                            {"kind": "describe_cluster"}))
+        assert found is not None and set(found.brokers) == {"b1"}
 
 
 def test_stores_are_swept_only_once_the_view_reaches_the_registration() -> None:

@@ -207,6 +207,18 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
                                  f"{', '.join(KINDS)}")
 
 
+def check_cluster_id(header: dict[str, Any], cluster_id: str) -> None:
+    """A broker registers with the controllers of its own cluster only (Kafka's
+    cluster.id): one of another cluster was placed replicas its peers refuse, and the
+    metadata it pulled lacked every topic its stores held."""
+    theirs = header.get("cluster_id") or ""
+    if theirs != cluster_id:
+        raise errors.InvalidArgument(
+            f"broker {header.get('broker_id')!r} is of cluster_id {theirs!r}, these "
+            f"controllers of {cluster_id!r}: give it the controllers of its own cluster in "
+            "[controller] voters, or the cluster_id of this one")
+
+
 def host_controller(broker: Any) -> Controller:
     """Host the controller group in ``broker`` and serve its requests (see the docstring)."""
     config = _config(broker)
@@ -241,6 +253,8 @@ def host_controller(broker: Any) -> Controller:
         return proposal.answer
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
+        if header.get("kind") == "register_broker":
+            check_cluster_id(header, broker.config.cluster_id)
         outcome = dispatch(controller, header)  # (NotLeader: the broker's error answer names
         # the leader and its address: node.error_answer)
         if isinstance(outcome, Proposal):
@@ -376,6 +390,7 @@ class BrokerAgent:
                 "kind": "register_broker", "broker_id": self.host.broker_id,
                 "address": self.host.address, "incarnation": self.incarnation,
                 "rack": getattr(self.host, "rack", ""),
+                "cluster_id": getattr(self.host, "cluster_id", ""),
                 "groups_max": getattr(self.host, "groups_max", 0)}
             if self.unclean_shutdown:
                 header["unclean_shutdown"] = True
@@ -854,6 +869,7 @@ class BrokerGroups:
         self.broker_id: str = broker.broker_id
         self.address: str = broker.config.listen
         self.rack: str = broker.config.rack
+        self.cluster_id: str = broker.config.cluster_id
         # what it registers: the groups the controller may have it host, its groups_max
         # less its config file's groups (placement knows nothing of those; config.py
         # leaves room for one at least on a cluster broker)
