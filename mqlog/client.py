@@ -27,6 +27,17 @@ from mqlog.results import PutResult, PutStatus
 ANSWERS_KEPT = 100  # acks=0 refusals kept for the caller to look at (the newest)
 
 
+
+def readable(fds: list[int], timeout_s: float) -> list[int]:
+    """Those of ``fds`` that can be read without blocking, waiting at most ``timeout_s``
+    for one. ``poll``, not ``select``: select refuses a descriptor numbered 1024 or more,
+    which any process holding that many files has (a ValueError, after a request was
+    sent: an untyped error for a write that may be stored)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _events in poller.poll(max(0, math.ceil(timeout_s * 1000)))]
+
 class Client:
     def __init__(self, address: str, timeout_s: float = 30.0,
                  frame_size_bytes_max: int = 64 << 20, group: str | None = None) -> None:
@@ -232,7 +243,7 @@ class Client:
 
     def _take_waiting_answers(self) -> None:
         """Read, without waiting, the answers already on the socket (acks=0 refusals)."""
-        while select.select([self._socket], [], [], 0)[0]:
+        while readable([self._socket.fileno()], 0):
             self._read_some()
 
     def _read_some(self) -> None:

@@ -91,7 +91,6 @@ from __future__ import annotations
 
 import functools
 import os
-import select
 import threading
 import time
 import uuid
@@ -101,7 +100,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from mqlog import errors
-from mqlog.client import Client, check_positive, error_of, produce_request
+from mqlog.client import Client, check_positive, error_of, produce_request, readable
 from mqlog.ext import wire as codec
 from mqlog.group_client import RETRIED, STORED_UNDECIDED, undecided
 from mqlog.partitioner import RoundRobin, choose_partition
@@ -673,8 +672,8 @@ class ClusterClient:
         if not sockets:
             time.sleep(max(0.0, timeout))  # a back-off: nothing is in flight
             return
-        readable = select.select(list(sockets), [], [], max(0.0, timeout))[0]
-        self._take_answers([sockets[fd] for fd in readable], wait=True)
+        ready = readable(list(sockets), max(0.0, timeout))
+        self._take_answers([sockets[fd] for fd in ready], wait=True)
         now = time.monotonic()
         for request in sent:  # no answer within timeout_s: as if the connection broke
             if request.address is not None and now - request.sent_at >= self.timeout_s:

@@ -367,3 +367,32 @@ def test_a_topic_must_be_a_non_empty_string(fake: FakeBrokers) -> None:
                     getattr(client, name)(topic, *arguments)
                     pytest.fail(f"{name}({topic!r}) did not raise")
         assert fake.opened == 0  # (refused before the metadata was asked for)
+
+
+def test_a_client_in_a_process_holding_many_files_produces_and_fetches(tmp_path: Path
+                                                                          ) -> None:
+    """A process holding more than 1024 files gives a client's sockets numbers that
+    select() refuses: every produce raised ValueError, after its request was sent (an
+    untyped error for a write that was stored). The clients wait with poll. Skipped where
+    this process may not open that many files."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"this process may open {hard} files at most")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
+    held: list[int] = []
+    try:
+        with isr_cluster(tmp_path, partitions=1) as running:
+            held.extend(os.open(os.devnull, os.O_RDONLY) for _ in range(1100))
+            with ClusterClient(_brokers(running), retry_timeout_s=30) as client:
+                assert client.produce("orders", b"x", partition=0).status is PutStatus.PUT_OK
+                assert [record.body for record in client.fetch("orders", 0, 0)] == [b"x"]
+            with Client(_brokers(running)[0]) as single:
+                single.produce("orders", b"y", queue_id=0, acks=0)
+                single._take_waiting_answers()  # (acks=0 refusals: none here)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
