@@ -408,6 +408,34 @@ def test_a_broker_of_another_cluster_is_refused_registration(tmp_path: Path, cap
         assert found is not None and set(found.brokers) == {"b1"}
 
 
+def test_operator_commands_the_controller_would_undo_are_refused(tmp_path: Path) -> None:
+    """On a partition of a topic (the controller assigned it): a master-slave promote or
+    follow was carried out, then undone at the broker's next pull (its writes failed
+    meanwhile); a Raft membership change left the voters apart from the metadata for
+    ever. Both are refused, saying who decides. A config's group still takes them."""
+    brokers = ("b1", "b2")
+    with inprocess.Cluster(inprocess.configs(tmp_path, brokers=brokers,
+                                             controllers=("c1",))) as cluster:
+        controllers = [cluster.configs["c1"].listen]
+        wait_live_brokers(controllers, len(brokers))
+        for name, layer in (("ms", "master_slave"), ("rf", "raft")):
+            change_metadata(controllers, {"kind": "create_topic", "name": name,
+                                          "partitions": 1, "replication_factor": 2,
+                                          "layer": layer})
+        b1 = cluster.threads["b1"].broker
+        wait_until(lambda: {"ms-0", "rf-0"} <= set(b1.groups), "b1 hosting both", WAIT_S)
+        asked = [({"kind": "promote", "group": "ms-0", "role": "SYNC_MASTER",
+                   "slaves": ["b2"]}, "names the master of ms-0"),
+                 ({"kind": "follow", "group": "ms-0", "master": "b2"},
+                  "names the master of ms-0"),
+                 ({"kind": "membership", "group": "rf-0", "voters": ["b1"]},
+                  "assigns the replicas of rf-0")]
+        with Client(cluster.configs["b1"].listen) as client:
+            for header, said in asked:
+                with pytest.raises(errors.InvalidArgument, match=said):
+                    client.call(header)
+
+
 def test_stores_are_swept_only_once_the_view_reaches_the_registration() -> None:
     """The registration ended at 300 in the metadata log; the pulls bring the view to 200
     (a lagging controller answering), then 300. Nothing is swept before 300 — a topic

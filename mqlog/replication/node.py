@@ -106,6 +106,20 @@ async def start_listening(address: str, handler: Any = None, *,
             "an address of this machine)") from None
 
 
+
+# An operator's command that a partition the controller assigned (a topic's: it has a
+# topic id) would undo at its broker's next pull, or leave apart from the metadata
+_MOVED_BY_CONTROLLER = ("the controller names the master of {group}, a partition of a "
+                        "topic: a promotion or follow here is undone at the broker's next "
+                        "pull of the metadata. With [controller] auto_failover = true it "
+                        "moves the master once the master's broker is fenced")
+_CONTROLLER_DECIDES = {
+    "promote": _MOVED_BY_CONTROLLER, "follow": _MOVED_BY_CONTROLLER,
+    "membership": ("the controller assigns the replicas of {group}, a partition of a "
+                   "topic: a membership change here would leave its voters apart from the "
+                   "metadata, which nothing brings back. Leadership moves with transfer")}
+
+
 class Node:
     """One replica group's member on a broker: ``start()`` once the broker's loop runs,
     ``close()`` when the group is dropped or the broker stops."""
@@ -569,6 +583,8 @@ class Node:
                                          "groups; a Raft group elects its leader (use "
                                          "transfer to move leadership), the controller "
                                          "names an ISR partition's")
+        if kind in ("promote", "follow", "membership") and self.spec.topic_id:
+            raise errors.InvalidArgument(_CONTROLLER_DECIDES[kind].format(group=self.name))
         if kind == "promote":
             return self._promote(frame.header), b""
         if kind == "follow":
