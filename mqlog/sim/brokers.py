@@ -136,8 +136,8 @@ class SimBroker:
     def __init__(self, sim: Any, name: str, root: Path, disk: dict[str, Any],
                  store_settings: dict[str, Any], test_break: str) -> None:
         self.sim, self.broker_id, self.root, self.disk = sim, name, root, disk
-        self.config = SimpleNamespace(listen=f"{name}.sim:9092", rack="", data_dir=root,
-                                      groups_max=4096, groups=())
+        self.config = SimpleNamespace(listen=f"{name}.sim:9092", rack="", cluster_id="",
+                                      data_dir=root, groups_max=4096, groups=())
         self.store_settings, self.test_break = store_settings, test_break
         self.groups: dict[str, SimGroup] = {}
         self.recorded: dict[str, GroupSpec] = {}  # master-slave groups: not simulated
