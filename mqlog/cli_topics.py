@@ -234,8 +234,8 @@ def _moves(state: ClusterMetadata, name: str) -> list[tuple[int, str, tuple[str,
         info = state.brokers.get(preferred)
         leader = state.brokers.get(part.leader)
         if topic.layer != "raft":
-            reason = f"layer {topic.layer}: its master is moved by a promotion (`mqlog " \
-                "cluster promote`), not by rebalancing"
+            reason = f"layer {topic.layer}: the controller moves its master once the " \
+                "master's broker is fenced (auto_failover), not by rebalancing"
         elif part.leader == preferred:
             reason = f"led by its preferred leader {preferred}"
         elif info is None or info.fenced:

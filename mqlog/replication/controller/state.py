@@ -136,9 +136,12 @@ def describe_topic(topic: TopicInfo) -> list[str]:
              + (f" min_insync_replicas={topic.min_insync_replicas}"
                 if topic.min_insync_replicas else "")]
     for index, part in enumerate(topic.partitions):
+        # (a Raft partition has no ISR: a majority of its replicas, its voters, commits;
+        # its metadata's isr is the replicas, whatever brokers are fenced)
+        sets = "" if topic.layer == "raft" else f" isr={_names(part.isr)} elr={_names(part.elr)}"
         lines.append(f"    {index} leader={part.leader or '-'} leader_epoch={part.leader_epoch}"
                      f" partition_epoch={part.partition_epoch} replicas={_names(part.replicas)}"
-                     f" isr={_names(part.isr)} elr={_names(part.elr)}"
+                     + sets
                      + (f" unclean=epoch:{part.unclean[0]},lost:[{part.unclean[1]},"
                         f"{part.unclean[2]})" if part.unclean else ""))
     return lines
