@@ -524,6 +524,11 @@ class BrokerConfig:
     # of that connection until one is done (Kafka handles one a connection): what a client
     # that never reads can make a broker hold is this many answers.
     client_requests_in_progress_max: int = 256
+    # Connections open at once, peers' included (Kafka's max.connections); one accepted
+    # past it is closed at once. Capped at run time to half the process's descriptor
+    # limit: idle connections that took every descriptor left none for a new segment
+    # file, and the broker stopped.
+    connections_max: int = 4_096
     groups_max: int = 4_096  # replica groups one broker hosts
     rack: str = ""  # Kafka's broker.rack: registered; "nearest" follower reads match it
     controller: dict[str, Any] = dataclasses.field(default_factory=dict)  # [controller]
@@ -545,7 +550,7 @@ class BrokerConfig:
                               f"'broker,controller', got {','.join(self.process_roles)!r}")
         _require_positive(self, "register_interval_ms", "frame_size_bytes_max",
                           "peer_send_bytes_max", "peer_redial_interval_ms", "groups_max",
-                          "client_requests_in_progress_max", where=where)
+                          "client_requests_in_progress_max", "connections_max", where=where)
         if len(self.groups) > self.groups_max:
             raise ConfigError(f"{where} {len(self.groups)} groups exceed groups_max="
                               f"{self.groups_max}")
@@ -609,7 +614,7 @@ _BROKER_KEYS = {"id": "str", "listen": "str", "data_dir": "str", "peers": "addre
                 "registries": "strs", "register_interval_ms": "int",
                 "frame_size_bytes_max": "int", "peer_send_bytes_max": "int",
                 "peer_redial_interval_ms": "int", "groups_max": "int", "rack": "str",
-                "client_requests_in_progress_max": "int"}
+                "client_requests_in_progress_max": "int", "connections_max": "int"}
 # keys of a group (in [node] without [groups], else in [groups.NAME]; there [node] holds
 # defaults for every group)
 _GROUP_KEYS = {"slave_read_enable": "bool", "group": "str", "topics": "counts",

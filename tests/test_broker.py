@@ -412,6 +412,26 @@ def test_produces_read_together_with_garbage_are_stored_and_the_connection_dropp
                                                                    b"r2"]
 
 
+def test_connections_past_connections_max_are_closed_and_the_broker_serves_on(tmp_path):
+    """A hostile review: a client that opened idle connections until the broker had no
+    descriptor left stopped the broker (its next segment file could not be opened). Past
+    connections_max (capped at half the descriptor limit) an accepted connection is
+    closed at once, and once some close, new ones are served again."""
+    with _echo_broker(tmp_path, connections_max=4) as (address, running):
+        idle = [_client_socket(address) for _ in range(4)]
+        try:
+            wait_until(lambda: len(running.broker._connections) == 4, "four open", 30)
+            with _client_socket(address) as refused:
+                assert refused.recv(100) == b""  # (closed at once: no answer, no read)
+            assert running.broker.connections_refused == 1
+        finally:
+            for sock in idle:
+                sock.close()
+        wait_until(lambda: not running.broker._connections, "the idle ones gone", 30)
+        with mqlog.Client(address) as client:
+            assert client.call({"kind": "echo", "n": 1})[0]["n"] == 1
+
+
 def test_a_frame_whose_kind_is_not_a_string_drops_the_connection(tmp_path):
     """A hostile review: a request whose kind is a list (unhashable) raised TypeError in
     the broker; met while the connection was held back, the connection was neither

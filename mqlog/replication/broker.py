@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import resource
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -188,6 +189,8 @@ class Broker:
         self.failure: BaseException | None = None
         self.counters: dict[str, PeerCounters] = {}
         self.refused = 0  # peers refused: another cluster, a stranger, or no peer_hello
+        self.connections_refused = 0  # accepted past connections_max, and closed
+        self.connections_max = _connections_max(config.connections_max)
         self._links: dict[str, PeerLink] = {}
         self._connections: set[Connection] = set()  # every open one: aborted at the stop
         self._dialing: set[str] = set()
@@ -543,6 +546,14 @@ class Broker:
         if not self._running:  # (accepted as serve() ended: nothing would close it)
             connection.abort()
             return
+        if not connection.peer and len(self._connections) >= self.connections_max:
+            self.connections_refused += 1  # (said at 1, 2, 4, 8...: a flood is no log flood)
+            if self.connections_refused & (self.connections_refused - 1) == 0:
+                print(f"broker {self.broker_id}: {len(self._connections)} connections are "
+                      f"open, connections_max={self.connections_max}: closed a new one "
+                      f"({self.connections_refused} so far)", flush=True)
+            connection.abort()
+            return
         self._connections.add(connection)
         if connection.peer:  # (dialed: the peer speaks only once it has this one's hello)
             _linked(connection, PeerLink(connection.peer, self.broker_id, connection,
@@ -789,6 +800,13 @@ def route_peer_frame(groups: Mapping[str, Any], default_group: str, peer: str,
             frame.header.get("topic_id", 0) != node.spec.topic_id:
         return None
     return node, message
+
+
+def _connections_max(configured: int) -> int:
+    """``connections_max``, at most half the descriptors this process may open (the rest
+    for stores, peers and the controller's calls)."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return configured if soft == resource.RLIM_INFINITY else max(1, min(configured, soft // 2))
 
 
 def _controller_hook(broker: Broker, name: str) -> None:
