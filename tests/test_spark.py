@@ -594,6 +594,27 @@ def test_reconcile_reports_what_a_replica_too_damaged_to_open_lacks(tmp_path):
                                 ("queue", "missing"): len(gone)}, copy
 
 
+def test_reconcile_counts_a_corrupt_record_once_and_blames_no_healthy_copy(tmp_path):
+    """One record's CRC flipped in one of two copies: it was counted three times (corrupt,
+    and missing at both levels), and with the damaged copy as the reference the healthy
+    replica was reported extra. Now it is one corrupt finding either way, and the damaged
+    replica's common prefix ends at it."""
+    from mqlog.spark_connector.reconcile import reconcile
+
+    healthy, damaged = tmp_path / "healthy", tmp_path / "damaged"
+    with mqlog.open(healthy, **SMALL) as store:
+        positions = [store.put("t", b"%02d" % n * 10).position for n in range(10)]
+    shutil.copytree(healthy, damaged)
+    _flip_crc(damaged, positions[3])
+    for paths in ([healthy, damaged], [damaged, healthy]):
+        found = reconcile(None, list(map(str, paths)))
+        assert found.counts == {("log", "corrupt"): 1}, paths
+        (row,) = found.summary_rows()
+        assert (row["missing"], row["extra"], row["divergent"]) == (0, 0, 0)
+    (row,) = reconcile(None, [str(healthy), str(damaged)]).summary_rows()
+    assert (row["corrupt"], row["common_prefix"]) == (1, 3)
+
+
 def test_reconcile_of_retained_replicas_by_shuffles_agrees_with_the_driver(spark,
                                                                             tmp_path, rng):
     """The same retained and truncated copies compared by shuffles: the same findings,

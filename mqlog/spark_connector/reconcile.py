@@ -35,7 +35,9 @@ before a replica's start are neither: each replica's log start (its first segmen
 queue starts (``min_offset``), read from the stores on the driver (``_starts``), say
 what retention or a reset took from it, so a replica that keeps less history than the
 reference is not reported missing what it deleted (nor the reference, extra). A
-record whose CRC fails is ``corrupt`` (log level, left out of the comparisons). The
+record whose CRC fails is ``corrupt`` (log level), and its key is no other finding of its
+replica — nor of any replica when the reference's record there is the corrupt one: a
+damaged record counted once, not also as missing at both levels. The
 report is one DataFrame with a row per finding (``REPORT_COLUMNS``; cached), its counts
 per level and kind (``counts``), and a summary per replica and queue, computed on the
 driver from small aggregates: the count of each kind among that queue's queue-level
@@ -207,9 +209,9 @@ def _reconcile_shuffled(spark: Any, paths: list[str], held: int,
         F.lit("log").alias("level"), F.lit("corrupt").alias("kind"), "replica",
         F.lit(paths[0]).alias("reference"), "topic", "queue_id", "offset", "position",
         "epoch", F.lit(None).cast("bigint").alias("reference_epoch"))
-    logs = _compare(good, paths, ["position"], "content", "log",
+    logs = _compare(hashed, paths, ["position"], "content", "log",
                     lambda number: F.col("position") < F.lit(starts.log[number]))
-    queues = _compare(good.filter(F.col("topic") != ""), paths,
+    queues = _compare(hashed.filter(F.col("topic") != ""), paths,
                       ["topic", "queue_id", "offset"], "body_hash", "queue",
                       lambda number: F.col("offset") < F.col(f"start_{number}"),
                       _queue_starts_frame(spark, starts))
@@ -285,16 +287,16 @@ class _DriverComparison:
             if not crc_ok:
                 self.findings.append(("log", "corrupt", replica, paths[0], topic, queue_id,
                                       offset, position, epoch, None))
-                continue
             index = number.get(replica)
             if index is None:
                 continue
-            _first(logs, (position,), index, len(paths), (row[7], *row[1:6]))
+            _first(logs, (position,), index, len(paths), (row[7], *row[1:6], crc_ok))
             if topic:  # (Spark's topic != "" is not true for a null either)
                 _first(queues, (topic, queue_id, offset), index, len(paths),
-                       (row[8], *row[1:6]))
-                end = self.ends.get((topic, queue_id), 0)
-                self.ends[(topic, queue_id)] = max(end, offset + 1)
+                       (row[8], *row[1:6], crc_ok))
+                if crc_ok:
+                    end = self.ends.get((topic, queue_id), 0)
+                    self.ends[(topic, queue_id)] = max(end, offset + 1)
         self._compare(logs, "log")
         self._compare(queues, "queue")
 
@@ -306,6 +308,9 @@ class _DriverComparison:
                 theirs = slots[number]
                 if theirs is None and reference is None:
                     continue
+                if theirs is not None and not theirs[6] or \
+                        reference is not None and not reference[6]:
+                    continue  # (a corrupt record there: a finding of its own already)
                 if theirs is None and _before(key[-1], starts[number]) or \
                         reference is None and _before(key[-1], starts[0]):
                     continue  # (before the start of the replica without it: taken)
@@ -315,7 +320,7 @@ class _DriverComparison:
                     continue
                 record = reference if theirs is None else theirs
                 self.findings.append((level, kind, self.paths[number], self.paths[0],
-                                      *record[1:], None if reference is None else
+                                      *record[1:6], None if reference is None else
                                       reference[5]))
 
     def groups(self) -> list[dict]:
@@ -348,12 +353,14 @@ def _before(at: int, start: int | None) -> bool:
 
 def _first(grouped: dict[tuple, list], key: tuple, index: int, replicas: int,
            record: tuple) -> None:
-    """``record`` (digest, topic, queue_id, offset, position, epoch) in its replica's
-    slot under ``key``, unless that slot holds one already (``first`` in the pivot)."""
+    """``record`` (digest, topic, queue_id, offset, position, epoch, crc_ok) in its
+    replica's slot under ``key``, unless that slot holds one already — a corrupt one
+    gives way to a whole one (the pivot's ``first`` of the whole ones, else of all)."""
     slots = grouped.get(key)
     if slots is None:
         slots = grouped[key] = [None] * replicas
-    if slots[index] is None:
+    held = slots[index]
+    if held is None or not held[6] and record[6]:
         slots[index] = record
 
 
@@ -412,11 +419,13 @@ def _compare(rows: Any, paths: list[str], keys: list[str], digest: str, level: s
     for number, path in enumerate(paths):
         index = F.when(F.col("replica") == path, number).otherwise(index)
     fields = F.struct(F.col(digest).alias("digest"), "epoch", "topic", "queue_id", "offset",
-                      "position")
-    grouped = (rows.select(*keys, index.alias("replica_index"), fields.alias("record"))
+                      "position", "crc_ok")
+    whole = F.first(F.when(F.col("crc_ok"), F.col("record")), ignorenulls=True)
+    grouped = (rows.select(*keys, "crc_ok", index.alias("replica_index"),
+                           fields.alias("record"))
                .groupBy(*keys)
                .pivot("replica_index", list(range(len(paths))))
-               .agg(F.first("record", ignorenulls=True)))
+               .agg(F.coalesce(whole, F.first("record", ignorenulls=True))))
     if starts is not None:
         grouped = grouped.join(F.broadcast(starts), keys[:-1], "left")
     reference = F.col("0")
@@ -424,6 +433,9 @@ def _compare(rows: Any, paths: list[str], keys: list[str], digest: str, level: s
     for number in range(1, len(paths)):
         theirs = F.col(str(number))
         kind = (F.when(theirs.isNull() & reference.isNull(), F.lit(None))  # others' key
+                # (a corrupt record there: a finding of its own already)
+                .when(theirs.isNotNull() & ~theirs["crc_ok"], F.lit(None))
+                .when(reference.isNotNull() & ~reference["crc_ok"], F.lit(None))
                 .when(theirs.isNull() & before_start(number), F.lit(None))  # taken there
                 .when(reference.isNull() & before_start(0), F.lit(None))
                 .when(theirs.isNull(), "missing").when(reference.isNull(), "extra")
@@ -475,7 +487,8 @@ def _summary(ends: dict[tuple[str, int], int], groups: list[Any],
         row = counted.setdefault((group["replica"], group["topic"], group["queue_id"]),
                                  {kind: 0 for kind in KINDS} | {"first_difference": None})
         row[group["kind"]] += int(group["count"])
-        if group["level"] == "queue" and group["first"] is not None:
+        if (group["level"] == "queue" or group["kind"] == "corrupt") and \
+                group["first"] is not None:  # (a corrupt record is a difference too)
             first = row["first_difference"]
             row["first_difference"] = group["first"] if first is None else \
                 min(first, group["first"])
