@@ -164,6 +164,14 @@ def test_bad_topics_are_refused_and_nothing_is_stored(open_store, topic):
     (lambda s: s.get("t", 0, 0, max_count=0), errors.InvalidArgument),
     (lambda s: s.read_record(1), errors.InvalidPosition),
     (lambda s: s.read_record(10**9), errors.InvalidPosition),
+    # reads naming a queue no put could (both cores answered them, empty or 0)
+    (lambda s: s.get("t", -1, 0), errors.InvalidQueueId),
+    (lambda s: s.pull("t", True, 0), errors.InvalidQueueId),
+    (lambda s: s.offset_for_timestamp(5, 0, 0), errors.InvalidTopic),
+    (lambda s: s.offset_for_timestamp("t", -1, 0), errors.InvalidQueueId),
+    (lambda s: s.min_offset("t", -1), errors.InvalidQueueId),
+    (lambda s: s.max_offset(5, 0), errors.InvalidTopic),
+    (lambda s: s.committed_offset("g", None, 0), errors.InvalidTopic),
 ])
 def test_bad_input_gets_a_typed_error_and_loses_nothing(open_store, call, error):
     store = open_store()

@@ -438,11 +438,8 @@ class Store:
 
     def _check_read(self, topic: Any, queue_id: Any, offset: Any, max_count: Any,
                     max_bytes: Any) -> None:
-        self._check_open()
-        if not isinstance(topic, str):  # (both cores would answer, each its own way)
-            raise InvalidArgument(f"topic must be str, got {type(topic).__name__}")
-        for name, value in (("queue_id", queue_id), ("max_count", max_count),
-                            ("max_bytes", max_bytes)):
+        self._check_queue_read(topic, queue_id)
+        for name, value in (("max_count", max_count), ("max_bytes", max_bytes)):
             if not isinstance(value, int) or isinstance(value, bool):
                 raise InvalidArgument(f"{name} must be an int, got {value!r}")
         if not 1 <= max_count <= self.config.read_count_max:
@@ -480,7 +477,7 @@ class Store:
     def offset_for_timestamp(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first offset of the queue whose store timestamp is at least
         ``timestamp_ms`` (Kafka's offsetsForTimes); the max offset if none is."""
-        self._check_open()
+        self._check_queue_read(topic, queue_id)
         return queries.offset_for_timestamp(self.files, topic, queue_id, timestamp_ms)
 
     def _check_query_count(self, max_count: Any) -> int:
@@ -514,6 +511,7 @@ class Store:
 
     def committed_offset(self, group: str, topic: str, queue_id: int = 0) -> int | None:
         """The offset ``group`` committed for the queue, or None if it never did."""
+        self._check_queue_read(topic, queue_id)
         self._offsets.check_group(group)
         return self._offsets.get(group, topic, queue_id)
 
@@ -600,13 +598,13 @@ class Store:
 
     def min_offset(self, topic: str, queue_id: int = 0) -> int:
         """The lowest offset still stored in the queue (0 for a queue never written)."""
-        self._check_open()
+        self._check_queue_read(topic, queue_id)
         offsets = self.core.queue_offsets(topic, queue_id)
         return 0 if offsets is None else offsets[0]
 
     def max_offset(self, topic: str, queue_id: int = 0) -> int:
         """One past the last committed offset: the offset the next visible record gets."""
-        self._check_open()
+        self._check_queue_read(topic, queue_id)
         return self.core.committed_end_offset(topic, queue_id)
 
     def queues(self) -> list[tuple[str, int]]:
@@ -1064,6 +1062,16 @@ class Store:
             end = min(mapped.size, start + PAGE_SIZE)  # a nearly full disk: one page
             mapped.back(start, end)
         return base + end // cq.ENTRY_SIZE
+
+    def _check_queue_read(self, topic: Any, queue_id: Any) -> None:
+        """A (topic, queue id) a read names: typed, as put's (a queue never written reads
+        as empty; a queue id below 0, or a topic that is no str, is a caller's mistake:
+        both cores answered it, each its own way, empty or 0)."""
+        self._check_open()
+        if not isinstance(topic, str):
+            raise InvalidTopic(f"topic must be str, got {type(topic).__name__}")
+        if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
+            raise InvalidQueueId(f"queue_id must be a non-negative int, got {queue_id!r}")
 
     def _check_queue_argument(self, topic: Any, queue_id: Any) -> None:
         """A (topic, queue id) from a caller, checked as put checks it."""
