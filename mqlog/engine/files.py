@@ -96,7 +96,7 @@ from pathlib import Path
 from typing import Any
 
 from mqlog import ext
-from mqlog.config import PAGE_SIZE
+from mqlog.config import BLANK_SIZE_MIN, PAGE_SIZE
 from mqlog.errors import CorruptStore, DiskFull, MqlogError, TooManyOpenFiles
 from mqlog.ext import libc
 
@@ -481,6 +481,13 @@ class MappedFile:
                 if page_end > max(backed, end):  # the rest of the page it ends in
                     write_zeros(self._write_fd, end, page_end)
             except OSError:
+                with suppress(OSError):  # first, the write's first record header: a walk
+                    # stops there whatever the rest keeps. Its block is allocated (the
+                    # write put bytes there, or none), so this takes no room; the zeroing
+                    # below may (a punched hole that splits an extent needs a block),
+                    # and on a full disk it failed, leaving whole records a recovery
+                    # found: a refused write, stored after a crash.
+                    os.pwrite(self._write_fd, bytes(BLANK_SIZE_MIN), offset)
                 with suppress(OSError):
                     write_zeros(self._write_fd, offset, backed)
                     if page_end > backed and not libc.punch_hole(self._write_fd, backed,
