@@ -876,3 +876,18 @@ def test_a_refused_write_whose_undoing_fails_is_not_found_by_a_recovery(tmp_path
     store.abandon("a crash on the full disk")
     with mqlog.open(path, implementation=impl) as reopened:
         assert [r.body for r in reopened.get("t", 0, 0, 100)] == acked
+
+
+def test_puts_go_on_when_the_background_thread_takes_no_more_work(tmp_path, impl):
+    """A put from a thread still running while the interpreter shuts down raised a raw
+    RuntimeError ("cannot schedule new futures after shutdown"): its segment's backing
+    ahead, or the next segment's making ahead, went to an executor that takes no new
+    work. That work is only ahead of need: the writer backs what it needs itself."""
+    with mqlog.open(tmp_path / "s", implementation=impl, segment_size_bytes=1 * MiB,
+                    message_size_bytes_max=64 * 1024) as store:
+        store._allocator._executor.shutdown(wait=True)  # (as the interpreter's exit does)
+        bodies = [b"%06d" % n * 100 for n in range(4500)]  # (three segments of 1 MiB)
+        for body in bodies:
+            store.put("t", body)
+        assert len(store.segments()) > 2
+        assert [r.body for r in store.get("t", 0, 0, 5000, 16 * MiB)] == bodies

@@ -620,8 +620,7 @@ class SegmentAllocator:
                 if not self._closed:
                     self._job = (mapped, min(target, mapped.size))
                     if not self._running:
-                        self._running = True
-                        self._executor.submit(self._back_ahead)
+                        self._running = self._submit(self._back_ahead) is not None
         if target > mapped.size and self._next_ahead:
             self._prepare_next(base + mapped.size)
         return base + ready
@@ -669,7 +668,18 @@ class SegmentAllocator:
     def _prepare_next(self, base: int) -> None:
         with self._lock:
             if base not in self._pending and not self._closed:
-                self._pending[base] = self._executor.submit(self._create_ahead, base)
+                pending = self._submit(self._create_ahead, base)
+                if pending is not None:
+                    self._pending[base] = pending
+
+    def _submit(self, job: Any, *arguments: Any) -> Future | None:
+        """``job`` on the background thread; None if the interpreter is shutting down
+        (its executors take no new work: a put from a thread still running then raised
+        a raw RuntimeError). Work ahead only: the writer backs what it needs itself."""
+        try:
+            return self._executor.submit(job, *arguments)
+        except RuntimeError:
+            return None
 
     def _create_ahead(self, base: int) -> MappedFile:
         mapped = MappedFile.create(self._directory / file_name(base), self._size)
