@@ -1075,10 +1075,7 @@ class Store:
 
     def _check_queue_argument(self, topic: Any, queue_id: Any) -> None:
         """A (topic, queue id) from a caller, checked as put checks it."""
-        if not isinstance(topic, str):
-            raise InvalidTopic(f"topic must be str, got {type(topic).__name__}")
-        if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
-            raise InvalidQueueId(f"queue_id must be a non-negative int, got {queue_id!r}")
+        self._check_queue_read(topic, queue_id)
         self._validate_queue(topic, queue_id)
 
     def _validate_queue(self, topic: str, queue_id: int) -> None:
