@@ -9,6 +9,15 @@ Raising any of them leaves everything already stored unchanged.
 
 from __future__ import annotations
 
+SHOWN_CHARS_MAX = 80  # a caller's value in an error message: its repr, cut past this
+
+
+def shown(value: object) -> str:
+    """A caller's value as an error message shows it: its repr, a long one cut (a list of
+    a thousand bodies passed where an int belongs must not become the message)."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS_MAX else f"{text[:SHOWN_CHARS_MAX - 3]}..."
+
 
 class MqlogError(Exception):
     """Base of every operating error mqlog raises."""

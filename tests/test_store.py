@@ -183,6 +183,23 @@ def test_bad_input_gets_a_typed_error_and_loses_nothing(open_store, call, error)
     assert [r.body for r in store.get("t", 0, 0, 10)] == [b"kept"]
 
 
+@pytest.mark.parametrize("call", [
+    lambda s, big: s.put_batch("t", 0, big),  # (bodies where the queue id belongs)
+    lambda s, big: s.get("t", big, 0),
+    lambda s, big: s.put_batch("t", [b"a"], born_timestamp=[big]),
+    lambda s, big: s.get("t", 0, big),
+    lambda s, big: s.put("t", b"x", tags="a||" + "t" * 200),
+])
+def test_an_error_shows_a_long_bad_value_cut(open_store, call):
+    """A caller's mistake with a large value gets a message of a line, not the value."""
+    store = open_store()
+    big = [b"body " * 20] * 1000
+    with pytest.raises(errors.InvalidArgument) as caught:
+        call(store, big)
+    assert len(str(caught.value)) < 300, str(caught.value)[:500]
+    assert "..." in str(caught.value)
+
+
 def test_closed_store_refuses_calls(open_store):
     store = open_store()
     store.put("t", b"x")

@@ -74,6 +74,7 @@ from mqlog.errors import (
     StoreNotFound,
     StoreReadOnly,
     TooManyOpenFiles,
+    shown,
 )
 from mqlog.ext import libc
 from mqlog.results import PullResult, PutResult, PutStatus
@@ -441,13 +442,13 @@ class Store:
         self._check_queue_read(topic, queue_id)
         for name, value in (("max_count", max_count), ("max_bytes", max_bytes)):
             if not isinstance(value, int) or isinstance(value, bool):
-                raise InvalidArgument(f"{name} must be an int, got {value!r}")
+                raise InvalidArgument(f"{name} must be an int, got {shown(value)}")
         if not 1 <= max_count <= self.config.read_count_max:
             raise InvalidArgument(f"max_count must be in 1..{self.config.read_count_max}")
         if not 1 <= max_bytes <= self.config.read_size_bytes_max:
             raise InvalidArgument(f"max_bytes must be in 1..{self.config.read_size_bytes_max}")
         if not isinstance(offset, int) or isinstance(offset, bool):
-            raise InvalidArgument(f"offset must be an int, got {offset!r}")
+            raise InvalidArgument(f"offset must be an int, got {shown(offset)}")
 
     def query(self, topic: str, key: str, begin_ts: int | None = None,
               end_ts: int | None = None, max_count: int = 64) -> list:
@@ -1071,7 +1072,7 @@ class Store:
         if not isinstance(topic, str):
             raise InvalidTopic(f"topic must be str, got {type(topic).__name__}")
         if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
-            raise InvalidQueueId(f"queue_id must be a non-negative int, got {queue_id!r}")
+            raise InvalidQueueId(f"queue_id must be a non-negative int, got {shown(queue_id)}")
 
     def _check_queue_argument(self, topic: Any, queue_id: Any) -> None:
         """A (topic, queue id) from a caller, checked as put checks it."""

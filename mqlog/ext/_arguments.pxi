@@ -98,7 +98,7 @@ cdef int _check_borns(list borns, Py_ssize_t count) except -1:
             PyLong_AsLongLongAndOverflow(value, &overflow)
         if not PyLong_Check(value) or PyBool_Check(value) or overflow:
             raise InvalidArgument("a born_timestamp list must hold ints that fit in a "
-                                  f"signed 64-bit integer (milliseconds), got {value!r}")
+                                  f"signed 64-bit integer (milliseconds), got {shown(value)}")
     return 0
 
 
@@ -106,7 +106,7 @@ cdef int _check_queue_id(Fields *fields, object queue_id) except -1:
     cdef uint64_t number = 0
     if not PyLong_Check(queue_id) or PyBool_Check(queue_id) or \
             _clamp_u64(queue_id, &number) < 0:
-        raise InvalidArgument(f"queue_id must be a non-negative int, got {queue_id!r}")
+        raise InvalidArgument(f"queue_id must be a non-negative int, got {shown(queue_id)}")
     fields.queue_id = number
     fields.queue_id_fits = number <= U32_MAX
     return 0
@@ -216,7 +216,7 @@ def _nested_key_problem(properties):
 
 def _text_error(name, value):
     """InvalidArgument for a str that UTF-8 cannot encode (a lone surrogate)."""
-    return InvalidArgument(f"{name} {value!r} is not valid Unicode text (a lone surrogate "
+    return InvalidArgument(f"{name} {shown(value)} is not valid Unicode text (a lone surrogate "
                            "cannot be stored as UTF-8)")
 
 
@@ -224,7 +224,7 @@ def _check_tags(tags):
     """Refuse tags that no subscription could ever select (queries.parse_subscription
     splits on '||', strips each name, and reads '*' as every record)."""
     if "||" in tags or tags != tags.strip() or tags == "*":
-        raise InvalidArgument(f"tags {tags!r} could never be selected by a subscription: "
+        raise InvalidArgument(f"tags {shown(tags)} could never be selected by a subscription: "
                               "store tags without '||', surrounding spaces or a lone '*'")
 
 
@@ -235,4 +235,4 @@ def _check_read_arguments(topic, queue_id, offset, max_count, max_bytes):
     for name, value in (("queue_id", queue_id), ("offset", offset),
                         ("max_count", max_count), ("max_bytes", max_bytes)):
         if not isinstance(value, int) or isinstance(value, bool):
-            raise InvalidArgument(f"{name} must be an int, got {value!r}")
+            raise InvalidArgument(f"{name} must be an int, got {shown(value)}")

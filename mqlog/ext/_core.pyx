@@ -145,6 +145,7 @@ from mqlog.errors import (
     OffsetOutOfRange,
     ReplicaDataRejected,
     StoreClosed,
+    shown,
 )
 from mqlog.results import PUT_OK, BatchPutResult, PutResult
 include "_layout.pxi"

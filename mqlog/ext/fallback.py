@@ -82,6 +82,7 @@ from mqlog.errors import (
     OffsetOutOfRange,
     ReplicaDataRejected,
     StoreClosed,
+    shown,
 )
 from mqlog.results import PUT_OK, BatchPutResult, PutResult
 
@@ -673,7 +674,7 @@ class LogCore:
         if not isinstance(topic, str):
             raise InvalidArgument(f"topic must be str, got {type(topic).__name__}")
         if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
-            raise InvalidArgument(f"queue_id must be a non-negative int, got {queue_id!r}")
+            raise InvalidArgument(f"queue_id must be a non-negative int, got {shown(queue_id)}")
         key_bytes = _text_field("key", key, self.key_size_bytes_max)
         tags_bytes = _text_field("tags", tags, self.tags_size_bytes_max)
         if tags_bytes:
@@ -1730,7 +1731,7 @@ def _check_borns(borns: list, count: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or \
                 not -(1 << 63) <= value < (1 << 63):
             raise InvalidArgument("a born_timestamp list must hold ints that fit in a "
-                                  f"signed 64-bit integer (milliseconds), got {value!r}")
+                                  f"signed 64-bit integer (milliseconds), got {shown(value)}")
 
 
 def _check_record(raw: bytes, position: int, verify_crc: bool) -> str:
@@ -1866,7 +1867,7 @@ def _nested_key_problem(properties: dict) -> bool:
 
 def _text_error(name: str, value: str) -> InvalidArgument:
     """InvalidArgument for a str that UTF-8 cannot encode (a lone surrogate)."""
-    return InvalidArgument(f"{name} {value!r} is not valid Unicode text (a lone surrogate "
+    return InvalidArgument(f"{name} {shown(value)} is not valid Unicode text (a lone surrogate "
                            "cannot be stored as UTF-8)")
 
 
@@ -1874,7 +1875,7 @@ def _check_tags(tags: str) -> None:
     """Refuse tags that no subscription could ever select (queries.parse_subscription
     splits on '||', strips each name, and reads '*' as every record)."""
     if "||" in tags or tags != tags.strip() or tags == "*":
-        raise InvalidArgument(f"tags {tags!r} could never be selected by a subscription: "
+        raise InvalidArgument(f"tags {shown(tags)} could never be selected by a subscription: "
                               "store tags without '||', surrounding spaces or a lone '*'")
 
 
@@ -1886,4 +1887,4 @@ def _check_read_arguments(topic: Any, queue_id: Any, offset: Any, max_count: Any
     for name, value in (("queue_id", queue_id), ("offset", offset),
                         ("max_count", max_count), ("max_bytes", max_bytes)):
         if not isinstance(value, int) or isinstance(value, bool):
-            raise InvalidArgument(f"{name} must be an int, got {value!r}")
+            raise InvalidArgument(f"{name} must be an int, got {shown(value)}")

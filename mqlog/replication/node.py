@@ -795,15 +795,9 @@ def check_producer_tag(producer_id: Any, sequence: Any, epoch: Any) -> ProducerT
             "an idempotent produce needs producer_id, a non-empty string without spaces, "
             "sequence, an int in [0, 2**63), and (optional) producer_epoch, an int in "
             "[0, 2**63) (mqlog.new_producer_epoch() makes one); got "
-            f"producer_id={_short(producer_id)}, sequence={_short(sequence)}, "
-            f"producer_epoch={_short(epoch)}")
+            f"producer_id={errors.shown(producer_id)}, sequence={errors.shown(sequence)}, "
+            f"producer_epoch={errors.shown(epoch)}")
     return producer_id, sequence, epoch
-
-
-def _short(value: Any) -> str:
-    """A value as an error message shows it (a long one cut)."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:77]}..."
 
 
 def _count(value: Any) -> TypeGuard[int]:
