@@ -149,6 +149,14 @@ def by_role(cpu: dict[str, float], leader: str, records: int) -> dict[str, float
             "controllers": sum(cpu[name] for name in CONTROLLERS) * per}
 
 
+def own_core_rate(cpu: dict[str, float]) -> float:
+    """Records/s if every process had a core of its own (a model, from the CPU each
+    measured process spent: the busiest one's CPU per record bounds the rate; the
+    client is one process, its producer threads share its GIL)."""
+    busiest = max(seconds for name, seconds in cpu.items() if name != "records")
+    return cpu["records"] / busiest if busiest > 0 else 0.0
+
+
 def peer_messages(brokers: list[str]) -> tuple[int, int]:
     """Replication messages and their bytes the brokers sent each other so far
     (``broker_metadata``'s per-peer counters)."""
@@ -277,6 +285,8 @@ def run(rounds: int, seconds: float, batch: int, store: tuple[str, ...] = (),
                         for role in ROLES:
                             figures.setdefault((f"{mode} {role}", 0), []).append(roles[role])
                     figures.setdefault((mode, shape), []).append(rate)
+                    figures.setdefault((f"{mode} own core", shape), []).append(
+                        own_core_rate(LAST_CPU))
                     figures.setdefault((mode, -shape), []).append(cpu)
                     figures.setdefault((f"{mode} messages", shape), []).append(messages)
                     figures.setdefault((f"{mode} bytes", shape), []).append(size)
@@ -336,6 +346,8 @@ def report(figures: dict[tuple[str, int], list[float]], rounds: int, seconds: fl
         lines.append("| " + " | ".join(cells) + " |")
     if ("unreplicated client", 0) in figures:
         lines += role_lines(figures)
+    if ("unreplicated own core", 1) in figures:
+        lines += own_core_lines(figures)
     lines.append(f"acks=0 sends refused (lost): {figures[('refused', 0)][0]:.0f}; load average "
                  f"at the end {os.getloadavg()[0]:.1f}")
     if len(figures.get(("new pages", 0), ())) == 2:
@@ -360,6 +372,27 @@ def role_lines(figures: dict[tuple[str, int], list[float]]) -> list[str]:
         total = values[0] + values[1] + 2 * values[2] + values[3]
         lines.append("| " + " | ".join([mode, *(f"{value:.2f}" for value in values),
                                         f"{total:.2f}"]) + " |")
+    return lines
+
+
+def own_core_lines(figures: dict[tuple[str, int], list[float]]) -> list[str]:
+    """The fifth table: the rates if each process had a core of its own (own_core_rate),
+    what a cluster of one machine per broker would be bound by, as Kafka's headline ran;
+    here every process shares two cores, so a follower's CPU is the producer's loss."""
+    lines = ["", "If each process had a core of its own (a model: records/s = 1 / the "
+             "busiest process's CPU seconds per record, medians of the rounds; the "
+             "measured rates above share two cores among all six)",
+             "| mode | 1 partition rec/s | ratio | 6 partitions rec/s | ratio |",
+             "| --- | --- | --- | --- | --- |"]
+    for mode in MODES:
+        cells = [mode]
+        for shape in SHAPES:
+            values = figures[(f"{mode} own core", shape)]
+            ratios = [value / base if base else 0.0 for value, base in
+                      zip(values, figures[("unreplicated own core", shape)], strict=True)]
+            cells += [f"{statistics.median(values):,.0f}",
+                      f"{statistics.median(ratios):.2f}x"]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
