@@ -288,6 +288,14 @@ class MetadataChangeRefused(InvalidArgument):
     changed. Describe the cluster again (`mqlog topics describe`) and retry from there."""
 
 
+class DuplicateBrokerRegistration(MetadataChangeRefused):
+    """A broker registers an id that another live process holds: a different process life
+    (incarnation), at another address, whose session has not ended (Kafka's
+    DuplicateBrokerRegistrationException). Two processes with one broker id would fence
+    each other in turn. Give each broker its own ``broker_id``; a broker that really
+    moved is taken once the old life's session ends (``broker_session_timeout_ms``)."""
+
+
 class StaleAlterPartition(MetadataChangeRefused):
     """An AlterPartition computed from a leader or partition epoch the controller has moved
     past. It may be a retry of a request the controller accepted already (the accepted copy

@@ -15,6 +15,7 @@ import mqlog
 from mqlog.config import ReplicationConfig
 from mqlog.errors import (
     ConfigError,
+    DuplicateBrokerRegistration,
     InvalidArgument,
     MetadataChangeRefused,
     NodeUnavailable,
@@ -158,6 +159,30 @@ def test_a_registration_says_where_it_ends_and_its_retry_does_not(make: Any) -> 
     retry = one.call(controller.register_broker("b0", "h:1", incarnation="life-1"))
     assert retry["broker_epoch"] == first["broker_epoch"]
     assert "metadata_position" not in retry
+
+
+def test_a_second_live_process_with_a_brokers_id_is_refused(make: Any) -> None:
+    """Two processes with one broker id (a copied config, say) would fence each other in
+    turn: each registration a new epoch, the other's leaderships ended. A life other than
+    the registered one, at another address, while that one's session lives, is refused
+    with nothing written (Kafka's DuplicateBrokerRegistration). A restart keeps its
+    address and is taken at once; a broker that moved, once the old session ends."""
+    one = make()
+    controller = one.lead()
+    first = one.call(controller.register_broker("b0", "h:1", incarnation="life-1"))
+    one.call(controller.heartbeat("b0", first["broker_epoch"]))
+    before = controller.committed
+    with pytest.raises(DuplicateBrokerRegistration, match="another live process, at h:1"):
+        controller.register_broker("b0", "h:2", incarnation="life-2")
+    assert controller.committed == before
+    restarted = one.call(controller.register_broker("b0", "h:1", incarnation="life-3"))
+    assert restarted["broker_epoch"] == first["broker_epoch"] + 1
+    one.call(controller.heartbeat("b0", restarted["broker_epoch"]))
+    one.step(controller.session_ticks + 1)  # (no heartbeat: that life's session ends)
+    assert controller.committed.brokers["b0"].fenced
+    moved = one.call(controller.register_broker("b0", "h:2", incarnation="life-4"))
+    assert moved["broker_epoch"] == restarted["broker_epoch"] + 1
+    assert controller.committed.brokers["b0"].address == "h:2"
 
 
 def test_a_topic_is_placed_within_each_brokers_groups_max(make: Any) -> None:

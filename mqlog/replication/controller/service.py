@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mqlog.errors import (
+    DuplicateBrokerRegistration,
     InvalidArgument,
     InvalidMetadataRecord,
     MessageTooLarge,
@@ -296,6 +297,12 @@ class Controller:
             # live topics. It sweeps none in this life.)
             return Proposal(self._registered_at.get(broker_id),
                             {"broker_epoch": known.broker_epoch})
+        if known is not None and self._held_by_another(known, address, incarnation):
+            raise DuplicateBrokerRegistration(
+                f"broker {broker_id} is registered by another live process, at "
+                f"{known.address}, whose session has not ended: give each broker its own "
+                f"broker_id (a broker that moved to {address} is taken once that session "
+                f"ends, broker_session_timeout_ms={self.config.broker_session_timeout_ms})")
         if known is None and len(self.working.brokers) >= self.config.brokers_max:
             raise MetadataChangeRefused(f"{len(self.working.brokers)} brokers registered, "
                                         f"brokers_max={self.config.brokers_max}")
@@ -328,6 +335,17 @@ class Controller:
         # knows every topic created before, so a store of its last life that no topic has
         # is a deleted topic's: host.py's BrokerAgent._sweep_strays)
         return Proposal(end, {"broker_epoch": epoch, "metadata_position": end})
+
+    def _held_by_another(self, known: Any, address: str, incarnation: str) -> bool:
+        """Whether a registration at ``address`` of process life ``incarnation`` would take
+        a broker id another live process holds: another life, at another address, not
+        fenced, its session alive. A restart keeps its address (two live processes cannot
+        listen on one), so it re-registers at once and ends its last life's leaderships;
+        a second process with the same id is refused, not let fence the first in turn."""
+        heard = self._sessions.get(known.broker_id)
+        return not known.fenced and known.incarnation != incarnation and \
+            known.address != address and heard is not None and \
+            self.ticks - heard <= self.session_ticks
 
     def heartbeat(self, broker_id: str, broker_epoch: int,
                   reports: dict[tuple[str, int], tuple[int, int]] | None = None,
