@@ -609,10 +609,14 @@ def test_reconcile_counts_a_corrupt_record_once_and_blames_no_healthy_copy(tmp_p
     for paths in ([healthy, damaged], [damaged, healthy]):
         found = reconcile(None, list(map(str, paths)))
         assert found.counts == {("log", "corrupt"): 1}, paths
-        (row,) = found.summary_rows()
-        assert (row["missing"], row["extra"], row["divergent"]) == (0, 0, 0)
-    (row,) = reconcile(None, [str(healthy), str(damaged)]).summary_rows()
-    assert (row["corrupt"], row["common_prefix"]) == (1, 3)
+        rows = {row["replica"]: row for row in found.summary_rows()}
+        assert all((row["missing"], row["extra"], row["divergent"]) == (0, 0, 0)
+                   for row in rows.values())
+        # (the damaged copy has a row, as the reference too: the summary shows it)
+        assert (rows[str(damaged)]["corrupt"], rows[str(damaged)]["common_prefix"]) == \
+            (1, 3), paths
+        assert rows.get(str(healthy), {"corrupt": 0})["corrupt"] == 0
+        assert list(rows) == list(map(str, paths[1:] if paths[0] == healthy else paths))
 
 
 def test_reconcile_of_retained_replicas_by_shuffles_agrees_with_the_driver(spark,

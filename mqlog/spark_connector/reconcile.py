@@ -43,7 +43,9 @@ per level and kind (``counts``), and a summary per replica and queue, computed o
 driver from small aggregates: the count of each kind among that queue's queue-level
 findings and corrupt records, the replica's start in that queue (``held_from``), and
 the common prefix — the first offset at which the replica and the reference disagree
-(the queue's end when they never do).
+(the queue's end when they never do). The reference has a row of its own for a queue
+where its own records are corrupt (its only kind of finding), so that the summary shows
+every damaged copy.
 """
 
 from __future__ import annotations
@@ -493,9 +495,11 @@ def _summary(ends: dict[tuple[str, int], int], groups: list[Any],
             row["first_difference"] = group["first"] if first is None else \
                 min(first, group["first"])
     rows = []
-    for number, replica in enumerate(paths[1:], 1):
+    for number, replica in enumerate(paths):
         for (topic, queue_id), end in sorted(ends.items()):
             found = counted.get((replica, topic, queue_id), {})
+            if number == 0 and not found:  # (the reference: a row where it is damaged)
+                continue
             first = found.get("first_difference")
             rows.append({"replica": replica, "topic": topic, "queue_id": queue_id,
                          **{kind: int(found.get(kind, 0)) for kind in KINDS},
