@@ -54,6 +54,7 @@ from mqlog.engine.files import file_name
 from mqlog.engine.reader import LogReader, VerifyReport
 from mqlog.errors import InvalidArgument, MqlogError, PromotionRefused
 from mqlog.ext import fallback
+from mqlog.replication.messages import NUMBER_LIMIT
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -522,7 +523,7 @@ def _group_client(address: str, timeout_s: float = 30.0) -> mqlog.Client:
 @click.option("--role", type=click.Choice(["SYNC_MASTER", "ASYNC_MASTER"]),
               default="SYNC_MASTER", show_default=True)
 @click.option("--slaves", default="", help="Comma-separated node ids it will lead.")
-@click.option("--epoch", type=click.IntRange(min=0), default=0,
+@click.option("--epoch", type=click.IntRange(min=0, max=NUMBER_LIMIT - 1), default=0,
               help="The new epoch; give one above every node's (mqlog cluster status shows "
               "them). Default: one above the node's own.")
 @click.option("--force", is_flag=True,

@@ -363,6 +363,29 @@ def test_a_sync_master_without_slaves_stores_nothing_and_producers_are_idempoten
         cluster.stop_all()
 
 
+def test_role_commands_with_bad_arguments_get_typed_errors_and_change_nothing(tmp_path):
+    """promote with an epoch no u64 can add one to (the node served, then failed at every
+    start), follow naming an unhashable master (a TypeError answer): typed refusals, and
+    the node keeps its role and epoch."""
+    cluster = LocalCluster(tmp_path, "SYNC_MASTER", slave_count=1,
+                           store_settings="segment_size_bytes = 16777216")
+    cluster.write_configs()
+    try:
+        cluster.start("s1")
+        before = cluster.metadata("s1")
+        with mqlog.Client(cluster.address("s1"), timeout_s=10) as client:
+            for header in ({"kind": "promote", "slaves": [], "epoch": (1 << 64) - 1},
+                           {"kind": "promote", "slaves": [], "epoch": 1 << 62},
+                           {"kind": "follow", "master": ["m"]},
+                           {"kind": "follow", "master": {"m": 1}}):
+                with pytest.raises(errors.InvalidArgument):
+                    client.call(header)
+        after = cluster.metadata("s1")
+        assert (after["role"], after["epoch"]) == (before["role"], before["epoch"])
+    finally:
+        cluster.stop_all()
+
+
 def test_a_retry_cut_on_the_master_is_refused_only_once_its_copy_is_committed(tmp_path):
     """A master whose log holds the first record only of a three-record request (its copy
     as a replica was cut inside the request, and the node that had it all failed before

@@ -32,7 +32,7 @@ headers = st.dictionaries(st.text(max_size=8), st.one_of(
     st.booleans(), st.none()), max_size=6)
 payloads = st.binary(max_size=3000)
 names = st.text(min_size=1, max_size=10)
-numbers = st.integers(0, (1 << 63) - 1)
+numbers = st.integers(0, messages.NUMBER_LIMIT - 1)  # (what a message may carry)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1),
                     st.floats(allow_nan=False), st.text(max_size=40),
                     st.binary(max_size=300))
@@ -270,7 +270,15 @@ def test_an_oversized_frame_is_refused_before_its_body_arrives():
 
 @pytest.mark.parametrize("header", [{"kind": "nope"}, {"kind": "report", "src": "a"},
                                     {"kind": "truncate", "src": "a", "dst": "b", "epoch": 1,
-                                     "position": "7", "last_epoch": 0}])
+                                     "position": "7", "last_epoch": 0},
+                                    # numbers no life reaches, whose +1 no u64 holds (a
+                                    # term of 2**64 - 1 stopped its node at every start)
+                                    {"kind": "truncate", "src": "a", "dst": "b",
+                                     "epoch": (1 << 64) - 1, "position": 0, "last_epoch": 0},
+                                    {"kind": "truncate", "src": "a", "dst": "b", "epoch": 1,
+                                     "position": 1 << 62, "last_epoch": 0},
+                                    {"kind": "truncate", "src": "a", "dst": "b", "epoch": 1,
+                                     "position": 0, "last_epoch": -(1 << 62) - 1}])
 def test_malformed_messages_are_protocol_errors(header):
     with pytest.raises(RemoteProtocolError):
         messages.decode(Frame(header))

@@ -443,8 +443,9 @@ class Broker:
             self.flush_behind()
         outbox = self._outbox
         for message in outgoing:
-            outbox.setdefault(message.dst, []).append(messages.encode_pieces(message, tag,
-                                                                             topic_id))
+            pieces = messages.encode_pieces(message, tag, topic_id)  # (first: one that
+            # cannot be encoded leaves no empty outbox entry behind it)
+            outbox.setdefault(message.dst, []).append(pieces)
 
     def flush_behind(self) -> None:
         """Place the outbox's write behind every callback scheduled so far. A group that

@@ -219,6 +219,11 @@ KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
     TimeoutNow, LogReset, Fetch, FetchReply)}
 _TYPES = {"str": str, "int": int, "bytes": bytes, "bool": bool,
           "bytes | FileExtent": bytes}  # (received, a payload is bytes)
+# The most a message's int field may carry (a term, an epoch, a position, a count), either
+# sign: far above any real one, and room for every +1 a life adds to one before it is
+# encoded again (a peer's term of 2**64 - 1 was adopted, and its next campaign could not
+# be encoded nor its hard state read back: the node failed at every start).
+NUMBER_LIMIT = 1 << 62
 _FIELD_TYPES = {cls: {item.name: _TYPES[str(item.type)] for item in dataclasses.fields(cls)}
                 for cls in KINDS.values()}  # message class -> {field: exact type}
 # message class -> its header fields in order (all but the payload); filled on first use
@@ -284,6 +289,9 @@ def decode(frame: Frame) -> Message:
     for name, value in header.items():
         if type(value) is not types[name]:  # exact: a bool is not an int here
             raise RemoteProtocolError(f"{cls.kind}.{name} must be {types[name].__name__}")
+        if type(value) is int and not -NUMBER_LIMIT <= value < NUMBER_LIMIT:
+            raise RemoteProtocolError(f"{cls.kind}.{name} = {value} is out of range "
+                                      f"(|value| < 2**62)")
     # Every field is there and checked: the object __init__ would make, without its
     # frozen per-field setattr (a FetchReply has 14 fields; this is the fetch path).
     message = object.__new__(cls)

@@ -654,8 +654,9 @@ class Node:
             raise errors.InvalidArgument("promote needs role ASYNC_MASTER or SYNC_MASTER and "
                                          "slaves named in this node's [node.peers]")
         epoch = header.get("epoch", 0)
-        if not isinstance(epoch, int) or epoch < 0:
-            raise errors.InvalidArgument(f"epoch must be a non-negative int, got {epoch!r}")
+        if type(epoch) is not int or not 0 <= epoch < messages.NUMBER_LIMIT:
+            raise errors.InvalidArgument(f"epoch must be an int in [0, 2**62), got "
+                                         f"{errors.shown(epoch)}")
         self.core.promote(role, slaves, epoch)
         self._schedule()
         return {"kind": "promoted", "role": role, "epoch": self.core.epoch}
@@ -669,9 +670,9 @@ class Node:
         """Operator command: this node becomes a slave of ``master`` (after a promotion
         elsewhere); a fresh core says Hello and is truncated if it diverged."""
         master = header.get("master")
-        if master not in self.peers or master == self.node_id:
+        if type(master) is not str or master not in self.peers or master == self.node_id:
             raise errors.InvalidArgument(f"follow needs a master named in [node.peers], got "
-                                         f"{master!r}")
+                                         f"{errors.shown(master)}")
         self.core.follow(master)
         # (what waited here was stored here; its fate on the new master is unknown)
         self.driver.abandon_waiting()
