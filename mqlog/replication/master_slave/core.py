@@ -45,7 +45,10 @@ becomes a master in a new epoch) and ``follow`` (a node becomes a slave of anoth
 Each puts the role, epoch, master and slaves in ``Ready.hard_state`` (a ``RoleState``),
 which the driver saves beside the store; on a restart the saved state wins over the
 node's config (``hard_state=`` here). A message from a higher epoch fences a master:
-another node was promoted.
+another node was promoted. A promoted master answers a message of its old master (an
+older epoch: ``promote --force`` beside a live master) with a Report in its own epoch,
+as a Raft node answers a stale leader with its term: the old master is fenced at its
+next Append instead of taking writes with the slaves left to it until an operator acts.
 
 A master restarts in a new epoch, after catching up (issue 13). It never serves in an
 epoch of an earlier life: with async flush (the default) a SYNC_MASTER acknowledges a
@@ -253,6 +256,11 @@ class MasterSlaveCore(PeerMessages):
     def step(self, message: Message) -> None:
         if isinstance(message, Pull):
             return self._on_pull(message)  # (any node answers; a Pull fences no one)
+        if self._from_stale_master(message):
+            self._tell_epoch(message.src)
+            self._ignore(message, f"its master before this node's promotion: told epoch "
+                                  f"{self.epoch}")
+            return
         if not self._admits(message):
             return
         if message.epoch > self.epoch:
@@ -843,6 +851,21 @@ class MasterSlaveCore(PeerMessages):
         else:
             why = f"a node, as a {self.role}"
         return self._ignore(message, why)
+
+    def _from_stale_master(self, message: Message) -> bool:
+        """A master's message from a member that was its master before this one was
+        promoted (``promote --force`` beside a live master): older epoch, master's kind."""
+        return self.is_master and isinstance(message, Append | Truncate | LogReset) and \
+            message.src in self.slaves and message.epoch < self.epoch and \
+            message.cluster_id == self.config.cluster_id
+
+    def _tell_epoch(self, stale_master: str) -> None:
+        """Answer a stale master with this node's epoch, as a Raft node answers a stale
+        leader with its term: a Report, which that master hears from a slave of its own,
+        and its newer epoch fences it (it took writes that no slave of the new master
+        holds, until an operator told it to follow)."""
+        self._send(Report(self.node_id, stale_master, self.epoch, self.log.written_position,
+                          self.log.flushed_position))
 
     def _drop_pending_log_changes(self) -> None:
         """A role change drops the appends not yet carried out and the acks of them."""
