@@ -386,8 +386,10 @@ def test_consumer_offsets_persist_and_give_lag(open_store, tmp_path):
     for bad in (-1, 16, "3", True):
         with pytest.raises(errors.InvalidArgument):
             store.commit_offset("billing", "orders", 0, bad)
-    with pytest.raises(errors.InvalidArgument):
-        store.commit_offset("bad group", "orders", 0, 1)
+    for group in ("bad group", "audit\n"):  # ("$" let a final newline in: the file,
+        # a line per offset, was then damaged for every group)
+        with pytest.raises(errors.InvalidArgument):
+            store.commit_offset(group, "orders", 0, 1)
     store.close()
     again = open_store()
     assert again.committed_offset("billing", "orders", 0) == 10

@@ -131,7 +131,8 @@ def test_get_at_the_end_is_empty_and_beyond_is_out_of_range(open_store):
         store.get("t", 0, -1)
 
 
-@pytest.mark.parametrize("topic", ["", "a/b", "..", ".", "x" * 128, "bad\x00name", "sp ace"])
+@pytest.mark.parametrize("topic", ["", "a/b", "..", ".", "x" * 128, "bad\x00name", "sp ace",
+                                   "orders\n"])  # (a line per queue in the manifest)
 def test_bad_topics_are_refused_and_nothing_is_stored(open_store, topic):
     store = open_store()
     store.put("good", b"kept")

@@ -101,7 +101,7 @@ from mqlog.errors import CorruptStore, DiskFull, MqlogError, TooManyOpenFiles
 from mqlog.ext import libc
 
 NAME_DIGITS = 20
-_NAME = re.compile(r"^\d{20}$")
+_NAME = re.compile(r"\d{20}")  # (fullmatch: "$" would let a final newline in)
 ZERO_WRITE_BYTES = 1 << 20  # zeros per pwrite, backing a file (the docstring says why)
 SYNC_ZERO_WRITE_BYTES = 16 << 10  # the same for a sync-flush log's segments
 # A read to be sent this large goes from its file (Store.read_for_send: sendfile)
@@ -125,7 +125,7 @@ def numbered_files(directory: Path) -> list[tuple[int, Path]]:
     if not directory.is_dir():
         return []
     found = [(int(entry.name), entry) for entry in directory.iterdir()
-             if _NAME.match(entry.name) and entry.is_file()]
+             if _NAME.fullmatch(entry.name) and entry.is_file()]
     return sorted(found)
 
 

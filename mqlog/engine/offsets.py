@@ -23,7 +23,7 @@ from mqlog.engine import checkpoint as cp
 from mqlog.engine.files import typed_errors
 from mqlog.errors import CorruptStore, InvalidArgument
 
-_GROUP_CHARS = re.compile(r"^[A-Za-z0-9._%|-]+$")
+_GROUP_CHARS = re.compile(r"[A-Za-z0-9._%|-]+")  # (fullmatch: "$" let a final newline in)
 
 
 class ConsumerOffsets:
@@ -77,6 +77,6 @@ class ConsumerOffsets:
         if not isinstance(group, str) or not 1 <= len(group) <= self._group_name_length_max:
             raise InvalidArgument(f"a consumer group name must be a str of 1.."
                                   f"{self._group_name_length_max} characters, got {group!r}")
-        if not _GROUP_CHARS.match(group):
+        if not _GROUP_CHARS.fullmatch(group):
             raise InvalidArgument(f"consumer group {group!r} may use only letters, digits "
                                   "and . _ - % |")

@@ -79,7 +79,7 @@ from mqlog.errors import (
 from mqlog.ext import libc
 from mqlog.results import PullResult, PutResult, PutStatus
 
-_TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._%|-]+$")
+_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._%|-]+")  # (fullmatch: "$" let a final newline in)
 
 
 @dataclass(frozen=True)
@@ -1083,7 +1083,7 @@ class Store:
         if not topic or len(topic) > self.config.topic_length_max:
             raise InvalidTopic(f"topic must have 1..{self.config.topic_length_max} characters,"
                                f" got {len(topic)}")
-        if topic in (".", "..") or not _TOPIC_CHARS.match(topic):
+        if topic in (".", "..") or not _TOPIC_CHARS.fullmatch(topic):
             raise InvalidTopic(f"topic {topic!r} may use only letters, digits and . _ - % | "
                                "(it names a directory), and may not be '.' or '..'")
         if queue_id > self.config.queue_id_max:
