@@ -239,6 +239,30 @@ def test_reopen_after_clean_close_needs_no_scan(open_store, tmp_path):
     assert again.put("t", b"next").offset == 250
 
 
+def test_a_queue_keeps_its_file_size_when_the_store_reopens_with_another(open_store,
+                                                                           tmp_path):
+    """consume_queue_entries_per_file changes new queues only (config.py): an existing
+    queue's next file was made at the new size while the core counted by the old one, so
+    the put that reached it failed (a bare AssertionError), and every later put to it
+    found the half-made file (FileExistsError)."""
+    store = open_store(consume_queue_entries_per_file=10)
+    for index in range(25):
+        store.put("t", b"a%d" % index)
+    store.close()
+    store = open_store(consume_queue_entries_per_file=7)
+    for index in range(20):  # (past the end of the queue's third file of 10)
+        store.put("t", b"b%d" % index)
+    store.put("new", b"n")
+    assert [r.body for r in store.get("t", 0, 0, 100)] == \
+        [b"a%d" % i for i in range(25)] + [b"b%d" % i for i in range(20)]
+    store.close()
+    queues = tmp_path / "store" / "consumequeue"
+    assert {path.stat().st_size for path in (queues / "t" / "0").iterdir()} == {10 * 20}
+    assert {path.stat().st_size for path in (queues / "new" / "0").iterdir()} == {7 * 20}
+    again = open_store(consume_queue_entries_per_file=10)
+    assert again.recovery_report.clean and again.max_offset("t") == 45
+
+
 def test_reopen_after_a_crash_scans_from_the_checkpoint(open_store, tmp_path):
     store = open_store()
     for i in range(300):

@@ -1022,22 +1022,26 @@ class Store:
 
     def _new_queue_file(self, topic: str, queue_id: int, base_offset: int) -> None:
         key, first = (topic, queue_id), base_offset
-        per_file = self.config.consume_queue_entries_per_file
         new = not self.files.has_queue(key)
         if new:
+            per_file = self.config.consume_queue_entries_per_file
             self._validate_queue(topic, queue_id)
             make_directory(self.paths.queue_dir(topic, queue_id), parents=True)
             first, base_offset = base_offset, base_offset - base_offset % per_file
+        else:  # a queue's files keep the size it began with (the core counts entries by
+            # it): a store reopened with another consume_queue_entries_per_file changes
+            # new queues only
+            per_file = self.files.last_queue_file(key).size // cq.ENTRY_SIZE
         path = self.paths.queue_dir(topic, queue_id) / file_name(base_offset)
         mapped = MappedFile.create(path, per_file * cq.ENTRY_SIZE)
         try:
             if new and first > base_offset:
                 mapped.write_at(0, cq.TOMBSTONE * (first - base_offset))
+            # Only now is a new queue added: a failure leaves no queue, nor a file.
+            self.files.add_queue_file(key, base_offset, mapped, first if new else None)
         except BaseException:
             mapped.remove()
             raise
-        # Only now is a new queue added: a failure above leaves no queue.
-        self.files.add_queue_file(key, base_offset, mapped, first if new else None)
 
     def _prepare_queue(self, topic: str, queue_id: int, offset: int) -> int:
         """Back the next pages of a queue's last file with written (zero) blocks, from the
