@@ -343,9 +343,12 @@ def error_of(header: dict[str, Any]) -> errors.MqlogError:
     if cls is errors.NotLeader:
         return errors.NotLeader(message, leader=header.get("leader"),
                                 leader_address=header.get("leader_address"))
-    if cls is errors.PartiallyStored:
-        count = header.get("count")
-        return errors.PartiallyStored(message, count if isinstance(count, int) else 0)
+    if cls is errors.PartiallyStored:  # (-1: an older node that did not say where)
+        count, position, offset = (header.get(name) for name in ("count", "position",
+                                                                  "offset"))
+        return errors.PartiallyStored(message, count if _is_int(count) else 0,
+                                      position if _is_int(position) else -1,
+                                      offset if _is_int(offset) else -1)
     if cls is errors.OffsetOutOfRange:  # (-1: an older node that did not say)
         low, high = (header.get(name) for name in ("min_offset", "max_offset"))
         return errors.OffsetOutOfRange(message, min_offset=low if _is_int(low) else -1,

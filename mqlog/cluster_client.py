@@ -79,6 +79,11 @@ Theory of operation.
   undecided before it names none: a leader that does not know the producer (it never
   wrote there, or beyond the leader's ``idempotence_window_bytes``) takes it. acks=0
   sends are not pipelined: they go at once, as before, and may pass undecided ones.
+  A request whose copy on a new leader was cut inside it by the failover (refused
+  PartiallyStored once that copy is committed) has its rest sent as a new request, at
+  the head, and the ones behind it again after it, each with a new sequence
+  (``_send_the_rest``): a request names its predecessor's record count too
+  (``previous_count``), so a leader holding the cut copy refuses those behind it.
 
 Threads may share a client, as Kafka's producer (its requests move on only inside its
 calls: ``send``, ``result``, ``flush``): each call holds the client's lock, so calls from
@@ -132,8 +137,8 @@ IN_FLIGHT_REQUESTS_MAX = 100
 # a connection that announces a larger one, unread.
 FRAME_SIZE_BYTES_MAX = 16 << 20
 # What a request's header gains once sent: its id, its group, and the sequence before it
-# (``previous``), at their largest (int64s)
-_STAMP_PROBE = {"id": 1 << 62, "previous": 1 << 62}
+# (``previous``, an int64 at its largest) with that request's record count
+_STAMP_PROBE = {"id": 1 << 62, "previous": 1 << 62, "previous_count": 1 << 31}
 
 
 @dataclass
@@ -162,6 +167,9 @@ class _Produce:
     next_address: str | None = None  # where it goes next (None: the leader shown then)
     not_before: float = 0.0  # (monotonic) the end of its back-off
     attempts: _Attempts = field(default_factory=_Attempts)
+    # (position, offset) of its first record, stored by a copy cut inside it: the rest
+    # went again (_send_the_rest)
+    first: tuple[int, int] | None = None
     outcome: ProducedRecord | None = None
     error: errors.MqlogError | None = None
 
@@ -721,12 +729,17 @@ class ClusterClient:
         try:
             verdict = self._judge(request.topic, request.partition, address, outcome,
                                   request.attempts)
+        except errors.PartiallyStored as cut:
+            if 0 < cut.count < len(request.header["sizes"]):
+                return self._send_the_rest(request, cut)
+            return self._finish(request, error=cut)
         except errors.MqlogError as error:
             return self._finish(request, error=error)
         if isinstance(verdict, dict):
+            position, offset = request.first or (verdict["position"], verdict["offset"])
             return self._finish(request, outcome=ProducedRecord(
                 request.topic, request.partition, PutStatus(verdict["status"]),
-                verdict["position"], verdict["offset"]))
+                position, offset))
         if time.monotonic() >= request.deadline:
             return self._finish(request, error=self._timed_out(
                 request.topic, request.partition, f"sequence {request.sequence}",
@@ -746,6 +759,31 @@ class ClusterClient:
         if not pipeline:
             del self._pipelines[(request.topic, request.partition)]
 
+    def _send_the_rest(self, request: _Produce, cut: errors.PartiallyStored) -> None:
+        """A leader holds the first ``cut.count`` records of ``request`` (committed; its
+        copy was cut inside the request by a failover): the rest goes as a new request,
+        a new sequence, at the head of the partition's requests, and the requests behind
+        it go again after it, each with a new sequence too. None of those is stored
+        anywhere it can still commit (a leader holding the cut copy refused them, and
+        a copy past the cut is on no log that can be committed again: driver.py's
+        ``propose_write``), so their old sequences are let go; the request is answered
+        once its rest is stored, with the place of its first record. Order holds: the
+        records are stored in the order they were sent, each once."""
+        sizes = request.header["sizes"]
+        if request.first is None and cut.position >= 0:
+            request.first = (cut.position, cut.offset)
+        request.payload = request.payload[sum(sizes[:cut.count]):]
+        request.header = {**request.header, "sizes": sizes[cut.count:]}
+        pipeline = self._pipelines[(request.topic, request.partition)]
+        for again in list(pipeline)[list(pipeline).index(request):]:
+            for key in [key for key, sent in self._sent.items() if sent is again]:
+                del self._sent[key]  # (its answer, should it come, is dropped)
+            sequence = self._sequences[(again.topic, again.partition)] + 1
+            self._sequences[(again.topic, again.partition)] = sequence
+            again.sequence, again.header = sequence, {**again.header, "sequence": sequence}
+            again.address, again.next_address, again.attempts = None, None, _Attempts()
+        self.retries += 1
+
     def _send_due(self) -> None:
         """Send each request waiting to go whose back-off is over, in sequence order per
         partition: one that must wait holds back those after it. Each names the
@@ -757,11 +795,11 @@ class ClusterClient:
         if self.fenced is not None:
             self._fail_unsent(self.fenced)
         for pipeline in list(self._pipelines.values()):
-            previous: int | None = None
+            previous: _Produce | None = None
             for request in list(pipeline):
                 if request.address is None and not self._send_one(request, previous):
                     break
-                previous = request.sequence
+                previous = request
 
     def _fail_unsent(self, fenced: errors.ProducerFenced) -> None:
         for pipeline in list(self._pipelines.values()):
@@ -772,15 +810,16 @@ class ClusterClient:
                 self._finish(request, error=errors.ProducerFenced(
                     f"not sent again, this client was fenced: {fenced}{earlier}"))
 
-    def _send_one(self, request: _Produce, previous: int | None) -> bool:
+    def _send_one(self, request: _Produce, previous: _Produce | None) -> bool:
         now = time.monotonic()
         if now < request.not_before or request.outcome or request.error:
             return False
         address = request.next_address or self._leader_address(
             request.topic, request.partition, None)
         header = dict(request.header)
-        if previous is not None:
-            header["previous"] = previous
+        if previous is not None:  # (and its records: a copy of it cut inside is not it)
+            header["previous"] = previous.sequence
+            header["previous_count"] = len(previous.header["sizes"])
         try:
             connection = self._connection(address, group_of(request.topic, request.partition))
             request_id = connection.send_request(header, request.payload)

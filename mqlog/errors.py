@@ -204,11 +204,14 @@ class PartiallyStored(OutOfOrderSequence):
     records (the copy a new leader had was cut at a record inside the request: the leader
     that had it all failed before it was acknowledged). Those records are stored once;
     the others are not, and this request is not answered as stored: the ``count`` records
-    from the first are, send the rest as a new request."""
+    from the first are (the first at ``position`` and queue ``offset``; -1: not said),
+    send the rest as a new request (``ClusterClient`` does, and answers the request once
+    the rest is stored)."""
 
-    def __init__(self, message: str, count: int = 0) -> None:
+    def __init__(self, message: str, count: int = 0, position: int = -1,
+                 offset: int = -1) -> None:
         super().__init__(message)
-        self.count = count
+        self.count, self.position, self.offset = count, position, offset
 
 
 class SequenceGap(OutOfOrderSequence):

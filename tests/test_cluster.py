@@ -386,6 +386,39 @@ def test_role_commands_with_bad_arguments_get_typed_errors_and_change_nothing(tm
         cluster.stop_all()
 
 
+def test_a_request_after_one_stored_in_part_is_refused_and_stores_nothing(tmp_path):
+    """A pipelined request names the one before it (``previous``) and its record count
+    (``previous_count``): a leader holding a copy of that one cut inside it (a new
+    leader's, PartiallyStored to its retry) refuses the next with SequenceGap, nothing
+    stored. It was stored after the cut, so the records the client then sent again came
+    after it, out of the order they were sent in (helper-41). The cut copy is made as in
+    the test below: the request's first record alone, with its producer tag."""
+    from mqlog.client import produce_request
+
+    cluster = LocalCluster(tmp_path, "SYNC_MASTER", slave_count=1,
+                           store_settings="segment_size_bytes = 16777216")
+    cluster.write_configs()
+    try:
+        cluster.start("m")  # (alone: acks=1 writes only)
+        with mqlog.Client(cluster.address("m"), timeout_s=30) as client:
+            assert client.produce("orders", b"first", acks="1",
+                                  producer=("p", 7)).status is PutStatus.PUT_OK
+            written = cluster.metadata("m")["written"]
+            header, payload = produce_request("orders", [b"next"], acks="1",
+                                              producer=("p", 8))
+            with pytest.raises(errors.SequenceGap, match="holds 1 of 3 records"):
+                client.call({**header, "previous": 7, "previous_count": 3}, payload)
+            assert cluster.metadata("m")["written"] == written  # (nothing stored)
+            for bad in (0, "3", True):
+                with pytest.raises(errors.InvalidArgument, match="previous_count"):
+                    client.call({**header, "previous": 7, "previous_count": bad}, payload)
+            # (the copy is whole to a sender whose request had one record)
+            whole = client.call({**header, "previous": 7, "previous_count": 1}, payload)
+            assert PutStatus(whole[0]["status"]) is PutStatus.PUT_OK
+    finally:
+        cluster.stop_all()
+
+
 def test_a_retry_cut_on_the_master_is_refused_only_once_its_copy_is_committed(tmp_path):
     """A master whose log holds the first record only of a three-record request (its copy
     as a replica was cut inside the request, and the node that had it all failed before

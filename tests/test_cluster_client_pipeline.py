@@ -196,6 +196,9 @@ class FakeBrokers:
         self.failures: int | None = 0
         self.produced: list[tuple[dict, bytes]] = []
         self.opened = 0
+        self.cut: int | None = None  # a sequence whose copy here holds its first record only
+        self.hold = False  # answers are kept back (slow to come) while this is set
+        self.sequences: set[int] = set()  # those stored (a cut one is not)
 
     def fail(self, address: str) -> None:
         if self.failures is None or self.failures > 0:
@@ -225,13 +228,35 @@ class FakeConnection:
         header = {**header, "id": self.next_id, "group": self.group}
         if len(encode_frame(header, payload)) > FRAME_SIZE_BYTES_MAX:
             raise errors.NodeUnavailable("the node closed the connection (fake)")
+        refusal = self._refusal(header)
+        if refusal is not None:
+            self.answers.append(Frame(refusal, b""))
+            return self.next_id
+        self.brokers.sequences.add(header.get("sequence"))
         self.brokers.produced.append((header, payload))
         offset = len(self.brokers.produced) - 1
         self.answers.append(Frame({"id": self.next_id, "status": PutStatus.PUT_OK.value,
                                    "position": offset * 100, "offset": offset}, b""))
         return self.next_id
 
+    def _refusal(self, header: dict) -> dict | None:
+        """node.py's: a retry of the ``cut`` sequence is refused PartiallyStored (its copy
+        here holds one record), a request after one not stored (or after the cut one,
+        which had more records) SequenceGap."""
+        cut, previous = self.brokers.cut, header.get("previous")
+        if cut is not None and header.get("sequence") == cut:
+            return {"id": self.next_id, "kind": "error", "error": "PartiallyStored",
+                    "message": f"1 of its {len(header['sizes'])} records are stored (fake)",
+                    "count": 1, "position": 100, "offset": 1}
+        if previous is not None and (previous not in self.brokers.sequences or (
+                previous == cut and header.get("previous_count", 1) > 1)):
+            return {"id": self.next_id, "kind": "error", "error": "SequenceGap",
+                    "message": f"{previous} is not stored here (fake)"}
+        return None
+
     def take_answers(self, wait: bool) -> list[Frame]:
+        if self.brokers.hold:
+            return []
         answers, self.answers = self.answers, []
         return answers
 
@@ -296,6 +321,32 @@ def test_a_request_no_broker_answers_ends_at_its_deadline_as_outcome_unknown(
             client.produce("t", b"never")
 
 
+@pytest.mark.parametrize("held", [False, True])
+def test_the_rest_of_a_request_stored_in_part_goes_before_those_behind_it(
+        fake: FakeBrokers, held: bool) -> None:
+    """A leader holds the first record only of a request (a copy a failover cut inside
+    it) and refuses its retry with PartiallyStored. That was raised to the caller, and
+    the requests pipelined behind it went on and were stored after the cut, ahead of
+    the rest the caller sent again: out of the order sent (helper-41). The client now
+    sends the rest itself, first, then those behind it (each request names the one
+    before with its record count, so a leader holding the cut copy refuses them:
+    SequenceGap); the request is answered with its first record's place. With ``held``,
+    the answers come once all four are sent (those behind it refused as well)."""
+    with _fake_client(retry_timeout_s=30) as client:
+        assert client.produce("t", b"first").offset == 0
+        fake.cut, fake.hold = 2, held  # (2: the next request's sequence)
+        cut = client.send_batch("t", [b"a", b"b", b"c"])
+        behind = [client.send("t", b"x%d" % index) for index in range(3)]
+        fake.hold = False
+        result = cut.result()
+        assert (result.status, result.position, result.offset) == (PutStatus.PUT_OK, 100, 1)
+        assert [pending.result().status for pending in behind] == [PutStatus.PUT_OK] * 3
+        assert [payload for _, payload in fake.produced] == \
+            [b"first", b"bc", b"x0", b"x1", b"x2"]
+        sequences = [header["sequence"] for header, _ in fake.produced]
+        assert sequences == sorted(sequences) and 2 not in sequences
+
+
 def test_a_request_larger_than_a_frame_is_refused_before_it_is_sent(
         fake: FakeBrokers) -> None:
     """A broker drops the connection of a frame over its frame_size_bytes_max unread: such
@@ -318,7 +369,8 @@ def test_a_request_larger_than_a_frame_is_refused_before_it_is_sent(
             except errors.MessageTooLarge:
                 break
         header, payload = fake.produced[-1]
-        assert 1024 - 32 < len(encode_frame(header, payload)) <= 1024
+        # (within what the stamps a retry adds can take: id, previous, previous_count)
+        assert 1024 - 64 < len(encode_frame(header, payload)) <= 1024
     for wrong in (0, 1023, 2.0e6, True, "16MiB"):
         with pytest.raises(errors.InvalidArgument, match="frame_size_bytes_max must be"):
             _fake_client(frame_size_bytes_max=wrong)

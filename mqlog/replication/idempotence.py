@@ -231,7 +231,7 @@ def partially_stored(producer_id: str, sequence: int, found: Stored,
         f"producer {producer_id!r} sequence {sequence}: {found.count} of its {count} "
         f"records are stored (offsets {found.offset}..), the rest are not (the copy this "
         "leader has was cut inside the request, which was never acknowledged): send the "
-        "others again as a new request", found.count)
+        "others again as a new request", found.count, found.position, found.offset)
 
 
 def producer_tags(position: int, data: bytes) -> Iterator[tuple[ProducerTag, Stored]]:

@@ -490,7 +490,10 @@ class Node:
         OutOfOrderSequence). That request itself, not just a later one: an acks=0 send
         takes a sequence too. A producer this leader does not know is refused too: the
         client sends the request again without ``previous`` once nothing is pending
-        before it. Read in order, so a request stored just before counts."""
+        before it. Read in order, so a request stored just before counts. With
+        ``previous_count`` (that request's records), a copy of it cut inside (a new
+        leader's, PartiallyStored to its retry) counts as not stored: the records sent
+        after it would otherwise land between its first records and its rest."""
         previous = header.get("previous")
         if previous is None:
             return
@@ -498,12 +501,21 @@ class Node:
                 or not 0 <= previous < producer[1]:
             raise errors.InvalidArgument("previous must be an int below the request's "
                                          "sequence, and needs producer_id and sequence")
+        count = header.get("previous_count")
+        if count is not None and (type(count) is not int or count < 1):
+            raise errors.InvalidArgument("previous_count must be the previous request's "
+                                         "record count, an int >= 1")
         producer_id, sequence, epoch = producer
         try:  # (that one itself: an acks=0 send may have raised the newest past it)
-            stored = self.driver.producers.lookup(producer_id, previous, epoch) is not None
+            found = self.driver.producers.lookup(producer_id, previous, epoch)
         except errors.OutOfOrderSequence:
-            stored = True  # (older than the sequences kept: stored long before)
-        if not stored:  # (a new life has stored nothing: its first request names none)
+            return  # (older than the sequences kept: stored long before)
+        if found is not None and found.count < (count or 0):
+            raise errors.SequenceGap(  # (a copy cut inside it: its rest goes first)
+                f"producer {producer_id!r} sent sequence {sequence} after {previous}, of "
+                f"which this leader holds {found.count} of {count} records: nothing was "
+                "stored; the earlier request's rest goes first")
+        if found is None:  # (a new life has stored nothing: its first request names none)
             newest = self.driver.producers.newest(producer_id, epoch)
             raise errors.SequenceGap(
                 f"producer {producer_id!r} sent sequence {sequence} after {previous}, "
@@ -745,6 +757,7 @@ def error_answer(error: errors.MqlogError,
                               "message": str(error)}
     if isinstance(error, errors.PartiallyStored):
         header["count"] = error.count
+        header["position"], header["offset"] = error.position, error.offset
     if isinstance(error, errors.OffsetOutOfRange):  # (a consumer resets from these)
         header["min_offset"], header["max_offset"] = error.min_offset, error.max_offset
     if isinstance(error, errors.NotLeader) and error.leader:
