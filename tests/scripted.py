@@ -53,6 +53,9 @@ class ScriptIo:
     def failed(self, error: BaseException) -> None:
         self._interaction.drivers[self._name].described.append(f"stopped: {error!r}")
 
+    def refused(self, error: BaseException) -> None:
+        self._interaction.drivers[self._name].described.append(f"refused: {error!r}")
+
 
 class Interaction:
     """The nodes, their stores and the network of one script."""

@@ -419,6 +419,41 @@ def test_a_request_after_one_stored_in_part_is_refused_and_stores_nothing(tmp_pa
         cluster.stop_all()
 
 
+def test_records_a_peer_sends_that_the_store_refuses_stop_no_broker(tmp_path):
+    """A peer (said to be the master: its broker id, the cluster's id) sends a slave one
+    well-formed Append at its log's end whose payload is no record. The store refused it
+    (nothing stored) inside the slave's Ready, and the driver stopped the whole broker,
+    every group with it (helper-42). The group's core starts over from its store
+    instead: the broker lives, and the real master's next records reach it."""
+    import socket
+
+    from mqlog.replication import messages
+    from mqlog.replication.wire import encode_frame
+
+    cluster = LocalCluster(tmp_path, "ASYNC_MASTER", slave_count=1,
+                           store_settings="segment_size_bytes = 16777216")
+    try:
+        cluster.start_all()
+        with mqlog.Client(cluster.address("m"), timeout_s=30) as client:
+            client.produce("orders", b"before")
+            cluster.wait_converged()
+            facts = cluster.metadata("s1")
+            host, port = cluster.address("s1").rsplit(":", 1)
+            with socket.create_connection((host, int(port))) as peer:
+                peer.sendall(encode_frame({"kind": "peer_hello", "broker_id": "m",
+                                           "cluster_id": ""}))
+                garbage = messages.Append("m", "s1", facts["epoch"], facts["written"],
+                                          payload=bytes(64))
+                peer.sendall(messages.encode(garbage))
+                wait_until(lambda: cluster.metadata("s1")["peer_records_refused"] == 1,
+                           "s1 to refuse the records", 30)
+            client.produce("orders", b"after")
+            cluster.wait_converged()  # (s1 took the master's records after it)
+        assert cluster.processes["s1"].poll() is None
+    finally:
+        cluster.stop_all()
+
+
 def test_a_retry_cut_on_the_master_is_refused_only_once_its_copy_is_committed(tmp_path):
     """A master whose log holds the first record only of a three-record request (its copy
     as a replica was cut inside the request, and the node that had it all failed before

@@ -74,6 +74,9 @@ class OneNode:
     def failed(self, error: BaseException) -> None:
         raise error
 
+    def refused(self, error: BaseException) -> None:
+        raise error
+
     def step(self, ticks: int = 1) -> None:
         for _ in range(ticks):
             self.driver.tick()

@@ -45,6 +45,7 @@ class HeldIo:
         self.flushes: list[Any] = []
         self.answers: list[tuple[Any, PutStatus]] = []
         self.failures: list[BaseException] = []
+        self.refusals: list[BaseException] = []
         self.notes: list[str] = []
         self.hard_state: Any = None
 
@@ -71,6 +72,9 @@ class HeldIo:
 
     def failed(self, error: BaseException) -> None:
         self.failures.append(error)
+
+    def refused(self, error: BaseException) -> None:
+        self.refusals.append(error)
 
 
 def _replica(tmp_path, impl, name: str) -> tuple[Any, RaftCore, Driver, HeldIo]:

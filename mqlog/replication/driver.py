@@ -45,12 +45,17 @@ request, and finds the same copy). This is the one place the rule lives: the nod
 (node.py) turns the answer into its wire header, the simulators (mqlog/sim/partial.py)
 check it under leader changes, and ``--break partial_early`` answers before the verdict.
 
-Failure. A Ready that cannot be carried out (the store refuses an append, a disk error,
-a hard state that cannot be saved) leaves the replica's memory and its disk disagreeing
-in ways nobody can tell. The driver then stops for good: it records the error, tells the
-Io (``failed``: the node logs it loudly and exits, so a restart runs the engine's
-recovery), answers every waiting request FLUSH_SLAVE_TIMEOUT (its fate is unknown), and
-refuses everything after (StoreFailed). It never retries the same Ready.
+Failure. A Ready that cannot be carried out (a disk error, a hard state that cannot be
+saved) leaves the replica's memory and its disk disagreeing in ways nobody can tell. The
+driver then stops for good: it records the error, tells the Io (``failed``: the node
+logs it loudly and exits, so a restart runs the engine's recovery), answers every
+waiting request FLUSH_SLAVE_TIMEOUT (its fate is unknown), and refuses everything after
+(StoreFailed). It never retries the same Ready. One refusal is not a failure: records
+from a peer that the store refuses (ReplicaDataRejected: it checks every record before
+it writes any, so nothing of them is stored, and what the Ready did before them is
+whole) are a peer's garbage or a bug, and the Io is asked for a new core over the store
+(``refused``: what a restart would make of it) instead of stopping every group of the
+broker for one peer's bytes.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from mqlog.config import RECORD_HEADER_SIZE
-from mqlog.errors import NotLeader, PartiallyStored, StoreFailed
+from mqlog.errors import NotLeader, PartiallyStored, ReplicaDataRejected, StoreFailed
 from mqlog.replication.core import Ready
 from mqlog.replication.idempotence import (
     ProducerTable,
@@ -127,6 +132,19 @@ class Io(Protocol):
 
     def failed(self, error: BaseException) -> None:
         """The replica stopped: a Ready could not be carried out."""
+
+    def refused(self, error: ReplicaDataRejected) -> None:
+        """A peer's records the store refused, nothing of them stored: give the driver a
+        new core over the store (``replace_core``), as a restart would."""
+
+
+class _PeerDataRefused(Exception):
+    """The store refused a Ready's append of a peer's records (ReplicaDataRejected: it
+    checks them all before it writes any, and changed nothing)."""
+
+    def __init__(self, error: ReplicaDataRejected) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class Driver:
@@ -283,6 +301,10 @@ class Driver:
             self._running = True
             try:
                 self._carry_out(ready)
+            except _PeerDataRefused as refused:  # the store is whole: a new core from it
+                self._early = []
+                self.io.refused(refused.error)
+                return True
             except Exception as error:  # whatever it was, memory and disk now disagree
                 self._fail(error)
                 return True
@@ -340,7 +362,11 @@ class Driver:
         if ready.truncate_to is not None:
             store.truncate(ready.truncate_to)
         for position, data in ready.appends:
-            store.append_raw(position, data)
+            try:
+                store.append_raw(position, data)
+            except ReplicaDataRejected as error:  # (a peer's garbage, or a bug: the
+                # store changed nothing, and what came before in this Ready is done)
+                raise _PeerDataRefused(error) from error
         if ready.set_epoch is not None:
             store.set_epoch(ready.set_epoch)
         noop_start = store.written_position

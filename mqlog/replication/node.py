@@ -146,6 +146,7 @@ class Node:
                              window_bytes=spec.replication.idempotence_window_bytes,
                              sequences_max=spec.replication.idempotence_sequences_max)
         self.failure: BaseException | None = None
+        self.refusals = 0  # peers' records the store refused (``refused``)
         self._learn_addresses()
         self._waiting: dict[Any, asyncio.Future[Answer]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -378,6 +379,23 @@ class Node:
         traceback.print_exception(error, file=sys.stderr)  # (where: for the bug report)
         self.failure = error
         self.broker.failed(error)
+
+    def refused(self, error: errors.ReplicaDataRejected) -> None:
+        """Records from a peer that the store refused (nothing of them stored: a peer's
+        garbage, or a bug): this group's core starts over from its store, as a restart
+        would make it (an ISR core with the controller's partition state it had), and
+        the other groups of the broker go on. Said in the log at the 1st, 2nd, 4th, ...
+        time: a peer that keeps sending them is not a flood."""
+        self.refusals += 1
+        if self.refusals & (self.refusals - 1) == 0:
+            self.note(f"records from a peer refused, nothing of them stored ({error}); "
+                      f"this group's core starts over from its store (refusal "
+                      f"{self.refusals})")
+        old, core = self.core, self._new_core()
+        if self.isr:
+            core.apply_metadata(old.state)
+        self.driver.replace_core(core)
+        self._schedule()
 
     def _learn_addresses(self) -> None:
         """Addresses named by the group's membership changes (a node added later)."""
@@ -730,7 +748,7 @@ class Node:
         return {"kind": "metadata", "node_id": self.node_id, "group": self.name,
                 "epoch": self.core.epoch, "log_start": self.store.first_segment_base(),
                 "peers": peers, "send_queued": queued, "send_dropped": dropped,
-                **self.core.status()}
+                "peer_records_refused": self.refusals, **self.core.status()}
 
 
 # A produce's ``acks`` as the client may name it (Kafka's vocabulary, or mqlog's older

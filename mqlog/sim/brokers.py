@@ -115,6 +115,9 @@ class SimGroup(SimReplica):
         self.sim.violation(f"{self.broker_id}/{self.name} could not carry out its Ready: "
                            f"{error!r}")
 
+    def refused(self, error: BaseException) -> None:  # (no simulated peer sends garbage)
+        self.failed(error)
+
     def answer(self, request: Any, status: Answer) -> None:
         self.sim.answered(self, request, status)
 

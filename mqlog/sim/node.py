@@ -102,6 +102,9 @@ class SimReplica:
     def failed(self, error: BaseException) -> None:
         self.sim.violation(f"{self.name} could not carry out its Ready: {error!r}")
 
+    def refused(self, error: BaseException) -> None:  # (no simulated peer sends garbage)
+        self.failed(error)
+
     # --- the simulator's side ------------------------------------------------------------
 
     def complete_flushes(self) -> bool:
