@@ -111,6 +111,7 @@ class Progress:
     probe_sent: bool = False
     progress_tick: int = 0  # when ``match`` last moved (or the probe was re-sent)
     active: bool = False  # heard from since the last quorum check
+    heard_tick: int = -(1 << 62)  # when it last answered (never, yet)
 
 
 class RaftCore(EpochMirror, PeerMessages):
@@ -638,7 +639,7 @@ class RaftCore(EpochMirror, PeerMessages):
         progress = self.peers.get(reply.src)
         if progress is None:
             return
-        progress.active = True
+        progress.active, progress.heard_tick = True, self.tick_count
         if reply.success:
             if reply.match > progress.match:
                 progress.match = reply.match
@@ -727,11 +728,25 @@ class RaftCore(EpochMirror, PeerMessages):
                 raise MembershipChangeRefused(
                     f"{name} must first be a learner that has caught up (its log reaches "
                     f"the commit, {self.commit}): add it as a learner, then promote it")
+        self._check_live_majority(voters)
         known = {**current.addresses, **addresses}
         membership = Membership(-1, tuple(voters), tuple(learners),
                                 {name: known[name] for name in voters + learners if name in known})
         body = b"MQCFG1" + msgpack.packb(membership.to_json()[1:])
         return membership, body
+
+    def _check_live_majority(self, voters: tuple[str, ...]) -> None:
+        """Refuse a change whose voters have no live majority (etcd's strict reconfig
+        check): this leader and the voters that answered it within an election timeout.
+        Removing a live voter while another is down left two of three up and no leader
+        for good: the change could not commit, and no one could be elected (helper-42)."""
+        recent = self.tick_count - self.config.election_timeout_ticks
+        live = [name for name in voters if name == self.node_id or (
+            name in self.peers and self.peers[name].heard_tick >= recent)]
+        if len(live) <= len(voters) // 2:
+            raise MembershipChangeRefused(
+                f"voters {list(voters)} would have {len(live)} live ({live}), fewer than a "
+                f"majority: bring the others back (or wait until they answer), then retry")
 
     def membership_stored(self, membership: Membership, end: int, body_size: int) -> None:
         """The leader's driver appended the change's control record, ending at ``end``."""
