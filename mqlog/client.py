@@ -42,7 +42,7 @@ class Client:
     def __init__(self, address: str, timeout_s: float = 30.0,
                  frame_size_bytes_max: int = 64 << 20, group: str | None = None) -> None:
         check_positive("timeout_s", timeout_s)
-        self.address = address
+        self.address, self.timeout_s = address, timeout_s
         self.group = group  # the broker's replica group every request names (None: default)
         host, port = split_address(address)
         try:
@@ -198,10 +198,14 @@ class Client:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def call(self, header: dict[str, Any], payload: bytes = b"") -> tuple[dict, bytes]:
+    def call(self, header: dict[str, Any], payload: bytes = b"",
+             timeout_s: float | None = None) -> tuple[dict, bytes]:
         """Send one request frame and return the answer (header, payload); a node's
-        error comes back raised as its mqlog.errors class."""
+        error comes back raised as its mqlog.errors class. ``timeout_s``: this call's
+        own, shorter than the connection's (a caller's deadline nearer than it)."""
         self._stamp(header)
+        if timeout_s is not None:
+            self._socket.settimeout(max(0.001, min(timeout_s, self.timeout_s)))
         try:
             self._socket.sendall(encode_frame(header, payload))
             frame = self._receive()
@@ -210,6 +214,9 @@ class Client:
                 frame = self._receive()
         except OSError as error:
             raise self._lost(error) from None
+        finally:
+            if timeout_s is not None:
+                self._socket.settimeout(self.timeout_s)
         if frame.header.get("kind") == "error":
             raise error_of(frame.header)
         return frame.header, frame.payload

@@ -89,7 +89,9 @@ Threads may share a client, as Kafka's producer (its requests move on only insid
 calls: ``send``, ``result``, ``flush``): each call holds the client's lock, so calls from
 several threads take turns, and a thread waiting in ``result`` moves every thread's
 requests on. (Before the lock, two threads calling at the same time could fail with an
-untyped ValueError, or hang.)
+untyped ValueError, or hang.) ``close`` does not wait its turn: it wakes a thread waiting
+for answers (a byte down a pipe that every wait watches), which lets the lock go, and
+then decides what is undecided.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -191,16 +194,23 @@ class PendingProduce:
     def result(self) -> ProducedRecord:
         """Wait for the outcome (the client's other requests move on meanwhile); raise
         the request's typed error if it failed (``produce``'s errors)."""
-        request = self._request
-        with self._client._lock:
-            while not self.done():
-                assert request in self._client._pipelines.get(
+        request, client = self._request, self._client
+        with client._lock:
+            while not self.done() and not client._closed:
+                assert request in client._pipelines.get(
                     (request.topic, request.partition), ()), "an undecided request was lost"
-                self._client._pump(wait=True)
+                client._pump(wait=True)
+        if not self.done():  # closed from another thread: close() decides it
+            client._closed_all.wait()
         if self._request.error is not None:
             raise self._request.error
         assert self._request.outcome is not None
         return self._request.outcome
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def group_of(topic: str, partition: int) -> str:
@@ -315,6 +325,13 @@ class ClusterClient:
         self._broken: list[tuple[_Produce, str]] = []
         self._lock = threading.RLock()  # held by every public call (the docstring)
         self._closed = False  # close() was called: every public call raises ClientClosed
+        # close() from another thread wakes a thread waiting for answers (it holds the
+        # lock close() needs): a byte down this pipe, which every wait watches too
+        self._wakeup_read, self._wakeup_write = os.pipe()
+        os.set_blocking(self._wakeup_read, False)
+        self._close_pipe = weakref.finalize(self, _close_fds, self._wakeup_read,
+                                            self._wakeup_write)  # (at close, or collected)
+        self._closed_all = threading.Event()  # close() decided every request
 
     # --- producing -----------------------------------------------------------------------
 
@@ -377,6 +394,7 @@ class ClusterClient:
             request.outcome = ProducedRecord(topic, partition, PutStatus.PUT_OK, -1, -1)
             return PendingProduce(self, request)
         while len(self._pipelines.get((topic, partition), ())) >= self.max_in_flight_requests:
+            self._check_open()  # (closed from another thread meanwhile)
             self._pump(wait=True)  # (a partition's pipeline goes once it is empty)
         self._pipelines.setdefault((topic, partition), deque()).append(request)
         self._pump(wait=False)  # (sends it; takes in the answers already here)
@@ -404,8 +422,9 @@ class ClusterClient:
         ProducerFenced once a leader fenced this client (each request has its outcome);
         ClientClosed after ``close()`` (which decided every request)."""
         self._check_open()
-        while any(self._pipelines.values()):
+        while any(self._pipelines.values()) and not self._closed:
             self._pump(wait=True)
+        self._check_open()  # (closed from another thread meanwhile)
         if self.fenced is not None:
             raise self.fenced
 
@@ -510,13 +529,24 @@ class ClusterClient:
             return self._view
         if self._view is not None and age_ms < self.retry_backoff_ms:
             return self._view  # (asked a moment ago: no storm while a leader is down)
-        failures = []
+        failures, ends = [], time.monotonic() + self.timeout_s
         for address in self._metadata_addresses():
+            left = ends - time.monotonic()  # (a refresh is one attempt: timeout_s in all,
+            if left <= 0:  # not each broker's; the documented bound on a request holds)
+                failures.append(f"the refresh took timeout_s={self.timeout_s}")
+                break
             try:
-                answer = self._connection(address).call({"kind": "cluster_metadata"})[0]
+                answer = self._connection(address).call({"kind": "cluster_metadata"},
+                                                        timeout_s=left)[0]
                 state, leaders = metadata_from(answer)
+            except errors.UnknownGroup:  # (its advice, "name a group", is not the caller's)
+                self._drop(address)
+                failures.append(f"{address} is not a cluster's broker (a controller, or a "
+                                "node of no cluster? bootstrap names the brokers of a "
+                                "cluster: the node configs with process_roles broker)")
+                continue
             except (errors.NodeUnavailable, errors.RemoteProtocolError,
-                    errors.UnknownGroup, errors.RemoteError) as error:
+                    errors.RemoteError) as error:
                 self._drop(address)
                 failures.append(f"{address}: {error}")
                 continue
@@ -677,10 +707,10 @@ class ClusterClient:
                        *(request.sent_at + self.timeout_s - now for request in sent)])
         sockets = {self._connections[address].fileno(): address
                    for address in self._connections_waited_on()}
-        if not sockets:
-            time.sleep(max(0.0, timeout))  # a back-off: nothing is in flight
-            return
-        ready = readable(list(sockets), max(0.0, timeout))
+        # (a back-off when nothing is in flight; close() from another thread wakes it)
+        ready = readable([*sockets, self._wakeup_read], max(0.0, timeout))
+        if self._wakeup_read in ready:
+            return  # (closed: the caller sees it)
         self._take_answers([sockets[fd] for fd in ready], wait=True)
         now = time.monotonic()
         for request in sent:  # no answer within timeout_s: as if the connection broke
@@ -814,8 +844,12 @@ class ClusterClient:
         now = time.monotonic()
         if now < request.not_before or request.outcome or request.error:
             return False
-        address = request.next_address or self._leader_address(
-            request.topic, request.partition, None)
+        try:
+            address = request.next_address or self._leader_address(
+                request.topic, request.partition, None)
+        except errors.UnknownTopic as error:
+            self._finish(request, error=error)
+            return False
         header = dict(request.header)
         if previous is not None:  # (and its records: a copy of it cut inside is not it)
             header["previous"] = previous.sequence
@@ -840,12 +874,19 @@ class ClusterClient:
         the replicas, not back and forth: a view that still shows a leader that moved
         must not bounce a request between it and one follower while the third leads.
         Once every replica was tried, ``tried`` starts over. With no broker answering the
-        metadata, the last view seen (``_view_or_last``)."""
+        metadata, the last view seen (``_view_or_last``). UnknownTopic when the view has
+        the partition no more: its topic was deleted since the request was made (a view
+        is never taken from a broker behind the newest seen, so it is not a broker that
+        has not heard of the topic yet); a request to it was tried until
+        retry_timeout_s, and then said "outcome unknown", though every broker refused it."""
         view = self._view_or_last(refresh=failed is not None)
         info = view.partition(topic, partition) if topic in view.topics and \
             partition < len(view.topics[topic].partitions) else None
-        if info is None:  # (deleted meanwhile: a broker says UnknownGroup; keep trying)
-            return failed or self.bootstrap[0]
+        if info is None:
+            raise errors.UnknownTopic(
+                f"topic {topic!r} partition {partition} is not in the cluster's metadata "
+                "any more: the topic was deleted (with whatever it held) while the request "
+                "was under way; `mqlog topics list` shows the topics")
         addresses = [view.brokers[name].address for name in info.replicas
                      if name in view.brokers]
         tried = tried if tried is not None else set()
@@ -889,12 +930,23 @@ class ClusterClient:
         for key in [key for key in self._sent if key[0] == address]:
             self._broken.append((self._sent.pop(key), address))
 
-    @_serialized
     def close(self) -> None:
         """Close the connections; requests still undecided fail with NodeUnavailable
         (their outcome unknown). Every later call raises ClientClosed (none reconnects);
-        closing again does nothing."""
-        self._closed = True
+        closing again does nothing. From another thread, while one waits in ``result``,
+        ``flush`` or ``send``: that wait ends at once (a metadata refresh under way
+        within timeout_s), and so does the request (NodeUnavailable); it was waited for
+        to its end, up to retry_timeout_s, holding the lock close() needs."""
+        if self._closed:
+            return
+        self._closed = True  # (seen by the waiting thread once it wakes)
+        os.write(self._wakeup_write, b"x")
+        with self._lock:
+            self._close()
+            self._close_pipe()
+        self._closed_all.set()
+
+    def _close(self) -> None:
         for pipeline in list(self._pipelines.values()):
             for request in list(pipeline):
                 self._finish(request, error=errors.NodeUnavailable(

@@ -22,7 +22,10 @@ ISR cluster of test_isr_client.py (three controllers, three brokers, min.insync 
 from __future__ import annotations
 
 import random
+import socket
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -169,6 +172,7 @@ def test_a_connection_dropped_while_answers_are_read_is_passed_over() -> None:
     on_x = _Produce("t", 0, {}, b"", 1, deadline, address="x:1")
     on_y = _Produce("t", 1, {}, b"", 1, deadline, address="y:1")
     client._sent = {("x:1", 1): on_x, ("y:1", 1): on_y}
+    client._pipelines = {("t", 0): deque([on_x]), ("t", 1): deque([on_y])}
     client._take_answers(["x:1", "y:1"], wait=False)  # (a KeyError escaped here)
     assert not client._sent and not client._broken  # (y's request decided: broken)
 
@@ -193,12 +197,23 @@ class FakeBrokers:
             state = state.apply(records.UnfenceBroker(name, 1))
         state = state.apply(records.CreateTopic("t", "isr", (("b1", "b2", "b3"),)))
         self.metadata = {"snapshot": records.encode(state.snapshot()), "position": 1}
+        self._state = state
         self.failures: int | None = 0
         self.produced: list[tuple[dict, bytes]] = []
         self.opened = 0
         self.cut: int | None = None  # a sequence whose copy here holds its first record only
+        self.deleted = False  # topic "t" was deleted (delete_topic)
+        self.controllers = False  # they are controllers: no cluster_metadata (UnknownGroup)
         self.hold = False  # answers are kept back (slow to come) while this is set
+        self.held = threading.Event()  # set once a client asked for an answer held back
         self.sequences: set[int] = set()  # those stored (a cut one is not)
+
+    def delete_topic(self) -> None:
+        """Topic "t" deleted: the metadata says so, and each produce is UnknownGroup."""
+        from mqlog.replication.controller import records
+        self._state = self._state.apply(records.DeleteTopic("t"))
+        self.metadata = {"snapshot": records.encode(self._state.snapshot()), "position": 2}
+        self.deleted = True
 
     def fail(self, address: str) -> None:
         if self.failures is None or self.failures > 0:
@@ -217,9 +232,13 @@ class FakeConnection:
         self.answers: list[Frame] = []
         self.next_id = 0
 
-    def call(self, header: dict, payload: bytes = b"") -> tuple[dict, bytes]:
+    def call(self, header: dict, payload: bytes = b"",
+             timeout_s: float | None = None) -> tuple[dict, bytes]:
         self.brokers.fail(self.address)
         assert header["kind"] == "cluster_metadata", header
+        if self.brokers.controllers:
+            raise errors.UnknownGroup("broker c1 hosts no group '' (it hosts __controller); "
+                                      "name one in the request (fake)")
         return self.brokers.metadata, b""
 
     def send_request(self, header: dict, payload: bytes = b"") -> int:
@@ -244,6 +263,9 @@ class FakeConnection:
         here holds one record), a request after one not stored (or after the cut one,
         which had more records) SequenceGap."""
         cut, previous = self.brokers.cut, header.get("previous")
+        if self.brokers.deleted:
+            return {"id": self.next_id, "kind": "error", "error": "UnknownGroup",
+                    "message": "this broker hosts no group 't-0' (fake)"}
         if cut is not None and header.get("sequence") == cut:
             return {"id": self.next_id, "kind": "error", "error": "PartiallyStored",
                     "message": f"1 of its {len(header['sizes'])} records are stored (fake)",
@@ -256,16 +278,23 @@ class FakeConnection:
 
     def take_answers(self, wait: bool) -> list[Frame]:
         if self.brokers.hold:
+            self.brokers.held.set()
             return []
         answers, self.answers = self.answers, []
         return answers
+
+    def fileno(self) -> int:  # (what the client waits on: never readable here)
+        if not hasattr(self, "_quiet"):
+            self._quiet = socket.socketpair()
+        return self._quiet[0].fileno()
 
     def fetch(self, *args: Any, **kwargs: Any) -> list:
         self.brokers.fail(self.address)
         return []
 
     def close(self) -> None:
-        pass
+        for end in getattr(self, "_quiet", ()):
+            end.close()
 
 
 @pytest.fixture
@@ -345,6 +374,84 @@ def test_the_rest_of_a_request_stored_in_part_goes_before_those_behind_it(
             [b"first", b"bc", b"x0", b"x1", b"x2"]
         sequences = [header["sequence"] for header, _ in fake.produced]
         assert sequences == sorted(sequences) and 2 not in sequences
+
+
+def test_brokers_that_never_answer_cost_a_request_one_timeout_past_its_deadline() -> None:
+    """Three brokers that take the connection and never answer (stopped processes, say):
+    each metadata refresh asked them one after the other, timeout_s each, so a request
+    ended up to three timeouts past retry_timeout_s; the docs promise at most one
+    (helper-41). A refresh is one attempt now: timeout_s in all."""
+    import socket
+
+    silent = [socket.create_server(("127.0.0.1", 0), backlog=64) for _ in range(3)]
+    try:  # (never accepted: the kernel takes each connection, no one reads it)
+        addresses = [f"127.0.0.1:{server.getsockname()[1]}" for server in silent]
+        with ClusterClient(addresses, retry_timeout_s=3, timeout_s=3) as client:
+            started = time.monotonic()
+            with pytest.raises(errors.NodeUnavailable):
+                client.produce("t", b"never")
+            elapsed = time.monotonic() - started
+        assert elapsed < 3 + 3 + 2, elapsed  # (was 9 s or more: three timeouts a refresh)
+    finally:
+        for server in silent:
+            server.close()
+
+
+def test_close_from_another_thread_ends_a_wait_for_an_answer(fake: FakeBrokers) -> None:
+    """A thread waits in result() for an answer that does not come (a stopped leader):
+    close() from another thread waited for the lock that wait holds, up to
+    retry_timeout_s (helper-41). It ends the wait at once now, and the request with it,
+    NodeUnavailable (outcome unknown)."""
+    client = _fake_client(retry_timeout_s=30, timeout_s=30)
+    client.produce("t", b"first")
+    fake.hold = True
+    pending = client.send("t", b"never answered")
+    outcome: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            pending.result()
+        except errors.MqlogError as error:
+            outcome.append(error)
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    assert fake.held.wait(30)  # (the waiter asked for the answer: it holds the lock)
+    started = time.monotonic()
+    client.close()
+    waiter.join(30)
+    assert not waiter.is_alive() and time.monotonic() - started < 10
+    assert len(outcome) == 1 and isinstance(outcome[0], errors.NodeUnavailable), outcome
+    assert "the client was closed" in str(outcome[0])
+    with pytest.raises(errors.ClientClosed):
+        client.send("t", b"after")
+
+
+def test_a_request_to_a_topic_deleted_meanwhile_is_unknown_topic_at_once(
+        fake: FakeBrokers) -> None:
+    """The topic is deleted after the client saw it: every broker refuses the request
+    (UnknownGroup), and the refreshed metadata has no such topic. It was sent again
+    until retry_timeout_s, then called "outcome unknown" (helper-41); now it fails at
+    once with UnknownTopic, as a fetch does."""
+    with _fake_client(retry_timeout_s=30) as client:
+        client.produce("t", b"first")
+        fake.delete_topic()
+        started = time.monotonic()
+        with pytest.raises(errors.UnknownTopic, match="deleted"):
+            client.produce("t", b"second")
+        assert time.monotonic() - started < 10  # (not retry_timeout_s)
+
+
+def test_controllers_given_as_bootstrap_are_named_as_not_brokers(fake: FakeBrokers) -> None:
+    """Controllers' addresses as bootstrap: each answered UnknownGroup, whose advice
+    ("name a group in the request") is a broker's to a Client, and the error passed it on
+    (helper-41). It says what the addresses are not, and what bootstrap takes."""
+    fake.controllers = True
+    with _fake_client(retry_timeout_s=0.2) as client, \
+            pytest.raises(errors.NodeUnavailable,
+                          match="b1:1 is not a cluster's broker.*bootstrap names the "
+                                "brokers of a cluster") as failed:
+        client.metadata()
+    assert "name one in the request" not in str(failed.value)
 
 
 def test_a_request_larger_than_a_frame_is_refused_before_it_is_sent(
