@@ -98,6 +98,14 @@ def load_role(directory: Path) -> RoleState | None:
                            "the file and start the node as a SLAVE of it") from None
 
 
+# How a node whose state is lost comes back. Not a wiped voter started as it was: it
+# would vote with no memory of what it acknowledged, and a candidate lacking committed
+# records could win with it (docs/REPLICATION.md, "A voter's data is its vote").
+REJOIN = ("remove this node from the group's voters first (`mqlog cluster membership`, "
+          "on the leader), then wipe its data, start it as a learner, and promote it once "
+          "it has caught up")
+
+
 def _read(path: Path, magic: str) -> Any:
     """The JSON document of a state file; CorruptStore if it is damaged."""
     raw = path.read_bytes()
@@ -108,7 +116,7 @@ def _read(path: Path, magic: str) -> Any:
         return json.loads(body[len(magic) + 1:])
     except ValueError as error:
         raise CorruptStore(f"{path} is damaged ({error}): restore it from a backup, or "
-                           "wipe this node's data and add it to the group again") from None
+                           f"{REJOIN}") from None
 
 
 def load(directory: Path) -> HardState:
@@ -123,8 +131,8 @@ def load(directory: Path) -> HardState:
             Membership.from_json(item) for item in document["memberships"]))
     except (ValueError, KeyError, TypeError) as error:
         raise CorruptStore(f"{path} is damaged ({error}): this node's Raft term, vote and "
-                           "membership are unknown; restore it from a backup, or wipe this "
-                           "node's data and add it to the group again") from None
+                           f"membership are unknown; restore it from a backup, or {REJOIN}"
+                           ) from None
 
 
 def load_topic_id(directory: Path) -> int | None:
