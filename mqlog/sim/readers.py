@@ -108,7 +108,9 @@ class SimClusterClient(ClusterClient):
         # (connected: asked first next time)
         return self
 
-    def call(self, header: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    def call(self, header: dict[str, Any], payload: bytes = b"",
+             timeout_s: float | None = None) -> tuple[dict[str, Any], bytes]:
+        del payload, timeout_s  # (the simulated network's time, not a socket's)
         answer, error = self._delivered
         if error is not None:
             raise error
