@@ -539,11 +539,12 @@ class ClusterClient:
                 answer = self._connection(address).call({"kind": "cluster_metadata"},
                                                         timeout_s=left)[0]
                 state, leaders = metadata_from(answer)
-            except errors.UnknownGroup:  # (its advice, "name a group", is not the caller's)
+            except errors.UnknownGroup as error:  # (what it hosts, without its advice to
+                # "name a group in the request": a Client's, not the caller's)
                 self._drop(address)
-                failures.append(f"{address} is not a cluster's broker (a controller, or a "
-                                "node of no cluster? bootstrap names the brokers of a "
-                                "cluster: the node configs with process_roles broker)")
+                failures.append(f"{address} is not a cluster's broker ("
+                                f"{str(error).split(';')[0]}): bootstrap names the brokers "
+                                "of a cluster, the node configs with process_roles broker")
                 continue
             except (errors.NodeUnavailable, errors.RemoteProtocolError,
                     errors.RemoteError) as error:

@@ -448,7 +448,8 @@ def test_controllers_given_as_bootstrap_are_named_as_not_brokers(fake: FakeBroke
     fake.controllers = True
     with _fake_client(retry_timeout_s=0.2) as client, \
             pytest.raises(errors.NodeUnavailable,
-                          match="b1:1 is not a cluster's broker.*bootstrap names the "
+                          match=r"b1:1 is not a cluster's broker \(broker c1 hosts no group "
+                                r"'' \(it hosts __controller\)\): bootstrap names the "
                                 "brokers of a cluster") as failed:
         client.metadata()
     assert "name one in the request" not in str(failed.value)
