@@ -398,6 +398,7 @@ def load(path: str | Path) -> StoreConfig:
 
 DEFAULT_GROUP = "default"  # the one group of a config without [groups]
 STRAYS_DIRECTORY = "strays"  # a cluster broker's data_dir: stray stores set aside (host.py)
+MEMBER_FILE = "cluster-member"  # ... and the mark of its registration (host.py)
 PROCESS_ROLES = ("broker", "controller")
 
 
@@ -469,9 +470,10 @@ class GroupSpec:
                 "\0" in name or len(name) > self.group_name_length_max:
             raise ConfigError(f"group name {name!r} must be a non-empty directory name of at "
                               f"most {self.group_name_length_max} characters, without '/'")
-        if name == STRAYS_DIRECTORY:
-            raise ConfigError(f"group name {name!r} is taken: a broker sets stray stores "
-                              "aside in that directory of its data_dir; name it otherwise")
+        if name in (STRAYS_DIRECTORY, MEMBER_FILE):
+            raise ConfigError(f"group name {name!r} is taken: a broker keeps its stray "
+                              "stores or its registration's mark by that name in its "
+                              "data_dir; name it otherwise")
         self.replication.validate()
         self.store.validate()
         _check_hosted_store(self.store, f"group {self.name!r}: [store]",

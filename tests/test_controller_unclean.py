@@ -11,9 +11,11 @@ The other follower, stopped and started cleanly, registers without the mark."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
+from mqlog.config import MEMBER_FILE
 from mqlog.replication.controller import records
 from mqlog.replication.local import wait_until
 from tests import inprocess
@@ -74,3 +76,39 @@ def test_a_broker_back_from_an_unclean_shutdown_leaves_the_elr(tmp_path: Path) -
         again = [record for record in _log(addresses)
                  if isinstance(record, records.RegisterBroker) and record.broker_id == clean]
         assert not again[1].unclean_shutdown
+        assert (configs[clean].data_dir / MEMBER_FILE).exists()  # (since its first life)
+
+
+def test_a_broker_back_with_a_wiped_data_dir_leaves_the_elr(tmp_path: Path) -> None:
+    """A broker whose data_dir was wiped (or replaced) holds none of what the metadata
+    says its replicas hold: it registered as a clean broker, stayed in the ELR and was
+    elected from it with an empty log, and every acknowledged record went (helper-46).
+    Without its MEMBER_FILE it registers as after an unclean shutdown, out of the ELR;
+    a broker's first start (no MEMBER_FILE either) is not marked so."""
+    with Cluster(inprocess.configs(tmp_path, replica_lag_time_ms=1_000)) as cluster:
+        configs = cluster.configs
+        addresses = cluster.addresses(CONTROLLERS)
+        wait_live_brokers(addresses)
+        change_metadata(addresses, {"kind": "create_topic", "name": "i", "partitions": 1,
+                                    "replication_factor": 3, "layer": "isr",
+                                    "config": {"min_insync_replicas": 3}})
+        part = _partition(addresses)
+        wiped = part.replicas[1]
+        wait_until(lambda: all("i-0" in cluster.threads[name].broker.groups
+                               for name in BROKERS), "every replica hosted", 60)
+        cluster.stop(wiped)
+        wait_until(lambda: _partition(addresses).elr == (wiped,),
+                   f"{wiped} in the ELR (the ISR below the topic's 3)", 60)
+        shutil.rmtree(configs[wiped].data_dir)
+        cluster.start(wiped)
+        wait_until(lambda: (configs[wiped].data_dir / MEMBER_FILE).exists(),
+                   f"{wiped} registered again", 60)
+        log = _log(addresses)
+        registered = [index for index, record in enumerate(log)
+                      if isinstance(record, records.RegisterBroker)
+                      and record.broker_id == wiped]
+        assert len(registered) == 2 and log[registered[1]].unclean_shutdown
+        assert not log[registered[0]].unclean_shutdown  # (its first start)
+        after = next(record for record in log[registered[1] + 1:]
+                     if isinstance(record, records.PartitionChange))
+        assert wiped not in after.elr and wiped not in after.isr, after

@@ -37,7 +37,12 @@ The controller's leader balancing asks Raft leaders for transfers in heartbeat a
 (``transfers``: [topic, partition, target]); the agent hands each to ``on_transfer``
 (join_cluster: the hosted group's core transfers its leadership). A broker whose partition
 stores the last life left open says so in its first registration (``unclean_shutdown``,
-KIP-966: ``unclean_stores``), and the controller takes it out of every ELR.
+KIP-966: ``unclean_stores``), and the controller takes it out of every ELR. So does one
+whose ``data_dir`` holds no sign of an earlier life (``fresh_data_dir``: no
+``MEMBER_FILE``, written once a registration is answered): wiped, or a new disk, it holds
+none of what the metadata says its replicas hold, and it was elected from an ELR with an
+empty log (a hostile review: every acknowledged record lost, an intact ELR member's
+too). The controller counts it only for a broker it knows (a first start has nothing).
 Clients ask any broker ``cluster_metadata`` (the agent's view: topics, partitions,
 replicas, brokers and their addresses) and route by partition.
 
@@ -81,7 +86,14 @@ from typing import Any, Protocol
 
 from mqlog import errors
 from mqlog.client import Client
-from mqlog.config import STRAYS_DIRECTORY, GroupSpec, ReplicationConfig, StoreConfig
+from mqlog.config import (
+    MEMBER_FILE,
+    STRAYS_DIRECTORY,
+    GroupSpec,
+    ReplicationConfig,
+    StoreConfig,
+)
+from mqlog.engine.checkpoint import write_atomically
 from mqlog.engine.files import set_aside
 from mqlog.replication import hardstate
 from mqlog.replication.controller import records
@@ -186,7 +198,8 @@ def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] |
         return controller.register_broker(arg("broker_id"), arg("address"), arg("rack", ""),
                                           arg("incarnation", ""),
                                           arg("unclean_shutdown", False),
-                                          arg("groups_max", 0))
+                                          arg("groups_max", 0),
+                                          fresh_data_dir=arg("fresh_data_dir", False))
     if kind == "broker_heartbeat":
         return controller.heartbeat(arg("broker_id"), arg("broker_epoch"),
                                     _reports_from(arg("reports"), controller.working),
@@ -374,8 +387,11 @@ class BrokerAgent:
         self.alters: dict[str, AlterPartition] = {}
         self._isr_groups: dict[str, tuple[str, int]] = {}
         # KIP-966: the previous life did not close its stores cleanly (join_cluster looks
-        # before any partition is opened); the first registration says so
+        # before any partition is opened); the first registration says so. And a data_dir
+        # with no sign of an earlier life (fresh_data_dir); on_registered marks it then.
         self.unclean_shutdown = False
+        self.fresh_data_dir = False
+        self.on_registered: Callable[[], None] | None = None
 
     def start(self) -> None:
         """Begin the first round now; each round schedules the next."""
@@ -394,6 +410,8 @@ class BrokerAgent:
                 "groups_max": getattr(self.host, "groups_max", 0)}
             if self.unclean_shutdown:
                 header["unclean_shutdown"] = True
+            if self.fresh_data_dir:
+                header["fresh_data_dir"] = True
             self._ask(header, True, self._registered)
             return
         try:
@@ -407,6 +425,9 @@ class BrokerAgent:
         if type(position) is int:  # (a controller of before says none: nothing is swept)
             self._registered_position = position
         self.unclean_shutdown = False  # (said once: this life's stores are its own now)
+        if self.fresh_data_dir and self.on_registered is not None:
+            self.on_registered()  # (the data_dir is a member's now: MEMBER_FILE)
+        self.fresh_data_dir = False
         self._heartbeat()
 
     def _heartbeat(self) -> None:
@@ -986,6 +1007,17 @@ def apply_role(status: dict[str, Any] | None, part: records.PartitionInfo,
     return None
 
 
+def mark_member(path: Path, broker_id: str, cluster_id: str) -> None:
+    """Write ``MEMBER_FILE`` (the broker and cluster it was registered as), durably; a
+    failure is said, not raised: the next start is then taken as fresh again (safe)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(path, f"mqlog-member {broker_id} {cluster_id}\n".encode())
+    except (OSError, errors.MqlogError) as error:
+        print(f"broker {broker_id}: cannot write {path} ({error}); its next start will "
+              "be taken for a wiped data_dir's", flush=True)
+
+
 def unclean_stores(data_dir: Any, skip: set[str] | None = None) -> list[str]:
     """The partition stores under ``data_dir`` that the last life left open (their abort
     marker, engine/files.py, is still there: recovery will scan them, and with
@@ -1051,6 +1083,14 @@ def join_cluster(broker: Any) -> BrokerAgent:
         print(f"broker {broker.broker_id}: stores not closed cleanly: "
               f"{', '.join(left_open)}; the controller takes this broker out of every "
               "ELR (KIP-966)", flush=True)
+    member_file = Path(broker.config.data_dir) / MEMBER_FILE
+    agent.fresh_data_dir = not member_file.exists()
+    if agent.fresh_data_dir:
+        print(f"broker {broker.broker_id}: {member_file} is missing (a first start, or a "
+              "wiped data_dir): if the cluster knew this broker, its controller takes it "
+              "out of every ISR and ELR", flush=True)
+        agent.on_registered = lambda: mark_member(member_file, broker.broker_id,
+                                                  broker.config.cluster_id)
     attach_isr(agent, broker)
     attach_transfers(agent, broker)
 

@@ -270,24 +270,29 @@ class Controller:
 
     def register_broker(self, broker_id: str, address: str, rack: str = "",
                         incarnation: str = "", unclean_shutdown: Any = False,
-                        groups_max: Any = 0) -> Proposal:
+                        groups_max: Any = 0, *, fresh_data_dir: Any = False) -> Proposal:
         """A broker (re)joins: a new broker epoch, unless ``incarnation`` (its process
         life) is the one registered already — a retry whose answer was lost — which is
         answered with the epoch it has (KIP-631), no record written. After an unclean
         shutdown (KIP-966) it leaves the ELRs, with the registration (leave_elr).
         ``groups_max``: the most groups the broker hosts (0: not said), which
-        ``create_topic`` places replicas within."""
+        ``create_topic`` places replicas within. ``fresh_data_dir``: its data_dir holds no
+        sign of an earlier life (host.py's MEMBER_FILE): for a broker known here, wiped
+        or replaced, so registered as after an unclean shutdown (out of every ELR: its
+        replicas hold nothing); for a new one, nothing."""
         _check_text(broker_id=broker_id, address=address, rack=rack, incarnation=incarnation)
         _check_address(broker_id, address)
-        if not isinstance(unclean_shutdown, bool):
-            raise InvalidArgument(f"unclean_shutdown must be true or false, got "
-                                  f"{unclean_shutdown!r}")
+        for name, flag in (("unclean_shutdown", unclean_shutdown),
+                           ("fresh_data_dir", fresh_data_dir)):
+            if not isinstance(flag, bool):
+                raise InvalidArgument(f"{name} must be true or false, got {flag!r}")
         if not isinstance(groups_max, int) or isinstance(groups_max, bool) or \
                 not 0 <= groups_max < 1 << 31:
             raise InvalidArgument(f"groups_max must be a count (0: not said), got "
                                   f"{groups_max!r}")
         self._check_serving()
         known = self.working.brokers.get(broker_id)
+        unclean_shutdown = unclean_shutdown or (fresh_data_dir and known is not None)
         if known is not None and incarnation and known.incarnation == incarnation and \
                 (known.address, known.rack, known.groups_max) == (address, rack, groups_max):
             self._sessions[broker_id] = self.ticks
