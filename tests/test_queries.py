@@ -81,6 +81,34 @@ def test_bad_tag_filters_are_refused(open_store, expression):
         store.get("orders", 0, 0, tags=expression)
 
 
+def test_names_put_refuses_as_not_utf8_are_refused_by_reads_the_same_way(open_store,
+                                                                         tmp_path):
+    """A lone surrogate can be stored in no key, topic or tag: put says InvalidArgument.
+    A key query (and a tag filter) named one raised a raw UnicodeEncodeError from the
+    index's hashing, and a read-only store's scan answered []: now the same typed error
+    as put's, on either kind of store, and nothing stored changes."""
+    store = open_store()
+    store.put("t", b"x", key="k", tags="A")
+    calls = [lambda s: s.put("t", b"y", key="\ud800"), lambda s: s.query("t", "\ud800"),
+             lambda s: s.query("\ud800", "k"), lambda s: s.query("t", "k\udfff"),
+             lambda s: s.get("t", 0, 0, tags="\ud800"),
+             lambda s: s.pull("t", 0, 0, tags="A || \ud800")]
+    for call in calls:
+        with pytest.raises(errors.InvalidArgument, match="not valid Unicode text"):
+            call(store)
+    assert [r.body for r in store.query("t", "k")] == [b"x"]
+    store.close()
+    snapshot = mqlog.open(tmp_path / "store", implementation=store.implementation,
+                          read_only=True, **SMALL)
+    try:
+        for call in calls[1:]:
+            with pytest.raises(errors.InvalidArgument, match="not valid Unicode text"):
+                call(snapshot)
+        assert [r.body for r in snapshot.query("t", "k")] == [b"x"]
+    finally:
+        snapshot.close()
+
+
 def test_a_tag_hash_collision_is_filtered_exactly(open_store):
     """The core filters by hash only; the store compares names, so a record whose tags
     merely share the hash is never returned (forced here by asking the core directly)."""

@@ -6,10 +6,13 @@ import asyncio
 import dataclasses
 import os
 import random
+import selectors
+import signal
 import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -210,6 +213,171 @@ def test_closed_store_refuses_calls(open_store):
         with pytest.raises(errors.StoreClosed):
             call()
     store.close()  # closing twice is harmless
+
+
+def test_a_closed_store_refuses_every_read_too(open_store):
+    """Every public call of a closed store raises StoreClosed: the reads of its queues,
+    groups, epochs and log start answered from what was left of it (empty lists, 0),
+    beside max_offset's StoreClosed."""
+    store = open_store()
+    store.put("t", b"x")
+    store.commit_offset("g", "t", 0, 1)
+    store.close()
+    calls = [store.queues, store.groups, store.epoch_starts, store.first_segment_base,
+             lambda: store.epoch_at(0), lambda: store.lag("g"), lambda: store.lag("g", "t"),
+             lambda: store.min_offset("t"), lambda: store.max_offset("t"), store.segments,
+             lambda: store.committed_offset("g", "t"), lambda: store.query("t", "k"),
+             lambda: store.read_record(0), lambda: asyncio.run(store.flushed_async(0)),
+             lambda: asyncio.run(store.put_async("t", b"y")),
+             lambda: store.put_nowait("t", b"y")]
+    for call in calls:
+        with pytest.raises(errors.StoreClosed, match="is closed; open it again"):
+            call()
+
+
+@pytest.mark.parametrize("flush_mode", ["sync", "async"])
+def test_a_read_only_store_has_nothing_left_to_flush(open_store, tmp_path, flush_mode):
+    """flushed_async on a read-only store (which writes nothing, and so starts no flush
+    service) answers as a flushed store does, True, in either flush mode; flush and
+    flush_async refuse as every write does."""
+    writer = open_store(flush_mode="sync")
+    end = writer.put("t", b"x").end_position
+    writer.close()
+    snapshot = mqlog.open(tmp_path / "store", implementation=writer.implementation,
+                          read_only=True, flush_mode=flush_mode, **SMALL)
+    try:
+        assert asyncio.run(snapshot.flushed_async(end)) is True
+        assert snapshot.flushed_position == end
+        with pytest.raises(errors.InvalidArgument):
+            asyncio.run(snapshot.flushed_async("end"))
+        with pytest.raises(errors.StoreReadOnly):
+            asyncio.run(snapshot.flush_async())
+        with pytest.raises(errors.StoreReadOnly):
+            snapshot.flush()
+    finally:
+        snapshot.close()
+
+
+def test_commits_accept_queues_that_exist_after_a_reopen_with_lower_limits(open_store):
+    """Reopened with a lower queue_id_max or topic_length_max, a store keeps its queues:
+    put still writes them, and so does a commit of their offsets (the limits apply when
+    a queue is made, to both). New queues past the limits are refused by both."""
+    store = open_store()
+    store.put("t", b"a", 100)
+    store.put("longtopic", b"a", 0)
+    store.close()
+    store = open_store(queue_id_max=10, topic_length_max=4)
+    assert store.put("t", b"b", 100).offset == 1
+    assert store.put("longtopic", b"b", 0).offset == 1
+    store.commit_offset("g", "t", 100, 2)
+    store.commit_offsets("g", {("longtopic", 0): 1, ("t", 100): 1})
+    for call, error in [
+            (lambda: store.put("t", b"b", 101), errors.InvalidQueueId),
+            (lambda: store.commit_offset("g", "t", 101, 0), errors.InvalidQueueId),
+            (lambda: store.put("longtopix", b"b", 0), errors.InvalidTopic),
+            (lambda: store.commit_offset("g", "longtopix", 0, 0), errors.InvalidTopic),
+            (lambda: store.commit_offsets("g", {("t", 100): 0, ("t", 102): 0}),
+             errors.InvalidQueueId)]:
+        with pytest.raises(error):
+            call()
+    store.close()
+    store = open_store(queue_id_max=10, topic_length_max=4)
+    assert store.committed_offset("g", "t", 100) == 1  # (the refused batch changed nothing)
+    assert store.committed_offset("g", "longtopic", 0) == 1
+    assert store.lag("g") == {("longtopic", 0): 1, ("t", 100): 1}
+
+
+def _fork_child(work):
+    """Fork; the child runs ``work()`` (which must not raise), then exits. Returns the
+    child's pid. (os.fork directly: multiprocessing's fork start method does the same,
+    with more machinery in the child.)"""
+    pid = os.fork()
+    if pid == 0:  # the child: never return into pytest
+        code = 1
+        try:
+            work()
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _read_to_end(fd: int, timeout_s: float) -> bytes:
+    """Everything written to the pipe ``fd`` until its writer closes it (then closes
+    it); fails the test if that takes longer than ``timeout_s`` (a child that hangs)."""
+    data, deadline = b"", time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not selector.select(remaining):
+                os.close(fd)
+                pytest.fail(f"the child said only {data!r} in {timeout_s} s")
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                os.close(fd)
+                return data
+            data += chunk
+
+
+def test_a_forked_child_neither_holds_the_lock_nor_uses_the_parents_store(open_store,
+                                                                           tmp_path):
+    """A process forked while a store is open (multiprocessing's default on Linux) kept
+    the store's flock: the parent, having closed the store, could not open it again
+    while the child lived (StoreLocked naming its own pid). Now the child lets go of the
+    lock at the fork, and its copy of the store is closed: every call raises StoreClosed
+    saying the store is the parent's (a put must never write into the parent's mapped
+    log), and close() in the child touches nothing of the parent's."""
+    store = open_store()
+    store.put("t", b"before the fork")
+    report_read, report_write = os.pipe()
+    release_read, release_write = os.pipe()
+
+    def child():
+        os.close(report_read)
+        os.close(release_write)
+        answers = []
+        for call in (lambda: store.put("t", b"from the child"),
+                     lambda: store.put_batch("t", [b"from the child"]),
+                     lambda: store.get("t"), store.queues, store.flush):
+            try:
+                call()
+                answers.append("answered")
+            except errors.StoreClosed as error:
+                answers.append("parent" if f"by process {os.getppid()}" in str(error)
+                               and "belongs to the parent" in str(error) else str(error))
+            except Exception as error:  # noqa: BLE001 (reported to the parent)
+                answers.append(f"{type(error).__name__}: {error}")
+        store.close()  # harmless: no checkpoint, no unlink of the parent's files
+        answers.append("closed" if store.closed else "open")
+        os.write(report_write, "|".join(answers).encode())
+        os.close(report_write)
+        os.read(release_read, 1)  # live (and hold what the child holds) until told
+
+    with warnings.catch_warnings():  # (3.12+: forking a process with threads warns)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = _fork_child(child)
+    os.close(report_write)
+    os.close(release_read)
+    reported = False
+    try:
+        answers = _read_to_end(report_read, timeout_s=60).decode().split("|")
+        reported = True
+        assert answers == ["parent"] * 5 + ["closed"]
+        store.put("t", b"after the fork")
+        store.close()
+        # The child lives on, blocked on the pipe: the parent reopens regardless.
+        again = open_store()
+        assert again.recovery_report.clean
+        assert [r.body for r in again.get("t", 0, 0, 10)] == [b"before the fork",
+                                                              b"after the fork"]
+        again.put("t", b"reopened")
+    finally:
+        os.close(release_write)  # the child's read returns: it exits
+        if not reported:  # (it hangs, or died: do not wait for it)
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_a_second_opener_is_refused_while_the_store_is_open(open_store, tmp_path):

@@ -10,7 +10,9 @@ empty one: silently resetting every group would re-deliver or skip messages. But
 the error of the calls that need offsets (commit, committed offset, lag, groups) only:
 the store still opens, read-only too, and everything else works (issue 14: a bad name
 committed by an older version made every later open fail). The engine validates topic
-and queue id as ``put`` does before a commit, so no such name gets in any more.
+and queue id as ``put`` does before a commit, so no such name gets in any more: a queue
+that exists is accepted (as put writes it, whatever limits the store was reopened with),
+a new one must fit ``topic_length_max`` and ``queue_id_max``.
 """
 
 from __future__ import annotations

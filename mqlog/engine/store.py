@@ -25,6 +25,7 @@ import fcntl
 import os
 import re
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +81,10 @@ from mqlog.ext import libc
 from mqlog.results import PullResult, PutResult, PutStatus
 
 _TOPIC_CHARS = re.compile(r"[A-Za-z0-9._%|-]+")  # (fullmatch: "$" let a final newline in)
+
+# Every Store of this process that is open (or opening): a child forked meanwhile closes
+# their lock descriptors and marks them unusable (_after_fork_in_child, at the bottom).
+_OPEN_STORES: weakref.WeakSet[Store] = weakref.WeakSet()
 
 
 @dataclass(frozen=True)
@@ -175,15 +180,21 @@ class Store:
         self._write_failure: StoreFailed | None = None  # a batch's pwrite failed (EIO)
         self._clock_ms = clock_ms
         self._closed = False
+        self._closed_reason: str | None = None  # (abandon's: what calls raise after it)
+        self._owner_pid = os.getpid()
+        self._forked_from: int | None = None  # (in a forked child: the parent's pid)
         self.read_only = read_only
         self.recovery_report: RecoveryReport  # what opening found (set by either open)
-        self._lock_fd = -1 if read_only else self._take_lock()
+        self._lock_fd = -1
+        _OPEN_STORES.add(self)  # (before the lock: a fork from here on lets the child drop it)
         try:
+            if not read_only:
+                self._lock_fd = self._take_lock()
             self._open_snapshot() if read_only else self._open(clock_ms)
         except BaseException as error:
+            _OPEN_STORES.discard(self)
             self._release_files()
-            if self._lock_fd >= 0:
-                os.close(self._lock_fd)
+            self._release_lock()
             if isinstance(error, DiskFull) and not read_only:
                 raise DiskFull(f"cannot open store {path} for writing: {error} (opening "
                                "writes the checkpoint and its companions anew). To read "
@@ -308,12 +319,12 @@ class Store:
 
     def _take_lock(self) -> int:
         self.paths.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
+        fd = self._lock_fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # (noted at once: a child forked from here on closes it, _forked)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
+            self._release_lock()
             raise StoreLocked(f"store {self.paths.root} is open in another process (pid "
                               f"{holder}) or another Store object; close that one first") \
                 from None
@@ -338,6 +349,8 @@ class Store:
         PUT_OK, or FLUSH_DISK_TIMEOUT if the flush did not finish within
         ``flush_sync_timeout_ms`` (the record is stored, but not known to be durable).
         """
+        if self._closed:  # (a forked child's copy must not reach the core: see _forked)
+            raise self._closed_error()
         result = self.core.put(topic, body, queue_id, key, tags, properties, born_timestamp)
         if not self._flusher.wait_flushed(result.position + result.size):
             return result._replace(status=PutStatus.FLUSH_DISK_TIMEOUT)
@@ -349,6 +362,8 @@ class Store:
         """Store many records in one queue in one call; see ``put``. They share the key,
         tags and properties; ``born_timestamp`` is one for all, or a list of one per
         body (a replay keeps each record's)."""
+        if self._closed:
+            raise self._closed_error()
         result = self.core.put_batch(topic, bodies, queue_id, key, tags, properties,
                                      born_timestamp)
         if not self._flusher.wait_flushed(result.end_position):
@@ -360,6 +375,8 @@ class Store:
                         properties: dict | None = None,
                         born_timestamp: int | None = None) -> PutResult:
         """``put`` for asyncio: with sync flush, awaits the group commit instead of blocking."""
+        if self._closed:
+            raise self._closed_error()
         result = self.core.put(topic, body, queue_id, key, tags, properties, born_timestamp)
         if self._sync_flush:  # (one future awaited, no coroutine of ours: flush.py)
             future = self._flusher.durable_future(result.position + result.size)
@@ -372,6 +389,8 @@ class Store:
                               properties: dict | None = None,
                               born_timestamp: int | None = None) -> Any:
         """``put_batch`` for asyncio; see ``put_async``."""
+        if self._closed:
+            raise self._closed_error()
         result = self.core.put_batch(topic, bodies, queue_id, key, tags, properties,
                                      born_timestamp)
         if self.config.flush_mode == "sync" and not await self._flusher.wait_flushed_async(
@@ -385,6 +404,8 @@ class Store:
         mode: a caller that writes many (a node answering many requests at once) then
         awaits ``flushed_async`` once for the last. One body: a PutResult; a list: a
         BatchPutResult."""
+        if self._closed:
+            raise self._closed_error()
         if isinstance(bodies, list):
             return self.core.put_batch(topic, bodies, queue_id, key, tags, properties, None)
         return self.core.put(topic, bodies, queue_id, key, tags, properties, None)
@@ -402,8 +423,13 @@ class Store:
 
     async def flushed_async(self, end_position: int) -> bool:
         """With sync flush: wait until the log is durable up to ``end_position``; False
-        after ``flush_sync_timeout_ms`` (FLUSH_DISK_TIMEOUT). With async flush: True."""
-        if self.config.flush_mode != "sync":
+        after ``flush_sync_timeout_ms`` (FLUSH_DISK_TIMEOUT). With async flush: True. A
+        read-only store: True, whatever its flush mode (it writes nothing, so nothing of
+        it waits for a flush: its ``flushed_position`` is all it shows)."""
+        self._check_open()
+        if not isinstance(end_position, int) or isinstance(end_position, bool):
+            raise InvalidArgument(f"end_position must be an int, got {shown(end_position)}")
+        if self.read_only or self.config.flush_mode != "sync":
             return True
         return await self._flusher.wait_flushed_async(end_position)
 
@@ -428,6 +454,8 @@ class Store:
         offset to pull from next, which moves past filtered-out records too."""
         self._check_read(topic, queue_id, offset, max_count, max_bytes)
         names = queries.parse_subscription(tags, self.config.subscription_tags_max)
+        for name in names or ():
+            _check_text("a tag of the subscription", name)  # (as put checks tags)
         hashes = () if names is None else tuple(self.core_module.tag_hash(name)
                                                 for name in names)
         records, next_offset = self.core.pull(topic, queue_id, offset, max_count, max_bytes,
@@ -456,9 +484,11 @@ class Store:
         only those stored in [begin_ts, end_ts] (milliseconds)."""
         self._check_open()
         if not isinstance(key, str) or not key:
-            raise InvalidArgument(f"key must be a non-empty str, got {key!r}")
+            raise InvalidArgument(f"key must be a non-empty str, got {shown(key)}")
         if not isinstance(topic, str):
-            raise InvalidArgument(f"topic must be a str, got {topic!r}")
+            raise InvalidArgument(f"topic must be a str, got {shown(topic)}")
+        _check_text("topic", topic)  # (as put checks them, read-only stores too)
+        _check_text("key", key)
         begin = queries.check_timestamp("begin_ts", begin_ts, queries.TIME_MIN)
         end = queries.check_timestamp("end_ts", end_ts, queries.TIME_MAX)
         count = self._check_query_count(max_count)
@@ -501,7 +531,7 @@ class Store:
         for key in offsets:
             if not isinstance(key, tuple) or len(key) != 2:
                 raise InvalidArgument(f"offsets keys must be (topic, queue id), got {key!r}")
-            self._check_queue_argument(*key)  # as put does: the offsets file holds them
+            self._check_committed_queue(*key)
         for (topic, queue_id), offset in offsets.items():
             high = self.max_offset(topic, queue_id)
             if not isinstance(offset, int) or isinstance(offset, bool) or \
@@ -520,6 +550,7 @@ class Store:
         """Records each queue holds past ``group``'s committed offset: the queues the
         group committed, and every queue of ``topic`` if one is named (an uncommitted
         queue's lag counts from its minimum offset)."""
+        self._check_open()
         self._offsets.check_group(group)
         committed = self._offsets.of_group(group)
         wanted = set(committed) | {queue for queue in self.queues() if queue[0] == topic}
@@ -529,6 +560,7 @@ class Store:
 
     def groups(self) -> list[str]:
         """Every consumer group that committed an offset."""
+        self._check_open()
         return self._offsets.groups()
 
     # --- retention -------------------------------------------------------------------
@@ -610,6 +642,7 @@ class Store:
 
     def queues(self) -> list[tuple[str, int]]:
         """Every (topic, queue id) with a consume queue, sorted."""
+        self._check_open()
         return sorted(self.core.queue_ids())
 
     def run_chores(self) -> None:
@@ -632,7 +665,8 @@ class Store:
 
     @property
     def closed(self) -> bool:
-        """True once ``close`` or ``abandon`` was called."""
+        """True once ``close`` or ``abandon`` was called (and in a process forked while
+        the store was open: the store is its parent's)."""
         return self._closed
 
     @property
@@ -852,10 +886,12 @@ class Store:
 
     def epoch_starts(self) -> list[tuple[int, int]]:
         """(epoch, first position) of every epoch in the log, ascending."""
+        self._check_open()
         return list(self.core.epoch_starts)
 
     def epoch_at(self, position: int) -> int | None:
         """The epoch of the record that ends at ``position`` (None at the log's start)."""
+        self._check_open()
         found = None
         for epoch, start in self.core.epoch_starts:
             if start >= position:
@@ -878,6 +914,7 @@ class Store:
         if self._closed:
             return
         self._closed = True
+        _OPEN_STORES.discard(self)
         if self.read_only:
             self._release_files()
             return
@@ -901,7 +938,7 @@ class Store:
                     "close was not clean. Reopen the store to recover.")
                 failed.__cause__ = error
         self._release_files()
-        os.close(self._lock_fd)
+        self._release_lock()
         if failed is not None:
             raise failed
 
@@ -933,7 +970,9 @@ class Store:
         if self._closed:
             return
         self.core.fence(StoreClosed(reason))
+        self._closed_reason = reason
         self._closed = True
+        _OPEN_STORES.discard(self)
         if not self.read_only:
             self._maintenance.stop()
             self._allocator.close()
@@ -941,8 +980,7 @@ class Store:
             if self._flushed_file is not None:
                 self._flushed_file.stop()
         self._release_files()
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)
+        self._release_lock()
 
     def __enter__(self) -> Store:
         return self
@@ -956,7 +994,43 @@ class Store:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosed(f"store {self.paths.root} is closed; open it again")
+            raise self._closed_error()
+
+    def _closed_error(self) -> StoreClosed:
+        if self._forked_from is not None:
+            return StoreClosed(
+                f"store {self.paths.root} was opened by process {self._forked_from}, which "
+                f"forked this one ({os.getpid()}): the store belongs to the parent, and this "
+                "copy of it is closed here (its lock, files and threads are the parent's). "
+                "Open the store in this process itself (mqlog.open) once the parent has "
+                "closed it, or open a read-only snapshot (read_only=True) beside it")
+        if self._closed_reason is not None:
+            return StoreClosed(self._closed_reason)
+        return StoreClosed(f"store {self.paths.root} is closed; open it again")
+
+    def _release_lock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, -1  # (-1 first: a fork must not close it twice)
+        if fd >= 0:
+            os.close(fd)
+
+    def _forked(self) -> None:
+        """In a child forked while this store was open (called by _after_fork_in_child,
+        with the child's only thread): drop the child's reference to the lock, so that
+        the parent's close releases it (flock holds while any process has it open), and
+        mark the store closed here without touching it otherwise. Whatever the parent's
+        threads held at the fork (the core's locks, the flusher's) stays held in the
+        child forever, so this neither takes a lock nor calls the core; nor does close()
+        afterwards (the store is closed), which must not checkpoint or unlink the parent's
+        files. Every call of the store then raises StoreClosed, puts included (their
+        fast path, the core's own put, is unbound here)."""
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._forked_from = self._owner_pid
+        self._closed = True
+        self.__dict__.pop("put", None)  # (async flush: the core's methods, bound at open)
+        self.__dict__.pop("put_batch", None)
 
     def _release_files(self) -> None:
         if self._commitlog_fd >= 0:
@@ -1078,10 +1152,17 @@ class Store:
         if not isinstance(queue_id, int) or isinstance(queue_id, bool) or queue_id < 0:
             raise InvalidQueueId(f"queue_id must be a non-negative int, got {shown(queue_id)}")
 
-    def _check_queue_argument(self, topic: Any, queue_id: Any) -> None:
-        """A (topic, queue id) from a caller, checked as put checks it."""
+    def _check_committed_queue(self, topic: Any, queue_id: Any) -> None:
+        """A queue a commit names, checked as put checks it (the offsets file holds its
+        name): a queue that exists is accepted whatever the limits now (a store reopened
+        with a lower queue_id_max or topic_length_max keeps its queues, and put still
+        writes them); a new one must fit them, as put's new queue must."""
         self._check_queue_read(topic, queue_id)
-        self._validate_queue(topic, queue_id)
+        try:
+            self._validate_queue(topic, queue_id)
+        except (InvalidTopic, InvalidQueueId):
+            if self.core.queue_offsets(topic, queue_id) is None:
+                raise
 
     def _validate_queue(self, topic: str, queue_id: int) -> None:
         if not topic or len(topic) > self.config.topic_length_max:
@@ -1098,6 +1179,7 @@ class Store:
 
     def first_segment_base(self) -> int:
         """The log's first position (retention moves it forward)."""
+        self._check_open()
         return self.files.first_segment_base()
 
     def segments(self) -> list[tuple[int, int]]:
@@ -1175,6 +1257,27 @@ class Store:
     def _on_flush_failure(self, failure: FlushFailed) -> None:
         self.core.fence(StoreFailed(f"store {self.paths.root} stopped accepting writes: "
                                     f"{failure}"))
+
+
+def _check_text(name: str, value: str) -> None:
+    """A name put would refuse as not UTF-8 (a lone surrogate): the same typed error."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidArgument(f"{name} {shown(value)} is not valid Unicode text (a lone "
+                              "surrogate cannot be stored as UTF-8)") from None
+
+
+def _after_fork_in_child() -> None:
+    """A child process forked while stores were open does not share them (their threads
+    did not survive the fork): each lets go of its copy (Store._forked). Iterates a copy
+    of the set; nothing here waits for a lock."""
+    for store in list(_OPEN_STORES):
+        store._forked()
+    _OPEN_STORES.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _refuse(*_arguments: object) -> None:
