@@ -264,7 +264,13 @@ def produce(ctx: click.Context, data_dir: Path | None, bootstrap: str | None,
     """Store each line of stdin (or --file) as one record; the newline is not stored.
 
     Into the store DATA_DIR (created if it holds none), or with --bootstrap into a
-    cluster's topic (which `mqlog topics create` made)."""
+    cluster's topic (which `mqlog topics create` made).
+
+    Lines are stored as they are read (so `tail -f LOG | mqlog produce` works). If one
+    cannot be stored (a key that is not UTF-8, a record over message_size_bytes_max, a
+    full disk), the lines before it stay stored, in order, and nothing from it on is:
+    the error says how many records were stored and from which line to produce again
+    (with --json, the summary of those records is printed too)."""
     if key is not None and key_separator is not None:
         raise click.UsageError("use --key or --key-separator, not both")
     if batch > 1 and key_separator is not None:
@@ -281,17 +287,25 @@ def produce(ctx: click.Context, data_dir: Path | None, bootstrap: str | None,
     queue_id = queue_id or 0
     fields = dict(key=key, tags=tags, properties=_parse_properties(properties) or None)
     overrides: dict[str, Any] = {"flush_mode": "sync"} if sync else {}
-    with _opened(data_dir, config_file, create=True, **overrides) as store:
-        tally = _Tally(topic, queue_id)
-        lines = _lines(source)
-        if key_separator is not None:
-            _put_keyed(store, tally, lines, key_separator.encode(), fields)
-        elif batch > 1:
-            _put_batches(store, tally, lines, batch, fields)
-        else:
-            _put_each(store, tally, lines, fields)
-        if sync:
-            store.flush()
+    tally = _Tally(topic, queue_id)
+    try:
+        with _opened(data_dir, config_file, create=True, **overrides) as store:
+            lines = _lines(source)
+            if key_separator is not None:
+                _put_keyed(store, tally, lines, key_separator.encode(), fields)
+            elif batch > 1:
+                _put_batches(store, tally, lines, batch, fields)
+            else:
+                _put_each(store, tally, lines, fields)
+            tally.pending = 0
+            if sync:
+                store.flush()
+    except (MqlogError, OSError) as error:
+        if tally.count == 0 and tally.pending == 0:
+            raise  # (no line handed over yet: opening the store, reading the input)
+        if as_json:
+            click.echo(json.dumps(tally.as_dict()))
+        raise CommandFailed(tally.failure(error)) from error
     if as_json:
         click.echo(json.dumps(tally.as_dict()))
     else:
@@ -305,7 +319,12 @@ def produce(ctx: click.Context, data_dir: Path | None, bootstrap: str | None,
               help="Only this queue (default: every queue of the topic); with --bootstrap "
               "the partition.")
 @click.option("--from-offset", type=click.IntRange(min=0), metavar="N",
-              help="Start at offset N of each queue.")
+              help="Start at offset N of each queue. A queue whose records begin past N "
+              "(retention deleted the older ones) starts at its first offset; one that ends "
+              "at or before N starts at its end (nothing to print from it yet; --follow "
+              "prints what comes), as a Kafka consumer resets an out-of-range offset and "
+              "RocketMQ corrects a pull's; a note on stderr names each such queue. A "
+              "--group's committed offsets are moved the same way.")
 @click.option("--from-time", type=_Time(), help="Start at the first record stored at or "
               "after TIME (milliseconds since the epoch, or ISO 8601).")
 @click.option("--group", "-g", help="Start at this consumer group's committed offsets.")
@@ -604,8 +623,13 @@ def cluster_membership(address: str, voters: str, learners: str,
         where[name] = node_address
     with _group_client(address) as client:
         answer = client.change_membership(_ids(voters), _ids(learners), where)
-    click.echo(f"{address}: voters {answer['voters']}, learners {answer['learners']}: "
-               f"{answer['status']}")
+    said = (f"{address}: voters {answer['voters']}, learners {answer['learners']}: "
+            f"{answer['status']}")
+    if answer["status"] != mqlog.PutStatus.PUT_OK.value:  # (stored, not committed: exit 1)
+        raise CommandFailed(f"{said}: the change is stored on the leader but not committed "
+                            "(it may still be, or be lost with the leader); `mqlog cluster "
+                            "status` shows the voters each node uses")
+    click.echo(said)
 
 
 def _ids(text: str) -> list[str]:
@@ -660,9 +684,11 @@ class _Tally:
     def __init__(self, topic: str, queue_id: int) -> None:
         self.topic, self.queue_id = topic, queue_id
         self.count = self.timeouts = 0
+        self.pending = 0  # lines handed to the put under way (refused: none of them stored)
         self.first_offset = self.last_offset = self.first_position = self.end_position = -1
 
     def add(self, status: Any, position: int, offset: int, count: int, end: int) -> None:
+        self.pending = 0
         if self.count == 0:
             self.first_offset, self.first_position = offset, position
         self.count += count
@@ -686,10 +712,31 @@ class _Tally:
             text += f"; {self.timeouts} not flushed within flush_sync_timeout_ms"
         return text
 
+    def failure(self, error: BaseException) -> str:
+        """The message of a produce that failed part way: the error, what was stored
+        (lines 1..count, each one record: a refused put stores nothing) and what not."""
+        stored = self.count
+        reason = f"{error.filename}: {error.strerror}" if isinstance(error, OSError) and \
+            error.strerror and error.filename else str(error) or type(error).__name__
+        if self.pending == 0:  # (all handed over were stored: the flush or close failed)
+            return (f"{reason} (after storing {_count(stored, 'record')}, lines 1..{stored}, "
+                    f"in {self.topic!r} queue {self.queue_id}: offsets {self.first_offset}.."
+                    f"{self.last_offset})")
+        first, last = stored + 1, stored + self.pending
+        refused = f"line {first}" if first == last else f"lines {first}..{last} (one batch)"
+        if stored == 0:
+            return f"{refused}: {reason}; nothing was stored"
+        return (f"{refused}: {reason}; the {_count(stored, 'record')} before it, lines "
+                f"1..{stored}, were stored in {self.topic!r} queue {self.queue_id} (offsets "
+                f"{self.first_offset}..{self.last_offset}), and nothing from line {first} "
+                f"on: fix it and produce from line {first} again (e.g. tail -n +{first} "
+                "FILE)")
+
 
 def _put_each(store: mqlog.Store, tally: _Tally, lines: Iterable[bytes],
               fields: dict[str, Any]) -> None:
     for body in lines:
+        tally.pending = 1
         result = store.put(tally.topic, body, tally.queue_id, **fields)
         tally.add(result.status, result.position, result.offset, 1, result.end_position)
 
@@ -697,13 +744,14 @@ def _put_each(store: mqlog.Store, tally: _Tally, lines: Iterable[bytes],
 def _put_keyed(store: mqlog.Store, tally: _Tally, lines: Iterable[bytes], separator: bytes,
                fields: dict[str, Any]) -> None:
     for line in lines:
+        tally.pending = 1
         key, found, body = line.partition(separator)
         if not found:
             key, body = b"", line
         try:
             text = key.decode()
         except UnicodeDecodeError:
-            raise InvalidArgument(f"the key of line {tally.count + 1} is not UTF-8") from None
+            raise InvalidArgument("its key is not UTF-8") from None
         result = store.put(tally.topic, body, tally.queue_id, **{**fields, "key": text or None})
         tally.add(result.status, result.position, result.offset, 1, result.end_position)
 
@@ -722,6 +770,7 @@ def _put_batches(store: mqlog.Store, tally: _Tally, lines: Iterable[bytes], batc
 
 def _put_chunk(store: mqlog.Store, tally: _Tally, chunk: list[bytes],
                fields: dict[str, Any]) -> None:
+    tally.pending = len(chunk)
     result = store.put_batch(tally.topic, chunk, tally.queue_id, **fields)
     tally.add(result.status, result.position, result.offset, result.count, result.end_position)
 
@@ -779,15 +828,31 @@ def _topic_queues(store: mqlog.Store, topic: str, queue_id: int | None,
 
 def _start_offset(store: mqlog.Store, topic: str, queue_id: int, from_offset: int | None,
                   from_time: int | None, group: str | None) -> int:
-    if from_offset is not None:
-        return from_offset
+    """Where to start reading a queue: always within its offsets, [min, max]. Every
+    queue's start is known (and checked) before anything is printed or committed; an
+    offset asked for outside a queue's offsets moves to the nearest end of them, with a
+    note on stderr (Kafka's auto.offset.reset, RocketMQ's corrected next offset): a
+    topic's queues differ in length, and one too short for ``--from-offset`` has nothing
+    to print, which is no error."""
     if from_time is not None:
         return int(store.offset_for_timestamp(topic, queue_id, from_time))
-    low = store.min_offset(topic, queue_id)
-    if group is not None:
-        committed = store.committed_offset(group, topic, queue_id)
-        return low if committed is None else max(committed, low)
-    return low
+    low, high = store.min_offset(topic, queue_id), store.max_offset(topic, queue_id)
+    if from_offset is not None:
+        wanted, asked = from_offset, f"offset {from_offset}"
+    elif group is not None and (committed := store.committed_offset(
+            group, topic, queue_id)) is not None:
+        wanted, asked = committed, f"{group}'s committed offset {committed}"
+    else:
+        return low
+    start = min(max(wanted, low), high)
+    if wanted < low:
+        click.echo(f"mqlog: note: queue {queue_id} of {topic!r} begins at offset {low} (the "
+                   f"records before it were deleted): starting there, not at {asked}",
+                   err=True)
+    elif wanted > high:
+        click.echo(f"mqlog: note: queue {queue_id} of {topic!r} ends at offset {high}, before "
+                   f"{asked}: starting at its end", err=True)
+    return start
 
 
 def _consume_queues(store: mqlog.Store, topic: str, starts: dict[int, int],
