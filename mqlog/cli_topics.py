@@ -14,6 +14,7 @@ unknown") is an error that says to look with ``describe`` before retrying.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -130,7 +131,8 @@ def _topic_config(settings: tuple[str, ...]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--config")
         text = value.strip()
-        found[key.strip()] = int(text) if text.lstrip("-").isdigit() else text
+        # (ASCII digits, one sign: "--2" and "²" passed isdigit and int() raised)
+        found[key.strip()] = int(text) if re.fullmatch(r"-?[0-9]+", text) else text
     return found
 
 

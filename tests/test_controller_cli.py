@@ -110,3 +110,10 @@ def test_create_sends_the_topic_config(fake: type[FakeClient]) -> None:
     assert asked[0]["config"] == {"min_insync_replicas": 2}
     assert flag.exit_code == 0 and asked[1]["config"] == {"min_insync_replicas": 1}
     assert bad.exit_code != 0 and "is not KEY=VALUE" in bad.output and len(asked) == 2
+    for odd in ("--2", "\u00b2"):  # (not ints: sent as text, for the controller to refuse;
+        # int() of them raised a ValueError, "internal error")
+        sent = CliRunner().invoke(cli_topics.topics, [
+            "create", "t", "--partitions", "1", "--replication-factor", "2", "--layer", "isr",
+            "--config", f"min_insync_replicas={odd}", "-b", "h:1"])
+        assert sent.exit_code == 0, sent.output
+        assert asked[-1]["config"] == {"min_insync_replicas": odd}
