@@ -723,6 +723,36 @@ def test_replay_to_store_writes_runs_in_batches_and_resumes_after_a_torn_one(spa
     assert (again.written, again.skipped) == (0, 150)
 
 
+def test_replays_of_other_selections_into_one_store_write_what_they_select(spark,
+                                                                          tmp_path):
+    """Two selections replayed into one destination, a filter's complement after it, an
+    earlier range after a later one: the second wrote nothing of what it selected below
+    the last source offset already there (it was counted "already there": a hostile
+    review). Each writes exactly what it selects and the destination is not there yet;
+    running them all again writes nothing."""
+    from mqlog.spark_connector import replay
+
+    source = tmp_path / "src"
+    with mqlog.open(source, **SMALL) as store:
+        for index in range(10):
+            store.put("orders", b"m%d" % index, 0, key="a" if index % 2 == 0 else "b")
+    runs = [(tmp_path / "by_key", [dict(where="key = 'a'"), dict(where="key = 'b'")]),
+            (tmp_path / "by_range", [dict(start="6", end="10"), dict(start="0", end="6")])]
+    for target, selections in runs:
+        for selection in selections:
+            done = replay.to_store(replay.select(spark, str(source), **selection),
+                                   str(source), str(target))
+            assert done.written == done.selected and done.skipped == 0, (selection, done)
+        with mqlog.open(target, read_only=True) as copy:
+            got = sorted(replay.source_offset(record) for record in copy.get("orders", 0, 0,
+                                                                             100))
+        assert got == list(range(10)), (target, got)
+        for selection in selections:
+            again = replay.to_store(replay.select(spark, str(source), **selection),
+                                    str(source), str(target))
+            assert again.written == 0 and again.skipped == again.selected > 0
+
+
 def test_replay_to_parquet_equals_the_source_range(spark, tmp_path, rng):
     from mqlog.spark_connector import replay
 

@@ -33,9 +33,14 @@ queue ranges read in offset order (planner.py).
   destination offset of that first record. So each replayed record knows its own
   source offset (``source_offset``: the first's plus its distance from the first in
   the destination), even when a crash kept only part of a batch. Before writing a
-  queue the driver reads the destination queue's last record and skips every source
-  offset up to that record's, so running the same replay again writes nothing twice
-  and an interrupted one resumes where it stopped.
+  queue the driver reads the source offsets the destination queue holds (its records'
+  marks, as ranges: a batch's are consecutive) and skips exactly those, so running the
+  same replay again writes nothing twice, an interrupted one resumes where it stopped,
+  and replays of other selections into the same store (another ``where``, an earlier
+  range) write what they select. (It skipped every source offset up to the last
+  record's, so a second selection's records below it were counted "already there" and
+  never written: a hostile review.) The read costs a pass over the destination queue;
+  records its retention deleted are not known as replayed, and go again.
 
 Neither output shows the idempotent producer's tag (the ``producer_id``, ``sequence``
 and ``producer_epoch`` properties a replicated group's producer stores with every record,
@@ -45,6 +50,7 @@ group, not to whoever reads the copy.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -233,20 +239,19 @@ def to_store(frame: Any, source: str, destination: str) -> ReplayResult:
     result = ReplayResult()
     keys = frame.select("topic", "queue_id", "offset").toArrow()
     with mqlog.open(source, read_only=True) as origin, mqlog.open(destination) as target:
-        done: dict[tuple[str, int], int] = {}
+        done: dict[tuple[str, int], Replayed] = {}
         for topic, queue_id, offsets in _runs(keys):
             result.selected += len(offsets)
             queue = (topic, queue_id)
             if queue not in done:
-                done[queue] = _replayed_up_to(target, topic, queue_id)
-            fresh = [offset for offset in offsets if offset > done[queue]]
+                done[queue] = _replayed(target, topic, queue_id)
+            fresh = [offset for offset in offsets if offset not in done[queue]]
             result.skipped += len(offsets) - len(fresh)
             for batch in _batches(_originals(origin, topic, queue_id, fresh)):
                 _put(target, topic, queue_id, batch)
+                done[queue].add(batch[0].offset, batch[-1].offset + 1)
                 result.written += len(batch)
                 result.batches += 1
-            if fresh:
-                done[queue] = fresh[-1]
         target.flush()
     return result
 
@@ -319,13 +324,44 @@ def _runs(keys: Any) -> Iterator[tuple[str, int, list[int]]]:
                    offset[first:min(high, first + _READ_COUNT)].tolist())
 
 
-def _replayed_up_to(target: Any, topic: str, queue_id: int) -> int:
-    """The source offset of the last record replayed into this queue (-1: none)."""
+class Replayed:
+    """Source offsets a destination queue holds, as sorted disjoint [low, high) ranges
+    (a batch's offsets are consecutive: few ranges for many records)."""
+
+    def __init__(self) -> None:
+        self.lows: list[int] = []
+        self.highs: list[int] = []
+
+    def add(self, low: int, high: int) -> None:
+        at = bisect.bisect_left(self.lows, low)
+        if at and self.highs[at - 1] >= low:  # (touches the one before: merge into it)
+            at -= 1
+            low = self.lows[at]
+        end = at
+        while end < len(self.lows) and self.lows[end] <= high:
+            high = max(high, self.highs[end])
+            end += 1
+        self.lows[at:end], self.highs[at:end] = [low], [high]
+
+    def __contains__(self, offset: int) -> bool:
+        at = bisect.bisect_right(self.lows, offset) - 1
+        return at >= 0 and offset < self.highs[at]
+
+
+def _replayed(target: Any, topic: str, queue_id: int) -> Replayed:
+    """The source offsets of the records replay wrote into this queue (one pass)."""
+    found, at = Replayed(), target.min_offset(topic, queue_id)
     end = target.max_offset(topic, queue_id)
-    if end == 0 or end <= target.min_offset(topic, queue_id):
-        return -1
-    found = source_offset(target.get(topic, queue_id, end - 1, 1)[0])
-    return -1 if found is None else found
+    while at < end:
+        records = target.get(topic, queue_id, at, _READ_COUNT, 1 << 24)
+        if not records:
+            break
+        for record in records:
+            offset = source_offset(record)
+            if offset is not None:
+                found.add(offset, offset + 1)
+        at = records[-1].offset + 1
+    return found
 
 
 def _originals(origin: Any, topic: str, queue_id: int, offsets: list[int]) -> Iterator[Any]:
