@@ -619,6 +619,58 @@ def test_reconcile_counts_a_corrupt_record_once_and_blames_no_healthy_copy(tmp_p
         assert list(rows) == list(map(str, paths[1:] if paths[0] == healthy else paths))
 
 
+def test_reconcile_does_not_call_what_a_reset_took_missing(spark, tmp_path):
+    """A replica reset to a position of the reference (Kafka's truncate fully and start
+    at) that then copied the reference's records from there holds all it should. A queue
+    whose records all lie before the reset has no consume queue there, so no start of
+    its own: its 40 records were reported missing at the queue level, though the log
+    level found none (a hostile review). On the driver and by shuffles alike."""
+    from mqlog.spark_connector.reconcile import reconcile
+
+    reference, replica = tmp_path / "reference", tmp_path / "replica"
+    with mqlog.open(reference, **SMALL) as store:
+        for _ in range(40):
+            store.put("old", b"o" * 500)
+        for _ in range(40):
+            store.put("orders", b"n" * 500)
+        cut = store.get("orders", 0, 20, 1)[0].position
+        copied, at = [], cut
+        while at < store.written_position:  # (read_raw stops at a segment's end)
+            chunk = store.read_raw(at, 1 << 20)
+            copied.append((at, chunk))
+            at += len(chunk)
+    with mqlog.open(replica, **SMALL) as store:
+        store.reset(cut, [])
+        for at, chunk in copied:
+            store.append_raw(at, chunk)
+        assert store.queues() == [("orders", 0)]  # ("old": none at all)
+    for driver_bytes_max in (1 << 30, 0):
+        found = reconcile(spark, [str(reference), str(replica)],
+                          driver_bytes_max=driver_bytes_max)
+        assert found.counts == {}, (driver_bytes_max, found.counts)
+
+
+def test_reconcile_takes_replicas_whose_names_hold_commas(spark, tmp_path):
+    """reconcile joined its replicas' paths with commas for the source, which split
+    them again: "node,1" and "node,2" were four stores (a hostile review). It passes
+    them as a JSON list now (the 'paths' option takes one)."""
+    from mqlog.errors import InvalidArgument
+    from mqlog.spark_connector.reconcile import reconcile
+
+    first, second = tmp_path / "node,1", tmp_path / "node,2"
+    with mqlog.open(first, **SMALL) as store:
+        for index in range(5):
+            store.put("orders", b"%d" % index)
+    shutil.copytree(first, second)
+    for driver_bytes_max in (1 << 30, 0):
+        found = reconcile(spark, [str(first), str(second)], driver_bytes_max=driver_bytes_max)
+        assert found.counts == {}
+    from mqlog.spark_connector import options
+    for bad in ("[1, 2", "[1, 2]", "[]"):
+        with pytest.raises(InvalidArgument, match="must be a JSON list|distinct store"):
+            options.parse({"paths": bad}, slots=1)
+
+
 def test_reconcile_of_retained_replicas_by_shuffles_agrees_with_the_driver(spark,
                                                                             tmp_path, rng):
     """The same retained and truncated copies compared by shuffles: the same findings,

@@ -206,10 +206,24 @@ def _paths(path: str | None, paths: str | None) -> tuple[tuple[str, str], ...]:
     if path is not None:  # (one store: a comma may be part of its name)
         return ((path, path),)
     assert paths is not None
-    named = [item.strip() for item in paths.split(",") if item.strip()]
+    named = _json_paths(paths) if paths.lstrip().startswith("[") else \
+        [item.strip() for item in paths.split(",") if item.strip()]
     if not named or len(set(named)) != len(named):
         raise InvalidArgument(f"'paths' must name distinct store directories, got {named}")
     return tuple((item, item) for item in named)
+
+
+def _json_paths(text: str) -> list[str]:
+    """'paths' as a JSON list of strings: names that hold commas (reconcile passes its
+    replicas so; split on commas, "node,1" was two stores)."""
+    try:
+        named = json.loads(text)
+    except ValueError:
+        named = None
+    if not isinstance(named, list) or not all(isinstance(item, str) for item in named):
+        raise InvalidArgument(f"'paths' starting with '[' must be a JSON list of store "
+                              f"directories, got {text!r}")
+    return named
 
 
 def _names(topic: str | None, topics: str | None) -> frozenset[str] | None:

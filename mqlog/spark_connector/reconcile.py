@@ -51,6 +51,7 @@ every damaged copy.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Callable, Iterator, Sequence
@@ -216,7 +217,7 @@ def _reconcile_shuffled(spark: Any, paths: list[str], held: int,
     queues = _compare(hashed.filter(F.col("topic") != ""), paths,
                       ["topic", "queue_id", "offset"], "body_hash", "queue",
                       lambda number: F.col("offset") < F.col(f"start_{number}"),
-                      _queue_starts_frame(spark, starts))
+                      _queue_starts_frame(spark, starts), starts.log)
     with shuffle_partitions(spark, partitions):  # (a cache's plan is made at persist)
         findings = corrupt.unionByName(logs).unionByName(queues).coalesce(partitions) \
             .persist(StorageLevel.MEMORY_AND_DISK)
@@ -254,7 +255,7 @@ def _driver_rows(paths: list[str]) -> list[tuple]:
     from mqlog.spark_connector.datasource import read_partition
     from mqlog.spark_connector.planner import plan
 
-    wanted = options.parse({"paths": ",".join(paths), "mode": "commitlog"}, slots=1)
+    wanted = options.parse({"paths": json.dumps(paths), "mode": "commitlog"}, slots=1)
     rows: list[tuple] = []
     for partition in plan(wanted):
         for batch in read_partition(partition, wanted):
@@ -313,8 +314,10 @@ class _DriverComparison:
                 if theirs is not None and not theirs[6] or \
                         reference is not None and not reference[6]:
                     continue  # (a corrupt record there: a finding of its own already)
-                if theirs is None and _before(key[-1], starts[number]) or \
-                        reference is None and _before(key[-1], starts[0]):
+                if theirs is None and _taken(key[-1], reference[4], starts[number],
+                                             self.starts.log[number]) or \
+                        reference is None and _taken(key[-1], theirs[4], starts[0],
+                                                     self.starts.log[0]):
                     continue  # (before the start of the replica without it: taken)
                 kind = "missing" if theirs is None else "extra" if reference is None \
                     else "divergent" if theirs[0] != reference[0] else None
@@ -353,6 +356,15 @@ def _before(at: int, start: int | None) -> bool:
     return start is not None and at < start
 
 
+def _taken(key: int, position: int, start: int | None, log_start: int) -> bool:
+    """Whether a record (its key's last field, a position or an offset, and its position)
+    is one a replica's retention or reset took: before that replica's start there, or
+    before its log's start. (A queue whose records a reset took all of has no consume
+    queue in the replica, so no start of its own: every record of it was reported
+    missing, though the log level said none was.)"""
+    return _before(key, start) or position < log_start
+
+
 def _first(grouped: dict[tuple, list], key: tuple, index: int, replicas: int,
            record: tuple) -> None:
     """``record`` (digest, topic, queue_id, offset, position, epoch, crc_ok) in its
@@ -383,7 +395,7 @@ def _hashed(spark: Any, paths: list[str]) -> Any:
     """Every replica's records in commit-log mode (one scan), with their hashes."""
     from pyspark.sql import functions as F
 
-    records = (spark.read.format("mqlog").option("paths", ",".join(paths))
+    records = (spark.read.format("mqlog").option("paths", json.dumps(paths))
                .option("mode", "commitlog").load())
     return records.select(
         "replica", "topic", "queue_id", "offset", "position", "epoch", "crc_ok",
@@ -410,11 +422,13 @@ def _queue_starts_frame(spark: Any, starts: _Starts) -> Any:
 
 
 def _compare(rows: Any, paths: list[str], keys: list[str], digest: str, level: str,
-             before_start: Callable[[int], Any], starts: Any = None) -> Any:
+             before_start: Callable[[int], Any], starts: Any = None,
+             log_starts: list[int] | None = None) -> Any:
     """Findings of one level: rows grouped by ``keys`` with a column per replica (its
     record's fields, by replica index), each other replica checked against the first.
     ``before_start(number)``: whether a key lies before that replica's start (a column,
-    over ``starts`` joined on the keys but the last, when given)."""
+    over ``starts`` joined on the keys but the last, when given); ``log_starts``: each
+    replica's log start, before which a record is taken too (``_taken``)."""
     from pyspark.sql import functions as F
 
     index = F.lit(None).cast("int")
@@ -438,8 +452,10 @@ def _compare(rows: Any, paths: list[str], keys: list[str], digest: str, level: s
                 # (a corrupt record there: a finding of its own already)
                 .when(theirs.isNotNull() & ~theirs["crc_ok"], F.lit(None))
                 .when(reference.isNotNull() & ~reference["crc_ok"], F.lit(None))
-                .when(theirs.isNull() & before_start(number), F.lit(None))  # taken there
-                .when(reference.isNull() & before_start(0), F.lit(None))
+                .when(theirs.isNull() & (before_start(number) | _before_log(
+                    reference, log_starts, number)), F.lit(None))  # taken there
+                .when(reference.isNull() & (before_start(0) | _before_log(
+                    theirs, log_starts, 0)), F.lit(None))
                 .when(theirs.isNull(), "missing").when(reference.isNull(), "extra")
                 .when(theirs["digest"] != reference["digest"], "divergent"))
         record = F.when(theirs.isNull(), reference).otherwise(theirs)
@@ -451,6 +467,16 @@ def _compare(rows: Any, paths: list[str], keys: list[str], digest: str, level: s
             record["epoch"].alias("epoch"), reference["epoch"].alias("reference_epoch")))
     return (grouped.select(F.explode(F.array(*found)).alias("finding"))
             .select("finding.*").filter(F.col("kind").isNotNull()))
+
+
+def _before_log(record: Any, log_starts: list[int] | None, number: int) -> Any:
+    """Whether ``record`` (a struct column) lies before replica ``number``'s log start
+    (``_taken``'s second test, as a column; none given: false)."""
+    from pyspark.sql import functions as F
+
+    if log_starts is None:
+        return F.lit(False)
+    return record["position"] < F.lit(log_starts[number])
 
 
 def _findings_arrow() -> Any:
