@@ -17,6 +17,7 @@ import os
 import random
 import shutil
 import threading
+from dataclasses import replace
 
 import pytest
 
@@ -30,8 +31,11 @@ from tests.conftest import SMALL, local_spark_session
 pytest.importorskip("pyspark", reason="pyspark is not installed (the spark extra)")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed (the spark extra)")
 
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
 from mqlog.spark_connector import options as opts  # noqa: E402
-from mqlog.spark_connector import planner  # noqa: E402
+from mqlog.spark_connector import planner, reader  # noqa: E402
 from mqlog.spark_connector.datasource import read_partition  # noqa: E402
 
 
@@ -388,3 +392,205 @@ def test_stray_entries_named_like_store_files_are_ignored(tmp_path, rng):
     for mode in ("queue", "commitlog"):
         options, parts = _plan(path, mode)
         assert _read(options, parts) == expected, mode
+
+
+def _counted_read(path, tmp_path):
+    """The rows (as ``_read``) of a queue-mode read of ``path`` and the bytes it read."""
+    metrics = tmp_path / "metrics"
+    options = opts.parse({"path": str(path), "metricsDir": str(metrics)}, None, 2)
+    rows = _read(options, planner.plan(options))
+    return rows, sum(found["bytes"] for found in reader.load_counters(str(metrics)))
+
+
+def test_a_queue_among_many_is_not_read_through_the_others_records(tmp_path):
+    """Records of 32 queues written round-robin: each queue's gaps (the other 31's
+    records, ~32 KiB) were under GAP_BYTES (256 KiB), so every chunk read through them
+    and a full read read the log 32 times over. Now a gap is read through only when it is
+    small next to the record after it: about the log, once."""
+    rng = random.Random(41)
+    path = tmp_path / "s"
+    with mqlog.open(path, **SMALL) as store:
+        for index in range(1600):
+            store.put("t", rng.randbytes(1000), index % 32)
+        written = store.written_position
+    rows, read = _counted_read(path, tmp_path)
+    with mqlog.open(path, read_only=True) as store:
+        assert rows == _engine(store)
+    assert read <= 2 * written, f"read {read} bytes of a {written}-byte log"
+
+
+def test_a_chunk_reads_at_most_chunk_bytes_gaps_and_closing_blanks_included(
+        tmp_path, monkeypatch):
+    """A chunk was limited by its records' own bytes, not by what it read: the gaps read
+    through (and a segment's closing blank, which read_raw adds to a run's end) came on
+    top, so one chunk's joined buffer grew with the span of log it covered (past 2 GiB,
+    Arrow's int32 offsets wrapped: ArrowInvalid). Tested with a small CHUNK_BYTES: no
+    chunk's pieces hold more than it, or more than the span from its first record's
+    start to its last one's end."""
+    monkeypatch.setattr(reader, "CHUNK_BYTES", 16 << 10)
+    rng = random.Random(42)
+    path = tmp_path / "s"
+    with mqlog.open(path, **SMALL) as store:
+        for index in range(1200):  # queue 1's records lie in queue 0's gaps, and back
+            store.put("t", rng.randbytes(rng.randrange(900, 1600)), index % 2)
+            if index % 7 == 0:
+                store.put("u", rng.randbytes(rng.randrange(100, 12000)), 0)
+    seen = []
+    fetch = reader.fetch
+
+    def measured(store, entries, counters):
+        fetched = fetch(store, entries, counters)
+        span = int(entries["position"][-1]) + int(entries["size"][-1]) - \
+            int(entries["position"][0])
+        seen.append((sum(len(piece) for piece in fetched.pieces), span,
+                     int(entries["size"].max())))
+        return fetched
+
+    monkeypatch.setattr(reader, "fetch", measured)
+    rows, _read_bytes = _counted_read(path, tmp_path)
+    with mqlog.open(path, read_only=True) as store:
+        assert rows == _engine(store)
+    assert len(seen) > 20, "test set-up: many chunks"
+    for pieces, span, largest in seen:
+        assert pieces <= max(reader.CHUNK_BYTES, largest) and pieces <= span, seen
+
+
+def test_a_record_past_2_gib_of_a_buffer_is_cut_right(tmp_path):
+    """layout cut spans with int32 offsets: a record starting past 2 GiB of its buffer
+    (a reader's joined chunk, before chunks were bounded by what they read) came out as
+    ArrowInvalid "Negative offsets" or another record's bytes. (The buffer is zeros
+    mapped on demand: only the record's pages are touched.)"""
+    from mqlog.spark_connector import layout
+
+    with mqlog.open(tmp_path / "s", **SMALL) as store:
+        store.put("t", b"far away", 3, key="k", tags="x")
+        raw = store.read_raw(0, 1 << 20)
+    buffer = np.zeros((1 << 31) + (1 << 16), np.uint8)
+    at = (1 << 31) + 1000
+    buffer[at:at + len(raw)] = np.frombuffer(raw, np.uint8)
+    spans = layout.slice_binary(pa.py_buffer(buffer), np.array([10, at], np.int64),
+                                np.array([12, at + 4], np.int64))
+    assert spans.type == pa.binary() and spans.to_pylist() == [b"\0\0", raw[:4]]
+    batch = layout.build_batch(buffer, np.array([at]), "r")
+    assert batch.to_pydict() | {"timestamp": None, "born_timestamp": None} == {
+        "topic": ["t"], "queue_id": [3], "offset": [0], "position": [0], "epoch": [0],
+        "timestamp": None, "born_timestamp": None, "key": ["k"], "tags": ["x"],
+        "properties": [[]], "body": [b"far away"], "crc_ok": [True], "replica": ["r"]}
+
+
+@pytest.mark.parametrize(("ddl", "said"), [
+    ("offset BIGINT, key STRING NOT NULL", "declares key NOT NULL.*declare it as key STRING"),
+    ("offset BIGINT, body BINARY, offset BIGINT", "names column offset twice"),
+])
+def test_a_schema_with_a_not_null_or_a_repeated_column_is_refused(ddl, said):
+    """A user schema declaring a column NOT NULL was taken: Spark then answered
+    ``key IS NULL`` from the schema (0 rows where there were some) and failed on the
+    first null; a column named twice failed deep in the JVM. Both are InvalidArgument,
+    saying what to do."""
+    from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
+
+    from mqlog.errors import InvalidArgument
+    from mqlog.spark_connector import schema
+
+    kinds = {"BIGINT": LongType(), "STRING": StringType(), "BINARY": BinaryType()}
+    fields = []
+    for column in ddl.split(", "):
+        name, kind, *rest = column.split(" ")
+        fields.append(StructField(name, kinds[kind], nullable=not rest))
+    with pytest.raises(InvalidArgument, match=said):
+        schema.projection(StructType(fields))
+
+
+def test_spark_refuses_a_not_null_schema_when_it_reads(spark, tmp_path):
+    path = tmp_path / "s"
+    with mqlog.open(path, **SMALL) as store:
+        store.put("t", b"a", 0, key="k")
+        store.put("t", b"b", 0)
+    frame = spark.read.format("mqlog").schema("offset BIGINT, key STRING NOT NULL") \
+        .load(str(path))
+    with pytest.raises(Exception, match="declares key NOT NULL"):
+        frame.collect()
+    assert spark.read.format("mqlog").schema("offset BIGINT, key STRING").load(str(path)) \
+        .where("key IS NULL").count() == 1
+
+
+@pytest.mark.parametrize("mode", ["queue", "commitlog"])
+def test_planning_while_retention_deletes_files_it_listed_is_not_a_raw_error(
+        tmp_path, monkeypatch, mode):
+    """Retention beside the planner deleted a consume-queue or segment file between its
+    listing and its opening: the planner raised a raw FileNotFoundError (getsize,
+    np.memmap). A file gone is passed over, as the reader does; what the plan's tasks
+    then read is the planned snapshot's rows or StoreChanged, and a plan made again
+    reads what the store holds now."""
+    path = _fill(tmp_path / "s", random.Random(43))
+    listed = planner.numbered_files
+    trimmed = []
+
+    def listed_then_trimmed(directory):
+        found = listed(directory)
+        kind = "consumequeue" if mode == "queue" else "commitlog"
+        if not trimmed and kind in str(directory) and len(found) > 2:
+            with mqlog.open(path, **SMALL) as store:  # (retention, in another process)
+                trimmed.append(store.trim_front(store.segments()[2][0]))
+            assert not found[0][1].exists(), "test set-up: a listed file deleted"
+        return found
+
+    monkeypatch.setattr(planner, "numbered_files", listed_then_trimmed)
+    options, parts = _plan(path, mode)
+    assert trimmed
+    monkeypatch.setattr(planner, "numbered_files", listed)
+    with mqlog.open(path, read_only=True) as store:
+        expected = _engine(store)
+    if mode == "queue":  # (the ranges start at offsets retention deleted)
+        with pytest.raises(StoreChanged, match="load the DataFrame again"):
+            _read(options, parts)
+    else:  # (the files as they are: the deleted one left out of the plan)
+        assert _read(options, parts) == expected
+    assert _read(*_plan(path, mode)) == expected
+
+
+def test_born_timestamps_beyond_sparks_range_are_null_not_wrapped(spark, tmp_path):
+    """A producer's born timestamp of 10**16 ms (year ~318,857) became, in microseconds,
+    an int64 that wrapped around: -8446744073709551616, a time in another era, without a
+    word. Spark has no value for it: it is null (born_timestamp is never null
+    otherwise); the last representable millisecond either way still reads exactly."""
+    limit = ((1 << 63) - 1) // 1000  # (Spark's timestamps: int64 microseconds)
+    path = tmp_path / "s"
+    born = [10 ** 16, -(10 ** 16), limit, -limit,
+            limit + 1, 1_700_000_000_000, (1 << 63) - 1, -(1 << 63)]
+    with mqlog.open(path, **SMALL) as store:
+        for index, millis in enumerate(born):
+            store.put("t", b"x", 0, born_timestamp=millis)
+            store.put("t", b"y" * index, 1)  # (a second queue: records of other sizes)
+    expected = [millis * 1000 if abs(millis) <= limit else None
+                for millis in born]
+    for mode in ("queue", "commitlog"):
+        options = opts.parse({"path": str(path), "mode": mode, "queues": "0"}, None, 2)
+        found = [value for part in planner.plan(options)
+                 for batch in read_partition(part, options)
+                 for queue_id, value in zip(
+                     batch.column("queue_id").to_pylist(),
+                     batch.column("born_timestamp").cast(pa.int64()).to_pylist(),
+                     strict=True) if queue_id == 0]
+        assert found == expected, mode
+    frame = spark.read.format("mqlog").load(str(path)).where("queue_id = 0")
+    assert frame.where("born_timestamp IS NULL").count() == expected.count(None) == 5
+
+
+def test_a_range_planned_without_marks_fails_once_the_store_changed(tmp_path):
+    """A range whose first or last record the planner could not mark (a file deleted
+    beside it, or damage) was read "whole or fail" on the change count alone, which is
+    consulted only on an error: after a truncation and as many offsets written again, it
+    read the new records as if planned. Now an unmarked planned range whose store changed
+    since is StoreChanged before anything is read."""
+    rng = random.Random(44)
+    path = _fill(tmp_path / "s", rng)
+    options, parts = _plan(path)
+    unmarked = [replace(piece, marks=()) for part in parts
+                for piece in getattr(part, "ranges", [part])]
+    with mqlog.open(path, read_only=True) as store:
+        assert _read(options, unmarked) == _engine(store)  # (unchanged: read whole)
+    with mqlog.open(path, **SMALL) as store:
+        _truncation_and_new_writes(store, rng)
+    with pytest.raises(StoreChanged, match="could not be marked"):
+        _read(options, unmarked)

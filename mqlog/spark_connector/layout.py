@@ -73,17 +73,25 @@ _MAGIC_U32 = int.from_bytes(RECORD_MAGIC, "little")
 
 def slice_binary(data: pa.Buffer, lo: np.ndarray, hi: np.ndarray) -> pa.BinaryArray:
     """The spans ``data[lo[i]:hi[i]]`` as one Arrow binary column (spans must be ascending
-    and disjoint: ``hi[i] <= lo[i + 1]``)."""
+    and disjoint: ``hi[i] <= lo[i + 1]``). The interleaved array's offsets are int32
+    while the spans end within 2 GiB of ``data``'s start, else int64 (``large_binary``,
+    then cast back: the spans themselves must add up to less than 2 GiB, as a reader's
+    chunk does; ``ArrowInvalid`` says so otherwise, rather than wrapped offsets)."""
     count = len(lo)
     if count == 0:
         return pa.array([], pa.binary())
-    offsets = np.empty(2 * count + 1, np.int32)
+    large = int(hi[-1]) > _INT32_MAX
+    offsets = np.empty(2 * count + 1, np.int64 if large else np.int32)
     offsets[0] = 0
     offsets[1::2] = lo
     offsets[2::2] = hi
-    interleaved = pa.Array.from_buffers(pa.binary(), 2 * count,
-                                        [None, pa.py_buffer(offsets), data])
-    return pc.take(interleaved, pa.array(np.arange(1, 2 * count, 2, dtype=np.int64)))
+    interleaved = pa.Array.from_buffers(pa.large_binary() if large else pa.binary(),
+                                        2 * count, [None, pa.py_buffer(offsets), data])
+    taken = pc.take(interleaved, pa.array(np.arange(1, 2 * count, 2, dtype=np.int64)))
+    return taken.cast(pa.binary()) if large else taken
+
+
+_INT32_MAX = (1 << 31) - 1
 
 
 def headers(data: pa.Buffer, starts: np.ndarray, tail: int = 0) -> np.ndarray:
@@ -171,10 +179,24 @@ def _with_validity(column: pa.Array, valid: np.ndarray | None, kind: pa.DataType
     return pa.Array.from_buffers(kind, len(column), [bitmap, *buffers[1:]])
 
 
+# Spark's timestamps are int64 microseconds: a record's milliseconds beyond this many
+# (either way: about 292,000 years from 1970) have no timestamp value in Spark.
+TIMESTAMP_MS_MAX = ((1 << 63) - 1) // 1000
+
+
 def _timestamps(millis: np.ndarray) -> pa.Array:
+    """Milliseconds (int64) as a timestamp[us] column; null where a value is beyond
+    ``TIMESTAMP_MS_MAX`` either way (its microseconds would wrap around int64 into
+    another, wrong, time: a producer may set any born timestamp; see docs/SPARK.md)."""
     micros = np.multiply(millis, 1000, dtype=np.int64)  # a new array: ``millis`` is shared
+    bitmap = None
+    if len(millis) and (int(millis.min()) < -TIMESTAMP_MS_MAX or
+                        int(millis.max()) > TIMESTAMP_MS_MAX):
+        valid = (millis >= -TIMESTAMP_MS_MAX) & (millis <= TIMESTAMP_MS_MAX)
+        micros[~valid] = 0
+        bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
     return pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), len(micros),
-                                 [None, pa.py_buffer(micros)])
+                                 [bitmap, pa.py_buffer(micros)])
 
 
 @functools.lru_cache(maxsize=6)  # a partition's replica, topic and null, at two lengths
@@ -320,7 +342,7 @@ def row_headers(rows: list[np.ndarray], tail: int = 0) -> Fields | None:
     return Fields([matrix.view(dtype).reshape(-1) for matrix in rows])
 
 
-def build_batch(buffer: bytes, starts: np.ndarray, replica: str,
+def build_batch(buffer: bytes | memoryview, starts: np.ndarray, replica: str,
                 crc_ok: np.ndarray | None = None, head: np.ndarray | Fields | None = None,
                 schema: pa.Schema = ARROW_SCHEMA, topic: str | None = None) -> pa.RecordBatch:
     """One record batch of the records starting at ``starts`` (ascending) in ``buffer``.

@@ -30,6 +30,19 @@ walk starts at its own first record (commitlog.py): the candidates are consume-q
 entries' positions (the first entry of any queue at or after the wanted cut), and one is
 used only if the record there reads back (``read_record``: magic, size, CRC32C) with that
 position in its header. Where no candidate is verified the range stays whole.
+
+Beside a live writer. Planning reads files that a writer's retention (or a truncation)
+may delete meanwhile, and a file listed a moment ago may be gone when it is opened.
+Such a file is passed over, as the reader's ``queue_entries`` does, never a raw
+``FileNotFoundError``; that keeps answers right because nothing taken from those files
+decides what rows a read returns unchecked: a range's bounds come from the snapshot;
+queue entries read for weights (``QueueBytes``) and cut candidates only balance the work
+(a missing entry weighs as the mean; a candidate is verified with ``read_record``); a
+range whose first or last record cannot be marked is planned without marks but with the
+snapshot's change count, and its task fails with ``StoreChanged`` if the count moved
+(reader.py ``_readable``). A segment file deleted while a commit-log read is planned is
+left out, as if the plan were made just after (commit-log mode reads the files as they
+are, not a snapshot).
 """
 
 from __future__ import annotations
@@ -256,8 +269,11 @@ def segment_spans(path: str, replica: str, bounds: tuple[int | None, int | None]
     written = _written_position(path)
     low, high = bounds
     spans = []
-    for base, file in numbered_files(Path(directory)):  # (as the engine: no stray file)
-        end = base + os.path.getsize(file)
+    for base, file in _listed(Path(directory)):  # (as the engine: no stray file)
+        try:
+            end = base + os.path.getsize(file)
+        except FileNotFoundError:  # retention deleted it since it was listed: not planned
+            continue
         start, stop = max(base, low or 0), min(end, end if high is None else high)
         if start < stop:
             held_end = stop if written is None else min(stop, max(written, start))
@@ -356,12 +372,25 @@ def _queue_entries(store: Store, topic: str, queue_id: int, start: int,
     [start, end), memory-mapped."""
     from mqlog.spark_connector.layout import CQ_ENTRY
 
-    for base, file in numbered_files(store.paths.queue_dir(topic, queue_id)):
-        count = os.path.getsize(file) // CQ_ENTRY.itemsize
-        first, last = max(start, base), min(end, base + count)
-        if first < last:
+    for base, file in _listed(store.paths.queue_dir(topic, queue_id)):
+        try:  # (retention or a truncation beside the plan may delete a file listed: see
+            # the module docstring, "Beside a live writer")
+            count = os.path.getsize(file) // CQ_ENTRY.itemsize
+            first, last = max(start, base), min(end, base + count)
+            if first >= last:
+                continue
             entries = np.memmap(file, CQ_ENTRY, "r", shape=(count,))
-            yield first, entries[first - base:last - base]
+        except FileNotFoundError:
+            continue
+        yield first, entries[first - base:last - base]
+
+
+def _listed(directory: Path) -> list[tuple[int, Path]]:
+    """``numbered_files``, empty when the directory went while it was listed."""
+    try:
+        return numbered_files(directory)
+    except FileNotFoundError:
+        return []
 
 
 def _record_start(store: Store, entries: list[np.ndarray], want: int, end: int) -> int | None:

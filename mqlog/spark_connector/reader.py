@@ -26,14 +26,22 @@ the range must lie within the queue's ``min_offset``/``max_offset`` there.
    overlapping the next, so entries must too (``_check_order``): an entry that points
    backwards, or into the record before it, is a ``ConsumeQueueMismatch`` before
    anything is read.
-2. Bytes. Entries (read ``ENTRY_RECORDS`` at a time) are cut into chunks
-   (``CHUNK_RECORDS`` records, ``CHUNK_BYTES`` bytes), one batch each. For each chunk
-   the records are fetched with ``Store.read_raw`` — one C call per run of adjacent
-   records, which checks every record's CRC32C and raises ``CorruptRecord`` on damage —
-   so a gap left by other queues' records costs a new call only when it is large
-   (``GAP_BYTES``); smaller gaps are read through. The pieces the calls return are kept
-   as they are (``Fetched``): joining them copies every byte, and is done only for a
-   batch that needs one buffer. An entry whose position is not a record start
+2. Bytes. Entries (read ``ENTRY_RECORDS`` at a time) are cut into chunks, one batch
+   each. For each chunk the records are fetched with ``Store.read_raw`` — one C call per
+   run of records, which checks every record's CRC32C and raises ``CorruptRecord`` on
+   damage. Between two of the queue's records lie other queues' records (a gap): a gap
+   is read through, in the same call, only when it is small — at most ``GAP_BYTES`` or
+   the size of the record after it (``_read_through``) — so that what is read stays
+   within twice the queue's own bytes plus ``GAP_BYTES`` a record, however many queues
+   share the log (a queue of 64 written round-robin is not read through the other 63's
+   records); a larger gap is skipped with a new call. A chunk holds at most
+   ``CHUNK_RECORDS`` records and at most ``CHUNK_BYTES`` of bytes to read (its records
+   and the gaps read through: ``_chunks``), at least one record; a segment's closing
+   blank that ``read_raw`` adds after a run is cut off (``_read_run``). So no buffer of
+   a chunk, joined or not, holds more than ``CHUNK_BYTES`` (or its one record), well
+   within the int32 offsets of an Arrow binary column. The pieces the calls return are
+   kept as they are (``Fetched``): joining them copies every byte, and is done only for
+   a batch that needs one buffer. An entry whose position is not a record start
    (``read_raw`` refuses it) or whose record does not lie wholly in what was read is a
    ``ConsumeQueueMismatch`` too; a record whose CRC fails stays a ``CorruptRecord``.
 3. Check and convert (``_convert``). When the chunk's records are all one size and lie
@@ -84,8 +92,9 @@ from mqlog.spark_connector.schema import ARROW_SCHEMA
 
 ENTRY_RECORDS = 262_144  # consume-queue entries read at a time (5 MiB)
 CHUNK_RECORDS = 65_536  # a batch (fewer, larger batches cost the JVM less per row)
-CHUNK_BYTES = 16 << 20
-GAP_BYTES = 256 << 10
+CHUNK_BYTES = 16 << 20  # bytes a chunk reads at most: its records and the gaps read through
+GAP_BYTES = 4 << 10  # a gap read through (one call) if at most this or its next record's size
+ROWS_PER_PIECE = 16  # fixed-size records: matrices per piece while pieces hold this many
 READ_BYTES_MAX = 32 << 20  # below the default read_size_bytes_max (64 MiB)
 _TOMBSTONE = (1 << 64) - 1
 MMAP_BYTES = 32 << 20  # allocations below this come from the heap (a batch's are)
@@ -183,6 +192,12 @@ def _readable(store: Store, part: QueueRange) -> tuple[int, int]:
     high = store.max_offset(part.topic, part.queue_id)
     if not part.marks and part.changes is None and not part.skip_lost:
         return max(part.start, low), min(part.end, high)  # unplanned: as the store is now
+    if not part.marks and not part.skip_lost and changed_since(part):
+        raise _changed(part, "its first or last record could not be marked when it was "
+                       "planned (damaged, or being deleted by a change beside the planner), "
+                       "and the store changed since, so its records cannot be checked"
+                       + (": if a change's writer died then, open the store for writing once"
+                          if (part.changes or 0) % 2 else ""))
     if low > part.start and not part.skip_lost:
         raise _changed(part, f"offsets [{part.start}, {min(low, part.end)}) were deleted "
                        "since (retention, or a replica's reset)")
@@ -286,13 +301,32 @@ def queue_entries(store: Store, topic: str, queue_id: int, low: int, high: int) 
     return entries
 
 
+def _read_through(entries: np.ndarray) -> np.ndarray:
+    """Which gaps between consecutive entries' records (other queues' records, in log
+    order as ``_check_order`` made sure) are read through rather than skipped with a new
+    ``read_raw`` call: those of at most GAP_BYTES or the size of the record after them.
+    Reading through a few KiB costs less than a call; a larger gap is read only when the
+    record after it is as large, so the bytes read stay within twice the records' own
+    plus GAP_BYTES a record (element ``i``: the gap before record ``i + 1``)."""
+    positions = entries["position"].astype(np.int64)
+    sizes = entries["size"].astype(np.int64)
+    gaps = positions[1:] - (positions[:-1] + sizes[:-1])
+    return gaps <= np.maximum(sizes[1:], GAP_BYTES)
+
+
 def _chunks(entries: np.ndarray, start: int) -> Iterator[tuple[int, np.ndarray]]:
-    """Cut entries into chunks of at most CHUNK_RECORDS records and CHUNK_BYTES of records
-    (at least one each)."""
-    ends = np.cumsum(entries["size"], dtype=np.int64)
+    """Cut entries into chunks of at most CHUNK_RECORDS records and CHUNK_BYTES of bytes
+    to read: the records, and the gaps between them that ``fetch`` reads through (a
+    chunk's first record starts a new call; at least one record a chunk)."""
+    sizes = entries["size"].astype(np.int64)
+    positions = entries["position"].astype(np.int64)
+    gaps = np.zeros(len(entries), np.int64)  # gaps[i]: read before record i, if through
+    np.subtract(positions[1:], positions[:-1] + sizes[:-1], out=gaps[1:])
+    gaps[1:][~_read_through(entries)] = 0
+    ends = np.cumsum(sizes + gaps)  # bytes read up to each record's end, all in one call
     index = 0
     while index < len(entries):
-        before = ends[index - 1] if index else 0
+        before = (ends[index - 1] if index else 0) + gaps[index]  # (not read: a new call)
         stop = int(np.searchsorted(ends, before + CHUNK_BYTES, side="right"))
         stop = min(max(stop, index + 1), index + CHUNK_RECORDS)
         yield start + index, entries[index:stop]
@@ -305,12 +339,12 @@ class Fetched:
     each record, the piece it is in and where it starts there. Joining the pieces is a
     copy of every byte, so it is done only when a batch needs one buffer."""
 
-    pieces: list[bytes]
+    pieces: list[bytes | memoryview]
     piece: np.ndarray
     local: np.ndarray
 
     @functools.cached_property
-    def joined(self) -> tuple[bytes, np.ndarray]:
+    def joined(self) -> tuple[bytes | memoryview, np.ndarray]:
         """One buffer holding every piece, and each record's start in it."""
         if len(self.pieces) == 1:
             return self.pieces[0], self.local
@@ -321,7 +355,12 @@ class Fetched:
 
     def rows(self, sizes: np.ndarray) -> list[np.ndarray] | None:
         """Each piece's records as the rows of a (records, size) uint8 matrix (views, no
-        copy) when all are one size and lie back to back in their piece; else None."""
+        copy) when all are one size and lie back to back in their piece; else None. Also
+        None when the pieces hold few records each (a queue whose records are scattered
+        among other queues' is read a record or a few per call): a matrix each would
+        cost more in Python than joining their few bytes (``ROWS_PER_PIECE``)."""
+        if len(self.pieces) * ROWS_PER_PIECE > len(self.piece):
+            return None
         size = int(sizes[0])
         same_piece = self.piece[1:] == self.piece[:-1]
         if (sizes != size).any() or (self.piece[1:] < self.piece[:-1]).any() or \
@@ -355,10 +394,10 @@ def fetch(store: Store, entries: np.ndarray, counters: Counters) -> Fetched:
     (past the log's end, or a size larger than its record's)."""
     positions = entries["position"].astype(np.int64)
     ends = positions + entries["size"].astype(np.int64)
-    breaks = np.flatnonzero(positions[1:] - ends[:-1] > GAP_BYTES) + 1
+    breaks = np.flatnonzero(~_read_through(entries)) + 1
     run_starts = np.concatenate(([0], breaks))
     run_stops = np.concatenate((breaks, [len(entries)]))
-    pieces: list[bytes] = []
+    pieces: list[bytes | memoryview] = []
     piece_bases: list[int] = []  # log position where each piece starts
     for first, last in zip(run_starts.tolist(), run_stops.tolist(), strict=True):
         _read_run(store, positions[first:last], first, int(ends[last - 1]), pieces,
@@ -375,21 +414,28 @@ def fetch(store: Store, entries: np.ndarray, counters: Counters) -> Fetched:
 
 
 def _read_run(store: Store, positions: np.ndarray, first: int, end: int,
-              pieces: list[bytes], piece_bases: list[int], counters: Counters) -> None:
+              pieces: list[bytes | memoryview], piece_bases: list[int],
+              counters: Counters) -> None:
     """read_raw from the run's first record to ``end``; read_raw stops at a segment's end
-    (and at READ_BYTES_MAX), so go on from the next record not yet covered."""
+    (and at READ_BYTES_MAX), so go on from the next record not yet covered. A segment's
+    closing blank that read_raw adds past ``end`` (up to the rest of the segment) is cut
+    off, without a copy: a chunk's pieces hold no more than the chunk reads."""
     at = int(positions[0])
     while at < end:
         try:
-            raw = store.read_raw(at, min(end - at, READ_BYTES_MAX))
+            raw: bytes | memoryview = store.read_raw(at, min(end - at, READ_BYTES_MAX))
         except InvalidPosition as error:  # (a damaged record there is a CorruptRecord)
             raise _BadEntry(int(np.searchsorted(positions, at)) + first,
                             "which is not the start of a record it can read") from error
         counters.read_calls += 1
         assert raw, f"read_raw returned nothing at {at}"
+        if len(raw) > end - at:
+            raw = memoryview(raw)[:end - at]
         pieces.append(raw)
         piece_bases.append(at)
         covered = at + len(raw)
+        if covered >= end:
+            break
         following = int(np.searchsorted(positions, covered))
         if following >= len(positions):
             break
@@ -441,7 +487,7 @@ def _convert(fetched: Fetched, chunk: np.ndarray, part: QueueRange, first_offset
     return batch
 
 
-def _headers(buffer: bytes, starts: np.ndarray, topic_size: int) -> np.ndarray:
+def _headers(buffer: bytes | memoryview, starts: np.ndarray, topic_size: int) -> np.ndarray:
     """The chunk's headers, each with the ``topic_size`` bytes after it (where the queue's
     topic should be) when those spans cannot overlap; plain headers otherwise (a record
     too short to hold the topic, which ``_check``/``_check_topic`` will report)."""

@@ -8,8 +8,9 @@ and tags are UTF-8 text in the record, so they are strings (Kafka's key is binar
 values as they are, any other msgpack value as JSON. mqlog adds ``position``,
 ``epoch``, ``born_timestamp``, ``tags``, ``crc_ok`` and ``replica``. Every field is
 nullable, as in the Kafka source; a field is null only when mqlog has no value for it
-(no key, no tags) or, in commit-log mode, when a damaged record's field cannot be cut
-out of it.
+(no key, no tags), when Spark has none (a timestamp beyond its range:
+``layout.TIMESTAMP_MS_MAX``) or, in commit-log mode, when a damaged record's field cannot
+be cut out of it. A user-given schema must keep every column nullable (``projection``).
 
 ``ARROW_SCHEMA`` is the Arrow schema PySpark expects for ``SCHEMA`` (int32 and int64,
 ``binary`` not ``large_binary``, ``timestamp[us, tz=UTC]``); it is written out here so
@@ -66,19 +67,41 @@ def spark_schema() -> object:
 def projection(requested: object) -> pa.Schema:
     """The Arrow schema of a user-given schema that picks (and may reorder) columns of
     ours with our types — the way to read fewer columns (PySpark's Python data sources
-    get no column pruning): ``.schema("offset BIGINT, body BINARY")``."""
+    get no column pruning): ``.schema("offset BIGINT, body BINARY")``.
+
+    Refused (``InvalidArgument``): a column we do not have, or not with that type; a
+    column named twice (Spark would fail deep in the JVM); and a column declared NOT
+    NULL. Every column of ours is nullable, and Spark believes a NOT NULL: it answers
+    ``key IS NULL`` from the schema (false) instead of from the rows, so counts come out
+    wrong, and a null then breaks the read."""
     from mqlog.errors import InvalidArgument
 
     ours = {field.name: field for field in spark_schema().fields}  # type: ignore[attr-defined]
     fields = []
+    seen: set[str] = set()
     for field in requested.fields:  # type: ignore[attr-defined]
         mine = ours.get(field.name)
         if mine is None or mine.dataType != field.dataType:
+            kind = mine.dataType.simpleString() if mine is not None else None
             raise InvalidArgument(
                 f"the mqlog source has no column {field.name} "
-                f"{field.dataType.simpleString()}; its schema is {SCHEMA_DDL}")
+                f"{field.dataType.simpleString()}"
+                + (f" (its {field.name} is {kind}, nullable, map values too)" if kind else "")
+                + f"; its schema is {SCHEMA_DDL}")
+        if field.name in seen:
+            raise InvalidArgument(
+                f"the schema given to the mqlog source names column {field.name} twice; "
+                "name each column once (select it twice afterwards if need be)")
+        if not field.nullable:
+            raise InvalidArgument(
+                f"the schema given to the mqlog source declares {field.name} NOT NULL, but "
+                "every column of the source is nullable (a record may have no key or "
+                f"tags; a damaged record's fields are null): declare it as {field.name} "
+                f"{field.dataType.simpleString().upper()}, without NOT NULL, and filter "
+                "out the nulls in the query if need be")
+        seen.add(field.name)
         fields.append(pa.field(field.name, ARROW_SCHEMA.field(field.name).type,
-                               nullable=field.nullable))
+                               nullable=True))
     return pa.schema(fields)
 
 
