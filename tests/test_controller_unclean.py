@@ -34,18 +34,38 @@ def _partition(addresses: list[str]) -> Any:
     return folded_partition(addresses, "i")
 
 
+def _topic_hosted(cluster: Cluster, addresses: list[str]) -> Any:
+    """Topic "i" (1 partition x RF 3, its own min_insync_replicas 3) created and hosted
+    by every broker; its partition's state."""
+    wait_live_brokers(addresses)
+    change_metadata(addresses, {"kind": "create_topic", "name": "i", "partitions": 1,
+                                "replication_factor": 3, "layer": "isr",
+                                "config": {"min_insync_replicas": 3}})
+    part = _partition(addresses)
+    wait_until(lambda: all("i-0" in cluster.threads[name].broker.groups
+                           for name in BROKERS), "every replica hosted", 60)
+    return part
+
+
+def _second_registration_left_the_elr(addresses: list[str], broker: str) -> None:
+    """``broker`` registered twice, the second time as after an unclean shutdown, and
+    the next partition change has it in neither the ELR nor the ISR."""
+    log = _log(addresses)
+    registered = [index for index, record in enumerate(log)
+                  if isinstance(record, records.RegisterBroker) and record.broker_id == broker]
+    assert len(registered) == 2 and log[registered[1]].unclean_shutdown
+    assert not log[registered[0]].unclean_shutdown  # (its first start)
+    after = next(record for record in log[registered[1] + 1:]
+                 if isinstance(record, records.PartitionChange))
+    assert broker not in after.elr and broker not in after.isr, after
+
+
 def test_a_broker_back_from_an_unclean_shutdown_leaves_the_elr(tmp_path: Path) -> None:
     with Cluster(inprocess.configs(tmp_path, replica_lag_time_ms=1_000)) as cluster:
         configs = cluster.configs
         addresses = cluster.addresses(CONTROLLERS)
-        wait_live_brokers(addresses)
-        change_metadata(addresses, {"kind": "create_topic", "name": "i", "partitions": 1,
-                                    "replication_factor": 3, "layer": "isr",
-                                    "config": {"min_insync_replicas": 3}})
-        part = _partition(addresses)
+        part = _topic_hosted(cluster, addresses)
         crashed, clean = part.replicas[1], part.replicas[2]
-        wait_until(lambda: all("i-0" in cluster.threads[name].broker.groups
-                               for name in BROKERS), "every replica hosted", 60)
         node = cluster.threads[part.leader].broker.groups["i-0"]
         assert node.core.status()["elr"] == [] and node.spec.replication \
             .min_insync_replicas == 3  # (the topic's own, handed to the brokers)
@@ -57,16 +77,7 @@ def test_a_broker_back_from_an_unclean_shutdown_leaves_the_elr(tmp_path: Path) -
         cluster.start(crashed)
         wait_until(lambda: len(_partition(addresses).isr) == 3,
                    f"{crashed} caught up and back in the ISR", 60)
-
-        log = _log(addresses)
-        registered = [index for index, record in enumerate(log)
-                      if isinstance(record, records.RegisterBroker)
-                      and record.broker_id == crashed]
-        assert len(registered) == 2 and log[registered[1]].unclean_shutdown
-        assert not log[registered[0]].unclean_shutdown
-        after = next(record for record in log[registered[1] + 1:]
-                     if isinstance(record, records.PartitionChange))
-        assert crashed not in after.elr and crashed not in after.isr, after
+        _second_registration_left_the_elr(addresses, crashed)
 
         cluster.stop(clean)
         cluster.start(clean)
@@ -88,14 +99,7 @@ def test_a_broker_back_with_a_wiped_data_dir_leaves_the_elr(tmp_path: Path) -> N
     with Cluster(inprocess.configs(tmp_path, replica_lag_time_ms=1_000)) as cluster:
         configs = cluster.configs
         addresses = cluster.addresses(CONTROLLERS)
-        wait_live_brokers(addresses)
-        change_metadata(addresses, {"kind": "create_topic", "name": "i", "partitions": 1,
-                                    "replication_factor": 3, "layer": "isr",
-                                    "config": {"min_insync_replicas": 3}})
-        part = _partition(addresses)
-        wiped = part.replicas[1]
-        wait_until(lambda: all("i-0" in cluster.threads[name].broker.groups
-                               for name in BROKERS), "every replica hosted", 60)
+        wiped = _topic_hosted(cluster, addresses).replicas[1]
         cluster.stop(wiped)
         wait_until(lambda: _partition(addresses).elr == (wiped,),
                    f"{wiped} in the ELR (the ISR below the topic's 3)", 60)
@@ -103,12 +107,4 @@ def test_a_broker_back_with_a_wiped_data_dir_leaves_the_elr(tmp_path: Path) -> N
         cluster.start(wiped)
         wait_until(lambda: (configs[wiped].data_dir / MEMBER_FILE).exists(),
                    f"{wiped} registered again", 60)
-        log = _log(addresses)
-        registered = [index for index, record in enumerate(log)
-                      if isinstance(record, records.RegisterBroker)
-                      and record.broker_id == wiped]
-        assert len(registered) == 2 and log[registered[1]].unclean_shutdown
-        assert not log[registered[0]].unclean_shutdown  # (its first start)
-        after = next(record for record in log[registered[1] + 1:]
-                     if isinstance(record, records.PartitionChange))
-        assert wiped not in after.elr and wiped not in after.isr, after
+        _second_registration_left_the_elr(addresses, wiped)
