@@ -602,10 +602,14 @@ cdef class LogCore:
         timestamps, when given one per body) already checked."""
         cdef _Queue queue = self._writable_queue(fields, topic, queue_id)
         cdef int64_t store_timestamp = self._next_timestamp()
-        cdef uint64_t first_offset = queue.next_offset, position
-        cdef uint64_t first_position = self.written_position
+        cdef uint64_t first_offset = queue.next_offset, position, total = 0
+        cdef uint64_t first_position
         cdef Py_ssize_t index, count = len(items), body_size
         cdef bytes body
+        for index in range(count):
+            total += fields.fixed_size + <uint64_t>PyBytes_GET_SIZE(<bytes>items[index])
+        self._room_for_batch(total)
+        first_position = self.written_position
         if self._stage_batches and self._put_staged(queue, fields, items, borns, store_timestamp):
             return _tuple6(_BatchPutResult, _PUT_OK, first_position, first_offset, count,
                            store_timestamp, self.written_position)
@@ -623,6 +627,23 @@ cdef class LogCore:
                 first_position = position
         return _tuple6(_BatchPutResult, _PUT_OK, first_position, first_offset, count,
                        store_timestamp, self.written_position)
+
+    cdef int _room_for_batch(self, uint64_t total) except -1:
+        """Before a batch writes anything, the segment it all goes in, backed for all of
+        it (the twin's _room_for_batch: a full disk refusing the next segment part way
+        through a batch left the records before it stored)."""
+        cdef Segment *segment
+        if total + MQ_BLANK_SIZE_MIN > <uint64_t>self.segment_size_bytes:
+            return 0
+        self._ensure_segment()
+        segment = self._writable_segment()
+        if self.written_position - segment.base + total + MQ_BLANK_SIZE_MIN > segment.size:
+            self._ensure_ready(segment, self.written_position + MQ_BLANK_SIZE_MIN)
+            self._write_blank(segment)
+            self._new_segment(self.written_position)
+            segment = self._writable_segment()
+        self._ensure_ready(segment, self.written_position + total + MQ_BLANK_SIZE_MIN)
+        return 0
 
     cdef bint _put_staged(self, _Queue queue, Fields *fields, tuple items, list borns,
                           int64_t store_timestamp) except -1:

@@ -596,6 +596,7 @@ class LogCore:
             queue = self._writable_queue(topic, queue_id)
             store_timestamp = self._next_timestamp()
             first_offset = queue.next_offset
+            self._room_for_batch(sum(sizes))
             first_position = self.written_position
             if self._put_staged(queue, fields, bodies, sizes, borns, store_timestamp):
                 return BatchPutResult(PUT_OK, first_position, first_offset, len(bodies),
@@ -609,6 +610,23 @@ class LogCore:
                     first_position = position
             return BatchPutResult(PUT_OK, first_position, first_offset, len(bodies),
                                   store_timestamp, self.written_position)
+
+    def _room_for_batch(self, total: int) -> None:
+        """Before a batch writes anything, the segment it all goes in, backed for all of
+        it: the next one opened first when the batch does not fit in the rest of this one
+        (a record at a time, the records that fit were written, and the new segment a
+        full disk then refused: DiskFull, with part of the batch stored and seen, and
+        back after a crash). A batch larger than a segment goes across segments."""
+        if total + BLANK_SIZE_MIN > self.segment_size_bytes:
+            return
+        self._ensure_segment()
+        segment = self._segments[-1]
+        if self.written_position - segment.base + total + BLANK_SIZE_MIN > segment.size:
+            self._ensure_ready(segment, self.written_position + BLANK_SIZE_MIN)
+            self._write_blank(segment, self.written_position - segment.base)
+            self._new_segment(self.written_position)
+            segment = self._segments[-1]
+        self._ensure_ready(segment, self.written_position + total + BLANK_SIZE_MIN)
 
     def _put_staged(self, queue: _Queue, fields: tuple, bodies: list[bytes],
                     sizes: list[int], borns: list | None, store_timestamp: int) -> bool:
