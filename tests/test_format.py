@@ -142,12 +142,12 @@ def test_a_request_cut_on_a_replica_is_never_answered_as_stored(tmp_path, impl):
         assert table.lookup("p", 7, 0).count == 1
         table.rebuild(leader, 1 << 30)
         assert table.lookup("p", 7, 0).count == 3
-        # a request whose records go on in the next segment (a blank between) is whole
-        while leader.written_position + 2 * 8192 < SMALL["segment_size_bytes"]:
-            leader.put("t", b"f" * 8000)
-        split = leader.put_batch("t", [b"s" * 8000] * 3,
+        # a request whose records go on in the next segment (a blank between) is whole:
+        # one larger than a segment (one that fits is placed whole in one, FORMAT.md)
+        count = SMALL["segment_size_bytes"] // 8000 + 1
+        split = leader.put_batch("t", [b"s" * 8000] * count,
                                  properties=producer_properties("p", 8, 0))
         assert len({position // SMALL["segment_size_bytes"] for position in
                     (split.position, split.end_position - 1)}) == 2
         table.rebuild(leader, 1 << 30)
-        assert table.lookup("p", 8, 0).count == 3
+        assert table.lookup("p", 8, 0).count == count
