@@ -638,12 +638,16 @@ cdef class LogCore:
         self._ensure_segment()
         segment = self._writable_segment()
         if self.written_position - segment.base + total + MQ_BLANK_SIZE_MIN > segment.size:
-            self._ensure_ready(segment, self.written_position + MQ_BLANK_SIZE_MIN)
-            self._write_blank(segment)
-            self._new_segment(self.written_position)
-            segment = self._writable_segment()
+            segment = self._roll(segment)
         self._ensure_ready(segment, self.written_position + total + MQ_BLANK_SIZE_MIN)
         return 0
+
+    cdef Segment *_roll(self, Segment *segment) except NULL:
+        """Close ``segment`` with a blank (its block backed first) and open the next."""
+        self._ensure_ready(segment, self.written_position + MQ_BLANK_SIZE_MIN)
+        self._write_blank(segment)
+        self._new_segment(self.written_position)
+        return self._writable_segment()
 
     cdef bint _put_staged(self, _Queue queue, Fields *fields, tuple items, list borns,
                           int64_t store_timestamp) except -1:
@@ -872,10 +876,7 @@ cdef class LogCore:
         self._ensure_segment()
         segment = self._writable_segment()
         if self.written_position - segment.base + size + MQ_BLANK_SIZE_MIN > segment.size:
-            self._ensure_ready(segment, self.written_position + MQ_BLANK_SIZE_MIN)
-            self._write_blank(segment)
-            self._new_segment(self.written_position)
-            segment = self._writable_segment()
+            segment = self._roll(segment)
             if segment.base != self.written_position or \
                     size + MQ_BLANK_SIZE_MIN > segment.size:
                 _fail(f"a new segment at {self.written_position} must take a record of "

@@ -622,11 +622,15 @@ class LogCore:
         self._ensure_segment()
         segment = self._segments[-1]
         if self.written_position - segment.base + total + BLANK_SIZE_MIN > segment.size:
-            self._ensure_ready(segment, self.written_position + BLANK_SIZE_MIN)
-            self._write_blank(segment, self.written_position - segment.base)
-            self._new_segment(self.written_position)
-            segment = self._segments[-1]
+            segment = self._roll(segment)
         self._ensure_ready(segment, self.written_position + total + BLANK_SIZE_MIN)
+
+    def _roll(self, segment: _Segment) -> _Segment:
+        """Close ``segment`` with a blank (its block backed first) and open the next."""
+        self._ensure_ready(segment, self.written_position + BLANK_SIZE_MIN)
+        self._write_blank(segment, self.written_position - segment.base)
+        self._new_segment(self.written_position)
+        return self._segments[-1]
 
     def _put_staged(self, queue: _Queue, fields: tuple, bodies: list[bytes],
                     sizes: list[int], borns: list | None, store_timestamp: int) -> bool:
@@ -779,10 +783,7 @@ class LogCore:
         segment = self._segments[-1]
         offset = self.written_position - segment.base
         if offset + size + BLANK_SIZE_MIN > segment.size:
-            self._ensure_ready(segment, self.written_position + BLANK_SIZE_MIN)
-            self._write_blank(segment, offset)
-            self._new_segment(self.written_position)
-            segment = self._segments[-1]
+            segment = self._roll(segment)
             offset = 0
             assert size + BLANK_SIZE_MIN <= segment.size
         self._ensure_ready(segment, self.written_position + size + BLANK_SIZE_MIN)
