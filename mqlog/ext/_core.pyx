@@ -610,7 +610,8 @@ cdef class LogCore:
             total += fields.fixed_size + <uint64_t>PyBytes_GET_SIZE(<bytes>items[index])
         self._room_for_batch(total)
         first_position = self.written_position
-        if self._stage_batches and self._put_staged(queue, fields, items, borns, store_timestamp):
+        if self._stage_batches and self._put_staged(queue, fields, items, borns, total,
+                                                    store_timestamp):
             return _tuple6(_BatchPutResult, _PUT_OK, first_position, first_offset, count,
                            store_timestamp, self.written_position)
         first_position = 0
@@ -650,20 +651,20 @@ cdef class LogCore:
         return self._writable_segment()
 
     cdef bint _put_staged(self, _Queue queue, Fields *fields, tuple items, list borns,
-                          int64_t store_timestamp) except -1:
+                          uint64_t total, int64_t store_timestamp) except -1:
         """put_batch with ``stage_batches``: the records encoded into one buffer, written
         with one pwrite, then published as _append publishes one; False, with nothing
-        written, when the batch must go record by record (the twin's _put_staged). The
-        callback's view of the buffer is valid only during the call."""
+        written, when the batch must go record by record (the twin's _put_staged: larger
+        than a segment, or crossing its consume-queue file's end). The
+        callback's view of the buffer is valid only during the call. ``total``: the
+        records' bytes (summed once, by _put_all)."""
         cdef Py_ssize_t index, count = len(items)
-        cdef uint64_t total = 0, at = 0, start, epoch
+        cdef uint64_t at = 0, start, epoch
         cdef uint32_t size
         cdef Segment *segment
         cdef bytes body
         cdef char *cursor
         cdef mq_header header
-        for index in range(count):
-            total += fields.fixed_size + <uint64_t>PyBytes_GET_SIZE(<bytes>items[index])
         if total > STAGE_BYTES_MAX or not self._queue_room_for(queue, count):
             return False
         self._ensure_segment()

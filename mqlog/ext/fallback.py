@@ -596,9 +596,10 @@ class LogCore:
             queue = self._writable_queue(topic, queue_id)
             store_timestamp = self._next_timestamp()
             first_offset = queue.next_offset
-            self._room_for_batch(sum(sizes))
+            total = sum(sizes)
+            self._room_for_batch(total)
             first_position = self.written_position
-            if self._put_staged(queue, fields, bodies, sizes, borns, store_timestamp):
+            if self._put_staged(queue, fields, bodies, sizes, borns, total, store_timestamp):
                 return BatchPutResult(PUT_OK, first_position, first_offset, len(bodies),
                                       store_timestamp, self.written_position)
             first_position = -1
@@ -633,15 +634,16 @@ class LogCore:
         return self._segments[-1]
 
     def _put_staged(self, queue: _Queue, fields: tuple, bodies: list[bytes],
-                    sizes: list[int], borns: list | None, store_timestamp: int) -> bool:
+                    sizes: list[int], borns: list | None, total: int,
+                    store_timestamp: int) -> bool:
         """put_batch with ``stage_batches``: the records encoded into one buffer and
         written with one pwrite, then published as _append publishes one: the entries
         (no reader, here or in another process, meets an entry whose record is not in the
         file), the keyed end, then the written position (a checkpoint or the key index
         that reads it finds the entries below it). False, with nothing written, when the
-        batch crosses the end of its segment or of its consume-queue file: then it goes
-        record by record, through the mapping."""
-        total = sum(sizes)
+        batch crosses the end of its segment (it is larger than one: _room_for_batch gave
+        any other a segment of its own) or of its consume-queue file: then it goes record
+        by record, through the mapping. ``total``: the records' bytes."""
         write_segment = self._write_segment
         if write_segment is None or not self._stage_batches or total > STAGE_BYTES_MAX or \
                 not self._queue_room_for(queue, len(bodies)):
