@@ -245,6 +245,10 @@ class ReplicationConfig:
     # Bytes queued toward one peer that is slow to read; past this, messages to it are
     # dropped (the cores resend what a peer lacks) instead of growing memory.
     peer_send_bytes_max: int = 32 * MiB
+    # A peer's records the store refused (garbage, or a lasting mismatch): the group's core
+    # starts over from its store at once the first time, then after 2, 4, 8... ticks while
+    # the refusals go on with nothing stored between them, waiting at most this long.
+    refused_records_hold_ms_max: int = 5_000
     # Raft (layer = "raft"); heartbeat_ticks, sync_timeout_ticks, retransmit_ticks,
     # append_bytes_max and inflight_bytes_max above apply to it too.
     voters: tuple[str, ...] = ()  # the group's voting members, this node included
@@ -273,7 +277,8 @@ class ReplicationConfig:
         _require_positive(self, "in_sync_slaves_min", "tick_ms", "heartbeat_ticks",
                           "slave_timeout_ticks", "sync_timeout_ticks", "retransmit_ticks",
                           "append_bytes_max", "inflight_bytes_max", "slave_gap_bytes_max",
-                          "frame_size_bytes_max", "peer_send_bytes_max")
+                          "frame_size_bytes_max", "peer_send_bytes_max",
+                          "refused_records_hold_ms_max")
         if self.layer == "raft":
             return self._validate_raft()
         if self.layer == "isr":

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -449,6 +450,42 @@ def test_records_a_peer_sends_that_the_store_refuses_stop_no_broker(tmp_path):
                            "s1 to refuse the records", 30)
             client.produce("orders", b"after")
             cluster.wait_converged()  # (s1 took the master's records after it)
+        assert cluster.processes["s1"].poll() is None
+    finally:
+        cluster.stop_all()
+
+
+def test_records_a_store_keeps_refusing_restart_its_core_ever_more_slowly(tmp_path):
+    """A slave whose segments are too small for a record its master stored (a lasting
+    mismatch: here 64 KiB segments, a 100 KB record) refuses that record at every
+    Append. Its core started over at once each time, so the group spun: a fetch, a
+    refusal and a new core, as fast as the loopback went. Now the new core waits 2, 4,
+    8... ticks while the refusals go on with nothing stored between them: the 6th and
+    7th refusals (160 + 320 ms of waits at 10 ms ticks) take 0.4 s at least, where the
+    spin took milliseconds. (A loaded machine only makes the wait longer.)"""
+    cluster = LocalCluster(tmp_path, "ASYNC_MASTER", slave_count=1,
+                           store_settings="segment_size_bytes = 16777216")
+    try:
+        cluster.write_configs()
+        slave_config = cluster.root / "s1.toml"
+        slave_config.write_text(slave_config.read_text().replace(
+            "segment_size_bytes = 16777216",
+            "segment_size_bytes = 65536\nmessage_size_bytes_max = 1024"))
+        for name in cluster.names:
+            cluster.start(name)
+        with mqlog.Client(cluster.address("m"), timeout_s=30) as client:
+            client.produce("orders", b"small")
+            cluster.wait_converged()
+            client.produce("orders", b"x" * 100_000)
+
+        def refusals() -> int:
+            return int(cluster.metadata("s1")["peer_records_refused"])
+
+        wait_until(lambda: refusals() >= 5, "s1 to refuse the record 5 times", 60)
+        started = time.monotonic()
+        wait_until(lambda: refusals() >= 7, "s1 to refuse it twice more", 60)
+        assert time.monotonic() - started >= 0.4, "the refusals did not wait"
+        assert cluster.metadata("s1")["peer_records_refused_in_a_row"] >= 7
         assert cluster.processes["s1"].poll() is None
     finally:
         cluster.stop_all()

@@ -147,6 +147,9 @@ class Node:
                              sequences_max=spec.replication.idempotence_sequences_max)
         self.failure: BaseException | None = None
         self.refusals = 0  # peers' records the store refused (``refused``)
+        self._refusals_in_a_row = 0  # ... with nothing stored since the first of them
+        self._stored_at_refusal = 0  # the log's end at the last refusal
+        self._hold: asyncio.TimerHandle | None = None  # the new core waits (``refused``)
         self._learn_addresses()
         self._waiting: dict[Any, asyncio.Future[Answer]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -211,6 +214,8 @@ class Node:
             return
         self.closed = True
         self.broker.stop_ticking(self)
+        if self._hold is not None:
+            self._hold.cancel()
         if self.isr and self.failure is None:
             self._save_high_watermark()
         for task in list(self._tasks):
@@ -310,7 +315,7 @@ class Node:
     def _schedule(self) -> None:
         """Carry out the core's Ready once this loop iteration's events are all in, so
         that writes and acks that arrive together are sent together."""
-        if not self._scheduled and not self.closed:
+        if not self._scheduled and not self.closed and self._hold is None:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._run_driver)
             self.broker.flush_behind()  # (what the run sends leaves right after it)
@@ -324,6 +329,8 @@ class Node:
         if self.closed:
             return
         self.driver.run()
+        if self._refusals_in_a_row and self.store.written_position > self._stored_at_refusal:
+            self._refusals_in_a_row = 0  # (records stored since: the peer mended)
         if self.isr and self.core.high_watermark_to_save < self._saved_high_watermark:
             self._save_high_watermark()  # (lowered: a cut below it, or dropped following)
         committed = self.store.committed_position
@@ -385,16 +392,39 @@ class Node:
         garbage, or a bug): this group's core starts over from its store, as a restart
         would make it (an ISR core with the controller's partition state it had), and
         the other groups of the broker go on. Said in the log at the 1st, 2nd, 4th, ...
-        time: a peer that keeps sending them is not a flood."""
+        time: a peer that keeps sending them is not a flood. Nor is it a spin: while
+        they go on with nothing stored between them (a lasting mismatch, not one bad
+        message), the new core waits before it runs, 2, 4, 8... ticks, at most
+        ``refused_records_hold_ms_max``; meanwhile it takes messages and ticks, as a slow
+        disk would keep it waiting."""
         self.refusals += 1
+        self._refusals_in_a_row += 1
+        self._stored_at_refusal = self.store.written_position
+        hold_ms = self.refused_hold_ms
         if self.refusals & (self.refusals - 1) == 0:
             self.note(f"records from a peer refused, nothing of them stored ({error}); "
-                      f"this group's core starts over from its store (refusal "
-                      f"{self.refusals})")
+                      f"this group's core starts over from its store"
+                      f"{f' in {hold_ms} ms' if hold_ms else ''} (refusal {self.refusals})")
         old, core = self.core, self._new_core()
         if self.isr:
             core.apply_metadata(old.state)
         self.driver.replace_core(core)
+        if hold_ms:
+            self._hold = asyncio.get_running_loop().call_later(hold_ms / 1000, self._release)
+        else:
+            self._schedule()
+
+    @property
+    def refused_hold_ms(self) -> int:
+        """How long the core waits after this many refusals in a row (0 after the first)."""
+        if self._refusals_in_a_row < 2:
+            return 0
+        replication = self.replication
+        doubled = replication.tick_ms << min(self._refusals_in_a_row - 1, 30)
+        return min(doubled, replication.refused_records_hold_ms_max)
+
+    def _release(self) -> None:
+        self._hold = None
         self._schedule()
 
     def _learn_addresses(self) -> None:
@@ -748,7 +778,8 @@ class Node:
         return {"kind": "metadata", "node_id": self.node_id, "group": self.name,
                 "epoch": self.core.epoch, "log_start": self.store.first_segment_base(),
                 "peers": peers, "send_queued": queued, "send_dropped": dropped,
-                "peer_records_refused": self.refusals, **self.core.status()}
+                "peer_records_refused": self.refusals,
+                "peer_records_refused_in_a_row": self._refusals_in_a_row, **self.core.status()}
 
 
 # A produce's ``acks`` as the client may name it (Kafka's vocabulary, or mqlog's older
