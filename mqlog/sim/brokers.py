@@ -50,6 +50,7 @@ from mqlog.replication.isr.core import CONTROLLER
 from mqlog.replication.messages import Message
 from mqlog.replication.raft import core as raft_core
 from mqlog.replication.wire import Frame
+from mqlog.sim.harness import SIM_CLUSTER_ID
 from mqlog.sim.node import SimReplica
 
 
@@ -139,7 +140,7 @@ class SimBroker:
     def __init__(self, sim: Any, name: str, root: Path, disk: dict[str, Any],
                  store_settings: dict[str, Any], test_break: str) -> None:
         self.sim, self.broker_id, self.root, self.disk = sim, name, root, disk
-        self.config = SimpleNamespace(listen=f"{name}.sim:9092", rack="", cluster_id="",
+        self.config = SimpleNamespace(listen=f"{name}.sim:9092", rack="", cluster_id=SIM_CLUSTER_ID,
                                       data_dir=root, groups_max=4096, groups=())
         self.store_settings, self.test_break = store_settings, test_break
         self.groups: dict[str, SimGroup] = {}

@@ -62,7 +62,7 @@ from mqlog.replication.controller.host import HOST_FAULT, Answer, BrokerAgent, d
 from mqlog.replication.controller.service import Controller, Proposal
 from mqlog.replication.controller.state import ClusterMetadata
 from mqlog.sim import harness
-from mqlog.sim.harness import SeedResult, Simulation
+from mqlog.sim.harness import SIM_CLUSTER_ID, SeedResult, Simulation
 from mqlog.sim.network import NetworkOptions
 from mqlog.sim.raft import CORE_SETTINGS, RAFT_STORE_SETTINGS, RaftSimNode
 from mqlog.sim.readers import Readers
@@ -184,7 +184,7 @@ class SimAgentIo:
             self.sim.later(1, None, lambda: self._arrive(node, header, give))
             return
         try:
-            outcome = dispatch(node.controller, header)
+            outcome = dispatch(node.controller, header, SIM_CLUSTER_ID)
         except MqlogError as error:
             self._reply(node, give, None, error)
             return
@@ -235,6 +235,7 @@ class SimGroupHost:
 
     def __init__(self, name: str) -> None:
         self.broker_id, self.address = name, f"{name}.sim:9092"
+        self.cluster_id = SIM_CLUSTER_ID
         self.groups: dict[str, Any] = {}
 
     def ensure_group(self, spec: Any) -> None:

@@ -41,6 +41,7 @@ from mqlog.errors import MqlogError
 from mqlog.sim.network import NetworkOptions, SimNetwork
 
 HEAL_PROBABILITY = 0.05  # per tick, while a partition stands
+SIM_CLUSTER_ID = "sim"  # every simulated broker's and controller's cluster_id
 
 
 class RunEnded(Exception):

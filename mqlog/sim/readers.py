@@ -51,6 +51,7 @@ from typing import Any
 from mqlog.cluster_client import ClusterClient, metadata_from
 from mqlog.errors import MqlogError, NodeUnavailable
 from mqlog.replication.controller.state import ClusterMetadata
+from mqlog.sim.harness import SIM_CLUSTER_ID
 
 READERS = 4  # two producers' ClusterClients, two operators describing
 READ_PROBABILITY = 0.3  # per tick, per reader not waiting for an answer: it asks
@@ -237,7 +238,8 @@ class Readers:
         from mqlog.replication.controller.host import dispatch
 
         if kind == "controller":
-            found = dispatch(self.sim.nodes[target].controller, {"kind": "describe_cluster"})
+            found = dispatch(self.sim.nodes[target].controller, {"kind": "describe_cluster"},
+                             SIM_CLUSTER_ID)
             assert isinstance(found, dict)
             return found
         agent = self.sim.brokers[target].agent

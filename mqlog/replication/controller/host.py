@@ -184,12 +184,16 @@ def call_timeout_s(config: ControllerConfig) -> float:
     return min(CALL_TIMEOUT_S, max(CALL_TIMEOUT_MIN_S, share_s))
 
 
-def dispatch(controller: Controller, header: dict[str, Any]) -> dict[str, Any] | Proposal:
+def dispatch(controller: Controller, header: dict[str, Any],
+             cluster_id: str) -> dict[str, Any] | Proposal:
     """A controller request: a read's answer at once, or a change's Proposal (answered once
     it is folded: ``controller.wait``). Bad arguments raise typed errors (a missing one is
-    None, refused typed). Used by the broker's service and by the simulator alike."""
+    None, refused typed); so does a registration from a broker of another ``cluster_id``.
+    Used by the broker's service and by the simulator alike."""
     arg: Callable[..., Any] = header.get
     kind = arg("kind")
+    if kind == "register_broker":
+        check_cluster_id(header, cluster_id)
     if kind == "describe_cluster":
         return controller.describe(bool(arg("require_leader")))
     if kind == "metadata_since":
@@ -266,9 +270,7 @@ def host_controller(broker: Any) -> Controller:
         return proposal.answer
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
-        if header.get("kind") == "register_broker":
-            check_cluster_id(header, broker.config.cluster_id)
-        outcome = dispatch(controller, header)  # (NotLeader: the broker's error answer names
+        outcome = dispatch(controller, header, broker.config.cluster_id)  # (NotLeader: the broker's error answer names
         # the leader and its address: node.error_answer)
         if isinstance(outcome, Proposal):
             return await settled(outcome), b""
