@@ -146,14 +146,14 @@ def consume(bootstrap: str, topic: str, partition: int | None, from_offset: int 
 
 @contextmanager
 def cluster_client(bootstrap: str, timeout_s: float, acks: str = "all") -> Iterator[Any]:
-    """A ClusterClient that gives up after ``timeout_s``; a controller named instead of a
-    broker (the --bootstrap of ``mqlog topics``, a user's first guess) is said plainly."""
+    """A ClusterClient that gives up after ``timeout_s``; controllers named instead of
+    brokers (the --bootstrap of ``mqlog topics``, a user's first guess: the client's
+    NotABroker) are said plainly, in the command's words."""
     try:
         with ClusterClient(bootstrap, acks=acks, retry_timeout_s=timeout_s) as cluster:
             yield cluster
-    except errors.NodeUnavailable as error:
-        if "cluster_metadata" not in str(error) or "__controller" not in str(error):
-            raise
-        raise errors.InvalidArgument(
+    except errors.NotABroker as error:
+        raise errors.NotABroker(
             f"--bootstrap {bootstrap} names controllers; produce and consume need brokers "
-            "(`mqlog brokers --bootstrap CONTROLLERS` lists their addresses)") from None
+            "(`mqlog brokers --bootstrap CONTROLLERS` lists their addresses, the [controller]"
+            " voters are not them)", addresses=error.addresses) from None

@@ -8,8 +8,13 @@ first: it alone hears the Raft partitions' leaders, which their brokers report i
 heartbeats; a Raft partition's ``leader_epoch`` is its Raft term); changes go to the leader:
 a controller that does not lead answers NotLeader naming the leader's address, and the
 command follows it (at most ``_REDIRECTS_MAX`` times). A change is answered once its
-record is committed and folded on the leader; an answer lost on the way ("outcome
-unknown") is an error that says to look with ``describe`` before retrying.
+record is committed and folded on the leader. ``create`` and ``delete`` are not safe to
+repeat, so they go on to another controller only when the one asked surely did not carry
+them out (its address refused the connection, NotLeader, a broker's UnknownGroup); an
+answer lost on the way (the connection cut or timed out, the leader's own "outcome
+unknown") is RequestOutcomeUnknown, which says to look with ``describe`` before running
+the command again. (``rebalance``'s elect_preferred is sent on: a copy only elects the
+preferred leaders again, which are elected already.)
 """
 
 from __future__ import annotations
@@ -36,16 +41,30 @@ def _addresses(bootstrap: str) -> list[str]:
     return found
 
 
-def _ask(bootstrap: str, header: dict[str, Any], *, leader: bool,
-         timeout_s: float) -> dict[str, Any]:
-    """One request, to the first controller that answers (to the leader, if ``leader``)."""
+def _ask(bootstrap: str, header: dict[str, Any], *, leader: bool, timeout_s: float,
+         repeatable: bool = True) -> dict[str, Any]:
+    """One request, to the first controller that answers (to the leader, if ``leader``).
+
+    A request that is not ``repeatable`` (create_topic, delete_topic) goes on to the next
+    controller only after a failure that surely left it undone: the address refused the
+    connection (nothing was sent), NotLeader (a follower proposes nothing), UnknownGroup
+    (a broker: it hosts no controller). Any other failure once it was sent — the
+    connection lost or timed out, the leader's own "outcome unknown", an error of no
+    known name — may have carried it out (or may still): it raises
+    RequestOutcomeUnknown, not sent again. A copy would be refused "exists already" for
+    the operator's own successful create, or delete a topic created meanwhile."""
     failures, queue = [], _addresses(bootstrap)
     for _ in range(len(queue) + _REDIRECTS_MAX):
         if not queue:
             break
         address = queue.pop(0)
         try:
-            with Client(address, timeout_s=timeout_s) as client:
+            client = Client(address, timeout_s=timeout_s)
+        except errors.NodeUnavailable as error:  # (not connected: nothing was sent)
+            failures.append(f"{address}: {error}")
+            continue
+        try:
+            with client:
                 return client.call(dict(header))[0]
         except errors.NotLeader as error:
             failures.append(f"{address}: {error}")
@@ -55,8 +74,24 @@ def _ask(bootstrap: str, header: dict[str, Any], *, leader: bool,
             failures.append(f"{address} is not a controller (a broker? --bootstrap names "
                             "controllers: the [controller] voters of the node configs)")
         except (errors.NodeUnavailable, errors.RemoteError) as error:
+            if not repeatable:
+                raise _outcome_unknown(header, address, error, failures, bootstrap) from None
             failures.append(f"{address}: {error}")
     raise errors.NodeUnavailable("no controller could answer: " + "; ".join(failures))
+
+
+def _outcome_unknown(header: dict[str, Any], address: str, error: errors.MqlogError,
+                     failures: list[str], bootstrap: str) -> errors.RequestOutcomeUnknown:
+    name = header.get("name")
+    why = {"create_topic": "a copy would be refused as existing already",
+           "delete_topic": "a copy could delete a topic created meanwhile"}.get(
+               header["kind"], "it is not safe to repeat")
+    return errors.RequestOutcomeUnknown(
+        f"{header['kind']} of {name!r} sent to {address} was not answered with its outcome "
+        f"({error}): it may have been carried out, or may still be, so it was not sent "
+        f"again ({why}); `mqlog topics describe {name} --bootstrap {bootstrap}` shows "
+        "whether it was: run the command again only if not"
+        + (f" (before it: {'; '.join(failures)})" if failures else ""))
 
 
 def _state(answer: dict[str, Any]) -> ClusterMetadata:
@@ -114,7 +149,7 @@ def create(name: str, partitions: int, replication_factor: int, layer: str,
               "replication_factor": replication_factor, "layer": layer}
     if config:
         header["config"] = config
-    answer = _ask(bootstrap, header, leader=True, timeout_s=timeout_s)
+    answer = _ask(bootstrap, header, leader=True, timeout_s=timeout_s, repeatable=False)
     click.echo(f"created topic {name}: {partitions} partitions x {replication_factor} "
                f"replicas ({layer})" + "".join(f", {key}={value}"
                                                for key, value in sorted(config.items())))
@@ -142,7 +177,8 @@ def _topic_config(settings: tuple[str, ...]) -> dict[str, Any]:
 @timeout_option
 def delete(name: str, bootstrap: str, timeout_s: float) -> None:
     """Delete topic NAME from the cluster's metadata."""
-    _ask(bootstrap, {"kind": "delete_topic", "name": name}, leader=True, timeout_s=timeout_s)
+    _ask(bootstrap, {"kind": "delete_topic", "name": name}, leader=True, timeout_s=timeout_s,
+         repeatable=False)
     click.echo(f"deleted topic {name}")
 
 

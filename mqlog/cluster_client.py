@@ -39,7 +39,10 @@ Theory of operation.
   is not UTF-8 (keys are stored as text) — InvalidArgument; a request larger than
   ``frame_size_bytes_max`` (the brokers' largest frame, 16 MiB by default; a broker
   drops such a frame's connection unread) — MessageTooLarge; any call after ``close()``
-  — ClientClosed (a closed client opens no connection).
+  — ClientClosed (a closed client opens no connection); bootstrap addresses that are all
+  controllers' — NotABroker, at once (a node that refuses ``cluster_metadata`` with
+  UnknownGroup is asked ``broker_metadata``, which every node answers: its
+  process_roles without "broker" make it a controller, which never turns into a broker).
 * Producer epochs. Each client is one life of its producer id, with its own producer
   epoch (``new_producer_epoch``: the wall clock, so a client made anew with the same
   explicit ``producer_id`` — a restarted process — has a higher one, and its sequences,
@@ -530,7 +533,8 @@ class ClusterClient:
         if self._view is not None and age_ms < self.retry_backoff_ms:
             return self._view  # (asked a moment ago: no storm while a leader is down)
         failures, ends = [], time.monotonic() + self.timeout_s
-        for address in self._metadata_addresses():
+        addresses, controllers = self._metadata_addresses(), []
+        for address in addresses:
             left = ends - time.monotonic()  # (a refresh is one attempt: timeout_s in all,
             if left <= 0:  # not each broker's; the documented bound on a request holds)
                 failures.append(f"the refresh took timeout_s={self.timeout_s}")
@@ -541,10 +545,15 @@ class ClusterClient:
                 state, leaders = metadata_from(answer)
             except errors.UnknownGroup as error:  # (what it hosts, without its advice to
                 # "name a group in the request": a Client's, not the caller's)
+                if self._is_controller(address, ends):
+                    controllers.append(address)
+                    failures.append(f"{address} is a controller, not a broker")
+                else:
+                    failures.append(f"{address} is not a cluster's broker ("
+                                    f"{str(error).split(';')[0]}): bootstrap names the "
+                                    "brokers of a cluster, the node configs with "
+                                    "process_roles broker")
                 self._drop(address)
-                failures.append(f"{address} is not a cluster's broker ("
-                                f"{str(error).split(';')[0]}): bootstrap names the brokers "
-                                "of a cluster, the node configs with process_roles broker")
                 continue
             except (errors.NodeUnavailable, errors.RemoteProtocolError,
                     errors.RemoteError) as error:
@@ -559,8 +568,29 @@ class ClusterClient:
             self._fetched_at = time.monotonic()
             self.refreshes += 1
             return self._view
+        if self._view is None and controllers and len(controllers) == len(addresses):
+            raise errors.NotABroker(  # (never a broker to ask: no request was sent yet)
+                f"bootstrap {','.join(controllers)}: controllers, not brokers (process_roles "
+                "without broker); a ClusterClient, as `mqlog produce|consume --bootstrap`, "
+                "takes brokers' addresses, not the [controller] voters (`mqlog brokers "
+                "--bootstrap CONTROLLERS` lists the brokers); nothing was sent",
+                addresses=controllers)
         raise errors.NodeUnavailable("no broker answered cluster_metadata: "
                                      + "; ".join(failures))
+
+    def _is_controller(self, address: str, ends: float) -> bool:
+        """Whether the node at ``address``, which hosts no cluster broker (it answered
+        cluster_metadata UnknownGroup), is a controller: its process_roles, asked with
+        ``broker_metadata`` (every node answers it) before ``ends``."""
+        left = ends - time.monotonic()
+        if left <= 0:
+            return False
+        try:
+            roles = self._connection(address).call({"kind": "broker_metadata"},
+                                                   timeout_s=left)[0].get("process_roles")
+        except errors.MqlogError:
+            return False
+        return isinstance(roles, list) and "controller" in roles and "broker" not in roles
 
     def _view_or_last(self, refresh: bool) -> ClusterMetadata:
         """The metadata to choose where a request goes next: ``metadata(refresh)``, or

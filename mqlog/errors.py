@@ -247,6 +247,15 @@ class NodeUnavailable(MqlogError, ConnectionError):
     is unknown; retry it (on another node if this one is down)."""
 
 
+class RequestOutcomeUnknown(NodeUnavailable):
+    """A request that is not safe to repeat (``mqlog topics create`` or ``delete``) was
+    sent and its answer never came (the connection broke or timed out, or the node said
+    itself that the outcome is unknown): it may have been carried out, or may still be,
+    so it was not sent again — a copy could be refused for the first's success, or change
+    what someone changed meanwhile. Look (``mqlog topics describe NAME``) before sending
+    it again."""
+
+
 class RemoteError(MqlogError):
     """A node reported an error this client does not know by name."""
 
@@ -283,6 +292,19 @@ class InvalidMetadataRecord(MqlogError):
 class UnknownTopic(InvalidArgument):
     """The cluster's metadata shows no such topic (Kafka's UnknownTopicOrPartition): create
     it (`mqlog topics create`) or check its name (`mqlog topics list`)."""
+
+
+class NotABroker(InvalidArgument):
+    """Every address a cluster client was given to find brokers at (its bootstrap:
+    ``mqlog produce|consume --bootstrap``, ``ClusterClient``) is a controller's (a node
+    whose process_roles lack broker): controllers answer no client's metadata, produce
+    or fetch. Name brokers there, not the ``[controller]`` voters (``mqlog brokers
+    --bootstrap CONTROLLERS`` lists the brokers' addresses). Nothing was sent.
+    ``addresses``: the controllers named."""
+
+    def __init__(self, message: str, *, addresses: list[str] | tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.addresses = list(addresses)
 
 
 class MetadataChangeRefused(InvalidArgument):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from mqlog import errors
+from mqlog.cluster_client import ClusterClient
 from mqlog.replication.local import free_ports
 from tests.test_cli_node import MQLOG, one_error_line
 
@@ -106,6 +108,18 @@ voters = ["b1"]
         line = one_error_line(mqlog("consume", "-b", f"127.0.0.1:{controller_port}", "-t",
                                     "orders", "--timeout-s", "1"))
         assert "names controllers; produce and consume need brokers" in line, line
+        # (told by the node's process_roles, a typed error: no longer "__controller" in a
+        # message's text; and at once, not after retry_timeout_s)
+        with ClusterClient(f"127.0.0.1:{controller_port}", retry_timeout_s=600) as client, \
+                pytest.raises(errors.NotABroker, match="controllers, not brokers") as failed:
+            client.metadata()
+        assert failed.value.addresses == [f"127.0.0.1:{controller_port}"]
+        # a controller beside a node that is no cluster's broker: each named for what it is
+        line = one_error_line(mqlog("consume", "-b", f"127.0.0.1:{controller_port},"
+                                    f"127.0.0.1:{broker_port}", "-t", "orders",
+                                    "--timeout-s", "1"))
+        assert f"127.0.0.1:{controller_port} is a controller, not a broker" in line, line
+        assert f"127.0.0.1:{broker_port} is not a cluster's broker" in line, line
         line = one_error_line(mqlog("topics", "list", "-b", f"127.0.0.1:{broker_port}"))
         assert f"127.0.0.1:{broker_port} is not a controller" in line, line
     finally:

@@ -204,6 +204,8 @@ class FakeBrokers:
         self.cut: int | None = None  # a sequence whose copy here holds its first record only
         self.deleted = False  # topic "t" was deleted (delete_topic)
         self.controllers = False  # they are controllers: no cluster_metadata (UnknownGroup)
+        self.roles = ["controller"]  # their broker_metadata's process_roles
+        self.metadata_asked = 0  # cluster_metadata requests
         self.hold = False  # answers are kept back (slow to come) while this is set
         self.held = threading.Event()  # set once a client asked for an answer held back
         self.sequences: set[int] = set()  # those stored (a cut one is not)
@@ -235,7 +237,10 @@ class FakeConnection:
     def call(self, header: dict, payload: bytes = b"",
              timeout_s: float | None = None) -> tuple[dict, bytes]:
         self.brokers.fail(self.address)
+        if header["kind"] == "broker_metadata":  # (every node answers it)
+            return {"kind": "broker_metadata", "process_roles": list(self.brokers.roles)}, b""
         assert header["kind"] == "cluster_metadata", header
+        self.brokers.metadata_asked += 1
         if self.brokers.controllers:
             raise errors.UnknownGroup("broker c1 hosts no group '' (it hosts __controller); "
                                       "name one in the request (fake)")
@@ -446,14 +451,34 @@ def test_a_request_to_a_topic_deleted_meanwhile_is_unknown_topic_at_once(
 def test_controllers_given_as_bootstrap_are_named_as_not_brokers(fake: FakeBrokers) -> None:
     """Controllers' addresses as bootstrap: each answered UnknownGroup, whose advice
     ("name a group in the request") is a broker's to a Client, and the error passed it on
-    (helper-41). It says what the addresses are not, and what bootstrap takes."""
+    (helper-41); then the CLI told a controller by "__controller" in that text. The client
+    asks such a node's process_roles (broker_metadata): all controllers is NotABroker, at
+    once (a controller never turns into a broker: nothing to wait for), saying what
+    bootstrap takes."""
     fake.controllers = True
+    with _fake_client(retry_timeout_s=30) as client, \
+            pytest.raises(errors.NotABroker,
+                          match=r"bootstrap b1:1,b2:1,b3:1: controllers, not brokers .*takes "
+                                r"brokers' addresses, not the \[controller\] voters") as failed:
+        client.metadata()
+    assert failed.value.addresses == ["b1:1", "b2:1", "b3:1"]
+    assert fake.metadata_asked == 3  # (each once: not asked again until retry_timeout_s)
+    assert "name one in the request" not in str(failed.value)
+
+
+def test_nodes_that_are_not_a_clusters_brokers_nor_controllers_are_named(
+        fake: FakeBrokers) -> None:
+    """A node with the broker role that serves no cluster (no [controller] table: it
+    answers cluster_metadata UnknownGroup too) is no controller: NodeUnavailable naming
+    what it is not, asked until retry_timeout_s as before."""
+    fake.controllers, fake.roles = True, ["broker"]
     with _fake_client(retry_timeout_s=0.2) as client, \
             pytest.raises(errors.NodeUnavailable,
                           match=r"b1:1 is not a cluster's broker \(broker c1 hosts no group "
                                 r"'' \(it hosts __controller\)\): bootstrap names the "
                                 "brokers of a cluster") as failed:
         client.metadata()
+    assert not isinstance(failed.value, errors.NotABroker)
     assert "name one in the request" not in str(failed.value)
 
 
