@@ -80,7 +80,7 @@ import contextlib
 import os
 import random
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -325,10 +325,10 @@ class GroupHost(Protocol):
         """[topic, partition, term] of each Raft partition group this broker leads now, and
         its topic id when it has one (leaders.leads_from)."""
 
-    def set_strays_aside(self, is_stray: Callable[[str, int], bool]) -> list[str]:
+    def set_strays_aside(self, is_stray: Callable[[str, int], bool]) -> Iterable[str]:
         """Move the partition stores that no group hosts and that ``is_stray(name,
         topic id)`` says no topic of the metadata has out of the way (never deleted:
-        ``STRAYS_DIRECTORY``); their names."""
+        ``STRAYS_DIRECTORY``); their names, each as it is moved."""
 
     def follow_registrations(self, addresses: dict[str, str]) -> None:
         """Where each broker registered it listens (broker id -> host:port, the view's):
@@ -551,13 +551,14 @@ class BrokerAgent:
         if self._strays_swept or self._registered_position is None or \
                 self.position < self._registered_position:
             return
-        self._strays_swept = True
         for name in self.host.set_strays_aside(self._is_stray):
             self.io.note(f"broker {self.host.broker_id}: set the store {name} aside in "
                          f"{STRAYS_DIRECTORY}/ of its data directory: no topic of the "
                          "metadata has it (its topic was deleted while this broker was "
                          "away, or these controllers' metadata is not this cluster's); "
                          "delete it once sure, or move it back")
+        self._strays_swept = True  # (not if a move failed, a full disk's say: the round
+        # ends, and the next one sweeps what is left)
 
     def _is_stray(self, name: str, topic_id: int) -> bool:
         """Whether a store ``name`` (TOPIC-PARTITION) of topic id ``topic_id`` that no
@@ -904,14 +905,14 @@ class BrokerGroups:
     def drop_group(self, name: str, delete_data: bool = False) -> None:
         self.broker.drop_group(name, delete_data)
 
-    def set_strays_aside(self, is_stray: Callable[[str, int], bool]) -> list[str]:
+    def set_strays_aside(self, is_stray: Callable[[str, int], bool]) -> Iterator[str]:
         """The data directory's partition stores (those with a topic id: never the
         controller's, nor a config's groups) that no group of the broker hosts and that
         ``is_stray`` says no topic has, moved into ``STRAYS_DIRECTORY`` as
-        NAME.TOPIC_ID (a start scans no store there: none is unclean). A topic-id file
-        that cannot be read leaves its store alone."""
+        NAME.TOPIC_ID (a start scans no store there: none is unclean), each name given
+        as it is moved (a move that fails raises after those). A topic-id file that
+        cannot be read leaves its store alone."""
         root = Path(self.broker.config.data_dir)
-        moved: list[str] = []
         for child in sorted(root.iterdir()) if root.is_dir() else []:
             name = child.name
             if not child.is_dir() or name in self.broker.groups or name == CONTROLLER_GROUP:
@@ -922,8 +923,7 @@ class BrokerGroups:
                 continue
             if topic_id is not None and is_stray(name, topic_id):
                 set_aside(child, root / STRAYS_DIRECTORY, f"{name}.{topic_id}")
-                moved.append(name)
-        return moved
+                yield name
 
     def follow_registrations(self, addresses: dict[str, str]) -> None:
         self.broker.follow_registrations(addresses)
