@@ -10,7 +10,8 @@ a controller that does not lead answers NotLeader naming the leader's address, a
 command follows it (at most ``_REDIRECTS_MAX`` times). A change is answered once its
 record is committed and folded on the leader. ``create`` and ``delete`` are not safe to
 repeat, so they go on to another controller only when the one asked surely did not carry
-them out (its address refused the connection, NotLeader, a broker's UnknownGroup); an
+them out (its address refused the connection, NotLeader, ControllerBusy, a broker's
+UnknownGroup); an
 answer lost on the way (the connection cut or timed out, the leader's own "outcome
 unknown") is RequestOutcomeUnknown, which says to look with ``describe`` before running
 the command again. (``rebalance``'s elect_preferred is sent on: a copy only elects the
@@ -47,7 +48,8 @@ def _ask(bootstrap: str, header: dict[str, Any], *, leader: bool, timeout_s: flo
 
     A request that is not ``repeatable`` (create_topic, delete_topic) goes on to the next
     controller only after a failure that surely left it undone: the address refused the
-    connection (nothing was sent), NotLeader (a follower proposes nothing), UnknownGroup
+    connection (nothing was sent), NotLeader (a follower proposes nothing),
+    ControllerBusy (a leader with too many changes waiting proposes nothing), UnknownGroup
     (a broker: it hosts no controller). Any other failure once it was sent — the
     connection lost or timed out, the leader's own "outcome unknown", an error of no
     known name — may have carried it out (or may still): it raises
@@ -70,6 +72,8 @@ def _ask(bootstrap: str, header: dict[str, Any], *, leader: bool, timeout_s: flo
             failures.append(f"{address}: {error}")
             if leader and error.leader_address and error.leader_address not in queue:
                 queue.insert(0, error.leader_address)
+        except errors.ControllerBusy as error:  # (nothing proposed: the leader is asked
+            failures.append(f"{address}: {error}")  # again if another names it)
         except errors.UnknownGroup:  # a broker (it hosts no controller group) was named
             failures.append(f"{address} is not a controller (a broker? --bootstrap names "
                             "controllers: the [controller] voters of the node configs)")

@@ -256,6 +256,11 @@ class RequestOutcomeUnknown(NodeUnavailable):
     it again."""
 
 
+class ControllerBusy(NodeUnavailable):
+    """The controller leader holds ``requests_waiting_max`` changes waiting for their
+    commit and proposed nothing of this one: it is safe to send again, soon."""
+
+
 class RemoteError(MqlogError):
     """A node reported an error this client does not know by name."""
 

@@ -117,3 +117,29 @@ def test_create_sends_the_topic_config(fake: type[FakeClient]) -> None:
             "--config", f"min_insync_replicas={odd}", "-b", "h:1"])
         assert sent.exit_code == 0, sent.output
         assert asked[-1]["config"] == {"min_insync_replicas": odd}
+
+
+def test_a_busy_leader_proposed_nothing_and_is_asked_again(fake: type[FakeClient]) -> None:
+    """ControllerBusy (requests_waiting_max changes wait on the leader) says nothing was
+    proposed: a create goes on (here a follower names the leader, asked again), where an
+    answer of unknown outcome would stop it (RequestOutcomeUnknown)."""
+    answers = iter([errors.ControllerBusy("busy"), {"assignment": [["b1"]]}])
+
+    class BusyOnce(FakeClient):
+        def call(self, header: dict) -> tuple[dict, bytes]:
+            if self.address == "h:1":
+                self.asked.append((self.address, header["kind"]))
+                answer = next(answers)
+                if isinstance(answer, Exception):
+                    raise answer
+                return answer, b""
+            return super().call(header)
+
+    cli_topics.Client = BusyOnce  # (the fixture's monkeypatch restores it)
+    fake.answers = {"h:2": errors.NotLeader("not me", leader="c1", leader_address="h:1")}
+    result = CliRunner().invoke(cli_topics.topics, ["create", "t", "--partitions", "1",
+                                                    "--replication-factor", "1",
+                                                    "-b", "h:1,h:2"])
+    assert result.exit_code == 0, result.output
+    assert fake.asked == [("h:1", "create_topic"), ("h:2", "create_topic"),
+                          ("h:1", "create_topic")]

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mqlog.errors import (
+    ControllerBusy,
     DuplicateBrokerRegistration,
     InvalidArgument,
     InvalidMetadataRecord,
@@ -555,8 +556,9 @@ class Controller:
     def _propose(self, items: list[Record]) -> int:
         """Check, write and propose ``items``; return where the last ends."""
         if len(self._waiters) >= self.config.requests_waiting_max:
-            raise NodeUnavailable(f"{len(self._waiters)} controller requests wait for their "
-                                  "commit (requests_waiting_max): retry soon")
+            raise ControllerBusy(f"{len(self._waiters)} controller requests wait for their "
+                                 "commit (requests_waiting_max); nothing of this one was "
+                                 "proposed: retry soon")
         working = self.working
         for item in items:
             working = working.apply(item)  # (raises before anything is written)
