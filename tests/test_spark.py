@@ -1051,6 +1051,116 @@ def test_replay_leaves_out_the_producer_tag_and_marks_records_with_strings(spark
     assert {tuple(sorted(row.properties)) for row in written} == {("x",), ()}
 
 
+# Properties that look like the idempotent producer's tag by name, and are it or not by
+# their msgpack types (the engine's rule: a str producer_id, an int sequence >= 0 and, if
+# there, an int producer_epoch >= 0; bool is no int).
+_LOOK_ALIKES = [
+    {"producer_id": "shop-7", "sequence": "42", "note": "x"},  # text: a user's, kept
+    {"producer_id": 7, "sequence": 3, "note": "y"},  # an int producer id: no tag
+    {"producer_id": "p1", "sequence": 3, "x": "1"},  # the tag, no epoch
+    {"producer_id": "p1", "sequence": 4, "producer_epoch": 9, "x": "1"},  # the tag
+    {"producer_id": "p1", "sequence": (1 << 64) - 1},  # the tag, msgpack's largest int
+    {"producer_id": "p1", "sequence": True, "note": "z"},  # bool: no tag
+    {"producer_id": "p1", "sequence": -1},  # negative: no tag
+    {"producer_id": "p1", "sequence": "-3"},
+    {"producer_id": "p1", "sequence": 5, "producer_epoch": "7"},  # a text epoch: no tag
+    {"producer_id": "p1", "sequence": 5, "producer_epoch": None},
+    {"producer_id": None, "sequence": 1},
+    {"producer_id": "p1", "sequence": 1.0},
+    {"producer_id": "", "sequence": 0, "producer_epoch": 0},  # the tag (the engine's rule)
+    {"sequence": 8}, {"producer_id": "p1"}, {"producer_epoch": 2, "n": [1, "a"]},
+]
+
+
+def _look_alike(rng):
+    """Random properties named like the tag (each name absent or a value of some type)."""
+    pools = {"producer_id": ["p2", "7", 7, None, b"p", True],
+             "sequence": [0, 12, "12", -4, 2.5, False, None, "x"],
+             "producer_epoch": [0, 3, "3", -1, None, True]}
+    found = {name: rng.choice(pool) for name, pool in pools.items() if rng.random() < 0.8}
+    return {**found, **({"u": rng.randrange(5)} if rng.random() < 0.5 else {})}
+
+
+def _engine_tagged(path):
+    """The offsets of the records the engine reads a producer tag in: the idempotence
+    table's own scan of the log (what a new leader rebuilds its table from)."""
+    from mqlog.replication.idempotence import producer_tags
+
+    found = set()
+    with mqlog.open(path, read_only=True) as store:
+        position = store.first_segment_base()
+        while position < store.written_position:
+            data = store.read_raw(position, 1 << 20)
+            found |= {stored.offset for _tag, stored in producer_tags(position, data)}
+            position += len(data)
+    return found
+
+
+def test_both_replays_leave_out_the_engines_producer_tag_and_no_user_property(spark,
+                                                                             tmp_path, rng):
+    """Replay to Parquet told the producer's tag from the properties' text (a
+    ``producer_id`` and a ``sequence`` of digits), replay to a store from their msgpack
+    types, and neither as the engine does: a user's ``sequence: "42"`` beside
+    ``producer_id: "shop-7"`` was dropped from the Parquet output only, and a bool or
+    negative ``sequence``, or a text epoch, from the store's only (a hostile review). Now
+    both leave out exactly the tag the engine itself reads in the record, and every
+    other property as it is (in the store with its msgpack type)."""
+    import msgpack
+
+    from mqlog.spark_connector import replay
+    from mqlog.spark_connector.layout import _property_text
+    from mqlog.spark_connector.schema import COLUMNS
+
+    cases = _LOOK_ALIKES + [_look_alike(rng) for _ in range(40)]
+    source = tmp_path / "src"
+    with mqlog.open(source, **SMALL) as store:
+        for index, properties in enumerate(cases):
+            store.put("orders", b"m%d" % index, 0, properties=properties)
+    tagged = _engine_tagged(source)
+    assert {0, 1, 5, 6, 7, 8, 9, 10, 11} & tagged == set() and {2, 3, 4, 12} <= tagged
+    wanted = [{key: value for key, value in properties.items()
+               if offset not in tagged or key not in replay.IDEMPOTENCE_PROPERTIES}
+              for offset, properties in enumerate(cases)]
+
+    frame = replay.select(spark, str(source))
+    out, target = str(tmp_path / "out.parquet"), tmp_path / "dst"
+    assert replay.to_parquet(frame, out) == len(cases)
+    written = spark.read.parquet(out)
+    assert tuple(written.columns) == COLUMNS  # the source's, in order
+    got = {row.offset: dict(row.properties) for row in written.collect()}
+    assert got == {offset: {key: _property_text(value) for key, value in properties.items()}
+                   for offset, properties in enumerate(wanted)}
+
+    assert replay.to_store(frame, str(source), str(target)).written == len(cases)
+    stored = {row[2]: msgpack.packb(row[6]) for row in _replayed(target)}  # by source offset
+    assert stored == {offset: msgpack.packb(properties) for offset, properties
+                      in enumerate(wanted)}  # msgpack types kept: 1 and True differ
+
+    # A --filter still sees every property (the tag too): it selects by the source's.
+    assert replay.select(spark, str(source), where="properties['producer_id'] = 'p1'") \
+        .count() == sum(properties.get("producer_id") == "p1" for properties in cases)
+
+
+def test_user_properties_is_read_only_when_a_schema_names_it(spark, tmp_path):
+    """The hidden column: not in the default schema; named in a user-given one, it is
+    ``properties`` without the producer's tag, in queue and commit-log mode alike."""
+    from mqlog.spark_connector.schema import COLUMNS
+
+    path = tmp_path / "s"
+    with mqlog.open(path, **SMALL) as store:
+        store.put("t", b"a", 0, properties={"producer_id": "p", "sequence": 1, "k": "v"})
+        store.put("t", b"b", 0, properties={"producer_id": "p", "sequence": "1"})
+        store.put("t", b"c", 0)
+    assert tuple(spark.read.format("mqlog").load(str(path)).columns) == COLUMNS
+    for mode in ("queue", "commitlog"):
+        rows = spark.read.format("mqlog").option("mode", mode) \
+            .schema("offset BIGINT, user_properties MAP<STRING, STRING>, "
+                    "properties MAP<STRING, STRING>").load(str(path)).collect()
+        assert sorted((row.offset, dict(row.user_properties), len(row.properties))
+                      for row in rows) == [
+            (0, {"k": "v"}, 3), (1, {"producer_id": "p", "sequence": "1"}, 2), (2, {}, 0)]
+
+
 def test_queue_mode_cuts_by_bytes_not_record_counts(tmp_path, rng):
     """Skewed record sizes: two queues of 1,000 small records, two of 1,000 ~4 KiB
     records, one of a single record. Packed into fewer partitions than queues, each

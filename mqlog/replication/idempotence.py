@@ -264,8 +264,14 @@ def _producer_tag(packed: memoryview) -> ProducerTag | None:
         properties = msgpack.unpackb(packed, raw=False)
     except (ValueError, msgpack.UnpackException):
         return None
-    if not isinstance(properties, dict):
-        return None
+    return tag_of(properties) if isinstance(properties, dict) else None
+
+
+def tag_of(properties: dict[Any, Any]) -> ProducerTag | None:
+    """The producer's tag in decoded ``properties``, by their msgpack types: a str
+    ``producer_id``, an int ``sequence`` >= 0 and an int ``producer_epoch`` >= 0 (0 when
+    left out), bool not counting as an int; None when they are not one (a user's
+    ``sequence: "42"`` is no tag). The Spark connector's replay strips the same."""
     producer_id, sequence = properties.get("producer_id"), properties.get("sequence")
     epoch = properties.get("producer_epoch", 0)
     if isinstance(producer_id, str) and _count(sequence) and _count(epoch):

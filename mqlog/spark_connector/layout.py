@@ -25,7 +25,9 @@ Then, in both forms:
 1. Header fields are split out of the structured headers once (``Fields``), block by
    block so that each record's header is fetched from memory once, not once per field.
 2. Properties (a msgpack map per record) are decoded in Python only for the records that
-   have any; most records have none, and then the column is a run of empty maps.
+   have any; most records have none, and then the column is a run of empty maps. The
+   hidden ``user_properties`` column (schema.py) is the same maps without the idempotent
+   producer's tag, which ``producer_tagged`` tells from the decoded msgpack types.
 3. Columns whose every row is the same (the replica; the topic when the caller has
    checked it; all-null keys or tags; all-empty properties; an all-true ``crc_ok``) are
    built once per value and length and shared by the batches that follow: Arrow arrays
@@ -48,6 +50,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mqlog.replication.idempotence import tag_of
 from mqlog.spark_connector.schema import ARROW_SCHEMA, PROPERTIES_TYPE
 
 HEADER_SIZE = 72
@@ -236,8 +239,32 @@ def _json_default(value: Any) -> Any:
     return repr(value)
 
 
-def properties_column(packed: pa.BinaryArray, sizes: np.ndarray) -> pa.Array:
-    """map<string,string> from msgpack maps; rows whose size is 0 get an empty map."""
+# The idempotent producer's tag: the properties a replicated group's producer stores with
+# each record of an idempotent request (mqlog/replication/idempotence.py, docs/FORMAT.md).
+PRODUCER_TAG_PROPERTIES = ("producer_id", "sequence", "producer_epoch")
+
+
+def producer_tagged(properties: dict) -> bool:
+    """Whether decoded msgpack ``properties`` carry the idempotent producer's tag, by the
+    engine's own rule (``idempotence.tag_of``, which a leader rebuilds its table with):
+    by the values' types, never by their text."""
+    return tag_of(properties) is not None
+
+
+def user_properties(properties: dict) -> dict:
+    """``properties`` without the idempotent producer's tag (``producer_tagged``): its
+    ``producer_id``, ``sequence`` and ``producer_epoch`` when they are one; otherwise
+    ``properties`` itself, whatever the names in it. Both replay paths use this."""
+    if producer_tagged(properties):
+        return {key: value for key, value in properties.items()
+                if key not in PRODUCER_TAG_PROPERTIES}
+    return properties
+
+
+def properties_column(packed: pa.BinaryArray, sizes: np.ndarray,
+                      user: bool = False) -> pa.Array:
+    """map<string,string> from msgpack maps; rows whose size is 0 get an empty map. With
+    ``user``, each map without the producer's tag (``user_properties``)."""
     count = len(sizes)
     offsets = np.zeros(count + 1, np.int32)
     keys: list[str] = []
@@ -252,6 +279,8 @@ def properties_column(packed: pa.BinaryArray, sizes: np.ndarray) -> pa.Array:
             except (ValueError, msgpack.ExtraData, msgpack.FormatError):
                 mapping = None  # only a record whose CRC failed can get here
             if isinstance(mapping, dict):
+                if user:
+                    mapping = user_properties(mapping)
                 keys.extend(str(key) for key in mapping)
                 values.extend(_property_text(value) for value in mapping.values())
                 lengths[row] = len(mapping)
@@ -261,7 +290,8 @@ def properties_column(packed: pa.BinaryArray, sizes: np.ndarray) -> pa.Array:
 
 
 _SPAN_FIELDS = ("topic_size", "key_size", "tags_size", "properties_size", "body_size")
-_SPAN_OF = {"topic": 0, "key": 1, "tags": 2, "properties": 3, "body": 4}
+_SPAN_OF = {"topic": 0, "key": 1, "tags": 2, "properties": 3, "body": 4,
+            "user_properties": 3}  # (hidden: properties without the producer's tag)
 
 
 @dataclass
@@ -413,15 +443,17 @@ def _column(name: str, cut: _Cut) -> pa.Array:
 
 
 def _span_column(name: str, cut: _Cut) -> pa.Array:
-    """topic, key, tags, properties or body: cut out of the records unless constant."""
+    """topic, key, tags, properties (or user_properties) or body: cut out of the records
+    unless constant."""
     count, index = cut.head.count, _SPAN_OF[name]
     if name == "topic" and cut.topic is not None:
         return repeated(cut.topic, count)
     sizes = cut.sizes(index)
-    if name in ("key", "tags", "properties") and not sizes.any():
-        return _empty_maps(count) if name == "properties" else repeated(None, count)
-    if name == "properties":
-        return properties_column(cut.span(index), sizes)
+    maps = name in ("properties", "user_properties")
+    if (maps or name in ("key", "tags")) and not sizes.any():
+        return _empty_maps(count) if maps else repeated(None, count)
+    if maps:
+        return properties_column(cut.span(index), sizes, user=name == "user_properties")
     valid = cut.fits & (sizes > 0) if name in ("key", "tags") else cut.fits
     return _with_validity(cut.span(index), valid,
                           pa.binary() if name == "body" else pa.string())

@@ -45,7 +45,15 @@ queue ranges read in offset order (planner.py).
 Neither output shows the idempotent producer's tag (the ``producer_id``, ``sequence``
 and ``producer_epoch`` properties a replicated group's producer stores with every record,
 mqlog/replication/idempotence.py) as user properties: it names a request to the source's
-group, not to whoever reads the copy.
+group, not to whoever reads the copy. Both outputs tell the tag the same way, from the
+record's msgpack types by the engine's own rule (``layout.user_properties``: a str
+``producer_id``, an int ``sequence`` >= 0, an int ``producer_epoch`` >= 0 if there): the
+store path on the records it reads back, the Parquet path through the reader, whose
+hidden ``user_properties`` column (schema.py) ``select`` reads and ``to_parquet`` writes as
+``properties``. Every other property is kept as it is, whatever its name: a user's
+``sequence: "42"`` beside ``producer_id: "shop-7"`` is no tag (the Parquet path once
+decided from the properties' text, which Spark's map holds, and dropped it: a hostile
+review).
 """
 
 from __future__ import annotations
@@ -58,6 +66,8 @@ from typing import Any
 
 import mqlog
 from mqlog.errors import InvalidArgument
+from mqlog.spark_connector.layout import PRODUCER_TAG_PROPERTIES, user_properties
+from mqlog.spark_connector.schema import HIDDEN_COLUMNS, spark_schema
 
 REPLAY_PROPERTY = "mqlog.replay.offset"  # source offset of the batch's first record
 REPLAY_FIRST_PROPERTY = "mqlog.replay.first"  # destination offset of that record
@@ -95,17 +105,7 @@ def _number(value: Any) -> int | None:
     return None
 
 
-IDEMPOTENCE_PROPERTIES = ("producer_id", "producer_epoch", "sequence")
-
-
-def user_properties(properties: dict) -> dict:
-    """``properties`` without the idempotent producer's tag (a str producer id and an int
-    sequence, and the epoch if there; see the module docstring)."""
-    producer, sequence = properties.get("producer_id"), properties.get("sequence")
-    if isinstance(producer, str) and isinstance(sequence, int):
-        return {key: value for key, value in properties.items()
-                if key not in IDEMPOTENCE_PROPERTIES}
-    return properties
+IDEMPOTENCE_PROPERTIES = PRODUCER_TAG_PROPERTIES  # (the name replay had for them)
 
 
 def range_options(start: str | None, end: str | None) -> dict[str, str]:
@@ -125,7 +125,9 @@ def range_options(start: str | None, end: str | None) -> dict[str, str]:
 
 def select(spark: Any, source: str, start: str | None = None, end: str | None = None,
            where: str | None = None, topics: str | None = None) -> Any:
-    """The DataFrame of the records to replay (unordered; see the module docstring)."""
+    """The DataFrame of the records to replay (unordered; see the module docstring): the
+    source's columns and the hidden ``user_properties`` (``to_parquet`` writes it as the
+    output's ``properties``)."""
     from mqlog.spark_connector import register
 
     check_filter(where)
@@ -141,7 +143,8 @@ def select(spark: Any, source: str, start: str | None = None, end: str | None = 
                 for topic, queue_id in store.queues():
                     per_queue.setdefault(topic, {})[str(queue_id)] = number
                 options[name] = _json(per_queue)
-    frame = spark.read.format("mqlog").options(**options).load()
+    frame = spark.read.format("mqlog").schema(spark_schema(hidden=True)).options(**options) \
+        .load()
     return frame.where(where) if where else frame
 
 
@@ -217,15 +220,18 @@ def _json(value: Any) -> str:
 
 
 def to_parquet(frame: Any, out: str) -> int:
-    """Write the selection to Parquet at ``out`` (replacing it), each file in queue order,
-    without the producer's tag in ``properties``; the number of rows written."""
+    """Write the selection (``select``'s DataFrame) to Parquet at ``out`` (replacing it),
+    each file in queue order, the source's columns with ``properties`` without the
+    producer's tag (the reader's ``user_properties``: see the module docstring); the
+    number of rows written."""
     from pyspark.sql import functions as F
 
-    properties = F.col("properties")
-    tagged = properties["producer_id"].isNotNull() & \
-        properties["sequence"].rlike("^-?[0-9]+$")
-    kept = F.map_filter(properties, lambda key, _value: ~key.isin(*IDEMPOTENCE_PROPERTIES))
-    frame = frame.withColumn("properties", F.when(tagged, kept).otherwise(properties))
+    (user,) = HIDDEN_COLUMNS
+    if user not in frame.columns:
+        raise InvalidArgument(f"to_parquet writes a DataFrame from replay.select, which has "
+                              f"the source's {user} column; this one has only "
+                              f"{', '.join(frame.columns)}")
+    frame = frame.withColumn("properties", F.col(user)).drop(user)
     frame.sortWithinPartitions("topic", "queue_id", "offset").write.mode("overwrite") \
         .parquet(out)
     return int(frame.sparkSession.read.parquet(out).count())

@@ -16,6 +16,14 @@ be cut out of it. A user-given schema must keep every column nullable (``project
 ``binary`` not ``large_binary``, ``timestamp[us, tz=UTC]``); it is written out here so
 that building batches does not need pyspark, and a test checks it against PySpark's
 own conversion.
+
+A column outside the default schema (``HIDDEN_COLUMNS``) is read only when a user-given
+schema names it; every column costs Spark per row, so a read that does not ask for it
+does not pay for it. ``user_properties`` (map<string,string>, like ``properties``) is
+``properties`` without the idempotent producer's tag, decided from the record's msgpack
+types as the engine decides it (``layout.user_properties``): replay to Parquet writes it
+as the output's ``properties``, so both replay paths leave out the same tag and no user
+property.
 """
 
 from __future__ import annotations
@@ -51,17 +59,26 @@ ARROW_SCHEMA = pa.schema([
 ])
 assert tuple(ARROW_SCHEMA.names) == COLUMNS
 
+# Read only when a user-given schema names them (see the module docstring).
+HIDDEN_COLUMNS = ("user_properties",)
+HIDDEN_DDL = "user_properties MAP<STRING, STRING>"
+_HIDDEN_ARROW = {"user_properties": pa.field("user_properties", PROPERTIES_TYPE)}
+assert tuple(_HIDDEN_ARROW) == HIDDEN_COLUMNS
 
-def spark_schema() -> object:
-    """The schema as a pyspark StructType (imports pyspark; needs no session)."""
+
+def spark_schema(hidden: bool = False) -> object:
+    """The schema as a pyspark StructType (imports pyspark; needs no session); with
+    ``hidden``, the hidden columns after ours (a user-given schema that reads them)."""
     from pyspark.sql import types as t
 
     kinds = {"topic": t.StringType(), "queue_id": t.IntegerType(), "offset": t.LongType(),
              "position": t.LongType(), "epoch": t.LongType(), "timestamp": t.TimestampType(),
              "born_timestamp": t.TimestampType(), "key": t.StringType(),
              "tags": t.StringType(), "properties": t.MapType(t.StringType(), t.StringType()),
-             "body": t.BinaryType(), "crc_ok": t.BooleanType(), "replica": t.StringType()}
-    return t.StructType([t.StructField(name, kinds[name], True) for name in COLUMNS])
+             "body": t.BinaryType(), "crc_ok": t.BooleanType(), "replica": t.StringType(),
+             "user_properties": t.MapType(t.StringType(), t.StringType())}
+    names = (*COLUMNS, *HIDDEN_COLUMNS) if hidden else COLUMNS
+    return t.StructType([t.StructField(name, kinds[name], True) for name in names])
 
 
 def projection(requested: object) -> pa.Schema:
@@ -76,7 +93,8 @@ def projection(requested: object) -> pa.Schema:
     wrong, and a null then breaks the read."""
     from mqlog.errors import InvalidArgument
 
-    ours = {field.name: field for field in spark_schema().fields}  # type: ignore[attr-defined]
+    ours = {field.name: field
+            for field in spark_schema(hidden=True).fields}  # type: ignore[attr-defined]
     fields = []
     seen: set[str] = set()
     for field in requested.fields:  # type: ignore[attr-defined]
@@ -87,7 +105,7 @@ def projection(requested: object) -> pa.Schema:
                 f"the mqlog source has no column {field.name} "
                 f"{field.dataType.simpleString()}"
                 + (f" (its {field.name} is {kind}, nullable, map values too)" if kind else "")
-                + f"; its schema is {SCHEMA_DDL}")
+                + f"; its schema is {SCHEMA_DDL} (and, named in a schema, {HIDDEN_DDL})")
         if field.name in seen:
             raise InvalidArgument(
                 f"the schema given to the mqlog source names column {field.name} twice; "
@@ -100,13 +118,19 @@ def projection(requested: object) -> pa.Schema:
                 f"{field.dataType.simpleString().upper()}, without NOT NULL, and filter "
                 "out the nulls in the query if need be")
         seen.add(field.name)
-        fields.append(pa.field(field.name, ARROW_SCHEMA.field(field.name).type,
-                               nullable=True))
+        fields.append(pa.field(field.name, _arrow_field(field.name).type, nullable=True))
     return pa.schema(fields)
 
 
 def arrow_schema(columns: tuple[str, ...] | None) -> pa.Schema:
-    """The Arrow schema of the named columns of ours (None: all), in that order."""
+    """The Arrow schema of the named columns of ours (None: all but the hidden ones), in
+    that order."""
     if columns is None:
         return ARROW_SCHEMA
-    return pa.schema([ARROW_SCHEMA.field(name) for name in columns])
+    return pa.schema([_arrow_field(name) for name in columns])
+
+
+def _arrow_field(name: str) -> pa.Field:
+    """The Arrow field of a column of ours, hidden ones included."""
+    hidden = _HIDDEN_ARROW.get(name)
+    return hidden if hidden is not None else ARROW_SCHEMA.field(name)
