@@ -88,7 +88,8 @@ class Script:
         if command == "register":
             return [RegisterBroker(kw["id"], epoch, kw.get("address", "h:" + kw["id"]),
                                    kw.get("rack", ""),
-                                   unclean_shutdown=kw.get("unclean_shutdown") == "true")]
+                                   unclean_shutdown=kw.get("unclean_shutdown") == "true",
+                                   data_lost=kw.get("data_lost") == "true")]
         if command in ("fence", "unfence"):
             cls = FenceBroker if command == "fence" else UnfenceBroker
             return [cls(kw["id"], epoch)]

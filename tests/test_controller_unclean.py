@@ -47,14 +47,18 @@ def _topic_hosted(cluster: Cluster, addresses: list[str]) -> Any:
     return part
 
 
-def _second_registration_left_the_elr(addresses: list[str], broker: str) -> None:
-    """``broker`` registered twice, the second time as after an unclean shutdown, and
-    the next partition change has it in neither the ELR nor the ISR."""
+def _second_registration_left_the_elr(addresses: list[str], broker: str,
+                                      data_lost: bool) -> None:
+    """``broker`` registered twice, the second time as after an unclean shutdown (with
+    ``data_lost`` or not), and the next partition change has it in neither the ELR nor
+    the ISR."""
     log = _log(addresses)
     registered = [index for index, record in enumerate(log)
                   if isinstance(record, records.RegisterBroker) and record.broker_id == broker]
     assert len(registered) == 2 and log[registered[1]].unclean_shutdown
+    assert log[registered[1]].data_lost == data_lost
     assert not log[registered[0]].unclean_shutdown  # (its first start)
+    assert not log[registered[0]].data_lost
     after = next(record for record in log[registered[1] + 1:]
                  if isinstance(record, records.PartitionChange))
     assert broker not in after.elr and broker not in after.isr, after
@@ -77,7 +81,7 @@ def test_a_broker_back_from_an_unclean_shutdown_leaves_the_elr(tmp_path: Path) -
         cluster.start(crashed)
         wait_until(lambda: len(_partition(addresses).isr) == 3,
                    f"{crashed} caught up and back in the ISR", 60)
-        _second_registration_left_the_elr(addresses, crashed)
+        _second_registration_left_the_elr(addresses, crashed, data_lost=False)
 
         cluster.stop(clean)
         cluster.start(clean)
@@ -107,4 +111,4 @@ def test_a_broker_back_with_a_wiped_data_dir_leaves_the_elr(tmp_path: Path) -> N
         cluster.start(wiped)
         wait_until(lambda: (configs[wiped].data_dir / MEMBER_FILE).exists(),
                    f"{wiped} registered again", 60)
-        _second_registration_left_the_elr(addresses, wiped)
+        _second_registration_left_the_elr(addresses, wiped, data_lost=True)

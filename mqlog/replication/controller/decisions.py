@@ -157,8 +157,10 @@ def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
                 decided = fence_isr(PartitionState.of(part), broker_id, fenced,
                                     topic.min_insync_replicas or min_insync_replicas,
                                     unclean, test_break)
-                if _unclean_shutdown(state, broker_id):
-                    decided = leave_elr(PartitionState.of(part), broker_id, decided)
+                info = state.brokers.get(broker_id)
+                if info is not None and info.unclean_shutdown:
+                    decided = leave_elr(PartitionState.of(part), broker_id, decided,
+                                        last_too=info.data_lost)
                 if decided is not None:
                     changes.append(isr_change(name, index, decided[0], lost_range(
                         decided, (reported or {}).get((name, index), {}))))
@@ -198,22 +200,21 @@ def unfence_changes(state: ClusterMetadata, broker_id: str, *, min_insync_replic
     return changes
 
 
-def _unclean_shutdown(state: ClusterMetadata, broker_id: str) -> bool:
-    info = state.brokers.get(broker_id)
-    return info is not None and info.unclean_shutdown
-
 
 def leave_elr(current: PartitionState, broker_id: str,
-              decided: tuple[PartitionState, str] | None) -> tuple[PartitionState, str] | None:
+              decided: tuple[PartitionState, str] | None,
+              last_too: bool = False) -> tuple[PartitionState, str] | None:
     """``decided`` (fence_isr's, or None: no change) with ``broker_id`` out of the ELR: it
     registered after an unclean shutdown (KIP-966), so its log may lack records it had
     acknowledged, and it must not be elected before a replica that holds every committed
     record. Unless no other is eligible (the ISR empty, the ELR only it): then it stays,
     the last copy there is (KIP-966's unclean recovery elects the last known ELR member
-    too), rather than leave the partition without a leader for good."""
+    too), rather than leave the partition without a leader for good. ``last_too``: it
+    goes even then — its data_dir was wiped, so it holds no copy at all, and electing it
+    would lose every record as if cleanly (only an unclean election may, and says so)."""
     base = current if decided is None else decided[0]
     rest = tuple(name for name in base.elr if name != broker_id)
-    if broker_id not in base.elr or not (rest or base.isr):
+    if broker_id not in base.elr or not (rest or base.isr or last_too):
         return decided
     if decided is None:
         return dataclasses.replace(current, elr=rest,

@@ -19,7 +19,11 @@ The records (Kafka's names where Kafka has one):
   controller answers a retried registration of the same life with the epoch it has.
   ``unclean_shutdown``: its last life did not close its stores cleanly (KIP-966), so it
   leaves every ELR it is not the last eligible replica of (it may have lost what it
-  acknowledged, with replica_ack "written": decisions.leave_elr). ``groups_max``: the
+  acknowledged, with replica_ack "written": decisions.leave_elr). ``data_lost``: its
+  data_dir held no sign of its earlier life (wiped or replaced; ``unclean_shutdown`` is set
+  too): its replicas hold nothing, so it leaves even an ELR it is the last eligible
+  replica of — the partition then waits for a replica with the data, or an unclean
+  election that reports what it loses. ``groups_max``: the
   most groups the controller may have it host (its groups_max less its config file's
   groups); topics are placed within it (0: a broker that did not say).
 * FenceBroker / UnfenceBroker — a broker missed its session (or came back), named with
@@ -68,6 +72,9 @@ class BrokerInfo:
     # fences never put it in an ELR (its log may lack what it acknowledged)
     unclean_shutdown: bool = False
     groups_max: int = 0  # the most groups it may be given (see above); 0: not said
+    # ... and its data_dir held nothing of its earlier life (wiped, replaced): until it is
+    # unfenced, it leaves even an ELR it is the last eligible replica of
+    data_lost: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ class RegisterBroker:
     incarnation: str = ""  # one per process life: a retried registration is known by it
     unclean_shutdown: bool = False  # the broker's stores were not closed cleanly (KIP-966)
     groups_max: int = 0  # the most groups the broker may be given; 0: not said
+    data_lost: bool = False  # its data_dir held nothing of its earlier life (then unclean too)
 
 
 @dataclass(frozen=True)

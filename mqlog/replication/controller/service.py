@@ -279,8 +279,9 @@ class Controller:
         ``groups_max``: the most groups the broker hosts (0: not said), which
         ``create_topic`` places replicas within. ``fresh_data_dir``: its data_dir holds no
         sign of an earlier life (host.py's MEMBER_FILE): for a broker known here, wiped
-        or replaced, so registered as after an unclean shutdown (out of every ELR: its
-        replicas hold nothing); for a new one, nothing."""
+        or replaced, so registered as after an unclean shutdown and with ``data_lost``
+        (out of every ELR, even one it is the last eligible replica of: its replicas hold
+        nothing); for a new one, nothing."""
         _check_text(broker_id=broker_id, address=address, rack=rack, incarnation=incarnation)
         _check_address(broker_id, address)
         for name, flag in (("unclean_shutdown", unclean_shutdown),
@@ -293,7 +294,8 @@ class Controller:
                                   f"{groups_max!r}")
         self._check_serving()
         known = self.working.brokers.get(broker_id)
-        unclean_shutdown = unclean_shutdown or (fresh_data_dir and known is not None)
+        data_lost = fresh_data_dir and known is not None  # (a new broker's is empty anyway)
+        unclean_shutdown = unclean_shutdown or data_lost
         if known is not None and incarnation and known.incarnation == incarnation and \
                 (known.address, known.rack, known.groups_max) == (address, rack, groups_max):
             self._sessions[broker_id] = self.ticks
@@ -314,7 +316,7 @@ class Controller:
                                         f"brokers_max={self.config.brokers_max}")
         epoch = 1 if known is None else known.broker_epoch + 1
         register = RegisterBroker(broker_id, epoch, address, rack, incarnation,
-                                  unclean_shutdown, groups_max)
+                                  unclean_shutdown, groups_max, data_lost)
         # A fenced broker's changes, as _finish_fences makes them, but in the same batch:
         # after an unclean shutdown, out of every ELR before its first heartbeat can
         # unfence it; and whenever its last life was not fenced yet (it restarted within

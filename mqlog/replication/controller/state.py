@@ -124,6 +124,7 @@ class ClusterMetadata:
             lines.append(f"  {name} epoch={info.broker_epoch} address={info.address}"
                          + (f" rack={info.rack}" if info.rack else "")
                          + (" unclean_shutdown" if info.unclean_shutdown else "")
+                         + (" data_lost" if info.data_lost else "")
                          + (" fenced" if info.fenced else " live"))
         lines.append("topics:" if self.topics else "topics: -")
         for name in sorted(self.topics):
@@ -192,7 +193,7 @@ def _register(state: ClusterMetadata, record: RegisterBroker) -> ClusterMetadata
                       fenced=True,  # fenced until it heartbeats (Kafka's rule)
                       incarnation=record.incarnation,
                       unclean_shutdown=record.unclean_shutdown,
-                      groups_max=record.groups_max)
+                      groups_max=record.groups_max, data_lost=record.data_lost)
     return replace(state, brokers=_frozen({**state.brokers, record.broker_id: info}))
 
 
@@ -210,7 +211,8 @@ def _fencing(fenced: bool) -> Callable[[ClusterMetadata, Any], ClusterMetadata]:
             raise _refuse(f"broker {record.broker_id} is already {verb}d")
         # (unfenced, it is a replica like any other again: its log is what it reports)
         info = replace(known, fenced=fenced,
-                       unclean_shutdown=known.unclean_shutdown and fenced)
+                       unclean_shutdown=known.unclean_shutdown and fenced,
+                       data_lost=known.data_lost and fenced)
         return replace(state, brokers=_frozen({**state.brokers, record.broker_id: info}))
     return apply
 
