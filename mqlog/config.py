@@ -387,6 +387,11 @@ def load(path: str | Path) -> StoreConfig:
         raise ConfigError(f"{path}: not valid TOML: {error}") from None
     except OSError as error:
         raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+    unknown = sorted(set(document) - set(_TOP_TABLES))
+    if unknown:  # (a [Store] or a bare key would leave every setting at its default)
+        raise ConfigError(f"{path}: unknown table(s) or key(s) {', '.join(unknown)} at the "
+                          "top: a store's settings go in a [store] table (a node config's "
+                          f"tables are {', '.join(_TOP_TABLES)})")
     table = document.get("store", {})
     if not isinstance(table, dict):
         raise ConfigError(f"{path}: [store] must be a table")

@@ -906,6 +906,14 @@ def test_config_loads_from_toml(tmp_path):
     path.write_text('[store]\nflush_mode = 3\n')
     with pytest.raises(errors.ConfigError):
         mqlog.config.load(path)
+    # a misspelt table, or a key outside [store], left every setting at its default
+    for text in ('[Store]\nflush_mode = "sync"\n', '[stor]\nflush_mode = "sync"\n',
+                 'segment_size_bytes = 67108864\n'):
+        path.write_text(text)
+        with pytest.raises(errors.ConfigError, match="go in a \\[store\\] table"):
+            mqlog.config.load(path)
+    path.write_text('[node]\nid = "n1"\n[store]\nflush_mode = "sync"\n')  # (a node's)
+    assert mqlog.config.load(path).flush_mode == "sync"
 
 
 @pytest.mark.parametrize("call", [
