@@ -270,8 +270,9 @@ def host_controller(broker: Any) -> Controller:
         return proposal.answer
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
-        outcome = dispatch(controller, header, broker.config.cluster_id)  # (NotLeader: the broker's error answer names
-        # the leader and its address: node.error_answer)
+        outcome = dispatch(controller, header, broker.config.cluster_id)
+        # (NotLeader: the broker's error answer names the leader and its address:
+        # node.error_answer)
         if isinstance(outcome, Proposal):
             return await settled(outcome), b""
         return outcome, b""
