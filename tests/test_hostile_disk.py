@@ -140,6 +140,83 @@ with mqlog.open(path, implementation=impl, read_only=True) as store:
 print("ok", len(acked))
 """
 
+CQ_CROSSING_CHILD = r"""
+import os, sys
+import mqlog
+from mqlog import errors
+
+root, impl, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+path = os.path.join(root, "store")
+# 16 entries a consume-queue file. Nothing runs beside the writer (no thread takes or
+# gives back blocks), and nothing backs the segment ahead of it but its own 64 KiB
+# steps: the batch below needs no segment block, only the next consume-queue file.
+settings = dict(implementation=impl, flush_mode=mode, background_threads=False,
+                segment_size_bytes=1 << 20, message_size_bytes_max=1 << 16,
+                consume_queue_entries_per_file=16, segment_allocate_step_bytes=64 << 10,
+                segment_prepare_ahead_bytes_max=0)
+
+
+def fill():
+    # Until a pass finds no room at all: ext4 gives back, at a sync, what it reserved.
+    with open(os.path.join(root, "filler"), "ab", buffering=0) as file:
+        while True:
+            wrote = 0
+            try:
+                while True:
+                    wrote += file.write(bytes(1024))
+            except OSError:
+                pass
+            os.sync()
+            if not wrote:
+                return
+
+
+def free():
+    os.unlink(os.path.join(root, "filler"))
+    os.sync()
+
+
+def bodies(store):
+    return [record.body for record in store.get("t", 0, 0, 1000, 1 << 20)]
+
+
+def refused(store, batch, acked):
+    # Offsets 10..19: the queue's first file ends at 16, the disk is full.
+    try:
+        store.put_batch("t", batch)
+    except errors.DiskFull:
+        pass
+    else:
+        raise AssertionError("a batch was stored on a full disk")
+    assert bodies(store) == acked, bodies(store)  # (nothing of it, live)
+
+
+acked = [b"acked %d" % index for index in range(10)]
+batch = [b"batch %d" % index for index in range(10)]
+store = mqlog.open(path, **settings)
+store.put_batch("t", acked)
+store.flush()
+fill()
+refused(store, batch, acked)
+store.abandon("a crash on the full disk")
+with mqlog.open(path, implementation=impl, read_only=True) as store:
+    assert bodies(store) == acked, bodies(store)  # (nothing of it after a crash)
+free()
+store = mqlog.open(path, **settings)
+assert bodies(store) == acked, bodies(store)
+fill()  # again, and this time the store lives on: room returns, the batch goes whole
+refused(store, batch, acked)
+free()
+store.put_batch("t", batch)
+store.put("t", b"one more")
+acked += batch + [b"one more"]
+assert bodies(store) == acked, bodies(store)
+store.close()
+with mqlog.open(path, **settings) as store:
+    assert bodies(store) == acked, bodies(store)
+print("ok")
+"""
+
 RAW_RECORDS_CHILD = r"""
 import os, shutil, sys, tempfile
 import mqlog
@@ -572,6 +649,22 @@ def test_durable_batches_on_a_full_disk_are_typed_and_lose_nothing(small_fs, imp
     and after a crash right there, nothing of the refused batch does."""
     root, _filler = small_fs
     out = _run_child(DURABLE_BATCHES_CHILD, str(root), impl)
+    assert out.startswith("ok"), out
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_batches_crossing_a_consume_queue_file_on_a_full_disk_store_nothing(small_fs, impl,
+                                                                            mode):
+    """A batch whose entries cross the end of its queue's consume-queue file, the disk
+    full: the next file was opened a record at a time, so the records before it were
+    written and published, then the full disk refused the file: DiskFull, with part of
+    the batch read back live and after a crash. put_batch now opens and backs every
+    consume-queue file the batch's entries go in before it writes a record: DiskFull
+    with nothing of it stored, before and after a crash; once there is room the batch
+    is stored whole, by the store that refused it (its next file already open) and by
+    one reopened. Both write paths: pwrite (sync) and the mapping (async)."""
+    root, _filler = small_fs
+    out = _run_child(CQ_CROSSING_CHILD, str(root), impl, mode)
     assert out.startswith("ok"), out
 
 

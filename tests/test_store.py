@@ -605,6 +605,23 @@ def test_append_raw_rejects_bad_data_and_changes_nothing(open_store, tmp_path):
     assert follower.append_raw(0, data) == leader.written_position
 
 
+def test_append_raw_rejects_a_record_larger_than_a_segment_that_would_open_one(open_store,
+                                                                                tmp_path):
+    """A record larger than the follower's segments (a replica of other settings), where
+    it would open a segment (here the log's start): the plan let it through, and the copy
+    raised IndexError, which stopped the whole broker. It is ReplicaDataRejected, naming
+    both sizes, and nothing is stored."""
+    leader = open_store(segment_size_bytes=1 << 20, message_size_bytes_max=1 << 19)
+    leader.put("t", b"x" * 100_000)
+    data = leader.read_raw(0, 1 << 20)
+    follower = open_store(tmp_path / "follower", segment_size_bytes=65536,
+                          message_size_bytes_max=1024)
+    with pytest.raises(errors.ReplicaDataRejected, match="a record of 100073 bytes does "
+                       "not fit in this replica's segment \\(of 65536 bytes\\)"):
+        follower.append_raw(0, data)
+    assert follower.written_position == 0 and follower.get("t") == []
+
+
 def test_committed_position_hides_records_when_external(open_store):
     store = open_store(committed_follows="external")
     results = [store.put("t", bytes([i])) for i in range(5)]

@@ -455,7 +455,7 @@ class Store:
         self._check_read(topic, queue_id, offset, max_count, max_bytes)
         names = queries.parse_subscription(tags, self.config.subscription_tags_max)
         for name in names or ():
-            _check_text("a tag of the subscription", name)  # (as put checks tags)
+            self.core_module.check_text("a tag of the subscription", name)  # (as put)
         hashes = () if names is None else tuple(self.core_module.tag_hash(name)
                                                 for name in names)
         records, next_offset = self.core.pull(topic, queue_id, offset, max_count, max_bytes,
@@ -487,8 +487,8 @@ class Store:
             raise InvalidArgument(f"key must be a non-empty str, got {shown(key)}")
         if not isinstance(topic, str):
             raise InvalidArgument(f"topic must be a str, got {shown(topic)}")
-        _check_text("topic", topic)  # (as put checks them, read-only stores too)
-        _check_text("key", key)
+        self.core_module.check_text("topic", topic)  # (as put, read-only stores too)
+        self.core_module.check_text("key", key)
         begin = queries.check_timestamp("begin_ts", begin_ts, queries.TIME_MIN)
         end = queries.check_timestamp("end_ts", end_ts, queries.TIME_MAX)
         count = self._check_query_count(max_count)
@@ -1257,15 +1257,6 @@ class Store:
     def _on_flush_failure(self, failure: FlushFailed) -> None:
         self.core.fence(StoreFailed(f"store {self.paths.root} stopped accepting writes: "
                                     f"{failure}"))
-
-
-def _check_text(name: str, value: str) -> None:
-    """A name put would refuse as not UTF-8 (a lone surrogate): the same typed error."""
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        raise InvalidArgument(f"{name} {shown(value)} is not valid Unicode text (a lone "
-                              "surrogate cannot be stored as UTF-8)") from None
 
 
 def _after_fork_in_child() -> None:

@@ -214,6 +214,20 @@ def _nested_key_problem(properties):
     return False
 
 
+def check_text(name, value):
+    """Refuse a str put would refuse as not UTF-8 (a lone surrogate), with put's error
+    (the twin's check_text)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise _text_error(name, value) from None
+
+
+def _no_fit(size, segment_size_bytes):
+    return (f"a record of {size} bytes does not fit in this replica's segment (of "
+            f"{segment_size_bytes} bytes); give every replica the same segment_size_bytes")
+
+
 def _text_error(name, value):
     """InvalidArgument for a str that UTF-8 cannot encode (a lone surrogate)."""
     return InvalidArgument(f"{name} {shown(value)} is not valid Unicode text (a lone surrogate "

@@ -18,7 +18,10 @@ Write path: validate (nothing is touched if the arguments are bad) → take the 
 lock → find or create the queue → make room in its consume-queue file → assign the
 position (a record that does not fit leaves a blank record and rolls to a new segment),
 offset and store timestamp → encode the record straight into the mapping → append the
-consume-queue entry → advance the written (and maybe committed) position → release. With
+consume-queue entry → advance the written (and maybe committed) position → release. A
+put_batch first makes room for all of it (the twin's _room_for_batch): the segment it
+goes in and every consume-queue file its entries go in, opened and backed, so a full
+disk refuses it before any record is written. With
 ``write_segment`` and ``stage_batches`` (a sync-flush store), a put_batch that fits in
 its segment and consume-queue file is encoded into a staging buffer, written with one
 pwrite, and then published as a record is: its entries, then the written position (the
@@ -608,7 +611,7 @@ cdef class LogCore:
         cdef bytes body
         for index in range(count):
             total += fields.fixed_size + <uint64_t>PyBytes_GET_SIZE(<bytes>items[index])
-        self._room_for_batch(total)
+        self._room_for_batch(queue, <uint64_t>count, total)
         first_position = self.written_position
         if self._stage_batches and self._put_staged(queue, fields, items, borns, total,
                                                     store_timestamp):
@@ -629,19 +632,42 @@ cdef class LogCore:
         return _tuple6(_BatchPutResult, _PUT_OK, first_position, first_offset, count,
                        store_timestamp, self.written_position)
 
-    cdef int _room_for_batch(self, uint64_t total) except -1:
-        """Before a batch writes anything, the segment it all goes in, backed for all of
-        it (the twin's _room_for_batch: a full disk refusing the next segment part way
-        through a batch left the records before it stored)."""
+    cdef int _room_for_batch(self, _Queue queue, uint64_t count, uint64_t total) except -1:
+        """Before a batch writes anything, room for all of it: the segment it all goes
+        in, backed for all of it, and every consume-queue file its ``count`` entries go
+        in, opened and backed (the twin's _room_for_batch: a full disk refusing the next
+        segment or consume-queue file part way through a batch left the records before
+        it stored)."""
         cdef Segment *segment
-        if total + MQ_BLANK_SIZE_MIN > <uint64_t>self.segment_size_bytes:
-            return 0
-        self._ensure_segment()
-        segment = self._writable_segment()
-        if self.written_position - segment.base + total + MQ_BLANK_SIZE_MIN > segment.size:
-            segment = self._roll(segment)
-        self._ensure_ready(segment, self.written_position + total + MQ_BLANK_SIZE_MIN)
+        if total + MQ_BLANK_SIZE_MIN <= <uint64_t>self.segment_size_bytes:
+            self._ensure_segment()
+            segment = self._writable_segment()
+            if self.written_position - segment.base + total + MQ_BLANK_SIZE_MIN > \
+                    segment.size:
+                segment = self._roll(segment)
+            self._ensure_ready(segment, self.written_position + total + MQ_BLANK_SIZE_MIN)
+        self._room_for_entries(queue, count)
         return 0
+
+    cdef int _room_for_entries(self, _Queue queue, uint64_t count) except -1:
+        """The consume-queue files of the queue's next ``count`` entries, opened and
+        backed, each to its end before the next is opened (the twin's)."""
+        cdef uint64_t end = queue.next_offset + count, file_end, ready
+        self._ensure_queue_room(queue)
+        while True:
+            file_end = queue.last_base + queue.entries_per_file
+            while min(end, file_end) > queue.ready_end:
+                if self._prepare_queue is None:
+                    queue.ready_end = 0xFFFF_FFFF_FFFF_FFFF
+                    break
+                ready = self._prepare_queue(queue.topic, queue.queue_id, queue.ready_end)
+                if ready <= queue.ready_end:
+                    _fail(f"prepare_queue answered {ready} for entries ready to "
+                          f"{queue.ready_end}")
+                queue.ready_end = ready
+            if end <= file_end:
+                return 0
+            self._new_queue_file(queue.topic, queue.queue_id, file_end)
 
     cdef Segment *_roll(self, Segment *segment) except NULL:
         """Close ``segment`` with a blank (its block backed first) and open the next."""
@@ -657,7 +683,7 @@ cdef class LogCore:
         written, when the batch must go record by record (the twin's _put_staged: larger
         than a segment, or crossing its consume-queue file's end). The
         callback's view of the buffer is valid only during the call. ``total``: the
-        records' bytes (summed once, by _put_all)."""
+        records' bytes (summed once, by _put_all), which _room_for_batch made room for."""
         cdef Py_ssize_t index, count = len(items)
         cdef uint64_t at = 0, start, epoch
         cdef uint32_t size
@@ -665,8 +691,8 @@ cdef class LogCore:
         cdef bytes body
         cdef char *cursor
         cdef mq_header header
-        if total > STAGE_BYTES_MAX or not self._queue_room_for(queue, count):
-            return False
+        if total > STAGE_BYTES_MAX or queue.next_offset < queue.last_base:
+            return False  # (the twin's: _room_for_batch opened the next file)
         self._ensure_segment()
         segment = self._writable_segment()
         start = self.written_position
@@ -721,24 +747,6 @@ cdef class LogCore:
         if self._stage_capacity > STAGE_KEPT_BYTES:
             PyMem_Free(self._stage)
             self._stage, self._stage_capacity = NULL, 0
-
-    cdef bint _queue_room_for(self, _Queue queue, uint64_t count) except -1:
-        """Whether ``count`` more entries fit in the queue's last consume-queue file; if
-        so, they are backed too."""
-        cdef uint64_t ready
-        self._ensure_queue_room(queue)
-        if queue.next_offset + count > queue.last_base + queue.entries_per_file:
-            return False
-        while queue.next_offset + count > queue.ready_end:
-            if self._prepare_queue is None:
-                queue.ready_end = 0xFFFF_FFFF_FFFF_FFFF
-                break
-            ready = self._prepare_queue(queue.topic, queue.queue_id, queue.ready_end)
-            if ready <= queue.ready_end:
-                _fail(f"prepare_queue answered {ready} for entries ready to "
-                      f"{queue.ready_end}")
-            queue.ready_end = ready
-        return True
 
     cdef object _prepare(self, Fields *fields, object topic, object queue_id, object key,
                          object tags, object properties, object born_timestamp):
@@ -933,9 +941,12 @@ cdef class LogCore:
                            uint64_t hash_value) except -1:
         cdef uint64_t slot = queue.next_offset - queue.last_base
         if queue.next_offset < queue.last_base or slot >= queue.entries_per_file:
-            _fail(f"offset {queue.next_offset} lies outside the last consume-queue file")
-        mq_write_cq_entry(queue.last_data + slot * MQ_CQ_ENTRY_SIZE, position, size,
-                          hash_value)
+            # (a file before the last: put_batch opened the one its last entries go in)
+            mq_write_cq_entry(<char *>queue.entry(queue.next_offset), position, size,
+                              hash_value)
+        else:
+            mq_write_cq_entry(queue.last_data + slot * MQ_CQ_ENTRY_SIZE, position, size,
+                              hash_value)
         queue.next_offset += 1  # publishes the entry
         return 0
 
@@ -1463,8 +1474,9 @@ cdef class LogCore:
             if problem:
                 raise ReplicaDataRejected(at, "size too small" if problem < 0
                                           else _problem_text(problem, p + cursor))
-            if in_segment and at + size + MQ_BLANK_SIZE_MIN > segment_end:
-                raise ReplicaDataRejected(at, "record does not fit in this replica's segment")
+            if size + MQ_BLANK_SIZE_MIN > (segment_end - at if in_segment
+                                           else <uint64_t>self.segment_size_bytes):
+                raise ReplicaDataRejected(at, _no_fit(size, self.segment_size_bytes))
             mq_read_header(p + cursor, &header)
             if header.epoch < last_epoch:
                 raise ReplicaDataRejected(at, f"epoch {header.epoch} is older than {last_epoch}"
@@ -1529,7 +1541,7 @@ cdef class LogCore:
             size = mq_u32(p + cursor + MQ_AT_SIZE)
             if size > <uint64_t>(length - cursor) or offset + size > segment.size:
                 # What the twin's mmap slice assignment raises (a short blank, or a record
-                # larger than a fresh segment); the plan does not catch either.
+                # larger than a fresh segment): a last guard, _plan_raw refuses both.
                 raise IndexError("mmap slice assignment is wrong size")
             self._ensure_ready(segment, self.written_position + size)
             _copy_in(segment.data + offset, p + cursor, size)

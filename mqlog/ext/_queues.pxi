@@ -89,7 +89,9 @@ cdef class _Queue:
             raise
         self.files[self.file_count] = file
         self.file_count += 1
-        self.ready_end = 0
+        # Entries before a new last file are backed: the files before it were filled, or
+        # backed whole by _room_for_entries before it opened this one.
+        self.ready_end = base_offset
         self.last_base = base_offset
         self.last_data = file.data
         return 0

@@ -23,7 +23,10 @@ the engine back the bytes with allocated blocks if they are not yet (``prepare_s
 once per allocation step: a write through a mapping into a hole of a full disk is a
 SIGBUS, never an error) → encode the record straight into the mapping → append the
 consume-queue entry → advance the written position (and the committed position, when
-it follows the written one) → release the lock. Waiting for a flush or for replicas is
+it follows the written one) → release the lock. A put_batch first makes room for all
+of it (``_room_for_batch``): the segment it goes in, and every consume-queue file its
+entries go in, opened and backed, so a full disk refuses it before any record is
+written, never part way through. Waiting for a flush or for replicas is
 the engine's business. Given ``write_segment``, records reach the file with pwrite
 instead in two cases, and are then published as record by record (entries, then the
 written position):
@@ -492,7 +495,9 @@ class LogCore:
         assert len(buffer) == queue.entries_per_file * CQ_ENTRY_SIZE
         assert not queue.files or base_offset == queue.files[-1][0] + queue.entries_per_file
         queue.files.append((base_offset, buffer))
-        queue.ready_end = 0
+        # Entries before a new last file are backed: the files before it were filled, or
+        # backed whole by _room_for_entries before it opened this one.
+        queue.ready_end = base_offset
 
     def queue_ids(self) -> list[tuple[str, int]]:
         """Every (topic, queue id), under the write lock: a put may be adding one."""
@@ -597,7 +602,7 @@ class LogCore:
             store_timestamp = self._next_timestamp()
             first_offset = queue.next_offset
             total = sum(sizes)
-            self._room_for_batch(total)
+            self._room_for_batch(queue, len(bodies), total)
             first_position = self.written_position
             if self._put_staged(queue, fields, bodies, sizes, borns, total, store_timestamp):
                 return BatchPutResult(PUT_OK, first_position, first_offset, len(bodies),
@@ -612,19 +617,39 @@ class LogCore:
             return BatchPutResult(PUT_OK, first_position, first_offset, len(bodies),
                                   store_timestamp, self.written_position)
 
-    def _room_for_batch(self, total: int) -> None:
-        """Before a batch writes anything, the segment it all goes in, backed for all of
-        it: the next one opened first when the batch does not fit in the rest of this one
-        (a record at a time, the records that fit were written, and the new segment a
-        full disk then refused: DiskFull, with part of the batch stored and seen, and
-        back after a crash). A batch larger than a segment goes across segments."""
-        if total + BLANK_SIZE_MIN > self.segment_size_bytes:
-            return
-        self._ensure_segment()
-        segment = self._segments[-1]
-        if self.written_position - segment.base + total + BLANK_SIZE_MIN > segment.size:
-            segment = self._roll(segment)
-        self._ensure_ready(segment, self.written_position + total + BLANK_SIZE_MIN)
+    def _room_for_batch(self, queue: _Queue, count: int, total: int) -> None:
+        """Before a batch writes anything, room for all of it, so that a full disk
+        refuses it whole (a record at a time, the records that fit were written, then
+        the next file a full disk refused: DiskFull, with part of the batch stored and
+        seen, and back after a crash): the segment it all goes in, backed for all of it
+        (the next one opened first when the batch does not fit in the rest of this one;
+        a batch larger than a segment goes across segments), and every consume-queue
+        file its ``count`` entries go in, opened and backed (_room_for_entries)."""
+        if total + BLANK_SIZE_MIN <= self.segment_size_bytes:
+            self._ensure_segment()
+            segment = self._segments[-1]
+            if self.written_position - segment.base + total + BLANK_SIZE_MIN > segment.size:
+                segment = self._roll(segment)
+            self._ensure_ready(segment, self.written_position + total + BLANK_SIZE_MIN)
+        self._room_for_entries(queue, count)
+
+    def _room_for_entries(self, queue: _Queue, count: int) -> None:
+        """The consume-queue files of the queue's next ``count`` entries, opened and
+        backed: each file backed to its end before the next one is opened, so every file
+        before the last is backed whole (attach_queue_file counts on it), and the entries
+        of a batch crossing a file's end go in a file before the last (_index)."""
+        end = queue.next_offset + count
+        self._ensure_queue_room(queue)
+        while True:
+            file_end = queue.files[-1][0] + queue.entries_per_file
+            while self._prepare_queue is not None and min(end, file_end) > queue.ready_end:
+                ready = self._prepare_queue(queue.topic, queue.queue_id, queue.ready_end)
+                assert ready > queue.ready_end, \
+                    f"prepare_queue answered {ready} for entries ready to {queue.ready_end}"
+                queue.ready_end = ready
+            if end <= file_end:
+                return
+            self._new_queue_file(queue.topic, queue.queue_id, file_end)
 
     def _roll(self, segment: _Segment) -> _Segment:
         """Close ``segment`` with a blank (its block backed first) and open the next."""
@@ -642,11 +667,12 @@ class LogCore:
         file), the keyed end, then the written position (a checkpoint or the key index
         that reads it finds the entries below it). False, with nothing written, when the
         batch crosses the end of its segment (it is larger than one: _room_for_batch gave
-        any other a segment of its own) or of its consume-queue file: then it goes record
-        by record, through the mapping. ``total``: the records' bytes."""
+        any other a segment of its own) or of its consume-queue file (_room_for_batch
+        opened the next one: the queue's last file does not hold its first entry): then
+        it goes record by record, through the mapping. ``total``: the records' bytes."""
         write_segment = self._write_segment
         if write_segment is None or not self._stage_batches or total > STAGE_BYTES_MAX or \
-                not self._queue_room_for(queue, len(bodies)):
+                queue.next_offset < queue.files[-1][0]:
             return False
         self._ensure_segment()
         segment = self._segments[-1]
@@ -672,21 +698,6 @@ class LogCore:
             self.last_keyed_end = start + total
         self._advance(start + total)
         self._publishing_end = 0
-        return True
-
-    def _queue_room_for(self, queue: _Queue, count: int) -> bool:
-        """Whether ``count`` more entries fit in the queue's last consume-queue file;
-        if so, they are backed too."""
-        self._ensure_queue_room(queue)
-        base, _ = queue.files[-1]
-        if queue.next_offset + count > base + queue.entries_per_file:
-            return False
-        while self._prepare_queue is not None and \
-                queue.next_offset + count > queue.ready_end:
-            ready = self._prepare_queue(queue.topic, queue.queue_id, queue.ready_end)
-            assert ready > queue.ready_end, \
-                f"prepare_queue answered {ready} for entries ready to {queue.ready_end}"
-            queue.ready_end = ready
         return True
 
     def _check_fence(self) -> None:
@@ -815,6 +826,8 @@ class LogCore:
 
     def _index(self, queue: _Queue, position: int, size: int, hash_value: int) -> None:
         base, buffer = queue.files[-1]
+        if queue.next_offset < base:  # (put_batch opened the file its last entries go in)
+            base, buffer = queue._file_for(queue.next_offset)
         at = (queue.next_offset - base) * CQ_ENTRY_SIZE
         # The size last: it publishes the entry to readers in other processes (layout.h).
         _U64.pack_into(buffer, at + CQ_AT_POSITION, position)
@@ -1218,8 +1231,9 @@ class LogCore:
             problem = _check_record(raw, at, True) if size >= HEADER_SIZE else "size too small"
             if problem:
                 raise ReplicaDataRejected(at, problem)
-            if segment_end is not None and at + size + BLANK_SIZE_MIN > segment_end:
-                raise ReplicaDataRejected(at, "record does not fit in this replica's segment")
+            room = self.segment_size_bytes if segment_end is None else segment_end - at
+            if size + BLANK_SIZE_MIN > room:  # (a record opening a segment: the whole one)
+                raise ReplicaDataRejected(at, _no_fit(size, self.segment_size_bytes))
             record = Record(raw)
             if record.epoch < last_epoch:
                 raise ReplicaDataRejected(at, f"epoch {record.epoch} is older than {last_epoch}"
@@ -1884,6 +1898,20 @@ def _nested_key_problem(properties: dict) -> bool:
         stack.extend((item, depth + 1) for item in value
                      if isinstance(item, (dict, list, tuple)))
     return False
+
+
+def check_text(name: str, value: str) -> None:
+    """Refuse a str put would refuse as not UTF-8 (a lone surrogate), with put's error:
+    the engine checks the names a read or a query is given with it."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise _text_error(name, value) from None
+
+
+def _no_fit(size: int, segment_size_bytes: int) -> str:
+    return (f"a record of {size} bytes does not fit in this replica's segment (of "
+            f"{segment_size_bytes} bytes); give every replica the same segment_size_bytes")
 
 
 def _text_error(name: str, value: str) -> InvalidArgument:
