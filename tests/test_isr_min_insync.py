@@ -146,6 +146,7 @@ def test_a_lowered_high_watermark_is_saved_at_once_and_synced(tmp_path: Path,
     node.closed, node.isr, node.store_dir, node._scheduled = False, True, tmp_path, True
     node._saved_high_watermark, node._committed = 500, 300
     node._commit_callbacks, node._run_callbacks = [], []
+    node._refusals_in_a_row = 0
     node._run_driver()
     assert saved == [(300, True)] and node._saved_high_watermark == 300
     core.high_watermark_to_save = 400
