@@ -27,8 +27,9 @@ After those rows come the comparison sweeps of ``benchmarks/sweeps.py`` (peers, 
 size, queue count, sync-flush latency), each with its own baseline from the same rounds.
 The whole report goes to stdout and to ``<out>/results.md``; each sweep draws
 ``<out>/<sweep>.png``. ``--only rows,peers,...`` runs a subset, and a subset (or a
-``--quick`` run) writes ``<out>/results-<parts>[-quick].md`` instead, so a partial run
-never overwrites the full sweep's page.
+``--quick`` run) writes ``<out>/results-<parts>[-quick].md`` instead, with its plots
+beside it as ``<out>/results-<parts>[-quick]-<sweep>.png``, so a partial run never
+overwrites the full sweep's page or its plots.
 
     python -m benchmarks.compare --out docs/bench     # everything (the default out)
 """
@@ -499,7 +500,7 @@ def report(args: argparse.Namespace, work: Path) -> str:
         section = section_of(sweep_sizes, args.rounds or sweep_sizes.rounds, work)
         body += [f"## {section.title}", "", *section.lines, ""]
         if section.plot is not None:
-            body += plot(section, args.out)
+            body += plot(section, args.out / plot_name(args, name))
         sweeps.say(f"{name}: done after {time.monotonic() - started:.0f} s")
     head = [f"# mqlog comparison ({'quick' if args.quick else 'full'})", "",
             f"Machine: {machine()}. Rounds, interleaved: {sizes.rounds} for the engine "
@@ -510,7 +511,8 @@ def report(args: argparse.Namespace, work: Path) -> str:
     return "\n".join(head + body)
 
 
-def plot(section: sweeps.Section, out: Path) -> list[str]:
+def plot(section: sweeps.Section, path: Path) -> list[str]:
+    """Draw the section's plot into ``path``; the page's link to it."""
     assert section.plot is not None
     try:
         import matplotlib  # noqa: F401
@@ -518,8 +520,8 @@ def plot(section: sweeps.Section, out: Path) -> list[str]:
         sweeps.say(f"{section.name}: no plot, matplotlib is not installed "
                    "(pip install '.[bench]')")
         return []
-    out.mkdir(parents=True, exist_ok=True)
-    path = section.plot(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path = section.plot(path)
     return [f"![{section.title}]({path.name})", ""]
 
 
@@ -530,6 +532,14 @@ def results_name(args: argparse.Namespace) -> str:
         return "results.md"
     parts = [part for part in PARTS if part in args.only]
     return "results-" + "-".join(parts + (["quick"] if args.quick else [])) + ".md"
+
+
+def plot_name(args: argparse.Namespace, sweep: str) -> str:
+    """``<sweep>.png`` beside the full run's ``results.md``; a subset or a quick run's page
+    gets plots of its own, named after it (``results-peers-quick-peers.png``), so they
+    never overwrite the plots the full page shows."""
+    page = results_name(args)
+    return f"{sweep}.png" if page == "results.md" else f"{page.removesuffix('.md')}-{sweep}.png"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -106,7 +106,9 @@ FIGURE_HEAD = ["median", "min", "max", "baseline (median)", "ratio (median)",
 
 @dataclass
 class Section:
-    """What one sweep produced: Markdown lines, and a plot drawn from its figures."""
+    """What one sweep produced: Markdown lines, and a plot drawn from its figures into
+    the PNG file it is given (the harness names the file: a quick or partial run's plots
+    are its own, see compare.plot_name)."""
 
     name: str
     title: str
@@ -245,7 +247,7 @@ def render_peers(raw: dict[str, list[dict[str, float]]], live: list[type[peers.P
     lines.append(f"* {peers.SqlitePeer.name}, fast: {peers.SqlitePeer.fast_means}")
     lines += [f"* {note}" for note in notes]
     return Section("peers", "Peers: write and read, 100-byte records", lines,
-                   lambda out: plot_peers(figures, out))
+                   lambda path: plot_peers(figures, path))
 
 
 # --- message size -------------------------------------------------------------------------
@@ -301,7 +303,7 @@ def render_sizes(raw: dict[tuple[int, str], list[float]], stores: list[type[peer
     lines += table(["body", "records", "store", *FIGURE_HEAD, "MB/s (median)"], rows)
     lines += [""] + [f"* {note}" for note in notes]
     return Section("sizes", "Throughput against message size", lines,
-                   lambda out: plot_sizes(figures, stores, list(counts), out))
+                   lambda path: plot_sizes(figures, stores, list(counts), path))
 
 
 # --- queue count --------------------------------------------------------------------------
@@ -447,7 +449,7 @@ def queues_section(sizes: SweepSizes, rounds: int, work: Path) -> Section:
     lines += table(["N queues", "store", "figure", *FIGURE_HEAD], rows)
     lines += [""] + [f"* {note}" for note in notes]
     return Section("queues", "Throughput against the number of queues", lines,
-                   lambda out: plot_queues(figures, counts, out))
+                   lambda path: plot_queues(figures, counts, path))
 
 
 # --- sync-flush latency -------------------------------------------------------------------
@@ -534,7 +536,7 @@ def latency_section(sizes: SweepSizes, rounds: int, work: Path) -> Section:
              "consume queue), against the slowest lone fdatasync.", ""]
     lines += table(["tasks", "figure", *FIGURE_HEAD], rows)
     return Section("latency", "Sync-flush ack latency against concurrency", lines,
-                   lambda out: plot_latency(figures, list(sizes.concurrencies), out))
+                   lambda path: plot_latency(figures, list(sizes.concurrencies), path))
 
 
 # --- plots -------------------------------------------------------------------------------
@@ -565,15 +567,14 @@ def ticks(axes: Any, xs: Sequence[int], label: Callable[[int], str] = str) -> No
     axes.minorticks_off()
 
 
-def save(figure: Any, out: Path, name: str) -> Path:
-    path = out / f"{name}.png"
+def save(figure: Any, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=90)
     pyplot().close(figure)
     return path
 
 
-def plot_peers(figures: dict[tuple[str, str], Figure], out: Path) -> Path:
+def plot_peers(figures: dict[tuple[str, str], Figure], path: Path) -> Path:
     plt = pyplot()
     names = list(dict.fromkeys(name for name, _ in figures))
     figure, axes = plt.subplots(figsize=(8, 3.6))
@@ -586,11 +587,11 @@ def plot_peers(figures: dict[tuple[str, str], Figure], out: Path) -> Path:
     axes.set_ylabel("M records/s (median)")
     axes.set_title("100-byte records, batches of 1000")
     axes.legend(fontsize="small")
-    return save(figure, out, "peers")
+    return save(figure, path)
 
 
 def plot_sizes(figures: dict[tuple[int, str], Figure], stores: list[type[peers.Peer]],
-               body_sizes: list[int], out: Path) -> Path:
+               body_sizes: list[int], path: Path) -> Path:
     plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     for cls in stores:
@@ -608,11 +609,11 @@ def plot_sizes(figures: dict[tuple[int, str], Figure], stores: list[type[peers.P
         axes.grid(True, which="major", alpha=0.3)
     left.legend(fontsize="small")
     figure.suptitle("Write throughput against message size (fast mode)")
-    return save(figure, out, "sizes")
+    return save(figure, path)
 
 
 def plot_queues(figures: dict[tuple[int, str, str], Figure], counts: list[int],
-                out: Path) -> Path:
+                path: Path) -> Path:
     plt = pyplot()
     figure, panels = plt.subplots(1, 2, figsize=(9, 3.6))
     for axes, what in zip(panels, QUEUE_FIGURES, strict=True):
@@ -626,11 +627,11 @@ def plot_queues(figures: dict[tuple[int, str, str], Figure], counts: list[int],
         axes.set_title(what)
         axes.grid(True, which="major", alpha=0.3)
     panels[0].legend(fontsize="small")
-    return save(figure, out, "queues")
+    return save(figure, path)
 
 
 def plot_latency(figures: dict[tuple[int, str], Figure], concurrencies: list[int],
-                 out: Path) -> Path:
+                 path: Path) -> Path:
     plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     for (name, _), color in zip(PERCENTILES, ("C0", "C1", "C2"), strict=True):
@@ -651,7 +652,7 @@ def plot_latency(figures: dict[tuple[int, str], Figure], concurrencies: list[int
         axes.set_ylabel(label)
         axes.grid(True, which="major", alpha=0.3)
         axes.legend(fontsize="x-small")
-    return save(figure, out, "latency")
+    return save(figure, path)
 
 
 SECTIONS: dict[str, Callable[[SweepSizes, int, Path], Section]] = {

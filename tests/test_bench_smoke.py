@@ -38,10 +38,11 @@ def test_every_sweep_has_a_table_and_a_plot(quick_run):
         assert title in report
     assert report.count("| ratio (median) |") == 5  # the rows' table and one per sweep
     pytest.importorskip("matplotlib", reason="the bench extra (matplotlib) is not installed")
-    for name in sweeps.SECTIONS:
-        png = out / f"{name}.png"
+    for name in sweeps.SECTIONS:  # (a quick run's plots are its own: not the full run's)
+        png = out / f"results-rows-peers-sizes-queues-latency-quick-{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-        assert f"]({name}.png)" in report
+        assert f"]({png.name})" in report
+        assert not (out / f"{name}.png").exists(), name
 
 
 def test_every_peer_is_measured_or_skipped_with_a_reason(quick_run):
@@ -79,6 +80,38 @@ def test_a_partial_run_never_overwrites_the_full_page(tmp_path, monkeypatch):
     assert (tmp_path / "results-rows-latency-quick.md").exists()
     assert compare.main(["--out", str(tmp_path)]) == 0
     assert (tmp_path / "results.md").read_text().startswith("report of ['rows', ")
+
+
+def _fake_peers_section(sizes, rounds, work):
+    """The peers sweep's section with made-up figures (no measuring): its real plot."""
+    figures = {(name, what): sweeps.Figure([1e6 * (index + 1)], [1e6])
+               for index, name in enumerate(("file", "mqlog"))
+               for what in sweeps.PEER_FIGURES}
+    return sweeps.Section("peers", "Peers", ["a table"],
+                          lambda target: sweeps.plot_peers(figures, target))
+
+
+def test_a_partial_run_never_overwrites_the_full_runs_plots(tmp_path, monkeypatch):
+    """A quick run wrote docs/bench/peers.png (and the other sweeps' plots), the full
+    sweep's, which results.md shows beside its own tables. A quick or partial run's
+    page now links plots of its own, named after the page; only the full run draws
+    ``<sweep>.png``."""
+    pytest.importorskip("matplotlib", reason="the bench extra (matplotlib) is not installed")
+    monkeypatch.setattr(sweeps, "SECTIONS", {"peers": _fake_peers_section})
+    monkeypatch.setattr(compare, "PARTS", ("rows", "peers"))
+    full_plot = tmp_path / "peers.png"
+    full_plot.write_bytes(b"the full sweep's plot")
+    for argv, page in ((["--quick"], "results-peers-quick.md"), ([], "results-peers.md")):
+        assert compare.main([*argv, "--only", "peers", "--out", str(tmp_path)]) == 0
+        report = (tmp_path / page).read_text()
+        linked = tmp_path / (page.removesuffix(".md") + "-peers.png")
+        assert f"]({linked.name})" in report, report
+        assert linked.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert full_plot.read_bytes() == b"the full sweep's plot"
+    monkeypatch.setattr(compare, "PARTS", ("peers",))  # now --only peers is every part:
+    assert compare.main(["--out", str(tmp_path)]) == 0  # the full run draws peers.png
+    assert "](peers.png)" in (tmp_path / "results.md").read_text()
+    assert full_plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_main_rejects_an_unknown_part():

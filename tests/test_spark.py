@@ -920,8 +920,8 @@ def test_cli_reconcile_and_replay(spark, tmp_path, rng):
     findings = spark.read.parquet(str(tmp_path / "report.parquet"))
     assert findings.count() == 0 and tuple(findings.columns) == REPORT_COLUMNS
     refused = runner.invoke(replay, [str(source), "--from", "0"])
-    assert refused.exit_code == 1
-    assert refused.output.strip().startswith("mqlog: error: give exactly one of")
+    assert refused.exit_code == 2  # (bad usage, as docs/CLI.md says)
+    assert "give exactly one of" in refused.output
     done = runner.invoke(replay, [str(source), "--from", "0", "--to", "5",
                                   "--to-parquet", str(tmp_path / "out")])
     assert done.exit_code == 0 and "30 record(s)" in done.output, done.output
@@ -954,14 +954,14 @@ def test_cli_reconcile_of_small_replicas_starts_no_spark(spark, tmp_path, rng,
     runner = CliRunner()
     shuffled = runner.invoke(cli.reconcile, [*paths, "--driver-bytes-max", "0", "--out",
                                              str(tmp_path / "shuffled.parquet")])
-    assert shuffled.exit_code == 2, shuffled.output
+    assert shuffled.exit_code == 3, shuffled.output  # (findings)
 
     def no_session(*args, **kwargs):
         raise AssertionError("a Spark session was built")
 
     monkeypatch.setattr(cli, "session", no_session)
     driver = runner.invoke(cli.reconcile, [*paths, "--out", str(tmp_path / "driver.parquet")])
-    assert driver.exit_code == 2, driver.output
+    assert driver.exit_code == 3, driver.output
     assert driver.output == shuffled.output.replace("shuffled.parquet", "driver.parquet")
 
     def rows(name):
@@ -970,6 +970,129 @@ def test_cli_reconcile_of_small_replicas_starts_no_spark(spark, tmp_path, rng,
     assert rows("driver.parquet") == rows("shuffled.parquet") != []
     with pytest.raises(InvalidArgument, match="needs a Spark session"):
         reconcile(None, paths, driver_bytes_max=0)
+
+
+def _mqlog(capsys, *args):
+    """``mqlog ARGS`` as the console script runs it (mqlog.cli.main): its exit status,
+    stdout and stderr."""
+    from mqlog.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([str(arg) for arg in args])
+    out = capsys.readouterr()
+    return done.value.code, out.out, out.err
+
+
+def test_cli_statuses_tell_findings_from_errors(tmp_path, rng, monkeypatch, capsys):
+    """`mqlog reconcile a /nonexist` (a typo) exited 2, the status of replicas that
+    differ, and the usage errors of reconcile and replay exited 1, though docs/CLI.md
+    says 2 for bad usage. Now: 0 same, 3 findings (no error has it), 1 an operating
+    error (a directory that is not a store), 2 bad usage; none of these starts Spark."""
+    from mqlog.spark_connector import cli
+
+    def no_session(*args, **kwargs):
+        raise AssertionError("a Spark session was built")
+
+    monkeypatch.setattr(cli, "session", no_session)
+    source = _fill(tmp_path / "a", rng, count=60)
+    same, other = tmp_path / "same", tmp_path / "other"
+    shutil.copytree(source, same)
+    shutil.copytree(source, other)
+    with mqlog.open(other, **SMALL) as store:
+        store.put("orders", b"only here")
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "out.parquet"
+    assert _mqlog(capsys, "reconcile", source, same)[0] == 0
+    status, printed, _ = _mqlog(capsys, "reconcile", source, other)
+    assert status == 3 and "2 finding(s)" in printed, printed  # (queue and log level)
+    for status, args in (
+            (1, ["reconcile", source, tmp_path / "nonexist"]),  # a typo: not a store
+            (1, ["reconcile", source, tmp_path / "empty"]),
+            (2, ["reconcile", source]),  # bad usage
+            (1, ["replay", tmp_path / "nonexist", "--to-parquet", out]),
+            (2, ["replay", source]),
+            (2, ["replay", source, "--to-store", tmp_path / "r", "--to-parquet", out]),
+            (2, ["replay", source, "--from", "{bad", "--to-parquet", out]),
+            (2, ["replay", source, "--to", "time:soon", "--to-parquet", out]),
+            (2, ["replay", source, "--filter", "nosuchcol = 1", "--to-parquet", out])):
+        got, printed, said = _mqlog(capsys, *args)
+        assert got == status, (args, got, said)
+        assert printed == "" and said.startswith("mqlog: error: ") and \
+            said.count("\n") == 1, (args, said)
+    assert not out.exists() and not (tmp_path / "r").exists()
+
+
+def test_cli_jobs_remove_sparks_log_on_success_and_name_it_on_failure(spark, tmp_path, rng,
+                                                                      monkeypatch):
+    """Every successful job left /tmp/mqlog-spark-<pid>.log behind. Now a job removes
+    the log it pointed its JVM at when it succeeds (reconcile's findings are a success)
+    and keeps it, named in its error line, when it fails. (A session that starts no
+    JVM, the tests', writes no log: a stand-in writes one as a JVM would.)"""
+    import atexit
+
+    from click.testing import CliRunner
+
+    from mqlog.spark_connector import cli
+
+    log = tmp_path / "mqlog-spark-test.log"
+    monkeypatch.setattr(cli, "JVM_LOG", str(log))
+    fresh = type("_LogState", (), {"opened": False, "kept": False, "named": False})
+    monkeypatch.setattr(cli, "_LogState", fresh, raising=False)  # (this test's own)
+    monkeypatch.setattr(atexit, "register", lambda function: function)  # (not pytest's)
+
+    def session(*args, **kwargs):
+        with cli._jvm_log():
+            os.write(2, b"WARN a JVM's start-up warning\n")
+        return spark
+
+    monkeypatch.setattr(cli, "session", session)
+    source = _fill(tmp_path / "a", rng, count=60)
+    other = tmp_path / "b"
+    shutil.copytree(source, other)
+    with mqlog.open(other, **SMALL) as store:
+        store.put("orders", b"only here")
+    runner = CliRunner()
+    done = runner.invoke(cli.replay, [str(source), "--to-parquet", str(tmp_path / "out")])
+    assert done.exit_code == 0 and "record(s) written" in done.output, done.output
+    assert not log.exists()
+    found = runner.invoke(cli.reconcile, [str(source), str(other), "--driver-bytes-max", "0"])
+    assert found.exit_code == 3 and not log.exists(), found.output
+    failed = runner.invoke(cli.replay, [str(source), "--to-store", str(source)])  # itself
+    assert failed.exit_code == 1, failed.output
+    assert failed.stderr.strip().endswith(f"; Spark's log: {log}"), failed.stderr
+    assert log.read_text() == "WARN a JVM's start-up warning\n"  # (the failed job's)
+    cli.discard_jvm_log()  # (a later success in the same process keeps it too)
+    assert log.exists()
+
+
+def test_a_programs_spark_log_goes_when_it_exits_unless_an_exception_ends_it(tmp_path):
+    """``session()`` outside the commands (``make demo``, benchmarks/spark_jobs.py) left
+    its log behind too: it is removed when the program exits, and kept and named on
+    stderr when an uncaught exception ends the program."""
+    import subprocess
+    import sys
+
+    program = """if True:
+        import os, sys
+        from mqlog.spark_connector import cli
+        cli.JVM_LOG = sys.argv[1]
+        with cli._jvm_log():  # as session() does before it starts a JVM
+            os.write(2, b"WARN a JVM's start-up warning\\n")
+        assert os.path.exists(cli.JVM_LOG)
+        if sys.argv[2] == "fail":
+            raise RuntimeError("the program failed")
+    """
+    for ending in ("succeed", "fail"):
+        log = tmp_path / f"{ending}.log"
+        done = subprocess.run([sys.executable, "-c", program, str(log), ending],
+                              capture_output=True, text=True, timeout=120)
+        if ending == "succeed":
+            assert done.returncode == 0 and done.stderr == "", done.stderr
+            assert not log.exists()
+        else:
+            assert done.returncode == 1 and "RuntimeError: the program failed" in done.stderr
+            assert done.stderr.endswith(f"mqlog: Spark's log: {log}\n"), done.stderr
+            assert log.read_text() == "WARN a JVM's start-up warning\n"
 
 
 def test_the_filter_check_refuses_unknown_names_only():

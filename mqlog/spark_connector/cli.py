@@ -8,17 +8,27 @@ master spark-submit was given — so the same command runs unchanged on a cluste
 (``spark-submit --master spark://host:7077 mqlog/spark_connector/job.py reconcile ...``).
 
 Quiet by default: Spark's console progress bars are off, and a JVM this command starts
-writes its log (start-up warnings included) to a file named on error rather than to the
-terminal; one progress line of the job's own (``Progress``, rich, on stderr) shows the
-step and the running stage's tasks, read from Spark's status tracker. ``--verbose``
-gives Spark's own progress bars and log instead. Operating errors print one line,
-``mqlog: error: ...``, and exit with status 1; a ``--filter`` that is not a condition on
-the source's columns (found before Spark starts where possible, else by Spark's
-analysis) prints one line and exits with status 2, as a usage error.
+writes its log (start-up warnings included) to a file, ``JVM_LOG``, rather than to the
+terminal: removed when the command succeeds, kept and named in the error line when it
+fails (``session()`` called by other code, the demo or a benchmark: removed when the
+process exits, unless an exception ended it; then kept, and named on stderr). One
+progress line of the job's own (``Progress``, rich, on stderr) shows the step and the
+running stage's tasks, read from Spark's status tracker. ``--verbose`` gives Spark's own
+progress bars and log instead.
+
+Exit statuses are the ``mqlog`` command's (mqlog/cli.py, docs/CLI.md): 0 done, 1 an
+operating error (a directory that is not a store, a damaged store, Spark failed), 2 bad
+usage (one line each, ``mqlog: error: ...``): reconcile of fewer than two directories,
+replay with neither or both outputs, a ``--from`` or ``--to`` the source refuses, a
+``--filter`` that is not a condition on the source's columns (all found before Spark
+starts where possible, the filter else by Spark's analysis). Reconcile's findings are
+status 3, which no error has, so a check can tell replicas that differ from a command
+that failed.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -31,7 +41,13 @@ from typing import Any, NoReturn
 
 import click
 
-from mqlog.errors import InvalidArgument, MqlogError
+from mqlog.errors import InvalidArgument, MqlogError, StoreNotFound
+
+# The ``mqlog`` command's statuses (mqlog/cli.py: EXIT_ERROR, EXIT_USAGE), and one of
+# reconcile's own that no error has.
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_FINDINGS = 3
 
 
 def session(app: str, master: str | None, verbose: bool = True) -> Any:
@@ -62,10 +78,24 @@ _PYSPARK_LOGGERS = ("SQLQueryContextLogger", "DataFrameQueryContextLogger")
 JVM_LOG = os.path.join(tempfile.gettempdir(), f"mqlog-spark-{os.getpid()}.log")
 
 
+class _LogState:
+    """Whether this process pointed a JVM at ``JVM_LOG`` (``opened``), whether a failure
+    asked for it to be kept (``kept``), and whether stderr said where it is (``named``)."""
+
+    opened = False
+    kept = False
+    named = False
+
+
 @contextlib.contextmanager
 def _jvm_log() -> Iterator[None]:
     """Standard error pointed at ``JVM_LOG`` while a JVM may be started: the JVM (and the
-    Python workers it starts) keep that file as theirs; this process gets its own back."""
+    Python workers it starts) keep that file as theirs; this process gets its own back.
+    The file is removed when this process exits (unless kept: ``keep_jvm_log``, or an
+    exception ends the process), or before by ``discard_jvm_log``."""
+    if not _LogState.opened:
+        _LogState.opened = True
+        atexit.register(_jvm_log_at_exit)  # (before the JVM's own: so it runs after them)
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -75,6 +105,41 @@ def _jvm_log() -> Iterator[None]:
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def keep_jvm_log() -> str | None:
+    """Keep Spark's log (a failure it may explain): its path, or None when this process
+    started no JVM that writes it."""
+    if not (_LogState.opened and os.path.exists(JVM_LOG)):
+        return None
+    _LogState.kept = True
+    return JVM_LOG
+
+
+def discard_jvm_log() -> None:
+    """Remove Spark's log now (the job succeeded), unless a failure kept it. (The JVM
+    may still hold it open: what it writes after goes to the removed file, freed when
+    the JVM exits.) Only a log this process pointed a JVM at is removed."""
+    if _LogState.opened and not _LogState.kept:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(JVM_LOG)
+
+
+def _name_kept_log() -> None:
+    """Keep Spark's log and say where it is on stderr, if no error line did."""
+    log = keep_jvm_log()
+    if log and not _LogState.named:
+        _LogState.named = True
+        print(f"mqlog: Spark's log: {log}", file=sys.stderr, flush=True)
+
+
+def _jvm_log_at_exit() -> None:
+    """At exit: an uncaught exception ended the process (the default hook set
+    ``sys.last_value``): keep the log and say where it is; else remove it, unless a
+    failure kept it."""
+    if getattr(sys, "last_exc", None) or getattr(sys, "last_value", None):
+        _name_kept_log()
+    discard_jvm_log()
 
 
 class Progress:
@@ -120,24 +185,50 @@ class Progress:
 
 
 def _errors(function: Callable[..., Any]) -> Callable[..., Any]:
+    """A job's errors as one line and a status (see the module docstring); Spark's log
+    removed when the job succeeds (status 0, or reconcile's findings), else kept."""
     @wraps(function)
     def run(*args: Any, **kwargs: Any) -> Any:
+        succeeded = False
         try:
-            return function(*args, **kwargs)
+            result = function(*args, **kwargs)
+            succeeded = True
+            return result
+        except SystemExit as done:
+            succeeded = done.code in (None, 0, EXIT_FINDINGS)
+            raise
         except (MqlogError, OSError) as error:
-            click.echo(f"mqlog: error: {error}", err=True)
-            sys.exit(1)
+            _exit(str(error), EXIT_ERROR)
         except ImportError as error:
-            click.echo(f"mqlog: error: {error}; install the spark extra: "
-                       "pip install 'mqlog[spark]'", err=True)
-            sys.exit(1)
+            _exit(f"{error}; install the spark extra: pip install 'mqlog[spark]'", EXIT_ERROR)
         except Exception as error:
             if not _from_spark(error):
                 raise
-            log = f"; Spark's log: {JVM_LOG}" if os.path.exists(JVM_LOG) else ""
-            click.echo(f"mqlog: error: Spark failed: {_first_line(error)}{log}", err=True)
-            sys.exit(1)
+            _exit(f"Spark failed: {_first_line(error)}", EXIT_ERROR)
+        finally:
+            if succeeded:
+                discard_jvm_log()
+            else:  # (_exit named it in its line; a bug or Ctrl-C: a line of its own)
+                _name_kept_log()
     return run
+
+
+def _exit(message: str, status: int) -> NoReturn:
+    """One error line (naming Spark's log, kept, if a JVM writes one) and ``status``."""
+    log = keep_jvm_log()
+    _LogState.named = _LogState.named or log is not None
+    click.echo(f"mqlog: error: {message}" + (f"; Spark's log: {log}" if log else ""),
+               err=True)
+    sys.exit(status)
+
+
+def _stores(directories: tuple[str, ...]) -> None:
+    """A directory that is not a store (a typo, an unmounted disk) is an operating error,
+    as in every store command, found before any Spark session starts."""
+    for directory in directories:
+        if not os.path.isfile(os.path.join(directory, "meta.json")):
+            raise StoreNotFound(f"{directory} is not an mqlog store (it has no meta.json); "
+                                "check the path")
 
 
 def _from_spark(error: BaseException) -> bool:
@@ -156,8 +247,7 @@ _VERBOSE = click.option("--verbose", is_flag=True, default=False,
 
 
 @click.command()
-@click.argument("directories", nargs=-1, required=True,
-                type=click.Path(exists=True, file_okay=False))
+@click.argument("directories", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--out", type=click.Path(), default=None,
               help="Write every finding to this Parquet directory.")
 @click.option("--driver-bytes-max", type=click.IntRange(min=0), default=None,
@@ -177,7 +267,8 @@ def reconcile(directories: tuple[str, ...], out: str | None, driver_bytes_max: i
     from mqlog.spark_connector.reconcile import reconcile as run
 
     if len(directories) < 2:
-        raise InvalidArgument("reconcile needs at least two store directories")
+        raise click.UsageError("reconcile needs at least two store directories")
+    _stores(directories)
     limit = DRIVER_BYTES_MAX if driver_bytes_max is None else driver_bytes_max
     if master is None and "PYSPARK_GATEWAY_PORT" not in os.environ and \
             held_bytes(list(directories)) <= limit:  # compared on the driver: no session
@@ -196,11 +287,11 @@ def reconcile(directories: tuple[str, ...], out: str | None, driver_bytes_max: i
     click.echo(format_counts(found))
     if out:
         click.echo(f"findings written to {out}")
-    sys.exit(0 if found.total() == 0 else 2)
+    sys.exit(0 if found.total() == 0 else EXIT_FINDINGS)
 
 
 @click.command()
-@click.argument("source", type=click.Path(exists=True, file_okay=False))
+@click.argument("source", type=click.Path(file_okay=False))
 @click.option("--from", "start", default=None,
               help="earliest, an offset, Kafka JSON offsets, or time:<ms>.")
 @click.option("--to", "end", default=None,
@@ -216,10 +307,21 @@ def replay(source: str, start: str | None, end: str | None, where: str | None,
            topics: str | None, to_store: str | None, to_parquet: str | None,
            master: str | None, verbose: bool) -> None:
     """Re-read a range of SOURCE in queue order into another store or into Parquet."""
+    from mqlog.spark_connector import options
     from mqlog.spark_connector import replay as jobs
 
     if (to_store is None) == (to_parquet is None):
-        raise InvalidArgument("give exactly one of --to-store DIR or --to-parquet DIR")
+        raise click.UsageError("give exactly one of --to-store DIR or --to-parquet DIR")
+    _stores((source,))
+    for flag, bounds in (("--from", (start, None)), ("--to", (None, end))):
+        given = {"path": source, **jobs.range_options(*bounds)}  # (checked before Spark)
+        for name in ("startingOffsets", "endingOffsets"):  # (select() expands a number)
+            if given.get(name, "").lstrip("-").isdigit():
+                given[name] = "{}"
+        try:
+            options.parse(given)
+        except InvalidArgument as error:
+            _usage_error(f"{flag}: {error}")
     try:
         jobs.check_filter(where)
     except InvalidArgument as error:
@@ -255,5 +357,4 @@ def _selection(jobs: Any, spark: Any, *args: Any) -> Any:
 
 
 def _usage_error(message: str) -> NoReturn:
-    click.echo(f"mqlog: error: {message}", err=True)
-    sys.exit(2)
+    _exit(message, EXIT_USAGE)
