@@ -154,11 +154,15 @@ def create(name: str, partitions: int, replication_factor: int, layer: str,
     if config:
         header["config"] = config
     answer = _ask(bootstrap, header, leader=True, timeout_s=timeout_s, repeatable=False)
-    click.echo(f"created topic {name}: {partitions} partitions x {replication_factor} "
-               f"replicas ({layer})" + "".join(f", {key}={value}"
-                                               for key, value in sorted(config.items())))
+    click.echo(f"created topic {name}: {_count(partitions, 'partition')} x "
+               f"{_count(replication_factor, 'replica')} ({layer})"
+               + "".join(f", {key}={value}" for key, value in sorted(config.items())))
     for index, replicas in enumerate(answer.get("assignment", ())):
         click.echo(f"  {index}: {','.join(replicas)}")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _topic_config(settings: tuple[str, ...]) -> dict[str, Any]:
@@ -190,12 +194,13 @@ def delete(name: str, bootstrap: str, timeout_s: float) -> None:
 @bootstrap_option
 @timeout_option
 def list_topics(bootstrap: str, timeout_s: float) -> None:
-    """The topics, one a line: name, layer, partitions."""
+    """The topics, one a line: name, layer, partitions, replication factor."""
     state = _state(_ask(bootstrap, {"kind": "describe_cluster"}, leader=False,
                         timeout_s=timeout_s))
     for name in sorted(state.topics):
         topic = state.topics[name]
-        click.echo(f"{name}\t{topic.layer}\t{len(topic.partitions)}")
+        factor = max((len(part.replicas) for part in topic.partitions), default=0)
+        click.echo(f"{name}\t{topic.layer}\t{len(topic.partitions)}\t{factor}")
 
 
 @topics.command()

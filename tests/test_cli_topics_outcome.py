@@ -182,7 +182,7 @@ def test_a_change_goes_on_past_what_surely_did_not_carry_it_out(
                    "--replication-factor", "1", "--timeout-s", CALL_TIMEOUT_S,
                    "--bootstrap", f"127.0.0.1:{closed},{broker},{controller}")
     assert result.returncode == 0, (result.stdout, result.stderr)
-    assert "created topic orders: 1 partitions x 1 replicas (raft)" in result.stdout
+    assert "created topic orders: 1 partition x 1 replica (raft)" in result.stdout
     assert topics(controller) == {"orders": 1}
 
 

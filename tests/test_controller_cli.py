@@ -61,14 +61,14 @@ def test_changes_follow_not_leader_to_the_leader(fake: type[FakeClient]) -> None
                                                     "--replication-factor", "2", "-b", "h:1"])
     assert result.exit_code == 0, result.output
     assert fake.asked == [("h:1", "create_topic"), ("h:2", "create_topic")]
-    assert "created topic t: 1 partitions x 2 replicas (raft)\n  0: b1,b2" in result.output
+    assert "created topic t: 1 partition x 2 replicas (raft)\n  0: b1,b2" in result.output
 
 
 def test_reads_print_the_state(fake: type[FakeClient]) -> None:
     fake.answers = {"h:1": errors.NodeUnavailable("down"), "h:2": _described()}
     runner = CliRunner()
     listed = runner.invoke(cli_topics.topics, ["list", "-b", "h:1,h:2"])
-    assert listed.output == "orders\traft\t2\n"
+    assert listed.output == "orders\traft\t2\t2\n"  # (name, layer, partitions, RF)
     described = runner.invoke(cli_topics.topics, ["describe", "orders", "-b", "h:2"])
     assert described.output.splitlines()[0] == "orders layer=raft partitions=2"
     # (a Raft partition has no ISR: b2's broker is fenced, its metadata's isr says b1,b2)

@@ -96,7 +96,7 @@ def test_cluster_md_controllers_brokers_and_a_topic(tmp_path):
     assert len(re.findall(r"^b[123]\tepoch=\d+\t127\.0\.0\.1:\d+\tlive$", out, re.M)) == 3, \
         context
     assert "created topic orders: 6 partitions x 3 replicas (raft)" in out, context
-    assert re.search(r"^orders\traft\t6$", out, re.M), context
+    assert re.search(r"^orders\traft\t6\t3$", out, re.M), context
     for key in ("alice", "bob", "carol"):
         assert re.search(rf"^{key} -> [0-5] PUT_OK offset 0$", out, re.M), context
     assert re.search(r"^\[b'(alice|bob|carol)'\]$", out, re.M), context
