@@ -409,6 +409,8 @@ def load(path: str | Path) -> StoreConfig:
 DEFAULT_GROUP = "default"  # the one group of a config without [groups]
 STRAYS_DIRECTORY = "strays"  # a cluster broker's data_dir: stray stores set aside (host.py)
 MEMBER_FILE = "cluster-member"  # ... and the mark of its registration (host.py)
+DATA_DIR_LOCK_FILE = "broker.lock"  # a broker's data_dir: its lock (broker.py; not "lock",
+# which a single-group broker's store, the data_dir itself, holds)
 PROCESS_ROLES = ("broker", "controller")
 
 
@@ -480,10 +482,10 @@ class GroupSpec:
                 "\0" in name or len(name) > self.group_name_length_max:
             raise ConfigError(f"group name {name!r} must be a non-empty directory name of at "
                               f"most {self.group_name_length_max} characters, without '/'")
-        if name in (STRAYS_DIRECTORY, MEMBER_FILE):
+        if name in (STRAYS_DIRECTORY, MEMBER_FILE, DATA_DIR_LOCK_FILE):
             raise ConfigError(f"group name {name!r} is taken: a broker keeps its stray "
-                              "stores or its registration's mark by that name in its "
-                              "data_dir; name it otherwise")
+                              "stores, its registration's mark or its lock by that name in "
+                              "its data_dir; name it otherwise")
         self.replication.validate()
         self.store.validate()
         _check_hosted_store(self.store, f"group {self.name!r}: [store]",

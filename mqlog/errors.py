@@ -86,6 +86,15 @@ class StoreLocked(MqlogError):
     """Another process (or another Store in this one) has the store open."""
 
 
+class DataDirLocked(StoreLocked):
+    """Another process (or another ``Broker`` in this one) runs a broker with this
+    ``data_dir``: it holds the data_dir's lock file (``broker.lock``) for its life. Two
+    processes on one data_dir would open the same stores beside each other; this one
+    opened nothing. Stop the other first (the message names its pid), or give this one a
+    ``data_dir`` of its own (and, in a cluster, an ``id`` of its own)."""
+
+
+
 class StoreNotFound(MqlogError, FileNotFoundError):
     """A read-only open found no store at the path."""
 
@@ -324,6 +333,14 @@ class DuplicateBrokerRegistration(MetadataChangeRefused):
     DuplicateBrokerRegistrationException). Two processes with one broker id would fence
     each other in turn. Give each broker its own ``broker_id``; a broker that really
     moved is taken once the old life's session ends (``broker_session_timeout_ms``)."""
+
+
+class InconsistentClusterId(ConfigError):
+    """A broker asked to register with controllers of another cluster: its ``cluster_id``
+    is not theirs (Kafka's InconsistentClusterIdException). Asking again cannot help, so
+    ``mqlog node`` stops (status 1): give the broker the controllers of its own cluster in
+    ``[controller] voters``, or the cluster_id of theirs."""
+
 
 
 class StaleAlterPartition(MetadataChangeRefused):

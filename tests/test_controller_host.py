@@ -237,6 +237,9 @@ class FakeBroker:
     def spawn(self, coroutine: Any) -> None:
         self.tasks.append(asyncio.get_running_loop().create_task(coroutine))
 
+    def cannot_run(self, error: errors.MqlogError) -> None:
+        self.exit_error = error  # (a registration refused for good: the broker stops)
+
 
 @pytest.fixture
 def controllers():
@@ -436,6 +439,18 @@ def test_operator_commands_the_controller_would_undo_are_refused(tmp_path: Path)
                     client.call(header)
 
 
+def _registered_at_300(pulls: Any) -> Any:
+    """A controller's answers: the registration ends at 300 in the metadata log, the
+    pulls come from ``pulls`` (then none, at 300)."""
+    def script(now: int, name: str, header: dict[str, Any]) -> tuple[int, Any, Any]:
+        if header["kind"] == "register_broker":
+            return 1, {"broker_epoch": 1, "metadata_position": 300}, None
+        if header["kind"] == "metadata_since":
+            return 1, next(pulls, {"records": [], "position": 300}), None
+        return 1, ANSWERS[header["kind"]], None
+    return script
+
+
 def test_stores_are_swept_only_once_the_view_reaches_the_registration() -> None:
     """The registration ended at 300 in the metadata log; the pulls bring the view to 200
     (a lagging controller answering), then 300. Nothing is swept before 300 — a topic
@@ -459,13 +474,7 @@ def test_stores_are_swept_only_once_the_view_reaches_the_registration() -> None:
             judged.append([is_stray(name, topic_id) for name, topic_id in stores])
             return ["gone-0"]
 
-    def script(now: int, name: str, header: dict[str, Any]) -> tuple[int, Any, Any]:
-        if header["kind"] == "register_broker":
-            return 1, {"broker_epoch": 1, "metadata_position": 300}, None
-        if header["kind"] == "metadata_since":
-            return 1, next(pulls, {"records": [], "position": 300}), None
-        return 1, ANSWERS[header["kind"]], None
-    io = ClockIo(voters, script)
+    io = ClockIo(voters, _registered_at_300(pulls))
     agent = host.BrokerAgent(Sweeping(), _config(voters), io, rng=random.Random(1))
     io.agent = agent
     agent.start()
@@ -496,13 +505,7 @@ def test_strays_a_failed_move_left_are_swept_at_the_next_round() -> None:
             if len(calls) == 1:
                 raise OSError(28, "No space left on device")
 
-    def script(now: int, name: str, header: dict[str, Any]) -> tuple[int, Any, Any]:
-        if header["kind"] == "register_broker":
-            return 1, {"broker_epoch": 1, "metadata_position": 300}, None
-        if header["kind"] == "metadata_since":
-            return 1, next(pulls, {"records": [], "position": 300}), None
-        return 1, ANSWERS[header["kind"]], None
-    io = ClockIo(voters, script)
+    io = ClockIo(voters, _registered_at_300(pulls))
     agent = host.BrokerAgent(FailingOnce(), _config(voters), io, rng=random.Random(1))
     io.agent = agent
     agent.start()

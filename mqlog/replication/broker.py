@@ -44,6 +44,17 @@ Kinds registered with ``add_service`` (the controller's requests) go to their ha
 
 Failure. A group whose Ready cannot be carried out stops the whole broker loudly (exit
 status 1): the groups share a process, and a restart runs the engine's recovery on each.
+A broker its cluster refuses for good (``cannot_run``: controllers of another cluster, or
+its id held by another live process) stops too, and ``mqlog node`` ends with that
+refusal's one line, status 1.
+
+The data_dir's lock. A broker holds ``data_dir/broker.lock`` (flock, as a store holds its
+own ``lock``) from before it opens any store until it has closed them all, and writes its
+pid, id and address in it. A second process given the same data_dir (a copied config)
+is refused at once, ``DataDirLocked`` naming the holder, before it opens a store or reads
+one's abort marker: it opened the live broker's stores beside it, took them for a crash's
+("stores not closed cleanly"), and then fought it for its broker id. The lock is the
+process's own: a child forked from it lets go of its copy (never of the parent's lock).
 """
 
 from __future__ import annotations
@@ -51,14 +62,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
+import os
 import resource
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from mqlog import errors
-from mqlog.config import BrokerConfig, GroupSpec
+from mqlog.config import DATA_DIR_LOCK_FILE, BrokerConfig, GroupSpec
 from mqlog.engine.files import FileExtent, delete_store
 from mqlog.ext import libc
 from mqlog.replication import messages
@@ -81,6 +96,8 @@ _DIAL_TIMEOUT_S = 5.0  # a peer that does not accept within this is down for now
 # by default) and keeps this much freed: see keep_freed_buffers in run_broker.
 _HEAP_BLOCK_BYTES_MAX = 32 << 20
 _HEAP_KEPT_BYTES = 64 << 20
+
+_LOCK_HOLDER_BYTES_MAX = 512  # what a refused broker reads of the holder's line
 
 Handler = Callable[[dict[str, Any], bytes], Awaitable[tuple[dict[str, Any], bytes]]]
 
@@ -204,12 +221,18 @@ class Broker:
         self.tickers: dict[int, Ticker] = {}  # tick_ms -> the groups ticked every tick_ms
         self._stopping = asyncio.Event()
         self._running = False
+        self.exit_error: errors.MqlogError | None = None  # cannot_run's: mqlog node's line
+        # (first of all: a second process on this data_dir opens no store, nor looks at one)
+        self._data_dir_lock = DataDirLock(config.data_dir, config.broker_id, config.listen)
         try:
             for spec in config.groups:
                 self._open(spec)
         except BaseException:
-            for node in self.groups.values():
-                node.close()
+            try:
+                for node in self.groups.values():
+                    node.close()
+            finally:
+                self._data_dir_lock.release()
             raise
 
     # --- groups ------------------------------------------------------------------------
@@ -353,19 +376,19 @@ class Broker:
     async def serve(self, ready: asyncio.Event | None = None) -> None:
         try:
             server = await start_listening(self.config.listen, protocol=self._connection)
-        except errors.CannotListen:
+        except BaseException:  # (CannotListen, say)
             self._close_groups()  # (their stores were opened by __init__: unlock them)
             raise
-        self._running = True
-        for node in list(self.groups.values()):
-            node.start()
-        if "controller" in self.config.process_roles:
-            _controller_hook(self, "host_controller")
-        if "broker" in self.config.process_roles and "voters" in self.config.controller:
-            _controller_hook(self, "join_cluster")
-        if ready is not None:
-            ready.set()
-        try:
+        try:  # (a hook that fails, a bad [controller] table, closes what is open too)
+            self._running = True
+            for node in list(self.groups.values()):
+                node.start()
+            if "controller" in self.config.process_roles:
+                _controller_hook(self, "host_controller")
+            if "broker" in self.config.process_roles and "voters" in self.config.controller:
+                _controller_hook(self, "join_cluster")
+            if ready is not None:
+                ready.set()
             await self._stopping.wait()
         finally:
             self._running = False
@@ -379,13 +402,15 @@ class Broker:
             self._close_groups()
 
     def _close_groups(self) -> None:
-        """Close every group, even past one whose store fails to close (raised after)."""
+        """Close every group, even past one whose store fails to close (raised after),
+        then let go of the data_dir's lock: the broker is over."""
         failure: BaseException | None = None
         for node in self.groups.values():
             try:
                 node.close()
             except Exception as error:  # noqa: BLE001 (the others must close too)
                 failure = failure or error
+        self._data_dir_lock.release()  # (last: no store of this data_dir is open now)
         if failure is not None:
             raise failure
 
@@ -395,6 +420,14 @@ class Broker:
     def failed(self, error: BaseException) -> None:
         """A group could not carry out a Ready: the broker stops (exit status 1)."""
         self.failure = error
+        self.stop()
+
+    def cannot_run(self, error: errors.MqlogError) -> None:
+        """The broker cannot run as configured, and waiting cannot change that (its
+        cluster refused it for good: controllers of another cluster_id, or its id held by
+        another live process): it stops, its stores closed cleanly, and ``mqlog node``
+        ends with ``error``'s one line, status 1 (``run_broker``)."""
+        self.failure = self.exit_error = error
         self.stop()
 
     def banner(self) -> str:
@@ -832,8 +865,83 @@ def run_broker(config: BrokerConfig) -> None:
     few buffers of a fetch answer's size on each broker, which otherwise fault fresh
     pages in again for every fetch."""
     libc.keep_freed_buffers(_HEAP_BLOCK_BYTES_MAX, _HEAP_KEPT_BYTES)
-    broker = Broker(config)
+    broker = Broker(config)  # (DataDirLocked: another process runs on its data_dir)
     run_until_signalled(broker, broker.banner)
+    if broker.exit_error is not None:  # (refused by its cluster: the CLI's one line)
+        raise broker.exit_error
     if broker.failure is not None:
         raise SystemExit(1)
+
+
+class DataDirLock:
+    """A broker's hold on its data_dir: ``data_dir/broker.lock`` flock'd (made, and the
+    data_dir too, if missing) for as long as the broker has any of its stores open, with
+    the holder's "pid broker_id listen" written in it for the message of the next one
+    refused. Released by ``release`` (or when the Broker is collected without having
+    served); the kernel releases it when the process dies, however it dies."""
+
+    def __init__(self, data_dir: Path | str, broker_id: str, listen: str) -> None:
+        root = Path(data_dir)
+        root.mkdir(parents=True, exist_ok=True)
+        path = root / DATA_DIR_LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, _LOCK_HOLDER_BYTES_MAX, 0).decode(errors="replace").split()
+            os.close(fd)
+            raise errors.DataDirLocked(
+                f"data_dir {root} is in use by {_holder(holder)}: two brokers on one "
+                "data_dir would open the same stores; this one opened none. Stop that one "
+                "first, or give this one a data_dir of its own (and, in a cluster, an id "
+                "of its own)") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        line = f"{os.getpid()} {broker_id} {listen}\n".encode()
+        with contextlib.suppress(OSError):  # (for the message only: a full disk is fine)
+            os.pwrite(fd, line, 0)
+            os.ftruncate(fd, len(line))
+        self.path = path
+        self._fd = fd
+        self._release = weakref.finalize(self, os.close, fd)
+        _HELD_LOCKS.add(self)
+
+    @property
+    def held(self) -> bool:
+        return self._release.alive
+
+    def release(self) -> None:
+        """Let go of the lock (closing its file); again: nothing."""
+        _HELD_LOCKS.discard(self)
+        self._release()
+
+    def _forked(self) -> None:
+        """In a forked child: close the child's copy, which would hold the lock past the
+        parent's release (flock locks belong to the open file, which both share); the
+        parent's hold is untouched (no LOCK_UN, which would release it for both)."""
+        if self._release.detach() is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+
+def _holder(words: list[str]) -> str:
+    """Who holds a data_dir's lock, from its lock file's "pid broker_id listen"."""
+    pid = words[0] if words else "unknown"
+    who = f"broker {words[1]}, listening on {words[2]}" if len(words) >= 3 else ""
+    if pid == str(os.getpid()):
+        return f"another Broker of this process{f' ({who})' if who else ''}"
+    return f"another process (pid {pid}{f': {who}' if who else ''})"
+
+
+_HELD_LOCKS: weakref.WeakSet[DataDirLock] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for lock in list(_HELD_LOCKS):
+        lock._forked()
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 

@@ -43,6 +43,11 @@ whose ``data_dir`` holds no sign of an earlier life (``fresh_data_dir``: no
 none of what the metadata says its replicas hold, and it was elected from an ELR with an
 empty log (a hostile review: every acknowledged record lost, an intact ELR member's
 too). The controller counts it only for a broker it knows (a first start has nothing).
+A registration refused for good ends the agent's rounds and goes to ``on_fatal``
+(join_cluster: the broker stops, ``mqlog node`` exits 1 with the refusal's line): one by
+controllers of another cluster_id (``InconsistentClusterId``) at once, and, for a life
+that never registered, ``DuplicateBrokerRegistration`` once it has lasted longer than a
+restart's old session could hold the id (``BrokerAgent._registration_refused``).
 Clients ask any broker ``cluster_metadata`` (the agent's view: topics, partitions,
 replicas, brokers and their addresses) and route by partition.
 
@@ -117,6 +122,9 @@ CALL_TIMEOUT_S = 5.0  # the longest wait, whatever the session
 CALL_TIMEOUT_MIN_S = 0.05  # the shortest: below a loaded machine's round trip, none answers
 ROUND_SHARE = 0.5  # of the session left after one heartbeat interval: one round's waiting
 MALFORMED = "the round ends; the next one asks again (check the controllers' versions)"
+# A life refused DuplicateBrokerRegistration this many sessions long, never registered,
+# stops: no restart's old session holds its id that long (BrokerAgent._registration_refused)
+DUPLICATE_WAIT_SESSIONS = 4
 HOST_FAULT = "this broker's fault"  # what a HostFailed note says (the simulator looks)
 
 
@@ -229,8 +237,8 @@ def check_cluster_id(header: dict[str, Any], cluster_id: str) -> None:
     cluster.id): one of another cluster was placed replicas its peers refuse, and the
     metadata it pulled lacked every topic its stores held."""
     theirs = header.get("cluster_id") or ""
-    if theirs != cluster_id:
-        raise errors.InvalidArgument(
+    if theirs != cluster_id:  # (typed: the broker stops, as asking again cannot help)
+        raise errors.InconsistentClusterId(
             f"broker {header.get('broker_id')!r} is of cluster_id {theirs!r}, these "
             f"controllers of {cluster_id!r}: give it the controllers of its own cluster in "
             "[controller] voters, or the cluster_id of this one")
@@ -395,6 +403,13 @@ class BrokerAgent:
         self.unclean_shutdown = False
         self.fresh_data_dir = False
         self.on_registered: Callable[[], None] | None = None
+        # A registration refused for good goes to on_fatal(error), and the rounds end
+        # (join_cluster: the broker stops, status 1); without it (the simulator) the
+        # agent asks again each round, as for any refusal. _registration_refused says when.
+        self.on_fatal: Callable[[errors.MqlogError], None] | None = None
+        self.registered_once = False  # this life has had a broker epoch
+        self.duplicate_refusals = 0  # DuplicateBrokerRegistration answers since then
+        self.stopped = False  # on_fatal was called: no more rounds
 
     def start(self) -> None:
         """Begin the first round now; each round schedules the next."""
@@ -424,6 +439,7 @@ class BrokerAgent:
 
     def _registered(self, answer: dict[str, Any]) -> None:
         self.epoch = answer["broker_epoch"]
+        self.registered_once, self.duplicate_refusals = True, 0
         position = answer.get("metadata_position")
         if type(position) is int:  # (a controller of before says none: nothing is swept)
             self._registered_position = position
@@ -569,6 +585,77 @@ class BrokerAgent:
             return False
         info = self.view.topics.get(topic)
         return info is None or info.topic_id != topic_id
+
+    def duplicate_refusals_max(self) -> int:
+        """How many DuplicateBrokerRegistration answers a life that never registered takes
+        before it gives up (``_registration_refused``): enough that they span at least
+        DUPLICATE_WAIT_SESSIONS sessions, a round being at least a heartbeat interval."""
+        config = self.config
+        return -(-DUPLICATE_WAIT_SESSIONS * config.broker_session_timeout_ms //
+                 config.broker_heartbeat_interval_ms) + 1
+
+    def _registration_refused(self, address: str, error: errors.MqlogError) -> None:
+        """A registration refused in a way that asking again may never mend.
+
+        InconsistentClusterId (these controllers are another cluster's): nothing this
+        process can wait for changes it, so ``on_fatal`` at once — Kafka's broker does
+        not start with another cluster's id (InconsistentClusterIdException).
+
+        DuplicateBrokerRegistration (another life at another address holds this broker
+        id, its session alive): either a second process with this id (a copied config),
+        which stays refused for as long as that one lives; or this very broker restarted
+        at a new address within its last life's session, which is taken once that session
+        ends (service.py's register_broker) — at most a session after that life's last
+        heartbeat, which came before this life began, later by as much as a loaded
+        controller's ticks run late, and a session again after each controller leader
+        change (a new leader gives every broker a whole session). So a life that never
+        registered asks again each round, said at the 1st, 2nd, 4th, ... refusal, and
+        stops (``on_fatal``) once refused ``duplicate_refusals_max()`` times, over
+        DUPLICATE_WAIT_SESSIONS sessions: no restart's old session holds the id that
+        long. This is Kafka's rule too: a broker retries its registration and shuts down
+        if the first one has not succeeded within initial.broker.registration.timeout.ms;
+        the wait is counted in sessions, which is what a restart's refusal lasts. A life
+        that registered before (fenced, then its id taken meanwhile) never stops on its
+        own: it has served, and may host partitions; it asks again, said as rarely."""
+        name = self.host.broker_id
+        if isinstance(error, errors.InconsistentClusterId):
+            if self.on_fatal is None:
+                self._end_round(error)
+                return
+            self._give_up(errors.InconsistentClusterId(
+                f"broker {name} cannot join the cluster of its [controller] voters: the "
+                f"controller at {address} refused its registration: {error}"))
+            return
+        self.duplicate_refusals = count = self.duplicate_refusals + 1
+        most = self.duplicate_refusals_max()
+        interval_ms = self.config.broker_heartbeat_interval_ms
+        if self.on_fatal is not None and not self.registered_once and count >= most:
+            waited_s = (count - 1) * interval_ms / 1000
+            self._give_up(errors.DuplicateBrokerRegistration(
+                f"broker {name} cannot join its cluster: its registration was refused "
+                f"{count} times over at least {waited_s:g} s ({DUPLICATE_WAIT_SESSIONS} "
+                "broker sessions: no earlier life of this broker, restarted at a new "
+                f"address, holds its id that long, so another live process does): {error}"))
+            return
+        said: errors.MqlogError | None = None
+        if count & (count - 1) == 0:  # (the 1st, 2nd, 4th, ...: a refusal a round is no flood)
+            then = "; asking again each round"
+            if self.on_fatal is not None and not self.registered_once:
+                then = (f"; asking again every {interval_ms} ms, and stopping at refusal "
+                        f"{most}, {DUPLICATE_WAIT_SESSIONS} sessions from the first: this "
+                        "broker restarted at a new address is taken sooner, once its last "
+                        "life's session ends")
+            said = errors.DuplicateBrokerRegistration(
+                f"{error} (refused {count} time{'s' if count > 1 else ''}{then})")
+        self._end_round(said)
+
+    def _give_up(self, error: errors.MqlogError) -> None:
+        """The registration cannot succeed: said, the rounds end, ``on_fatal(error)``."""
+        assert self.on_fatal is not None
+        self.io.note(f"broker {self.host.broker_id}: cluster: stopping: {error}")
+        self.stopped = True
+        self.rounds += 1
+        self.on_fatal(error)
 
     def _end_round(self, error: errors.MqlogError | None) -> None:
         if error is not None:
@@ -817,6 +904,10 @@ class BrokerAgent:
                     self._leader = error.leader_address
                     following = self._hinted(error.leader_address, rest, failures)
                 self._try(header, leader, then, following, failures)
+                return
+            if header["kind"] == "register_broker" and isinstance(
+                    error, (errors.InconsistentClusterId, errors.DuplicateBrokerRegistration)):
+                self._registration_refused(address, error)
                 return
             if error is not None or answer is None:
                 self._end_round(error)
@@ -1096,6 +1187,7 @@ def join_cluster(broker: Any) -> BrokerAgent:
                                                   broker.config.cluster_id)
     attach_isr(agent, broker)
     attach_transfers(agent, broker)
+    agent.on_fatal = broker.cannot_run  # (refused for good: it stops, status 1)
 
     async def handle(header: dict[str, Any], payload: bytes) -> tuple[dict[str, Any], bytes]:
         return agent.describe(), b""
