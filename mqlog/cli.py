@@ -52,7 +52,7 @@ from mqlog.config import load as load_config
 from mqlog.engine import queries
 from mqlog.engine.files import file_name
 from mqlog.engine.reader import LogReader, VerifyReport
-from mqlog.errors import InvalidArgument, MqlogError, PromotionRefused
+from mqlog.errors import InvalidArgument, MqlogError, PromotionRefused, UnknownGroup
 from mqlog.ext import fallback
 from mqlog.replication.messages import NUMBER_LIMIT
 
@@ -645,7 +645,7 @@ def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
     acks, a Raft leader's commit and match positions, and how many messages it ignored
     (from another cluster or a non-member). A master-slave master that restarted and waits
     to hear from its slaves shows accepts_writes false."""
-    rows = []
+    rows, no_group = [], {}  # no_group: address -> what the node said (it answered)
     for address in addresses:
         try:
             with _group_client(address, timeout_s=5) as client:
@@ -661,7 +661,11 @@ def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
                                             in sorted(acked.items())),
                          "ignored": facts.get("ignored", 0)})
         except MqlogError as error:
-            rows.append({"address": address, "node": "-", "role": f"unreachable ({error})",
+            if isinstance(error, UnknownGroup):  # (it answered: not the network's fault)
+                said, no_group[address] = _no_such_group(address, error)
+            role = f"no such group: {said}" if address in no_group else \
+                f"unreachable ({error})"
+            rows.append({"address": address, "node": "-", "role": role,
                          "accepts_writes": "", "epoch": "", "leader": "", "commit": "",
                          "log_start": "", "written": "", "flushed": "", "acked": "",
                          "ignored": ""})
@@ -670,9 +674,34 @@ def cluster_status(addresses: tuple[str, ...], as_json: bool) -> None:
     else:
         _print_tables([_rows_table("Nodes", rows)])
     if all(row["node"] == "-" for row in rows):  # a script must see that nothing answered
-        raise CommandFailed(f"no node answered at {', '.join(addresses)}: check the "
-                            "addresses (host:port of each node's `listen`) and that the "
-                            "nodes run")
+        silent = [address for address in addresses if address not in no_group]
+        failures = [f"{address} {what}" for address, what in no_group.items()]
+        if silent:
+            failures.append(f"no node answered at {', '.join(silent)}: check the addresses "
+                            "(host:port of each node's `listen`) and that the nodes run")
+        raise CommandFailed("; ".join(failures))
+
+
+def _no_such_group(address: str, error: UnknownGroup) -> tuple[str, str]:
+    """What a broker that hosts no group the request named (``mqlog cluster --group``, or
+    none: its default group) said: the groups it hosts (its ``broker_metadata``), and as
+    advice, the command that names one. Its own advice ("name one in the request") is a
+    Client's, and the CLI added "no node answered", which it did."""
+    named = click.get_current_context().meta.get("mqlog.group")
+    advice = f"use `mqlog cluster --group NAME status {address}`"
+    try:
+        with mqlog.Client(address, timeout_s=5) as client:  # (no group: the broker's own)
+            facts = client.call({"kind": "broker_metadata"})[0]
+        hosted = sorted(facts.get("groups") or {})
+    except MqlogError:  # (gone meanwhile: its first words say what it hosts)
+        said = str(error).split(";")[0]
+        return said, f"answered: {said}; {advice}"
+    what = f"hosts no group {named!r}" if named is not None else \
+        "hosts several groups and no default one" if len(hosted) > 1 else \
+        "has no default group"
+    said = f"{what} (it hosts {', '.join(hosted) or 'none'})"
+    return said, (f"answered: broker {facts.get('broker_id')} {said}; {advice}"
+                  + (f", e.g. --group {hosted[0]}" if hosted else ""))
 
 
 # --- produce -----------------------------------------------------------------------------
@@ -1094,12 +1123,22 @@ def _record_writer(output: str, body_only: bool, dump: bool = False) -> Callable
     if output == "json":
         return lambda record: out.write(json.dumps(record_json(record, dump)) + "\n")
     if body_only:
-        return lambda record: out.write(escape(record.body) + "\n")
+        return lambda record: out.write(body_line(record) + "\n")
     return lambda record: out.write(record_line(record, dump) + "\n")
 
 
+def body_line(record: Any) -> str:
+    """``consume``'s text: the body, escaped; a lost record (a filler ``mqlog repair``
+    put in place of a damaged one) as ``\\lost TOPIC/QUEUE offset N``, which no body
+    prints as (a body's backslash is doubled)."""
+    if record.lost:
+        return f"\\lost {record.topic}/{record.queue_id} offset {record.offset}"
+    return escape(record.body)
+
+
 def record_json(record: Any, dump: bool = False) -> dict[str, Any]:
-    """A record as a JSON object (the body as UTF-8 text, else base64)."""
+    """A record as a JSON object (the body as UTF-8 text, else base64). A lost record
+    (``Record.lost``) has ``"lost": true`` and a null body (``dump``: ``lost`` always)."""
     fields: dict[str, Any] = {
         "topic": record.topic, "queue_id": record.queue_id, "offset": record.offset,
         "position": record.position, "epoch": record.epoch,
@@ -1109,6 +1148,11 @@ def record_json(record: Any, dump: bool = False) -> dict[str, Any]:
     if dump:
         fields.update(size=record.size, crc=_stored_crc(record),
                       control=bool(record.attributes & fallback.ATTR_CONTROL))
+    if dump or record.lost:
+        fields["lost"] = record.lost
+    if record.lost:  # (its body is padding: no data)
+        fields["body"] = None
+        return fields
     try:
         fields["body"] = record.body.decode("utf-8")
     except UnicodeDecodeError:
@@ -1118,7 +1162,8 @@ def record_json(record: Any, dump: bool = False) -> dict[str, Any]:
 
 
 def record_line(record: Any, dump: bool = False) -> str:
-    """A record as one line of ``name: value`` pairs (kafka-dump-log's style)."""
+    """A record as one line of ``name: value`` pairs (kafka-dump-log's style); a lost
+    record (``Record.lost``) ends with ``lost: true`` instead of a body."""
     parts = [f"position: {record.position}", f"size: {record.size}",
              f"epoch: {record.epoch}", f"topic: {record.topic}",
              f"queue_id: {record.queue_id}", f"offset: {record.offset}",
@@ -1133,7 +1178,7 @@ def record_line(record: Any, dump: bool = False) -> str:
         parts.append(f"tags: {escape(record.tags.encode())}")
     if record.properties:
         parts.append(f"properties: {json.dumps(_plain(record.properties))}")
-    parts.append(f"body: {escape(record.body)}")
+    parts.append("lost: true" if record.lost else f"body: {escape(record.body)}")
     return " ".join(parts)
 
 

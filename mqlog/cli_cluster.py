@@ -148,12 +148,27 @@ def consume(bootstrap: str, topic: str, partition: int | None, from_offset: int 
 def cluster_client(bootstrap: str, timeout_s: float, acks: str = "all") -> Iterator[Any]:
     """A ClusterClient that gives up after ``timeout_s``; controllers named instead of
     brokers (the --bootstrap of ``mqlog topics``, a user's first guess: the client's
-    NotABroker) are said plainly, in the command's words."""
+    NotABroker), or standalone nodes (a master-slave or Raft node, no cluster's broker:
+    NotABroker too, at once), are said plainly, in the command's words, with what to use
+    instead."""
     try:
         with ClusterClient(bootstrap, acks=acks, retry_timeout_s=timeout_s) as cluster:
             yield cluster
     except errors.NotABroker as error:
+        if not error.standalone:
+            raise errors.NotABroker(
+                f"--bootstrap {bootstrap} names controllers; produce and consume need "
+                "brokers (`mqlog brokers --bootstrap CONTROLLERS` lists their addresses, the"
+                " [controller] voters are not them)", addresses=error.addresses) from None
+        said = [f"{address} is a controller, not a broker" for address in error.addresses
+                if address not in error.standalone]
+        said += [f"{address} is not a cluster's broker but a standalone node (a "
+                 "master-slave or Raft node of docs/REPLICATION.md: no [controller] voters)"
+                 for address in error.standalone]
         raise errors.NotABroker(
-            f"--bootstrap {bootstrap} names controllers; produce and consume need brokers "
-            "(`mqlog brokers --bootstrap CONTROLLERS` lists their addresses, the [controller]"
-            " voters are not them)", addresses=error.addresses) from None
+            f"--bootstrap {bootstrap}: " + "; ".join(said) + ". produce and consume "
+            "--bootstrap need a cluster's brokers; a standalone node takes writes from "
+            "mqlog.Client(ADDRESS) or mqlog.GroupClient([ADDRESSES]) in Python, and `mqlog "
+            "consume DATA_DIR` (the node's data_dir; DATA_DIR/GROUP on a node of several "
+            "groups) reads its store beside it",
+            addresses=error.addresses, standalone=error.standalone) from None

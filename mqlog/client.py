@@ -81,7 +81,10 @@ class Client:
         ProducerFenced. A pair (id, sequence) is epoch 0, the form of before epochs: a
         process restarted with the same id and pairs would have its new sequences taken
         for the old ones. A SYNC_MASTER with too few slaves in sync answers
-        SLAVE_NOT_AVAILABLE with position -1: nothing was stored, a retry is safe."""
+        SLAVE_NOT_AVAILABLE with position -1: nothing was stored, a retry is safe.
+        The PutResult's ``store_timestamp`` and ``size`` are the node's (its store's put
+        result: the store time in ms, the bytes in its commit log); -1 when the node
+        did not say (an older node) or nothing is known (acks=0)."""
         return self.produce_batch(topic, [body], queue_id, key, tags, acks, producer)
 
     def produce_batch(self, topic: str, bodies: list[bytes], queue_id: int = 0,
@@ -93,10 +96,8 @@ class Client:
         request = produce_request(topic, bodies, queue_id, key, tags, acks, producer)
         if request[0].get("acks") == "0":
             self.send_only(*request)
-            return PutResult(PutStatus.PUT_OK, -1, -1, 0, 0)
-        header = self.call(*request)[0]
-        return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
-                         0, 0)
+            return PutResult(PutStatus.PUT_OK, -1, -1, -1, -1)
+        return put_result(self.call(*request)[0])
 
     def send_only(self, header: dict[str, Any], payload: bytes = b"") -> None:
         """Send a request that is not answered unless refused (a produce with acks=0);
@@ -341,6 +342,20 @@ def _producer(producer: Any) -> tuple[str, int, int]:
 
 def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def put_result(header: dict[str, Any]) -> PutResult:
+    """A node's produce answer as a PutResult: its status and place, its store time (ms)
+    and size in bytes — -1 for those two when the node did not send them (one older than
+    the fields: it sent status, position, offset and count only)."""
+    return PutResult(PutStatus(header["status"]), header["position"], header["offset"],
+                     *answer_facts(header))
+
+
+def answer_facts(header: dict[str, Any]) -> tuple[int, int]:
+    """(store_timestamp, size) of a produce answer; -1 for each the node did not send."""
+    stamp, size = header.get("store_timestamp"), header.get("size")
+    return (stamp if _is_int(stamp) else -1), (size if _is_int(size) else -1)
 
 
 def error_of(header: dict[str, Any]) -> errors.MqlogError:

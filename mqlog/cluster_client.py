@@ -40,9 +40,14 @@ Theory of operation.
   ``frame_size_bytes_max`` (the brokers' largest frame, 16 MiB by default; a broker
   drops such a frame's connection unread) — MessageTooLarge; any call after ``close()``
   — ClientClosed (a closed client opens no connection); bootstrap addresses that are all
-  controllers' — NotABroker, at once (a node that refuses ``cluster_metadata`` with
-  UnknownGroup is asked ``broker_metadata``, which every node answers: its
-  process_roles without "broker" make it a controller, which never turns into a broker).
+  controllers' or standalone nodes' — NotABroker, at once (a node that refuses
+  ``cluster_metadata`` — UnknownGroup, or "unknown request kind" from its default group —
+  is asked ``broker_metadata``, which every node answers: its process_roles without
+  "broker" make it a controller; with "broker", a node that serves no cluster (a
+  master-slave or Raft node of docs/REPLICATION.md: a cluster's broker registers
+  ``cluster_metadata`` before it serves anything). Neither turns into a cluster's
+  broker, so there is nothing to wait for: a standalone node was asked until
+  retry_timeout_s, then called "no broker answered ...: unknown request kind").
 * Producer epochs. Each client is one life of its producer id, with its own producer
   epoch (``new_producer_epoch``: the wall clock, so a client made anew with the same
   explicit ``producer_id`` — a restarted process — has a higher one, and its sequences,
@@ -58,11 +63,25 @@ Theory of operation.
 * acks (Kafka's words; docs/CLUSTER.md has the table). "all" waits for the layer's rule
   (on an ISR partition: the high watermark). NotEnoughReplicas (nothing stored) is the
   caller's to decide on, raised at once — unless an earlier attempt of the same write may
-  have stored it, when "nothing stored" does not hold and it is retried. The ISR answers
+  have stored it, when "nothing stored" does not hold and it is retried. An attempt
+  that failed before the request left (no connection to the broker could be made, or
+  the send failed: a broker takes a whole frame or nothing) stored nothing, and does not
+  count as one that may have. A master-slave partition's master with too few slaves in
+  sync answers SLAVE_NOT_AVAILABLE before storing (position -1; its NotEnoughReplicas):
+  sent again after ``retry_backoff_ms`` while its slaves may join (a new partition, a
+  promotion: they catch up in a moment), SlaveNotAvailable (a NotEnoughReplicas) at
+  once when the metadata shows the brokers of its other replicas fenced, or at
+  ``retry_timeout_s``; and a request that no attempt can have stored ends, at its
+  deadline, in an error that says nothing was stored — never "outcome unknown". The ISR answers
   NOT_ENOUGH_REPLICAS_AFTER_APPEND and REQUEST_TIMED_OUT mean stored, may still commit:
   sent again with the same sequence within ``retry_timeout_s``, then raised as their
   typed errors. "1": the leader stored it. "0": handed to the leader's connection, not
   answered (Client.send_only); a refusal read later refreshes the metadata.
+* Results. A ``ProducedRecord`` has the partition, status, position and offset, and the
+  leader's ``store_timestamp`` and ``size`` (a store's PutResult's: the store time in
+  ms of the request's records, the bytes they take); -1 for those when not known
+  (acks=0, a broker that does not send them, a request whose first records a cut copy
+  holds).
 * Reading. ``fetch`` reads a partition from its leader (Raft followers do not serve
   reads), with the same moving on; on ISR partitions ``replica=`` reads from a follower
   (KIP-392: a named broker, or "nearest", the client's rack) up to that follower's high
@@ -111,9 +130,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 from mqlog import errors
-from mqlog.client import Client, check_positive, error_of, produce_request, readable
+from mqlog.client import Client, answer_facts, check_positive, error_of, produce_request, readable
 from mqlog.ext import wire as codec
-from mqlog.group_client import RETRIED, STORED_UNDECIDED, undecided
+from mqlog.group_client import RETRIED, STORED_UNDECIDED, not_stored, nothing_stored, undecided
 from mqlog.partitioner import RoundRobin, choose_partition
 from mqlog.replication.controller import records
 from mqlog.replication.controller.leaders import LeaderTable, leaders_from
@@ -126,13 +145,18 @@ from mqlog.results import PutStatus
 
 @dataclass(frozen=True)
 class ProducedRecord:
-    """Where a record went (Kafka's RecordMetadata): its partition and place."""
+    """Where a record went (Kafka's RecordMetadata): its partition and place, and (as a
+    store's PutResult) the store time in ms of the request's records and the bytes they
+    take in the commit log. -1: not known (acks=0; a broker older than those fields; a
+    request whose first records a failover's cut copy holds, its rest stored apart)."""
 
     topic: str
     partition: int
     status: PutStatus
     position: int
     offset: int
+    store_timestamp: int = -1
+    size: int = -1
 
 
 # A pipelined request names its predecessor (node.py's SequenceGap), which the leader
@@ -533,7 +557,7 @@ class ClusterClient:
         if self._view is not None and age_ms < self.retry_backoff_ms:
             return self._view  # (asked a moment ago: no storm while a leader is down)
         failures, ends = [], time.monotonic() + self.timeout_s
-        addresses, controllers = self._metadata_addresses(), []
+        addresses, controllers, standalone = self._metadata_addresses(), [], []
         for address in addresses:
             left = ends - time.monotonic()  # (a refresh is one attempt: timeout_s in all,
             if left <= 0:  # not each broker's; the documented bound on a request holds)
@@ -542,21 +566,32 @@ class ClusterClient:
             try:
                 answer = self._connection(address).call({"kind": "cluster_metadata"},
                                                         timeout_s=left)[0]
-                state, leaders = metadata_from(answer)
-            except errors.UnknownGroup as error:  # (what it hosts, without its advice to
-                # "name a group in the request": a Client's, not the caller's)
-                if self._is_controller(address, ends):
+            except (errors.UnknownGroup, errors.RemoteProtocolError) as error:
+                # Refused: a node without the cluster_metadata service (a cluster's broker
+                # registers it before it serves anything), whose default group answered
+                # "unknown request kind", or which has none (UnknownGroup)
+                self._drop(address)
+                facts = self._node_facts(address, ends)
+                if facts is None:  # (it did not say what it is: asked again next time)
+                    failures.append(f"{address}: {error}")
+                elif "broker" not in facts[0]:
                     controllers.append(address)
                     failures.append(f"{address} is a controller, not a broker")
-                else:
-                    failures.append(f"{address} is not a cluster's broker ("
-                                    f"{str(error).split(';')[0]}): bootstrap names the "
-                                    "brokers of a cluster, the node configs with "
-                                    "process_roles broker")
+                else:  # (what it hosts, without its advice to "name a group in the
+                    # request": a Client's, not the caller's)
+                    standalone.append(address)
+                    hosted = f"hosting {', '.join(map(repr, facts[1]))}; " if facts[1] else ""
+                    failures.append(f"{address} is not a cluster's broker (a standalone "
+                                    f"node: {hosted}no [controller] voters)")
                 self._drop(address)
                 continue
-            except (errors.NodeUnavailable, errors.RemoteProtocolError,
-                    errors.RemoteError) as error:
+            except (errors.NodeUnavailable, errors.RemoteError) as error:
+                self._drop(address)
+                failures.append(f"{address}: {error}")
+                continue
+            try:
+                state, leaders = metadata_from(answer)
+            except errors.RemoteProtocolError as error:
                 self._drop(address)
                 failures.append(f"{address}: {error}")
                 continue
@@ -568,29 +603,54 @@ class ClusterClient:
             self._fetched_at = time.monotonic()
             self.refreshes += 1
             return self._view
-        if self._view is None and controllers and len(controllers) == len(addresses):
-            raise errors.NotABroker(  # (never a broker to ask: no request was sent yet)
+        if self._view is None and (controllers or standalone) and \
+                len(controllers) + len(standalone) == len(addresses):
+            raise self._not_brokers(controllers, standalone, failures)
+        raise errors.NodeUnavailable(
+            "no broker answered cluster_metadata: " + "; ".join(failures)
+            + (". Bootstrap names the brokers of a cluster: nodes whose configs have "
+               "process_roles broker and [controller] voters" if standalone else ""))
+
+    @staticmethod
+    def _not_brokers(controllers: list[str], standalone: list[str],
+                     failures: list[str]) -> errors.NotABroker:
+        """NotABroker for bootstrap addresses none of which is a cluster's broker: each a
+        controller or a standalone node, which never turns into a cluster's broker (a
+        broker joins a cluster by its config, [controller] voters, read at its start):
+        nothing to wait for, so at once (no request was sent yet)."""
+        if not standalone:
+            return errors.NotABroker(
                 f"bootstrap {','.join(controllers)}: controllers, not brokers (process_roles "
                 "without broker); a ClusterClient, as `mqlog produce|consume --bootstrap`, "
                 "takes brokers' addresses, not the [controller] voters (`mqlog brokers "
                 "--bootstrap CONTROLLERS` lists the brokers); nothing was sent",
                 addresses=controllers)
-        raise errors.NodeUnavailable("no broker answered cluster_metadata: "
-                                     + "; ".join(failures))
+        return errors.NotABroker(
+            f"bootstrap {','.join([*controllers, *standalone])}: no cluster's broker: "
+            + "; ".join(failures) + ". A ClusterClient, as `mqlog produce|consume "
+            "--bootstrap`, takes the brokers of a cluster (docs/CLUSTER.md); a standalone "
+            "node's group takes writes from mqlog.Client(ADDRESS) or mqlog.GroupClient("
+            "[ADDRESSES]), and `mqlog consume DATA_DIR` (the node's data_dir; DATA_DIR/GROUP "
+            "on a node of several groups) reads its store beside it (docs/REPLICATION.md); "
+            "nothing was sent",
+            addresses=[*controllers, *standalone], standalone=standalone)
 
-    def _is_controller(self, address: str, ends: float) -> bool:
-        """Whether the node at ``address``, which hosts no cluster broker (it answered
-        cluster_metadata UnknownGroup), is a controller: its process_roles, asked with
-        ``broker_metadata`` (every node answers it) before ``ends``."""
+    def _node_facts(self, address: str, ends: float) -> tuple[list[str], list[str]] | None:
+        """What the node at ``address``, which answered no cluster_metadata, is: the
+        process_roles and the groups of its ``broker_metadata`` (every node answers it),
+        asked before ``ends``; None if it did not tell."""
         left = ends - time.monotonic()
         if left <= 0:
-            return False
+            return None
         try:
-            roles = self._connection(address).call({"kind": "broker_metadata"},
-                                                   timeout_s=left)[0].get("process_roles")
+            answer = self._connection(address).call({"kind": "broker_metadata"},
+                                                    timeout_s=left)[0]
         except errors.MqlogError:
-            return False
-        return isinstance(roles, list) and "controller" in roles and "broker" not in roles
+            return None
+        roles, groups = answer.get("process_roles"), answer.get("groups")
+        if not isinstance(roles, list) or not roles:
+            return None
+        return roles, sorted(groups) if isinstance(groups, dict) else []
 
     def _view_or_last(self, refresh: bool) -> ClusterMetadata:
         """The metadata to choose where a request goes next: ``metadata(refresh)``, or
@@ -665,20 +725,25 @@ class ClusterClient:
             address = verdict[0] or self._leader_address(topic, partition, None)
 
     def _judge(self, topic: str, partition: int, address: str,
-               outcome: dict[str, Any] | errors.MqlogError,
-               attempts: _Attempts) -> dict[str, Any] | tuple[str | None, float]:
+               outcome: dict[str, Any] | errors.MqlogError, attempts: _Attempts,
+               sent: bool = True) -> dict[str, Any] | tuple[str | None, float]:
         """One attempt's outcome: the answer if decided, else where to send again (None:
         the leader shown then) and after what back-off in seconds. Raises what is the
-        caller's: NotEnoughReplicas when no attempt can have stored it, any error that
-        is not about where the leader is."""
+        caller's: NotEnoughReplicas when no attempt can have stored it (SlaveNotAvailable
+        too, when the partition's slaves are on fenced brokers), any error that is not
+        about where the leader is. ``sent`` False: a NodeUnavailable before the request
+        left (nothing stored by it)."""
         backoff = self.retry_backoff_ms / 1000
         if isinstance(outcome, dict):
             attempts.last = status = PutStatus(outcome["status"])
             if status not in RETRIED:
                 return outcome
-            attempts.maybe_stored = attempts.maybe_stored or \
-                status is not PutStatus.SLAVE_NOT_AVAILABLE
-            attempts.failures.append(f"{address}: {status.name}")
+            refused = nothing_stored(outcome)  # (SLAVE_NOT_AVAILABLE before storing)
+            attempts.maybe_stored = attempts.maybe_stored or not refused
+            attempts.failures.append(f"{address}: {status.name}"
+                                     + (" (nothing stored)" if refused else ""))
+            if refused and not attempts.maybe_stored:
+                self._check_slaves_alive(topic, partition, address, attempts)
             if status is PutStatus.REQUEST_TIMED_OUT:  # (the leader may have changed)
                 self._view_or_last(refresh=True)
                 return None, 0.0
@@ -700,17 +765,51 @@ class ClusterClient:
             attempts.tried.add(address)
             return self._leader_address(topic, partition, address, attempts.tried), 0.0
         if isinstance(outcome, errors.NodeUnavailable):
-            attempts.maybe_stored, attempts.last = True, None
+            if sent:  # (its outcome unknown; one never sent tells nothing new)
+                attempts.maybe_stored, attempts.last = True, None
+            else:
+                attempts.failures[-1] += " (not sent)"
             self._drop(address)
             attempts.tried.add(address)
             return self._leader_address(topic, partition, address, attempts.tried), 0.0
         raise outcome
+
+    def _check_slaves_alive(self, topic: str, partition: int, address: str,
+                            attempts: _Attempts) -> None:
+        """A master at ``address`` refused a write before storing it (SLAVE_NOT_AVAILABLE:
+        too few slaves in sync), and no earlier attempt can have stored it. While its
+        slaves may still join (a new partition, a promotion: they catch up in a moment)
+        it goes again until retry_timeout_s; but when the metadata shows every other
+        replica's broker fenced (down: none can come in sync), SlaveNotAvailable at once,
+        as NotEnoughReplicas is on an ISR partition (whose ISR the controller shrinks as
+        brokers are fenced) — it was sent again for retry_timeout_s, then called "outcome
+        unknown"."""
+        view = self._view_or_last(refresh=False)  # (cached: metadata_max_age_ms)
+        topic_info = view.topics.get(topic)
+        if topic_info is None or partition >= len(topic_info.partitions):
+            return
+        slaves = [name for name in topic_info.partitions[partition].replicas
+                  if name not in view.brokers or view.brokers[name].address != address]
+        if not slaves or any(name in view.brokers and not view.brokers[name].fenced
+                             for name in slaves):
+            return
+        raise errors.SlaveNotAvailable(
+            f"{topic!r} partition {partition}: its master at {address} has fewer slaves in "
+            f"sync than in_sync_slaves_min (SLAVE_NOT_AVAILABLE), and the brokers of its "
+            f"other replicas ({', '.join(slaves)}) are fenced (down, or cut off from the "
+            "controllers): nothing was stored, so a retry is safe once they are back "
+            "(`mqlog brokers --bootstrap CONTROLLERS` shows them), or write with acks=1 "
+            "(the master alone, lost if it fails): " + "; ".join(attempts.failures[-3:]))
 
     def _timed_out(self, topic: str, partition: int, what: str, attempts: _Attempts,
                    sequence: int) -> errors.MqlogError:
         if attempts.last in STORED_UNDECIDED:
             return undecided(attempts.last, self.producer_id, sequence, self.retry_timeout_s,
                              attempts.failures)
+        if sequence >= 0 and not attempts.maybe_stored:  # (a produce none can have stored)
+            return not_stored(attempts.last, f"{topic!r} partition {partition} "
+                              f"({what} of producer {self.producer_id!r})",
+                              self.retry_timeout_s, attempts.failures)
         unknown = (f"; its outcome is unknown (this client retries it safely, producer "
                    f"{self.producer_id!r})") if sequence >= 0 else ""
         return errors.NodeUnavailable(
@@ -785,11 +884,13 @@ class ClusterClient:
                 f"{self.timeout_s}"))
 
     def _decide(self, request: _Produce, address: str,
-                outcome: dict[str, Any] | errors.MqlogError) -> None:
-        """A request's attempt ended: its outcome, or when and where it goes again."""
+                outcome: dict[str, Any] | errors.MqlogError, sent: bool = True) -> None:
+        """A request's attempt ended: its outcome, or when and where it goes again.
+        ``sent`` False: the attempt failed before the request left whole (no connection
+        could be made, or the send itself failed), so it stored nothing."""
         try:
             verdict = self._judge(request.topic, request.partition, address, outcome,
-                                  request.attempts)
+                                  request.attempts, sent)
         except errors.PartiallyStored as cut:
             if 0 < cut.count < len(request.header["sizes"]):
                 return self._send_the_rest(request, cut)
@@ -798,9 +899,10 @@ class ClusterClient:
             return self._finish(request, error=error)
         if isinstance(verdict, dict):
             position, offset = request.first or (verdict["position"], verdict["offset"])
+            stamp, size = answer_facts(verdict) if request.first is None else (-1, -1)
             return self._finish(request, outcome=ProducedRecord(
                 request.topic, request.partition, PutStatus(verdict["status"]),
-                position, offset))
+                position, offset, stamp, size))
         if time.monotonic() >= request.deadline:
             return self._finish(request, error=self._timed_out(
                 request.topic, request.partition, f"sequence {request.sequence}",
@@ -885,12 +987,13 @@ class ClusterClient:
         if previous is not None:  # (and its records: a copy of it cut inside is not it)
             header["previous"] = previous.sequence
             header["previous_count"] = len(previous.header["sizes"])
-        try:
+        try:  # (failed here, it was not sent: no connection, or not all of its frame
+            # left — a broker takes a whole frame or none, and the connection is closed)
             connection = self._connection(address, group_of(request.topic, request.partition))
             request_id = connection.send_request(header, request.payload)
         except errors.NodeUnavailable as error:
             self._drop(address)
-            self._decide(request, address, error)
+            self._decide(request, address, error, sent=False)
             return False
         request.address, request.sent_at, request.next_address = address, now, None
         self._sent[(address, request_id)] = request

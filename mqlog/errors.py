@@ -94,9 +94,23 @@ class DataDirLocked(StoreLocked):
     ``data_dir`` of its own (and, in a cluster, an ``id`` of its own)."""
 
 
-
 class StoreNotFound(MqlogError, FileNotFoundError):
     """A read-only open found no store at the path."""
+
+
+class NotAStoreDirectory(InvalidArgument):
+    """An open for writing (``mqlog.open``, ``mqlog produce``) was given a directory it
+    will not create a store in: one that holds files that are not a store's (the store's
+    files would be put among them), or one inside another store (say its
+    ``commitlog/``). Nothing was written. Name a new or empty directory, or the store's
+    own directory; ``names`` lists the files that are not a store's (empty when the
+    directory is inside the store ``inside``)."""
+
+    def __init__(self, message: str, *, names: list[str] | tuple[str, ...] = (),
+                 inside: str | None = None) -> None:
+        super().__init__(message)
+        self.names = list(names)
+        self.inside = inside
 
 
 class StoreReadOnly(MqlogError):
@@ -183,6 +197,17 @@ class NotEnoughReplicas(MqlogError):
     ``min_insync_replicas`` (Kafka's NOT_ENOUGH_REPLICAS): nothing was stored, so a retry
     is safe; it succeeds once lagging replicas catch up and rejoin the ISR (or write with
     acks=1, knowing a leader's failure may lose it)."""
+
+
+class SlaveNotAvailable(NotEnoughReplicas):
+    """An acks=all write to a master-slave group (or partition) whose SYNC_MASTER has fewer
+    slaves in sync than ``in_sync_slaves_min`` (its answer SLAVE_NOT_AVAILABLE, position
+    -1): nothing was stored, so a retry is safe (it succeeds once enough slaves are back
+    in sync), or write with acks=1 (the master alone), knowing the master's failure may
+    lose it. The master-slave layer's NotEnoughReplicas: ``except NotEnoughReplicas``
+    catches both. A client sends such a write again while slaves may be joining (a new
+    topic, a promotion), and raises this once it gives up; ClusterClient at once when the
+    metadata shows the brokers of the partition's other replicas fenced."""
 
 
 class NotEnoughReplicasAfterAppend(MqlogError):
@@ -314,11 +339,18 @@ class NotABroker(InvalidArgument):
     whose process_roles lack broker): controllers answer no client's metadata, produce
     or fetch. Name brokers there, not the ``[controller]`` voters (``mqlog brokers
     --bootstrap CONTROLLERS`` lists the brokers' addresses). Nothing was sent.
-    ``addresses``: the controllers named."""
+    ``addresses``: the controllers named. Raised too when the addresses are standalone
+    nodes (a master-slave or Raft node of docs/REPLICATION.md, a broker without
+    ``[controller] voters``: no cluster's broker, it answers no ``cluster_metadata``), or
+    such nodes and controllers: ``addresses`` names them all, ``standalone`` those that
+    are standalone nodes. Write to a standalone node with ``mqlog.Client`` or
+    ``mqlog.GroupClient``; read its store with ``mqlog consume DATA_DIR``."""
 
-    def __init__(self, message: str, *, addresses: list[str] | tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, *, addresses: list[str] | tuple[str, ...] = (),
+                 standalone: list[str] | tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.addresses = list(addresses)
+        self.standalone = list(standalone)
 
 
 class MetadataChangeRefused(InvalidArgument):
@@ -340,7 +372,6 @@ class InconsistentClusterId(ConfigError):
     is not theirs (Kafka's InconsistentClusterIdException). Asking again cannot help, so
     ``mqlog node`` stops (status 1): give the broker the controllers of its own cluster in
     ``[controller] voters``, or the cluster_id of theirs."""
-
 
 
 class StaleAlterPartition(MetadataChangeRefused):

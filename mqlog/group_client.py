@@ -14,9 +14,16 @@ knowing its leader, and without storing a write twice when a retry follows a fai
   refused before anything was stored (SLAVE_NOT_AVAILABLE), or that an ISR leader stored
   but could not commit yet (NOT_ENOUGH_REPLICAS_AFTER_APPEND, REQUEST_TIMED_OUT) is sent
   again, with the same producer id and sequence, until ``retry_timeout_s`` has passed;
-  then the last of those is raised as its typed error (NodeUnavailable if none came).
-  NotEnoughReplicas (an ISR below min.insync: nothing stored) is raised at once, unless
-  an earlier attempt of the same write was stored: then it is retried too. The leader answers a
+  then the last of those is raised as its typed error (NodeUnavailable if none came) —
+  unless no attempt can have stored it (each was refused before storing, or never
+  reached a node): then SlaveNotAvailable if a master's SLAVE_NOT_AVAILABLE was the last
+  answer (a NotEnoughReplicas: nothing stored, a retry is safe), else NodeUnavailable
+  saying nothing was stored; never "outcome unknown" when every answer said nothing was
+  stored. (A SLAVE_NOT_AVAILABLE with a position is a write stored whose slaves left the
+  sync state meanwhile: stored, may still commit.) NotEnoughReplicas (an ISR below
+  min.insync: nothing stored) is raised at once, unless an earlier attempt of the same
+  write was stored: then it is retried too. A master-slave group's SLAVE_NOT_AVAILABLE
+  is retried, as slaves join a master in a moment (a promotion, a start). The leader answers a
   retry of a stored write with the first write's place (idempotence.py), so every write
   is stored once, wherever leadership went meanwhile.
 * Each client is one life of its producer id: its producer epoch (idempotence.py's
@@ -37,7 +44,7 @@ import uuid
 from typing import Any
 
 from mqlog import errors
-from mqlog.client import Client, check_positive, produce_request
+from mqlog.client import Client, check_positive, produce_request, put_result
 from mqlog.replication.idempotence import new_producer_epoch
 from mqlog.replication.node import check_producer_tag
 from mqlog.results import PutResult, PutStatus
@@ -48,6 +55,36 @@ from mqlog.results import PutResult, PutStatus
 STORED_UNDECIDED = (PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND, PutStatus.REQUEST_TIMED_OUT)
 RETRIED = (PutStatus.FLUSH_SLAVE_TIMEOUT, PutStatus.FLUSH_DISK_TIMEOUT,
            PutStatus.SLAVE_NOT_AVAILABLE, *STORED_UNDECIDED)
+
+
+def nothing_stored(answer: dict[str, Any]) -> bool:
+    """Whether a produce answer says nothing was stored: a SYNC_MASTER's SLAVE_NOT_AVAILABLE
+    given before storing (position -1; node.py). The same status with a position is a
+    write stored whose slaves left the sync state before they had it: it may still
+    commit (a retry with its producer sequence is answered by that copy's fate)."""
+    position = answer.get("position")
+    return answer.get("status") == PutStatus.SLAVE_NOT_AVAILABLE.value and (
+        not isinstance(position, int) or position < 0)
+
+
+def not_stored(status: PutStatus | None, where: str, retry_timeout_s: float,
+               failures: list[str]) -> errors.MqlogError:
+    """The typed error for a write still undecided at its deadline that no attempt can
+    have stored (each was refused before storing, or not sent): a retry, or producing it
+    anew, is safe. SlaveNotAvailable when the last answer was a master's
+    SLAVE_NOT_AVAILABLE, else NodeUnavailable saying nothing was stored."""
+    tail = "; ".join(failures[-3:])
+    if status is PutStatus.SLAVE_NOT_AVAILABLE:
+        return errors.SlaveNotAvailable(
+            f"{where}: its master had fewer slaves in sync than in_sync_slaves_min until "
+            f"retry_timeout_s={retry_timeout_s} (SLAVE_NOT_AVAILABLE): nothing was stored "
+            "(every attempt was refused before storing), so a retry is safe once its "
+            "slaves are back in sync (start their nodes; `mqlog cluster status` shows "
+            "them), or write with acks=1 (the master alone, lost if it fails): " + tail)
+    return errors.NodeUnavailable(
+        f"{where}: no leader took the write within retry_timeout_s={retry_timeout_s}; "
+        "nothing was stored (every attempt was refused before storing, or could not be "
+        "sent), so a retry is safe: " + tail)
 
 
 def undecided(status: PutStatus | None, producer: str, sequence: int,
@@ -113,8 +150,7 @@ class GroupClient:
         except errors.ProducerFenced as error:
             self.fenced = error
             raise
-        return PutResult(PutStatus(answer["status"]), answer["position"], answer["offset"],
-                         0, 0)
+        return put_result(answer)
 
     def metadata(self) -> dict[str, Any]:
         return self._client_now(time.monotonic() + self.retry_timeout_s).metadata()
@@ -130,15 +166,14 @@ class GroupClient:
                 client = self._client_now(deadline)
             except errors.NodeUnavailable as error:  # none reachable in time: nothing sent
                 failures.append(str(error))
-                raise undecided(last, self.producer_id, self.sequence, self.retry_timeout_s,
-                                failures) from error
+                raise self._gave_up(last, maybe_stored, failures) from error
             try:
                 answer = client.call(dict(header), payload)[0]
                 unknown = 0
                 last = status = PutStatus(answer["status"])
                 if status not in RETRIED:
                     return answer
-                maybe_stored = maybe_stored or status is not PutStatus.SLAVE_NOT_AVAILABLE
+                maybe_stored = maybe_stored or not nothing_stored(answer)
                 failures.append(f"{self._client_address()}: {answer['status']}")
                 if status in (PutStatus.SLAVE_NOT_AVAILABLE,  # replicas must catch up first
                               PutStatus.NOT_ENOUGH_REPLICAS_AFTER_APPEND):
@@ -163,9 +198,18 @@ class GroupClient:
                 failures.append(str(error))
                 self._move_to(None)
             if time.monotonic() >= deadline:
-                raise undecided(last, self.producer_id, self.sequence, self.retry_timeout_s,
-                                failures)
+                raise self._gave_up(last, maybe_stored, failures)
             self.retries += 1
+
+    def _gave_up(self, last: PutStatus | None, maybe_stored: bool,
+                 failures: list[str]) -> errors.MqlogError:
+        """The error of a write undecided at its deadline: "nothing stored" when no
+        attempt can have stored it, else its outcome is unknown (``undecided``)."""
+        if not maybe_stored and last not in STORED_UNDECIDED:
+            return not_stored(last, f"sequence {self.sequence} of producer "
+                              f"{self.producer_id!r}", self.retry_timeout_s, failures)
+        return undecided(last, self.producer_id, self.sequence, self.retry_timeout_s,
+                         failures)
 
     def _client_now(self, deadline: float) -> Client:
         """A connection to the node in turn, or to the next one that answers; the last

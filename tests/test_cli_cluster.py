@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -114,12 +115,22 @@ voters = ["b1"]
                 pytest.raises(errors.NotABroker, match="controllers, not brokers") as failed:
             client.metadata()
         assert failed.value.addresses == [f"127.0.0.1:{controller_port}"]
-        # a controller beside a node that is no cluster's broker: each named for what it is
+        # a controller beside a node that is no cluster's broker: each named for what it
+        # is, at once (neither turns into a cluster's broker: it was said after
+        # --timeout-s, "no broker answered")
+        started = time.monotonic()
         line = one_error_line(mqlog("consume", "-b", f"127.0.0.1:{controller_port},"
                                     f"127.0.0.1:{broker_port}", "-t", "orders",
-                                    "--timeout-s", "1"))
+                                    "--timeout-s", "30"))
+        assert time.monotonic() - started < 25, line
         assert f"127.0.0.1:{controller_port} is a controller, not a broker" in line, line
-        assert f"127.0.0.1:{broker_port} is not a cluster's broker" in line, line
+        assert f"127.0.0.1:{broker_port} is not a cluster's broker but a standalone " \
+            "node" in line, line
+        assert "mqlog.Client(ADDRESS)" in line and "mqlog consume DATA_DIR" in line, line
+        with ClusterClient(f"127.0.0.1:{broker_port}", retry_timeout_s=600) as client, \
+                pytest.raises(errors.NotABroker, match="hosting 'orders'") as failed:
+            client.metadata()
+        assert failed.value.standalone == [f"127.0.0.1:{broker_port}"]
         line = one_error_line(mqlog("topics", "list", "-b", f"127.0.0.1:{broker_port}"))
         assert f"127.0.0.1:{broker_port} is not a controller" in line, line
     finally:
@@ -127,3 +138,53 @@ voters = ["b1"]
             process.send_signal(signal.SIGTERM)
         for process in processes:
             process.wait(timeout=60)
+
+
+def test_cluster_status_of_a_broker_of_several_groups_names_them(tmp_path):
+    """`mqlog cluster status` of a broker hosting several groups, without --group (or
+    with one it does not host), printed "unreachable (broker b1 hosts no group '' (it
+    hosts ...); name one in the request)" and then "no node answered at ADDRESS: check
+    the addresses ... and that the nodes run" — though the node answered (new-user
+    review). Now it says what the broker hosts and how to name one; an address where
+    nothing answers is still told apart."""
+    port, dead = free_ports(2)
+    config = tmp_path / "b1.toml"
+    config.write_text(f"""[node]
+id = "b1"
+listen = "127.0.0.1:{port}"
+data_dir = "{tmp_path / 'b1'}"
+
+[groups.orders]
+layer = "raft"
+voters = ["b1"]
+
+[groups.payments]
+layer = "raft"
+voters = ["b1"]
+""")
+    address = f"127.0.0.1:{port}"
+    process = start(config)
+    try:
+        for group, what in ((None, "hosts several groups and no default one"),
+                            ("nope", "hosts no group 'nope'")):
+            chosen = ("--group", group) if group else ()
+            result = mqlog("cluster", *chosen, "status", address)
+            line = one_error_line(result)
+            for said in (f"{address} answered: broker b1 {what} (it hosts orders, "
+                         "payments); use `mqlog cluster --group NAME status", "--group "
+                         "orders"):
+                assert said in line, line
+            for blame in ("no node answered", "check the addresses", "name one in the "
+                          "request"):
+                assert blame not in line and blame not in result.stdout, result.stdout
+            assert "no such group" in result.stdout and "unreachable" not in result.stdout
+        result = mqlog("cluster", "status", address, f"127.0.0.1:{dead}")
+        line = one_error_line(result)  # (each address for what it is)
+        assert f"{address} answered: broker b1 hosts several groups" in line, line
+        assert f"no node answered at 127.0.0.1:{dead}: check the addresses" in line, line
+        result = mqlog("cluster", "--group", "payments", "status", address)
+        assert result.returncode == 0, result.stderr
+        assert "LEADER" in result.stdout or "CANDIDATE" in result.stdout, result.stdout
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)

@@ -523,3 +523,101 @@ def test_a_retry_cut_on_the_master_is_refused_only_once_its_copy_is_committed(tm
             assert cluster.metadata("m")["written"] == written  # (stored once)
     finally:
         cluster.stop_all()
+
+
+def _master_alone(tmp_path: Path) -> LocalCluster:
+    """A SYNC_MASTER m of one slave s1, m started alone (a standalone group: no
+    [controller] table)."""
+    cluster = LocalCluster(tmp_path, "SYNC_MASTER", slave_count=1,
+                           store_settings="segment_size_bytes = 16777216")
+    cluster.write_configs()
+    cluster.start("m")
+    return cluster
+
+
+def test_a_standalone_node_is_named_as_no_clusters_broker_at_once(tmp_path):
+    """New-user review: `mqlog produce|consume -b NODE` of a standalone node (a
+    ClusterClient) waited its retry timeout, then said "no broker answered
+    cluster_metadata: ...: unknown request kind 'cluster_metadata'". Now NotABroker at
+    once, naming it a standalone node and what to use instead."""
+    cluster = _master_alone(tmp_path)
+    try:
+        address = cluster.address("m")
+        started = time.monotonic()
+        with mqlog.ClusterClient([address], retry_timeout_s=30) as client, \
+                pytest.raises(errors.NotABroker, match="a standalone node") as failed:
+            client.produce("orders", b"x")
+        assert time.monotonic() - started < 20  # (not retry_timeout_s: at once)
+        assert failed.value.addresses == failed.value.standalone == [address]
+        assert "unknown request kind" not in str(failed.value)
+        for command in ("produce", "consume"):
+            result = subprocess.run([MQLOG, command, "-b", address, "-t", "orders",
+                                     "--timeout-s", "30"], input="x\n", capture_output=True,
+                                    text=True, timeout=120)
+            lines = result.stderr.strip().splitlines()
+            assert result.returncode == 1 and len(lines) == 1, result.stderr
+            for said in (f"{address} is not a cluster's broker but a standalone node",
+                         "mqlog.Client(ADDRESS) or mqlog.GroupClient",
+                         "`mqlog consume DATA_DIR`"):
+                assert said in lines[0], lines[0]
+        assert cluster.metadata("m")["written"] == 0
+    finally:
+        cluster.stop_all()
+
+
+def test_a_group_client_write_no_slave_took_says_nothing_was_stored(tmp_path):
+    """New-user review: a GroupClient write to a SYNC_MASTER with no slave in sync
+    (SLAVE_NOT_AVAILABLE, nothing stored) was sent again until retry_timeout_s and then
+    raised as "outcome unknown". Now SlaveNotAvailable (a NotEnoughReplicas), saying
+    nothing was stored."""
+    cluster = _master_alone(tmp_path)
+    try:
+        with mqlog.GroupClient([cluster.address("m")], retry_timeout_s=0.5) as group, \
+                pytest.raises(errors.SlaveNotAvailable, match="nothing was stored") as refused:
+            group.produce("orders", b"no slave in sync")
+        assert isinstance(refused.value, errors.NotEnoughReplicas)
+        assert "outcome is unknown" not in str(refused.value)
+        assert cluster.metadata("m")["written"] == 0
+    finally:
+        cluster.stop_all()
+
+
+def test_produce_answers_carry_the_store_time_and_size(tmp_path):
+    """New-user review: Client and GroupClient answered PutResult(..., store_timestamp=0,
+    size=0), though the README documents both. Now the node's, as the store's records
+    have them (a batch: its records' bytes, one store time); a retry answered from the
+    stored copy, the same; acks=0: -1 (nothing known); a node that does not send them:
+    -1."""
+    cluster = LocalCluster(tmp_path, "SYNC_MASTER", slave_count=1,
+                           store_settings="segment_size_bytes = 16777216")
+    cluster.write_configs()
+    try:
+        cluster.start_all()
+        address = cluster.address("m")
+        wait_until(lambda: cluster.metadata("m")["slaves"], "s1 to follow m")
+        with mqlog.GroupClient([address], retry_timeout_s=60) as group, \
+                mqlog.Client(address, timeout_s=10) as client:
+            one = group.produce("orders", b"one")
+            batch = client.produce_batch("orders", [b"two", b"three"])
+            tag = ("p", 1, mqlog.new_producer_epoch())
+            first = client.produce("orders", b"four", producer=tag)
+            again = client.produce("orders", b"four", producer=tag)  # (the stored copy's)
+            assert again == first
+            records = client.fetch("orders", 0, 0, 100)
+            assert [record.body for record in records[:4]] == [b"one", b"two", b"three",
+                                                               b"four"]
+            for result, whole in ((one, records[:1]), (batch, records[1:3]),
+                                  (first, records[3:4])):
+                assert result.status is PutStatus.PUT_OK
+                assert result.store_timestamp == whole[0].store_timestamp > 0
+                assert {record.store_timestamp for record in whole} == \
+                    {result.store_timestamp}  # (one store time per request)
+                assert result.size == sum(record.size for record in whole) > 0
+                assert result.end_position == whole[-1].end_position
+            assert client.produce("orders", b"five", acks=0)[3:] == (-1, -1)
+    finally:
+        cluster.stop_all()
+    from mqlog.client import put_result
+
+    older = put_result({"status": "PUT_OK", "position": 5, "offset": 1, "count": 1})
+    assert older == (PutStatus.PUT_OK, 5, 1, -1, -1)

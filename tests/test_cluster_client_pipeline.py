@@ -209,6 +209,8 @@ class FakeBrokers:
         self.hold = False  # answers are kept back (slow to come) while this is set
         self.held = threading.Event()  # set once a client asked for an answer held back
         self.sequences: set[int] = set()  # those stored (a cut one is not)
+        self.answer: dict | None = None  # every produce's answer, nothing stored (a refusal)
+        self.answered = 0  # produce requests answered with ``answer``
 
     def delete_topic(self) -> None:
         """Topic "t" deleted: the metadata says so, and each produce is UnknownGroup."""
@@ -216,6 +218,14 @@ class FakeBrokers:
         self._state = self._state.apply(records.DeleteTopic("t"))
         self.metadata = {"snapshot": records.encode(self._state.snapshot()), "position": 2}
         self.deleted = True
+
+    def fence(self, *names: str) -> None:
+        """Brokers ``names`` fenced (down): the metadata says so."""
+        from mqlog.replication.controller import records
+        for name in names:
+            self._state = self._state.apply(records.FenceBroker(name, 1))
+        self.metadata = {"snapshot": records.encode(self._state.snapshot()),
+                         "position": self.metadata["position"] + 1}
 
     def fail(self, address: str) -> None:
         if self.failures is None or self.failures > 0:
@@ -253,6 +263,9 @@ class FakeConnection:
         if len(encode_frame(header, payload)) > FRAME_SIZE_BYTES_MAX:
             raise errors.NodeUnavailable("the node closed the connection (fake)")
         refusal = self._refusal(header)
+        if refusal is None and self.brokers.answer is not None:
+            self.brokers.answered += 1
+            refusal = {**self.brokers.answer, "id": self.next_id}
         if refusal is not None:
             self.answers.append(Frame(refusal, b""))
             return self.next_id
@@ -339,14 +352,16 @@ def test_a_request_no_broker_answers_ends_at_its_deadline_as_outcome_unknown(
     with _fake_client(retry_timeout_s=0.3, timeout_s=20,
                       metadata_max_age_ms=600_000) as client:
         client.produce("t", b"first")
-        fake.failures = None  # (for ever)
+        fake.failures = None  # (for ever: so it is never sent, and stored nowhere)
         started = time.monotonic()
         pending = client.send("t", b"second")
         with pytest.raises(errors.NodeUnavailable,
-                           match=r"within retry_timeout_s=0.3; its outcome is unknown \(this "
-                                 r"client retries it safely"):
+                           match=r"within retry_timeout_s=0.3; nothing was stored \(every "
+                                 r"attempt was refused before storing, or could not be sent") \
+                as failed:
             pending.result()
         assert 0.3 <= time.monotonic() - started < 10  # (not timeout_s after it)
+        assert "outcome is unknown" not in str(failed.value)
         with pytest.raises(errors.NodeUnavailable, match=r"request \(fetch\) within"):
             client.fetch("t", 0)
     with _fake_client(retry_timeout_s=0.1) as client:  # (no metadata ever: not sent)
@@ -468,18 +483,25 @@ def test_controllers_given_as_bootstrap_are_named_as_not_brokers(fake: FakeBroke
 
 def test_nodes_that_are_not_a_clusters_brokers_nor_controllers_are_named(
         fake: FakeBrokers) -> None:
-    """A node with the broker role that serves no cluster (no [controller] table: it
-    answers cluster_metadata UnknownGroup too) is no controller: NodeUnavailable naming
-    what it is not, asked until retry_timeout_s as before."""
+    """A node with the broker role that serves no cluster (a standalone master-slave or
+    Raft node, no [controller] table: it answers cluster_metadata UnknownGroup, or
+    "unknown request kind" from its default group) is no controller, and never becomes
+    a cluster's broker either: it was asked until retry_timeout_s, then "no broker
+    answered cluster_metadata: ...: unknown request kind 'cluster_metadata'" (new-user
+    review: `mqlog produce -b NODE` waited its 10 s for that). NotABroker at once now,
+    naming them as standalone nodes and what to use instead."""
     fake.controllers, fake.roles = True, ["broker"]
-    with _fake_client(retry_timeout_s=0.2) as client, \
-            pytest.raises(errors.NodeUnavailable,
-                          match=r"b1:1 is not a cluster's broker \(broker c1 hosts no group "
-                                r"'' \(it hosts __controller\)\): bootstrap names the "
-                                "brokers of a cluster") as failed:
+    started = time.monotonic()
+    with _fake_client(retry_timeout_s=60) as client, \
+            pytest.raises(errors.NotABroker,
+                          match=r"b1:1 is not a cluster's broker \(a standalone node: no "
+                                r"\[controller\] voters\).*mqlog.Client\(ADDRESS\) or "
+                                r"mqlog.GroupClient.*`mqlog consume DATA_DIR`") as failed:
         client.metadata()
-    assert not isinstance(failed.value, errors.NotABroker)
+    assert time.monotonic() - started < 30  # (not retry_timeout_s)
+    assert failed.value.addresses == failed.value.standalone == ["b1:1", "b2:1", "b3:1"]
     assert "name one in the request" not in str(failed.value)
+    assert fake.metadata_asked == 3  # (each once)
 
 
 def test_a_request_larger_than_a_frame_is_refused_before_it_is_sent(
@@ -583,3 +605,90 @@ def test_a_client_in_a_process_holding_many_files_produces_and_fetches(tmp_path:
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_request_sent_and_never_answered_ends_as_outcome_unknown(fake: FakeBrokers) -> None:
+    """Sent, and its answer never came (within timeout_s: its connection is dropped, and
+    it goes again, and again): the leader may have stored it, so at retry_timeout_s its
+    outcome is unknown, and the error says so."""
+    with _fake_client(retry_timeout_s=0.3, timeout_s=0.05) as client:
+        client.produce("t", b"first")
+        fake.hold = True  # (answers never come)
+        with pytest.raises(errors.NodeUnavailable,
+                           match=r"within retry_timeout_s=0.3; its outcome is unknown \(this "
+                                 r"client retries it safely"):
+            client.produce("t", b"second")
+
+
+SLAVE_NOT_AVAILABLE = {"kind": "produced", "status": PutStatus.SLAVE_NOT_AVAILABLE.value,
+                       "position": -1, "offset": -1, "count": 0}
+
+
+def test_slave_not_available_until_the_deadline_says_nothing_was_stored(
+        fake: FakeBrokers) -> None:
+    """A master-slave partition's master without a slave in sync refuses every write
+    SLAVE_NOT_AVAILABLE, position -1: nothing stored (docs/REPLICATION.md). The client
+    sends it again while slaves may join, and at retry_timeout_s it said "no leader ...
+    its outcome is unknown: SLAVE_NOT_AVAILABLE; SLAVE_NOT_AVAILABLE; ...", though every
+    answer said nothing was stored (new-user review). Now SlaveNotAvailable, a
+    NotEnoughReplicas as on an ISR partition, saying nothing was stored. The same status
+    with a position is a write stored whose slaves then left the sync state: that one's
+    outcome is unknown (it may commit), and still said so."""
+    with _fake_client(retry_timeout_s=0.3) as client:
+        client.produce("t", b"first")
+        fake.answer = SLAVE_NOT_AVAILABLE
+        with pytest.raises(errors.SlaveNotAvailable,
+                           match=r"SLAVE_NOT_AVAILABLE\): nothing was stored \(every attempt "
+                                 r"was refused before storing\), so a retry is safe") as failed:
+            client.produce("t", b"second")
+        assert isinstance(failed.value, errors.NotEnoughReplicas)
+        assert "outcome is unknown" not in str(failed.value)
+        assert fake.answered > 1  # (sent again while slaves might join: none fenced)
+        fake.answer = {**SLAVE_NOT_AVAILABLE, "position": 100, "offset": 1, "count": 1}
+        with pytest.raises(errors.NodeUnavailable, match="its outcome is unknown") as failed:
+            client.produce("t", b"third")
+        assert not isinstance(failed.value, errors.NotEnoughReplicas)
+        fake.answer = None
+        assert client.produce("t", b"fourth").status is PutStatus.PUT_OK
+
+
+def test_slave_not_available_with_every_slave_fenced_is_raised_at_once(
+        fake: FakeBrokers) -> None:
+    """The master's slaves are on brokers the controller fenced (down): no slave can come
+    in sync, so waiting retry_timeout_s for one only delayed the error (`mqlog produce`
+    took its 10 s). SlaveNotAvailable at once, as an ISR partition's NotEnoughReplicas
+    is (the controller shrinks an ISR as brokers are fenced)."""
+    fake.fence("b2", "b3")
+    with _fake_client(retry_timeout_s=60) as client:
+        client.produce("t", b"first")
+        fake.answer = SLAVE_NOT_AVAILABLE
+        started = time.monotonic()
+        with pytest.raises(errors.SlaveNotAvailable,
+                           match=r"brokers of its other replicas \(b2, b3\) are fenced.*"
+                                 "nothing was stored"):
+            client.produce("t", b"second")
+        assert time.monotonic() - started < 30  # (not retry_timeout_s)
+        assert fake.answered == 1
+
+
+def test_an_attempt_whose_connection_was_refused_stored_nothing(fake: FakeBrokers) -> None:
+    """Right after a broker died, the first attempt found its port closed (connection
+    refused: nothing sent), and the leader elected then refused the write
+    NotEnoughReplicas (nothing stored): the client took the refused connection for a
+    request that may have been stored, sent it again for retry_timeout_s, and said
+    "outcome unknown" quoting answers that each said nothing was stored (new-user
+    review). An attempt never sent leaves "nothing stored" true: NotEnoughReplicas at
+    once."""
+    with _fake_client(retry_timeout_s=60) as client:
+        client.metadata()
+        for address in list(client._connections):
+            client._drop(address)  # (the leader died: its port refuses connections)
+        fake.failures = 1
+        fake.answer = {"kind": "error", "error": "NotEnoughReplicas",
+                       "message": "the ISR is below min_insync_replicas: nothing was stored "
+                                  "(fake)"}
+        started = time.monotonic()
+        with pytest.raises(errors.NotEnoughReplicas, match="nothing was stored"):
+            client.produce("t", b"refused")
+        assert time.monotonic() - started < 30  # (not retry_timeout_s)
+        assert fake.failures == 0 and fake.answered == 1

@@ -105,16 +105,27 @@ def test_acks_words_high_watermark_and_follower_reads(cluster: Any) -> None:
     with ClusterClient(_brokers(cluster), retry_timeout_s=60) as client:
         _first_write(client)
         leader, followers = _leader(cluster, client)
-        sent = [b"first"]
+        sent, places = [b"first"], {}
         for acks in ("all", -1, "replicated", "1", 1, "master", "0", 0):
             body = f"acks={acks!r}".encode()
             produced = client.produce("orders", body, partition=0, acks=acks)
             assert produced.status is PutStatus.PUT_OK
             assert (produced.position == -1) == (acks in ("0", 0)), (acks, produced)
+            if acks in ("0", 0):  # (nothing known: as its position)
+                assert (produced.store_timestamp, produced.size) == (-1, -1), produced
+            else:
+                places[produced.position] = produced
             sent.append(body)
         assert client.produce("orders", b"last", partition=0).status is PutStatus.PUT_OK
         sent.append(b"last")  # (committed: everything before it is, too)
         assert _bodies(client) == sent
+        # The leader's store time and size of each record (they were 0 and 0, or absent)
+        for record in client.fetch("orders", 0, 0, 1000):
+            if record.position in places:
+                produced = places.pop(record.position)
+                assert (produced.store_timestamp, produced.size) == \
+                    (record.store_timestamp, record.size) != (0, 0), (produced, record)
+        assert not places
         wrong: list[Any] = ["2", 2, True, "ALL", 1.0, [1]]
         for word in wrong:
             with pytest.raises(errors.InvalidArgument, match="acks must be"):
@@ -236,6 +247,83 @@ def test_stored_undecided_writes_are_retried_once(cluster: Any) -> None:
         wait_until(lambda: _bodies(client).count(b"stored, undecided") == int(stored),
                    "the stored write committed once the followers rejoined", 60)
         assert _bodies(client).count(b"undecided") == 1
+
+
+def test_an_attempt_refused_its_connection_stored_nothing(cluster: Any) -> None:
+    """New-user review: two of three brokers down. A write whose first attempt found the
+    dead leader's port closed (connection refused: nothing sent; the client's view still
+    named that leader) took it for an attempt that may have stored the write, so the
+    NotEnoughReplicas of the broker elected next (its ISR below min.insync) was sent again
+    for retry_timeout_s, then reported "outcome unknown" quoting answers that each said
+    nothing was stored. An attempt never sent stored nothing: NotEnoughReplicas at once."""
+    # (a view kept: still naming the leaders of before, as a client's just after a death)
+    with ClusterClient(_brokers(cluster), retry_timeout_s=30,
+                       metadata_max_age_ms=600_000) as client:
+        _first_write(client)
+        view = client.metadata(refresh=True)
+        gone = view.partition("orders", 0).leader
+        keep = view.partition("orders", 1).leader  # (another: consecutive partitions)
+        _stop(cluster, client, *(name for name in BROKERS if name != keep))
+        left, isr = cluster.threads[keep], _node(cluster, keep, 0)
+        wait_until(lambda: left.call(lambda: isr.core.is_master and isr.core.isr == (keep,)),
+                   f"{keep} leading orders-0 alone, {gone} gone", 60)
+        started, retries = time.monotonic(), client.retries
+        with pytest.raises(errors.NotEnoughReplicas, match="nothing was stored") as refused:
+            client.produce("orders", b"after", partition=0)
+        assert not isinstance(refused.value, errors.SlaveNotAvailable), refused.value
+        assert time.monotonic() - started < 25  # (not retry_timeout_s: at once)
+        assert client.retries == retries + 1  # (the refused connection's attempt, then)
+
+
+def test_master_slave_writes_with_two_brokers_down_say_nothing_was_stored(
+        cluster: Any) -> None:
+    """New-user review: `mqlog topics create mst --partitions 2 --replication-factor 3
+    --layer master_slave`, two brokers killed, `mqlog produce -b BROKER -t mst`: the write
+    to the master left without a slave in sync was sent again for the retry timeout and
+    ended "no leader ... its outcome is unknown ...: SLAVE_NOT_AVAILABLE;
+    SLAVE_NOT_AVAILABLE; ...", though each answer said nothing was stored. Now
+    SlaveNotAvailable (a NotEnoughReplicas) at once, its slaves' brokers being fenced; and
+    the partition whose master is gone (no auto_failover: no new master) says at its
+    deadline that nothing was stored."""
+    controllers = cluster.addresses(CONTROLLERS)
+    change_metadata(controllers, {"kind": "create_topic", "name": "mst", "partitions": 2,
+                                  "replication_factor": 3, "layer": "master_slave"})
+    with ClusterClient(_brokers(cluster), retry_timeout_s=60) as client:
+        for partition in (0, 1):
+            assert client.produce("mst", b"before", partition=partition).status \
+                is PutStatus.PUT_OK
+        view = client.metadata(refresh=True)
+        kept, keep = 0, view.partition("mst", 0).leader
+        gone = [name for name in BROKERS if name != keep]
+        _stop(cluster, client, *gone)
+        # the master holding its slaves out of sync (until then it stores a write and
+        # waits for them: that one's outcome is unknown), their brokers fenced
+        left, master = cluster.threads[keep], cluster.threads[keep].broker.groups["mst-0"]
+        wait_until(lambda: not left.call(master.core.in_sync_slaves),
+                   "the master holding its slaves out of sync", 60)
+        wait_until(lambda: all(client.metadata(refresh=True).brokers[name].fenced
+                               for name in gone), f"{', '.join(gone)} fenced", 60)
+    end = left.call(lambda: master.store.written_position)
+    address = cluster.configs[keep].listen
+    with ClusterClient([address], retry_timeout_s=30, retry_backoff_ms=20) as client:
+        started = time.monotonic()
+        with pytest.raises(errors.SlaveNotAvailable,
+                           match=r"fenced \(down.*nothing was stored") as refused:
+            client.produce("mst", b"after", partition=kept)
+        assert time.monotonic() - started < 25, refused.value  # (at once)
+        assert "outcome is unknown" not in str(refused.value)
+    with ClusterClient([address], retry_timeout_s=1, retry_backoff_ms=20) as client:
+        with pytest.raises(errors.NodeUnavailable, match="nothing was stored") as failed:
+            client.produce("mst", b"after", partition=1)  # (its master gone: NotMaster)
+        assert "outcome is unknown" not in str(failed.value)
+    # `mqlog produce -b` as the review ran it: one line, at once, nothing stored
+    from tests.test_cli_cluster import mqlog
+    result = mqlog("produce", "-b", address, "-t", "mst", "--queue", kept, "--timeout-s", 30,
+                   stdin="line\n")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    assert "SLAVE_NOT_AVAILABLE" in result.stderr and "nothing was stored" in result.stderr
+    assert "outcome is unknown" not in result.stderr, result.stderr
+    assert left.call(lambda: master.store.written_position) == end  # (nothing stored)
 
 
 def test_master_slave_topics_go_to_their_master(cluster: Any) -> None:

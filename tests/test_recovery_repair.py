@@ -11,6 +11,7 @@ they verify. Both cores; the command runs in this process (``cli.main``).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -236,3 +237,162 @@ def test_repair_refuses_an_open_store(tmp_path, impl):
     with pytest.raises(errors.StoreNotFound):
         repair(tmp_path / "nothing")
     assert not os.path.exists(tmp_path / "nothing")
+
+
+# --- what consumers see of damage and of lost records (new-user review) -----------------
+
+
+def _run_cli(capsys: pytest.CaptureFixture[str], *args: object) -> tuple[int, str, str]:
+    """``mqlog args...`` in this process: (exit status, stdout, stderr)."""
+    from mqlog import cli
+
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        cli.main([str(arg) for arg in args])
+    out, err = capsys.readouterr()
+    return int(exited.value.code or 0), out, err
+
+
+def _numbered(path: Path, impl: str, count: int = 300) -> list[mqlog.PutResult]:
+    """``count`` records "1", "2", ... in queue t/0 (as `seq 1 N | mqlog produce`), closed
+    cleanly: every one acknowledged as flushed."""
+    with mqlog.open(path, implementation=impl, **CONFIG) as store:
+        return [store.put("t", str(number).encode()) for number in range(1, count + 1)]
+
+
+def _flip_body(path: Path, result: mqlog.PutResult) -> None:
+    """Flip a bit of the last byte (the body's) of the record ``result`` names."""
+    _flip(path, result.position + result.size - 1)
+
+
+def test_a_lost_record_is_marked_lost_by_record_and_by_consume_dump_and_query(
+        tmp_path, impl, capsys):
+    """New-user review, item 1: after `mqlog repair` a lost record reached consumers as an
+    ordinary message whose body was the filler's padding, b"\\x00\\x00": consume printed
+    `\\x00\\x00`, --json `"body": "\\u0000\\u0000"`, dump `"control": false`, and Record
+    had nothing but ``attributes & 2`` to tell it by. Now ``Record.lost`` says it (both
+    cores, its repr too), and consume, dump and query mark it: text that no body prints
+    as, JSON ``"lost": true`` with a null body (docs/CLI.md)."""
+    store = tmp_path / "store"
+    results = _numbered(store, impl)
+    _flip_body(store, results[66])
+    assert repair(store).lost[0].first == 66
+    with mqlog.open(store, implementation=impl, read_only=True) as opened:
+        records = opened.get("t", 0, 0, 300)
+        assert [record.offset for record in records] == list(range(300))
+        assert [record.lost for record in records] == [offset == 66 for offset in range(300)]
+        assert "lost=True" in repr(records[66]) and "body" not in repr(records[66])
+        assert "lost" not in repr(records[65])
+    status, out, _ = _run_cli(capsys, "consume", store, "--topic", "t")
+    lines = out.splitlines()
+    assert status == 0 and len(lines) == 300
+    assert lines[64:69] == ["65", "66", "\\lost t/0 offset 66", "68", "69"]
+    status, out, _ = _run_cli(capsys, "consume", store, "--topic", "t", "--json")
+    objects = [json.loads(line) for line in out.splitlines()]
+    assert objects[66]["lost"] is True and objects[66]["body"] is None
+    assert objects[66]["offset"] == 66 and "body_encoding" not in objects[66]
+    assert all("lost" not in item for index, item in enumerate(objects) if index != 66)
+    status, out, _ = _run_cli(capsys, "dump", store)
+    lines = out.splitlines()
+    assert lines[66].endswith(" lost: true") and " body: " not in lines[66]
+    assert " offset: 66 " in lines[66] and lines[65].endswith(" body: 66")
+    status, out, _ = _run_cli(capsys, "dump", store, "--json")
+    objects = [json.loads(line) for line in out.splitlines()]
+    assert [item["lost"] for item in objects] == [index == 66 for index in range(300)]
+    assert objects[66]["body"] is None and objects[66]["control"] is False
+    status, out, _ = _run_cli(capsys, "query", store, "--topic", "t", "--time", "..",
+                              "--max", "300")
+    marked = [line for line in out.splitlines() if line.endswith(" lost: true")]
+    assert len(marked) == 1 and " offset: 66 " in marked[0]
+
+
+def test_consume_prints_the_records_before_mid_log_damage_then_names_it(tmp_path, impl,
+                                                                         capsys):
+    """New-user review, item 3: `mqlog consume` on a store damaged mid-log printed none
+    of the intact records before the damage (a read of 100 raised for the whole batch),
+    only the error; `--max 10` printed 10. Now it prints every record before the damaged
+    one, then one error line naming its position (Kafka's behaviour, and dump's)."""
+    store = tmp_path / "store"
+    results = _numbered(store, impl)
+    _flip_body(store, results[66])
+    status, out, err = _run_cli(capsys, "consume", store, "--topic", "t")
+    assert status == 1
+    assert out.splitlines() == [str(number) for number in range(1, 67)]
+    assert f"corrupt record at position {results[66].position}" in err
+    assert len(err.splitlines()) == 1
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` and its bytes."""
+    return {str(path.relative_to(root)): path.read_bytes()
+            for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def _last_record_end(store: Path, impl: str) -> int:
+    with mqlog.open(store, implementation=impl, read_only=True) as snapshot:
+        return snapshot.written_position
+
+
+_DAMAGE = {  # what each case does to the store (and, for some, to its replica)
+    "one-record": lambda store, end: _flip(store, 3000),
+    "two-ranges": lambda store, end: (_flip(store, 3000), _flip(store, 3 * SEGMENT + 5000)),
+    "missing-segment": lambda store, end: (store / "commitlog" / f"{2 * SEGMENT:020d}").unlink(),
+    "short-segment": lambda store, end: _cut_segment(store, 2, SEGMENT // 3),
+    "empty-segment": lambda store, end: _cut_segment(store, 2, 0),
+    "acknowledged-tail": lambda store, end: _flip(store, end - 5),
+    "mid-log-and-tail": lambda store, end: (_flip(store, 3000), _flip(store, end - 5)),
+}
+
+
+def _cut_segment(store: Path, index: int, size: int) -> None:
+    victim = store / "commitlog" / f"{index * SEGMENT:020d}"
+    victim.write_bytes(victim.read_bytes()[:size])
+
+
+@pytest.mark.parametrize("replica", ["none", "intact", "damaged"])
+@pytest.mark.parametrize("damage", sorted(_DAMAGE))
+def test_a_dry_run_says_exactly_what_the_repair_then_does(tmp_path, impl, damage, replica):
+    """New-user review, item 2: with one damaged record mid-log, `repair --dry-run`
+    announced that the next open would cut 147952 bytes of acknowledged records (it
+    looked for the log's end without the damage blanked), then the 75 bytes blanked;
+    the real repair blanked the 75 bytes and cut nothing. Now the dry run plans exactly
+    as the repair does, for every kind of damage, with or without a replica (whole, or
+    damaged at the same places), and changes no byte."""
+    store, copy = tmp_path / "store", tmp_path / "replica"
+    _build(store, impl)
+    end = _last_record_end(store, impl)
+    if replica != "none":
+        shutil.copytree(store, copy)
+    _DAMAGE[damage](store, end)
+    if replica == "damaged":
+        _DAMAGE[damage](copy, end)
+    source = copy if replica != "none" else None
+    before = _tree(store)
+    planned = repair(store, source, dry_run=True)
+    assert _tree(store) == before  # not a byte changed, nothing added
+    done = repair(store, source)
+    assert planned.lines() == [line for line in done.lines()
+                               if not line.startswith("the bytes replaced are saved")]
+    assert planned.acknowledged_tail == done.acknowledged_tail
+    assert [(piece.start, piece.end, piece.how, piece.fillers) for piece in planned.pieces] \
+        == [(piece.start, piece.end, piece.how, piece.fillers) for piece in done.pieces]
+    with mqlog.open(store, implementation=impl, **CONFIG) as opened:  # (it did mend)
+        assert sum(map(len, _read_all(opened).values())) > 0
+
+
+def test_repair_dry_run_on_the_command_line_prints_the_repairs_lines(tmp_path, impl,
+                                                                      capsys):
+    """The review's case end to end: one damaged record mid-log, every record
+    acknowledged as flushed. The dry run prints the one blanked range and the offset
+    lost, as the real repair then does, and no cut of acknowledged records."""
+    store = tmp_path / "store"
+    results = _numbered(store, impl)
+    _flip_body(store, results[66])
+    status, dry, _ = _run_cli(capsys, "repair", store, "--dry-run")
+    assert status == 0 and "acknowledged" not in dry
+    status, real, _ = _run_cli(capsys, "repair", store)
+    assert status == 0
+    assert dry.splitlines()[:-1] == real.splitlines()[:-2]  # (less "saved in", summary)
+    assert dry.splitlines()[-1].startswith("dry run: 1 damaged range(s) to mend, 1 record")
+    with mqlog.open(store, implementation=impl, read_only=True) as opened:
+        assert opened.max_offset("t", 0) == 300

@@ -1041,6 +1041,49 @@ def test_listing_queues_beside_a_writer_that_adds_them(tmp_path, impl):
         assert len(store.queues()) == 2000
 
 
+def _flip_byte(store: mqlog.Store, position: int) -> None:
+    """Flip a bit of the log byte at ``position``, through the file (the store maps it
+    shared: it sees the change at once)."""
+    base = max(start for start, _ in store.segments() if start <= position)
+    with open(store.paths.commitlog / f"{base:020d}", "r+b") as file:
+        file.seek(position - base)
+        byte = file.read(1)[0]
+        file.seek(position - base)
+        file.write(bytes([byte ^ 0x10]))
+
+
+def test_a_read_returns_the_records_before_a_damaged_one_and_the_next_read_names_it(
+        open_store):
+    """New-user review, item 3: ``get(t, 0, 0, 100)`` raised CorruptRecord for the whole
+    batch when any record in it was damaged, so `mqlog consume` printed none of the
+    intact records before mid-log damage. Now, as Kafka's fetch (and `mqlog dump`) does,
+    a read returns the records before the damaged one and the read that starts at it
+    raises CorruptRecord naming it; pull too, whose next offset is the damaged record's,
+    with a tag filter whose skipped entries count as read. Both cores."""
+    store = open_store()
+    results = [store.put("t", b"body-%d" % index, tags="odd" if index % 2 else "even")
+               for index in range(100)]
+    _flip_byte(store, results[40].position + results[40].size - 1)  # its body's last byte
+    assert [record.offset for record in store.get("t", 0, 0, 100)] == list(range(40))
+    for read in (lambda: store.get("t", 0, 40, 100), lambda: store.pull("t", 0, 40, 100),
+                 lambda: store.get("t", 0, 40, 100, tags="even")):
+        with pytest.raises(errors.CorruptRecord) as raised:
+            read()
+        assert raised.value.position == results[40].position
+    assert [record.offset for record in store.get("t", 0, 41, 100)] == list(range(41, 100))
+    pulled = store.pull("t", 0, 0, 100)
+    assert ([record.offset for record in pulled.records], pulled.next_offset) == \
+        (list(range(40)), 40)
+    pulled = store.pull("t", 0, 0, 100, tags="even")  # record 40 is "even": read, damaged
+    assert ([record.offset for record in pulled.records], pulled.next_offset) == \
+        (list(range(0, 40, 2)), 40)
+    pulled = store.pull("t", 0, 39, 100, tags="even")  # 39 skipped: 40 is not the first
+    assert (pulled.records, pulled.next_offset) == ([], 40)
+    pulled = store.pull("t", 0, 0, 100, tags="odd")  # 40's entry is skipped unread
+    assert [record.offset for record in pulled.records] == list(range(1, 100, 2))
+    assert [record.offset for record in store.get("t", 0, 0, 100, 1)] == [0]  # (max_bytes)
+
+
 def test_read_raw_tells_a_damaged_record_from_a_position_that_is_no_record(open_store):
     """At a record whose bytes changed after it was written (its CRC32C fails) read_raw
     raises CorruptRecord, naming it, as does a read whose answer would hold it; at a

@@ -39,6 +39,14 @@ Offsets lost at the very end of a queue (no record of that queue survived after 
 leave no trace in the log: the queue simply ends earlier, and the report says so when
 the old queue manifest knew more. The report lists every range, how it was mended, and
 the queue offsets lost.
+
+Everything is planned before a byte of the log is written: the survey after the copies
+from a replica, and the log's end after every mend (where the acknowledged tail starts),
+walk the segments with each mended range read as the records that will replace it
+(``walk``). A dry run plans the same way, over the segment files as they would be
+(``Segment``), and stops there; so it reports exactly what the real repair does (it
+used to take the damage it had not blanked for the log's end, and reported a cut of
+every acknowledged record after it).
 """
 
 from __future__ import annotations
@@ -49,8 +57,12 @@ import mmap
 import os
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from crc32c import crc32c
 
 from mqlog import format as fmt
 from mqlog.engine.checkpoint import ChangeCount, FlushedPosition, read_flushed, read_queues
@@ -69,6 +81,66 @@ class Piece:
     timestamp: int = 0
     fillers: list[tuple[str, int, int]] = field(default_factory=list)  # (topic, queue, offset)
     how: str = "blank"  # "blank", or "replica" when copied from one
+
+
+@dataclass
+class Mend:
+    """What replaces a piece: blank fillers (``replica`` None), or the replica's bytes
+    there, which verified when planned (``crc``: their CRC32C then). The bytes are made or
+    read when needed, not kept: a mend may be a whole segment."""
+
+    piece: Piece
+    replica: Path | None = None
+    crc: int = 0
+
+    def data(self, zeros: bool = True) -> bytes:
+        """Its bytes (without ``zeros``: less the zeros after a closing blank's header,
+        all a walk reads of it)."""
+        if self.replica is None:
+            return filler_bytes(self.piece, zeros)
+        data = _replica_bytes(self.replica, self.piece)
+        if data is None or crc32c(data) != self.crc:
+            raise CorruptStore(
+                f"the bytes of [{self.piece.start}, {self.piece.end}) in {self.replica} "
+                "changed while repair read them (is that store open?); close it and run "
+                "repair again")
+        return data
+
+    def check(self) -> None:
+        """Raise now what ``data`` would raise for fillers that cannot fit."""
+        if self.replica is None:
+            _check_filler_room(self.piece)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A segment file as repair leaves it: ``size`` bytes, the first ``kept`` of them
+    those of the file ``source`` as it is now, the rest zeros (a file made anew, or
+    extended). A real repair makes the files so before it reads them; a dry run reads
+    them as they would be."""
+
+    base: int
+    size: int
+    source: Path | None
+    kept: int
+
+    @contextlib.contextmanager
+    def mapped(self) -> Iterator[Any]:
+        """Its bytes, read-only (a mapping of the file, or of memory for a dry run's
+        segment file that is not as it will be)."""
+        if self.size == 0:  # (an empty last file: nothing to walk, nothing to map)
+            yield b""
+            return
+        if self.source is not None and self.kept == self.size:
+            with open(self.source, "rb") as file, \
+                    mmap.mmap(file.fileno(), self.size, access=mmap.ACCESS_READ) as buffer:
+                yield buffer
+            return
+        with mmap.mmap(-1, self.size) as buffer:  # (zeros: pages of it never written
+            if self.source is not None:            # take no memory)
+                with open(self.source, "rb") as file:
+                    file.readinto(memoryview(buffer)[:self.kept])  # type: ignore[arg-type]
+            yield buffer
 
 
 @dataclass
@@ -135,33 +207,43 @@ def repair(root: Path, replica: Path | None = None, dry_run: bool = False) -> Re
 
 
 def _repair(root: Path, replica: Path | None, dry_run: bool) -> RepairReport:
-    """``repair``'s work, under its lock and (unless a dry run) the change count."""
+    """``repair``'s work, under its lock and (unless a dry run) the change count: the
+    plan first, then (unless a dry run) the writes, so a dry run says what they do."""
     report = RepairReport()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     saved = root / "repair" / stamp
-    holes = _mend_files(root, report, saved, dry_run)
-    pieces, lost, last_offsets = survey(root, holes)
+    holes, layout = _mend_files(root, report, saved, dry_run)
+    pieces, lost, last_offsets = survey(layout, holes)
+    copies: dict[int, Mend] = {}
     if replica is not None and pieces:
-        copied = [piece for piece in pieces if _copy_from(root, replica, piece, saved,
-                                                           dry_run)]
-        report.pieces += copied
-        if copied and not dry_run:
-            pieces, lost, last_offsets = survey(root, holes)
-        else:
-            pieces = [piece for piece in pieces if piece not in copied]
-    _place_fillers(pieces, lost)
-    if not dry_run:
         for piece in pieces:
-            _write(root, piece.start, filler_bytes(piece), saved)
+            mend = _replica_mend(replica, piece)
+            if mend is not None:
+                piece.how = "replica"
+                copies[piece.start] = mend
+        if copies:  # (the log as it is once they are copied: they hold records)
+            report.pieces += [piece for piece in pieces if piece.start in copies]
+            pieces, lost, last_offsets = survey(layout, holes, copies)
+    _place_fillers(pieces, lost)
+    blanked = {piece.start: Mend(piece) for piece in pieces}
+    for mend in blanked.values():
+        mend.check()  # (a range too short for a filler: refused before anything is written)
     # (after the ranges intact records follow are mended: what is left is the end)
-    report.acknowledged_tail = _mend_acknowledged_tail(root, replica, saved, dry_run)
+    tail = _plan_acknowledged_tail(root, layout, {**copies, **blanked}, replica)
+    report.acknowledged_tail = None if tail is None else tail[:3]
     report.pieces = sorted(report.pieces + pieces, key=lambda piece: piece.start)
     report.lost = lost
     if not report.clean:
         report.queue_tails_lost = _queue_tails(root, last_offsets)
-        if not dry_run:
-            _drop_derived(root)
-            report.saved_to = saved if saved.exists() else None
+    if dry_run:
+        return report
+    for mend in [*copies.values(), *blanked.values()]:
+        _write(root, mend.piece.start, mend.data(), saved)
+    if tail is not None:
+        _mend_acknowledged_tail(root, tail, saved)
+    if not report.clean:
+        _drop_derived(root)
+        report.saved_to = saved if saved.exists() else None
     return report
 
 
@@ -181,33 +263,67 @@ def _take_lock(root: Path) -> int:
 Survey = tuple[list["Piece"], list["Lost"], dict[tuple[str, int], tuple[int, int]]]
 
 
-def survey(root: Path, holes: list[tuple[int, int]]) -> Survey:
+def survey(layout: list[Segment], holes: list[tuple[int, int]],
+           mends: dict[int, Mend] | None = None) -> Survey:
     """The damaged ranges before the log's end, the queue offsets missing between intact
-    records, and each queue's last (offset, position) (see the module docstring).
-    Segment files must be contiguous; zeros inside ``holes`` (bytes repair added) are
-    damage, not the log's end."""
+    records, and each queue's last (offset, position) (see the module docstring), in the
+    segment files of ``layout`` (contiguous), with the ranges of ``mends`` (by start)
+    holding their records. Zeros inside ``holes`` (bytes repair adds) are damage, not
+    the log's end."""
     pieces: list[Piece] = []
     lost: list[Lost] = []
     last_seen: dict[tuple[str, int], tuple[int, int]] = {}  # queue -> (offset, position)
     previous: fmt.RecordHeader | None = None
-    for base, path in numbered_files(root / "commitlog"):
-        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0,
-                                                 access=mmap.ACCESS_READ) as buffer:
-            for step in fmt.walk(buffer, base):
-                at = base + step.offset
-                if step.kind == "end" and any(low <= at < high for low, high in holes):
+    for segment in layout:
+        base = segment.base
+        with segment.mapped() as buffer:
+            for step, data, at in walk(buffer, base, mends or {}):
+                position = base + step.offset
+                if step.kind == "end" and any(low <= position < high for low, high in holes):
                     step = step._replace(kind="damage", size=len(buffer) - step.offset)
                 if step.kind == "damage":
-                    pieces.append(Piece(at, at + step.size,
+                    pieces.append(Piece(position, position + step.size,
                                         step.offset + step.size == len(buffer)))
                 elif step.kind == "record":
-                    previous = _note_record(step, buffer, pieces, previous, last_seen, lost)
+                    previous = _note_record(step, data, at, pieces, previous, last_seen, lost)
                 elif step.kind == "end":
                     return _before_end(pieces, previous), lost, last_seen
     return _before_end(pieces, previous), lost, last_seen
 
 
-def _note_record(step: fmt.Step, buffer: mmap.mmap, pieces: list[Piece],
+def walk(buffer: Any, base: int, mends: dict[int, Mend]) -> Iterator[tuple[fmt.Step, Any, int]]:
+    """``format.walk`` over a segment as repair leaves it: where a stretch that is not a
+    record starts at a mend's position, the mend's records (and closing blank) instead,
+    then on from its end. Yields each step, and the buffer and offset its bytes are at."""
+    offset = 0
+    while offset < len(buffer):
+        for step in fmt.walk(buffer, base, offset):
+            mend = None if step.kind == "record" else mends.get(base + step.offset)
+            if mend is None:
+                yield step, buffer, step.offset
+                continue
+            yield from _mended_steps(mend.data(zeros=False), step.offset)
+            offset = step.offset + mend.piece.end - mend.piece.start
+            break
+        else:
+            return
+
+
+def _mended_steps(data: bytes, offset: int) -> Iterator[tuple[fmt.Step, Any, int]]:
+    """The steps of a mend's bytes (whole, intact records, then perhaps the blank that
+    ends the segment) placed at ``offset`` of their segment."""
+    at = 0
+    while at < len(data):
+        size, magic = fmt.BLANK.unpack_from(data, at)
+        if magic == fmt.BLANK_MAGIC:
+            yield fmt.Step(offset + at, "blank", size, None), data, at
+            return
+        header = fmt.RecordHeader._make(fmt.RECORD_HEADER.unpack_from(data, at))
+        yield fmt.Step(offset + at, "record", size, header), data, at
+        at += size
+
+
+def _note_record(step: fmt.Step, data: Any, at: int, pieces: list[Piece],
                  previous: fmt.RecordHeader | None,
                  last_seen: dict[tuple[str, int], tuple[int, int]],
                  lost: list[Lost]) -> fmt.RecordHeader:
@@ -218,8 +334,8 @@ def _note_record(step: fmt.Step, buffer: mmap.mmap, pieces: list[Piece],
             piece.epoch, piece.timestamp = (previous or header).epoch, \
                 (previous or header).store_timestamp
     if not header.control:
-        start = step.offset + fmt.RECORD_HEADER_SIZE
-        topic = bytes(buffer[start:start + header.topic_size]).decode(errors="replace")
+        start = at + fmt.RECORD_HEADER_SIZE
+        topic = bytes(data[start:start + header.topic_size]).decode(errors="replace")
         key = (topic, header.queue_id)
         seen = last_seen.get(key)
         if seen is not None and header.queue_offset > seen[0] + 1:
@@ -239,15 +355,10 @@ def _before_end(pieces: list[Piece], last: fmt.RecordHeader | None) -> list[Piec
 # --- 2. from a replica -------------------------------------------------------------------
 
 
-def _copy_from(root: Path, replica: Path, piece: Piece, saved: Path, dry_run: bool) -> bool:
-    """Copy ``piece`` from the replica if its bytes there verify; say whether it was."""
+def _replica_mend(replica: Path, piece: Piece) -> Mend | None:
+    """A mend that copies ``piece`` from the replica, if its bytes there verify."""
     data = _replica_bytes(replica, piece)
-    if data is None:
-        return False
-    if not dry_run:
-        _write(root, piece.start, data, saved)
-    piece.how = "replica"
-    return True
+    return None if data is None else Mend(piece, replica, crc32c(data))
 
 
 def _replica_bytes(replica: Path, piece: Piece) -> bytes | None:
@@ -273,54 +384,65 @@ def _replica_bytes(replica: Path, piece: Piece) -> bytes | None:
     return None
 
 
-def _mend_acknowledged_tail(root: Path, replica: Path | None, saved: Path,
-                            dry_run: bool) -> tuple[int, int, str] | None:
-    """Copy or cut a log end that lies before the saved flushed position (see the module
-    docstring); None if there is none."""
+Tail = tuple[int, int, str, list[Piece], list[Mend]]
+
+
+def _plan_acknowledged_tail(root: Path, layout: list[Segment], mends: dict[int, Mend],
+                            replica: Path | None) -> Tail | None:
+    """Where the log, once ``mends`` are written, ends before the saved flushed position
+    (see the module docstring), and what is done there: its pieces are copied from the
+    replica (the mends returned) or cut. None if it does not."""
     acknowledged = read_flushed(root / "flushed")
-    end = _log_end(root)
+    end = _log_end(layout, mends)
     if acknowledged is None or end >= acknowledged:
         return None
-    pieces = _segment_pieces(root, end, acknowledged)
-    if replica is not None and pieces and \
-            all(_replica_bytes(replica, piece) is not None for piece in pieces):
-        for piece in pieces:
-            if not _copy_from(root, replica, piece, saved, dry_run):
-                raise AssertionError("the replica's bytes changed while being copied")
-        return end, acknowledged, "copied from the replica"
-    if not dry_run:
-        for piece in pieces:  # the bytes the next open zeroes, saved first
-            _write(root, piece.start, None, saved, piece.end - piece.start)
-        FlushedPosition(root / "flushed", end, 0, threaded=False).close()
+    pieces = _segment_pieces(layout, end, acknowledged)
+    copies = [] if replica is None else [_replica_mend(replica, piece) for piece in pieces]
+    if pieces and copies and all(mend is not None for mend in copies):
+        return end, acknowledged, "copied from the replica", pieces, \
+            [mend for mend in copies if mend is not None]
     return end, acknowledged, (
         "cut: the next open cuts the log there and reports it" + (
-            " (the replica's bytes there did not verify)" if replica is not None else ""))
+            " (the replica's bytes there did not verify)" if replica is not None else "")), \
+        pieces, []
 
 
-def _log_end(root: Path) -> int:
-    """Where recovery would end the log: after the last intact record (or blank) that
-    no damage or zeros come before."""
+def _mend_acknowledged_tail(root: Path, tail: Tail, saved: Path) -> None:
+    """Copy the pieces of an acknowledged tail from the replica, or cut them: their bytes
+    (which the next open zeroes) saved first, and the saved flushed position lowered."""
+    end, _acknowledged, _how, pieces, copies = tail
+    if copies:
+        for mend in copies:
+            _write(root, mend.piece.start, mend.data(), saved)
+        return
+    for piece in pieces:
+        _write(root, piece.start, None, saved, piece.end - piece.start)
+    FlushedPosition(root / "flushed", end, 0, threaded=False).close()
+
+
+def _log_end(layout: list[Segment], mends: dict[int, Mend]) -> int:
+    """Where recovery would end the log once ``mends`` are written: after the last intact
+    record (or blank) that no damage or zeros come before."""
     end = 0
-    for base, path in numbered_files(root / "commitlog"):
-        end = base
-        with open(path, "rb") as file, mmap.mmap(file.fileno(), 0,
-                                                 access=mmap.ACCESS_READ) as buffer:
-            for step in fmt.walk(buffer, base):
+    for segment in layout:
+        end = segment.base
+        with segment.mapped() as buffer:
+            for step, _data, _at in walk(buffer, segment.base, mends):
                 if step.kind not in ("record", "blank"):
-                    return base + step.offset
-                end = base + step.offset + step.size
+                    return segment.base + step.offset
+                end = segment.base + step.offset + step.size
     return end
 
 
-def _segment_pieces(root: Path, start: int, end: int) -> list[Piece]:
+def _segment_pieces(layout: list[Segment], start: int, end: int) -> list[Piece]:
     """[start, end) split at segment boundaries, as pieces (empty if a segment file that
     should hold part of it is missing)."""
     pieces = []
-    for base, path in numbered_files(root / "commitlog"):
-        limit = base + path.stat().st_size
-        if limit <= start or base >= end:
+    for segment in layout:
+        limit = segment.base + segment.size
+        if limit <= start or segment.base >= end:
             continue
-        low, high = max(start, base), min(end, limit)
+        low, high = max(start, segment.base), min(end, limit)
         pieces.append(Piece(low, high, high == limit))
     covered = sum(piece.end - piece.start for piece in pieces)
     return pieces if covered == end - start else []
@@ -370,26 +492,40 @@ def encode_filler(position: int, size: int, piece: Piece, topic: str = "", queue
     return bytes(record)
 
 
-def filler_bytes(piece: Piece) -> bytes:
-    """What replaces a piece: its lost-record fillers, then a control record or a blank."""
+def filler_bytes(piece: Piece, zeros: bool = True) -> bytes:
+    """What replaces a piece: its lost-record fillers, then a control record or a blank
+    (without ``zeros``: its header only, not the zeros after it)."""
     out = bytearray()
-    for index, (topic, queue_id, offset) in enumerate(piece.fillers):
-        size = fmt.RECORD_HEADER_SIZE + len(topic.encode())
-        rest = piece.end - piece.start - len(out) - size
-        last = index == len(piece.fillers) - 1
-        if last and not piece.segment_end and 0 < rest < fmt.RECORD_HEADER_SIZE:
-            size += rest  # too little left for a control record: the last filler grows
+    for size, (topic, queue_id, offset) in zip(_check_filler_room(piece), piece.fillers,
+                                               strict=True):
         out += encode_filler(piece.start + len(out), size, piece, topic, queue_id, offset,
                              control=False)
     rest = piece.end - piece.start - len(out)
     if piece.segment_end:
-        out += fmt.BLANK.pack(rest, fmt.BLANK_MAGIC) + bytes(rest - fmt.BLANK_SIZE_MIN)
+        out += fmt.BLANK.pack(rest, fmt.BLANK_MAGIC)
+        if zeros:
+            out += bytes(rest - fmt.BLANK_SIZE_MIN)
     elif rest:
-        if rest < fmt.RECORD_HEADER_SIZE:
-            raise CorruptStore(f"the damaged range [{piece.start}, {piece.end}) is too short "
-                               "for a filler record; restore the store from a replica")
         out += encode_filler(piece.start + len(out), rest, piece)
     return bytes(out)
+
+
+def _check_filler_room(piece: Piece) -> list[int]:
+    """The sizes of a piece's lost-record fillers; CorruptStore if what is left after them
+    is too short for the control record that must close the piece."""
+    sizes: list[int] = []
+    for index, (topic, _queue_id, _offset) in enumerate(piece.fillers):
+        size = fmt.RECORD_HEADER_SIZE + len(topic.encode())
+        rest = piece.end - piece.start - sum(sizes) - size
+        last = index == len(piece.fillers) - 1
+        if last and not piece.segment_end and 0 < rest < fmt.RECORD_HEADER_SIZE:
+            size += rest  # too little left for a control record: the last filler grows
+        sizes.append(size)
+    rest = piece.end - piece.start - sum(sizes)
+    if not piece.segment_end and 0 < rest < fmt.RECORD_HEADER_SIZE:
+        raise CorruptStore(f"the damaged range [{piece.start}, {piece.end}) is too short "
+                           "for a filler record; restore the store from a replica")
+    return sizes
 
 
 def _write(root: Path, position: int, data: bytes | None, saved: Path,
@@ -397,9 +533,8 @@ def _write(root: Path, position: int, data: bytes | None, saved: Path,
     """Save the bytes at [position, +len(data)) under ``saved``, then overwrite them
     (``data`` None: save ``size`` bytes only)."""
     for base, path in numbered_files(root / "commitlog"):
-        size = path.stat().st_size
-        if base <= position < base + size:
-            break
+        if base <= position < base + path.stat().st_size:
+            break  # (``size`` is the caller's: what to save when ``data`` is None)
     else:
         raise AssertionError(f"no segment holds position {position}")
     with open(path, "r+b") as file:
@@ -420,19 +555,26 @@ def _write(root: Path, position: int, data: bytes | None, saved: Path,
 
 
 def _mend_files(root: Path, report: RepairReport, saved: Path,
-                dry_run: bool) -> list[tuple[int, int]]:
+                dry_run: bool) -> tuple[list[tuple[int, int]], list[Segment]]:
     """Make the segment files contiguous: create missing ones, extend short ones (with
     zeros, blanked later), cut long ones; tiny ones are moved into ``saved`` and made
-    anew. Returns the position ranges of the bytes added."""
+    anew. Returns the position ranges of the bytes added, and the segment files as they
+    are now (a dry run: as they would be)."""
     directory = root / "commitlog"
     found = numbered_files(directory)
     holes = []
-    for index, (base, path) in enumerate(found[:-1]):
-        size, following = path.stat().st_size, found[index + 1][0]
+    planned = []  # (base, size, the file's bytes kept: from the start, the rest zeros)
+    for index, (base, path) in enumerate(found):
+        size = path.stat().st_size
+        if index == len(found) - 1:
+            planned.append((base, size, size))
+            continue
+        following = found[index + 1][0]
         if size < mmap.PAGESIZE:
             report.files.append(f"segment {path.name}: {size} bytes, moved aside and "
                                 f"made anew for [{base}, {following})")
             holes.append((base, following))
+            planned.append((base, following - base, 0))
             if not dry_run:
                 saved.mkdir(parents=True, exist_ok=True)
                 os.replace(path, saved / path.name)
@@ -442,6 +584,7 @@ def _mend_files(root: Path, report: RepairReport, saved: Path,
             report.files.append(f"segment {name}: made anew for [{base + size}, {following})"
                                 ", which no file held")
             holes.append((base + size, following))
+            planned += [(base, size, size), (base + size, following - base - size, 0)]
             if not dry_run:
                 _zero_file(directory / name, following - base - size)
         elif base + size < following:
@@ -449,16 +592,23 @@ def _mend_files(root: Path, report: RepairReport, saved: Path,
                                 f"bytes (positions [{base + size}, {following}) were in no "
                                 "file)")
             holes.append((base + size, following))
+            planned.append((base, following - base, size))
             if not dry_run:
                 _zero_file(path, following - base)
         elif base + size > following:
             report.files.append(f"segment {path.name}: cut by {base + size - following} "
                                 "bytes that overlapped the next segment")
+            planned.append((base, following - base, following - base))
             if not dry_run:
                 _cut(path, following - base, saved)
+        else:
+            planned.append((base, size, size))
     if not dry_run:
         fsync_directory(directory)
-    return holes
+        return holes, [Segment(base, path.stat().st_size, path, path.stat().st_size)
+                       for base, path in numbered_files(directory)]
+    return holes, [Segment(base, size, directory / file_name(base) if kept else None, kept)
+                   for base, size, kept in planned]
 
 
 def _closed(base: int, path: Path) -> bool:

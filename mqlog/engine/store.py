@@ -33,7 +33,13 @@ from types import ModuleType
 from typing import Any
 
 from mqlog import ext
-from mqlog.config import PAGE_SIZE, RECORD_HEADER_SIZE, StoreConfig
+from mqlog.config import (
+    MEMBER_FILE,
+    PAGE_SIZE,
+    RECORD_HEADER_SIZE,
+    STRAYS_DIRECTORY,
+    StoreConfig,
+)
 from mqlog.engine import checkpoint as cp
 from mqlog.engine import consumequeue as cq
 from mqlog.engine import queries
@@ -68,6 +74,7 @@ from mqlog.errors import (
     InvalidTopic,
     MessageTooLarge,
     MqlogError,
+    NotAStoreDirectory,
     ReplicaDataRejected,
     StoreClosed,
     StoreFailed,
@@ -143,10 +150,58 @@ class StorePaths:
         return self.consumequeue / topic / str(queue_id)
 
 
+# What a directory may hold for a store to be created in it (docs/FORMAT.md, "A store
+# directory"): the store's own files (StorePaths; ``repair/`` is mqlog repair's), and
+# what mqlog puts there before the store's first open or beside it: a replicated node's
+# hard state, an ISR replica's high watermark and a controller-assigned partition's topic
+# id (replication/hardstate.py; the topic id is written before the store is created), a
+# broker's data_dir lock and, in a cluster broker's data_dir, its registration's mark and
+# stray stores (config.py). Each may have a ``.tmp`` twin left by a crash mid-replace; a
+# file system's ``lost+found`` is no one's. (The engine imports nothing above it: the
+# tests check these names against hardstate.py's.)
+STORE_NAMES = frozenset({
+    "lock", "abort", "checkpoint", "flushed", "epochs", "changes", "meta.json", "queues",
+    "consumer_offsets", "commitlog", "consumequeue", "index", "repair"})
+BESIDE_STORE_NAMES = frozenset({
+    "raft-state", "master-slave-state", "topic-id", "high-watermark", "broker.lock",
+    MEMBER_FILE, STRAYS_DIRECTORY, "lost+found"})
+
+
+def check_store_directory(root: Path) -> None:
+    """Refuse (NotAStoreDirectory) to create or open a store for writing in ``root`` when
+    it lies inside another store, or holds files that are neither a store's nor what
+    mqlog puts beside one (``STORE_NAMES``, ``BESIDE_STORE_NAMES``). A missing or empty
+    directory, and a store (its ``commitlog/`` is there: one whose first open was cut
+    short too), pass; nothing is written either way."""
+    for above in root.resolve().parents:  # (a link into a store is inside it)
+        if (above / "meta.json").is_file() and (above / "commitlog").is_dir():
+            raise NotAStoreDirectory(
+                f"{root} lies inside the store {above}: a store cannot hold another store; "
+                f"name a directory outside {above} (or {above} itself, to open that store)",
+                inside=str(above))
+    if not root.is_dir() or (root / "commitlog").is_dir():
+        return
+    known = STORE_NAMES | BESIDE_STORE_NAMES
+    strangers = sorted(name for name in os.listdir(root) if name not in known and not (
+        name.endswith(".tmp") and name[:-4] in known))
+    if strangers:
+        shown_names = ", ".join(strangers[:3]) + (f" and {len(strangers) - 3} more"
+                                                  if len(strangers) > 3 else "")
+        raise NotAStoreDirectory(
+            f"{root} is not an mqlog store and is not empty (it holds {shown_names}): a "
+            "store is created only in a new or empty directory, so that its files are "
+            "not mixed with others; name a new or empty directory (or the store's own, "
+            "if you meant an existing store)", names=strangers)
+
+
 def open(path: str | os.PathLike[str], config: StoreConfig | None = None, *,  # noqa: A001
          implementation: str | None = None, clock_ms: Any = None, read_only: bool = False,
          **overrides: Any) -> Store:
     """Open (creating if needed) the store in directory ``path``.
+
+    A store is created in a new or empty directory only (or one holding no more than
+    what mqlog puts beside a store: a node's hard state, a partition's topic id); any
+    other directory, or one inside a store, is refused with NotAStoreDirectory.
 
     ``config`` defaults to ``StoreConfig()``; keyword ``overrides`` replace single fields
     (``mqlog.open("data", flush_mode="sync")``). ``implementation`` picks the core
@@ -189,6 +244,7 @@ class Store:
         _OPEN_STORES.add(self)  # (before the lock: a fork from here on lets the child drop it)
         try:
             if not read_only:
+                check_store_directory(path)  # (before the lock file: nothing written)
                 self._lock_fd = self._take_lock()
             self._open_snapshot() if read_only else self._open(clock_ms)
         except BaseException as error:
@@ -442,6 +498,9 @@ class Store:
         the queue's minimum or past its end raises OffsetOutOfRange. ``tags`` filters
         with a subscription expression (``"TagA || TagB"``, ``"*"``); a filtered read
         examines at most ``pull_scan_count_max`` entries, so use ``pull`` to continue.
+        A damaged record ends the answer before it (Kafka's fetch): the records before it
+        are returned, and the read that starts at it raises CorruptRecord naming its
+        position. A record ``mqlog repair`` could not save reads back with ``lost`` true.
         """
         if tags is not None:
             return self.pull(topic, queue_id, offset, max_count, max_bytes, tags).records

@@ -21,6 +21,7 @@ BLANK: Final[struct.Struct]
 CQ_ENTRY: Final[struct.Struct]
 CQ_ENTRY_SIZE: Final[int]
 ATTR_CONTROL: Final[int]
+ATTR_FILLER: Final[int]
 STOP_END: Final[str]
 STOP_BLANK: Final[str]
 
@@ -72,6 +73,8 @@ class Record:
     def body(self) -> bytes: ...
     @property
     def end_position(self) -> int: ...
+    @property
+    def lost(self) -> bool: ...
     def __eq__(self, other: object) -> bool: ...
     def __hash__(self) -> int: ...
 

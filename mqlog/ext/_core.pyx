@@ -999,7 +999,9 @@ cdef class LogCore:
         reset or retention that takes records away during the read ends the answer
         before them; a store closed meanwhile raises StoreClosed. Each record must be
         the one its consume-queue entry names (topic, queue, offset): an entry that
-        points elsewhere is a ConsumeQueueMismatch.
+        points elsewhere is a ConsumeQueueMismatch. A damaged record (CorruptRecord)
+        ends the answer before it, as Kafka's fetch does: the records before it are
+        returned, and the read that starts at it raises CorruptRecord naming it.
         """
         cdef _Queue queue
         cdef uint64_t start, stop, count
@@ -1030,7 +1032,9 @@ cdef class LogCore:
         Entries whose consume-queue tag hash is not in ``tag_hashes`` are skipped without
         touching the commit log (an empty tuple keeps every record). At most
         ``scan_count_max`` entries are examined, so the answer may be empty while the
-        next offset moves on: a consumer always makes progress.
+        next offset moves on: a consumer always makes progress. A damaged record past
+        the first entry examined ends the answer before it (as ``get``): the next
+        offset is its own, and the pull from there raises CorruptRecord.
         """
         cdef _Queue queue
         cdef uint64_t hashes[TAG_HASHES_MAX]
@@ -1054,7 +1058,7 @@ cdef class LogCore:
     cdef tuple _pull(self, _Queue queue, uint64_t index, uint64_t stop, uint64_t count,
                      int64_t max_bytes, const uint64_t *hashes, Py_ssize_t hash_count):
         cdef list records = []
-        cdef uint64_t position, total = 0, generation = self._generation
+        cdef uint64_t position, total = 0, generation = self._generation, start = index
         cdef uint32_t size
         cdef const char *entry
         cdef Record record
@@ -1075,7 +1079,8 @@ cdef class LogCore:
                 continue
             if records and <int64_t>(total + size) > max_bytes:
                 break
-            record = self._read_entry(queue, index, position, size, generation)
+            record = self._read_entry(queue, index, position, size, generation,
+                                      index == start)
             if record is None:
                 break
             records.append(record)
@@ -1108,7 +1113,8 @@ cdef class LogCore:
             if not self._visible(queue, index, position, size, generation) or \
                     (records and <int64_t>(total + size) > max_bytes):
                 break
-            record = self._read_entry(queue, index, position, size, generation)
+            record = self._read_entry(queue, index, position, size, generation,
+                                      index == start)
             if record is None:
                 break
             records.append(record)
@@ -1150,9 +1156,11 @@ cdef class LogCore:
             (position <= now and size <= now - position)  # (published since)
 
     cdef Record _read_entry(self, _Queue queue, uint64_t offset, uint64_t position,
-                            uint32_t size, uint64_t generation):
+                            uint32_t size, uint64_t generation, bint first):
         """The record of a consume-queue entry, or None if the log changed under the read
-        (the record went away: the answer ends before it)."""
+        (the record went away: the answer ends before it) or, unless it is the ``first``
+        entry the read examines, if the record is damaged (the answer ends before it;
+        the read that starts at it raises CorruptRecord)."""
         cdef int problem
         cdef bytes raw = self._copy_record(position, size, &problem)
         if problem == RECORD_OK:
@@ -1162,7 +1170,7 @@ cdef class LogCore:
         if self._changed(generation):
             self._check_released()
             return None
-        self._refuse_entry(queue, offset, position, size, problem, raw)
+        self._refuse_entry(queue, offset, position, size, problem, raw, first)
 
     cdef bytes _copy_record(self, uint64_t position, uint32_t size, int *problem):
         """A private copy of the ``size`` bytes at ``position`` and what _check_record
@@ -1188,11 +1196,13 @@ cdef class LogCore:
         return raw
 
     cdef int _refuse_entry(self, _Queue queue, uint64_t offset, uint64_t position,
-                           uint32_t size, int problem, bytes raw) except -1:
+                           uint32_t size, int problem, bytes raw, bint first) except -1:
         """Raise what a failed read of an entry's record means. If the log holds an
         intact record at the entry's position that is not the one named (another
         queue's, another offset's, another size), the entry is wrong:
-        ConsumeQueueMismatch. Else the bytes there are damaged: CorruptRecord."""
+        ConsumeQueueMismatch. Else the bytes there are damaged: CorruptRecord, raised
+        only for the ``first`` entry a read examines (past it, the answer ends before
+        the damaged record and this returns)."""
         cdef Segment *segment
         cdef const char *p
         cdef mq_header header
@@ -1212,6 +1222,8 @@ cdef class LogCore:
         if self._inside_record(position):
             _entry_mismatch(queue, offset, position, size,
                             "which lies inside a record, not at its start")
+        if not first:
+            return 0
         if problem == RECORD_PAST_END:
             raise CorruptRecord(position, f"size {size} runs past the segment's end")
         raise CorruptRecord(position, _problem_text(problem, PyBytes_AS_STRING(raw)))

@@ -11,6 +11,7 @@ cdef extern from "layout.h" nogil:
         MQ_BLANK_MAGIC
         MQ_BLANK_SIZE_MIN
         MQ_ATTR_CONTROL
+        MQ_ATTR_FILLER
         MQ_AT_SIZE
         MQ_AT_MAGIC
         MQ_AT_CRC
@@ -87,6 +88,7 @@ CQ_ENTRY = struct.Struct("<QIQ")  # position u64, size u32, tag hash u64
 CQ_ENTRY_SIZE = CQ_ENTRY.size
 CQ_AT_POSITION, CQ_AT_SIZE, CQ_AT_HASH = 0, 8, 12  # the size is written last (layout.h)
 ATTR_CONTROL = 0x0001  # reserved: control records (no consume-queue entry)
+ATTR_FILLER = 0x0002  # a lost-record filler (`mqlog repair`): Record.lost
 _PROPERTIES_DEPTH_MAX = 512  # containers checked for non-str keys this deep (msgpack: 511)
 INDEX_HEADER = struct.Struct("<IIIIIIQQqqII")  # the key-index file (docs/FORMAT.md)
 INDEX_HEADER_SIZE = INDEX_HEADER.size
@@ -110,6 +112,7 @@ def _check_layout():
     pairs = [(HEADER_SIZE, MQ_HEADER_SIZE), (CRC_START, MQ_CRC_START), (MAGIC, MQ_MAGIC),
              (BLANK_MAGIC, MQ_BLANK_MAGIC), (BLANK_SIZE_MIN, MQ_BLANK_SIZE_MIN),
              (CQ_ENTRY_SIZE, MQ_CQ_ENTRY_SIZE), (ATTR_CONTROL, MQ_ATTR_CONTROL),
+             (ATTR_FILLER, MQ_ATTR_FILLER),
              (HEADER_SIZE, 72), (CQ_ENTRY_SIZE, 20), (BLANK.size, MQ_BLANK_SIZE_MIN),
              (offsets, c_offsets),
              ([CQ_AT_POSITION, CQ_AT_SIZE, CQ_AT_HASH], [MQ_CQ_AT_POSITION, MQ_CQ_AT_SIZE,

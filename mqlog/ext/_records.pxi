@@ -246,7 +246,12 @@ cdef int _fail(str message) except -1:
 @cython.no_gc
 @cython.freelist(4096)
 cdef class Record:
-    """One record read back from the log; variable fields decode when first used."""
+    """One record read back from the log; variable fields decode when first used.
+
+    ``lost`` is true for a lost-record filler: ``mqlog repair`` put it at the offset of a
+    record whose bytes were damaged and not copied from a replica (docs/FORMAT.md,
+    "Damage"). It keeps the queue's offsets consecutive and holds no data: its body is
+    empty or zero bytes, and it has no key, tags or properties."""
 
     cdef readonly bytes raw
     cdef readonly unsigned long long position
@@ -314,6 +319,10 @@ cdef class Record:
     def end_position(self):
         return self.position + self.size
 
+    @property
+    def lost(self):
+        return bool(self.attributes & MQ_ATTR_FILLER)
+
     def __eq__(self, other):
         # Records of the C core and of the twin compare equal when their bytes do.
         return type(other).__name__ == "Record" and self.raw == other.raw
@@ -325,6 +334,10 @@ cdef class Record:
         return Record, (self.raw,)
 
     def __repr__(self):
+        if self.attributes & MQ_ATTR_FILLER:  # (its body is padding, not data)
+            return (f"Record(topic={self.topic!r}, queue_id={self.queue_id}, "
+                    f"offset={self.offset}, position={self.position}, epoch={self.epoch}, "
+                    "lost=True)")
         more = "..." if self._sizes[4] > 32 else ""
         return (f"Record(topic={self.topic!r}, queue_id={self.queue_id}, offset={self.offset}, "
                 f"position={self.position}, epoch={self.epoch}, key={self.key!r}, "

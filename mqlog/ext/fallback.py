@@ -110,6 +110,7 @@ CQ_ENTRY_SIZE = _fmt.CQ_ENTRY_SIZE
 CQ_AT_POSITION, CQ_AT_SIZE, CQ_AT_HASH = _fmt.CQ_AT_POSITION, _fmt.CQ_AT_SIZE, _fmt.CQ_AT_HASH
 _U32, _U64 = _fmt.CQ_SIZE, _fmt.CQ_POSITION
 ATTR_CONTROL = _fmt.ATTR_CONTROL  # control records (no consume-queue entry)
+ATTR_FILLER = _fmt.ATTR_FILLER  # a lost-record filler (`mqlog repair`): Record.lost
 _PROPERTIES_DEPTH_MAX = 512  # containers checked for non-str keys this deep (msgpack: 511)
 _ZERO_CHUNK = bytes(1 << 20)
 # The store timestamp's clock, as the C core's (_records.pxi): the wall clock as of the
@@ -239,7 +240,12 @@ assert INDEX_HEADER_SIZE == 64 and INDEX_ENTRY_SIZE == 32
 
 
 class Record:
-    """One record read back from the log; variable fields decode when first used."""
+    """One record read back from the log; variable fields decode when first used.
+
+    ``lost`` is true for a lost-record filler: ``mqlog repair`` put it at the offset of a
+    record whose bytes were damaged and not copied from a replica (docs/FORMAT.md,
+    "Damage"). It keeps the queue's offsets consecutive and holds no data: its body is
+    empty or zero bytes, and it has no key, tags or properties."""
 
     __slots__ = ("raw", "position", "size", "attributes", "queue_id", "epoch", "offset",
                  "born_timestamp", "store_timestamp", "_sizes")
@@ -280,6 +286,10 @@ class Record:
     def end_position(self) -> int:
         return self.position + self.size
 
+    @property
+    def lost(self) -> bool:
+        return bool(self.attributes & ATTR_FILLER)
+
     def __eq__(self, other: object) -> bool:
         # Records of the C core and of this twin compare equal when their bytes do.
         return type(other).__name__ == "Record" and self.raw == other.raw  # type: ignore
@@ -288,6 +298,10 @@ class Record:
         return hash(self.raw)
 
     def __repr__(self) -> str:
+        if self.attributes & ATTR_FILLER:  # (its body is padding, not data)
+            return (f"Record(topic={self.topic!r}, queue_id={self.queue_id}, "
+                    f"offset={self.offset}, position={self.position}, epoch={self.epoch}, "
+                    "lost=True)")
         more = "..." if self._sizes[4] > 32 else ""
         return (f"Record(topic={self.topic!r}, queue_id={self.queue_id}, offset={self.offset}, "
                 f"position={self.position}, epoch={self.epoch}, key={self.key!r}, "
@@ -856,7 +870,9 @@ class LogCore:
         reset or retention that takes records away during the read ends the answer
         before them; a store closed meanwhile raises StoreClosed. Each record must be
         the one its consume-queue entry names (topic, queue, offset): an entry that
-        points elsewhere is a ConsumeQueueMismatch.
+        points elsewhere is a ConsumeQueueMismatch. A damaged record (CorruptRecord)
+        ends the answer before it, as Kafka's fetch does: the records before it are
+        returned, and the read that starts at it raises CorruptRecord naming it.
         """
         generation = self._generation  # (first: a release after it changes it)
         self._check_released()
@@ -875,7 +891,8 @@ class LogCore:
             if not self._visible(queue, index, position, size, generation) or \
                     (records and total + size > max_bytes):
                 break
-            record = self._read_entry(queue, index, position, size, generation)
+            record = self._read_entry(queue, index, position, size, generation,
+                                      index == offset)
             if record is None:
                 break
             records.append(record)
@@ -889,7 +906,9 @@ class LogCore:
         Entries whose consume-queue tag hash is not in ``tag_hashes`` are skipped without
         touching the commit log (an empty tuple keeps every record). At most
         ``scan_count_max`` entries are examined, so the answer may be empty while the
-        next offset moves on: a consumer always makes progress.
+        next offset moves on: a consumer always makes progress. A damaged record past
+        the first entry examined ends the answer before it (as ``get``): the next
+        offset is its own, and the pull from there raises CorruptRecord.
         """
         generation = self._generation  # (first: a release after it changes it)
         self._check_released()
@@ -912,7 +931,8 @@ class LogCore:
                 continue
             if records and total + size > max_bytes:
                 break
-            record = self._read_entry(queue, index, position, size, generation)
+            record = self._read_entry(queue, index, position, size, generation,
+                                      index == offset)
             if record is None:
                 break
             records.append(record)
@@ -977,9 +997,11 @@ class LogCore:
                 or position + size <= self.written_position)  # (published since)
 
     def _read_entry(self, queue: _Queue, offset: int, position: int, size: int,
-                    generation: int) -> Record | None:
+                    generation: int, first: bool) -> Record | None:
         """The record of a consume-queue entry, or None if the log changed under the read
-        (the record went away: the answer ends before it)."""
+        (the record went away: the answer ends before it) or, unless it is the ``first``
+        entry the read examines, if the record is damaged (the answer ends before it;
+        the read that starts at it raises CorruptRecord)."""
         try:
             raw, problem = self._copy_record(position, size)
         except _GONE_ERRORS:
@@ -993,8 +1015,8 @@ class LogCore:
         if self._changed(generation):
             self._check_released()
             return None
-        self._refuse_entry(queue, offset, position, size, problem)
-        return None  # (never reached: _refuse_entry raises)
+        self._refuse_entry(queue, offset, position, size, problem, first)
+        return None  # (a damaged record past the first: _refuse_entry did not raise)
 
     def _copy_record(self, position: int, size: int) -> tuple[bytes | None, str]:
         """A private copy of the ``size`` bytes at ``position`` and what _check_record
@@ -1008,11 +1030,13 @@ class LogCore:
         return raw, _check_record(raw, position, self.verify_crc_on_read)
 
     def _refuse_entry(self, queue: _Queue, offset: int, position: int, size: int,
-                      problem: str) -> None:
+                      problem: str, first: bool) -> None:
         """Raise what a failed read of an entry's record means. If the log holds an
         intact record at the entry's position that is not the one named (another
         queue's, another offset's, another size), the entry is wrong:
-        ConsumeQueueMismatch. Else the bytes there are damaged: CorruptRecord."""
+        ConsumeQueueMismatch. Else the bytes there are damaged: CorruptRecord, raised
+        only for the ``first`` entry a read examines (past it, the answer ends before
+        the damaged record and this returns)."""
         if problem == _BEFORE_LOG:
             raise ConsumeQueueMismatch(_mismatch_text(
                 queue.topic, queue.queue_id, offset, position, size,
@@ -1029,6 +1053,8 @@ class LogCore:
             raise ConsumeQueueMismatch(_mismatch_text(
                 queue.topic, queue.queue_id, offset, position, size,
                 "which lies inside a record, not at its start"))
+        if not first:
+            return
         if problem == _PAST_END:
             raise CorruptRecord(position, f"size {size} runs past the segment's end")
         raise CorruptRecord(position, problem)

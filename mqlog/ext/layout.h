@@ -20,6 +20,7 @@
 #define MQ_BLANK_MAGIC 0x0142514DU   /* "MQB" 0x01: pads a segment's tail */
 #define MQ_BLANK_SIZE_MIN 8          /* total_size u32 | magic u32 */
 #define MQ_ATTR_CONTROL 0x0001       /* reserved: control records get no queue entry */
+#define MQ_ATTR_FILLER 0x0002        /* a lost-record filler, written by `mqlog repair` */
 
 /* Byte offsets of the header fields. */
 #define MQ_AT_SIZE 0                 /* u32 total_size */

@@ -215,10 +215,12 @@ class Driver:
         store = self.store
         if len(bodies) == 1:
             one = store.put_nowait(topic, bodies[0], queue_id, key, tags, properties)
-            stored = Stored(one.position, one.position + one.size, one.offset, 1)
+            stored = Stored(one.position, one.position + one.size, one.offset, 1,
+                            one.store_timestamp)
         else:
             many = store.put_nowait(topic, bodies, queue_id, key, tags, properties)
-            stored = Stored(many.position, many.end_position, many.offset, many.count)
+            stored = Stored(many.position, many.end_position, many.offset, many.count,
+                            many.store_timestamp)
         if producer is not None:
             self.producers.note(*producer, stored)
         return stored

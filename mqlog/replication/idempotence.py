@@ -89,6 +89,7 @@ class Stored:
     end: int
     offset: int
     count: int
+    store_timestamp: int = -1  # their store time (ms); -1: not known (found in the log)
 
 
 class ProducerTable:
@@ -159,7 +160,7 @@ class ProducerTable:
         # the request's records went on in the next segment).
         if earlier is not None and earlier.offset + earlier.count == stored.offset:
             stored = Stored(earlier.position, stored.end, earlier.offset,
-                            earlier.count + stored.count)
+                            earlier.count + stored.count, earlier.store_timestamp)
         sequences[sequence] = stored
         if len(sequences) <= self.sequences_max:
             return

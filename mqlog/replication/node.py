@@ -20,8 +20,13 @@ a request's ``group`` names the group (none: by its topic and queue, else the br
 default group; see broker.py):
 
 * ``produce`` {topic, queue_id, key, tags, sizes} + payload (the bodies, back to back;
-  ``sizes`` lists their sizes) → {status, position, offset, count} once the role's rule is met
-  (a SYNC_MASTER waits for its slaves); a slave answers with a NotMaster error.
+  ``sizes`` lists their sizes) → {status, position, offset, count, store_timestamp, size}
+  once the role's rule is met (a SYNC_MASTER waits for its slaves); a slave answers with a
+  NotMaster error. ``store_timestamp`` is the store time (ms) of the request's records
+  (one per request), ``size`` the bytes they take in the commit log (the store's
+  PutResult's); a write refused before anything was stored (SLAVE_NOT_AVAILABLE) has
+  position, offset and store_timestamp -1 and size 0; -1: not known (a found copy whose
+  record could not be read).
 * ``produce``'s ``acks``: "all" (-1, "replicated": the default), "1" (1, "master") or "0"
   (0: stored as acks=1 and not answered at all unless refused or failed; the client
   sends on without waiting, Kafka's acks=0).
@@ -61,6 +66,7 @@ from mqlog import errors
 from mqlog.config import GroupSpec
 from mqlog.engine.files import delete_store, typed_errors
 from mqlog.engine.store import open as open_store
+from mqlog.format import STORE_TIMESTAMP_AT
 from mqlog.replication import core_for, hardstate, messages
 from mqlog.replication.driver import Answer, Driver, is_cut
 from mqlog.replication.idempotence import ProducerTag, Stored
@@ -505,7 +511,8 @@ class Node:
                 continue
             if refused is not PutStatus.PUT_OK:  # decided before storing: nothing stored
                 answers.append((frame, {"kind": "produced", "status": refused.value,
-                                        "position": -1, "offset": -1, "count": 0}))
+                                        "position": -1, "offset": -1, "count": 0,
+                                        "store_timestamp": -1, "size": 0}))
                 continue
             try:
                 stored.append((frame, *self._store_request(frame.header, frame.payload,
@@ -570,26 +577,27 @@ class Node:
                 f"which this leader has not stored (its newest: {newest}): nothing was "
                 "stored; send the earlier request first, then this one again")
 
-    async def _settle(self, stored: list[tuple[Frame, Stored, str]]) -> list[tuple[Frame, dict]]:
+    async def _settle(self, stored: list[tuple[Frame, Stored, str, int]],
+                      ) -> list[tuple[Frame, dict]]:
         """Wait for the flush and (for acks=replicated) the layer's rule, for all at once.
         The proposals go in before anything is awaited, while this node is surely still
         the leader that stored the records: a verdict cannot be missed by stepping down.
         A request stored in part (PARTIAL) is proposed on its own, and its answer is the
         driver's (driver.py: PartiallyStored only once the verdict committed its
         records); this node only makes it a header."""
-        end = max(item.end for _, item, _ in stored)
-        replicated = [item.end for _, item, acks in stored if acks == "replicated"]
+        end = max(item.end for _, item, _, _ in stored)
+        replicated = [item.end for _, item, acks, _ in stored if acks == "replicated"]
         decision = self._propose(functools.partial(self.driver.propose, end=max(replicated))) \
             if replicated else None
         cuts = {index: self._propose(functools.partial(
             self.driver.propose_write, stored=item, sent=_record_count(frame.header),
             producer=_producer_tag(frame.header)))
-            for index, (frame, item, acks) in enumerate(stored) if acks == PARTIAL}
+            for index, (frame, item, acks, _) in enumerate(stored) if acks == PARTIAL}
         durable = await self.store.flushed_async(end)
         flushed = self.store.flushed_position
         decided = await decision if isinstance(decision, asyncio.Future) else decision
         answers = []
-        for index, (frame, item, acks) in enumerate(stored):
+        for index, (frame, item, acks, stamp) in enumerate(stored):
             status = PutStatus.PUT_OK if durable or flushed >= item.end else \
                 PutStatus.FLUSH_DISK_TIMEOUT
             if acks in ("replicated", PARTIAL) and status is PutStatus.PUT_OK:
@@ -601,7 +609,8 @@ class Node:
                 status = answer
             answers.append((frame, {"kind": "produced", "status": status.value,
                                     "position": item.position, "offset": item.offset,
-                                    "count": item.count}))
+                                    "count": item.count, "store_timestamp": stamp,
+                                    "size": item.end - item.position}))
         return answers
 
     def _propose(self, propose: Callable[[Any], None]) -> asyncio.Future[Answer] | \
@@ -667,10 +676,10 @@ class Node:
                 "partition (or name no group: the broker routes it)")
 
     def _store_request(self, header: dict[str, Any], payload: bytes,
-                       producer: ProducerTag | None) -> tuple[Stored, str]:
+                       producer: ProducerTag | None) -> tuple[Stored, str, int]:
         """Store one produce request's records (or find them: an idempotent retry);
-        where they went, and what the client waits for. (The caller checked that this
-        node leads, and read ``producer``, the request's tag.)"""
+        where they went, what the client waits for, and their store timestamp. (The
+        caller checked that this node leads, and read ``producer``, the request's tag.)"""
         self._check_served(header)
         bodies = split_bodies(payload, header.get("sizes"))  # (RemoteProtocolError)
         if not bodies:
@@ -679,7 +688,23 @@ class Node:
         # (the store checks every field's type)
         stored = self.driver.write(header.get("topic"), bodies, header.get("queue_id", 0),
                                    header.get("key"), header.get("tags"), producer)
-        return stored, PARTIAL if is_cut(stored, len(bodies)) else acks
+        return stored, PARTIAL if is_cut(stored, len(bodies)) else acks, \
+            self._store_timestamp(stored)
+
+    def _store_timestamp(self, stored: Stored) -> int:
+        """The store time of ``stored``'s records (the store's put result's; one per
+        request), else, a copy an idempotent retry found in the log, read from its first
+        record; -1 if it cannot be read."""
+        if stored.store_timestamp >= 0:
+            return stored.store_timestamp
+        try:
+            raw = self.store.read_raw(stored.position, 1)  # (its first record, checked)
+        except errors.MqlogError:
+            return -1
+        if len(raw) < STORE_TIMESTAMP_AT + 8:
+            return -1
+        return int.from_bytes(raw[STORE_TIMESTAMP_AT:STORE_TIMESTAMP_AT + 8], "little",
+                              signed=True)
 
     def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
         # An ISR follower serves what is below its high watermark (KIP-392's follower
