@@ -60,6 +60,26 @@ def test_a_directory_inside_a_store_is_refused(tmp_path, impl, inside):
         mqlog.open(link, implementation=impl, **SMALL)
 
 
+def test_another_systems_commitlog_without_meta_json_is_refused_untouched(tmp_path, impl):
+    """A RocketMQ-like directory (commitlog/ with a segment of foreign bytes, no
+    meta.json) was opened as a store: recovery cut the foreign segment as a torn tail
+    and zeroed it (helper-56). Refused now, every byte as it was; an empty commitlog/ (a
+    first open cut short before meta.json) still opens."""
+    foreign = tmp_path / "rocketmq"
+    (foreign / "commitlog").mkdir(parents=True)
+    segment = foreign / "commitlog" / "00000000000000000000"
+    segment.write_bytes(b"\x7f" * 4096)
+    with pytest.raises(errors.NotAStoreDirectory, match="commitlog/ with files but no "
+                       "meta.json"):
+        mqlog.open(foreign, implementation=impl, **SMALL)
+    assert _listing(foreign) == ["commitlog", "commitlog/00000000000000000000"]
+    assert segment.read_bytes() == b"\x7f" * 4096
+    cut_short = tmp_path / "cut-short"
+    (cut_short / "commitlog").mkdir(parents=True)
+    with mqlog.open(cut_short, implementation=impl, **SMALL) as store:
+        store.put("t", b"x")
+
+
 def test_new_empty_and_existing_stores_open_as_before(tmp_path, impl):
     for path in (tmp_path / "new" / "with" / "parents", tmp_path / "empty"):
         if path.name == "empty":

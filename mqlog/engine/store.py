@@ -170,17 +170,28 @@ BESIDE_STORE_NAMES = frozenset({
 def check_store_directory(root: Path) -> None:
     """Refuse (NotAStoreDirectory) to create or open a store for writing in ``root`` when
     it lies inside another store, or holds files that are neither a store's nor what
-    mqlog puts beside one (``STORE_NAMES``, ``BESIDE_STORE_NAMES``). A missing or empty
-    directory, and a store (its ``commitlog/`` is there: one whose first open was cut
-    short too), pass; nothing is written either way."""
+    mqlog puts beside one (``STORE_NAMES``, ``BESIDE_STORE_NAMES``), or a ``commitlog/``
+    with files but no ``meta.json`` (another system's log: its recovery would cut
+    another format's bytes as a torn tail). A missing or empty directory, and a store
+    (``meta.json`` beside ``commitlog/``, or an empty ``commitlog/``: its first open cut
+    short before ``meta.json``), pass; nothing is written either way."""
     for above in root.resolve().parents:  # (a link into a store is inside it)
         if (above / "meta.json").is_file() and (above / "commitlog").is_dir():
             raise NotAStoreDirectory(
                 f"{root} lies inside the store {above}: a store cannot hold another store; "
                 f"name a directory outside {above} (or {above} itself, to open that store)",
                 inside=str(above))
-    if not root.is_dir() or (root / "commitlog").is_dir():
+    if not root.is_dir():
         return
+    commitlog = root / "commitlog"
+    if commitlog.is_dir():
+        if (root / "meta.json").is_file() or not any(commitlog.iterdir()):
+            return
+        raise NotAStoreDirectory(
+            f"{root} holds a commitlog/ with files but no meta.json: not an mqlog store "
+            "(another system's log?), and opening it would cut its files as a torn tail; "
+            "name a new or empty directory. (If it is an mqlog store whose meta.json was "
+            "lost, put back meta.json from a replica of it first.)", names=["commitlog"])
     known = STORE_NAMES | BESIDE_STORE_NAMES
     strangers = sorted(name for name in os.listdir(root) if name not in known and not (
         name.endswith(".tmp") and name[:-4] in known))
