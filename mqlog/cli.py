@@ -50,9 +50,17 @@ from mqlog import cli_cluster, cli_repair, cli_topics
 from mqlog.config import StoreConfig
 from mqlog.config import load as load_config
 from mqlog.engine import queries
+from mqlog.engine.checkpoint import read_flushed
 from mqlog.engine.files import file_name
 from mqlog.engine.reader import LogReader, VerifyReport
-from mqlog.errors import InvalidArgument, MqlogError, PromotionRefused, UnknownGroup
+from mqlog.engine.store import StorePaths
+from mqlog.errors import (
+    CorruptRecord,
+    InvalidArgument,
+    MqlogError,
+    PromotionRefused,
+    UnknownGroup,
+)
 from mqlog.ext import fallback
 from mqlog.replication.messages import NUMBER_LIMIT
 
@@ -946,7 +954,10 @@ class _Wanted:
 def _follow(reader: LogReader, position: int, wanted: _Wanted, count_max: int | None,
             timeout_ms: int | None, poll_ms: int, write: Callable[[Any], object]) -> None:
     """Tail the commit log from ``position``. A bad record at the end is taken for one
-    still being written, and read again at the next poll."""
+    still being written, and read again at the next poll; one below the store's saved
+    flushed position was written whole before, so it is damage: CorruptRecord, as
+    without --follow (a follower stalled there for good, with no word, and with
+    --timeout-ms ended with status 0, the records after it never delivered)."""
     remaining = sys.maxsize if count_max is None else count_max
     idle_since = time.monotonic()
     try:
@@ -962,6 +973,9 @@ def _follow(reader: LogReader, position: int, wanted: _Wanted, count_max: int | 
             if batch.next_position != position:
                 position, idle_since = batch.next_position, time.monotonic()
                 continue
+            if batch.problem is not None and batch.problem[0] < (
+                    read_flushed(StorePaths(reader.root).flushed) or 0):
+                raise CorruptRecord(*batch.problem)
             if timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= timeout_ms:
                 break
             time.sleep(poll_ms / 1000)  # polling interval, not synchronisation

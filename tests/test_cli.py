@@ -322,6 +322,26 @@ def test_follow_stops_after_max_records_and_when_idle(store, config):
     assert result.stdout.splitlines() == ["b", "c"]
 
 
+def test_follow_stops_with_one_error_line_at_a_damaged_record(store, config):
+    """A record damaged below the store's saved flushed position was written whole
+    once: --follow took it for one still being written and waited there for good, with
+    no word (and --timeout-ms then ended it with status 0, the records after it never
+    delivered: a hostile review). It stops there now as consume without --follow does:
+    the records before it, then one error line naming it, status 1."""
+    produce(store, config, [str(number) for number in range(1, 301)], "--topic", "t")
+    with mqlog.open(store, read_only=True) as snapshot:
+        damaged = snapshot.get("t", 0, 150, 1)[0]
+    segment = store / "commitlog" / f"{0:020d}"
+    data = bytearray(segment.read_bytes())
+    data[damaged.position + damaged.size - 1] ^= 0x10
+    segment.write_bytes(bytes(data))
+    result = run("consume", store, "--config", config, "--topic", "t", "--follow",
+                 "--poll-ms", "20", "--timeout-ms", str(TIMEOUT_S * 1000), check=False)
+    assert result.stdout.splitlines() == [str(number) for number in range(1, 151)]
+    line = assert_one_error_line(result)
+    assert f"corrupt record at position {damaged.position}" in line
+
+
 # --- query, inspect, stats, dump ---------------------------------------------------------
 
 
