@@ -277,6 +277,35 @@ def test_another_clusters_refusal_stops_the_agent_at_once() -> None:
     assert len(io.asked) > 10 and not agent.stopped
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_one_misconfigured_controller_is_passed_over_all_of_them_stop_the_agent(
+        seed: int) -> None:
+    """c3 alone is of another cluster_id (it cannot join its quorum either): a broker
+    that asked it first stopped for good (helper-57: two brokers of three, at random).
+    The others are asked and the broker registers; only when every controller refuses
+    is the broker the stranger, and it stops. Each seed orders the controllers anew."""
+    voters = {"c1": "10.0.0.1:7000", "c2": "10.0.0.2:7000", "c3": "10.0.0.3:7000"}
+
+    def refusing(names: set[str]) -> Any:
+        def script(now: int, name: str, header: dict[str, Any]) -> tuple[int, Any, Any]:
+            if header["kind"] == "register_broker" and name in names:
+                return 1, None, errors.InconsistentClusterId(
+                    "broker 'b1' is of cluster_id 'prod', these controllers of 'other'")
+            return 1, OK[header["kind"]], None
+        return script
+
+    for names, stops in (({"c3"}, False), ({"c1", "c2", "c3"}, True)):
+        fatal: list[errors.MqlogError] = []
+        io = ClockIo(voters, refusing(names))
+        agent = host.BrokerAgent(Host(), _config(voters), io, rng=random.Random(seed))
+        agent.on_fatal = fatal.append
+        io.agent = agent
+        agent.start()
+        io.run_until(60_000)
+        assert agent.stopped == stops and len(fatal) == int(stops), (seed, names, io.notes)
+        assert (agent.epoch is None) == stops, (seed, names)
+
+
 def test_a_restart_at_a_new_address_is_waited_for_and_a_duplicate_is_not() -> None:
     """A registration refused DuplicateBrokerRegistration while the old session lasts (up
     to 3 sessions here: a leader change and late ticks) is waited for; one refused for

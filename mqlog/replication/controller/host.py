@@ -409,6 +409,9 @@ class BrokerAgent:
         self.on_fatal: Callable[[errors.MqlogError], None] | None = None
         self.registered_once = False  # this life has had a broker epoch
         self.duplicate_refusals = 0  # DuplicateBrokerRegistration answers since then
+        # controllers whose last answer was InconsistentClusterId: one misconfigured
+        # controller is passed over; all of them, and the broker is the stranger
+        self._foreign: set[str] = set()
         self.stopped = False  # on_fatal was called: no more rounds
 
     def start(self) -> None:
@@ -597,9 +600,11 @@ class BrokerAgent:
     def _registration_refused(self, address: str, error: errors.MqlogError) -> None:
         """A registration refused in a way that asking again may never mend.
 
-        InconsistentClusterId (these controllers are another cluster's): nothing this
-        process can wait for changes it, so ``on_fatal`` at once — Kafka's broker does
-        not start with another cluster's id (InconsistentClusterIdException).
+        InconsistentClusterId from every controller (they are another cluster's): nothing
+        this process can wait for changes it, so ``on_fatal`` at once — Kafka's broker
+        does not start with another cluster's id (InconsistentClusterIdException). From
+        some of them only, the others are asked (``_try``): one controller misconfigured
+        (which cannot join its quorum either) stopped brokers that asked it first.
 
         DuplicateBrokerRegistration (another life at another address holds this broker
         id, its session alive): either a second process with this id (a copied config),
@@ -905,6 +910,14 @@ class BrokerAgent:
                     following = self._hinted(error.leader_address, rest, failures)
                 self._try(header, leader, then, following, failures)
                 return
+            if isinstance(error, errors.InconsistentClusterId):
+                self._foreign.add(address)  # (another cluster's, by its own cluster_id)
+                if not self._foreign.issuperset(self._addresses):
+                    failures[address] = str(error)
+                    self._try(header, leader, then, rest, failures)
+                    return
+            else:
+                self._foreign.discard(address)
             if header["kind"] == "register_broker" and isinstance(
                     error, (errors.InconsistentClusterId, errors.DuplicateBrokerRegistration)):
                 self._registration_refused(address, error)
