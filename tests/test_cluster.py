@@ -491,6 +491,47 @@ def test_records_a_store_keeps_refusing_restart_its_core_ever_more_slowly(tmp_pa
         cluster.stop_all()
 
 
+def test_a_replica_held_after_refusals_answers_an_election_at_once():
+    """A replica held after refusals (the test above) took a vote or pre-vote request in
+    and sent its answer only when the hold ended: a Raft failover that needed its vote
+    took 7.9 s instead of 0.4 (helper-57). An election's message ends the hold at once,
+    and so does a new role seen at a tick; a peer's other messages wait. (The
+    node's own took and tick, over stand-ins.)"""
+    from types import SimpleNamespace
+
+    from mqlog.replication import messages
+    from mqlog.replication.node import Node
+
+    class Hold:
+        cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    node = object.__new__(Node)  # (only what took and tick touch)
+    scheduled: list[bool] = []
+    node._schedule = lambda: scheduled.append(node._hold is None)
+    core = SimpleNamespace(epoch=3, role="FOLLOWER", tick_count=0, has_ready=lambda: False)
+    node.driver = SimpleNamespace(core=core, tick=lambda: None, failure=None)
+    node.isr, node._tick_callbacks, node._held_as = False, [], "FOLLOWER"
+    for message, ends in ((messages.Append("m", "s1", 3, 0, payload=b""), False),
+                          (messages.Vote("b1", "b3", 4, 100, 3, True, False), True),
+                          (messages.TimeoutNow("b1", "b3", 3), True)):
+        hold = node._hold = Hold()
+        node.took(message)
+        assert hold.cancelled == ends and (node._hold is None) == ends, message
+        assert scheduled[-1] == ends  # (a run asked for; it goes only once unheld)
+        scheduled.clear()
+    hold = node._hold = Hold()
+    node.tick()
+    core.epoch = 4  # (a new leader's term: its records are refused again, so it waits)
+    node.tick()
+    assert not hold.cancelled
+    core.role = "CANDIDATE"  # (its own election timer: its vote requests go now)
+    node.tick()
+    assert hold.cancelled and node._hold is None and scheduled == [True]  # (_release's)
+
+
 def test_a_retry_cut_on_the_master_is_refused_only_once_its_copy_is_committed(tmp_path):
     """A master whose log holds the first record only of a three-record request (its copy
     as a replica was cut inside the request, and the node that had it all failed before

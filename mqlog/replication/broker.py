@@ -733,7 +733,7 @@ class Broker:
             return
         node, message = routed
         node.driver.step(message)
-        node._schedule()
+        node.took(message)
 
     # --- client requests ---------------------------------------------------------------------
 
