@@ -154,16 +154,17 @@ def fence_changes(state: ClusterMetadata, broker_id: str, auto_failover: bool,
             if broker_id not in part.replicas or topic.layer == "raft":
                 continue
             if topic.layer == "isr":
+                ends = (reported or {}).get((name, index), {})
                 decided = fence_isr(PartitionState.of(part), broker_id, fenced,
                                     topic.min_insync_replicas or min_insync_replicas,
-                                    unclean, test_break)
+                                    unclean, test_break, ends)
                 info = state.brokers.get(broker_id)
                 if info is not None and info.unclean_shutdown:
                     decided = leave_elr(PartitionState.of(part), broker_id, decided,
                                         last_too=info.data_lost)
                 if decided is not None:
-                    changes.append(isr_change(name, index, decided[0], lost_range(
-                        decided, (reported or {}).get((name, index), {}))))
+                    changes.append(isr_change(name, index, decided[0],
+                                              lost_range(decided, ends)))
                 continue
             change = None
             if auto_failover and part.leader == broker_id:
@@ -192,11 +193,13 @@ def unfence_changes(state: ClusterMetadata, broker_id: str, *, min_insync_replic
         if topic.layer != "isr":
             continue
         for index, part in enumerate(topic.partitions):
+            ends = (reported or {}).get((name, index), {})
             decided = unfence_isr(PartitionState.of(part), broker_id, fenced,
-                                  topic.min_insync_replicas or min_insync_replicas, unclean)
+                                  topic.min_insync_replicas or min_insync_replicas, unclean,
+                                  ends)
             if decided is not None:
-                changes.append(isr_change(name, index, decided[0], lost_range(
-                    decided, (reported or {}).get((name, index), {}))))
+                changes.append(isr_change(name, index, decided[0],
+                                          lost_range(decided, ends)))
     return changes
 
 

@@ -30,6 +30,7 @@ epoch bumps. A preferred replica outside the ISR is refused: it would lose what 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from mqlog.errors import MetadataChangeRefused, StaleAlterPartition
 from mqlog.replication.isr.core import AlterPartition, PartitionState
@@ -66,9 +67,14 @@ def decide_alter_partition(current: PartitionState, request: AlterPartition,
 
 
 def elect_leader(current: PartitionState, live: set[str], min_insync_replicas: int,
-                 unclean: bool = False, test_break: str = "") -> tuple[PartitionState, str]:
+                 unclean: bool = False, test_break: str = "",
+                 ends: Mapping[str, tuple[int, int]] | None = None,
+                 ) -> tuple[PartitionState, str]:
     """A new leader for a partition whose leader is not live: the next state and how it
-    was chosen ("isr", "elr", "unclean", or "none")."""
+    was chosen ("isr", "elr", "unclean", or "none"). An unclean election takes the live
+    replica whose log ``ends`` says is the longest ((epoch, position) as its broker last
+    reported it; the replicas' order breaks ties): the least is lost, and never a
+    replica that holds nothing (a wiped one) while another holds the records."""
     order = [name for name in current.replicas if name in live]
     isr = tuple(name for name in current.isr if name in live)
     elr = [name for name in current.elr if name in live]
@@ -81,7 +87,8 @@ def elect_leader(current: PartitionState, live: set[str], min_insync_replicas: i
         leader, how = next(name for name in order if name in elr), "elr"
         isr = (leader,)
     elif unclean and order:
-        leader, how = order[0], "unclean"
+        known = ends or {}
+        leader, how = max(order, key=lambda name: known.get(name, (-1, -1))), "unclean"
         isr = (leader,)
     else:
         leader, how = "", "none"
@@ -107,7 +114,8 @@ def _with_isr(current: PartitionState, isr: tuple[str, ...],
 
 def fence_isr(current: PartitionState, broker_id: str, fenced: set[str],
               min_insync_replicas: int, unclean: bool = False,
-              test_break: str = "") -> tuple[PartitionState, str] | None:
+              test_break: str = "", ends: Mapping[str, tuple[int, int]] | None = None,
+              ) -> tuple[PartitionState, str] | None:
     """The change fencing ``broker_id`` calls for (None: none): it leaves the ISR (to the
     ELR below the minimum), and if it led, another leader is elected (``elect_leader``)."""
     live = set(current.replicas) - fenced - {broker_id}
@@ -118,17 +126,18 @@ def fence_isr(current: PartitionState, broker_id: str, fenced: set[str],
                          min_insync_replicas), "leader stays"
     if not current.leader and broker_id not in current.isr:
         return None
-    return elect_leader(current, live, min_insync_replicas, unclean, test_break)
+    return elect_leader(current, live, min_insync_replicas, unclean, test_break, ends)
 
 
 def unfence_isr(current: PartitionState, broker_id: str, fenced: set[str],
-                min_insync_replicas: int,
-                unclean: bool = False) -> tuple[PartitionState, str] | None:
+                min_insync_replicas: int, unclean: bool = False,
+                ends: Mapping[str, tuple[int, int]] | None = None,
+                ) -> tuple[PartitionState, str] | None:
     """A leaderless partition elects once ``broker_id`` is back, if it may lead."""
     if current.leader or broker_id not in current.replicas:
         return None
     state, how = elect_leader(current, set(current.replicas) - (fenced - {broker_id}),
-                              min_insync_replicas, unclean)
+                              min_insync_replicas, unclean, ends=ends)
     return (state, how) if state.leader else None
 
 
