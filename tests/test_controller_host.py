@@ -516,6 +516,30 @@ def test_strays_a_failed_move_left_are_swept_at_the_next_round() -> None:
     assert moved == ["first-0", "second-0"], io.notes
 
 
+def test_a_member_mark_that_failed_is_written_again_each_round() -> None:
+    """A fresh data_dir is marked a member's once registered (MEMBER_FILE); a write that
+    failed (a full disk) was never tried again, and the broker's next start, its data
+    intact, was taken for a wiped one's (data_lost: out of even a last ELR). It is tried
+    each round until written; registrations after the first never say fresh_data_dir."""
+    marks: list[int] = []
+    registrations: list[dict[str, Any]] = []
+
+    def script(now: int, name: str, header: dict[str, Any]) -> tuple[int, Any, Any]:
+        if header["kind"] == "register_broker":
+            registrations.append(dict(header))
+        return 1, ANSWERS[header["kind"]], None
+    voters = _addresses(1)
+    io = ClockIo(voters, script)
+    agent = host.BrokerAgent(Host(), _config(voters), io, rng=random.Random(1))
+    agent.fresh_data_dir = True
+    agent.on_registered = lambda: marks.append(io.now) or len(marks) >= 3
+    io.agent = agent
+    agent.start()
+    io.run_until(8 * HEARTBEAT_MS)
+    assert len(marks) == 3 and len(set(marks)) == 3, marks  # (one a round until written)
+    assert [header.get("fresh_data_dir") for header in registrations] == [True]
+
+
 def test_the_host_follows_where_the_view_says_brokers_listen() -> None:
     """Each pull that changes where the view's brokers registered tells the host (every
     broker then dials a moved one at its new address, not only those whose groups name

@@ -402,7 +402,8 @@ class BrokerAgent:
         # with no sign of an earlier life (fresh_data_dir); on_registered marks it then.
         self.unclean_shutdown = False
         self.fresh_data_dir = False
-        self.on_registered: Callable[[], None] | None = None
+        self.on_registered: Callable[[], bool] | None = None  # (True: marked)
+        self._unmarked = False  # registered fresh, MEMBER_FILE not written yet
         # A registration refused for good goes to on_fatal(error), and the rounds end
         # (join_cluster: the broker stops, status 1); without it (the simulator) the
         # agent asks again each round, as for any refusal. _registration_refused says when.
@@ -422,6 +423,7 @@ class BrokerAgent:
 
     def _round(self) -> None:
         self._silent_this_round = set()
+        self._mark_member()
         if self.epoch is None:
             header: dict[str, Any] = {
                 "kind": "register_broker", "broker_id": self.host.broker_id,
@@ -447,10 +449,17 @@ class BrokerAgent:
         if type(position) is int:  # (a controller of before says none: nothing is swept)
             self._registered_position = position
         self.unclean_shutdown = False  # (said once: this life's stores are its own now)
-        if self.fresh_data_dir and self.on_registered is not None:
-            self.on_registered()  # (the data_dir is a member's now: MEMBER_FILE)
-        self.fresh_data_dir = False
+        self._unmarked = self.fresh_data_dir and self.on_registered is not None
+        self.fresh_data_dir = False  # (said once: later registrations of this life are not)
+        self._mark_member()
         self._heartbeat()
+
+    def _mark_member(self) -> None:
+        """The data_dir is a member's now (MEMBER_FILE): written after the first
+        registration of a fresh one, and again each round until it is (a full disk):
+        without it the next start is taken for a wiped data_dir's (data_lost)."""
+        if self._unmarked and self.on_registered is not None and self.on_registered():
+            self._unmarked = False
 
     def _heartbeat(self) -> None:
         with self._hosting():
@@ -1114,15 +1123,19 @@ def apply_role(status: dict[str, Any] | None, part: records.PartitionInfo,
     return None
 
 
-def mark_member(path: Path, broker_id: str, cluster_id: str) -> None:
-    """Write ``MEMBER_FILE`` (the broker and cluster it was registered as), durably; a
-    failure is said, not raised: the next start is then taken as fresh again (safe)."""
+def mark_member(path: Path, broker_id: str, cluster_id: str) -> bool:
+    """Write ``MEMBER_FILE`` (the broker and cluster it was registered as), durably;
+    whether it was. A failure is said, not raised, and tried again each round: should
+    the broker stop first, its next start is taken for a wiped data_dir's."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(path, f"mqlog-member {broker_id} {cluster_id}\n".encode())
     except (OSError, errors.MqlogError) as error:
-        print(f"broker {broker_id}: cannot write {path} ({error}); its next start will "
-              "be taken for a wiped data_dir's", flush=True)
+        print(f"broker {broker_id}: cannot write {path} ({error}); trying again each "
+              "round (a restart before it is written is taken for a wiped data_dir's)",
+              flush=True)
+        return False
+    return True
 
 
 def unclean_stores(data_dir: Any, skip: set[str] | None = None) -> list[str]:
