@@ -341,7 +341,33 @@ _DAMAGE = {  # what each case does to the store (and, for some, to its replica)
     "empty-segment": lambda store, end: _cut_segment(store, 2, 0),
     "acknowledged-tail": lambda store, end: _flip(store, end - 5),
     "mid-log-and-tail": lambda store, end: (_flip(store, 3000), _flip(store, end - 5)),
+    "zeros-mid-log": lambda store, end: _zero_records(store, 1, 100, 3),
 }
+
+
+def _record_starts(store: Path, index: int) -> list[int]:
+    """The positions of the records in segment ``index``, as the log holds them now."""
+    data = (store / "commitlog" / f"{index * SEGMENT:020d}").read_bytes()
+    return [index * SEGMENT + step.offset for step in fmt.walk(data, index * SEGMENT)
+            if step.kind == "record"]
+
+
+def _zero(store: Path, start: int, end: int) -> None:
+    """Zeros over [start, end) (one segment's)."""
+    name = store / "commitlog" / f"{start - start % SEGMENT:020d}"
+    data = bytearray(name.read_bytes())
+    data[start % SEGMENT:end - start + start % SEGMENT] = bytes(end - start)
+    name.write_bytes(bytes(data))
+
+
+def _zero_records(store: Path, index: int, first: int, count: int | None) -> tuple[int, int]:
+    """Zero ``count`` records of segment ``index`` from its record ``first`` (None: to
+    the segment's end); returns the range zeroed."""
+    starts = _record_starts(store, index)
+    start = starts[first]
+    end = (index + 1) * SEGMENT if count is None else starts[first + count]
+    _zero(store, start, end)
+    return start, end
 
 
 def _cut_segment(store: Path, index: int, size: int) -> None:
@@ -396,3 +422,115 @@ def test_repair_dry_run_on_the_command_line_prints_the_repairs_lines(tmp_path, i
     assert dry.splitlines()[-1].startswith("dry run: 1 damaged range(s) to mend, 1 record")
     with mqlog.open(store, implementation=impl, read_only=True) as opened:
         assert opened.max_offset("t", 0) == 300
+
+
+# --- hostile review of repair ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [3, None], ids=["three-records", "to-segment-end"])
+def test_zeros_with_intact_records_after_them_are_blanked_not_cut(tmp_path, impl, count):
+    """Hostile review, item 1: three records zeroed from a record boundary in segment 1,
+    three intact segments after them, everything flushed. Repair took the zeros for the
+    log's end and cut every acknowledged record after them ("[98423, 298864): ...
+    acknowledged ... cut"): 800 intact records lost, where a flipped byte loses only
+    the 3. Zeros before the saved flushed position with an intact record after them are
+    damage like any other: blanked, a filler per lost record, nothing cut."""
+    store = tmp_path / "store"
+    _build(store, impl)
+    with mqlog.open(store, implementation=impl, read_only=True) as opened:
+        original = _read_all(opened)
+    start, end = _zero_records(store, 1, 100, count)
+    (store / "checkpoint").unlink()  # (a clean open would scan nothing)
+    with pytest.raises(errors.CorruptStore, match="acknowledged"):
+        mqlog.open(store, implementation=impl, **CONFIG)
+    planned = repair(store, dry_run=True)
+    report = repair(store)
+    assert planned.lines() == report.lines()[:-1]  # (less "saved in")
+    assert report.acknowledged_tail is None
+    assert [(piece.start, piece.end, piece.how) for piece in report.pieces] == \
+        [(start, end, "blank")]
+    zeroed = sum(gap.count for gap in report.lost)
+    assert zeroed == len(report.pieces[0].fillers) and (count is None or zeroed == count)
+    with mqlog.open(store, implementation=impl, **CONFIG) as opened:
+        assert opened.recovery_report.truncated_at is None
+        held = _read_all(opened)
+    assert held.keys() == original.keys()
+    for queue, records in held.items():
+        assert len(records) == len(original[queue])
+        for got, want in zip(records, original[queue], strict=True):
+            if start <= want.position < end:
+                assert got.lost and got.offset == want.offset
+            else:
+                assert bytes(got.raw) == bytes(want.raw)
+
+
+def test_zeros_past_what_was_flushed_still_end_the_log(tmp_path, impl):
+    """What item 1's fix must not touch: past the saved flushed position and the
+    checkpoint's, zeros with intact records after them are a truncation's crash (it
+    lowers both, then zeroes the tail before it deletes later segments) or a torn tail:
+    the log's end, for the next open to cut, not damage to blank."""
+    store = tmp_path / "store"
+    _build(store, impl)
+    start, _end = _zero_records(store, 1, 100, None)
+    (store / "flushed").unlink()
+    (store / "checkpoint").unlink()
+    assert repair(store).clean
+    with mqlog.open(store, implementation=impl, **CONFIG) as opened:
+        assert opened.written_position == start
+
+
+def test_repair_from_another_stores_directory_is_refused(tmp_path, impl):
+    """Hostile review, item 2: `repair --from` another partition's store (same topic and
+    queue, same record sizes, other bodies) copied that store's records in as this
+    one's, since they verify at their positions. Now the intact records next to the
+    damaged range must be the same in both stores: they are not, so repair refuses
+    (ReplicaDataRejected naming the replica), dry run or not, and changes nothing."""
+    store, other = tmp_path / "orders-0", tmp_path / "orders-1"
+    for path, fill in ((store, b"A"), (other, b"B")):
+        with mqlog.open(path, implementation=impl, **CONFIG) as opened:
+            results = [opened.put("orders", fill * 100 + b"%06d" % index)
+                       for index in range(500)]
+    _flip_body(store, results[200])
+    before = _tree(store)
+    for dry_run in (True, False):
+        with pytest.raises(errors.ReplicaDataRejected, match="not a replica of this store"):
+            repair(store, other, dry_run=dry_run)
+        after = _tree(store)
+        after.pop("changes"), before.pop("changes", None)  # (the change count moved)
+        assert after == before
+    report = repair(store)  # (without --from: blanked, one record lost)
+    assert [(gap.first, gap.count) for gap in report.lost] == [(200, 1)]
+
+
+def test_repair_from_a_directory_that_is_no_store_is_refused(tmp_path, impl):
+    """Hostile review, item 3: `repair --from` a directory that is not a store (no
+    commitlog/) was taken as a replica that verified nothing: every damaged range was
+    blanked, and a missing segment made anew. Now it is StoreNotFound naming the
+    directory, before anything is done."""
+    store, elsewhere = tmp_path / "store", tmp_path / "notastore"
+    _build(store, impl)
+    elsewhere.mkdir()
+    (store / "commitlog" / f"{SEGMENT:020d}").unlink()
+    before = _tree(store)
+    for dry_run in (True, False):
+        with pytest.raises(errors.StoreNotFound, match="notastore"):
+            repair(store, elsewhere, dry_run=dry_run)
+        assert _tree(store) == before
+
+
+def test_records_lost_at_the_head_of_a_queue_are_reported_and_marked_lost(tmp_path, impl):
+    """Hostile review, item 4: the first record of a queue damaged. Repair saw no gap
+    (no record of the queue before it) and reported no loss; the queue started at
+    offset 1 after it, offset 0 gone without a trace. The old queue manifest knew the
+    queue started at 0: now offset 0 is reported lost and reads as a filler."""
+    store = tmp_path / "store"
+    results = _numbered(store, impl)
+    _flip_body(store, results[0])
+    planned = repair(store, dry_run=True)
+    report = repair(store)
+    assert planned.lines() == report.lines()[:-1]
+    assert [(gap.topic, gap.first, gap.count) for gap in report.lost] == [("t", 0, 1)]
+    with mqlog.open(store, implementation=impl, read_only=True) as opened:
+        records = opened.get("t", 0, 0, 300)
+        assert [record.offset for record in records] == list(range(300))
+        assert [record.lost for record in records] == [offset == 0 for offset in range(300)]

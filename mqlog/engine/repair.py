@@ -10,12 +10,20 @@ a closed store (it takes the store's lock) and does exactly this:
    (``format.walk``): each stretch from where a record should start to the next intact
    record is a damaged range. The end of the log is where recovery would end it: zeros
    where a record should start, or damage with nothing intact after it (a damaged tail
-   is recovery's to cut; repair leaves it alone). Walking the intact records also tells,
-   for each queue, which offsets are missing between two records that survived.
-2. From a replica (``--from REPLICA_DIR``): a damaged range whose bytes in the replica's
-   segment files are whole, intact records at exactly those positions (ending exactly at
-   the range's end, or a blank that ends the segment) is copied from there, so nothing
-   is lost. What does not verify is blanked like the rest.
+   is recovery's to cut; repair leaves it alone). But zeros with an intact record after
+   them, before the saved flushed position or the checkpoint's, are damage (``Zeros``):
+   nothing leaves zeros there (they were synced; a truncation lowers both first), and
+   taking them for the end cut every acknowledged record after them. Walking the intact
+   records also tells, for each queue, which offsets are missing between two records
+   that survived.
+2. From a replica (``--from REPLICA_DIR``, a store: else StoreNotFound, nothing done): a
+   damaged range whose bytes in the replica's segment files are whole, intact records
+   at exactly those positions (ending exactly at the range's end, or a blank that ends
+   the segment) is copied from there, so nothing is lost, when the replica is this
+   store's: the intact records next to the range are the same bytes in both
+   (``_check_replica``; another store's records verify at their positions too, and one
+   that differs refuses the repair, ReplicaDataRejected). What does not verify, or has
+   nothing to compare, is blanked like the rest.
 3. Blank fillers. The bytes of each remaining range are first saved to
    ``repair/<UTC time>/<start>-<end>`` (nothing is destroyed), then replaced by valid
    records: one *lost-record filler* per missing queue offset (attribute bit 1,
@@ -65,9 +73,15 @@ from typing import Any
 from crc32c import crc32c
 
 from mqlog import format as fmt
-from mqlog.engine.checkpoint import ChangeCount, FlushedPosition, read_flushed, read_queues
+from mqlog.engine.checkpoint import (
+    ChangeCount,
+    FlushedPosition,
+    read_checkpoint,
+    read_flushed,
+    read_queues,
+)
 from mqlog.engine.files import file_name, fsync_directory, numbered_files
-from mqlog.errors import CorruptStore, StoreLocked, StoreNotFound
+from mqlog.errors import CorruptStore, ReplicaDataRejected, StoreLocked, StoreNotFound
 
 
 @dataclass
@@ -81,6 +95,9 @@ class Piece:
     timestamp: int = 0
     fillers: list[tuple[str, int, int]] = field(default_factory=list)  # (topic, queue, offset)
     how: str = "blank"  # "blank", or "replica" when copied from one
+    # (position, size) of the nearest intact records before and after it in this store:
+    # a replica's copy must hold the same records there (``_check_replica``)
+    neighbours: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -151,7 +168,8 @@ class Lost:
     queue_id: int
     first: int  # the first offset lost
     count: int
-    after: int  # position of the last intact record of the queue before them
+    after: int  # position of the last intact record of the queue before them (-1: none,
+    #             the queue's head was lost, below the first offset the manifest knew)
     before: int  # position of the first intact record of the queue after them
 
 
@@ -192,6 +210,10 @@ def repair(root: Path, replica: Path | None = None, dry_run: bool = False) -> Re
     """Mend the store in ``root`` (closed); see the module docstring."""
     if not (root / "meta.json").is_file() or not (root / "commitlog").is_dir():
         raise StoreNotFound(f"{root} is not an mqlog store (no meta.json or commitlog/)")
+    if replica is not None and (not (replica / "meta.json").is_file()
+                                or not (replica / "commitlog").is_dir()):
+        raise StoreNotFound(f"the replica {replica} (--from) is not an mqlog store (no "
+                            "meta.json or commitlog/); nothing was done")
     lock = _take_lock(root)
     changes = None
     try:
@@ -213,17 +235,21 @@ def _repair(root: Path, replica: Path | None, dry_run: bool) -> RepairReport:
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     saved = root / "repair" / stamp
     holes, layout = _mend_files(root, report, saved, dry_run)
-    pieces, lost, last_offsets = survey(layout, holes)
+    checkpoint = read_checkpoint(root / "checkpoint")
+    flushed_to = max(read_flushed(root / "flushed") or 0,
+                     0 if checkpoint is None else checkpoint.log_position)
+    heads = {key: low for key, (low, _high) in (read_queues(root / "queues") or {}).items()}
+    pieces, lost, last_offsets = survey(layout, holes, None, flushed_to, heads)
     copies: dict[int, Mend] = {}
     if replica is not None and pieces:
         for piece in pieces:
-            mend = _replica_mend(replica, piece)
+            mend = _replica_mend(replica, piece, layout)
             if mend is not None:
                 piece.how = "replica"
                 copies[piece.start] = mend
         if copies:  # (the log as it is once they are copied: they hold records)
             report.pieces += [piece for piece in pieces if piece.start in copies]
-            pieces, lost, last_offsets = survey(layout, holes, copies)
+            pieces, lost, last_offsets = survey(layout, holes, copies, flushed_to, heads)
     _place_fillers(pieces, lost)
     blanked = {piece.start: Mend(piece) for piece in pieces}
     for mend in blanked.values():
@@ -264,47 +290,115 @@ Survey = tuple[list["Piece"], list["Lost"], dict[tuple[str, int], tuple[int, int
 
 
 def survey(layout: list[Segment], holes: list[tuple[int, int]],
-           mends: dict[int, Mend] | None = None) -> Survey:
+           mends: dict[int, Mend] | None = None, flushed_to: int = 0,
+           heads: dict[tuple[str, int], int] | None = None) -> Survey:
     """The damaged ranges before the log's end, the queue offsets missing between intact
     records, and each queue's last (offset, position) (see the module docstring), in the
     segment files of ``layout`` (contiguous), with the ranges of ``mends`` (by start)
-    holding their records. Zeros inside ``holes`` (bytes repair adds) are damage, not
-    the log's end."""
+    holding their records. Zeros where a record should start are damage, not the log's
+    end, inside ``holes`` (bytes repair adds), and before ``flushed_to`` (the saved
+    flushed position or the checkpoint's, the further) when an intact record follows
+    them (``Zeros``). A queue whose first intact record comes after damage and has an
+    offset above its first one in ``heads`` (the old queue manifest's) lost its head
+    there (``Lost.after`` -1)."""
     pieces: list[Piece] = []
     lost: list[Lost] = []
     last_seen: dict[tuple[str, int], tuple[int, int]] = {}  # queue -> (offset, position)
     previous: fmt.RecordHeader | None = None
-    for segment in layout:
+    before: tuple[int, int] | None = None  # this store's last intact record
+    after: list[Piece] = []  # the pieces since
+    zeros = Zeros(layout, holes, flushed_to)
+    for index, segment in enumerate(layout):
         base = segment.base
         with segment.mapped() as buffer:
-            for step, data, at in walk(buffer, base, mends or {}):
+            for step, data, at in walk(buffer, base, mends or {}, zeros.at(index)):
                 position = base + step.offset
-                if step.kind == "end" and any(low <= position < high for low, high in holes):
-                    step = step._replace(kind="damage", size=len(buffer) - step.offset)
                 if step.kind == "damage":
                     pieces.append(Piece(position, position + step.size,
                                         step.offset + step.size == len(buffer)))
+                    if before is not None:
+                        pieces[-1].neighbours.append(before)
                 elif step.kind == "record":
-                    previous = _note_record(step, data, at, pieces, previous, last_seen, lost)
+                    previous = _note_record(step, data, at, pieces, previous, last_seen, lost,
+                                            heads or {})
+                    if data is buffer:  # (one of this store's, not a mend's)
+                        before = (position, step.size)
+                        for piece in after:
+                            piece.neighbours.append(before)
+                        after = []
+                if step.kind == "damage":
+                    after.append(pieces[-1])
                 elif step.kind == "end":
                     return _before_end(pieces, previous), lost, last_seen
     return _before_end(pieces, previous), lost, last_seen
 
 
-def walk(buffer: Any, base: int, mends: dict[int, Mend]) -> Iterator[tuple[fmt.Step, Any, int]]:
+class Zeros:
+    """Which zeros where a record should start are damage rather than the log's end, and
+    how far such a stretch goes: zeros inside ``holes`` (to the segment's end), and zeros
+    before ``flushed_to`` that an intact record follows, in their segment or a later one
+    (to that record, or the segment's end). Nothing leaves zeros there: bytes before the
+    saved flushed position or the checkpoint's were synced, and a truncation (whose
+    crash leaves zeros with intact records after them, to be cut) lowers both first."""
+
+    def __init__(self, layout: list[Segment], holes: list[tuple[int, int]],
+                 flushed_to: int) -> None:
+        self.layout, self.holes, self.flushed_to = layout, holes, flushed_to
+        self._later: dict[int, bool] = {}  # segment index -> an intact record after it
+
+    def at(self, index: int) -> Any:
+        """``walk``'s ``zeros`` for the segment ``layout[index]``."""
+        base = self.layout[index].base
+
+        def stretch(buffer: Any, offset: int) -> int | None:
+            position = base + offset
+            if any(low <= position < high for low, high in self.holes):
+                return len(buffer)
+            if position >= self.flushed_to:
+                return None
+            following = fmt.find_intact(buffer, base, offset + 1)
+            if following is not None:
+                return following
+            return len(buffer) if self._intact_after(index) else None
+
+        return stretch
+
+    def _intact_after(self, index: int) -> bool:
+        if index not in self._later:
+            found = False
+            for segment in self.layout[index + 1:]:
+                with segment.mapped() as buffer:
+                    found = fmt.find_intact(buffer, segment.base, 0) is not None
+                if found:
+                    break
+            self._later[index] = found
+        return self._later[index]
+
+
+def walk(buffer: Any, base: int, mends: dict[int, Mend],
+         zeros: Any = None) -> Iterator[tuple[fmt.Step, Any, int]]:
     """``format.walk`` over a segment as repair leaves it: where a stretch that is not a
     record starts at a mend's position, the mend's records (and closing blank) instead,
-    then on from its end. Yields each step, and the buffer and offset its bytes are at."""
+    then on from its end; zeros that ``zeros(buffer, offset)`` says are damage (it
+    returns where they end; None: they end the log) as a damaged stretch, then on from
+    its end. Yields each step, and the buffer and offset its bytes are at."""
     offset = 0
     while offset < len(buffer):
         for step in fmt.walk(buffer, base, offset):
+            stop = None
+            if step.kind == "end" and zeros is not None:
+                stop = zeros(buffer, step.offset)
+                if stop is not None:
+                    step = step._replace(kind="damage", size=stop - step.offset)
             mend = None if step.kind == "record" else mends.get(base + step.offset)
-            if mend is None:
-                yield step, buffer, step.offset
-                continue
-            yield from _mended_steps(mend.data(zeros=False), step.offset)
-            offset = step.offset + mend.piece.end - mend.piece.start
-            break
+            if mend is not None:
+                yield from _mended_steps(mend.data(zeros=False), step.offset)
+                offset = step.offset + mend.piece.end - mend.piece.start
+                break
+            yield step, buffer, step.offset
+            if stop is not None:
+                offset = stop
+                break
         else:
             return
 
@@ -326,7 +420,7 @@ def _mended_steps(data: bytes, offset: int) -> Iterator[tuple[fmt.Step, Any, int
 def _note_record(step: fmt.Step, data: Any, at: int, pieces: list[Piece],
                  previous: fmt.RecordHeader | None,
                  last_seen: dict[tuple[str, int], tuple[int, int]],
-                 lost: list[Lost]) -> fmt.RecordHeader:
+                 lost: list[Lost], heads: dict[tuple[str, int], int]) -> fmt.RecordHeader:
     header = step.header
     assert header is not None
     for piece in pieces:  # stamp the pieces before this record with a fitting epoch
@@ -341,6 +435,10 @@ def _note_record(step: fmt.Step, data: Any, at: int, pieces: list[Piece],
         if seen is not None and header.queue_offset > seen[0] + 1:
             lost.append(Lost(topic, header.queue_id, seen[0] + 1,
                              header.queue_offset - seen[0] - 1, seen[1], header.position))
+        elif seen is None and pieces and header.queue_offset > heads.get(key, 1 << 63):
+            first = heads[key]  # (its head was in the damage before it)
+            lost.append(Lost(topic, header.queue_id, first, header.queue_offset - first, -1,
+                             header.position))
         last_seen[key] = (header.queue_offset, header.position)
     return header
 
@@ -355,10 +453,57 @@ def _before_end(pieces: list[Piece], last: fmt.RecordHeader | None) -> list[Piec
 # --- 2. from a replica -------------------------------------------------------------------
 
 
-def _replica_mend(replica: Path, piece: Piece) -> Mend | None:
-    """A mend that copies ``piece`` from the replica, if its bytes there verify."""
+def _replica_mend(replica: Path, piece: Piece, layout: list[Segment]) -> Mend | None:
+    """A mend that copies ``piece`` from the replica, if its bytes there verify and the
+    replica holds this store's records next to it (``_check_replica``)."""
+    known = _check_replica(replica, piece, layout)  # (first: a wrong replica is refused)
     data = _replica_bytes(replica, piece)
-    return None if data is None else Mend(piece, replica, crc32c(data))
+    return None if data is None or not known else Mend(piece, replica, crc32c(data))
+
+
+def _check_replica(replica: Path, piece: Piece, layout: list[Segment]) -> bool:
+    """Whether the replica is a copy of this store around ``piece``: each intact record
+    next to it here (``piece.neighbours``) is byte for byte the replica's at the same
+    position, where the replica holds an intact record there. Records that verify
+    (whole, CRC32C, position) are not evidence enough: another store's records (another
+    partition's, a diverged log's) verify at their own positions too. ReplicaDataRejected
+    if one differs (nothing is done: the replica is the wrong one); False if there was
+    nothing to compare (the piece is blanked, not copied on trust)."""
+    compared = 0
+    for position, size in piece.neighbours:
+        theirs = _read(replica, position, size)
+        if theirs is None or fmt.check_record(theirs, position):
+            continue  # (the replica lacks it, or has it damaged: no evidence either way)
+        ours = _layout_bytes(layout, position, size)
+        if theirs != ours:
+            raise ReplicaDataRejected(
+                position, f"{replica} (--from) is not a replica of this store: its intact "
+                f"record at position {position}, next to the damaged range [{piece.start}, "
+                f"{piece.end}), differs from this store's, so its records in the range "
+                "would not be this store's; nothing was done. Name a replica of this "
+                "store (its group's other replica, or a backup of it), or repair without "
+                "--from")
+        compared += 1
+    return compared > 0
+
+
+def _read(store: Path, position: int, size: int) -> bytes | None:
+    """The bytes [position, +size) of a store's segment files (None: not all there)."""
+    for base, path in numbered_files(store / "commitlog"):
+        if base <= position and position + size <= base + path.stat().st_size:
+            with open(path, "rb") as file:
+                file.seek(position - base)
+                return file.read(size)
+    return None
+
+
+def _layout_bytes(layout: list[Segment], position: int, size: int) -> bytes:
+    """The bytes [position, +size) of the segment files as repair leaves them."""
+    for segment in layout:
+        if segment.base <= position and position + size <= segment.base + segment.size:
+            with segment.mapped() as buffer:
+                return bytes(buffer[position - segment.base:position - segment.base + size])
+    raise AssertionError(f"no segment holds [{position}, {position + size})")
 
 
 def _replica_bytes(replica: Path, piece: Piece) -> bytes | None:
@@ -393,11 +538,14 @@ def _plan_acknowledged_tail(root: Path, layout: list[Segment], mends: dict[int, 
     (see the module docstring), and what is done there: its pieces are copied from the
     replica (the mends returned) or cut. None if it does not."""
     acknowledged = read_flushed(root / "flushed")
-    end = _log_end(layout, mends)
+    end, last = _log_end(layout, mends)
     if acknowledged is None or end >= acknowledged:
         return None
     pieces = _segment_pieces(layout, end, acknowledged)
-    copies = [] if replica is None else [_replica_mend(replica, piece) for piece in pieces]
+    for piece in pieces:
+        piece.neighbours = [] if last is None else [last]
+    copies = [] if replica is None else [_replica_mend(replica, piece, layout)
+                                         for piece in pieces]
     if pieces and copies and all(mend is not None for mend in copies):
         return end, acknowledged, "copied from the replica", pieces, \
             [mend for mend in copies if mend is not None]
@@ -420,18 +568,23 @@ def _mend_acknowledged_tail(root: Path, tail: Tail, saved: Path) -> None:
     FlushedPosition(root / "flushed", end, 0, threaded=False).close()
 
 
-def _log_end(layout: list[Segment], mends: dict[int, Mend]) -> int:
+def _log_end(layout: list[Segment],
+             mends: dict[int, Mend]) -> tuple[int, tuple[int, int] | None]:
     """Where recovery would end the log once ``mends`` are written: after the last intact
-    record (or blank) that no damage or zeros come before."""
+    record (or blank) that no damage or zeros come before; and the (position, size) of
+    the last intact record of this store's own (not a mend's) before it."""
     end = 0
+    last = None
     for segment in layout:
         end = segment.base
         with segment.mapped() as buffer:
-            for step, _data, _at in walk(buffer, segment.base, mends):
+            for step, data, _at in walk(buffer, segment.base, mends):
                 if step.kind not in ("record", "blank"):
-                    return segment.base + step.offset
+                    return segment.base + step.offset, last
+                if step.kind == "record" and data is buffer:
+                    last = (segment.base + step.offset, step.size)
                 end = segment.base + step.offset + step.size
-    return end
+    return end, last
 
 
 def _segment_pieces(layout: list[Segment], start: int, end: int) -> list[Piece]:
@@ -452,10 +605,15 @@ def _segment_pieces(layout: list[Segment], start: int, end: int) -> list[Piece]:
 
 
 def _place_fillers(pieces: list[Piece], lost: list[Lost]) -> None:
-    """Give each lost offset a filler in a piece between its queue's neighbours."""
+    """Give each lost offset a filler in a piece between its queue's neighbours. A
+    queue's lost head gets as many as fit, for its last offsets (the manifest's first
+    offset may be stale, lower than retention left it: the queue then starts later)."""
     for gap in lost:
         size = fmt.RECORD_HEADER_SIZE + len(gap.topic.encode())
         offset = gap.first
+        if gap.after < 0:
+            room = sum(_room(piece) // size for piece in pieces if piece.start < gap.before)
+            offset = max(gap.first, gap.first + gap.count - room)
         for piece in pieces:
             if not gap.after < piece.start < gap.before:
                 continue
