@@ -298,16 +298,27 @@ def produce(ctx: click.Context, data_dir: Path | None, bootstrap: str | None,
     tally = _Tally(topic, queue_id)
     try:
         with _opened(data_dir, config_file, create=True, **overrides) as store:
+            tally.start = store.max_offset(topic, queue_id)
             lines = _lines(source)
-            if key_separator is not None:
-                _put_keyed(store, tally, lines, key_separator.encode(), fields)
-            elif batch > 1:
-                _put_batches(store, tally, lines, batch, fields)
-            else:
-                _put_each(store, tally, lines, fields)
+            try:
+                if key_separator is not None:
+                    _put_keyed(store, tally, lines, key_separator.encode(), fields)
+                elif batch > 1:
+                    _put_batches(store, tally, lines, batch, fields)
+                else:
+                    _put_each(store, tally, lines, fields)
+            except KeyboardInterrupt:  # (counted from the queue: a put may have ended
+                # between its return and its tally)
+                _say_interrupted(tally, store.max_offset(topic, queue_id) - tally.start,
+                                 as_json)
+                raise
             tally.pending = 0
             if sync:
                 store.flush()
+    except KeyboardInterrupt:
+        if not tally.interrupted:  # (after the last line: Ctrl-C to a pipeline ends its
+            _say_interrupted(tally, tally.count, as_json)  # input too, and EOF came first)
+        raise
     except (MqlogError, OSError) as error:
         if tally.count == 0 and tally.pending == 0:
             raise  # (no line handed over yet: opening the store, reading the input)
@@ -715,6 +726,22 @@ def _no_such_group(address: str, error: UnknownGroup) -> tuple[str, str]:
 # --- produce -----------------------------------------------------------------------------
 
 
+def _say_interrupted(tally: _Tally, stored: int, as_json: bool) -> None:
+    """What a produce stopped by Ctrl-C (SIGINT) stored: ``stored`` records from the
+    queue's end as it opened (``tally.start``), one a line, lines 1..stored."""
+    tally.interrupted = True
+    first_offset = tally.start
+    last = first_offset + stored - 1
+    if as_json:
+        click.echo(json.dumps({"topic": tally.topic, "queue_id": tally.queue_id,
+                               "count": stored, "first_offset": first_offset if stored else -1,
+                               "last_offset": last if stored else -1, "interrupted": True}))
+    where = f"lines 1..{stored}, offsets {first_offset}..{last}" if stored else "no line"
+    click.echo(f"interrupted: produced {_count(stored, 'record')} to {tally.topic!r} queue "
+               f"{tally.queue_id} ({where}); to go on, produce again from line {stored + 1}",
+               err=True)
+
+
 class _Tally:
     """What produce stored: counts, the offset and position ranges, flush timeouts."""
 
@@ -722,6 +749,8 @@ class _Tally:
         self.topic, self.queue_id = topic, queue_id
         self.count = self.timeouts = 0
         self.pending = 0  # lines handed to the put under way (refused: none of them stored)
+        self.start = 0  # the queue's end when the store opened: the first offset produced
+        self.interrupted = False  # Ctrl-C came, and what was stored is said
         self.first_offset = self.last_offset = self.first_position = self.end_position = -1
 
     def add(self, status: Any, position: int, offset: int, count: int, end: int) -> None:

@@ -21,6 +21,7 @@ import pytest
 
 import mqlog
 from mqlog.cli import format_time
+from mqlog.replication.local import wait_until
 from tests.conftest import SMALL
 
 MQLOG = Path(sys.executable).parent / "mqlog"
@@ -234,6 +235,44 @@ def test_a_group_committed_past_a_queues_end_commits_every_queue(store, config):
     facts = json.loads(run("inspect", store, "--config", config, "--json").stdout)
     assert [(g["queue_id"], g["committed_offset"]) for g in facts["groups"]] == [(0, 5),
                                                                                 (1, 1)]
+
+
+def test_produce_stopped_by_ctrl_c_says_what_it_stored(store, config):
+    """Ctrl-C (SIGINT) in the middle of a produce: exit 130 and an empty stderr, so the
+    user could not tell where to go on (a new user's review). It now says how many
+    records it stored, as lines 1..N, and from which line to produce again, counted
+    from the queue itself (exact wherever the signal came); the store is closed cleanly."""
+    import signal
+
+    producer = subprocess.Popen([str(MQLOG), "produce", str(store), "--config", str(config),
+                                 "--topic", "t"],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+    try:
+        assert producer.stdin is not None
+        producer.stdin.write(b"".join(b"line-%d\n" % number for number in range(1, 6)))
+        producer.stdin.flush()
+
+        def stored() -> int:
+            if not (store / "meta.json").exists():
+                return 0
+            with mqlog.open(store, read_only=True) as snapshot:
+                return snapshot.max_offset("t")
+        wait_until(lambda: stored() == 5, "the five lines stored", TIMEOUT_S)
+        producer.send_signal(signal.SIGINT)  # (its input still open: as Ctrl-C to it alone)
+        producer.wait(TIMEOUT_S)
+        _, err = producer.communicate(timeout=TIMEOUT_S)
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+            producer.wait()
+    assert producer.returncode == 130
+    assert "interrupted: produced 5 records to 't' queue 0 (lines 1..5, offsets 0..4); " \
+        "to go on, produce again from line 6" in err.decode(), err
+    with mqlog.open(store, config=mqlog.config.load(config)) as reopened:
+        assert reopened.recovery_report.clean  # (closed cleanly: no recovery scan)
+        assert [r.body for r in reopened.get("t", 0, 0, 10)] == \
+            [b"line-%d" % number for number in range(1, 6)]
 
 
 def test_produce_stopped_by_a_bad_line_says_what_it_stored(store, config):
