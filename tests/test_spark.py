@@ -61,7 +61,7 @@ def _engine_rows(path):
                     rows.append((r.topic, r.queue_id, r.offset, r.position, r.epoch,
                                  r.store_timestamp, r.born_timestamp, r.key, r.tags,
                                  {k: _property_text(v) for k, v in r.properties.items()},
-                                 r.body, True, str(path)))
+                                 None if r.lost else r.body, True, r.lost, str(path)))
                     offset = r.offset + 1
     return sorted(rows, key=lambda row: (row[0], row[1], row[2]))
 
@@ -75,7 +75,7 @@ def _spark_rows(frame):
     for row in frame.collect():
         values = list(row)
         values[5], values[6] = _millis(values[5]), _millis(values[6])
-        values[10] = bytes(values[10])
+        values[10] = None if values[10] is None else bytes(values[10])
         rows.append(tuple(values))
     return sorted(rows, key=lambda row: (row[0], row[1], row[2]))
 
@@ -1409,3 +1409,90 @@ def test_the_spark_docs_examples_run_on_the_readmes_store(spark, tmp_path, monke
         done = CliRunner().invoke(replay, args)
         assert done.exit_code == 0, done.output
         assert not done.output.startswith("0 "), (command, done.output)
+
+
+def _with_a_lost_record(path, count=120, lost=66, healthy=None):
+    """``count`` records "0000", "0001", ... in queue t/0 and a few in u/0, closed
+    cleanly (and copied to ``healthy``, if given); then record ``lost`` of t/0 damaged (a
+    bit of its body flipped) and `mqlog repair` run, which writes a lost-record filler at
+    its offset (as tests/test_recovery_repair.py does)."""
+    from mqlog.engine.repair import repair
+
+    with mqlog.open(path, **SMALL) as store:
+        results = [store.put("t", b"%04d" % number) for number in range(count)]
+        for number in range(5):
+            store.put("u", b"u%d" % number)
+    if healthy is not None:
+        shutil.copytree(path, healthy)
+    victim = results[lost]
+    segment_dir = path / "commitlog"
+    bases = sorted(int(name) for name in os.listdir(segment_dir) if name.isdigit())
+    base = max(b for b in bases if b <= victim.position)
+    with open(segment_dir / f"{base:020d}", "r+b") as segment:
+        at = victim.position + victim.size - 1 - base  # the body's last byte
+        segment.seek(at)
+        byte = segment.read(1)[0]
+        segment.seek(at)
+        segment.write(bytes([byte ^ 0x10]))
+    assert [(gap.first, gap.count) for gap in repair(path).lost] == [(lost, 1)]
+    return path
+
+
+def test_a_lost_record_reads_as_lost_with_a_null_body(spark, tmp_path):
+    """A filler `mqlog repair` wrote read as an ordinary row whose body was its padding;
+    now the source's ``lost`` column is true for it (only), its body is null, and the
+    engine's read agrees row for row."""
+    path = _with_a_lost_record(tmp_path / "store")
+    frame = spark.read.format("mqlog").load(str(path))
+    assert _spark_rows(frame) == _engine_rows(path)
+    rows = frame.select("topic", "offset", "lost", "body", "crc_ok").collect()
+    assert len(rows) == 125 and all(row.crc_ok for row in rows)
+    assert [(row.topic, row.offset) for row in rows if row.lost] == [("t", 66)]
+    assert [row.body for row in rows if row.lost] == [None]
+    assert all(bytes(row.body) == b"%04d" % row.offset for row in rows
+               if row.topic == "t" and not row.lost)
+    # commit-log mode too
+    log = spark.read.format("mqlog").option("mode", "commitlog").load(str(path))
+    assert [(row.offset, row.body) for row in log.where("lost").collect()] == [(66, None)]
+
+
+def test_replay_leaves_lost_records_out_and_counts_them(spark, tmp_path):
+    """Replay copied a filler as an ordinary record (to a store) or row (to Parquet);
+    both leave it out now and say so (``lost``)."""
+    from mqlog.spark_connector import replay
+
+    source = _with_a_lost_record(tmp_path / "src")
+    target, out = tmp_path / "dst", str(tmp_path / "out.parquet")
+    frame = replay.select(spark, str(source), topics="t")
+    result = replay.to_store(frame, str(source), str(target))
+    with mqlog.open(target, read_only=True) as store:
+        records = store.get("t", 0, 0, 200, 1 << 24)
+    assert [replay.source_offset(record) for record in records] == \
+        [offset for offset in range(120) if offset != 66]
+    assert not any(record.lost for record in records)
+    assert all(record.body == b"%04d" % replay.source_offset(record) for record in records)
+    assert (result.selected, result.written, result.lost) == (120, 119, 1)
+    again = replay.to_store(frame, str(source), str(target))
+    assert (again.written, again.skipped, again.lost) == (0, 119, 1)
+    assert replay.to_parquet(frame, out) == 119
+    rows = spark.read.parquet(out).select("offset", "lost", "body").collect()
+    assert sorted(row.offset for row in rows) == [o for o in range(120) if o != 66]
+    assert not any(row.lost for row in rows) and all(row.body is not None for row in rows)
+    written = replay.write_parquet(frame, out)
+    assert (written.selected, written.written, written.lost) == (120, 119, 1)
+
+
+def test_reconcile_shows_a_lost_record_where_a_replica_holds_it(tmp_path):
+    """A filler in one copy where the other holds the record is a queue-level divergence
+    at that offset (on the driver: no Spark job)."""
+    from mqlog.spark_connector.reconcile import reconcile
+
+    healthy = tmp_path / "healthy"
+    repaired = _with_a_lost_record(tmp_path / "repaired", healthy=healthy)
+    for paths in ([healthy, repaired], [repaired, healthy]):
+        found = reconcile(None, list(map(str, paths)))
+        assert found.counts.get(("queue", "divergent")) == 1, (paths, found.counts)
+        assert set(found.counts) <= {("queue", "divergent"), ("log", "divergent"),
+                                     ("log", "missing"), ("log", "extra")}, found.counts
+        row = next(row for row in found.summary_rows() if row["topic"] == "t")
+        assert (row["divergent"], row["common_prefix"]) == (1, 66), row

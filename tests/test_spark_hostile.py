@@ -475,7 +475,8 @@ def test_a_record_past_2_gib_of_a_buffer_is_cut_right(tmp_path):
     assert batch.to_pydict() | {"timestamp": None, "born_timestamp": None} == {
         "topic": ["t"], "queue_id": [3], "offset": [0], "position": [0], "epoch": [0],
         "timestamp": None, "born_timestamp": None, "key": ["k"], "tags": ["x"],
-        "properties": [[]], "body": [b"far away"], "crc_ok": [True], "replica": ["r"]}
+        "properties": [[]], "body": [b"far away"], "crc_ok": [True], "lost": [False],
+        "replica": ["r"]}
 
 
 @pytest.mark.parametrize(("ddl", "said"), [

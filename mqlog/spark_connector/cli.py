@@ -332,17 +332,18 @@ def replay(source: str, start: str | None, end: str | None, where: str | None,
         frame = _selection(jobs, spark, source, start, end, where, topics)
         if to_parquet:
             progress.show(f"replay: writing {to_parquet}")
-            count = jobs.to_parquet(frame, to_parquet)
+            result = jobs.write_parquet(frame, to_parquet)
         else:
             assert to_store is not None
             progress.show(f"replay: writing into {to_store}")
             result = jobs.to_store(frame, source, to_store)
+    lost = f", {result.lost} lost record(s) left out" if result.lost else ""
     if to_parquet:
-        click.echo(f"{count} record(s) written to {to_parquet}")
+        click.echo(f"{result.written} record(s) written to {to_parquet}{lost}")
         return
     click.echo(f"{result.selected} selected, {result.written} written "
                f"({result.batches} batch(es)), "
-               f"{result.skipped} already there")
+               f"{result.skipped} already there{lost}")
 
 
 def _selection(jobs: Any, spark: Any, *args: Any) -> Any:

@@ -29,7 +29,8 @@ Then, in both forms:
    hidden ``user_properties`` column (schema.py) is the same maps without the idempotent
    producer's tag, which ``producer_tagged`` tells from the decoded msgpack types.
 3. Columns whose every row is the same (the replica; the topic when the caller has
-   checked it; all-null keys or tags; all-empty properties; an all-true ``crc_ok``) are
+   checked it; all-null keys or tags; all-empty properties; an all-true ``crc_ok``; an
+   all-false ``lost``, when no record is a lost-record filler) are
    built once per value and length and shared by the batches that follow: Arrow arrays
    are immutable, and rebuilding them took a fifth of a batch's building time.
 
@@ -50,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mqlog.format import ATTR_FILLER
 from mqlog.replication.idempotence import tag_of
 from mqlog.spark_connector.schema import ARROW_SCHEMA, PROPERTIES_TYPE
 
@@ -132,7 +134,7 @@ class Fields:
         return self._read[name]
 
 
-_UNUSED_FIELDS = ("crc", "attrs")  # read_raw checked the CRC; no column shows attrs
+_UNUSED_FIELDS = ("crc",)  # read_raw checked the CRC (attrs: the ``lost`` column)
 _BLOCK_ROWS = 4096  # records of a block: ~0.7 MB of 180-byte records, well within L2
 
 
@@ -222,6 +224,11 @@ def _all_true(count: int) -> pa.Array:
     return pa.array(np.ones(count, bool))
 
 
+@functools.lru_cache(maxsize=4)
+def _all_false(count: int) -> pa.Array:
+    return pa.array(np.zeros(count, bool))
+
+
 def _property_text(value: Any) -> str:
     """A property value as text: str as it is, anything else as JSON (bytes as UTF-8
     where possible, else hex) — Spark's map<string,string> cannot hold mixed types."""
@@ -308,6 +315,15 @@ class _Cut:
     def sizes(self, index: int) -> np.ndarray:
         """Span field ``index``'s sizes, 0 where the record does not fit."""
         raise NotImplementedError
+
+    @functools.cached_property
+    def lost(self) -> np.ndarray | None:
+        """Which records are lost-record fillers (``ATTR_FILLER``; not where the CRC
+        failed: such a record's attributes are not to be trusted); None when none is."""
+        lost = (self.head["attrs"] & ATTR_FILLER) != 0
+        if self.crc_ok is not None:
+            lost &= self.crc_ok.astype(bool)
+        return lost if lost.any() else None
 
     def span(self, index: int) -> pa.BinaryArray:
         """Span field ``index`` of every record as a binary column."""
@@ -436,6 +452,8 @@ def _column(name: str, cut: _Cut) -> pa.Array:
         return _timestamps(cut.head["store_timestamp" if name == "timestamp" else name])
     if name == "crc_ok":
         return _all_true(count) if cut.crc_ok is None else pa.array(cut.crc_ok.astype(bool))
+    if name == "lost":
+        return _all_false(count) if cut.lost is None else pa.array(cut.lost)
     if name == "replica":
         return repeated(cut.replica, count)
     # a view, not a cast: same-size integers, and the same wrap-around as astype
@@ -455,6 +473,8 @@ def _span_column(name: str, cut: _Cut) -> pa.Array:
     if maps:
         return properties_column(cut.span(index), sizes, user=name == "user_properties")
     valid = cut.fits & (sizes > 0) if name in ("key", "tags") else cut.fits
+    if name == "body" and cut.lost is not None:
+        valid = valid & ~cut.lost  # a filler has no body: its bytes are padding
     return _with_validity(cut.span(index), valid,
                           pa.binary() if name == "body" else pa.string())
 

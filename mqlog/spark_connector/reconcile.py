@@ -269,7 +269,7 @@ def _driver_rows(paths: list[str]) -> list[tuple]:
 _HASHED = ("replica", "topic", "queue_id", "offset", "position", "epoch", "crc_ok",
            "content", "body_hash")
 _CONTENT = ("topic", "queue_id", "offset", "epoch", "timestamp", "born_timestamp", "key",
-            "tags", "properties", "body")
+            "tags", "properties", "body", "lost")
 
 
 class _DriverComparison:
@@ -400,7 +400,7 @@ def _hashed(spark: Any, paths: list[str]) -> Any:
     return records.select(
         "replica", "topic", "queue_id", "offset", "position", "epoch", "crc_ok",
         F.xxhash64("topic", "queue_id", "offset", "epoch", "timestamp", "born_timestamp",
-                   "key", "tags", F.to_json("properties"), "body",
+                   "key", "tags", F.to_json("properties"), "body", "lost",
                    # a null adds nothing to the hash: say which fields are null, or a
                    # key moved into the tags would hash the same
                    *(F.isnull(name) for name in ("key", "tags", "properties")))

@@ -42,6 +42,14 @@ queue ranges read in offset order (planner.py).
   never written: a hostile review.) The read costs a pass over the destination queue;
   records its retention deleted are not known as replayed, and go again.
 
+Neither output holds a lost-record filler (the source's ``lost`` column: what ``mqlog
+repair`` wrote at an offset whose record it could not save). A filler is no message, and
+copied it would read as an ordinary record (a store has no way to write one) or row whose
+body is padding; both paths leave fillers out and count them (``ReplayResult.lost``),
+whatever ``where`` says. The store path learns it from the triples it collects (the
+``lost`` column comes with them), the Parquet path from an ``Observation`` of the write's
+own scan (no second pass over the source).
+
 Neither output shows the idempotent producer's tag (the ``producer_id``, ``sequence``
 and ``producer_epoch`` properties a replicated group's producer stores with every record,
 mqlog/replication/idempotence.py) as user properties: it names a request to the source's
@@ -78,13 +86,16 @@ _READ_COUNT = 1000
 
 @dataclass
 class ReplayResult:
-    """What a replay did: records selected, written (in ``batches`` put_batch calls),
-    and skipped as already there."""
+    """What a replay did: records selected, written (in ``batches`` put_batch calls; 0
+    to Parquet), skipped as already there (to a store), and left out as ``lost``
+    (lost-record fillers: see the module docstring). ``selected`` counts all of them:
+    ``written + skipped + lost``."""
 
     selected: int = 0
     written: int = 0
     skipped: int = 0
     batches: int = 0
+    lost: int = 0
 
 
 def source_offset(record: Any) -> int | None:
@@ -220,10 +231,17 @@ def _json(value: Any) -> str:
 
 
 def to_parquet(frame: Any, out: str) -> int:
+    """``write_parquet``: the number of rows written."""
+    return write_parquet(frame, out).written
+
+
+def write_parquet(frame: Any, out: str) -> ReplayResult:
     """Write the selection (``select``'s DataFrame) to Parquet at ``out`` (replacing it),
     each file in queue order, the source's columns with ``properties`` without the
-    producer's tag (the reader's ``user_properties``: see the module docstring); the
-    number of rows written."""
+    producer's tag (the reader's ``user_properties``: see the module docstring), and
+    without lost-record fillers; what it wrote (``written``: rows) and left out
+    (``lost``)."""
+    from pyspark.sql import Observation
     from pyspark.sql import functions as F
 
     (user,) = HIDDEN_COLUMNS
@@ -231,19 +249,30 @@ def to_parquet(frame: Any, out: str) -> int:
         raise InvalidArgument(f"to_parquet writes a DataFrame from replay.select, which has "
                               f"the source's {user} column; this one has only "
                               f"{', '.join(frame.columns)}")
-    frame = frame.withColumn("properties", F.col(user)).drop(user)
+    observed = Observation("mqlog replay")
+    frame = frame.observe(observed, F.count_if(F.col("lost")).alias("lost")) \
+        .where(~F.col("lost")).withColumn("properties", F.col(user)).drop(user)
     frame.sortWithinPartitions("topic", "queue_id", "offset").write.mode("overwrite") \
         .parquet(out)
-    return int(frame.sparkSession.read.parquet(out).count())
+    written = int(frame.sparkSession.read.parquet(out).count())
+    lost = int(observed.get.get("lost") or 0)
+    return ReplayResult(selected=written + lost, written=written, lost=lost)
 
 
 def to_store(frame: Any, source: str, destination: str) -> ReplayResult:
     """Write the selection into the store at ``destination``; see the module docstring."""
+    import pyarrow.compute as pc
+
     if _same_dir(source, destination):
         raise InvalidArgument("replay cannot write into the store it reads; give another "
                               "destination directory")
     result = ReplayResult()
-    keys = frame.select("topic", "queue_id", "offset").toArrow()
+    keys = frame.select("topic", "queue_id", "offset", "lost").toArrow()
+    fillers = pc.fill_null(keys.column("lost"), False)
+    result.lost = int(pc.sum(fillers).as_py() or 0)  # (a sum of booleans: the trues)
+    result.selected += result.lost
+    if result.lost:
+        keys = keys.filter(pc.invert(fillers))
     with mqlog.open(source, read_only=True) as origin, mqlog.open(destination) as target:
         done: dict[tuple[str, int], Replayed] = {}
         for topic, queue_id, offsets in _runs(keys):

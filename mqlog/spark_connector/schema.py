@@ -6,9 +6,15 @@ Names and types follow Spark's Kafka source where the two overlap (DESIGN §6): 
 and tags are UTF-8 text in the record, so they are strings (Kafka's key is binary;
 ``CAST(key AS STRING)`` works on both). ``properties`` is a map<string,string>: string
 values as they are, any other msgpack value as JSON. mqlog adds ``position``,
-``epoch``, ``born_timestamp``, ``tags``, ``crc_ok`` and ``replica``. Every field is
+``epoch``, ``born_timestamp``, ``tags``, ``crc_ok``, ``lost`` and ``replica``.
+
+``lost`` is true for a lost-record filler (``attrs & format.ATTR_FILLER``: what ``mqlog
+repair`` writes at a queue offset whose record it could not save; ``Record.lost`` in the
+embedded API), false for every other record, and false for a record whose CRC failed (its
+attributes are not to be trusted). A filler is no message: its ``body`` is null (the
+bytes it holds are padding). Every field is
 nullable, as in the Kafka source; a field is null only when mqlog has no value for it
-(no key, no tags), when Spark has none (a timestamp beyond its range:
+(no key, no tags, a filler's body), when Spark has none (a timestamp beyond its range:
 ``layout.TIMESTAMP_MS_MAX``) or, in commit-log mode, when a damaged record's field cannot
 be cut out of it. A user-given schema must keep every column nullable (``projection``).
 
@@ -31,12 +37,13 @@ from __future__ import annotations
 import pyarrow as pa
 
 COLUMNS = ("topic", "queue_id", "offset", "position", "epoch", "timestamp", "born_timestamp",
-           "key", "tags", "properties", "body", "crc_ok", "replica")
+           "key", "tags", "properties", "body", "crc_ok", "lost", "replica")
 
 SCHEMA_DDL = (
     "topic STRING, queue_id INT, offset BIGINT, position BIGINT, epoch BIGINT, "
     "timestamp TIMESTAMP, born_timestamp TIMESTAMP, key STRING, tags STRING, "
-    "properties MAP<STRING, STRING>, body BINARY, crc_ok BOOLEAN, replica STRING"
+    "properties MAP<STRING, STRING>, body BINARY, crc_ok BOOLEAN, lost BOOLEAN, "
+    "replica STRING"
 )
 
 PROPERTIES_TYPE = pa.map_(pa.field("key", pa.string(), nullable=False),
@@ -55,6 +62,7 @@ ARROW_SCHEMA = pa.schema([
     pa.field("properties", PROPERTIES_TYPE),
     pa.field("body", pa.binary()),
     pa.field("crc_ok", pa.bool_()),
+    pa.field("lost", pa.bool_()),
     pa.field("replica", pa.string()),
 ])
 assert tuple(ARROW_SCHEMA.names) == COLUMNS
@@ -75,7 +83,8 @@ def spark_schema(hidden: bool = False) -> object:
              "position": t.LongType(), "epoch": t.LongType(), "timestamp": t.TimestampType(),
              "born_timestamp": t.TimestampType(), "key": t.StringType(),
              "tags": t.StringType(), "properties": t.MapType(t.StringType(), t.StringType()),
-             "body": t.BinaryType(), "crc_ok": t.BooleanType(), "replica": t.StringType(),
+             "body": t.BinaryType(), "crc_ok": t.BooleanType(),
+             "lost": t.BooleanType(), "replica": t.StringType(),
              "user_properties": t.MapType(t.StringType(), t.StringType())}
     names = (*COLUMNS, *HIDDEN_COLUMNS) if hidden else COLUMNS
     return t.StructType([t.StructField(name, kinds[name], True) for name in names])
