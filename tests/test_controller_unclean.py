@@ -52,9 +52,22 @@ def _second_registration_left_the_elr(addresses: list[str], broker: str,
     """``broker`` registered twice, the second time as after an unclean shutdown (with
     ``data_lost`` or not), and the next partition change has it in neither the ELR nor
     the ISR."""
-    log = _log(addresses)
-    registered = [index for index, record in enumerate(log)
-                  if isinstance(record, records.RegisterBroker) and record.broker_id == broker]
+    def registrations(log: list[Any]) -> list[int]:
+        return [index for index, record in enumerate(log)
+                if isinstance(record, records.RegisterBroker) and record.broker_id == broker]
+
+    # (any controller answers metadata_since: a follower may not have the second
+    # registration, nor the changes of its batch, when the broker, answered by the
+    # leader, has marked its data_dir: the clean-clone run read such a follower)
+    log: list[Any] = []
+
+    def second_and_its_changes() -> bool:
+        log[:] = _log(addresses)
+        found = registrations(log)
+        return len(found) >= 2 and any(isinstance(record, records.PartitionChange)
+                                       for record in log[found[1] + 1:])
+    wait_until(second_and_its_changes, f"{broker}'s second registration in the log", 60)
+    registered = registrations(log)
     assert len(registered) == 2 and log[registered[1]].unclean_shutdown
     assert log[registered[1]].data_lost == data_lost
     assert not log[registered[0]].unclean_shutdown  # (its first start)
