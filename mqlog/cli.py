@@ -50,10 +50,8 @@ from mqlog import cli_cluster, cli_repair, cli_topics
 from mqlog.config import StoreConfig
 from mqlog.config import load as load_config
 from mqlog.engine import queries
-from mqlog.engine.checkpoint import read_flushed
 from mqlog.engine.files import file_name
 from mqlog.engine.reader import LogReader, VerifyReport
-from mqlog.engine.store import StorePaths
 from mqlog.errors import (
     CorruptRecord,
     InvalidArgument,
@@ -1002,8 +1000,8 @@ def _follow(reader: LogReader, position: int, wanted: _Wanted, count_max: int | 
             if batch.next_position != position:
                 position, idle_since = batch.next_position, time.monotonic()
                 continue
-            if batch.problem is not None and batch.problem[0] < (
-                    read_flushed(StorePaths(reader.root).flushed) or 0):
+            if batch.problem is not None and \
+                    batch.problem[0] < reader.saved_flushed_position():
                 raise CorruptRecord(*batch.problem)
             if timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= timeout_ms:
                 break

@@ -42,6 +42,7 @@ from crc32c import crc32c
 
 from mqlog import ext
 from mqlog import format as fmt
+from mqlog.engine.checkpoint import read_flushed
 from mqlog.engine.files import numbered_files
 from mqlog.errors import CorruptRecord, InvalidArgument
 
@@ -99,6 +100,11 @@ class LogReader:
         if not self.directory.is_dir():
             raise InvalidArgument(f"{self.root} is not an mqlog store (it has no commitlog "
                                   "directory)")
+
+    def saved_flushed_position(self) -> int:
+        """How far the store last said its log was flushed (its ``flushed`` file; 0 if
+        it says nothing): a problem below it is damage, never a record being written."""
+        return read_flushed(self.root / "flushed") or 0
 
     def segments(self) -> list[SegmentFile]:
         """The segment files as they are now, by base position."""

@@ -66,7 +66,7 @@ from mqlog import errors
 from mqlog.config import GroupSpec
 from mqlog.engine.files import delete_store, typed_errors
 from mqlog.engine.store import open as open_store
-from mqlog.format import STORE_TIMESTAMP_AT
+from mqlog.format import RECORD_HEADER, RecordHeader
 from mqlog.replication import core_for, hardstate, messages
 from mqlog.replication.driver import Answer, Driver, is_cut
 from mqlog.replication.idempotence import ProducerTag, Stored
@@ -721,10 +721,9 @@ class Node:
             raw = self.store.read_raw(stored.position, 1)  # (its first record, checked)
         except errors.MqlogError:
             return -1
-        if len(raw) < STORE_TIMESTAMP_AT + 8:
+        if len(raw) < RECORD_HEADER.size:
             return -1
-        return int.from_bytes(raw[STORE_TIMESTAMP_AT:STORE_TIMESTAMP_AT + 8], "little",
-                              signed=True)
+        return int(RecordHeader._make(RECORD_HEADER.unpack_from(raw)).store_timestamp)
 
     def _fetch(self, frame: Frame) -> tuple[dict[str, Any], bytes]:
         # An ISR follower serves what is below its high watermark (KIP-392's follower
