@@ -355,10 +355,10 @@ def test_a_life_that_registered_before_never_stops_for_a_duplicate() -> None:
 
 
 def _lock(data_dir: Path) -> Any:
-    from mqlog.replication.broker import DataDirLock  # (here: the old code, which the
+    from mqlog.replication.broker import lock_data_dir  # (here: the old code, which the
     # process tests above are run against to see them fail, has none)
 
-    return DataDirLock(data_dir, "b1", "127.0.0.1:1")
+    return lock_data_dir(data_dir, "b1", "127.0.0.1:1")
 
 
 def _single(tmp_path: Path, name: str = "b1", data_dir: Path | None = None) -> BrokerConfig:

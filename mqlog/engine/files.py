@@ -83,6 +83,7 @@ steps, ahead of whatever writes through its mapping:
 from __future__ import annotations
 
 import errno
+import fcntl
 import mmap
 import os
 import re
@@ -707,3 +708,81 @@ class SegmentAllocator:
             self._closed = True
         self.discard()
         self._executor.shutdown(wait=True)
+
+
+# --- lock files: a store's ``lock``, a broker's ``broker.lock``, repair's hold ------------
+
+
+class LockHeld(Exception):
+    """``LockFile.take`` found the lock held (by another process, or another holder in
+    this one): ``holder`` is what the holder wrote in it (its pid, then what it said)."""
+
+    def __init__(self, holder: str) -> None:
+        super().__init__(holder)
+        self.holder = holder
+
+
+class LockFile:
+    """An exclusive flock on ``path`` (made if missing) for as long as its owner lives:
+    ``release`` lets go (again: nothing); the kernel does when the process dies, however
+    it dies. The holder writes its pid and ``says`` in it, for the message of the next
+    one refused (``LockHeld``); written over the old text before the cut, so a store on
+    a full disk still opens (the file keeps its block). A child forked while it is held
+    closes its copy of the descriptor (flock belongs to the open file, which both share:
+    the child's copy would hold it past the parent's release), never unlocking it."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    @classmethod
+    def take(cls, path: Path, says: str | None = "") -> LockFile:
+        """The lock, or LockHeld; ``says`` None: write nothing (a dry run's hold)."""
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        lock = cls(fd)
+        _HELD_LOCKS.add(lock)  # (at once: a fork from here on closes the child's copy)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, _LOCK_HOLDER_BYTES_MAX, 0).decode(errors="replace")
+            lock.release()
+            raise LockHeld(holder.strip() or "unknown") from None
+        except BaseException:
+            lock.release()
+            raise
+        if says is None:
+            return lock
+        text = f"{os.getpid()} {says}".strip().encode() + b"\n"
+        with suppress(OSError):
+            os.pwrite(fd, text, 0)
+        with suppress(OSError):
+            os.ftruncate(fd, len(text))
+        return lock
+
+    @property
+    def held(self) -> bool:
+        return self._fd >= 0
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, -1  # (-1 first: a fork must not close it twice)
+        _HELD_LOCKS.discard(self)
+        if fd >= 0:
+            os.close(fd)
+
+    def _forked(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            with suppress(OSError):
+                os.close(fd)
+
+
+_LOCK_HOLDER_BYTES_MAX = 512  # what a refused taker reads of the holder's text
+_HELD_LOCKS: set[LockFile] = set()
+
+
+def _forget_locks_in_child() -> None:
+    for lock in list(_HELD_LOCKS):
+        lock._forked()
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_locks_in_child)

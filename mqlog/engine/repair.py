@@ -60,7 +60,6 @@ every acknowledged record after it).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import mmap
 import os
 import time
@@ -80,7 +79,7 @@ from mqlog.engine.checkpoint import (
     read_flushed,
     read_queues,
 )
-from mqlog.engine.files import file_name, fsync_directory, numbered_files
+from mqlog.engine.files import LockFile, LockHeld, file_name, fsync_directory, numbered_files
 from mqlog.errors import CorruptStore, ReplicaDataRejected, StoreLocked, StoreNotFound
 
 
@@ -225,7 +224,7 @@ def repair(root: Path, replica: Path | None = None, dry_run: bool = False) -> Re
     finally:
         if changes is not None:
             changes.close()
-        os.close(lock)
+        lock.release()
 
 
 def _repair(root: Path, replica: Path | None, dry_run: bool) -> RepairReport:
@@ -273,14 +272,12 @@ def _repair(root: Path, replica: Path | None, dry_run: bool) -> RepairReport:
     return report
 
 
-def _take_lock(root: Path) -> int:
-    fd = os.open(root / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreLocked(f"store {root} is open; close it before repairing it") from None
-    return fd
+def _take_lock(root: Path) -> LockFile:
+    try:  # (writing nothing in it: a dry run changes no byte of the store)
+        return LockFile.take(root / "lock", None)
+    except LockHeld as held:
+        raise StoreLocked(f"store {root} is open (pid {held.holder}); close it before "
+                          "repairing it") from None
 
 
 # --- 1. the survey ---------------------------------------------------------------------

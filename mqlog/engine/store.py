@@ -21,7 +21,6 @@ written position (async) or the flushed one (sync); a replication layer sets
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import re
 import time
@@ -49,6 +48,8 @@ from mqlog.engine.files import (
     SYNC_ZERO_WRITE_BYTES,
     ZERO_WRITE_BYTES,
     FileExtent,
+    LockFile,
+    LockHeld,
     MappedFile,
     SegmentAllocator,
     file_name,
@@ -251,12 +252,12 @@ class Store:
         self._forked_from: int | None = None  # (in a forked child: the parent's pid)
         self.read_only = read_only
         self.recovery_report: RecoveryReport  # what opening found (set by either open)
-        self._lock_fd = -1
+        self._lock: LockFile | None = None
         _OPEN_STORES.add(self)  # (before the lock: a fork from here on lets the child drop it)
         try:
             if not read_only:
                 check_store_directory(path)  # (before the lock file: nothing written)
-                self._lock_fd = self._take_lock()
+                self._take_lock()
             self._open_snapshot() if read_only else self._open(clock_ms)
         except BaseException as error:
             _OPEN_STORES.discard(self)
@@ -384,26 +385,14 @@ class Store:
         self._flushed_file = cp.FlushedPosition(self.paths.flushed, end, interval,
                                                 threaded=self.config.background_threads)
 
-    def _take_lock(self) -> int:
+    def _take_lock(self) -> None:
         self.paths.root.mkdir(parents=True, exist_ok=True)
-        fd = self._lock_fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:  # (noted at once: a child forked from here on closes it, _forked)
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            self._release_lock()
+        try:
+            self._lock = LockFile.take(self.paths.lock)
+        except LockHeld as held:
             raise StoreLocked(f"store {self.paths.root} is open in another process (pid "
-                              f"{holder}) or another Store object; close that one first") \
-                from None
-        # Who holds it, for StoreLocked's message only. Written over the old pid before
-        # the cut, so a store on a full disk still opens (the file keeps its block);
-        # where even that needs room (a new store), the holder shows as unknown.
-        pid = f"{os.getpid()}\n".encode()
-        with contextlib.suppress(OSError):
-            os.pwrite(fd, pid, 0)
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, len(pid))
-        return fd
+                              f"{held.holder}) or another Store object; close that one "
+                              "first") from None
 
     # --- the public API ------------------------------------------------------------------
 
@@ -1079,25 +1068,19 @@ class Store:
         return StoreClosed(f"store {self.paths.root} is closed; open it again")
 
     def _release_lock(self) -> None:
-        fd, self._lock_fd = self._lock_fd, -1  # (-1 first: a fork must not close it twice)
-        if fd >= 0:
-            os.close(fd)
+        if self._lock is not None:
+            self._lock.release()
 
     def _forked(self) -> None:
         """In a child forked while this store was open (called by _after_fork_in_child,
-        with the child's only thread): drop the child's reference to the lock, so that
-        the parent's close releases it (flock holds while any process has it open), and
-        mark the store closed here without touching it otherwise. Whatever the parent's
+        with the child's only thread): mark the store closed here without touching it
+        (its lock file's copy the child closes itself: files.LockFile). Whatever the parent's
         threads held at the fork (the core's locks, the flusher's) stays held in the
         child forever, so this neither takes a lock nor calls the core; nor does close()
         afterwards (the store is closed), which must not checkpoint or unlink the parent's
         files. Every call of the store then raises StoreClosed, puts included (their
         fast path, the core's own put, is unbound here)."""
-        fd, self._lock_fd = self._lock_fd, -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._forked_from = self._owner_pid
+        self._forked_from = self._owner_pid  # (its lock file: files.LockFile forgets it)
         self._closed = True
         self.__dict__.pop("put", None)  # (async flush: the core's methods, bound at open)
         self.__dict__.pop("put_batch", None)

@@ -62,10 +62,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import os
 import resource
-import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -74,7 +72,7 @@ from typing import Any
 
 from mqlog import errors
 from mqlog.config import DATA_DIR_LOCK_FILE, BrokerConfig, GroupSpec
-from mqlog.engine.files import FileExtent, delete_store
+from mqlog.engine.files import FileExtent, LockFile, LockHeld, delete_store
 from mqlog.ext import libc
 from mqlog.replication import messages
 from mqlog.replication.connection import BACKED_UP, BUSY, Connection
@@ -97,7 +95,6 @@ _DIAL_TIMEOUT_S = 5.0  # a peer that does not accept within this is down for now
 _HEAP_BLOCK_BYTES_MAX = 32 << 20
 _HEAP_KEPT_BYTES = 64 << 20
 
-_LOCK_HOLDER_BYTES_MAX = 512  # what a refused broker reads of the holder's line
 
 Handler = Callable[[dict[str, Any], bytes], Awaitable[tuple[dict[str, Any], bytes]]]
 
@@ -223,7 +220,7 @@ class Broker:
         self._running = False
         self.exit_error: errors.MqlogError | None = None  # cannot_run's: mqlog node's line
         # (first of all: a second process on this data_dir opens no store, nor looks at one)
-        self._data_dir_lock = DataDirLock(config.data_dir, config.broker_id, config.listen)
+        self._data_dir_lock = lock_data_dir(config.data_dir, config.broker_id, config.listen)
         try:
             for spec in config.groups:
                 self._open(spec)
@@ -873,56 +870,20 @@ def run_broker(config: BrokerConfig) -> None:
         raise SystemExit(1)
 
 
-class DataDirLock:
-    """A broker's hold on its data_dir: ``data_dir/broker.lock`` flock'd (made, and the
-    data_dir too, if missing) for as long as the broker has any of its stores open, with
-    the holder's "pid broker_id listen" written in it for the message of the next one
-    refused. Released by ``release`` (or when the Broker is collected without having
-    served); the kernel releases it when the process dies, however it dies."""
-
-    def __init__(self, data_dir: Path | str, broker_id: str, listen: str) -> None:
-        root = Path(data_dir)
-        root.mkdir(parents=True, exist_ok=True)
-        path = root / DATA_DIR_LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, _LOCK_HOLDER_BYTES_MAX, 0).decode(errors="replace").split()
-            os.close(fd)
-            raise errors.DataDirLocked(
-                f"data_dir {root} is in use by {_holder(holder)}: two brokers on one "
-                "data_dir would open the same stores; this one opened none. Stop that one "
-                "first, or give this one a data_dir of its own (and, in a cluster, an id "
-                "of its own)") from None
-        except BaseException:
-            os.close(fd)
-            raise
-        line = f"{os.getpid()} {broker_id} {listen}\n".encode()
-        with contextlib.suppress(OSError):  # (for the message only: a full disk is fine)
-            os.pwrite(fd, line, 0)
-            os.ftruncate(fd, len(line))
-        self.path = path
-        self._fd = fd
-        self._release = weakref.finalize(self, os.close, fd)
-        _HELD_LOCKS.add(self)
-
-    @property
-    def held(self) -> bool:
-        return self._release.alive
-
-    def release(self) -> None:
-        """Let go of the lock (closing its file); again: nothing."""
-        _HELD_LOCKS.discard(self)
-        self._release()
-
-    def _forked(self) -> None:
-        """In a forked child: close the child's copy, which would hold the lock past the
-        parent's release (flock locks belong to the open file, which both share); the
-        parent's hold is untouched (no LOCK_UN, which would release it for both)."""
-        if self._release.detach() is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
+def lock_data_dir(data_dir: Path | str, broker_id: str, listen: str) -> LockFile:
+    """A broker's hold on its data_dir: ``data_dir/broker.lock`` (``files.LockFile``;
+    the data_dir made if missing), held for as long as the broker has any of its stores
+    open, saying "pid broker_id listen" for the message of the next one refused."""
+    root = Path(data_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        return LockFile.take(root / DATA_DIR_LOCK_FILE, f"{broker_id} {listen}")
+    except LockHeld as held:
+        raise errors.DataDirLocked(
+            f"data_dir {root} is in use by {_holder(held.holder.split())}: two brokers on "
+            "one data_dir would open the same stores; this one opened none. Stop that one "
+            "first, or give this one a data_dir of its own (and, in a cluster, an id of "
+            "its own)") from None
 
 
 def _holder(words: list[str]) -> str:
@@ -934,14 +895,4 @@ def _holder(words: list[str]) -> str:
     return f"another process (pid {pid}{f': {who}' if who else ''})"
 
 
-_HELD_LOCKS: weakref.WeakSet[DataDirLock] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for lock in list(_HELD_LOCKS):
-        lock._forked()
-    _HELD_LOCKS.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
